@@ -1,0 +1,33 @@
+# Admit's developer commands. `make help` lists them.
+GO          ?= go
+STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHCOUNT  ?= 3
+
+.PHONY: help test lint tidy-check ci bench fuzz
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+test: ## run every test with the race detector, in shuffled order
+	$(GO) test -race -shuffle=on -count=1 ./...
+
+lint: ## gofmt, go vet and staticcheck over both modules
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: the files above need formatting'; exit 1; }
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd bench && $(GO) vet ./...
+
+tidy-check: ## fail if go.mod or go.sum would change under go mod tidy
+	$(GO) mod tidy -diff
+	cd bench && $(GO) mod tidy -diff
+
+ci: tidy-check lint test ## everything CI runs
+
+bench: ## comparison benchmarks against peer libraries (bench/ module)
+	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) -timeout=60m ./...
+
+fuzz: ## run each fuzz target for 30s
+	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=30s .
+	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=30s .
+	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=30s .
+	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=30s .

@@ -1,0 +1,118 @@
+package admit
+
+import (
+	"testing"
+	"time"
+)
+
+const base = int64(1_767_225_600_000_000_000) // 2026-01-01T00:00:00Z, day-aligned
+
+type tstep struct {
+	at      time.Duration
+	cost    int64
+	ok      bool
+	rem     int64
+	retry   time.Duration
+	noRetry bool // do not check retry
+}
+
+// runSteps runs a timeline through the pure transition, keeping the state
+// of admitted steps, as a store would.
+func runSteps(t *testing.T, r *Rule, steps []tstep) {
+	t.Helper()
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var st [2]State
+	for i, s := range steps {
+		next, res := Step(r, st, base+int64(s.at), s.cost)
+		if res.Allowed != s.ok || res.Remaining != s.rem || (!s.noRetry && res.RetryAfter != s.retry) {
+			t.Fatalf("step %d at %v cost %d: got ok=%v rem=%d retry=%v, want ok=%v rem=%d retry=%v",
+				i, s.at, s.cost, res.Allowed, res.Remaining, res.RetryAfter, s.ok, s.rem, s.retry)
+		}
+		st = next
+	}
+}
+
+func TestExtremeRates(t *testing.T) {
+	day := 24 * time.Hour
+	t.Run("1/d", func(t *testing.T) {
+		runSteps(t, &Rule{Algorithm: TokenBucket, Rate: Rate{1, day}, Burst: 1}, []tstep{
+			{at: 0, cost: 1, ok: true},
+			{at: day - 1, cost: 1, retry: 1},
+			{at: day, cost: 1, ok: true},
+		})
+	})
+	t.Run("1e9/s", func(t *testing.T) {
+		runSteps(t, &Rule{Algorithm: GCRA, Rate: PerSecond(1e9), Burst: 1e9}, []tstep{
+			{at: 0, cost: 1e9, ok: true},
+			{at: 1, cost: 2, rem: 1, retry: 1},
+			{at: time.Millisecond, cost: 1e6, ok: true},
+		})
+	})
+	t.Run("7e8/s", func(t *testing.T) {
+		// 1/0.7 ns a token: exact after a millisecond of refill.
+		runSteps(t, &Rule{Algorithm: TokenBucket, Rate: PerSecond(7e8), Burst: 1e6}, []tstep{
+			{at: 0, cost: 1e6, ok: true},
+			{at: time.Millisecond, cost: 700_000, ok: true},
+			{at: time.Millisecond, cost: 1, retry: 2}, // 1.43ns, rounded up
+		})
+	})
+	t.Run("year window", func(t *testing.T) {
+		runSteps(t, &Rule{Algorithm: SlidingWindow, Limit: MaxCount, Window: MaxRatePeriod}, []tstep{
+			{at: 0, cost: MaxCost, ok: true, rem: MaxCount - MaxCost},
+			{at: 0, cost: MaxCost, ok: true, rem: MaxCount - 2*MaxCost},
+		})
+	})
+}
+
+// TestLongRunExactness admits 300,000 requests at 3/s, each at the first
+// nanosecond it may, and refuses each one nanosecond earlier: integer
+// arithmetic with exact thirds of nanoseconds never drifts.
+func TestLongRunExactness(t *testing.T) {
+	r := &Rule{Algorithm: TokenBucket, Rate: PerSecond(3), Burst: 3}
+	st, _ := Step(r, [2]State{}, base, 3)
+	for k := int64(1); k <= 300_000; k++ {
+		at := base + (k*int64(time.Second)+2)/3
+		if _, res := Step(r, st, at-1, 1); res.Allowed || res.RetryAfter != 1 {
+			t.Fatalf("k=%d: admitted one nanosecond early (retry %v)", k, res.RetryAfter)
+		}
+		next, res := Step(r, st, at, 1)
+		if !res.Allowed {
+			t.Fatalf("k=%d: refused at ceil(k·T)", k)
+		}
+		st = next
+	}
+}
+
+func TestRuleValidate(t *testing.T) {
+	i := func(n int64) *int64 { return &n }
+	bad := []Rule{
+		{},
+		{Algorithm: TokenBucket, Rate: PerSecond(0), Burst: 1},
+		{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 0},
+		{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(11)},
+		{Algorithm: GCRA, Rate: PerSecond(10), Burst: 10, Initial: i(1)},
+		{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 100_000}, // 273 years to refill
+		{Algorithm: TokenBucket, Rate: PerSecond(2e9), Burst: 1},                // faster than 1/ns
+		{Algorithm: FixedWindow, Limit: 10, Window: time.Microsecond},
+		{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit + 1, Window: time.Second},
+		{Algorithm: Combination, Rate: PerSecond(1), Burst: 10},
+		{Algorithm: Concurrency, Max: 0},
+	}
+	for _, r := range bad {
+		if err := r.Validate(); err == nil || ErrorCode(err) != CodeInvalid {
+			t.Errorf("%+v: Validate() = %v, want an invalid error", r, err)
+		}
+	}
+	good := Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(0)}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate() = %v", err)
+	}
+	if err := good.CheckCost(11); ErrorCode(err) != CodeInvalid {
+		t.Errorf("cost > burst: %v", err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = good.Validate(); _ = good.CheckCost(1) }); n != 0 {
+		t.Errorf("validating a good rule allocates %v times", n)
+	}
+}

@@ -1,0 +1,330 @@
+// Package bench compares Admit's in-process decisions with peer Go rate
+// limiters, side by side in one run. It is its own module so that the peer
+// libraries never enter Admit's go.mod.
+//
+//	cd bench && go test -run='^$' -bench=. -benchmem -count=3
+package bench
+
+import (
+	"context"
+	"hash/maphash"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+	golimiter "github.com/sethvargo/go-limiter"
+	"github.com/sethvargo/go-limiter/memorystore"
+	ulule "github.com/ulule/limiter/v3"
+	ululemem "github.com/ulule/limiter/v3/drivers/store/memory"
+	"golang.org/x/time/rate"
+)
+
+// The limits of seed 002's hierarchy: user 100/s burst 50, tenant 1000/s
+// burst 200, global 10000/s burst 1000. Single-scope cases use the user's.
+type scope struct {
+	perSecond int64
+	burst     int64
+}
+
+var scopes = [3]scope{{100, 50}, {1000, 200}, {10000, 1000}}
+
+const tenants = 1000
+
+// limiter is what one implementation offers a benchmark: decisions for a
+// user (a key index), with one scope or the three-scope hierarchy, and for
+// a key given by name. A worker is used by one goroutine at a time.
+type limiter interface {
+	worker() worker
+}
+
+type worker interface {
+	allow(user int) bool
+	allow3(user int) bool
+	allowKey(key string) bool
+}
+
+// keys holds the precomputed names every implementation is given, so no
+// benchmark pays for formatting keys.
+type keys struct {
+	users   []string
+	tenants []string
+}
+
+func makeKeys(n int) *keys {
+	k := &keys{users: make([]string, n), tenants: make([]string, tenants)}
+	for i := range k.users {
+		k.users[i] = "user:" + strconv.Itoa(i)
+	}
+	for i := range k.tenants {
+		k.tenants[i] = "tenant:" + strconv.Itoa(i)
+	}
+	return k
+}
+
+// --- Admit ---
+
+type admitLimiter struct {
+	s     *memstore.Store
+	rule  *admit.Rule
+	one   [][]admit.Charge
+	three [][]admit.Charge
+}
+
+// admitWorker owns the Decision it reuses, as a request handler would.
+type admitWorker struct {
+	*admitLimiter
+	d admit.Decision
+}
+
+func newAdmit(k *keys) limiter {
+	rules := [3]*admit.Rule{}
+	for i, sc := range scopes {
+		rules[i] = &admit.Rule{Name: strconv.Itoa(i), Algorithm: admit.TokenBucket, Rate: admit.PerSecond(sc.perSecond), Burst: sc.burst}
+	}
+	a := &admitLimiter{s: memstore.New(nil), rule: rules[0], one: make([][]admit.Charge, len(k.users)), three: make([][]admit.Charge, len(k.users))}
+	for u, name := range k.users {
+		c := []admit.Charge{
+			{Key: name, Rule: rules[0], Cost: 1},
+			{Key: k.tenants[u%tenants], Rule: rules[1], Cost: 1},
+			{Key: "global", Rule: rules[2], Cost: 1},
+		}
+		a.one[u], a.three[u] = c[:1], c
+	}
+	return a
+}
+
+func (a *admitLimiter) worker() worker { return &admitWorker{admitLimiter: a} }
+
+func (w *admitWorker) decide(c []admit.Charge) bool {
+	_ = w.s.Decide(context.Background(), c, &w.d)
+	return w.d.Allowed
+}
+
+func (w *admitWorker) allow(u int) bool  { return w.decide(w.one[u]) }
+func (w *admitWorker) allow3(u int) bool { return w.decide(w.three[u]) }
+func (w *admitWorker) allowKey(key string) bool {
+	c := [1]admit.Charge{{Key: key, Rule: w.rule, Cost: 1}}
+	return w.decide(c[:])
+}
+
+// --- golang.org/x/time/rate in a 256-shard map ---
+
+type xrateShard struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+	_  [40]byte
+}
+
+type xrateMap struct {
+	seed   maphash.Seed
+	sc     scope
+	shards [256]xrateShard
+}
+
+func newXrateMap(sc scope) *xrateMap {
+	x := &xrateMap{seed: maphash.MakeSeed(), sc: sc}
+	for i := range x.shards {
+		x.shards[i].m = map[string]*rate.Limiter{}
+	}
+	return x
+}
+
+func (x *xrateMap) get(key string) *rate.Limiter {
+	sh := &x.shards[maphash.String(x.seed, key)>>56]
+	sh.mu.Lock()
+	l := sh.m[key]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(x.sc.perSecond), int(x.sc.burst))
+		sh.m[key] = l
+	}
+	sh.mu.Unlock()
+	return l
+}
+
+type xrateLimiter struct {
+	k     *keys
+	level [3]*xrateMap
+}
+
+func newXrate(k *keys) limiter {
+	x := &xrateLimiter{k: k}
+	for i, sc := range scopes {
+		x.level[i] = newXrateMap(sc)
+	}
+	return x
+}
+
+func (x *xrateLimiter) worker() worker           { return x }
+func (x *xrateLimiter) allow(u int) bool         { return x.level[0].get(x.k.users[u]).Allow() }
+func (x *xrateLimiter) allowKey(key string) bool { return x.level[0].get(key).Allow() }
+
+// allow3 checks the three scopes one after another, as users of x/time/rate
+// do: not atomic, so a refusal by a later scope has already charged the
+// earlier ones.
+func (x *xrateLimiter) allow3(u int) bool {
+	return x.level[0].get(x.k.users[u]).Allow() &&
+		x.level[1].get(x.k.tenants[u%tenants]).Allow() &&
+		x.level[2].get("global").Allow()
+}
+
+// --- sethvargo/go-limiter memorystore ---
+
+type goLimiter struct {
+	k     *keys
+	level [3]golimiter.Store
+}
+
+func newGoLimiter(k *keys) limiter {
+	g := &goLimiter{k: k}
+	for i, sc := range scopes {
+		s, err := memorystore.New(&memorystore.Config{Tokens: uint64(sc.perSecond), Interval: time.Second, SweepInterval: time.Hour})
+		if err != nil {
+			panic(err)
+		}
+		g.level[i] = s
+	}
+	return g
+}
+
+func (g *goLimiter) take(level int, key string) bool {
+	_, _, _, ok, _ := g.level[level].Take(context.Background(), key)
+	return ok
+}
+
+func (g *goLimiter) worker() worker           { return g }
+func (g *goLimiter) allowKey(key string) bool { return g.take(0, key) }
+func (g *goLimiter) allow(u int) bool         { return g.take(0, g.k.users[u]) }
+func (g *goLimiter) allow3(u int) bool {
+	return g.take(0, g.k.users[u]) && g.take(1, g.k.tenants[u%tenants]) && g.take(2, "global")
+}
+
+// --- ulule/limiter memory store ---
+
+type ululeLimiter struct {
+	k     *keys
+	level [3]*ulule.Limiter
+}
+
+func newUlule(k *keys) limiter {
+	l := &ululeLimiter{k: k}
+	for i, sc := range scopes {
+		l.level[i] = ulule.New(ululemem.NewStoreWithOptions(ulule.StoreOptions{CleanUpInterval: time.Hour}), ulule.Rate{Period: time.Second, Limit: sc.perSecond})
+	}
+	return l
+}
+
+func (l *ululeLimiter) get(level int, key string) bool {
+	c, _ := l.level[level].Get(context.Background(), key)
+	return !c.Reached
+}
+
+func (l *ululeLimiter) worker() worker           { return l }
+func (l *ululeLimiter) allowKey(key string) bool { return l.get(0, key) }
+func (l *ululeLimiter) allow(u int) bool         { return l.get(0, l.k.users[u]) }
+func (l *ululeLimiter) allow3(u int) bool {
+	return l.get(0, l.k.users[u]) && l.get(1, l.k.tenants[u%tenants]) && l.get(2, "global")
+}
+
+var impls = []struct {
+	name string
+	make func(*keys) limiter
+}{
+	{"admit", newAdmit},
+	{"xrate", newXrate},
+	{"golimiter", newGoLimiter},
+	{"ulule", newUlule},
+}
+
+var keyCache sync.Map // n → *keys
+
+func cachedKeys(n int) *keys {
+	if k, ok := keyCache.Load(n); ok {
+		return k.(*keys)
+	}
+	k, _ := keyCache.LoadOrStore(n, makeKeys(n))
+	return k.(*keys)
+}
+
+// next steps through key indexes in a scattered order: a multiplicative
+// stride modulo n visits every key, and parallel goroutines start apart.
+func next(i, n int) int { return (i + 7_919_993) % n }
+
+func BenchmarkCompare(b *testing.B) {
+	cases := []struct {
+		name  string
+		users int
+		three bool
+	}{
+		{"hot-1K", 1_000, false},
+		{"keyed-1M", 1_000_000, false},
+		{"hier3-1M", 1_000_000, true},
+	}
+	for _, c := range cases {
+		k := cachedKeys(c.users)
+		for _, impl := range impls {
+			l := impl.make(k)
+			decider := func(w worker) func(int) bool {
+				if c.three {
+					return w.allow3
+				}
+				return w.allow
+			}
+			warm := decider(l.worker())
+			for u := range c.users { // every key exists before timing
+				warm(u)
+			}
+			b.Run(c.name+"/"+impl.name+"/serial", func(b *testing.B) {
+				decide := decider(l.worker())
+				b.ReportAllocs()
+				i := 0
+				for range b.N {
+					i = next(i, c.users)
+					decide(i)
+				}
+			})
+			b.Run(c.name+"/"+impl.name+"/parallel", func(b *testing.B) {
+				b.ReportAllocs()
+				var start atomic.Int64
+				b.RunParallel(func(pb *testing.PB) {
+					decide := decider(l.worker())
+					i := int(start.Add(int64(c.users/7+1))) % c.users
+					for pb.Next() {
+						i = next(i, c.users)
+						decide(i)
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkMemory reports the heap each implementation holds per live key
+// (B/key), key storage included, with 1M keys created by one decision each.
+func BenchmarkMemory(b *testing.B) {
+	const n = 1_000_000
+	for _, impl := range impls {
+		b.Run(impl.name, func(b *testing.B) {
+			for range b.N {
+				var before, after runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&before)
+				l := impl.make(&keys{tenants: cachedKeys(1).tenants})
+				w := l.worker()
+				for u := range n {
+					// Names are made here and dropped: whatever the
+					// implementation keeps of them counts.
+					w.allowKey("user:" + strconv.Itoa(u))
+				}
+				runtime.GC()
+				runtime.ReadMemStats(&after)
+				b.ReportMetric(float64(after.HeapInuse-before.HeapInuse)/n, "B/key")
+				runtime.KeepAlive(l)
+			}
+		})
+	}
+}

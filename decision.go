@@ -1,0 +1,152 @@
+package admit
+
+import (
+	"context"
+	"time"
+)
+
+// MaxCharges bounds the charges of one decision. A request resolves to a
+// handful of charges (global, tenant, user, action…); the bound keeps a
+// decision's locks, script arguments and stack buffers small.
+const MaxCharges = 32
+
+// Charge is one bucket a request is counted against: its key, the rule that
+// governs it and the cost of the request. Cost 0 is a peek: the decision is
+// computed and reported, and nothing is charged.
+type Charge struct {
+	Key  string
+	Rule *Rule
+	Cost int64
+	// LeaseTTL overrides Rule.LeaseTTL for the lease a concurrency charge
+	// takes; zero keeps the rule's.
+	LeaseTTL time.Duration
+}
+
+// Result is the decision for one charge.
+type Result struct {
+	Rule       string // the rule's name
+	Allowed    bool   // whether this charge alone would admit the request
+	Shadow     bool   // the rule is in shadow mode: reported, never refusing
+	Limit      int64
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+}
+
+// Decision is the outcome of deciding a list of charges together. An empty
+// bucket is a decision (Allowed false), never an error.
+//
+// When the request is refused, Limit, Remaining, ResetAfter and RetryAfter
+// are those of the refusing charge that asks for the longest wait, named by
+// DeniedBy. When it is admitted they are those of the non-shadow charge
+// with the fewest remaining (the one closest to refusing).
+type Decision struct {
+	Allowed    bool
+	Limit      int64
+	Remaining  int64
+	ResetAfter time.Duration
+	RetryAfter time.Duration
+	DeniedBy   string
+	// Results has one entry per charge, in the order of the charges.
+	Results []Result
+	// Lease is set when the decision admitted concurrency charges: they are
+	// held under this one lease until it is released or expires.
+	Lease Lease
+}
+
+// Reset clears d for reuse, keeping the backing array of d.Results.
+func (d *Decision) Reset() {
+	*d = Decision{Results: d.Results[:0]}
+}
+
+// Summarize sets d's top-level fields from d.Results. Stores call it after
+// appending every charge's result.
+func (d *Decision) Summarize() {
+	d.Allowed = true
+	best := -1
+	for i := range d.Results {
+		r := &d.Results[i]
+		if r.Allowed || r.Shadow {
+			continue
+		}
+		if d.Allowed || r.RetryAfter > d.Results[best].RetryAfter {
+			best = i
+		}
+		d.Allowed = false
+	}
+	if d.Allowed {
+		for i := range d.Results {
+			r := &d.Results[i]
+			if !r.Shadow && (best < 0 || r.Remaining < d.Results[best].Remaining) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return
+	}
+	r := &d.Results[best]
+	d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = r.Limit, r.Remaining, r.ResetAfter, r.RetryAfter
+	if !d.Allowed {
+		d.DeniedBy = r.Rule
+	}
+}
+
+// Lease is a slot in one or more concurrency limits, held from an admitted
+// decision until it is released or expires. The zero Lease holds nothing.
+type Lease struct {
+	ID        string
+	ExpiresAt time.Time
+}
+
+// Reservation is a booking of future capacity in token buckets and GCRA
+// limits: the caller may act once Wait has passed (at At). When OK is false
+// the wait would have exceeded the caller's maximum and nothing was booked;
+// Wait then says how long the wait would have been.
+type Reservation struct {
+	ID   string
+	OK   bool
+	Wait time.Duration
+	At   time.Time
+}
+
+// Store holds the state of every bucket and decides charges against it.
+// Implementations are safe for concurrent use. An error means the store
+// failed or the request was invalid (see ErrorCode); a refusal is a Decision
+// with Allowed false.
+type Store interface {
+	// Decide decides charges together and fills d: if every non-shadow
+	// charge admits the request, every admitting charge is charged;
+	// otherwise nothing is charged. d.Results is reused.
+	Decide(ctx context.Context, charges []Charge, d *Decision) error
+
+	// Reserve books cost in every charge (all token_bucket or gcra) as
+	// soon as all of them can bear it, if that is within maxWait, and
+	// charges nothing otherwise.
+	Reserve(ctx context.Context, charges []Charge, maxWait time.Duration) (Reservation, error)
+	// CancelReservation gives back what a reservation booked, if the time
+	// it was booked for has not come yet. An unknown or already cancelled
+	// reservation is ErrNotFound.
+	CancelReservation(ctx context.Context, id string) error
+
+	// RenewLease extends every slot of a live lease by its TTL.
+	RenewLease(ctx context.Context, id string) (Lease, error)
+	// ReleaseLease frees the slots of a lease. An unknown or expired lease
+	// is ErrNotFound.
+	ReleaseLease(ctx context.Context, id string) error
+
+	// Reset forgets the state of the charges' buckets, as if they had
+	// never been used.
+	Reset(ctx context.Context, charges []Charge) error
+
+	// Close releases the store's resources. It is idempotent.
+	Close() error
+}
+
+// Check decides charges with s and returns the decision. It allocates the
+// result; hot paths call s.Decide with a reused Decision instead.
+func Check(ctx context.Context, s Store, charges ...Charge) (Decision, error) {
+	var d Decision
+	err := s.Decide(ctx, charges, &d)
+	return d, err
+}

@@ -1,0 +1,109 @@
+package admit
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Code classifies an error so that the edges of the system (HTTP, gRPC, the
+// command line) can choose a status without inspecting messages. The zero
+// Code is CodeInternal.
+type Code uint8
+
+// The error codes. They say what the caller can do about a failure, not
+// where it happened.
+const (
+	CodeInternal    Code = iota // a bug or an unexpected failure
+	CodeInvalid                 // the request or configuration is malformed or out of bounds
+	CodeNotFound                // a lease, reservation or other named thing does not exist
+	CodeConflict                // the thing exists already or changed concurrently
+	CodeUnavailable             // the store could not be reached or timed out
+)
+
+var codeNames = [...]string{
+	CodeInternal:    "internal",
+	CodeInvalid:     "invalid",
+	CodeNotFound:    "not_found",
+	CodeConflict:    "conflict",
+	CodeUnavailable: "unavailable",
+}
+
+// String returns the code's stable lower-case name, such as "invalid".
+func (c Code) String() string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code(%d)", uint8(c))
+}
+
+// Sentinel errors, one per code, for use with errors.Is:
+//
+//	if errors.Is(err, admit.ErrNotFound) { … }
+//
+// Any *Error with the same code matches its sentinel.
+var (
+	ErrInternal    = &Error{Code: CodeInternal, Message: "internal error"}
+	ErrInvalid     = &Error{Code: CodeInvalid, Message: "invalid argument"}
+	ErrNotFound    = &Error{Code: CodeNotFound, Message: "not found"}
+	ErrConflict    = &Error{Code: CodeConflict, Message: "conflict"}
+	ErrUnavailable = &Error{Code: CodeUnavailable, Message: "store unavailable"}
+)
+
+// Error is the error type of Admit's packages. It carries a Code, a message
+// meant for the person who made the request, and optionally the error that
+// caused it.
+type Error struct {
+	Code    Code
+	Message string
+	Err     error
+}
+
+// Errorf returns an *Error with the given code and a formatted message. A %w
+// verb in format wraps its argument as Err.
+func Errorf(code Code, format string, args ...any) *Error {
+	err := fmt.Errorf(format, args...)
+	return &Error{Code: code, Message: err.Error(), Err: errors.Unwrap(err)}
+}
+
+// Error returns the message.
+func (e *Error) Error() string {
+	if e.Message == "" && e.Err != nil {
+		return e.Err.Error()
+	}
+	return e.Message
+}
+
+// Unwrap returns the cause, if any.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is the sentinel error of e's code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Message != "" && t == sentinel(e.Code)
+}
+
+func sentinel(c Code) *Error {
+	switch c {
+	case CodeInvalid:
+		return ErrInvalid
+	case CodeNotFound:
+		return ErrNotFound
+	case CodeConflict:
+		return ErrConflict
+	case CodeUnavailable:
+		return ErrUnavailable
+	default:
+		return ErrInternal
+	}
+}
+
+// ErrorCode returns the Code of the first *Error in err's chain, CodeInternal
+// for any other non-nil error, and CodeInternal for nil as well; callers test
+// err != nil first.
+func ErrorCode(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}

@@ -1,0 +1,119 @@
+package admit
+
+import (
+	"testing"
+	"time"
+)
+
+// checkRetry asserts what RetryAfter promises: the same request passes
+// exactly RetryAfter later if nothing else happens, and not a nanosecond
+// sooner.
+func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, Result) {
+	t.Helper()
+	next, res := Step(r, st, now, cost)
+	if res.Remaining < 0 || res.Remaining > r.Capacity() || res.RetryAfter < 0 || res.ResetAfter < 0 {
+		t.Fatalf("%+v at %d cost %d: out of range %+v", r, now, cost, res)
+	}
+	if res.Allowed {
+		if res.RetryAfter != 0 {
+			t.Fatalf("admitted with a retry-after: %+v", res)
+		}
+		return next, res
+	}
+	st = next // a refusal may record a new key
+	if res.RetryAfter <= 0 {
+		t.Fatalf("refused with no retry-after: %+v", res)
+	}
+	later := now + int64(res.RetryAfter)
+	if _, again := Step(r, st, later, cost); !again.Allowed {
+		t.Fatalf("%+v: refused at %d, retry after %v, still refused then: %+v", r, now, res.RetryAfter, again)
+	}
+	if _, early := Step(r, st, later-1, cost); early.Allowed {
+		t.Fatalf("%+v: refused at %d, retry after %v, but admitted 1ns sooner", r, now, res.RetryAfter)
+	}
+	return next, res
+}
+
+// FuzzBucket drives token buckets, GCRA and combinations with arbitrary
+// rates, bursts, costs and times within the documented bounds: no panic, no
+// overflow, exact retry-after, and never more admitted than
+// burst + rate × elapsed.
+func FuzzBucket(f *testing.F) {
+	f.Add(uint8(0), int64(10), int64(time.Second), int64(5), int64(1), int64(0), int64(1), int64(3), int64(100), int64(0))
+	f.Add(uint8(1), int64(3), int64(time.Second), int64(3), int64(2), int64(7), int64(333333333), int64(1), int64(1), int64(1))
+	f.Add(uint8(2), int64(1e9), int64(time.Second), int64(4e9), int64(1e9), int64(1), int64(2), int64(1), int64(time.Second), int64(2))
+	f.Fuzz(func(t *testing.T, alg uint8, n, per, burst, cost, initial, gap, floorN, floorPer, start int64) {
+		r := &Rule{Algorithm: []Algorithm{TokenBucket, GCRA, Combination}[alg%3], Rate: Rate{n, time.Duration(per)}, Burst: burst}
+		if r.Algorithm == TokenBucket && initial >= 0 {
+			r.Initial = &initial
+		}
+		if r.Algorithm == Combination {
+			r.Floor = Rate{floorN, time.Duration(floorPer)}
+		}
+		if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+			return
+		}
+		now := base + start%int64(MaxRatePeriod)
+		if now < base {
+			now += int64(MaxRatePeriod)
+		}
+		var st [2]State
+		admitted := int64(0)
+		first := now
+		for range 20 {
+			var res Result
+			st, res = checkRetry(t, r, st, now, cost)
+			if res.Allowed {
+				admitted += cost
+			}
+			now += gap
+		}
+		// Everything admitted in [first, now−gap] fits in the burst plus
+		// the refill of that interval (both buckets for a combination).
+		limit := func(rate Rate, b int64) int64 {
+			q, _ := mul(uint64(now-gap-first), uint64(rate.N)).div(uint64(rate.Per))
+			return b + q
+		}
+		bound := limit(r.Rate, r.Burst)
+		if r.Algorithm == Combination {
+			bound += limit(r.Floor, r.Floor.N)
+		}
+		if admitted > bound {
+			t.Fatalf("%+v: admitted %d > %d", r, admitted, bound)
+		}
+	})
+}
+
+// FuzzWindows does the same for fixed and sliding window counters.
+func FuzzWindows(f *testing.F) {
+	f.Add(false, int64(10), int64(time.Second), int64(1), int64(100_000_000), int64(0))
+	f.Add(true, int64(10), int64(time.Second), int64(3), int64(77_777_777), int64(5))
+	f.Add(true, int64(4e9), int64(MaxRatePeriod), int64(1e9), int64(time.Hour), int64(-9))
+	f.Fuzz(func(t *testing.T, sliding bool, limit, window, cost, gap, start int64) {
+		r := &Rule{Algorithm: FixedWindow, Limit: limit, Window: time.Duration(window)}
+		if sliding {
+			r.Algorithm = SlidingWindow
+		}
+		if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+			return
+		}
+		now := base + start%int64(MaxRatePeriod)
+		if now < base {
+			now += int64(MaxRatePeriod)
+		}
+		var st [2]State
+		perWindow := map[int64]int64{}
+		for range 30 {
+			var res Result
+			if st, res = checkRetry(t, r, st, now, cost); res.Allowed {
+				perWindow[now/window] += cost
+			}
+			now += gap
+		}
+		for w, n := range perWindow {
+			if n > limit {
+				t.Fatalf("%+v: %d admitted in window %d", r, n, w)
+			}
+		}
+	})
+}

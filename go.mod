@@ -1,0 +1,3 @@
+module github.com/admitdev/admit
+
+go 1.26

@@ -1,0 +1,283 @@
+package admit
+
+import (
+	"math/bits"
+	"time"
+)
+
+// Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
+// so that a rule that forgot to name one is refused rather than guessed.
+type Algorithm uint8
+
+// The algorithms. Their parameters and the meaning of remaining, reset-after
+// and retry-after are documented on Rule.
+const (
+	TokenBucket Algorithm = iota + 1
+	GCRA
+	FixedWindow
+	SlidingWindow
+	SlidingLog
+	Combination
+	Concurrency
+)
+
+var algorithmNames = [...]string{
+	TokenBucket:   "token_bucket",
+	GCRA:          "gcra",
+	FixedWindow:   "fixed_window",
+	SlidingWindow: "sliding_window",
+	SlidingLog:    "sliding_log",
+	Combination:   "combination",
+	Concurrency:   "concurrency",
+}
+
+// String returns the configuration name of a, such as "token_bucket".
+func (a Algorithm) String() string {
+	if a > 0 && int(a) < len(algorithmNames) {
+		return algorithmNames[a]
+	}
+	return "invalid"
+}
+
+// ParseAlgorithm returns the Algorithm with the configuration name s. It also
+// accepts "leaky_bucket" for GCRA, the leaky bucket as a meter.
+func ParseAlgorithm(s string) (Algorithm, error) {
+	if s == "leaky_bucket" {
+		return GCRA, nil
+	}
+	for a, name := range algorithmNames {
+		if a > 0 && name == s {
+			return Algorithm(a), nil
+		}
+	}
+	return 0, Errorf(CodeInvalid, "unknown algorithm %q (want token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination or concurrency)", s)
+}
+
+// FailureMode says what a decision does when the store cannot answer.
+// The zero FailureMode defers to the deployment's default.
+type FailureMode uint8
+
+// The failure modes of DESIGN §4.
+const (
+	FailDefault FailureMode = iota // use the configured default
+	FailOpen                       // admit, and count it
+	FailClosed                     // refuse with "unavailable"
+	FailLocal                      // decide with an in-process limiter
+)
+
+var failureNames = [...]string{FailDefault: "", FailOpen: "open", FailClosed: "closed", FailLocal: "local"}
+
+// String returns "open", "closed", "local" or "" for FailDefault.
+func (m FailureMode) String() string {
+	if int(m) < len(failureNames) {
+		return failureNames[m]
+	}
+	return "invalid"
+}
+
+// ParseFailureMode parses "open", "closed", "local" or "" (the default).
+func ParseFailureMode(s string) (FailureMode, error) {
+	for m, name := range failureNames {
+		if name == s {
+			return FailureMode(m), nil
+		}
+	}
+	return 0, Errorf(CodeInvalid, "unknown on_error %q (want open, closed or local)", s)
+}
+
+// Limits on what one rule may hold.
+const (
+	// MaxSlidingLogLimit caps a sliding log's limit: the log keeps one
+	// timestamp per admitted unit of cost, so memory grows with the limit.
+	MaxSlidingLogLimit = 10_000
+	// MaxConcurrency caps a concurrency rule's max, for the same reason.
+	MaxConcurrency = 100_000
+	// maxSpan bounds burst × interval of a bucket, so that a bucket's
+	// theoretical arrival time stays far from the int64 nanosecond horizon.
+	maxSpan = 100 * 366 * 24 * time.Hour
+	// DefaultLeaseTTL is a concurrency rule's lease TTL when it names none.
+	DefaultLeaseTTL = 30 * time.Second
+	// RememberFull is how long a store keeps a full token bucket whose
+	// initial balance is below its burst. Such a bucket can never look like
+	// a new one again, so it is forgotten this long after it filled up, as
+	// seed 003's records expire a day after their last use.
+	RememberFull = 24 * time.Hour
+)
+
+// Rule is one limit: an algorithm with its parameters, and how a decision
+// treats it. Which requests a rule applies to (scope, actions) is the
+// policy's business; a store only needs what is here.
+//
+// Parameters by algorithm:
+//
+//   - TokenBucket: Rate, Burst, Initial. Tokens refill continuously at Rate up
+//     to Burst; a new key holds Initial tokens (Burst when Initial is nil). A
+//     request of cost c is admitted iff the bucket holds at least c tokens.
+//     Remaining is the whole tokens left; ResetAfter the time until the
+//     bucket is full; RetryAfter the time until c tokens are there.
+//   - GCRA: Rate, Burst. The generic cell rate algorithm (a leaky bucket as
+//     a meter): the same decisions as a token bucket that starts full, kept
+//     as one theoretical arrival time.
+//   - FixedWindow: Limit, Window. A counter per window aligned to the Unix
+//     epoch. ResetAfter and RetryAfter are the time to the window's end.
+//   - SlidingWindow: Limit, Window. The sliding window counter: the current
+//     window's count plus the previous window's count weighted by the part
+//     of it still inside the sliding window. RetryAfter is exact for that
+//     estimate; ResetAfter is the time until the estimate falls to zero.
+//   - SlidingLog: Limit (at most MaxSlidingLogLimit), Window. An exact log of
+//     admission times. RetryAfter is the time until enough entries leave the
+//     window; ResetAfter until the newest one does.
+//   - Combination: Floor, Rate, Burst, Initial. A floor bucket (rate Floor,
+//     burst Floor.N) is tried first, then a burst bucket (Rate, Burst,
+//     Initial). Remaining and Limit add both buckets.
+//   - Concurrency: Max, LeaseTTL. Admitted iff live leases plus the cost
+//     stay within Max; an admitted decision holds a lease until it is
+//     released or expires. RetryAfter is the time until enough leases would
+//     expire if none were renewed.
+//
+// A Rule is read, never written, by stores; share one *Rule among all the
+// charges that use it, and do not change it while decisions use it.
+type Rule struct {
+	Name      string
+	Algorithm Algorithm
+
+	Rate    Rate   // token_bucket, gcra, combination (the burst bucket)
+	Burst   int64  // token_bucket, gcra, combination
+	Initial *int64 // token_bucket, combination; nil means Burst
+	Floor   Rate   // combination
+
+	Limit  int64         // fixed_window, sliding_window, sliding_log
+	Window time.Duration // fixed_window, sliding_window, sliding_log
+
+	Max      int64         // concurrency
+	LeaseTTL time.Duration // concurrency; zero means DefaultLeaseTTL
+
+	// Shadow rules are decided and reported but never refuse a request.
+	Shadow bool
+	// OnError overrides the deployment's failure mode for this rule.
+	OnError FailureMode
+}
+
+// Validate reports the first parameter of r that is missing or out of
+// bounds. Stores validate every rule they are given; Validate lets a
+// configuration loader do it once, up front.
+func (r *Rule) Validate() error {
+	if r == nil {
+		return Errorf(CodeInvalid, "rule is nil")
+	}
+	switch r.Algorithm {
+	case TokenBucket, GCRA, Combination:
+		if err := r.Rate.Validate(); err != nil {
+			return r.fail("rate", err)
+		}
+		if err := checkBucket(r.Rate, r.Burst); err != nil {
+			return r.fail("burst", err)
+		}
+		if r.Initial != nil {
+			if r.Algorithm == GCRA {
+				return r.fail("initial", Errorf(CodeInvalid, "gcra starts full; use token_bucket for an initial balance"))
+			}
+			if *r.Initial < 0 || *r.Initial > r.Burst {
+				return r.fail("initial", Errorf(CodeInvalid, "initial must be from 0 to burst (%d)", r.Burst))
+			}
+		}
+		if r.Algorithm == Combination {
+			if err := r.Floor.Validate(); err != nil {
+				return r.fail("floor", err)
+			}
+			if err := checkBucket(r.Floor, r.Floor.N); err != nil {
+				return r.fail("floor", err)
+			}
+		}
+	case FixedWindow, SlidingWindow, SlidingLog:
+		max := int64(MaxCount)
+		if r.Algorithm == SlidingLog {
+			max = MaxSlidingLogLimit
+		}
+		if r.Limit < 1 || r.Limit > max {
+			return r.fail("limit", Errorf(CodeInvalid, "must be from 1 to %d", max))
+		}
+		if r.Window < time.Millisecond || r.Window > MaxRatePeriod {
+			return r.fail("window", Errorf(CodeInvalid, "must be from 1ms to %v", MaxRatePeriod))
+		}
+	case Concurrency:
+		if r.Max < 1 || r.Max > MaxConcurrency {
+			return r.fail("max", Errorf(CodeInvalid, "must be from 1 to %d", MaxConcurrency))
+		}
+		if r.LeaseTTL < 0 || r.LeaseTTL > MaxRatePeriod {
+			return r.fail("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
+		}
+	default:
+		return Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
+	}
+	return nil
+}
+
+func (r *Rule) fail(field string, err error) error {
+	return Errorf(CodeInvalid, "rule %q: %s: %w", r.Name, field, err)
+}
+
+// checkBucket bounds burst and burst × interval so that every bucket
+// computation fits in int64 nanoseconds.
+func checkBucket(rate Rate, burst int64) error {
+	if burst < 1 || burst > MaxCount {
+		return Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount))
+	}
+	// burst*Per/N <= maxSpan  <=>  burst*Per <= maxSpan*N, compared in 128 bits.
+	h1, l1 := bits.Mul64(uint64(burst), uint64(rate.Per))
+	h2, l2 := bits.Mul64(uint64(maxSpan), uint64(rate.N))
+	if h1 > h2 || (h1 == h2 && l1 > l2) {
+		return Errorf(CodeInvalid, "burst %d at %v takes longer than 100 years to refill", burst, rate)
+	}
+	return nil
+}
+
+// Capacity returns the number a decision reports as the rule's limit: the
+// burst of a bucket, both bursts of a combination, the limit of a window,
+// the max of a concurrency rule.
+func (r *Rule) Capacity() int64 {
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		return r.Burst
+	case Combination:
+		return r.Burst + r.Floor.N
+	case Concurrency:
+		return r.Max
+	default:
+		return r.Limit
+	}
+}
+
+// CheckCost reports whether a request may charge cost to r: cost must be
+// from 0 to MaxCost, and no more than the most the rule could ever admit at
+// once — a larger cost is a request error, never a silent refusal.
+func (r *Rule) CheckCost(cost int64) error {
+	if cost < 0 || cost > MaxCost {
+		return Errorf(CodeInvalid, "cost %d: must be from 0 to %d", cost, int64(MaxCost))
+	}
+	most := r.Capacity()
+	if r.Algorithm == Combination {
+		most = max(r.Burst, r.Floor.N)
+	}
+	if cost > most {
+		return Errorf(CodeInvalid, "cost %d is more than rule %q can ever admit at once (%d)", cost, r.Name, most)
+	}
+	return nil
+}
+
+func (r *Rule) leaseTTL() time.Duration {
+	if r.LeaseTTL > 0 {
+		return r.LeaseTTL
+	}
+	return DefaultLeaseTTL
+}
+
+// LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
+func (r *Rule) LeaseTTLOrDefault() time.Duration { return r.leaseTTL() }
+
+func (r *Rule) initial() int64 {
+	if r.Initial != nil {
+		return *r.Initial
+	}
+	return r.Burst
+}

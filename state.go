@@ -1,0 +1,60 @@
+package admit
+
+// State is the compact state of one key of the counter algorithms (token
+// bucket, GCRA, fixed and sliding window, and each half of a combination).
+// It is 16 bytes so that a store can keep millions of keys cheaply.
+//
+// A is the key's expiry in Unix nanoseconds: at and after A the key is
+// indistinguishable from one the store never saw, so a store may drop it,
+// and every algorithm treats a State whose A is at or before now as new.
+// The zero State is a new key. B and C belong to the algorithm.
+type State struct {
+	A    int64
+	B, C uint32
+}
+
+// Fresh reports whether s is equivalent to a new key at now.
+func (s State) Fresh(now int64) bool { return s.A <= now }
+
+// Slots returns how many States a key of algorithm a uses: 2 for a
+// combination (floor and burst bucket), 1 for the other counter algorithms
+// and 0 for the sliding log and concurrency, which keep a Log or a LeaseSet
+// instead.
+func (a Algorithm) Slots() int {
+	switch a {
+	case Combination:
+		return 2
+	case SlidingLog, Concurrency:
+		return 0
+	default:
+		return 1
+	}
+}
+
+// Step is the pure transition of the counter algorithms: it decides a
+// request of cost at now against st and returns the states to keep: if the
+// request was admitted, the charged states; if not, states equal to st in
+// effect, except that a new token bucket whose initial balance is below its
+// burst is recorded, so that it starts refilling when it is first seen. A
+// store that refuses a whole decision keeps the states of a peek (cost 0)
+// instead. st[1] and next[1] are used by combinations only. A cost of 0
+// peeks. Step does not validate: r must
+// pass Validate and cost must pass r.CheckCost. For SlidingLog and
+// Concurrency, which need a Log or a LeaseSet, Step reports a refusal.
+func Step(r *Rule, st [2]State, now, cost int64) (next [2]State, res Result) {
+	res.Rule, res.Shadow, res.Limit = r.Name, r.Shadow, r.Capacity()
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		b := mainBucket(r)
+		o := b.eval(st[0], now, cost)
+		next[0], next[1] = o.next, st[1]
+		o.fill(&res)
+	case Combination:
+		next, res = stepCombination(r, st, now, cost, res)
+	case FixedWindow:
+		next[0], next[1] = stepFixed(r, st[0], now, cost, &res), st[1]
+	case SlidingWindow:
+		next[0], next[1] = stepSliding(r, st[0], now, cost, &res), st[1]
+	}
+	return next, res
+}

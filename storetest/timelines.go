@@ -1,0 +1,340 @@
+package storetest
+
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+const ms = time.Millisecond
+
+func rule(name string, a admit.Algorithm, edit func(*admit.Rule)) *admit.Rule {
+	r := &admit.Rule{Name: name, Algorithm: a}
+	edit(r)
+	return r
+}
+
+func bucketRule(name string, a admit.Algorithm, rate admit.Rate, burst int64) *admit.Rule {
+	return rule(name, a, func(r *admit.Rule) { r.Rate, r.Burst = rate, burst })
+}
+
+func windowRule(name string, a admit.Algorithm, limit int64, window time.Duration) *admit.Rule {
+	return rule(name, a, func(r *admit.Rule) { r.Limit, r.Window = limit, window })
+}
+
+func leaseRule(name string, max int64, ttl time.Duration) *admit.Rule {
+	return rule(name, admit.Concurrency, func(r *admit.Rule) { r.Max, r.LeaseTTL = max, ttl })
+}
+
+func key(timeline, subject string, r *admit.Rule) admit.Charge {
+	return admit.Charge{Key: admit.Key{Scope: "test", Tenant: timeline, Subject: subject, Rule: r.Name}.String(), Rule: r}
+}
+
+func ok(at time.Duration, cost int64, rem ...int64) Step {
+	return Step{At: at, Cost: cost, Want: true, Remaining: rem}
+}
+
+func no(at time.Duration, cost int64, retry time.Duration, rem ...int64) Step {
+	return Step{At: at, Cost: cost, Want: false, Retry: D(retry), Remaining: rem}
+}
+
+func use(s Step, idx ...int) Step { s.Use = idx; return s }
+
+func reset(s Step, d time.Duration) Step { s.Reset = D(d); return s }
+
+func named(s Step, name string) Step { s.Name = name; return s }
+
+func denied(s Step, rule string) Step { s.DeniedBy = rule; return s }
+
+// Timelines returns the conformance timelines. Each one runs on a new store.
+func Timelines() []Timeline {
+	tb := bucketRule("tb", admit.TokenBucket, admit.PerSecond(10), 5)
+	fifty := int64(50)
+	initial := rule("initial", admit.TokenBucket, func(r *admit.Rule) {
+		r.Rate, r.Burst, r.Initial = admit.PerSecond(10), 100, &fifty
+	})
+	zero := int64(0)
+	empty := rule("empty", admit.TokenBucket, func(r *admit.Rule) {
+		r.Rate, r.Burst, r.Initial = admit.PerSecond(10), 5, &zero
+	})
+	seed003 := bucketRule("seed003", admit.TokenBucket, admit.PerSecond(10), 100)
+	gcraBurst := bucketRule("gcra", admit.GCRA, admit.PerSecond(1), 3)
+	fixed := windowRule("fixed", admit.FixedWindow, 3, time.Second)
+	sliding := windowRule("sliding", admit.SlidingWindow, 10, time.Second)
+	slog := windowRule("log", admit.SlidingLog, 3, time.Second)
+	combo := rule("combo", admit.Combination, func(r *admit.Rule) {
+		r.Floor, r.Rate, r.Burst = admit.PerSecond(2), admit.PerSecond(1), 3
+	})
+	conc := leaseRule("conc", 2, 10*time.Second)
+	slow := bucketRule("slow", admit.GCRA, admit.PerSecond(1), 1)
+	perMinute := admit.Rate{N: 1, Per: time.Minute}
+	user := bucketRule("user", admit.TokenBucket, perMinute, 2)
+	tenant := bucketRule("tenant", admit.TokenBucket, perMinute, 3)
+	shadow := rule("shadow", admit.TokenBucket, func(r *admit.Rule) { r.Rate, r.Burst, r.Shadow = perMinute, 1, true })
+	normal := bucketRule("normal", admit.TokenBucket, perMinute, 5)
+	one := bucketRule("one", admit.TokenBucket, perMinute, 1)
+	logOne := windowRule("log-one", admit.SlidingLog, 1, time.Minute)
+	concOne := leaseRule("conc-one", 1, time.Minute)
+	conns := leaseRule("conns", 1, 0)
+	perMin := windowRule("per-minute", admit.SlidingWindow, 2, time.Minute)
+
+	return []Timeline{
+		{
+			Name:    "token_bucket/burst_refill_cap",
+			Charges: []admit.Charge{key("t1", "u", tb)},
+			Steps: []Step{
+				reset(ok(0, 1, 4), 100*ms), ok(0, 1, 3), ok(0, 1, 2), ok(0, 1, 1), reset(ok(0, 1, 0), 500*ms),
+				reset(no(0, 1, 100*ms, 0), 500*ms),
+				ok(100*ms, 1, 0),
+				ok(250*ms, 1, 0), // 1.5 tokens had refilled; half of one is left
+				no(250*ms, 1, 50*ms, 0),
+				// Idle for 10s: the bucket refills to its burst, not beyond.
+				reset(ok(10*time.Second, 0, 5), 0), // a peek: admitted, nothing charged
+				reset(ok(10*time.Second, 1, 4), 100*ms),
+				ok(10*time.Second, 4, 0),
+				{At: 10 * time.Second, Cost: 6, Err: admit.ErrInvalid}, // cost > burst is an error
+			},
+		},
+		{
+			Name:    "token_bucket/initial_balance",
+			Charges: []admit.Charge{key("t2", "new", initial)},
+			Steps: []Step{
+				reset(ok(0, 1, 49), 5100*ms),
+				ok(time.Second, 1, 58),
+				ok(time.Minute, 1, 99), // refilled to burst, past the initial balance
+			},
+		},
+		{
+			// A bucket that starts empty starts refilling when first seen,
+			// even though that first request was refused.
+			Name:    "token_bucket/starts_empty",
+			Charges: []admit.Charge{key("t2e", "new", empty)},
+			Steps: []Step{
+				reset(no(0, 1, 100*ms, 0), 500*ms),
+				no(50*ms, 1, 50*ms, 0),
+				ok(100*ms, 1, 0),
+				ok(time.Second, 5, 0),
+			},
+		},
+		{
+			// Seed 003: a user with 95 tokens comes back 5 s later at 10/s:
+			// 145 would be over the maximum, so 100, and the request leaves 99.
+			// A new user starts at the maximum and also leaves 99.
+			Name:    "token_bucket/seed003",
+			Charges: []admit.Charge{key("t3", "user123", seed003), key("t3", "user456", seed003)},
+			Steps: []Step{
+				use(ok(0, 5, 95), 0),
+				use(ok(5*time.Second, 1, 99), 0),
+				use(ok(5*time.Second, 1, 99), 1),
+				use(ok(5*time.Second+100*ms, 100, 0), 0), // 99 + 1 refilled: exactly enough
+				use(no(5*time.Second+100*ms, 1, 100*ms, 0), 0),
+			},
+		},
+		{
+			Name:    "gcra/burst",
+			Charges: []admit.Charge{key("t4", "u", gcraBurst)},
+			Steps: []Step{
+				ok(0, 1, 2), ok(0, 1, 1), reset(ok(0, 1, 0), 3*time.Second),
+				reset(no(0, 1, time.Second, 0), 3*time.Second),
+				no(999*ms, 1, ms, 0),
+				ok(time.Second, 1, 0),
+				ok(time.Hour, 3, 0),
+			},
+		},
+		{
+			// 3/s is 333,333,333⅓ ns a token: requests at the rounded-up
+			// instants k·T all pass and one nanosecond earlier they do not,
+			// which needs exact fractional arithmetic.
+			Name:    "gcra/fractional_rate",
+			Charges: []admit.Charge{key("t5", "u", bucketRule("third", admit.GCRA, admit.PerSecond(3), 3))},
+			Steps:   fractionalSteps(),
+		},
+		{
+			Name:    "fixed_window/boundaries",
+			Charges: []admit.Charge{key("t6", "u", fixed)},
+			Steps: []Step{
+				reset(ok(0, 1, 2), time.Second), ok(0, 1, 1), ok(0, 1, 0),
+				reset(no(999*ms, 1, ms, 0), ms),
+				reset(ok(time.Second, 1, 2), time.Second),
+				reset(ok(1500*ms, 2, 0), 500*ms),
+				no(1999*ms, 1, ms, 0),
+				ok(5*time.Second, 3, 0),
+				{At: 5 * time.Second, Cost: 4, Err: admit.ErrInvalid},
+			},
+		},
+		{
+			Name:    "sliding_window/weighted",
+			Charges: []admit.Charge{key("t7", "u", sliding)},
+			Steps: []Step{
+				reset(ok(0, 10, 0), 2*time.Second),
+				// 10 in this window: the next request fits once a tenth of it
+				// has slid out, at 1.1s.
+				reset(no(500*ms, 1, 600*ms, 0), 1500*ms),
+				no(1100*ms-1, 1, 1, 0),
+				ok(1100*ms, 1, 0),
+				ok(1500*ms, 4, 0), // 10·½ + 1 + 4 = 10
+				no(1500*ms, 1, 100*ms, 0),
+				ok(1600*ms, 1, 0), // 10·0.4 + 5 + 1 = 10
+				ok(2500*ms, 1, 6), // 6·½ + 0 + 1 = 4
+				ok(5*time.Second, 1, 9),
+			},
+		},
+		{
+			Name:    "sliding_log/exact",
+			Charges: []admit.Charge{key("t8", "u", slog)},
+			Steps: []Step{
+				reset(ok(0, 1, 2), time.Second), ok(200*ms, 1, 1), ok(400*ms, 1, 0),
+				reset(no(600*ms, 1, 400*ms, 0), 800*ms),
+				ok(time.Second, 1, 0), // the entry at 0 left exactly now
+				no(1100*ms, 1, 100*ms, 0),
+				no(1200*ms, 2, 200*ms, 1),
+				ok(1400*ms, 2, 0),
+				{At: 1400 * ms, Cost: 4, Err: admit.ErrInvalid},
+			},
+		},
+		{
+			// Seed 003's floor + burst: 2/s always, plus a 3-token bucket
+			// refilling at 1/s, tried after the floor.
+			Name:    "combination/floor_then_burst",
+			Charges: []admit.Charge{key("t9", "u", combo)},
+			Steps: []Step{
+				ok(0, 1, 4), ok(0, 1, 3), ok(0, 1, 2), ok(0, 1, 1), ok(0, 1, 0),
+				no(0, 1, 500*ms, 0),
+				// The burst is gone; the floor still admits 2/s.
+				ok(500*ms, 1, 0),
+				ok(time.Second, 1, 1),
+				ok(1500*ms, 1, 1),
+				ok(1500*ms, 1, 0),
+				no(1500*ms, 1, 500*ms, 0),
+				ok(2*time.Second, 1, 1),
+				ok(10*time.Second, 3, 2), // more than the floor holds: the burst bucket pays
+				{At: 10 * time.Second, Cost: 4, Err: admit.ErrInvalid},
+			},
+		},
+		{
+			Name:    "concurrency/leases",
+			Charges: []admit.Charge{key("t10", "u", conc)},
+			Steps: []Step{
+				named(reset(ok(0, 1, 1), 10*time.Second), "A"),
+				named(ok(time.Second, 1, 0), "B"),
+				no(2*time.Second, 1, 8*time.Second, 0), // A would expire first
+				{At: 3 * time.Second, Op: Release, Name: "A"},
+				named(ok(3*time.Second, 1, 0), "C"),
+				// B expires at 11s unrenewed: its slot is reclaimed.
+				named(ok(11*time.Second, 1, 0), "D"),
+				{At: 11 * time.Second, Op: Renew, Name: "B", Err: admit.ErrNotFound},
+				{At: 11 * time.Second, Op: Release, Name: "A", Err: admit.ErrNotFound},
+				{At: 12 * time.Second, Op: Renew, Name: "C", Reset: D(10 * time.Second)},
+				no(14*time.Second, 1, 7*time.Second, 0), // D expires at 21s, C now at 22s
+				{At: 14 * time.Second, Op: Release, Name: "C"},
+				ok(14*time.Second, 1, 0),
+				{At: 14 * time.Second, Cost: 3, Err: admit.ErrInvalid},
+			},
+		},
+		{
+			Name:    "reservation/book_and_cancel",
+			Charges: []admit.Charge{key("t11", "u", slow)},
+			Steps: []Step{
+				ok(0, 1, 0),
+				{Op: Reserve, Cost: 1, MaxWait: 5 * time.Second, Want: true, Wait: D(time.Second), Name: "R1"},
+				{Op: Reserve, Cost: 1, MaxWait: 5 * time.Second, Want: true, Wait: D(2 * time.Second), Name: "R2"},
+				{Op: Reserve, Cost: 1, MaxWait: 500 * ms, Want: false, Wait: D(3 * time.Second)},
+				// The refused reservation booked nothing.
+				{Op: Reserve, Cost: 1, MaxWait: 3 * time.Second, Want: true, Wait: D(3 * time.Second), Name: "R3"},
+				{Op: Cancel, Name: "R2"},
+				{Op: Cancel, Name: "R2", Err: admit.ErrNotFound},
+				// R2's second is free again: the next booking waits 3s, not 4s.
+				{Op: Reserve, Cost: 1, MaxWait: 10 * time.Second, Want: true, Wait: D(3 * time.Second)},
+				no(0, 1, 4*time.Second, 0),
+				// R1's time has come: cancelling it gives nothing back.
+				{At: 1500 * ms, Op: Cancel, Name: "R1"},
+				no(1500*ms, 1, 2500*ms, 0),
+			},
+		},
+		{
+			Name:    "reservation/hierarchy_and_invalid",
+			Charges: []admit.Charge{key("t12", "u", slow), key("t12", "t", gcraBurst), key("t12", "f", fixed)},
+			Steps: []Step{
+				use(ok(0, 1, 0, 2), 0, 1),
+				// The slow bucket needs 1s, the other none: both book, wait 1s.
+				use(Step{Op: Reserve, Cost: 1, MaxWait: time.Second, Want: true, Wait: D(time.Second)}, 0, 1),
+				use(ok(time.Second, 0, 0, 2), 0, 1),
+				use(Step{Op: Reserve, Cost: 1, MaxWait: time.Hour, Err: admit.ErrInvalid}, 0, 2),
+			},
+		},
+		{
+			// Seed 002's rule: all or nothing. A refusal by any bucket
+			// charges none of them.
+			Name:    "hierarchy/all_or_nothing",
+			Charges: []admit.Charge{key("t13", "u1", user), key("t13", "u2", user), key("t13", "", tenant)},
+			Steps: []Step{
+				use(ok(0, 1, 1, 2), 0, 2),
+				use(ok(0, 1, 0, 1), 0, 2),
+				use(denied(no(0, 1, time.Minute, 0, 1), "user"), 0, 2),
+				use(ok(0, 1, 1, 0), 1, 2),
+				use(denied(no(0, 1, time.Minute, 1, 0), "tenant"), 1, 2),
+				use(ok(0, 0, 1), 1), // u2 was not charged by the refusal
+			},
+		},
+		{
+			Name:    "hierarchy/shadow_never_refuses",
+			Charges: []admit.Charge{key("t14", "u", shadow), key("t14", "u", normal)},
+			Steps: []Step{
+				ok(0, 1, 0, 4),
+				ok(0, 1, 0, 3), // the shadow rule refuses; the request passes
+				use(ok(0, 0, 0), 0),
+				use(ok(time.Minute, 1, 0), 0), // the refused shadow charge took nothing
+			},
+		},
+		{
+			Name: "hierarchy/same_key_twice",
+			Charges: []admit.Charge{
+				key("t15", "u", one), key("t15", "u", one),
+				key("t15", "l", logOne), key("t15", "l", logOne),
+				key("t15", "c", concOne), key("t15", "c", concOne),
+			},
+			Steps: []Step{
+				use(no(0, 1, time.Minute, 1, 0), 0, 1), // the first would pass; nothing is charged
+				use(ok(0, 1, 0), 0),
+				use(no(0, 1, time.Minute, 1, 0), 2, 3),
+				use(ok(0, 1, 0), 2),
+				use(no(0, 1, time.Minute, 1, 0), 4, 5),
+				use(ok(0, 1, 0), 4),
+			},
+		},
+		{
+			Name:    "reset",
+			Charges: []admit.Charge{key("t16", "u", tb), key("t16", "c", combo), key("t16", "l", slog)},
+			Steps: []Step{
+				ok(0, 2, 3, 3, 1),
+				{Op: Reset},
+				ok(0, 1, 4, 4, 2),
+			},
+		},
+		{
+			// The gateway's admission: connection slots and connections per
+			// minute decided together; a refusal charges neither.
+			Name:    "mixed/leases_and_windows",
+			Charges: []admit.Charge{key("t17", "tenant", conns), key("t17", "tenant", perMin)},
+			Steps: []Step{
+				named(ok(0, 1, 0, 1), "L1"),
+				denied(no(time.Second, 1, 29*time.Second, 0, 1), "conns"),
+				{At: 2 * time.Second, Op: Release, Name: "L1"},
+				named(ok(2*time.Second, 1, 0, 0), "L2"),
+				// Both refuse; the longer wait (the window's) is reported.
+				denied(no(3*time.Second, 1, 87*time.Second, 0, 0), "per-minute"),
+			},
+		},
+	}
+}
+
+func fractionalSteps() []Step {
+	// After a first request of 3, the bucket's arrival time runs ahead of
+	// the clock, so it accumulates thirds of nanoseconds exactly.
+	steps := []Step{ok(0, 3, 0)}
+	for k := int64(1); k <= 12; k++ {
+		at := time.Duration((k*int64(time.Second) + 2) / 3) // ceil(k·T)
+		steps = append(steps, no(at-1, 1, 1, 0), ok(at, 1, 0))
+	}
+	return steps
+}

@@ -1,0 +1,89 @@
+package admit
+
+// Windows are aligned to the Unix epoch, so every store and every server
+// agrees on where a window starts without sharing anything but the clock.
+
+// fixed window: A = the end of the counted window (its expiry), B = count.
+func stepFixed(r *Rule, s State, now, cost int64, res *Result) State {
+	w := int64(r.Window)
+	end := now - now%w + w
+	count := int64(0)
+	if s.A > now {
+		count, end = int64(s.B), s.A
+	}
+	res.ResetAfter = durNs(end - now)
+	if count+cost <= r.Limit {
+		res.Allowed = true
+		res.Remaining = r.Limit - count - cost
+		if cost > 0 {
+			return State{A: end, B: uint32(count + cost)}
+		}
+		return s
+	}
+	res.Remaining = max(r.Limit-count, 0)
+	res.RetryAfter = durNs(end - now)
+	return s
+}
+
+// sliding window counter: A = the end of the current window plus one
+// window (when both counts have slid out, the key's expiry), B = the
+// current window's count, C = the previous window's count.
+//
+// The request is admitted iff prev·(W−e)/W + cur + cost <= limit, where e is
+// the time elapsed in the current window. The comparison is made exactly,
+// multiplied through by W in 128 bits, so there is no rounding at all.
+func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
+	w := int64(r.Window)
+	start := now - now%w
+	end := start + w
+	var cur, prev int64
+	switch stateEnd := s.A - w; {
+	case s.A <= now:
+	case stateEnd == end:
+		cur, prev = int64(s.B), int64(s.C)
+	case stateEnd == start:
+		prev = int64(s.B)
+	case stateEnd > end: // the clock went back; keep the counts, be strict
+		cur, prev, end = int64(s.B), int64(s.C), stateEnd
+		start = end - w
+	}
+	left := uint64(max(end-now, 0)) // W − e
+	weighted := mul(uint64(prev), left)
+	capacity := mul(uint64(r.Limit), uint64(w))
+	admitted := !capacity.less(weighted.add(mul(uint64(cur+cost), uint64(w))))
+
+	after := cur
+	if admitted {
+		after += cost
+	}
+	if weighted.less(capacity) {
+		q, _ := capacity.sub(weighted).div(uint64(w))
+		res.Remaining = max(q-after, 0)
+	}
+	switch {
+	case after > 0:
+		res.ResetAfter = durNs(end + w - now)
+	case prev > 0:
+		res.ResetAfter = durNs(end - now)
+	}
+	if admitted {
+		res.Allowed = true
+		if cost > 0 {
+			return State{A: end + w, B: uint32(after), C: uint32(prev)}
+		}
+		return s
+	}
+	// The earliest instant the same request would pass, if nothing else
+	// is admitted meanwhile.
+	if room := r.Limit - cur - cost; room >= 0 {
+		// Within this window, once enough of the previous one slides out:
+		// prev·(end−t) <= room·W.
+		k, _ := mul(uint64(room), uint64(w)).div(uint64(prev))
+		res.RetryAfter = durNs(end - k - now)
+	} else {
+		// In the next window, where this window's count is the previous.
+		k, _ := mul(uint64(r.Limit-cost), uint64(w)).div(uint64(cur))
+		res.RetryAfter = durNs(end + w - k - now)
+	}
+	return s
+}
