@@ -12,21 +12,25 @@ import "time"
 // Rule.Validate enforces.
 type bucket struct {
 	n, per         uint64 // T = per/n nanoseconds
+	whole          int64  // T when it is a whole number of nanoseconds, else 0
 	burst, initial int64
 	remember       int64 // nanoseconds a full bucket is kept; see RememberFull
 }
 
-func mainBucket(r *Rule) bucket {
-	b := bucket{n: uint64(r.Rate.N), per: uint64(r.Rate.Per), burst: r.Burst, initial: r.initial()}
-	if b.initial < b.burst {
+func newBucket(rate Rate, burst, initial int64) bucket {
+	b := bucket{n: uint64(rate.N), per: uint64(rate.Per), burst: burst, initial: initial}
+	if q := b.per / b.n; q*b.n == b.per { // the common case, such as 100/s
+		b.whole = int64(q)
+	}
+	if initial < burst {
 		b.remember = int64(RememberFull)
 	}
 	return b
 }
 
-func floorBucket(r *Rule) bucket {
-	return bucket{n: uint64(r.Floor.N), per: uint64(r.Floor.Per), burst: r.Floor.N, initial: r.Floor.N}
-}
+func mainBucket(r *Rule) bucket { return newBucket(r.Rate, r.Burst, r.initial()) }
+
+func floorBucket(r *Rule) bucket { return newBucket(r.Floor, r.Floor.N, r.Floor.N) }
 
 // fine is the instant ns + frac/n nanoseconds, 0 <= frac < n.
 type fine struct{ ns, frac int64 }
@@ -63,8 +67,8 @@ func (t fine) ceil() int64 {
 
 // span returns the time c tokens take to refill, c·per/n.
 func (b *bucket) span(c int64) fine {
-	if b.per%b.n == 0 { // the common case, such as 100/s: T is whole
-		return fine{ns: c * int64(b.per/b.n)}
+	if b.whole > 0 {
+		return fine{ns: c * b.whole}
 	}
 	q, r := mul(uint64(c), b.per).div(b.n)
 	return fine{ns: q, frac: int64(r)}
@@ -75,8 +79,8 @@ func (b *bucket) tokens(d fine) int64 {
 	if d.ns < 0 {
 		return 0
 	}
-	if d.frac == 0 && b.per%b.n == 0 {
-		return d.ns / int64(b.per/b.n)
+	if b.whole > 0 {
+		return d.ns / b.whole
 	}
 	q, _ := mul(uint64(d.ns), b.n).add(u128{lo: uint64(d.frac)}).div(b.per)
 	return q
@@ -97,23 +101,10 @@ func (b *bucket) encode(t fine) State {
 	return State{A: t.ceil() + b.remember, B: uint32(t.frac)}
 }
 
-// outcome is what bucket.eval found.
-type outcome struct {
-	allowed      bool
-	remaining    int64
-	reset, retry int64
-	limit        int64
-	next         State
-}
-
-func (o *outcome) fill(r *Result) {
-	r.Allowed, r.Remaining = o.allowed, o.remaining
-	r.ResetAfter, r.RetryAfter = time.Duration(o.reset), time.Duration(o.retry)
-}
-
-// eval decides cost c at now. A request is admitted iff the TAT after it
-// stays within burst·T of now, which is to say iff c tokens are there.
-func (b *bucket) eval(s State, now, c int64) outcome {
+// eval decides cost c at now into res and returns the state to keep. A
+// request is admitted iff the TAT after it stays within burst·T of now,
+// which is to say iff c tokens are there.
+func (b *bucket) eval(res *Result, s State, now, c int64) State {
 	tat := b.decode(s, now)
 	base := tat
 	if base.less(fine{ns: now}) {
@@ -121,28 +112,30 @@ func (b *bucket) eval(s State, now, c int64) outcome {
 	}
 	horizon := b.after(fine{ns: now}, b.span(b.burst))
 	next := b.after(base, b.span(c))
-	o := outcome{limit: b.burst, next: s}
+	keep := s
 	if s.A <= now && b.initial < b.burst {
 		// A new bucket that starts below its burst must be recorded even
 		// when nothing is charged, or it would start empty again at every
 		// look and never refill.
-		o.next = b.encode(tat)
+		keep = b.encode(tat)
 	}
 	if !horizon.less(next) {
-		o.allowed = true
-		o.remaining = b.tokens(b.before(horizon, next))
-		o.reset = next.ceil() - now
+		res.Allowed = true
+		res.Remaining = b.tokens(b.before(horizon, next))
+		res.ResetAfter = time.Duration(next.ceil() - now)
 		if c > 0 {
-			o.next = b.encode(next)
+			keep = b.encode(next)
 		}
-		return o
+		return keep
 	}
+	res.Allowed = false
+	res.Remaining = 0
 	if base.less(horizon) {
-		o.remaining = b.tokens(b.before(horizon, base))
+		res.Remaining = b.tokens(b.before(horizon, base))
 	}
-	o.retry = b.before(next, horizon).ceil()
-	o.reset = base.ceil() - now
-	return o
+	res.RetryAfter = time.Duration(b.before(next, horizon).ceil())
+	res.ResetAfter = time.Duration(base.ceil() - now)
+	return keep
 }
 
 // reserve books c tokens whatever the wait and returns the new state and
@@ -173,34 +166,32 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	return next
 }
 
-func stepCombination(r *Rule, st [2]State, now, cost int64, res Result) ([2]State, Result) {
+func stepCombination(r *Rule, st [2]State, now, cost int64, res *Result) [2]State {
 	fb, bb := floorBucket(r), mainBucket(r)
-	next := st
+	var f, b Result
+	var next [2]State
 	floorFits := cost <= fb.burst
-	var f, b outcome
 	if floorFits {
-		f = fb.eval(st[0], now, cost)
+		next[0] = fb.eval(&f, st[0], now, cost)
 	} else {
-		f = fb.eval(st[0], now, 0) // for its remaining tokens only
-		f.allowed = false
+		next[0] = fb.eval(&f, st[0], now, 0) // for its remaining tokens only
+		f.Allowed = false
 	}
-	if f.allowed {
-		b = bb.eval(st[1], now, 0)
+	if f.Allowed {
+		next[1] = bb.eval(&b, st[1], now, 0)
 	} else {
-		b = bb.eval(st[1], now, cost)
+		next[1] = bb.eval(&b, st[1], now, cost)
 	}
-	next[0], next[1] = f.next, b.next
-	res.Allowed = f.allowed || b.allowed
-	res.Remaining = f.remaining + b.remaining
-	res.ResetAfter = time.Duration(max(f.reset, b.reset))
+	res.Allowed = f.Allowed || b.Allowed
+	res.Remaining = f.Remaining + b.Remaining
+	res.ResetAfter = max(f.ResetAfter, b.ResetAfter)
 	if !res.Allowed {
-		retry := b.retry
+		res.RetryAfter = b.RetryAfter
 		if floorFits {
-			retry = min(retry, f.retry)
+			res.RetryAfter = min(res.RetryAfter, f.RetryAfter)
 		}
-		res.RetryAfter = time.Duration(retry)
 	}
-	return next, res
+	return next
 }
 
 // Reservable reports whether a can book future capacity: token buckets and

@@ -42,8 +42,14 @@ func (l *Log) Expiry(window time.Duration) int64 {
 // Eval decides a request of cost at now without changing l. pending counts
 // units this same decision already placed in l at now (a request that
 // charges one key twice).
-func (l *Log) Eval(r *Rule, now, cost, pending int64) Result {
-	res := Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Limit}
+func (l *Log) Eval(r *Rule, now, cost, pending int64) (res Result) {
+	l.EvalTo(&res, r, now, cost, pending)
+	return res
+}
+
+// EvalTo is Eval writing into *res.
+func (l *Log) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
+	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Limit}
 	first := l.firstLive(now, r.Window)
 	live := int64(l.size-first) + pending
 	if live+cost <= r.Limit {
@@ -54,7 +60,7 @@ func (l *Log) Eval(r *Rule, now, cost, pending int64) Result {
 		} else if live > 0 {
 			res.ResetAfter = durNs(l.at(l.size-1) + int64(r.Window) - now)
 		}
-		return res
+		return
 	}
 	res.Remaining = max(r.Limit-live, 0)
 	if pending > 0 {
@@ -69,7 +75,7 @@ func (l *Log) Eval(r *Rule, now, cost, pending int64) Result {
 	} else {
 		res.RetryAfter = r.Window
 	}
-	return res
+	return
 }
 
 // Commit drops the entries that left the window and records cost units at
@@ -131,8 +137,14 @@ func (s *LeaseSet) Expiry() int64 {
 
 // Eval decides a request for cost slots at now without changing s; pending
 // counts slots this same decision already took.
-func (s *LeaseSet) Eval(r *Rule, now, cost, pending int64) Result {
-	res := Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Max}
+func (s *LeaseSet) Eval(r *Rule, now, cost, pending int64) (res Result) {
+	s.EvalTo(&res, r, now, cost, pending)
+	return res
+}
+
+// EvalTo is Eval writing into *res.
+func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
+	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Max}
 	live := s.Live(now) + pending
 	res.ResetAfter = durNs(s.Expiry() - now)
 	if live+cost <= r.Max {
@@ -141,7 +153,7 @@ func (s *LeaseSet) Eval(r *Rule, now, cost, pending int64) Result {
 		if cost > 0 {
 			res.ResetAfter = max(res.ResetAfter, r.leaseTTL())
 		}
-		return res
+		return
 	}
 	res.Remaining = max(r.Max-live, 0)
 	// If no lease were renewed, the k soonest to expire would free room.
@@ -158,7 +170,7 @@ func (s *LeaseSet) Eval(r *Rule, now, cost, pending int64) Result {
 	} else {
 		res.RetryAfter = r.leaseTTL()
 	}
-	return res
+	return
 }
 
 // Commit drops expired slots and adds cost slots held by lease until expiry.

@@ -42,19 +42,25 @@ func (a Algorithm) Slots() int {
 // pass Validate and cost must pass r.CheckCost. For SlidingLog and
 // Concurrency, which need a Log or a LeaseSet, Step reports a refusal.
 func Step(r *Rule, st [2]State, now, cost int64) (next [2]State, res Result) {
-	res.Rule, res.Shadow, res.Limit = r.Name, r.Shadow, r.Capacity()
+	next = StepTo(&res, r, st, now, cost)
+	return next, res
+}
+
+// StepTo is Step writing the result into *res, which it overwrites: stores
+// decide into a reused Decision without copying results around.
+func StepTo(res *Result, r *Rule, st [2]State, now, cost int64) (next [2]State) {
+	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
+	next = st
 	switch r.Algorithm {
 	case TokenBucket, GCRA:
 		b := mainBucket(r)
-		o := b.eval(st[0], now, cost)
-		next[0], next[1] = o.next, st[1]
-		o.fill(&res)
+		next[0] = b.eval(res, st[0], now, cost)
 	case Combination:
-		next, res = stepCombination(r, st, now, cost, res)
+		next = stepCombination(r, st, now, cost, res)
 	case FixedWindow:
-		next[0], next[1] = stepFixed(r, st[0], now, cost, &res), st[1]
+		next[0] = stepFixed(r, st[0], now, cost, res)
 	case SlidingWindow:
-		next[0], next[1] = stepSliding(r, st[0], now, cost, &res), st[1]
+		next[0] = stepSliding(r, st[0], now, cost, res)
 	}
-	return next, res
+	return next
 }

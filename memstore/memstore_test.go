@@ -160,3 +160,19 @@ func BenchmarkDecide(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkDecideSerial(b *testing.B) {
+	s := memstore.New(nil)
+	defer s.Close()
+	charges := make([][]admit.Charge, 1000)
+	for i := range charges {
+		charges[i] = hier3(i)[:1]
+	}
+	var d admit.Decision
+	b.ReportAllocs()
+	i := 0
+	for range b.N {
+		i = (i + 7919) % len(charges)
+		_ = s.Decide(context.Background(), charges[i], &d)
+	}
+}

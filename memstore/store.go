@@ -43,11 +43,13 @@ import (
 	"encoding/hex"
 	"hash/maphash"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/monoclock"
 )
 
 // Options configure a Store. The zero Options is valid and gives the
@@ -63,8 +65,9 @@ type Options struct {
 	// SweepInterval is how often expired keys are dropped; default 1s.
 	// Negative disables the sweeper (see Sweep).
 	SweepInterval time.Duration
-	// Clock returns the current time; default time.Now. Tests pass a
-	// manual clock.
+	// Clock returns the current time. By default the store reads the
+	// monotonic clock, anchored to the wall clock when the process
+	// started; tests pass a manual clock.
 	Clock func() time.Time
 }
 
@@ -75,7 +78,7 @@ type Store struct {
 	shards      []shard
 	shift       uint // shard index = hash >> shift
 	maxPerShard int
-	clock       func() time.Time
+	now         func() int64 // Unix nanoseconds
 
 	keys, evictions, expirations atomic.Int64
 
@@ -140,19 +143,19 @@ func New(opts *Options) *Store {
 	if o.SweepInterval == 0 {
 		o.SweepInterval = time.Second
 	}
-	if o.Clock == nil {
-		o.Clock = time.Now
-	}
 	n := 1 << bitsN
 	s := &Store{
 		seed:         maphash.MakeSeed(),
 		shards:       make([]shard, n),
 		shift:        uint(64 - bitsN),
 		maxPerShard:  (o.MaxKeys + n - 1) / n,
-		clock:        o.Clock,
+		now:          monoclock.Now,
 		leases:       map[string]*leaseRecord{},
 		reservations: map[string]*reservation{},
 		stop:         make(chan struct{}),
+	}
+	if clock := o.Clock; clock != nil {
+		s.now = func() int64 { return clock().UnixNano() }
 	}
 	if bitsN == 0 {
 		s.shift = 63 // a single shard: hash >> 63 is 0 or 1, masked below
@@ -189,8 +192,6 @@ func (s *Store) Stats() Stats {
 	s.leaseMu.Unlock()
 	return Stats{Keys: s.keys.Load(), Evictions: s.evictions.Load(), Expirations: s.expirations.Load(), Leases: leases}
 }
-
-func (s *Store) now() int64 { return s.clock().UnixNano() }
 
 func (s *Store) hash(key string) uint64 {
 	h := maphash.String(s.seed, key)
@@ -244,6 +245,8 @@ const inlineCharges = 8
 type scratch struct {
 	hashes []uint64
 	next   [][2]admit.State
+	dirty  uint32 // bit i: next[i] differs from the stored state
+	dup    bool   // some key is charged twice
 }
 
 func validate(charges []admit.Charge) error {
@@ -268,6 +271,10 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	if err := validate(charges); err != nil {
 		return err
 	}
+	if len(charges) == 1 && charges[0].Rule.Algorithm.Slots() == 1 {
+		s.decideOne(&charges[0], d)
+		return nil
+	}
 	var hashBuf [inlineCharges]uint64
 	var nextBuf [inlineCharges][2]admit.State
 	sc := scratch{hashes: hashBuf[:0], next: nextBuf[:0]}
@@ -277,17 +284,19 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	var locks lockSet
 	for i := range charges {
 		h := s.hash(charges[i].Key)
+		sc.dup = sc.dup || contains(sc.hashes, h)
 		sc.hashes = append(sc.hashes, h)
 		locks.add(s.shardOf(h))
 	}
 	sc.next = sc.next[:len(charges)]
 
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	s.lock(&locks)
 	now := s.now()
 	allowed := true
 	for i := range charges {
-		res := s.eval(charges, i, &sc, now, false)
-		d.Results = append(d.Results, res)
+		res := &d.Results[i]
+		s.eval(res, charges, i, &sc, now, false)
 		allowed = allowed && (res.Allowed || res.Shadow)
 	}
 	var lease *leaseRecord
@@ -305,18 +314,54 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	return nil
 }
 
-// refuse finishes a refused decision, which charges nothing. The charges
-// that would have admitted report what they hold now rather than what they
-// would have held, so every charge is evaluated again at cost 0, in order
-// (a key charged twice chains through unchanged states); and new keys that
-// a look must record (see admit.Step) are recorded.
+// decideOne decides a single charge of a one-slot algorithm, the common
+// case, without the bookkeeping of multi-key decisions: with one charge,
+// the state Step returns is the one to keep whether it admitted or not.
+func (s *Store) decideOne(c *admit.Charge, d *admit.Decision) {
+	h := s.hash(c.Key)
+	sh := &s.shards[s.shardOf(h)]
+	d.Results = slices.Grow(d.Results, 1)[:1]
+	res := &d.Results[0]
+	sh.mu.Lock()
+	now := s.now()
+	var st [2]admit.State
+	i := sh.t.find(h)
+	if i >= 0 {
+		st[0] = sh.t.slots[i].st
+	}
+	next := admit.StepTo(res, c.Rule, st, now, c.Cost)
+	switch {
+	case next[0] == st[0]:
+	case i >= 0 && next[0].A != 0:
+		sh.t.slots[i].st = next[0]
+	default:
+		s.put(sh, h, next[0], []uint64{h})
+	}
+	sh.mu.Unlock()
+	d.Allowed = res.Allowed || res.Shadow
+	d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = res.Limit, res.Remaining, res.ResetAfter, res.RetryAfter
+	if !d.Allowed {
+		d.DeniedBy = res.Rule
+	}
+}
+
+// refuse finishes a refused decision, which charges nothing. A charge that
+// would have admitted reports what it holds now rather than what it would
+// have held, so it is evaluated again at cost 0; when a key is charged twice
+// every charge is, in order, so that they chain through unchanged states.
+// New keys that a look must record (see admit.Step) are recorded.
 func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) {
 	for i := range charges {
-		peek := s.eval(charges, i, sc, now, true)
-		if r := &d.Results[i]; r.Allowed && charges[i].Cost > 0 {
-			r.Remaining, r.ResetAfter = peek.Remaining, peek.ResetAfter
+		r := &d.Results[i]
+		wouldAdmit := r.Allowed && charges[i].Cost > 0
+		if wouldAdmit || sc.dup {
+			var peek admit.Result
+			s.eval(&peek, charges, i, sc, now, true)
+			if wouldAdmit {
+				r.Remaining, r.ResetAfter = peek.Remaining, peek.ResetAfter
+			}
 		}
-		if charges[i].Rule.Algorithm.Slots() > 0 {
+		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {
 			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.hashes)
 		}
 	}
@@ -334,7 +379,8 @@ func pending(charges []admit.Charge, sc *scratch, i int) int64 {
 	return p
 }
 
-func (s *Store) eval(charges []admit.Charge, i int, sc *scratch, now int64, peek bool) admit.Result {
+// eval decides charge i into res and keeps the state to store in sc.
+func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scratch, now int64, peek bool) {
 	c := &charges[i]
 	h := sc.hashes[i]
 	cost, extra := c.Cost, int64(0)
@@ -350,16 +396,17 @@ func (s *Store) eval(charges []admit.Charge, i int, sc *scratch, now int64, peek
 		if lg == nil {
 			lg = &admit.Log{}
 		}
-		return lg.Eval(c.Rule, now, cost, extra)
+		lg.EvalTo(res, c.Rule, now, cost, extra)
+		return
 	case admit.Concurrency:
 		set := sh.leases[h]
 		if set == nil {
 			set = &admit.LeaseSet{}
 		}
-		return set.Eval(c.Rule, now, cost, extra)
+		set.EvalTo(res, c.Rule, now, cost, extra)
+		return
 	}
 	var st [2]admit.State
-	var res admit.Result
 	chained := false
 	for j := i - 1; j >= 0; j-- { // a key charged twice sees the first charge
 		if sc.hashes[j] == h {
@@ -373,8 +420,12 @@ func (s *Store) eval(charges []admit.Charge, i int, sc *scratch, now int64, peek
 			st[1] = sh.t.get(second(h))
 		}
 	}
-	sc.next[i], res = admit.Step(c.Rule, st, now, cost)
-	return res
+	sc.next[i] = admit.StepTo(res, c.Rule, st, now, cost)
+	if sc.next[i] != st {
+		sc.dirty |= 1 << i
+	} else {
+		sc.dirty &^= 1 << i
+	}
 }
 
 // commit charges every admitting charge. It returns the lease to record
@@ -388,7 +439,9 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		if c.Rule.Algorithm.Slots() > 0 {
 			// Refused shadow charges and peeks keep the state Step
 			// returned for them, which charges nothing.
-			s.putState(c.Rule, h, sc.next[i], sc.hashes)
+			if sc.dirty&(1<<i) != 0 {
+				s.putState(c.Rule, h, sc.next[i], sc.hashes)
+			}
 			continue
 		}
 		if !d.Results[i].Allowed || c.Cost == 0 {
