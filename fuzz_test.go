@@ -34,6 +34,19 @@ func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, 
 	return next, res
 }
 
+// fuzzStart rejects inputs outside the documented bounds and maps start to
+// an instant within a year after base.
+func fuzzStart(r *Rule, cost, gap, start int64) (int64, bool) {
+	if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+		return 0, false
+	}
+	now := base + start%int64(MaxRatePeriod)
+	if now < base {
+		now += int64(MaxRatePeriod)
+	}
+	return now, true
+}
+
 // FuzzBucket drives token buckets, GCRA and combinations with arbitrary
 // rates, bursts, costs and times within the documented bounds: no panic, no
 // overflow, exact retry-after, and never more admitted than
@@ -50,12 +63,9 @@ func FuzzBucket(f *testing.F) {
 		if r.Algorithm == Combination {
 			r.Floor = Rate{floorN, time.Duration(floorPer)}
 		}
-		if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+		now, ok := fuzzStart(r, cost, gap, start)
+		if !ok {
 			return
-		}
-		now := base + start%int64(MaxRatePeriod)
-		if now < base {
-			now += int64(MaxRatePeriod)
 		}
 		var st [2]State
 		admitted := int64(0)
@@ -94,12 +104,9 @@ func FuzzWindows(f *testing.F) {
 		if sliding {
 			r.Algorithm = SlidingWindow
 		}
-		if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+		now, ok := fuzzStart(r, cost, gap, start)
+		if !ok {
 			return
-		}
-		now := base + start%int64(MaxRatePeriod)
-		if now < base {
-			now += int64(MaxRatePeriod)
 		}
 		var st [2]State
 		perWindow := map[int64]int64{}

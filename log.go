@@ -75,7 +75,6 @@ func (l *Log) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 	} else {
 		res.RetryAfter = r.Window
 	}
-	return
 }
 
 // Commit drops the entries that left the window and records cost units at
@@ -170,7 +169,6 @@ func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 	} else {
 		res.RetryAfter = r.leaseTTL()
 	}
-	return
 }
 
 // Commit drops expired slots and adds cost slots held by lease until expiry.

@@ -45,7 +45,6 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
 		prev = int64(s.B)
 	case stateEnd > end: // the clock went back; keep the counts, be strict
 		cur, prev, end = int64(s.B), int64(s.C), stateEnd
-		start = end - w
 	}
 	left := uint64(max(end-now, 0)) // W − e
 	weighted := mul(uint64(prev), left)

@@ -392,18 +392,10 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 	sh := &s.shards[s.shardOf(h)]
 	switch c.Rule.Algorithm {
 	case admit.SlidingLog:
-		lg := sh.logs[h]
-		if lg == nil {
-			lg = &admit.Log{}
-		}
-		lg.EvalTo(res, c.Rule, now, cost, extra)
+		side(&sh.logs, h, false).EvalTo(res, c.Rule, now, cost, extra)
 		return
 	case admit.Concurrency:
-		set := sh.leases[h]
-		if set == nil {
-			set = &admit.LeaseSet{}
-		}
-		set.EvalTo(res, c.Rule, now, cost, extra)
+		side(&sh.leases, h, false).EvalTo(res, c.Rule, now, cost, extra)
 		return
 	}
 	var st [2]admit.State
@@ -428,6 +420,22 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 	}
 }
 
+// side returns the variable-size state of key h from a shard's side map. A
+// missing one reads as empty; with create set it is added, map and all.
+func side[T any](m *map[uint64]*T, h uint64, create bool) *T {
+	if v := (*m)[h]; v != nil {
+		return v
+	}
+	v := new(T)
+	if create {
+		if *m == nil {
+			*m = map[uint64]*T{}
+		}
+		(*m)[h] = v
+	}
+	return v
+}
+
 // commit charges every admitting charge. It returns the lease to record
 // when concurrency charges took slots.
 func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) *leaseRecord {
@@ -449,14 +457,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		}
 		switch c.Rule.Algorithm {
 		case admit.SlidingLog:
-			lg := sh.logs[h]
-			if lg == nil {
-				lg = &admit.Log{}
-				if sh.logs == nil {
-					sh.logs = map[uint64]*admit.Log{}
-				}
-				sh.logs[h] = lg
-			}
+			lg := side(&sh.logs, h, true)
 			lg.Commit(c.Rule, now, c.Cost)
 			s.put(sh, h, admit.State{A: lg.Expiry(c.Rule.Window)}, sc.hashes)
 		case admit.Concurrency:
@@ -467,14 +468,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			if ttl <= 0 {
 				ttl = int64(c.Rule.LeaseTTLOrDefault())
 			}
-			set := sh.leases[h]
-			if set == nil {
-				set = &admit.LeaseSet{}
-				if sh.leases == nil {
-					sh.leases = map[uint64]*admit.LeaseSet{}
-				}
-				sh.leases[h] = set
-			}
+			set := side(&sh.leases, h, true)
 			set.Commit(now, lease.num, c.Cost, now+ttl)
 			lease.refs = append(lease.refs, leaseRef{h: h, ttl: ttl})
 			lease.expiry = max(lease.expiry, now+ttl)

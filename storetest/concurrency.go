@@ -66,11 +66,27 @@ func bucketBound(rate admit.Rate, burst int64, elapsed time.Duration) int64 {
 	return burst + int64(elapsed)*rate.N/int64(rate.Per)
 }
 
+// checkSupplyUsed asserts the lower bound: when demand exceeded supply
+// (at least twice as many attempts as the bound), at least 95% of the
+// bound was admitted. A machine too starved to create that demand cannot
+// test it, and says so.
+func checkSupplyUsed(t *testing.T, admitted, attempts, bound int64) {
+	t.Helper()
+	if attempts < 2*bound {
+		t.Logf("only %d attempts for a bound of %d: demand did not exceed supply, lower bound not checked", attempts, bound)
+		return
+	}
+	if float64(admitted) < 0.95*float64(bound) {
+		t.Errorf("admitted %d < 95%% of %d although %d attempts were made", admitted, bound, attempts)
+	}
+}
+
 func testBucketBound(t *testing.T, s admit.Store, a admit.Algorithm) {
-	r := &admit.Rule{Name: "hammer", Algorithm: a, Rate: admit.PerSecond(5000), Burst: 200}
+	r := &admit.Rule{Name: "hammer", Algorithm: a, Rate: admit.PerSecond(2000), Burst: 100}
 	c := []admit.Charge{{Key: "hammer-" + a.String(), Rule: r, Cost: 1}}
-	var admitted atomic.Int64
+	var admitted, attempts atomic.Int64
 	start, end := hammer(t, func(d *admit.Decision) error {
+		attempts.Add(1)
 		err := s.Decide(context.Background(), c, d)
 		if err == nil && d.Allowed {
 			admitted.Add(1)
@@ -83,9 +99,7 @@ func testBucketBound(t *testing.T, s admit.Store, a admit.Algorithm) {
 	if got > bound {
 		t.Errorf("admitted %d > burst + rate × elapsed = %d", got, bound)
 	}
-	if float64(got) < 0.95*float64(bound) {
-		t.Errorf("admitted %d < 95%% of %d although demand exceeded supply", got, bound)
-	}
+	checkSupplyUsed(t, got, attempts.Load(), bound)
 }
 
 func testWindowBounds(t *testing.T, s admit.Store) {
@@ -129,12 +143,12 @@ func testWindowBounds(t *testing.T, s admit.Store) {
 // tenant's bucket; no user passes its own bound and the users together
 // never pass the tenant's.
 func testHierarchyBound(t *testing.T, s admit.Store) {
-	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 50}
-	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(2000), Burst: 200}
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(500), Burst: 25}
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 100}
 	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(100000), Burst: 1000}
 	const users = 4
 	var perUser [users]atomic.Int64
-	var next atomic.Int64
+	var next atomic.Int64 // also the number of attempts
 	start, end := hammer(t, func(d *admit.Decision) error {
 		u := int(next.Add(1)) % users
 		c := []admit.Charge{
@@ -162,9 +176,7 @@ func testHierarchyBound(t *testing.T, s admit.Store) {
 	if total > bound {
 		t.Errorf("tenant admitted %d > %d", total, bound)
 	}
-	if float64(total) < 0.95*float64(bound) {
-		t.Errorf("tenant admitted %d < 95%% of %d", total, bound)
-	}
+	checkSupplyUsed(t, total, next.Load(), bound)
 }
 
 func testLeaseBound(t *testing.T, s admit.Store) {

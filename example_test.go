@@ -1,0 +1,65 @@
+package admit_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/storetest"
+)
+
+// Seed 002's hierarchy: a request passes only if the user's, the tenant's
+// and the global bucket all admit it, and a refusal charges none of them.
+func Example_hierarchy() {
+	clock := storetest.NewClock() // a fixed instant, for repeatable output
+	store := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer store.Close()
+
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(100), Burst: 50}
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 200}
+	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10000), Burst: 1000}
+	charges := func(u string, cost int64) []admit.Charge {
+		return []admit.Charge{
+			{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: u}.String(), Rule: user, Cost: cost},
+			{Key: admit.Key{Scope: "tenant", Tenant: "acme"}.String(), Rule: tenant, Cost: cost},
+			{Key: admit.Key{Scope: "global"}.String(), Rule: global, Cost: cost},
+		}
+	}
+	var d admit.Decision
+	ctx := context.Background()
+	_ = store.Decide(ctx, charges("alice", 50), &d)
+	fmt.Println("alice takes 50:", d.Allowed, "remaining", d.Results[0].Remaining, d.Results[1].Remaining, d.Results[2].Remaining)
+	_ = store.Decide(ctx, charges("alice", 1), &d)
+	fmt.Println("alice takes 1 more:", d.Allowed, "denied by", d.DeniedBy, "retry after", d.RetryAfter)
+	fmt.Println("tenant and global untouched:", d.Results[1].Remaining, d.Results[2].Remaining)
+	// Output:
+	// alice takes 50: true remaining 0 150 950
+	// alice takes 1 more: false denied by user retry after 10ms
+	// tenant and global untouched: 150 950
+}
+
+// A rule with a rate parsed from configuration syntax.
+func ExampleParseRate() {
+	r, err := admit.ParseRate("5/30s")
+	fmt.Println(r.N, r.Per, r.Interval(), err)
+	// Output: 5 30s 6s <nil>
+}
+
+// Reservations wait for tokens instead of being refused (seed 000).
+func ExampleStore_reserve() {
+	clock := storetest.NewClock()
+	store := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer store.Close()
+	docs := &admit.Rule{Name: "doc-summaries", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 10, Per: time.Minute}, Burst: 20}
+	c := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "t1234", Action: "invoke-doc-summary-ai"}.String(), Rule: docs, Cost: 20}}
+	d, _ := admit.Check(context.Background(), store, c...)
+	fmt.Println("claim 20 at once:", d.Allowed)
+	c[0].Cost = 3
+	r, _ := store.Reserve(context.Background(), c, time.Minute)
+	fmt.Println("reserve 3 more: ok", r.OK, "wait", r.Wait)
+	// Output:
+	// claim 20 at once: true
+	// reserve 3 more: ok true wait 18s
+}
