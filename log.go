@@ -150,7 +150,7 @@ func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 		res.Allowed = true
 		res.Remaining = r.Max - live - cost
 		if cost > 0 {
-			res.ResetAfter = max(res.ResetAfter, r.leaseTTL())
+			res.ResetAfter = max(res.ResetAfter, r.LeaseTTLOrDefault())
 		}
 		return
 	}
@@ -167,7 +167,7 @@ func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 	if k <= len(exp) {
 		res.RetryAfter = durNs(exp[k-1] - now)
 	} else {
-		res.RetryAfter = r.leaseTTL()
+		res.RetryAfter = r.LeaseTTLOrDefault()
 	}
 }
 

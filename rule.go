@@ -265,15 +265,13 @@ func (r *Rule) CheckCost(cost int64) error {
 	return nil
 }
 
-func (r *Rule) leaseTTL() time.Duration {
+// LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
+func (r *Rule) LeaseTTLOrDefault() time.Duration {
 	if r.LeaseTTL > 0 {
 		return r.LeaseTTL
 	}
 	return DefaultLeaseTTL
 }
-
-// LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
-func (r *Rule) LeaseTTLOrDefault() time.Duration { return r.leaseTTL() }
 
 func (r *Rule) initial() int64 {
 	if r.Initial != nil {
