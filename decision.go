@@ -20,6 +20,11 @@ type Charge struct {
 	// LeaseTTL overrides Rule.LeaseTTL for the lease a concurrency charge
 	// takes; zero keeps the rule's.
 	LeaseTTL time.Duration
+	// DryRun asks what the decision would be without charging anything.
+	// A decision is a dry run as a whole: if any of its charges sets
+	// DryRun, the results are those of deciding every charge at its cost,
+	// and no state changes.
+	DryRun bool
 }
 
 // Result is the decision for one charge.

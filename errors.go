@@ -18,6 +18,7 @@ const (
 	CodeNotFound                // a lease, reservation or other named thing does not exist
 	CodeConflict                // the thing exists already or changed concurrently
 	CodeUnavailable             // the store could not be reached or timed out
+	CodePermission              // the caller may not do this (unknown tenant, wrong API key)
 )
 
 var codeNames = [...]string{
@@ -26,6 +27,7 @@ var codeNames = [...]string{
 	CodeNotFound:    "not_found",
 	CodeConflict:    "conflict",
 	CodeUnavailable: "unavailable",
+	CodePermission:  "permission_denied",
 }
 
 // String returns the code's stable lower-case name, such as "invalid".
@@ -47,6 +49,7 @@ var (
 	ErrNotFound    = &Error{Code: CodeNotFound, Message: "not found"}
 	ErrConflict    = &Error{Code: CodeConflict, Message: "conflict"}
 	ErrUnavailable = &Error{Code: CodeUnavailable, Message: "store unavailable"}
+	ErrPermission  = &Error{Code: CodePermission, Message: "permission denied"}
 )
 
 // Error is the error type of Admit's packages. It carries a Code, a message
@@ -92,6 +95,8 @@ func sentinel(c Code) *Error {
 		return ErrConflict
 	case CodeUnavailable:
 		return ErrUnavailable
+	case CodePermission:
+		return ErrPermission
 	default:
 		return ErrInternal
 	}

@@ -271,7 +271,11 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	if err := validate(charges); err != nil {
 		return err
 	}
-	if len(charges) == 1 && charges[0].Rule.Algorithm.Slots() == 1 {
+	dry := false
+	for i := range charges {
+		dry = dry || charges[i].DryRun
+	}
+	if len(charges) == 1 && charges[0].Rule.Algorithm.Slots() == 1 && !dry {
 		s.decideOne(&charges[0], d)
 		return nil
 	}
@@ -300,9 +304,13 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 		allowed = allowed && (res.Allowed || res.Shadow)
 	}
 	var lease *leaseRecord
-	if allowed {
+	switch {
+	case dry:
+		// Nothing is stored, not even a new key a refusal would record:
+		// a dry run leaves the store as it found it.
+	case allowed:
 		lease = s.commit(charges, d, &sc, now)
-	} else {
+	default:
 		s.refuse(charges, d, &sc, now)
 	}
 	s.unlock(&locks)

@@ -61,6 +61,8 @@ type Step struct {
 	Name string
 	// MaxWait is Reserve's maximum wait.
 	MaxWait time.Duration
+	// DryRun marks every charge of a Decide step as a dry run.
+	DryRun bool
 
 	Want      bool    // Decide: allowed; Reserve: OK
 	Remaining []int64 // per used charge, if set
@@ -146,6 +148,7 @@ func (tl Timeline) pick(st Step) []admit.Charge {
 	}
 	for i := range cs {
 		cs[i].Cost = st.Cost
+		cs[i].DryRun = st.DryRun
 	}
 	return cs
 }

@@ -42,6 +42,8 @@ func use(s Step, idx ...int) Step { s.Use = idx; return s }
 
 func reset(s Step, d time.Duration) Step { s.Reset = D(d); return s }
 
+func dry(s Step) Step { s.DryRun = true; return s }
+
 func named(s Step, name string) Step { s.Name = name; return s }
 
 func denied(s Step, rule string) Step { s.DeniedBy = rule; return s }
@@ -79,6 +81,21 @@ func Timelines() []Timeline {
 	perMin := windowRule("per-minute", admit.SlidingWindow, 2, time.Minute)
 
 	return []Timeline{
+		{
+			// A dry run reports the decision at its cost and changes
+			// nothing: not the buckets, not the window, no lease taken.
+			Name: "dry_run/changes_nothing",
+			Charges: []admit.Charge{key("dry", "u", user), key("dry", "", tenant),
+				key("dry", "w", fixed), key("dry", "c", concOne)},
+			Steps: []Step{
+				dry(ok(0, 1, 1, 2, 2, 0)),
+				dry(ok(0, 1, 1, 2, 2, 0)),
+				ok(0, 1, 1, 2, 2, 0),
+				dry(denied(no(0, 1, time.Minute, 0, 1, 1, 0), "conc-one")),
+				dry(use(denied(no(0, 2, time.Minute, 1), "user"), 0)),
+				use(ok(0, 1, 0), 0),
+			},
+		},
 		{
 			Name:    "token_bucket/burst_refill_cap",
 			Charges: []admit.Charge{key("t1", "u", tb)},

@@ -1,0 +1,399 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/admitdev/admit/policy"
+)
+
+// Config is the YAML configuration file (DESIGN §7). Field names are the
+// contract; see docs/configuration.md for every field and its default.
+type Config struct {
+	Version  int                          `json:"version"`
+	Server   ServerConfig                 `json:"server"`
+	Store    StoreConfig                  `json:"store"`
+	Defaults DefaultsConfig               `json:"defaults"`
+	Global   []policy.RuleSpec            `json:"global"`
+	Tiers    map[string]policy.TierSpec   `json:"tiers"`
+	Tenants  map[string]policy.TenantSpec `json:"tenants"`
+}
+
+// ServerConfig is the server section.
+type ServerConfig struct {
+	HTTP           string   `json:"http"`
+	GRPC           string   `json:"grpc"`
+	AdminToken     string   `json:"admin_token"`
+	TrustedProxies []string `json:"trusted_proxies"`
+	// DecisionLog, when set, is a file that receives one JSON line per
+	// decision ("-" for standard output).
+	DecisionLog string `json:"decision_log"`
+	// TenantMetrics adds a tenant label to the decision metrics. Off by
+	// default: the label's cardinality grows with the tenants.
+	TenantMetrics bool `json:"tenant_metrics"`
+}
+
+// StoreConfig is the store section.
+type StoreConfig struct {
+	Backend   string      `json:"backend"`
+	Redis     RedisConfig `json:"redis"`
+	OnError   string      `json:"on_error"`
+	Instances int64       `json:"instances"`
+	MaxKeys   int64       `json:"max_keys"`
+}
+
+// RedisConfig is the store.redis section.
+type RedisConfig struct {
+	Mode       string   `json:"mode"`
+	Addrs      []string `json:"addrs"`
+	MasterName string   `json:"master_name"`
+	Timeout    string   `json:"timeout"`
+}
+
+// DefaultsConfig is the defaults section.
+type DefaultsConfig struct {
+	UnknownTenant string `json:"unknown_tenant"`
+	Shadow        bool   `json:"shadow"`
+}
+
+// Spec returns the policy part of c.
+func (c *Config) Spec() *policy.Spec {
+	return &policy.Spec{
+		UnknownTenant: c.Defaults.UnknownTenant, Shadow: c.Defaults.Shadow, OnError: c.Store.OnError,
+		Global: c.Global, Tiers: c.Tiers, Tenants: c.Tenants,
+	}
+}
+
+// ConfigError is one problem in a configuration file, with its position.
+type ConfigError struct {
+	File      string
+	Line, Col int
+	Path      string // the field, like tiers.free.rules[0].rate; may be empty
+	Msg       string
+}
+
+func (e ConfigError) Error() string {
+	where := e.File
+	if e.Line > 0 {
+		where = fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col)
+	}
+	if e.Path != "" {
+		return fmt.Sprintf("%s: %s: %s", where, e.Path, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", where, e.Msg)
+}
+
+// ConfigErrors lists every problem of a file, in file order.
+type ConfigErrors []ConfigError
+
+func (e ConfigErrors) Error() string {
+	lines := make([]string, len(e))
+	for i, ce := range e {
+		lines[i] = ce.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// MaxConfigSize bounds a configuration file.
+const MaxConfigSize = 4 << 20
+
+// LoadConfig reads, decodes and validates a configuration file.
+func LoadConfig(file string) (*Config, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, ConfigErrors{{File: file, Msg: err.Error()}}
+	}
+	return ParseConfig(file, data)
+}
+
+// ParseConfig decodes and validates a configuration. file names it in
+// errors. Every problem is reported, each with its line and column.
+func ParseConfig(file string, data []byte) (*Config, error) {
+	if len(data) > MaxConfigSize {
+		return nil, ConfigErrors{{File: file, Msg: fmt.Sprintf("%d bytes; at most %d", len(data), MaxConfigSize)}}
+	}
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, ConfigErrors{{File: file, Line: 1, Col: 1, Msg: "the file is empty; a configuration starts with version: 1"}}
+		}
+		return nil, ConfigErrors{yamlError(file, err)}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, ConfigErrors{{File: file, Line: extra.Line, Col: extra.Column, Msg: "a second YAML document; a configuration is one document"}}
+	}
+	d := decoder{file: file, pos: map[string]*yaml.Node{}}
+	cfg := &Config{}
+	if len(root.Content) == 1 {
+		d.value(root.Content[0], reflect.ValueOf(cfg).Elem(), "")
+	} else {
+		d.fail(&root, "", "the file is empty; a configuration starts with version: 1")
+	}
+	if len(d.errs) == 0 {
+		d.check(cfg)
+	}
+	sort.SliceStable(d.errs, func(i, j int) bool {
+		a, b := d.errs[i], d.errs[j]
+		return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col
+	})
+	if len(d.errs) > 0 {
+		return nil, d.errs
+	}
+	return cfg, nil
+}
+
+// yamlError turns a parse error ("yaml: line 3: …") into a ConfigError.
+func yamlError(file string, err error) ConfigError {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	ce := ConfigError{File: file, Msg: msg, Col: 1}
+	var line int
+	if n, _ := fmt.Sscanf(msg, "line %d:", &line); n == 1 {
+		ce.Line = line
+		ce.Msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
+	}
+	return ce
+}
+
+// decoder decodes a YAML node tree into Go values by their json tags,
+// strictly: unknown fields, wrong kinds and bad numbers are errors with the
+// node's position. It records the position of every path it decodes, so
+// that later checks can point at the field they reject.
+type decoder struct {
+	file string
+	pos  map[string]*yaml.Node
+	errs ConfigErrors
+}
+
+func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+	d.errs = append(d.errs, ConfigError{File: d.file, Line: n.Line, Col: n.Column, Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expand replaces ${VAR} with the environment's value (empty when unset).
+func expand(s string) string {
+	if !strings.Contains(s, "${") {
+		return s
+	}
+	return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return fmt.Sprintf("%q", n.Value)
+}
+
+func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
+	d.pos[path] = n
+	if n.Kind == yaml.AliasNode {
+		d.fail(n, path, "aliases are not supported in a configuration")
+		return
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return // an empty value keeps the default
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		d.value(n, p.Elem(), path)
+		v.Set(p)
+	case reflect.Struct:
+		if n.Kind != yaml.MappingNode {
+			d.fail(n, path, "want a mapping, got %s", kindName(n))
+			return
+		}
+		fields := map[string]int{}
+		names := []string{}
+		for i := 0; i < v.NumField(); i++ {
+			tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			fields[tag] = i
+			names = append(names, tag)
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			fp := join(path, k.Value)
+			idx, ok := fields[k.Value]
+			if !ok {
+				d.fail(k, fp, "unknown field %q (known: %s)", k.Value, strings.Join(names, ", "))
+				continue
+			}
+			d.value(val, v.Field(idx), fp)
+		}
+	case reflect.Map:
+		if n.Kind != yaml.MappingNode {
+			d.fail(n, path, "want a mapping, got %s", kindName(n))
+			return
+		}
+		m := reflect.MakeMap(v.Type())
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			fp := path + "." + k.Value
+			e := reflect.New(v.Type().Elem()).Elem()
+			d.value(val, e, fp)
+			d.pos[fp] = k
+			m.SetMapIndex(reflect.ValueOf(k.Value), e)
+		}
+		v.Set(m)
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			d.fail(n, path, "want a list, got %s", kindName(n))
+			return
+		}
+		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+		for i, e := range n.Content {
+			d.value(e, s.Index(i), fmt.Sprintf("%s[%d]", path, i))
+		}
+		v.Set(s)
+	case reflect.String:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "want a text value, got %s", kindName(n))
+			return
+		}
+		v.SetString(expand(n.Value))
+	case reflect.Int, reflect.Int64:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "want an integer, got %s", kindName(n))
+			return
+		}
+		x, err := strconv.ParseInt(strings.ReplaceAll(expand(n.Value), "_", ""), 10, 64)
+		if err != nil {
+			d.fail(n, path, "want an integer, got %q", n.Value)
+			return
+		}
+		v.SetInt(x)
+	case reflect.Bool:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "want true or false, got %s", kindName(n))
+			return
+		}
+		switch expand(n.Value) {
+		case "true":
+			v.SetBool(true)
+		case "false":
+			v.SetBool(false)
+		default:
+			d.fail(n, path, "want true or false, got %q", n.Value)
+		}
+	default:
+		d.fail(n, path, "cannot decode into %s", v.Type())
+	}
+}
+
+func join(path, field string) string {
+	if path == "" {
+		return field
+	}
+	return path + "." + field
+}
+
+// at returns the node recorded for path or its closest recorded parent.
+func (d *decoder) at(path string) *yaml.Node {
+	for p := path; ; {
+		if n := d.pos[p]; n != nil {
+			return n
+		}
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			if n := d.pos[""]; n != nil {
+				return n
+			}
+			return &yaml.Node{}
+		}
+		p = p[:i]
+	}
+}
+
+func (d *decoder) failAt(path, format string, args ...any) {
+	d.fail(d.at(path), path, format, args...)
+}
+
+// check validates what decoding cannot: values and cross-references.
+func (d *decoder) check(c *Config) {
+	if c.Version != 1 {
+		d.failAt("version", "want version: 1, got %d", c.Version)
+	}
+	for _, f := range []struct{ path, addr string }{{"server.http", c.Server.HTTP}, {"server.grpc", c.Server.GRPC}} {
+		if f.addr != "" {
+			if _, _, err := net.SplitHostPort(f.addr); err != nil {
+				d.failAt(f.path, "%q is not host:port (%v)", f.addr, err)
+			}
+		}
+	}
+	for i, p := range c.Server.TrustedProxies {
+		if _, err := parsePrefix(p); err != nil {
+			d.failAt(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)
+		}
+	}
+	switch c.Store.Backend {
+	case "", "memory", "redis":
+	default:
+		d.failAt("store.backend", "%q: want memory or redis", c.Store.Backend)
+	}
+	switch c.Store.Redis.Mode {
+	case "", "standalone", "sentinel", "cluster":
+	default:
+		d.failAt("store.redis.mode", "%q: want standalone, sentinel or cluster", c.Store.Redis.Mode)
+	}
+	if c.Store.Redis.Timeout != "" {
+		if t, err := time.ParseDuration(c.Store.Redis.Timeout); err != nil || t <= 0 {
+			d.failAt("store.redis.timeout", "%q is not a positive duration like 50ms", c.Store.Redis.Timeout)
+		}
+	}
+	if c.Store.Instances < 0 || c.Store.Instances > 10000 {
+		d.failAt("store.instances", "must be from 1 to 10000")
+	}
+	if c.Store.MaxKeys < 0 || c.Store.MaxKeys > 1_000_000_000 {
+		d.failAt("store.max_keys", "must be from 1 to 1000000000")
+	}
+	if _, err := policy.Compile(c.Spec()); err != nil {
+		var fes policy.Errors
+		if !errors.As(err, &fes) {
+			d.failAt("", "%v", err)
+			return
+		}
+		for _, fe := range fes {
+			path := fe.Path
+			switch path {
+			case "unknown_tenant":
+				path = "defaults.unknown_tenant"
+			case "on_error":
+				path = "store.on_error"
+			}
+			d.failAt(path, "%s", fe.Msg)
+		}
+	}
+}
+
+// parsePrefix parses a CIDR or a single address.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an IP address", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+}

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDemoConfigValid(t *testing.T) {
+	if _, err := ParseConfig("demo.yaml", demoConfig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestInvalidConfigs runs one fixture per kind of configuration error:
+// testdata/invalid/NAME.yaml must be refused with an error that contains
+// NAME.want (position, field and reason).
+func TestInvalidConfigs(t *testing.T) {
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	if len(files) < 20 {
+		t.Fatalf("%d fixtures", len(files))
+	}
+	for _, f := range files {
+		want, err := os.ReadFile(strings.TrimSuffix(f, ".yaml") + ".want")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = LoadConfig(f)
+		if err == nil {
+			t.Errorf("%s: accepted", f)
+			continue
+		}
+		w := strings.TrimSpace(string(want))
+		if w[0] >= '0' && w[0] <= '9' {
+			w = f + ":" + w
+		}
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("%s: error\n%v\nwant it to contain\n%s", f, err, w)
+		}
+	}
+}
+
+func TestConfigReportsEveryErrorInOrder(t *testing.T) {
+	data := "version: 1\nstore:\n  backend: etcd\n  on_error: maybe\nglobal:\n  - name: g\n    scope: global\n    algorithm: gcra\n    rate: 1/s\n"
+	_, err := ParseConfig("c.yaml", []byte(data))
+	var errs ConfigErrors
+	if !errors.As(err, &errs) || len(errs) != 3 {
+		t.Fatalf("want 3 errors, got %v", err)
+	}
+	for i, want := range []string{"c.yaml:3:12: store.backend", "c.yaml:4:13: store.on_error", "c.yaml:6:5: global[0].burst"} {
+		if !strings.HasPrefix(errs[i].Error(), want) {
+			t.Errorf("error %d = %q, want prefix %q", i, errs[i], want)
+		}
+	}
+}
+
+func TestConfigExpandsEnvironment(t *testing.T) {
+	t.Setenv("ADMIT_TEST_BURST", "7")
+	t.Setenv("ADMIT_TEST_TOKEN", "tok")
+	cfg, err := ParseConfig("c.yaml", []byte("version: 1\nserver:\n  admin_token: ${ADMIT_TEST_TOKEN}\nglobal:\n  - name: g\n    scope: global\n    algorithm: gcra\n    rate: 1/s\n    burst: ${ADMIT_TEST_BURST}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Server.AdminToken != "tok" || *cfg.Global[0].Burst != 7 {
+		t.Errorf("expanded: token %q, burst %d", cfg.Server.AdminToken, *cfg.Global[0].Burst)
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add(string(demoConfig))
+	files, _ := filepath.Glob("testdata/invalid/*.yaml")
+	for _, file := range files {
+		b, _ := os.ReadFile(file)
+		f.Add(string(b))
+	}
+	f.Fuzz(func(t *testing.T, data string) {
+		cfg, err := ParseConfig("f.yaml", []byte(data))
+		if err == nil && cfg == nil {
+			t.Fatal("no config and no error")
+		}
+		var errs ConfigErrors
+		if err != nil && (!errors.As(err, &errs) || len(errs) == 0) {
+			t.Fatalf("error %v is not a list of ConfigErrors", err)
+		}
+	})
+}

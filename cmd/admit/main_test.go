@@ -1,0 +1,242 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *lockedBuffer) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+// running is an `admit serve` started in-process on a free loopback port.
+type running struct {
+	url    string
+	stderr *lockedBuffer
+	reload chan struct{}
+	stop   func() int
+}
+
+func startServe(t *testing.T, args ...string) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{})}
+	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(string) string { return "" },
+		listening: func(a string) { addr <- a }, reload: r.reload}
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"serve", "--http", "127.0.0.1:0"}, args...), e) }()
+	select {
+	case a := <-addr:
+		r.url = "http://" + a
+	case code := <-done:
+		cancel()
+		t.Fatalf("serve exited with %d: %s", code, r.stderr)
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	var once sync.Once
+	code := 0
+	r.stop = func() int {
+		once.Do(func() { cancel(); code = <-done })
+		return code
+	}
+	t.Cleanup(func() { r.stop() })
+	return r
+}
+
+func call(t *testing.T, method, url, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	_ = json.Unmarshal(raw, &m)
+	return resp.StatusCode, m
+}
+
+const smallConfig = `version: 1
+tiers:
+  basic:
+    rules:
+      - name: tenant-requests
+        scope: tenant
+        algorithm: token_bucket
+        rate: 1/h
+        burst: BURST
+tenants:
+  t1: {tier: basic}
+`
+
+func writeConfig(t *testing.T, path, burst string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(strings.Replace(smallConfig, "BURST", burst, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestServeRestartKeepsCatalogChanges(t *testing.T) {
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	s := startServe(t, "--data-dir", data)
+	if code, _ := call(t, "POST", s.url+"/v1/check", `{"tenant":"t1234","action":"schedule-email"}`); code != 200 {
+		t.Fatalf("demo tenant t1234: %d", code)
+	}
+	if code, _ := call(t, "PUT", s.url+"/v1/admin/tenants/newco", `{"tier":"premium"}`); code != 200 {
+		t.Fatalf("create tenant: %d", code)
+	}
+	if code, _ := call(t, "PUT", s.url+"/v1/admin/tenants/t1234", `{"tier":"standard"}`); code != 200 {
+		t.Fatalf("switch tier: %d", code)
+	}
+	if code := s.stop(); code != 0 {
+		t.Fatalf("serve exited with %d: %s", code, s.stderr)
+	}
+	s = startServe(t, "--data-dir", data)
+	if _, m := call(t, "GET", s.url+"/v1/admin/tenants/newco", ""); m["tier"] != "premium" {
+		t.Errorf("after restart newco is %v", m)
+	}
+	if _, m := call(t, "GET", s.url+"/v1/admin/tenants/t1234", ""); m["tier"] != "standard" {
+		t.Errorf("after restart t1234 is %v", m)
+	}
+}
+
+func TestServeHotReload(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "admit.yaml")
+	writeConfig(t, cfg, "1")
+	s := startServe(t, "--config", cfg, "--data-dir", filepath.Join(dir, "data"), "--reload-interval", "1h")
+	limit := func() float64 {
+		_, m := call(t, "POST", s.url+"/v1/check", `{"tenant":"t1","cost":0}`)
+		return m["limit"].(float64)
+	}
+	if got := limit(); got != 1 {
+		t.Fatalf("limit %v, want 1", got)
+	}
+	writeConfig(t, cfg, "5")
+	s.reload <- struct{}{}
+	waitFor(t, func() bool { return limit() == 5 }, "the good edit to apply")
+
+	writeConfig(t, cfg, "many")
+	s.reload <- struct{}{}
+	waitFor(t, func() bool {
+		_, m := call(t, "GET", s.url+"/readyz", "")
+		e, _ := m["config_error"].(string)
+		return strings.Contains(e, "admit.yaml:9:16: tiers.basic.rules[0].burst: want an integer")
+	}, "/readyz to show the bad edit")
+	if got := limit(); got != 5 {
+		t.Errorf("after a bad edit the limit is %v, want the running 5", got)
+	}
+	if !strings.Contains(s.stderr.String(), "configuration reload refused") {
+		t.Error("the refused reload was not logged")
+	}
+	writeConfig(t, cfg, "3")
+	s.reload <- struct{}{}
+	waitFor(t, func() bool {
+		_, m := call(t, "GET", s.url+"/readyz", "")
+		return m["config_error"] == nil && limit() == 3
+	}, "a fixed file to clear the error")
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestServeRefusesBadConfig(t *testing.T) {
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--config", "testdata/invalid/bad_rate.yaml"}, &env{stdout: io.Discard, stderr: &stderr, getenv: os.Getenv})
+	if code != 2 || !strings.Contains(stderr.String(), "bad_rate.yaml:8:15") {
+		t.Errorf("exit %d, stderr %s", code, stderr.String())
+	}
+}
+
+func TestCheckCommand(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "admit.yaml")
+	writeConfig(t, cfg, "1")
+	s := startServe(t, "--config", cfg, "--data-dir", filepath.Join(dir, "data"))
+	cmd := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		code := run(context.Background(), args, &env{stdout: &out, stderr: &errb, getenv: os.Getenv})
+		return code, out.String() + errb.String()
+	}
+	if code, out := cmd("check", "--server", s.url, "--tenant", "t1"); code != 0 || !strings.Contains(out, "ADMITTED") {
+		t.Errorf("first check: exit %d: %s", code, out)
+	}
+	if code, out := cmd("check", "--server", s.url, "--tenant", "t1"); code != 1 || !strings.Contains(out, "REFUSED by tenant-requests") {
+		t.Errorf("second check: exit %d: %s", code, out)
+	}
+	if code, out := cmd("check", "--server", s.url, "--tenant", "ghost"); code != 2 || !strings.Contains(out, "403") {
+		t.Errorf("unknown tenant: exit %d: %s", code, out)
+	}
+	if code, _ := cmd("check", "--server", "http://127.0.0.1:1", "--tenant", "t1"); code != 2 {
+		t.Errorf("no server: exit %d", code)
+	}
+	// Locally, on the configuration, with JSON output.
+	code, out := cmd("check", "--config", cfg, "--tenant", "t1", "--json")
+	var m map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &m) != nil || m["limit"] != float64(1) {
+		t.Errorf("local check: exit %d: %s", code, out)
+	}
+	if code, _ := cmd("check", "--config", cfg, "--tenant", "t1", "--cost", "2"); code != 2 {
+		t.Errorf("cost over the burst: exit %d", code)
+	}
+}
+
+func TestConfigCommandsAndHelp(t *testing.T) {
+	cmd := func(args ...string) (int, string) {
+		var out bytes.Buffer
+		code := run(context.Background(), args, &env{stdout: &out, stderr: &out, getenv: os.Getenv})
+		return code, out.String()
+	}
+	code, example := cmd("config", "example")
+	if code != 0 || !strings.Contains(example, "t1234") {
+		t.Fatalf("config example: %d", code)
+	}
+	file := filepath.Join(t.TempDir(), "example.yaml")
+	if err := os.WriteFile(file, []byte(example), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := cmd("config", "validate", file); code != 0 || !strings.Contains(out, "ok") {
+		t.Errorf("validate the example: %d %s", code, out)
+	}
+	if code, out := cmd("config", "validate", file, "testdata/invalid/unknown_tier.yaml"); code != 1 || !strings.Contains(out, "unknown_tier.yaml:11:16") {
+		t.Errorf("validate a bad file: %d %s", code, out)
+	}
+	if code, _ := cmd("config", "validate"); code != 2 {
+		t.Errorf("validate without files: %d", code)
+	}
+	for _, args := range [][]string{{"help"}, {"--help"}, {"serve", "--help"}, {"check", "--help"}, {"config", "--help"}, {"config", "validate", "--help"}, {"config", "example", "--help"}} {
+		if code, out := cmd(args...); code != 0 || !strings.Contains(out, "Usage") && !strings.Contains(out, "t1234") {
+			t.Errorf("%v: exit %d: %.80s", args, code, out)
+		}
+	}
+	if code, _ := cmd("frobnicate"); code != 2 {
+		t.Errorf("unknown command: %d", code)
+	}
+	if code, _ := cmd("serve", "--bogus"); code != 2 {
+		t.Errorf("unknown flag: %d", code)
+	}
+}

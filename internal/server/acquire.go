@@ -1,0 +1,145 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// handleAcquire is POST /v1/acquire: like check, but waits up to
+// max_wait_ms for the request to be admitted. When every charge is a token
+// bucket or GCRA, the store books the capacity now (a reservation), so
+// waiters are served in order; otherwise acquire retries when the refusing
+// rule says it could pass. Nothing is charged when the wait would be too
+// long, or when the client goes away before its turn.
+func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	c := getCall()
+	defer putCall(c)
+	var body acquireRequest
+	if err := decodeJSON(w, r, &body); err != nil {
+		s.fail(w, r, "acquire", err)
+		return
+	}
+	if body.MaxWaitMS < 0 || time.Duration(body.MaxWaitMS)*time.Millisecond > s.maxWait {
+		s.fail(w, r, "acquire", admit.Errorf(admit.CodeInvalid, "max_wait_ms %d: must be from 0 to %d", body.MaxWaitMS, s.maxWait.Milliseconds()))
+		return
+	}
+	maxWait := time.Duration(body.MaxWaitMS) * time.Millisecond
+	p := s.catalog.Policy()
+	if err := s.request(r, c, &body.checkRequest, p, policy.Requests, 0); err != nil {
+		s.fail(w, r, "acquire", err)
+		return
+	}
+	ctx := r.Context()
+	var err error
+	if reservable(c.res.Charges) && !c.req.DryRun {
+		err = s.acquireReserved(ctx, c, maxWait)
+	} else {
+		err = s.acquirePolling(ctx, c, maxWait)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return // the client went away; nothing to answer
+		}
+		s.fail(w, r, "acquire", err)
+		return
+	}
+	waited := time.Since(start)
+	if !c.d.Allowed {
+		waited = 0
+	}
+	s.answer(w, c, waited)
+	s.record(c, "acquire", start)
+}
+
+func reservable(charges []admit.Charge) bool {
+	for i := range charges {
+		if !charges[i].Rule.Algorithm.Reservable() {
+			return false
+		}
+	}
+	return len(charges) > 0
+}
+
+// acquireReserved books the charges and sleeps until the booking's time.
+// The answer's levels are read after the wait, at cost 0.
+func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Duration) error {
+	res, err := s.store.Reserve(ctx, c.res.Charges, maxWait)
+	if err != nil {
+		if admit.ErrorCode(err) == admit.CodeUnavailable {
+			s.metrics.storeErrors.Inc()
+			return s.failover(ctx, c, err)
+		}
+		return err
+	}
+	if !res.OK {
+		// Report the refusal as a dry run sees it, with the wait the
+		// reservation computed: booked capacity can make that wait
+		// longer than the buckets alone say.
+		if err := s.look(ctx, c, false); err != nil {
+			return err
+		}
+		if c.d.Allowed {
+			c.d.Allowed, c.d.DeniedBy = false, c.res.Rules[0].Name
+		}
+		c.d.RetryAfter = res.Wait
+		return nil
+	}
+	if res.Wait > 0 {
+		t := time.NewTimer(res.Wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			_ = s.store.CancelReservation(context.WithoutCancel(ctx), res.ID)
+			return ctx.Err()
+		}
+	}
+	if err := s.look(ctx, c, true); err != nil {
+		return err
+	}
+	return nil
+}
+
+// look decides c's charges without charging anything: at cost 0 (levels
+// only) when levels is set, else as a dry run at their cost.
+func (s *Server) look(ctx context.Context, c *call, levels bool) error {
+	for i := range c.res.Charges {
+		if levels {
+			c.res.Charges[i].Cost = 0
+		} else {
+			c.res.Charges[i].DryRun = true
+		}
+	}
+	err := s.store.Decide(ctx, c.res.Charges, &c.d)
+	for i := range c.res.Charges {
+		c.res.Charges[i].Cost, c.res.Charges[i].DryRun = c.req.Cost, c.req.DryRun
+	}
+	return err
+}
+
+// acquirePolling decides, and while refused waits as long as the refusal
+// says before deciding again, until maxWait is spent.
+func (s *Server) acquirePolling(ctx context.Context, c *call, maxWait time.Duration) error {
+	deadline := time.Now().Add(maxWait)
+	for {
+		if err := s.decide(ctx, c); err != nil {
+			return err
+		}
+		wait := max(c.d.RetryAfter, time.Millisecond)
+		if c.d.Allowed || c.req.DryRun || time.Now().Add(wait).After(deadline) {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}

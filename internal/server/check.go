@@ -1,0 +1,255 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+// checkRequest is the body of POST /v1/check.
+type checkRequest struct {
+	Tenant     string            `json:"tenant"`
+	User       string            `json:"user"`
+	Action     string            `json:"action"`
+	Cost       *int64            `json:"cost"`
+	DryRun     bool              `json:"dry_run"`
+	IP         string            `json:"ip"`
+	APIKey     string            `json:"api_key"`
+	Session    string            `json:"session"`
+	Attributes map[string]string `json:"attributes"`
+}
+
+// acquireRequest is the body of POST /v1/acquire.
+type acquireRequest struct {
+	checkRequest
+	MaxWaitMS int64 `json:"max_wait_ms"`
+}
+
+// call is the per-request working set, pooled so that a decision's buffers
+// are reused.
+type call struct {
+	req policy.Request
+	res policy.Resolution
+	d   admit.Decision
+	buf []byte
+	// claim names the decision in its answer and the decision log.
+	claim string
+}
+
+var calls = sync.Pool{New: func() any { return new(call) }}
+
+func getCall() *call { return calls.Get().(*call) }
+
+func putCall(c *call) {
+	c.req = policy.Request{}
+	calls.Put(c)
+}
+
+// request fills c.req from a decoded body and the request's credentials,
+// and resolves it. A tenant with API keys must be named by one of its keys
+// (in the body's api_key, X-API-Key or Authorization: Bearer) unless the
+// caller presents the admin token; a request that names only a key is the
+// key's tenant's.
+func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Policy, kind policy.Kind, ttl time.Duration) error {
+	c.req = policy.Request{
+		Tenant: b.Tenant, User: b.User, Action: b.Action, IP: b.IP, APIKey: b.APIKey,
+		Session: b.Session, Attributes: b.Attributes, Cost: 1, DryRun: b.DryRun,
+		Kind: kind, LeaseTTL: ttl,
+	}
+	if b.Cost != nil {
+		c.req.Cost = *b.Cost
+	}
+	if c.req.APIKey == "" {
+		if k := r.Header.Get("X-API-Key"); k != "" {
+			c.req.APIKey = k
+		} else if k, ok := bearer(r); ok && !s.isAdmin(r) {
+			c.req.APIKey = k
+		}
+	}
+	if err := c.req.Validate(); err != nil {
+		return err
+	}
+	if c.req.APIKey != "" {
+		owner := p.TenantByKey(c.req.APIKey)
+		switch {
+		case owner != nil && c.req.Tenant == "":
+			c.req.Tenant = owner.ID
+		case owner != nil && owner.ID != c.req.Tenant:
+			return admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", c.req.Tenant)
+		}
+	}
+	if t := p.Tenant(c.req.Tenant); t != nil && t.HasAPIKeys() && !s.isAdmin(r) {
+		if c.req.APIKey == "" {
+			return errUnauthenticated
+		}
+		if !t.AcceptsKey(c.req.APIKey) {
+			return admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", c.req.Tenant)
+		}
+	}
+	return p.Resolve(&c.req, &c.res)
+}
+
+// errUnauthenticated answers 401: the tenant has API keys and none came.
+var errUnauthenticated = admit.Errorf(admit.CodePermission, "tenant has API keys: present one in X-API-Key or Authorization: Bearer")
+
+func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	c := getCall()
+	defer putCall(c)
+	var body checkRequest
+	if err := decodeJSON(w, r, &body); err != nil {
+		s.fail(w, r, "check", err)
+		return
+	}
+	p := s.catalog.Policy()
+	if err := s.request(r, c, &body, p, policy.Requests, 0); err != nil {
+		s.fail(w, r, "check", err)
+		return
+	}
+	if err := s.decide(r.Context(), c); err != nil {
+		s.fail(w, r, "check", err)
+		return
+	}
+	s.answer(w, c, -1)
+	s.record(c, "check", start)
+}
+
+// fail answers an error and counts it.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint string, err error) {
+	s.metrics.errors.WithLabelValues(endpoint, strconv.Itoa(statusOf(err))).Inc()
+	if err == errUnauthenticated {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="admit"`)
+		writeProblem(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	s.writeError(w, r, err)
+}
+
+// decide decides c's charges, applying the rules' failure modes when the
+// store cannot answer.
+func (s *Server) decide(ctx context.Context, c *call) error {
+	if len(c.res.Charges) == 0 {
+		c.d.Reset()
+		c.d.Allowed = true
+		return nil
+	}
+	err := s.store.Decide(ctx, c.res.Charges, &c.d)
+	if err == nil || admit.ErrorCode(err) != admit.CodeUnavailable {
+		return err
+	}
+	s.metrics.storeErrors.Inc()
+	return s.failover(ctx, c, err)
+}
+
+// failover decides c when the store is unavailable: refused with the
+// store's error if any charge's rule fails closed, decided by the local
+// limiter if any fails local, admitted otherwise (fail open).
+func (s *Server) failover(ctx context.Context, c *call, cause error) error {
+	def := s.catalog.Policy().OnError()
+	local := false
+	for _, r := range c.res.Rules {
+		mode := r.OnError
+		if mode == admit.FailDefault {
+			mode = def
+		}
+		switch mode {
+		case admit.FailClosed:
+			return cause
+		case admit.FailLocal:
+			local = true
+		}
+	}
+	if !local {
+		c.d.Reset()
+		c.d.Allowed = true
+		s.metrics.failOpen.Inc()
+		return nil
+	}
+	s.localOnce.Do(func() { s.local = memstore.New(nil) })
+	charges := make([]admit.Charge, len(c.res.Charges))
+	for i, ch := range c.res.Charges {
+		ch.Rule = s.localShare(ch.Rule)
+		if err := ch.Rule.CheckCost(ch.Cost); err != nil {
+			ch.Cost = ch.Rule.Capacity()
+		}
+		charges[i] = ch
+	}
+	s.metrics.failLocal.Inc()
+	return s.local.Decide(ctx, charges, &c.d)
+}
+
+// localShare returns r with its limits divided among the servers, for the
+// local limiter; at least 1 of everything is kept.
+func (s *Server) localShare(r *admit.Rule) *admit.Rule {
+	s.localMu.Lock()
+	defer s.localMu.Unlock()
+	if l := s.localRule[r]; l != nil {
+		return l
+	}
+	l := *r
+	n := s.instances
+	div := func(v int64) int64 { return max(1, v/n) }
+	l.Burst, l.Limit, l.Max = div(l.Burst), div(l.Limit), div(l.Max)
+	if l.Initial != nil {
+		v := min(*l.Initial, l.Burst)
+		l.Initial = &v
+	}
+	if l.Rate.N > 0 {
+		l.Rate.N = div(l.Rate.N)
+	}
+	if l.Floor.N > 0 {
+		l.Floor.N = div(l.Floor.N)
+	}
+	if err := l.Validate(); err != nil {
+		l = *r // a share too small to be valid: keep the whole limit
+	}
+	s.localRule[r] = &l
+	return &l
+}
+
+// record counts a decision in the metrics and the decision log.
+func (s *Server) record(c *call, endpoint string, start time.Time) {
+	s.metrics.observe(c, endpoint, time.Since(start))
+	if s.decisions != nil {
+		s.decisions.add(c, time.Now())
+	}
+}
+
+// answer writes the decision of c: 200 or 429, its headers and its JSON.
+// waited is acquire's wait, or negative for none.
+func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
+	h := w.Header()
+	c.buf = appendPolicyHeader(c.buf[:0], c)
+	if len(c.buf) > 0 {
+		h.Set("RateLimit-Policy", string(c.buf))
+		c.buf = appendLimitHeader(c.buf[:0], c)
+		h.Set("RateLimit", string(c.buf))
+	}
+	status := http.StatusOK
+	if !c.d.Allowed {
+		status = http.StatusTooManyRequests
+		h.Set("Retry-After", strconv.FormatInt(retrySeconds(c.d.RetryAfter), 10))
+	}
+	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
+	c.buf = appendDecision(c.buf[:0], c, c.claim, waited)
+	writeBody(w, status, c.buf)
+}
+
+// retrySeconds rounds a wait up to whole seconds, at least 1: Retry-After
+// takes integer seconds, and a client told 0 would retry at once.
+func retrySeconds(d time.Duration) int64 {
+	return max(1, ceilDiv(d, time.Second))
+}
+
+func ceilDiv(d, unit time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + unit - 1) / unit)
+}

@@ -1,0 +1,142 @@
+package server
+
+import (
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/admitdev/admit/policy"
+)
+
+// metrics are the server's Prometheus metrics. Label values come from the
+// configuration (tiers, rules) or from small fixed sets, never from
+// requests, so their cardinality is bounded; the tenant label is opt-in.
+type metrics struct {
+	decisions          *prometheus.CounterVec // per charge: tier, rule, result
+	requests           *prometheus.CounterVec // per request: endpoint, result
+	tenants            *prometheus.CounterVec // opt-in: tenant, result
+	latency            *prometheus.HistogramVec
+	errors             *prometheus.CounterVec
+	reloads            *prometheus.CounterVec
+	storeErrors        prometheus.Counter
+	failOpen           prometheus.Counter
+	failLocal          prometheus.Counter
+	decisionLogDropped prometheus.Counter
+
+	// byRule caches the decision counters of the current policy's rules,
+	// indexed by Rule.ID, so a decision does no label lookups.
+	byRule atomic.Pointer[ruleCounters]
+}
+
+type ruleCounters struct {
+	policy *policy.Policy
+	c      [][3]prometheus.Counter // allowed, refused, shadow_refused
+}
+
+func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel bool) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_decisions_total", Help: "Charges decided, by tier (\"global\" for global rules), rule and result (allowed, refused, shadow_refused).",
+		}, []string{"tier", "rule", "result"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_requests_total", Help: "Decision requests answered, by endpoint and result (allowed, refused).",
+		}, []string{"endpoint", "result"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "admit_decision_duration_seconds", Help: "Time to decide a request, from reading its body to writing the answer.",
+			Buckets: []float64{5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 0.025, 0.1, 1},
+		}, []string{"endpoint"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_request_errors_total", Help: "Requests answered with an error, by endpoint and HTTP status.",
+		}, []string{"endpoint", "status"}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
+		}, []string{"result"}),
+		storeErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_errors_total", Help: "Decisions the store could not answer."}),
+		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),
+		failLocal:          prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_local_total", Help: "Requests decided by the local limiter because the store was unavailable (on_error: local)."}),
+		decisionLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_decision_log_dropped_total", Help: "Decision log lines dropped because the log could not keep up."}),
+	}
+	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if tenantLabel {
+		m.tenants = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_tenant_decisions_total", Help: "Decision requests by tenant and result (enabled by server.tenant_metrics).",
+		}, []string{"tenant", "result"})
+		reg.MustRegister(m.tenants)
+	}
+	if stats != nil {
+		gauge := func(name, help string, pick func(StoreStats) int64) prometheus.Collector {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(pick(stats())) })
+		}
+		counter := func(name, help string, pick func(StoreStats) int64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(stats())) })
+		}
+		reg.MustRegister(
+			gauge("admit_store_keys", "Live keys in the memory store.", func(s StoreStats) int64 { return s.Keys }),
+			gauge("admit_store_leases", "Live leases in the store.", func(s StoreStats) int64 { return s.Leases }),
+			counter("admit_store_evictions_total", "Keys evicted because the store held max_keys.", func(s StoreStats) int64 { return s.Evictions }),
+			counter("admit_store_expirations_total", "Idle keys dropped by the sweeper.", func(s StoreStats) int64 { return s.Expirations }),
+		)
+	}
+	return m
+}
+
+func (m *metrics) handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
+
+// counters returns the per-rule counters of p, building them on the first
+// decision under a new policy.
+func (m *metrics) counters(p *policy.Policy) *ruleCounters {
+	rc := m.byRule.Load()
+	if rc != nil && rc.policy == p {
+		return rc
+	}
+	rules := p.Rules()
+	rc = &ruleCounters{policy: p, c: make([][3]prometheus.Counter, len(rules))}
+	for i, r := range rules {
+		tier := r.Tier
+		if tier == "" {
+			tier = "global"
+		}
+		for j, result := range [...]string{"allowed", "refused", "shadow_refused"} {
+			rc.c[i][j] = m.decisions.WithLabelValues(tier, r.Name, result)
+		}
+	}
+	m.byRule.Store(rc)
+	return rc
+}
+
+func (m *metrics) observe(c *call, endpoint string, took time.Duration) {
+	result := "allowed"
+	if !c.d.Allowed {
+		result = "refused"
+	}
+	m.requests.WithLabelValues(endpoint, result).Inc()
+	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
+	if m.tenants != nil && c.res.Tenant != nil {
+		m.tenants.WithLabelValues(c.res.Tenant.ID, result).Inc()
+	}
+	if len(c.res.Rules) == 0 || len(c.d.Results) != len(c.res.Rules) {
+		return // admitted without charges, or by fail-open
+	}
+	rc := m.counters(c.res.Policy)
+	for i, r := range c.res.Rules {
+		res := &c.d.Results[i]
+		k := 0
+		switch {
+		case res.Allowed:
+		case res.Shadow:
+			k = 2
+		default:
+			k = 1
+		}
+		if r.ID < len(rc.c) && rc.policy.Rules()[r.ID] == r {
+			rc.c[r.ID][k].Inc()
+		}
+	}
+}

@@ -1,0 +1,253 @@
+// Package server is Admit's HTTP API: decisions, leases, the admin API,
+// health, readiness and metrics (DESIGN §6), over net/http.
+//
+// A Server decides against one admit.Store and resolves requests against
+// the current Policy of one policy.Catalog. Both are safe for concurrent
+// use, so handlers share them without locks of their own; the only
+// per-server state that handlers write is atomic (counters, the last reload
+// error) or behind the decision log's channel.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+// StoreStats is what the metrics report about the store.
+type StoreStats struct {
+	Keys, Evictions, Expirations, Leases int64
+}
+
+// Options configure a Server. Store and Catalog are required; the zero
+// value of every other field is a documented default.
+type Options struct {
+	Store   admit.Store
+	Catalog *policy.Catalog
+	// AdminToken guards the admin API. Empty: the admin API answers only
+	// clients connecting from a loopback address.
+	AdminToken string
+	// Logger receives the server's logs; default slog.Default().
+	Logger *slog.Logger
+	// DecisionLog, if set, receives one JSON line per decision.
+	DecisionLog io.Writer
+	// TenantMetrics adds a tenant label to admit_tenant_decisions_total.
+	TenantMetrics bool
+	// Registry receives the server's metrics; default a new registry,
+	// served at /metrics either way.
+	Registry *prometheus.Registry
+	// Stats reports the store's key counts for the metrics; optional.
+	Stats func() StoreStats
+	// Ready reports whether the store answers; nil means always ready.
+	Ready func(ctx context.Context) error
+	// Instances is the number of servers sharing the limits: a rule with
+	// on_error local gives each server limit / Instances. Default 1.
+	Instances int64
+	// MaxWait caps /v1/acquire's max_wait_ms; default 60s.
+	MaxWait time.Duration
+}
+
+// Server serves the HTTP API. Create it with New; it is safe for concurrent
+// use.
+type Server struct {
+	store     admit.Store
+	catalog   *policy.Catalog
+	token     []byte
+	log       *slog.Logger
+	ready     func(ctx context.Context) error
+	instances int64
+	maxWait   time.Duration
+
+	metrics   *metrics
+	decisions *decisionLog
+	claimBase string
+	claimSeq  atomic.Uint64
+
+	configErr atomic.Pointer[string]
+
+	localOnce sync.Once
+	local     *memstore.Store // the on_error: local limiter
+	localMu   sync.Mutex
+	localRule map[*admit.Rule]*admit.Rule
+
+	mux *http.ServeMux
+}
+
+// New returns a Server with the given options.
+func New(opts Options) *Server {
+	s := &Server{
+		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
+		log: opts.Logger, ready: opts.Ready, instances: opts.Instances, maxWait: opts.MaxWait,
+		localRule: map[*admit.Rule]*admit.Rule{},
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.instances <= 0 {
+		s.instances = 1
+	}
+	if s.maxWait <= 0 {
+		s.maxWait = time.Minute
+	}
+	reg := opts.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	s.metrics = newMetrics(reg, opts.Stats, opts.TenantMetrics)
+	if opts.DecisionLog != nil {
+		s.decisions = newDecisionLog(opts.DecisionLog, s.metrics.decisionLogDropped)
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	s.claimBase = hex.EncodeToString(b[:]) + "-"
+	s.routes(reg)
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close flushes the decision log and stops the local fallback limiter. It
+// does not close the store, which the caller owns.
+func (s *Server) Close() error {
+	if s.decisions != nil {
+		s.decisions.close()
+	}
+	if s.local != nil {
+		return s.local.Close()
+	}
+	return nil
+}
+
+// SetConfigError records the outcome of the latest configuration reload:
+// nil after a good one; the error, shown by /readyz, after a bad one.
+func (s *Server) SetConfigError(err error) {
+	if err == nil {
+		s.configErr.Store(nil)
+		s.metrics.reloads.WithLabelValues("ok").Inc()
+		return
+	}
+	msg := err.Error()
+	s.configErr.Store(&msg)
+	s.metrics.reloads.WithLabelValues("error").Inc()
+}
+
+func (s *Server) routes(reg *prometheus.Registry) {
+	m := http.NewServeMux()
+	allowed := map[string][]string{} // path → methods, for 405 answers
+	handle := func(method, path string, h http.Handler) {
+		m.Handle(method+" "+path, h)
+		if allowed[path] == nil {
+			m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Allow", strings.Join(allowed[path], ", "))
+				writeProblem(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; use "+strings.Join(allowed[path], " or "))
+			})
+		}
+		allowed[path] = append(allowed[path], method)
+	}
+	handle("POST", "/v1/check", http.HandlerFunc(s.handleCheck))
+	handle("POST", "/v1/acquire", http.HandlerFunc(s.handleAcquire))
+	handle("POST", "/v1/leases", http.HandlerFunc(s.handleLeaseAcquire))
+	handle("PUT", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRenew))
+	handle("DELETE", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRelease))
+
+	handle("GET", "/v1/admin/tenants", s.admin(s.handleTenants))
+	handle("GET", "/v1/admin/tenants/{id}", s.admin(s.handleTenantGet))
+	handle("PUT", "/v1/admin/tenants/{id}", s.admin(s.handleTenantPut))
+	handle("DELETE", "/v1/admin/tenants/{id}", s.admin(s.handleTenantDelete))
+	handle("POST", "/v1/admin/tenants/{id}/api-keys", s.admin(s.handleAPIKeyCreate))
+	handle("GET", "/v1/admin/tiers", s.admin(s.handleTiers))
+	handle("GET", "/v1/admin/tiers/{name}", s.admin(s.handleTierGet))
+	handle("PUT", "/v1/admin/tiers/{name}", s.admin(s.handleTierPut))
+	handle("GET", "/v1/admin/state", s.admin(s.handleState))
+	handle("POST", "/v1/admin/reset", s.admin(s.handleReset))
+
+	handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		writeBody(w, http.StatusOK, []byte("{\"status\":\"ok\"}\n"))
+	}))
+	handle("GET", "/readyz", http.HandlerFunc(s.handleReady))
+	handle("GET", "/metrics", s.metrics.handler(reg))
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
+	})
+	s.mux = m
+}
+
+// admin guards an admin handler: with a token configured, the request must
+// carry it as a bearer token; without one, only loopback clients may call.
+func (s *Server) admin(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(s.token) == 0 {
+			if !loopback(r.RemoteAddr) {
+				writeProblem(w, http.StatusForbidden, "the admin API answers only loopback clients when ADMIT_ADMIN_TOKEN is not set")
+				return
+			}
+		} else if !s.isAdmin(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="admit admin"`)
+			writeProblem(w, http.StatusUnauthorized, "the admin API needs Authorization: Bearer <admin token>")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// isAdmin reports whether r carries the admin token.
+func (s *Server) isAdmin(r *http.Request) bool {
+	tok, ok := bearer(r)
+	return ok && len(s.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), s.token) == 1
+}
+
+func bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:]), true
+	}
+	return "", false
+}
+
+func loopback(remote string) bool {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+type readyAnswer struct {
+	Status      string `json:"status"`
+	Store       string `json:"store"`
+	ConfigError string `json:"config_error,omitempty"`
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	ans := readyAnswer{Status: "ready", Store: "ok"}
+	if e := s.configErr.Load(); e != nil {
+		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
+	}
+	status := http.StatusOK
+	if s.ready != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := s.ready(ctx); err != nil {
+			ans.Status, ans.Store, status = "unavailable", err.Error(), http.StatusServiceUnavailable
+		}
+	}
+	writeJSON(w, status, ans)
+}

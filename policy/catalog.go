@@ -1,0 +1,309 @@
+package policy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/admitdev/admit"
+)
+
+// Changes are the catalog changes made through the admin API. A tenant or
+// tier here replaces the configuration's entry of the same name, whatever
+// the configuration later says; a deleted tenant stays deleted.
+type Changes struct {
+	Version int                      `json:"version"`
+	Tenants map[string]*TenantChange `json:"tenants,omitempty"`
+	Tiers   map[string]*TierSpec     `json:"tiers,omitempty"`
+}
+
+// TenantChange is a tenant as the admin API left it.
+type TenantChange struct {
+	Deleted bool `json:"deleted,omitempty"`
+	TenantSpec
+}
+
+func (c *Changes) clone() *Changes {
+	out := &Changes{Version: 1, Tenants: maps.Clone(c.Tenants), Tiers: maps.Clone(c.Tiers)}
+	if out.Tenants == nil {
+		out.Tenants = map[string]*TenantChange{}
+	}
+	if out.Tiers == nil {
+		out.Tiers = map[string]*TierSpec{}
+	}
+	return out
+}
+
+// ChangeStore keeps the catalog's changes across restarts.
+type ChangeStore interface {
+	// Load returns the saved changes; empty Changes if none were saved.
+	Load(ctx context.Context) (*Changes, error)
+	// Save replaces the saved changes. When it fails, the previously saved
+	// changes must still load.
+	Save(ctx context.Context, c *Changes) error
+}
+
+// Catalog is the live tenant catalog: the configuration's policy with the
+// admin API's changes on top, compiled into the Policy that requests are
+// resolved against. Changes are persisted in a ChangeStore before they take
+// effect, and take effect with the next request.
+//
+// A Catalog is safe for concurrent use: writers are serialized by a mutex,
+// readers load the current Policy with one atomic read.
+type Catalog struct {
+	mu      sync.Mutex
+	base    Spec
+	changes *Changes
+	store   ChangeStore
+	cur     atomic.Pointer[Policy]
+}
+
+// NewCatalog loads the saved changes from store (nil keeps changes in memory
+// only) and compiles them over base.
+func NewCatalog(ctx context.Context, base *Spec, store ChangeStore) (*Catalog, error) {
+	c := &Catalog{base: *base, store: store, changes: (&Changes{}).clone()}
+	if store != nil {
+		ch, err := store.Load(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c.changes = ch.clone()
+	}
+	p, err := compileWith(&c.base, c.changes)
+	if err != nil {
+		return nil, fmt.Errorf("policy: the configuration with the saved catalog changes: %w", err)
+	}
+	c.cur.Store(p)
+	return c, nil
+}
+
+// Policy returns the current policy.
+func (c *Catalog) Policy() *Policy { return c.cur.Load() }
+
+// SetBase replaces the configuration's policy (a reload). If the new
+// configuration does not compile, alone or with the catalog's changes, the
+// current policy is kept and the error returned.
+func (c *Catalog) SetBase(base *Spec) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, err := compileWith(base, c.changes)
+	if err != nil {
+		return err
+	}
+	c.base = *base
+	c.cur.Store(p)
+	return nil
+}
+
+// compileWith compiles base with changes applied.
+func compileWith(base *Spec, ch *Changes) (*Policy, error) {
+	spec := *base
+	spec.Tiers = maps.Clone(base.Tiers)
+	spec.Tenants = maps.Clone(base.Tenants)
+	if spec.Tiers == nil {
+		spec.Tiers = map[string]TierSpec{}
+	}
+	if spec.Tenants == nil {
+		spec.Tenants = map[string]TenantSpec{}
+	}
+	for name, t := range ch.Tiers {
+		spec.Tiers[name] = *t
+	}
+	for id, t := range ch.Tenants {
+		if t.Deleted {
+			delete(spec.Tenants, id)
+		} else {
+			spec.Tenants[id] = t.TenantSpec
+		}
+	}
+	p, err := Compile(&spec)
+	if err != nil {
+		return nil, err
+	}
+	for name := range ch.Tiers {
+		p.tiers[name].Source = "admin"
+	}
+	for id, t := range ch.Tenants {
+		if !t.Deleted {
+			p.tenants[id].Source = "admin"
+		}
+	}
+	return p, nil
+}
+
+// apply compiles the changes edit makes, saves them and makes them current,
+// or changes nothing and returns the error.
+func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*Policy, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := c.changes.clone()
+	if err := edit(next); err != nil {
+		return nil, err
+	}
+	p, err := compileWith(&c.base, next)
+	if err != nil {
+		return nil, err
+	}
+	if c.store != nil {
+		if err := c.store.Save(ctx, next); err != nil {
+			return nil, err
+		}
+	}
+	c.changes = next
+	c.cur.Store(p)
+	return p, nil
+}
+
+// PutTenant creates or replaces a tenant's tier and overrides. The tenant
+// keeps its API keys.
+func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*Tenant, error) {
+	if err := CheckName(id); err != nil {
+		return nil, err
+	}
+	p, err := c.apply(ctx, func(ch *Changes) error {
+		tc := &TenantChange{TenantSpec: TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides}}
+		if old := c.cur.Load().tenants[id]; old != nil {
+			tc.APIKeysSHA256 = old.Spec.APIKeysSHA256
+		}
+		ch.Tenants[id] = tc
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p.tenants[id], nil
+}
+
+// DeleteTenant deletes a tenant; an unknown tenant is admit.ErrNotFound.
+func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
+	_, err := c.apply(ctx, func(ch *Changes) error {
+		if c.cur.Load().tenants[id] == nil {
+			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
+		}
+		ch.Tenants[id] = &TenantChange{Deleted: true}
+		return nil
+	})
+	return err
+}
+
+// CreateAPIKey makes a new API key for a tenant and returns it. Only its
+// SHA-256 is kept: the key cannot be shown again.
+func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
+	var raw [32]byte
+	_, _ = rand.Read(raw[:]) // crypto/rand.Read never fails (Go 1.24+)
+	key := "ak_" + base64.RawURLEncoding.EncodeToString(raw[:])
+	_, err := c.apply(ctx, func(ch *Changes) error {
+		t := c.cur.Load().tenants[id]
+		if t == nil {
+			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
+		}
+		if len(t.Spec.APIKeysSHA256) >= MaxAPIKeys {
+			return admit.Errorf(admit.CodeConflict, "tenant %q has %d API keys, the most it may have", id, MaxAPIKeys)
+		}
+		spec := t.Spec
+		spec.APIKeysSHA256 = append(slices.Clip(spec.APIKeysSHA256), HashKey(key))
+		ch.Tenants[id] = &TenantChange{TenantSpec: spec}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return key, nil
+}
+
+// PutTier creates or replaces a tier. Tenants of the tier get its new rules
+// with their next request.
+func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tier, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	p, err := c.apply(ctx, func(ch *Changes) error {
+		ch.Tiers[name] = &spec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p.tiers[name], nil
+}
+
+// FileStore is a ChangeStore in one JSON file. Save writes a temporary file
+// in the same directory, syncs it and renames it over the old one, so a
+// crash at any point leaves either the old changes or the new ones, never a
+// mix. The zero FileStore is not usable; set Path.
+type FileStore struct {
+	Path string
+}
+
+var _ ChangeStore = (*FileStore)(nil)
+
+// Load implements ChangeStore. A missing file is an empty catalog.
+func (f *FileStore) Load(ctx context.Context) (*Changes, error) {
+	b, err := os.ReadFile(f.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &Changes{Version: 1}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("policy: reading the catalog: %w", err)
+	}
+	var ch Changes
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ch); err != nil {
+		return nil, fmt.Errorf("policy: %s is not a catalog file: %w", f.Path, err)
+	}
+	if ch.Version != 1 {
+		return nil, fmt.Errorf("policy: %s: catalog version %d; this build reads version 1", f.Path, ch.Version)
+	}
+	return &ch, nil
+}
+
+// writeFile is os.File.Write; tests replace it to fail mid-write.
+var writeFile = func(f *os.File, b []byte) (int, error) { return f.Write(b) }
+
+// Save implements ChangeStore.
+func (f *FileStore) Save(ctx context.Context, c *Changes) error {
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return fmt.Errorf("policy: encoding the catalog: %w", err)
+	}
+	dir := filepath.Dir(f.Path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".catalog-*.tmp")
+	if err != nil {
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // after the rename, a no-op
+	if _, err := writeFile(tmp, append(b, '\n')); err != nil {
+		tmp.Close()
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), f.Path); err != nil {
+		return fmt.Errorf("policy: saving the catalog: %w", err)
+	}
+	// Sync the directory so that the rename itself survives a crash.
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

@@ -1,0 +1,606 @@
+// Package policy turns tenants, tiers and rules into the charges of a
+// request, and keeps the tenant catalog.
+//
+// A Spec (the configuration's policy, or the admin API's) is compiled into
+// an immutable Policy. Resolving a request against a Policy reads it and
+// writes only the caller's buffers, so any number of goroutines may resolve
+// against one Policy while a Catalog prepares the next one; a change is an
+// atomic swap of the pointer (see Catalog).
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// The scopes with a meaning of their own. Any other scope names a request
+// attribute (Request.Attributes).
+const (
+	ScopeGlobal  = "global"
+	ScopeTenant  = "tenant"
+	ScopeUser    = "user"
+	ScopeAPIKey  = "api_key"
+	ScopeIP      = "ip"
+	ScopeSession = "session"
+)
+
+// Bounds on names and lists, so that one configuration or admin call cannot
+// grow a policy without limit.
+const (
+	MaxNameLen      = 128 // tenant ids, tier and rule names
+	MaxRulesPerTier = 64
+	MaxGlobalRules  = 64
+	MaxAPIKeys      = 100 // per tenant
+	MaxActions      = 256 // per rule
+)
+
+// Rule is a compiled rule: the store's admit.Rule plus which requests it
+// applies to. A Rule is never changed once compiled.
+type Rule struct {
+	admit.Rule
+	// Scope is what the rule's buckets are keyed by (see the Scope
+	// constants).
+	Scope string
+	// PerAction gives every action its own bucket; otherwise the
+	// actions of the rule share one.
+	PerAction bool
+	// Tier is the tier the rule belongs to, "" for a global rule.
+	Tier string
+	// ID numbers the rules of one Policy densely from 0, so that callers
+	// can keep per-rule data (metrics, say) in a slice.
+	ID int
+
+	allActions bool
+	actions    []string
+	// bucket names the rule in its buckets' keys: the rule's name, after
+	// its tier's for tier rules, so that a tenant moved to another tier
+	// starts with that tier's fresh buckets rather than inheriting a
+	// level computed under other parameters.
+	bucket string
+}
+
+// Applies reports whether r applies to action.
+func (r *Rule) Applies(action string) bool {
+	return r.allActions || slices.Contains(r.actions, action)
+}
+
+// Actions returns the actions r applies to; ["*"] means all.
+func (r *Rule) Actions() []string {
+	if r.allActions {
+		return []string{"*"}
+	}
+	return slices.Clone(r.actions)
+}
+
+// Gateway holds a tier's WebSocket gateway limits (seed 001).
+type Gateway struct {
+	TenantConnections     int64         // live connections of a tenant
+	ConnectionsPerSession int64         // live connections of a session
+	TenantPerMinute       int64         // new connections of a tenant per minute
+	SessionPerMinute      int64         // new connections of a session per minute
+	SessionTTL            time.Duration // idle time after which a session expires
+	MessagesPerMinute     int64         // messages of a tenant per minute
+}
+
+// DefaultGateway is the gateway of a tier that declares none: the smallest
+// of seed 001's sample tenants.
+var DefaultGateway = Gateway{
+	TenantConnections: 10, ConnectionsPerSession: 2, TenantPerMinute: 60,
+	SessionPerMinute: 5, SessionTTL: 200 * time.Second, MessagesPerMinute: 60,
+}
+
+// Tier is a compiled tier.
+type Tier struct {
+	Name    string
+	Rules   []*Rule
+	Gateway Gateway
+	// Source is "config" or "admin": where the tier's definition came from.
+	Source string
+	Spec   TierSpec
+}
+
+// Tenant is a compiled tenant: its tier's rules with its overrides applied.
+type Tenant struct {
+	ID    string
+	Tier  *Tier
+	Rules []*Rule
+	// Source is "config", "admin", or "default" for a tenant the catalog
+	// does not know that got the default tier.
+	Source string
+	Spec   TenantSpec
+}
+
+// HasAPIKeys reports whether t must present an API key.
+func (t *Tenant) HasAPIKeys() bool { return len(t.Spec.APIKeysSHA256) > 0 }
+
+// AcceptsKey reports whether key is one of t's API keys.
+func (t *Tenant) AcceptsKey(key string) bool {
+	return slices.Contains(t.Spec.APIKeysSHA256, HashKey(key))
+}
+
+// HashKey returns the hex SHA-256 of an API key: the form in which keys are
+// stored, compared and used in bucket keys.
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// Policy is a compiled Spec. It is immutable and safe for concurrent use.
+type Policy struct {
+	global   []*Rule
+	tiers    map[string]*Tier
+	tenants  map[string]*Tenant
+	byKey    map[string]*Tenant // API key hash → tenant
+	fallback *Tier              // tier of unknown tenants; nil refuses them
+	onError  admit.FailureMode
+	rules    []*Rule // by ID
+	spec     Spec
+}
+
+// Rules returns every rule of p, indexed by Rule.ID.
+func (p *Policy) Rules() []*Rule { return p.rules }
+
+// Global returns the rules every request is charged against.
+func (p *Policy) Global() []*Rule { return p.global }
+
+// OnError returns the failure mode of rules that name none.
+func (p *Policy) OnError() admit.FailureMode { return p.onError }
+
+// Tier returns the tier named name, or nil.
+func (p *Policy) Tier(name string) *Tier { return p.tiers[name] }
+
+// Tenant returns the tenant with the given id, or nil if the catalog does
+// not know it.
+func (p *Policy) Tenant(id string) *Tenant { return p.tenants[id] }
+
+// TenantByKey returns the tenant that owns the API key, or nil.
+func (p *Policy) TenantByKey(key string) *Tenant { return p.byKey[HashKey(key)] }
+
+// Tenants returns the known tenants sorted by id.
+func (p *Policy) Tenants() []*Tenant {
+	out := make([]*Tenant, 0, len(p.tenants))
+	for _, t := range p.tenants {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Tiers returns the tiers sorted by name.
+func (p *Policy) Tiers() []*Tier {
+	out := make([]*Tier, 0, len(p.tiers))
+	for _, t := range p.tiers {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Spec returns the specification p was compiled from. The caller must not
+// modify it.
+func (p *Policy) Spec() *Spec { return &p.spec }
+
+// FieldError is one problem in a Spec: the path of the field, in the
+// configuration's terms ("tiers.free.rules[2].rate"), and what is wrong.
+type FieldError struct {
+	Path string
+	Msg  string
+}
+
+func (e FieldError) Error() string { return e.Path + ": " + e.Msg }
+
+// Errors lists every problem Compile found, in a stable order.
+type Errors []FieldError
+
+func (e Errors) Error() string {
+	parts := make([]string, len(e))
+	for i, fe := range e {
+		parts[i] = fe.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Compile validates spec and compiles it. The error, when there is one, is
+// an *admit.Error with CodeInvalid wrapping an Errors that lists every
+// problem found.
+func Compile(spec *Spec) (*Policy, error) {
+	c := compiler{p: &Policy{
+		tiers: map[string]*Tier{}, tenants: map[string]*Tenant{}, byKey: map[string]*Tenant{},
+		spec: *spec,
+	}}
+	c.compile(spec)
+	if len(c.errs) > 0 {
+		return nil, &admit.Error{Code: admit.CodeInvalid, Message: c.errs.Error(), Err: c.errs}
+	}
+	return c.p, nil
+}
+
+type compiler struct {
+	p    *Policy
+	errs Errors
+}
+
+func (c *compiler) fail(path, format string, args ...any) {
+	c.errs = append(c.errs, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (c *compiler) compile(spec *Spec) {
+	p := c.p
+	var err error
+	if p.onError, err = admit.ParseFailureMode(spec.OnError); err != nil {
+		c.fail("on_error", "%v", err)
+	}
+	if len(spec.Global) > MaxGlobalRules {
+		c.fail("global", "%d rules; at most %d", len(spec.Global), MaxGlobalRules)
+	}
+	globalNames := map[string]bool{}
+	for i := range spec.Global {
+		path := fmt.Sprintf("global[%d]", i)
+		if r := c.rule(path, &spec.Global[i], "", spec.Shadow); r != nil {
+			if globalNames[r.Name] {
+				c.fail(path+".name", "rule %q is defined twice", r.Name)
+			}
+			globalNames[r.Name] = true
+			p.global = append(p.global, r)
+		}
+	}
+	for _, name := range sortedKeys(spec.Tiers) {
+		path := "tiers." + name
+		if err := checkName(name); err != nil {
+			c.fail(path, "tier name: %v", err)
+			continue
+		}
+		ts := spec.Tiers[name]
+		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts}
+		if len(ts.Rules) > MaxRulesPerTier {
+			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), MaxRulesPerTier)
+		}
+		names := map[string]bool{}
+		for i := range ts.Rules {
+			rp := fmt.Sprintf("%s.rules[%d]", path, i)
+			r := c.rule(rp, &ts.Rules[i], name, spec.Shadow)
+			if r == nil {
+				continue
+			}
+			switch {
+			case names[r.Name]:
+				c.fail(rp+".name", "rule %q is defined twice in tier %q", r.Name, name)
+			case globalNames[r.Name]:
+				c.fail(rp+".name", "rule %q is also a global rule; rule names must differ", r.Name)
+			}
+			names[r.Name] = true
+			t.Rules = append(t.Rules, r)
+		}
+		p.tiers[name] = t
+	}
+	switch u := spec.UnknownTenant; {
+	case u == "" || u == "deny":
+	case p.tiers[u] != nil:
+		p.fallback = p.tiers[u]
+	default:
+		c.fail("unknown_tenant", "%q is neither deny nor a tier (tiers: %s)", u, strings.Join(sortedKeys(spec.Tiers), ", "))
+	}
+	for _, id := range sortedKeys(spec.Tenants) {
+		ts := spec.Tenants[id]
+		if t := c.tenant("tenants."+id, id, &ts, spec.Shadow); t != nil {
+			p.tenants[id] = t
+			for _, h := range t.Spec.APIKeysSHA256 {
+				if other := p.byKey[h]; other != nil {
+					c.fail("tenants."+id+".api_keys_sha256", "key hash %.12s… is also a key of tenant %q", h, other.ID)
+				}
+				p.byKey[h] = t
+			}
+		}
+	}
+}
+
+// tenant compiles a tenant, applying its overrides to its tier's rules.
+func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant {
+	if err := checkName(id); err != nil {
+		c.fail(path, "tenant id: %v", err)
+		return nil
+	}
+	tier := c.p.tiers[ts.Tier]
+	if tier == nil {
+		if ts.Tier == "" {
+			c.fail(path+".tier", "missing; every tenant names its tier")
+		} else {
+			c.fail(path+".tier", "unknown tier %q (tiers: %s)", ts.Tier, strings.Join(sortedKeys(c.p.spec.Tiers), ", "))
+		}
+		return nil
+	}
+	if len(ts.APIKeysSHA256) > MaxAPIKeys {
+		c.fail(path+".api_keys_sha256", "%d keys; at most %d", len(ts.APIKeysSHA256), MaxAPIKeys)
+	}
+	for i, h := range ts.APIKeysSHA256 {
+		if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size || strings.ToLower(h) != h {
+			c.fail(fmt.Sprintf("%s.api_keys_sha256[%d]", path, i), "not a lower-case hex SHA-256 (64 hex digits)")
+		}
+	}
+	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts}
+	overridden := map[string]bool{}
+	cloned := false // t.Rules is still the tier's slice until an override lands
+	for i := range ts.Overrides {
+		op := fmt.Sprintf("%s.overrides[%d]", path, i)
+		o := &ts.Overrides[i]
+		k := slices.IndexFunc(tier.Spec.Rules, func(r RuleSpec) bool { return r.Name == o.Name })
+		if k < 0 {
+			c.fail(op+".name", "tier %q has no rule %q", tier.Name, o.Name)
+			continue
+		}
+		if overridden[o.Name] {
+			c.fail(op+".name", "rule %q is overridden twice", o.Name)
+			continue
+		}
+		overridden[o.Name] = true
+		if o.Scope != "" || o.Actions != nil || o.PerAction || o.Algorithm != "" {
+			c.fail(op, "an override replaces parameters only; scope, actions, per_action and algorithm come from the tier")
+			continue
+		}
+		merged := mergeOverride(tier.Spec.Rules[k], *o)
+		if r := c.rule(op, &merged, tier.Name, shadow); r != nil {
+			if !cloned {
+				t.Rules, cloned = slices.Clone(tier.Rules), true
+			}
+			idx := slices.IndexFunc(t.Rules, func(x *Rule) bool { return x.Name == o.Name })
+			if idx >= 0 {
+				t.Rules[idx] = r
+			}
+		}
+	}
+	return t
+}
+
+// mergeOverride returns base with the parameters o sets replaced.
+func mergeOverride(base, o RuleSpec) RuleSpec {
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	setN := func(dst **int64, v *int64) {
+		if v != nil {
+			*dst = v
+		}
+	}
+	set(&base.Rate, o.Rate)
+	setN(&base.Burst, o.Burst)
+	setN(&base.Initial, o.Initial)
+	set(&base.Floor, o.Floor)
+	setN(&base.Limit, o.Limit)
+	set(&base.Window, o.Window)
+	setN(&base.Max, o.Max)
+	set(&base.LeaseTTL, o.LeaseTTL)
+	if o.Shadow != nil {
+		base.Shadow = o.Shadow
+	}
+	set(&base.OnError, o.OnError)
+	return base
+}
+
+// rule compiles one rule, reporting its problems under path. It returns nil
+// if the rule is invalid.
+func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Rule {
+	before := len(c.errs)
+	r := &Rule{Rule: admit.Rule{Name: rs.Name}, Scope: rs.Scope, PerAction: rs.PerAction, Tier: tier}
+	if err := checkName(rs.Name); err != nil {
+		c.fail(path+".name", "%v", err)
+	}
+	switch {
+	case rs.Scope == "":
+		c.fail(path+".scope", "missing (global, tenant, user, api_key, ip, session or a request attribute)")
+	case !validAttribute(rs.Scope):
+		c.fail(path+".scope", "%q: a scope is a lower-case name of letters, digits, _ and -", rs.Scope)
+	}
+	if len(rs.Actions) > MaxActions {
+		c.fail(path+".actions", "%d actions; at most %d", len(rs.Actions), MaxActions)
+	}
+	r.allActions = len(rs.Actions) == 0
+	for i, a := range rs.Actions {
+		switch {
+		case a == "*":
+			r.allActions = true
+		case a == "" || len(a) > MaxNameLen:
+			c.fail(fmt.Sprintf("%s.actions[%d]", path, i), "an action is 1 to %d bytes", MaxNameLen)
+		default:
+			r.actions = append(r.actions, a)
+		}
+	}
+	if r.allActions {
+		r.actions = nil
+	}
+	alg, err := admit.ParseAlgorithm(rs.Algorithm)
+	if rs.Algorithm == "" {
+		c.fail(path+".algorithm", "missing (token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination or concurrency)")
+		return nil
+	} else if err != nil {
+		c.fail(path+".algorithm", "%v", err)
+		return nil
+	}
+	r.Algorithm = alg
+
+	// Parameters: required ones must be present, foreign ones absent, so
+	// that a typo like "limit" on a token bucket is not silently ignored.
+	want := map[string]bool{}
+	switch alg {
+	case admit.TokenBucket:
+		want = map[string]bool{"rate": true, "burst": true, "initial": true}
+	case admit.GCRA:
+		want = map[string]bool{"rate": true, "burst": true}
+	case admit.Combination:
+		want = map[string]bool{"rate": true, "burst": true, "initial": true, "floor": true}
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+		want = map[string]bool{"limit": true, "window": true}
+	case admit.Concurrency:
+		want = map[string]bool{"max": true, "lease_ttl": true}
+	}
+	present := map[string]bool{
+		"rate": rs.Rate != "", "burst": rs.Burst != nil, "initial": rs.Initial != nil, "floor": rs.Floor != "",
+		"limit": rs.Limit != nil, "window": rs.Window != "", "max": rs.Max != nil, "lease_ttl": rs.LeaseTTL != "",
+	}
+	optional := map[string]bool{"initial": true, "lease_ttl": true}
+	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl"} {
+		switch {
+		case present[f] && !want[f]:
+			c.fail(path+"."+f, "not a parameter of %s", alg)
+		case !present[f] && want[f] && !optional[f]:
+			c.fail(path+"."+f, "missing; %s needs it", alg)
+		}
+	}
+	if rs.Rate != "" && want["rate"] {
+		if r.Rate, err = admit.ParseRate(rs.Rate); err != nil {
+			c.fail(path+".rate", "%v", err)
+		}
+	}
+	if rs.Floor != "" && want["floor"] {
+		if r.Floor, err = admit.ParseRate(rs.Floor); err != nil {
+			c.fail(path+".floor", "%v", err)
+		}
+	}
+	if rs.Window != "" && want["window"] {
+		if r.Window, err = admit.ParseDuration(rs.Window); err != nil {
+			c.fail(path+".window", "%v", err)
+		}
+	}
+	if rs.LeaseTTL != "" && want["lease_ttl"] {
+		if r.LeaseTTL, err = admit.ParseDuration(rs.LeaseTTL); err != nil {
+			c.fail(path+".lease_ttl", "%v", err)
+		}
+	}
+	deref := func(p *int64) int64 {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	r.Burst, r.Limit, r.Max = deref(rs.Burst), deref(rs.Limit), deref(rs.Max)
+	if rs.Initial != nil && want["initial"] {
+		v := *rs.Initial
+		r.Initial = &v
+	}
+	r.Shadow = shadow || (rs.Shadow != nil && *rs.Shadow)
+	if r.OnError, err = admit.ParseFailureMode(rs.OnError); err != nil {
+		c.fail(path+".on_error", "%v", err)
+	}
+	if len(c.errs) > before {
+		return nil
+	}
+	if err := r.Rule.Validate(); err != nil {
+		c.fail(path+"."+paramOf(err), "%v", err)
+		return nil
+	}
+	r.bucket = r.Name
+	if tier != "" {
+		r.bucket = tier + "/" + r.Name // "/" appears in no name
+	}
+	r.ID = len(c.p.rules)
+	c.p.rules = append(c.p.rules, r)
+	return r
+}
+
+// paramOf recovers the parameter a Rule.Validate error names ("rule "x":
+// burst: …"), so that the error points at that field.
+func paramOf(err error) string {
+	msg := err.Error()
+	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl"} {
+		if strings.Contains(msg, "\": "+f+":") {
+			return f
+		}
+	}
+	return "algorithm"
+}
+
+func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
+	out := DefaultGateway
+	if g == nil {
+		return out
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+		dst  *int64
+	}{
+		{"tenant_connections", g.TenantConnections, &out.TenantConnections},
+		{"connections_per_session", g.ConnectionsPerSession, &out.ConnectionsPerSession},
+		{"tenant_per_minute", g.TenantPerMinute, &out.TenantPerMinute},
+		{"session_per_minute", g.SessionPerMinute, &out.SessionPerMinute},
+		{"messages_per_minute", g.MessagesPerMinute, &out.MessagesPerMinute},
+	} {
+		switch {
+		case f.v == 0:
+		case f.v < 0 || f.v > admit.MaxCount:
+			c.fail(path+"."+f.name, "must be from 1 to %d", int64(admit.MaxCount))
+		default:
+			*f.dst = f.v
+		}
+	}
+	if g.SessionTTL != "" {
+		d, err := admit.ParseDuration(g.SessionTTL)
+		switch {
+		case err != nil:
+			c.fail(path+".session_ttl", "%v", err)
+		case d < time.Second || d > admit.MaxRatePeriod:
+			c.fail(path+".session_ttl", "must be from 1s to %v", admit.MaxRatePeriod)
+		default:
+			out.SessionTTL = d
+		}
+	}
+	return out
+}
+
+// checkName accepts tenant ids, tier and rule names: 1 to MaxNameLen bytes
+// of letters, digits and . _ : @ -, so that names are safe in URL paths,
+// header parameters, metrics labels and logs.
+func checkName(s string) error {
+	if s == "" || len(s) > MaxNameLen {
+		return fmt.Errorf("%q: must be 1 to %d bytes", s, MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		if !nameByte(s[i]) {
+			return fmt.Errorf("%q: only letters, digits and . _ : @ - are allowed", s)
+		}
+	}
+	return nil
+}
+
+// CheckName reports whether s may name a tenant, a tier or a rule.
+func CheckName(s string) error {
+	if err := checkName(s); err != nil {
+		return admit.Errorf(admit.CodeInvalid, "%v", err)
+	}
+	return nil
+}
+
+func nameByte(b byte) bool {
+	return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
+		b == '.' || b == '_' || b == ':' || b == '@' || b == '-'
+}
+
+func validAttribute(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !('a' <= b && b <= 'z' || '0' <= b && b <= '9' || b == '_' || b == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,211 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/admitdev/admit"
+)
+
+func n(v int64) *int64 { return &v }
+
+func spec() *Spec {
+	return &Spec{
+		Global: []RuleSpec{{Name: "g", Scope: "global", Algorithm: "gcra", Rate: "100/s", Burst: n(10)},
+			{Name: "per-ip", Scope: "ip", Algorithm: "fixed_window", Limit: n(5), Window: "1m"}},
+		Tiers: map[string]TierSpec{
+			"free": {Rules: []RuleSpec{
+				{Name: "user", Scope: "user", Algorithm: "token_bucket", Rate: "10/s", Burst: n(5)},
+				{Name: "search", Scope: "user", Actions: []string{"search", "find"}, PerAction: true, Algorithm: "token_bucket", Rate: "1/s", Burst: n(2)},
+				{Name: "keyed", Scope: "api_key", Algorithm: "sliding_window", Limit: n(3), Window: "1s"},
+				{Name: "region", Scope: "region", Algorithm: "sliding_log", Limit: n(3), Window: "1s"},
+				{Name: "jobs", Scope: "tenant", Actions: []string{"job"}, Algorithm: "concurrency", Max: n(2)},
+			}},
+		},
+		Tenants: map[string]TenantSpec{
+			"acme": {Tier: "free", Overrides: []RuleSpec{{Name: "user", Burst: n(50)}}},
+			"beta": {Tier: "free"},
+		},
+	}
+}
+
+func TestResolveScopes(t *testing.T) {
+	p, err := Compile(spec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res Resolution
+	names := func(req Request) string {
+		t.Helper()
+		req.Cost = 1
+		if err := p.Resolve(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for i, r := range res.Rules {
+			k, err := admit.ParseKey(res.Charges[i].Key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, r.Name+"="+k.Tenant+"|"+k.Subject+"|"+k.Action)
+		}
+		return strings.Join(out, " ")
+	}
+	for _, tc := range []struct {
+		req  Request
+		want string
+	}{
+		{Request{}, "g=||"},
+		{Request{IP: "192.0.2.1"}, "g=|| per-ip=|192.0.2.1|"},
+		{Request{Tenant: "acme"}, "g=||"},
+		{Request{Tenant: "acme", User: "al", Action: "search"}, "g=|| user=acme|al| search=acme|al|search"},
+		{Request{Tenant: "acme", User: "al", Action: "find"}, "g=|| user=acme|al| search=acme|al|find"},
+		{Request{Tenant: "beta", APIKey: "k", Attributes: map[string]string{"region": "eu"}}, "g=|| keyed=beta|" + HashKey("k") + "| region=beta|eu|"},
+		{Request{Tenant: "beta", Action: "job", Kind: Leases}, "jobs=beta||"},
+	} {
+		if got := names(tc.req); got != tc.want {
+			t.Errorf("%+v: charges %s, want %s", tc.req, got, tc.want)
+		}
+	}
+	// Overrides apply to their tenant only; the tier's rule is shared.
+	if got := p.Tenant("acme").Rules[0].Burst; got != 50 {
+		t.Errorf("acme's user burst = %d, want 50", got)
+	}
+	if got := p.Tenant("beta").Rules[0]; got != p.Tier("free").Rules[0] || got.Burst != 5 {
+		t.Errorf("beta's user rule = %+v, want the tier's", got)
+	}
+	req := Request{Tenant: "ghost", Cost: 1}
+	if err := p.Resolve(&req, &res); !errors.Is(err, admit.ErrPermission) {
+		t.Errorf("unknown tenant: %v, want ErrPermission", err)
+	}
+}
+
+func TestCompileReportsEveryError(t *testing.T) {
+	s := spec()
+	s.UnknownTenant = "gold"
+	s.Global = append(s.Global, RuleSpec{Name: "g", Scope: "global", Algorithm: "gcra", Rate: "1/s", Burst: n(1)})
+	s.Tiers["bad"] = TierSpec{Rules: []RuleSpec{
+		{Name: "a", Scope: "user", Algorithm: "token_bucket", Rate: "10/s"},
+		{Name: "b", Scope: "User", Algorithm: "fixed_window", Limit: n(1), Window: "1m", Rate: "1/s"},
+		{Name: "c", Scope: "user", Algorithm: "bogus"},
+		{Name: "d e", Scope: "user", Algorithm: "concurrency", Max: n(1)},
+		{Name: "e", Scope: "user", Algorithm: "concurrency", Max: n(0)},
+	}}
+	s.Tenants["x"] = TenantSpec{Tier: "none"}
+	s.Tenants["acme"] = TenantSpec{Tier: "free", Overrides: []RuleSpec{{Name: "zzz"}, {Name: "user", Scope: "ip"}}, APIKeysSHA256: []string{"abc"}}
+	_, err := Compile(s)
+	var errs Errors
+	if !errors.As(err, &errs) || !errors.Is(err, admit.ErrInvalid) {
+		t.Fatalf("error %v is not Errors/ErrInvalid", err)
+	}
+	want := []string{
+		"global[2].name", "tiers.bad.rules[0].burst", "tiers.bad.rules[1].scope", "tiers.bad.rules[1].rate",
+		"tiers.bad.rules[2].algorithm", "tiers.bad.rules[3].name", "tiers.bad.rules[4].max", "unknown_tenant",
+		"tenants.acme.api_keys_sha256[0]", "tenants.acme.overrides[0].name", "tenants.acme.overrides[1]", "tenants.x.tier",
+	}
+	got := map[string]bool{}
+	for _, e := range errs {
+		got[e.Path] = true
+	}
+	for _, w := range want {
+		if !got[w] {
+			t.Errorf("no error at %s; got %v", w, errs)
+		}
+	}
+	if len(errs) != len(want) {
+		t.Errorf("%d errors, want %d: %v", len(errs), len(want), errs)
+	}
+}
+
+func TestCatalogPersistsAndSurvivesFailedWrites(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "data", "catalog.json")
+	c, err := NewCatalog(ctx, spec(), &FileStore{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutTenant(ctx, "newco", TenantSpec{Tier: "free"}); err != nil {
+		t.Fatal(err)
+	}
+	key, err := c.CreateAPIKey(ctx, "newco")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteTenant(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutTier(ctx, "free", TierSpec{Rules: []RuleSpec{{Name: "user", Scope: "user", Algorithm: "gcra", Rate: "1/s", Burst: n(9)}}}); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(path)
+	if strings.Contains(string(raw), key) {
+		t.Fatal("the catalog file holds an API key in clear")
+	}
+
+	// A crash mid-write: a half-written temporary file next to the catalog,
+	// and a write that fails half-way. Neither may change what loads.
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), ".catalog-123.tmp"), raw[:len(raw)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	writeFile = func(f *os.File, b []byte) (int, error) {
+		n, _ := f.Write(b[:len(b)/2])
+		return n, errors.New("disk full")
+	}
+	_, err = c.PutTenant(ctx, "doomed", TenantSpec{Tier: "free"})
+	writeFile = func(f *os.File, b []byte) (int, error) { return f.Write(b) }
+	if err == nil {
+		t.Fatal("a failed write was reported as saved")
+	}
+	if c.Policy().Tenant("doomed") != nil {
+		t.Error("a change that was not saved took effect")
+	}
+
+	// A restart: the same configuration, the saved changes.
+	c2, err := NewCatalog(ctx, spec(), &FileStore{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c2.Policy()
+	switch {
+	case p.Tenant("newco") == nil || p.Tenant("newco").Source != "admin":
+		t.Error("created tenant lost")
+	case p.TenantByKey(key) != p.Tenant("newco"):
+		t.Error("API key lost")
+	case p.Tenant("beta") != nil:
+		t.Error("deleted tenant is back")
+	case p.Tenant("doomed") != nil:
+		t.Error("unsaved tenant appeared")
+	case p.Tier("free").Rules[0].Burst != 9 || p.Tier("free").Source != "admin":
+		t.Error("tier change lost")
+	case p.Tenant("acme").Rules[0].Burst != 50:
+		t.Error("config tenant's override lost")
+	}
+
+	// A reload that conflicts with the changes is refused; the policy stays.
+	bad := spec()
+	bad.Global = []RuleSpec{{Name: "user", Scope: "global", Algorithm: "gcra", Rate: "1/s", Burst: n(1)}}
+	before := c2.Policy()
+	if err := c2.SetBase(bad); err == nil {
+		t.Error("a base without the tier of an admin tenant was accepted")
+	}
+	if c2.Policy() != before {
+		t.Error("a refused reload replaced the policy")
+	}
+	good := spec()
+	good.Global = good.Global[:1]
+	if err := c2.SetBase(good); err != nil || len(c2.Policy().Global()) != 1 {
+		t.Errorf("good reload: %v", err)
+	}
+
+	// A corrupt catalog file is an error, not an empty catalog.
+	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewCatalog(ctx, spec(), &FileStore{Path: path}); err == nil {
+		t.Error("a corrupt catalog loaded")
+	}
+}

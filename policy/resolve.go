@@ -1,0 +1,159 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// Bounds on what one request may carry.
+const (
+	MaxValueLen   = 256 // user, action, ip, api key, session, attribute values
+	MaxAttributes = 16
+)
+
+// Kind selects which rules a request is resolved against.
+type Kind uint8
+
+const (
+	// Requests are rate limited: every rule but concurrency rules.
+	Requests Kind = iota
+	// Leases take slots: concurrency rules only.
+	Leases
+)
+
+// Request is what a caller knows about one request. Empty fields are
+// absent: a rule applies only if the request carries its scope (a user
+// rule needs User, an ip rule IP, and so on); a request without a Tenant
+// is charged the global rules only.
+type Request struct {
+	Tenant     string
+	User       string
+	Action     string
+	IP         string
+	APIKey     string // the key itself; buckets are keyed by its hash
+	Session    string
+	Attributes map[string]string
+	Cost       int64
+	DryRun     bool
+	Kind       Kind
+	// LeaseTTL overrides the lease TTL of concurrency charges.
+	LeaseTTL time.Duration
+}
+
+// Resolution is a request resolved into charges. Reuse one across calls to
+// keep its buffers.
+type Resolution struct {
+	// Policy is the policy the request was resolved against.
+	Policy *Policy
+	// Tenant is the request's tenant, nil when it names none.
+	Tenant *Tenant
+	// Charges are the request's charges, Rules their rules, index by index.
+	Charges []admit.Charge
+	Rules   []*Rule
+
+	keyHash string
+	buf     []byte
+}
+
+// Validate checks the bounds of r's fields.
+func (r *Request) Validate() error {
+	for _, f := range [...]struct{ name, v string }{
+		{"tenant", r.Tenant}, {"user", r.User}, {"action", r.Action}, {"ip", r.IP},
+		{"api_key", r.APIKey}, {"session", r.Session},
+	} {
+		if len(f.v) > MaxValueLen {
+			return admit.Errorf(admit.CodeInvalid, "%s is %d bytes; at most %d", f.name, len(f.v), MaxValueLen)
+		}
+	}
+	if len(r.Attributes) > MaxAttributes {
+		return admit.Errorf(admit.CodeInvalid, "%d attributes; at most %d", len(r.Attributes), MaxAttributes)
+	}
+	for k, v := range r.Attributes {
+		if len(k) > 64 || len(v) > MaxValueLen {
+			return admit.Errorf(admit.CodeInvalid, "attribute %.64q: names are at most 64 bytes, values %d", k, MaxValueLen)
+		}
+	}
+	if r.Cost < 0 || r.Cost > admit.MaxCost {
+		return admit.Errorf(admit.CodeInvalid, "cost %d: must be from 0 to %d", r.Cost, int64(admit.MaxCost))
+	}
+	return nil
+}
+
+// Resolve resolves req into res: the global rules, then the tenant's rules
+// (its tier's after its overrides), each if it applies to req.Action and req
+// carries its scope. A tenant the policy does not know is refused with
+// admit.ErrPermission, or gets the default tier if the policy has one.
+func (p *Policy) Resolve(req *Request, res *Resolution) error {
+	res.Policy, res.Tenant = p, nil
+	res.Charges = res.Charges[:0]
+	res.Rules = res.Rules[:0]
+	res.keyHash = ""
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	if req.Tenant != "" {
+		t := p.tenants[req.Tenant]
+		if t == nil {
+			if p.fallback == nil {
+				return admit.Errorf(admit.CodePermission, "tenant %q is unknown", req.Tenant)
+			}
+			t = &Tenant{ID: req.Tenant, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default"}
+		}
+		res.Tenant = t
+	}
+	for _, r := range p.global {
+		p.add(req, res, r, true)
+	}
+	if res.Tenant != nil {
+		for _, r := range res.Tenant.Rules {
+			p.add(req, res, r, false)
+		}
+	}
+	if len(res.Charges) > admit.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), admit.MaxCharges)
+	}
+	return nil
+}
+
+func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
+	if (r.Algorithm == admit.Concurrency) != (req.Kind == Leases) || !r.Applies(req.Action) {
+		return
+	}
+	k := admit.Key{Scope: r.Scope, Rule: r.bucket}
+	if !global || r.Scope == ScopeTenant || r.Scope == ScopeUser || r.Scope == ScopeSession {
+		if req.Tenant == "" {
+			return
+		}
+		k.Tenant = req.Tenant
+	}
+	switch r.Scope {
+	case ScopeGlobal:
+		k.Tenant = "" // one bucket for everyone, even in a tier
+	case ScopeTenant:
+	case ScopeUser:
+		k.Subject = req.User
+	case ScopeIP:
+		k.Subject = req.IP
+	case ScopeSession:
+		k.Subject = req.Session
+	case ScopeAPIKey:
+		if req.APIKey != "" && res.keyHash == "" {
+			res.keyHash = HashKey(req.APIKey)
+		}
+		k.Subject = res.keyHash
+	default:
+		k.Subject = req.Attributes[r.Scope]
+	}
+	if k.Subject == "" && r.Scope != ScopeGlobal && r.Scope != ScopeTenant {
+		return // the request does not carry the rule's scope
+	}
+	if r.PerAction {
+		k.Action = req.Action
+	}
+	res.buf = k.Append(res.buf[:0])
+	res.Charges = append(res.Charges, admit.Charge{
+		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, LeaseTTL: req.LeaseTTL,
+	})
+	res.Rules = append(res.Rules, r)
+}

@@ -1,0 +1,76 @@
+package policy
+
+// The types in this file are policy as people write it: in the YAML
+// configuration (decoded by cmd/admit) and in the admin API's JSON bodies.
+// Both use the JSON field names. Compile turns them into a Policy.
+
+// Spec is the whole policy: the rules every request is charged against, the
+// tiers, the tenants and the defaults.
+type Spec struct {
+	// UnknownTenant is "deny" (or empty) to refuse requests that name a
+	// tenant the catalog does not know, or the name of the tier such
+	// tenants get.
+	UnknownTenant string `json:"unknown_tenant,omitempty"`
+	// Shadow puts every rule in shadow mode: decided and recorded, never
+	// refusing.
+	Shadow bool `json:"shadow,omitempty"`
+	// OnError is the failure mode of rules that name none: "open" (the
+	// default), "closed" or "local".
+	OnError string `json:"on_error,omitempty"`
+
+	Global  []RuleSpec            `json:"global,omitempty"`
+	Tiers   map[string]TierSpec   `json:"tiers,omitempty"`
+	Tenants map[string]TenantSpec `json:"tenants,omitempty"`
+}
+
+// RuleSpec is a rule as written: its name, which requests it applies to, its
+// algorithm and parameters, all as text where the configuration has text
+// (rates like "100/s", durations like "30s").
+//
+// In a tenant's overrides, a RuleSpec names a rule of the tenant's tier and
+// sets only the parameters to replace (rate, burst, initial, floor, limit,
+// window, max, lease_ttl, shadow, on_error).
+type RuleSpec struct {
+	Name      string   `json:"name"`
+	Scope     string   `json:"scope,omitempty"`
+	Actions   []string `json:"actions,omitempty"`
+	PerAction bool     `json:"per_action,omitempty"`
+	Algorithm string   `json:"algorithm,omitempty"`
+
+	Rate     string `json:"rate,omitempty"`
+	Burst    *int64 `json:"burst,omitempty"`
+	Initial  *int64 `json:"initial,omitempty"`
+	Floor    string `json:"floor,omitempty"`
+	Limit    *int64 `json:"limit,omitempty"`
+	Window   string `json:"window,omitempty"`
+	Max      *int64 `json:"max,omitempty"`
+	LeaseTTL string `json:"lease_ttl,omitempty"`
+
+	Shadow  *bool  `json:"shadow,omitempty"`
+	OnError string `json:"on_error,omitempty"`
+}
+
+// TierSpec is a tier: its rules and the gateway settings of seed 001.
+type TierSpec struct {
+	Rules   []RuleSpec   `json:"rules,omitempty"`
+	Gateway *GatewaySpec `json:"gateway,omitempty"`
+}
+
+// GatewaySpec holds a tier's WebSocket gateway settings (seed 001). Zero
+// values take the defaults documented on Gateway.
+type GatewaySpec struct {
+	TenantConnections     int64  `json:"tenant_connections,omitempty"`
+	ConnectionsPerSession int64  `json:"connections_per_session,omitempty"`
+	TenantPerMinute       int64  `json:"tenant_per_minute,omitempty"`
+	SessionPerMinute      int64  `json:"session_per_minute,omitempty"`
+	SessionTTL            string `json:"session_ttl,omitempty"`
+	MessagesPerMinute     int64  `json:"messages_per_minute,omitempty"`
+}
+
+// TenantSpec is a tenant: its tier, the overrides of that tier's rules and
+// the SHA-256 hashes (hex) of its API keys.
+type TenantSpec struct {
+	Tier          string     `json:"tier"`
+	Overrides     []RuleSpec `json:"overrides,omitempty"`
+	APIKeysSHA256 []string   `json:"api_keys_sha256,omitempty"`
+}
