@@ -64,8 +64,12 @@ type syncBuffer struct {
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuffer) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func start(t *testing.T, spec *policy.Spec, token string) *harness {
 	t.Helper()
@@ -77,7 +81,7 @@ func start(t *testing.T, spec *policy.Spec, token string) *harness {
 	h := &harness{t: t, store: store, catalog: cat, log: &syncBuffer{}}
 	h.srv = New(Options{Store: store, Catalog: cat, AdminToken: token, DecisionLog: h.log, MaxWait: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Stats: func() StoreStats { st := store.Stats(); return StoreStats{Keys: st.Keys} }})
+		Stats:  func() StoreStats { st := store.Stats(); return StoreStats{Keys: st.Keys} }})
 	ts := httptest.NewServer(h.srv)
 	h.url = ts.URL
 	t.Cleanup(func() { ts.Close(); h.srv.Close(); store.Close() })

@@ -1,0 +1,192 @@
+// Command loadgen measures Admit's HTTP decision API against the ceiling of
+// its own server stack: in one run, on one machine, it drives POST /v1/check
+// (memory store; 10,000 users over 100 tenants; user, tenant and global
+// buckets) and a do-nothing handler served by the same net/http server
+// configuration, with the same callers, bodies and connections, in
+// alternating rounds, and reports decisions/s, p50 and p99 of each and their
+// ratio.
+//
+//	cd bench && go run ./loadgen -callers 64 -duration 3s -rounds 3
+//
+// Both servers and the load listen on 127.0.0.1 only; the run stops by
+// itself after rounds × 2 × duration.
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+func main() {
+	callers := flag.Int("callers", 64, "concurrent callers, each with its own keep-alive connection")
+	duration := flag.Duration("duration", 3*time.Second, "length of one measured round")
+	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
+	tenants := flag.Int("tenants", 100, "tenants")
+	users := flag.Int("users", 10000, "users, spread over the tenants")
+	flag.Parse()
+	if err := run(*callers, *duration, *rounds, *tenants, *users); err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
+		os.Exit(1)
+	}
+}
+
+func n(v int64) *int64 { return &v }
+
+func spec(tenants int) *policy.Spec {
+	s := &policy.Spec{
+		Global: []policy.RuleSpec{{Name: "global-requests", Scope: "global", Algorithm: "token_bucket", Rate: "10000000/s", Burst: n(1000000)}},
+		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
+			{Name: "user-requests", Scope: "user", Algorithm: "token_bucket", Rate: "100/s", Burst: n(50)},
+			{Name: "tenant-requests", Scope: "tenant", Algorithm: "token_bucket", Rate: "100000/s", Burst: n(20000)},
+		}}},
+		Tenants: map[string]policy.TenantSpec{},
+	}
+	for i := range tenants {
+		s.Tenants["tenant-"+strconv.Itoa(i)] = policy.TenantSpec{Tier: "free"}
+	}
+	return s
+}
+
+// serve starts h on a loopback port with the server settings admit serve
+// uses, and returns its URL.
+func serve(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
+		WriteTimeout: 90 * time.Second, IdleTimeout: 2 * time.Minute}
+	go func() { _ = hs.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = hs.Close() }, nil
+}
+
+// nothing is the ceiling: it reads the body and answers a fixed decision.
+var nothing = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"allowed":true}` + "\n"))
+})
+
+type result struct {
+	ok, refused, failed int64
+	lat                 []time.Duration
+	elapsed             time.Duration
+}
+
+func (r *result) rate() float64 { return float64(r.ok+r.refused) / r.elapsed.Seconds() }
+
+func (r *result) pct(p float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return r.lat[int(float64(len(r.lat)-1)*p)]
+}
+
+func load(url string, callers int, d time.Duration, bodies [][]byte) *result {
+	tr := &http.Transport{MaxIdleConnsPerHost: callers, MaxConnsPerHost: callers, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var ok, refused, failed atomic.Int64
+	lats := make([][]time.Duration, callers)
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(d)
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := make([]time.Duration, 0, 1<<16)
+			for i := g; time.Now().Before(deadline); i += callers {
+				t0 := time.Now()
+				resp, err := client.Post(url+"/v1/check", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				lat = append(lat, time.Since(t0))
+				switch resp.StatusCode {
+				case 200:
+					ok.Add(1)
+				case 429:
+					refused.Add(1)
+				default:
+					failed.Add(1)
+				}
+			}
+			lats[g] = lat
+		}()
+	}
+	wg.Wait()
+	r := &result{ok: ok.Load(), refused: refused.Load(), failed: failed.Load(), elapsed: time.Since(start)}
+	for _, l := range lats {
+		r.lat = append(r.lat, l...)
+	}
+	slices.Sort(r.lat)
+	return r
+}
+
+func run(callers int, d time.Duration, rounds, tenants, users int) error {
+	store := memstore.New(nil)
+	defer store.Close()
+	cat, err := policy.NewCatalog(context.Background(), spec(tenants), nil)
+	if err != nil {
+		return err
+	}
+	srv := server.New(server.Options{Store: store, Catalog: cat, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer srv.Close()
+	admitURL, stopAdmit, err := serve(srv)
+	if err != nil {
+		return err
+	}
+	defer stopAdmit()
+	nothingURL, stopNothing, err := serve(nothing)
+	if err != nil {
+		return err
+	}
+	defer stopNothing()
+
+	bodies := make([][]byte, users)
+	for u := range users {
+		bodies[u] = []byte(fmt.Sprintf(`{"tenant":"tenant-%d","user":"user-%d","action":"read"}`, u%tenants, u))
+	}
+	load(admitURL, callers, d/3, bodies) // warm up connections, buckets and the allocator
+	load(nothingURL, callers, d/3, bodies)
+
+	fmt.Printf("callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
+	fmt.Printf("%-8s %-8s %12s %10s %10s %9s %8s\n", "round", "target", "requests/s", "p50", "p99", "refused", "errors")
+	var admitRates, nothingRates []float64
+	for i := range rounds {
+		for _, tgt := range []struct{ name, url string }{{"nothing", nothingURL}, {"check", admitURL}} {
+			r := load(tgt.url, callers, d, bodies)
+			fmt.Printf("%-8d %-8s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.rate(), r.pct(0.50).Round(time.Microsecond), r.pct(0.99).Round(time.Microsecond), r.refused, r.failed)
+			if tgt.name == "check" {
+				admitRates = append(admitRates, r.rate())
+			} else {
+				nothingRates = append(nothingRates, r.rate())
+			}
+		}
+	}
+	slices.Sort(admitRates)
+	slices.Sort(nothingRates)
+	ma, mn := admitRates[len(admitRates)/2], nothingRates[len(nothingRates)/2]
+	fmt.Printf("median: check %.0f/s, nothing %.0f/s, ratio %.2f\n", ma, mn, ma/mn)
+	return nil
+}
