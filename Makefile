@@ -25,9 +25,12 @@ ci: tidy-check lint test ## everything CI runs
 
 bench: ## comparison benchmarks against peer libraries (bench/ module)
 	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) -timeout=60m ./...
+	cd bench && $(GO) run ./loadgen -callers 64 -duration 3s -rounds 5
 
 fuzz: ## run each fuzz target for 30s
 	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=30s .
+	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=30s ./internal/server
+	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s ./cmd/admit

@@ -51,7 +51,7 @@ func testSpec() *policy.Spec {
 }
 
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	url     string
 	srv     *Server
 	catalog *policy.Catalog
@@ -71,7 +71,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func start(t *testing.T, spec *policy.Spec, token string) *harness {
+func start(t testing.TB, spec *policy.Spec, token string) *harness {
 	t.Helper()
 	store := memstore.New(nil)
 	cat, err := policy.NewCatalog(context.Background(), spec, &policy.FileStore{Path: t.TempDir() + "/catalog.json"})
@@ -499,7 +499,7 @@ func FuzzCheckBody(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	h := start(&testing.T{}, testSpec(), "")
+	h := start(f, testSpec(), "")
 	f.Fuzz(func(t *testing.T, body string) {
 		req := httptest.NewRequest("POST", "/v1/check", strings.NewReader(body))
 		rec := httptest.NewRecorder()
