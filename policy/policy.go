@@ -79,6 +79,30 @@ func (r *Rule) Actions() []string {
 	return slices.Clone(r.actions)
 }
 
+// Spec writes r back in configuration terms, with every parameter the
+// compiled rule holds, defaults included.
+func (r *Rule) Spec() RuleSpec {
+	s := RuleSpec{Name: r.Name, Scope: r.Scope, Actions: r.Actions(), PerAction: r.PerAction, Algorithm: r.Algorithm.String()}
+	n := func(v int64) *int64 { return &v }
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		s.Rate, s.Burst, s.Initial = r.Rate.String(), n(r.Burst), r.Initial
+		if r.Algorithm == admit.Combination {
+			s.Floor = r.Floor.String()
+		}
+	case admit.Concurrency:
+		s.Max, s.LeaseTTL = n(r.Max), r.LeaseTTLOrDefault().String()
+	default:
+		s.Limit, s.Window = n(r.Limit), r.Window.String()
+	}
+	if r.Shadow {
+		t := true
+		s.Shadow = &t
+	}
+	s.OnError = r.OnError.String()
+	return s
+}
+
 // Gateway holds a tier's WebSocket gateway limits (seed 001).
 type Gateway struct {
 	TenantConnections     int64         // live connections of a tenant
@@ -119,11 +143,6 @@ type Tenant struct {
 
 // HasAPIKeys reports whether t must present an API key.
 func (t *Tenant) HasAPIKeys() bool { return len(t.Spec.APIKeysSHA256) > 0 }
-
-// AcceptsKey reports whether key is one of t's API keys.
-func (t *Tenant) AcceptsKey(key string) bool {
-	return slices.Contains(t.Spec.APIKeysSHA256, HashKey(key))
-}
 
 // HashKey returns the hex SHA-256 of an API key: the form in which keys are
 // stored, compared and used in bucket keys.

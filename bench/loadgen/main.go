@@ -63,15 +63,14 @@ func spec(tenants int) *policy.Spec {
 	return s
 }
 
-// serve starts h on a loopback port with the server settings admit serve
-// uses, and returns its URL.
+// serve starts h on a loopback port on admit serve's HTTP server, and
+// returns its URL.
 func serve(h http.Handler) (string, func(), error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
 	}
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 15 * time.Second,
-		WriteTimeout: 90 * time.Second, IdleTimeout: 2 * time.Minute}
+	hs := server.HTTPServer(h, nil)
 	go func() { _ = hs.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = hs.Close() }, nil
 }

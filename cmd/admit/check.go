@@ -4,16 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 )
@@ -22,8 +23,9 @@ const checkUsage = `Usage: admit check --tenant T [--user U] [--action A] [--cos
 
 Decides one request and prints the decision. With --server it asks that
 server's POST /v1/check; without, it evaluates the configuration (--config,
-or the built-in demo) locally on a fresh memory store, which shows which
-rules a request is charged against and what they allow.
+or the built-in demo) locally with the server's own handler on a fresh
+memory store, which shows which rules a request is charged against and what
+they allow; a tenant with API keys needs --api-key there too.
 
 Exit codes: 0 admitted, 1 refused, 2 error.
 
@@ -58,7 +60,6 @@ type ruleAnswer struct {
 
 func check(ctx context.Context, args []string, e *env) int {
 	fs := flag.NewFlagSet("admit check", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
 	var req struct {
 		Tenant string `json:"tenant,omitempty"`
 		User   string `json:"user,omitempty"`
@@ -78,80 +79,34 @@ func check(ctx context.Context, args []string, e *env) int {
 	serverURL := fs.String("server", "", "ask the server at `URL` (like http://127.0.0.1:8080)")
 	config := fs.String("config", "", "evaluate this configuration `file` locally (default: the built-in demo)")
 	asJSON := fs.Bool("json", false, "print the decision as JSON")
-	fs.Usage = func() { fmt.Fprint(fs.Output(), checkUsage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
-			return 0
-		}
+	if code, done := parseFlags(fs, checkUsage, args, e); done {
+		return code
+	}
+	body, _ := json.Marshal(req)
+	var status int
+	var raw []byte
+	var err error
+	if *serverURL != "" {
+		status, raw, err = askServer(ctx, *serverURL, body)
+	} else {
+		status, raw, err = askLocally(ctx, *config, body)
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "admit check: %v\n", err)
 		return 2
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "admit check: unexpected argument %q\n", fs.Arg(0))
+	if status != http.StatusOK && status != http.StatusTooManyRequests {
+		var p struct {
+			Detail string `json:"detail"`
+		}
+		_ = json.Unmarshal(raw, &p)
+		fmt.Fprintf(e.stderr, "admit check: %d %s: %s\n", status, http.StatusText(status), first(p.Detail, strings.TrimSpace(string(raw))))
 		return 2
 	}
 	var ans checkAnswer
-	var raw []byte
-	if *serverURL != "" {
-		body, _ := json.Marshal(req)
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(*serverURL, "/")+"/v1/check", bytes.NewReader(body))
-		if err != nil {
-			fmt.Fprintf(e.stderr, "admit check: %v\n", err)
-			return 2
-		}
-		hreq.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(hreq)
-		if err != nil {
-			fmt.Fprintf(e.stderr, "admit check: %v\n", err)
-			return 2
-		}
-		defer resp.Body.Close()
-		raw, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
-			var p struct {
-				Detail string `json:"detail"`
-			}
-			_ = json.Unmarshal(raw, &p)
-			fmt.Fprintf(e.stderr, "admit check: %s: %s\n", resp.Status, first(p.Detail, strings.TrimSpace(string(raw))))
-			return 2
-		}
-		if err := json.Unmarshal(raw, &ans); err != nil {
-			fmt.Fprintf(e.stderr, "admit check: the server's answer is not a decision: %v\n", err)
-			return 2
-		}
-	} else {
-		cfg, _, err := loadServeConfig(*config)
-		if err != nil {
-			fmt.Fprintln(e.stderr, err)
-			return 2
-		}
-		p, err := policy.Compile(cfg.Spec())
-		if err != nil {
-			fmt.Fprintln(e.stderr, err)
-			return 2
-		}
-		store := memstore.New(nil)
-		defer store.Close()
-		preq := policy.Request{Tenant: req.Tenant, User: req.User, Action: req.Action, IP: req.IP, APIKey: req.APIKey, Cost: req.Cost, DryRun: req.DryRun}
-		var res policy.Resolution
-		if err := p.Resolve(&preq, &res); err != nil {
-			fmt.Fprintf(e.stderr, "admit check: %v\n", err)
-			return 2
-		}
-		var d admit.Decision
-		if len(res.Charges) > 0 {
-			if err := store.Decide(ctx, res.Charges, &d); err != nil {
-				fmt.Fprintf(e.stderr, "admit check: %v\n", err)
-				return 2
-			}
-		} else {
-			d.Allowed = true
-		}
-		ans = localAnswer(&res, &d)
-		raw, _ = json.Marshal(ans)
+	if err := json.Unmarshal(raw, &ans); err != nil {
+		fmt.Fprintf(e.stderr, "admit check: the answer is not a decision: %v\n", err)
+		return 2
 	}
 	if *asJSON {
 		fmt.Fprintln(e.stdout, strings.TrimSpace(string(raw)))
@@ -164,23 +119,43 @@ func check(ctx context.Context, args []string, e *env) int {
 	return 0
 }
 
-func localAnswer(res *policy.Resolution, d *admit.Decision) checkAnswer {
-	msOf := func(t time.Duration) int64 { return int64((t + time.Millisecond - 1) / time.Millisecond) }
-	ans := checkAnswer{
-		Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfterMS: msOf(d.ResetAfter),
-		RetryAfterMS: msOf(d.RetryAfter), DeniedBy: d.DeniedBy,
+// askServer posts a check body to a server's /v1/check.
+func askServer(ctx context.Context, url string, body []byte) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+"/v1/check", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
 	}
-	if res.Tenant != nil {
-		ans.Tenant, ans.Tier = res.Tenant.ID, res.Tenant.Tier.Name
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
 	}
-	ans.Rules = make([]ruleAnswer, len(res.Rules))
-	for i, r := range res.Rules {
-		x := &d.Results[i]
-		a := &ans.Rules[i]
-		a.Name, a.Scope, a.Algorithm, a.Allowed, a.Shadow = r.Name, r.Scope, r.Algorithm.String(), x.Allowed, x.Shadow
-		a.Limit, a.Remaining, a.ResetAfterMS, a.RetryAfterMS = x.Limit, x.Remaining, msOf(x.ResetAfter), msOf(x.RetryAfter)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, raw, err
+}
+
+// askLocally answers a check body with the server's own handler, in
+// process, on the configuration file (or the demo) and a fresh memory
+// store: the same resolution, decision and answer a server would give.
+func askLocally(ctx context.Context, file string, body []byte) (int, []byte, error) {
+	cfg, _, err := loadServeConfig(file)
+	if err != nil {
+		return 0, nil, err
 	}
-	return ans
+	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	store := memstore.New(nil)
+	defer store.Close()
+	srv := server.New(server.Options{Store: store, Catalog: catalog, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	defer srv.Close()
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/check", bytes.NewReader(body)))
+	return rec.Code, rec.Body.Bytes(), nil
 }
 
 func printDecision(w io.Writer, a *checkAnswer) {

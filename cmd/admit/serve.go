@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -44,7 +43,6 @@ type serveFlags struct {
 
 func serve(ctx context.Context, args []string, e *env) int {
 	fs := flag.NewFlagSet("admit serve", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
 	var f serveFlags
 	fs.StringVar(&f.config, "config", "", "configuration `file` (default: the built-in demo configuration)")
 	fs.StringVar(&f.http, "http", "", "HTTP listen `address` (default :8080, or server.http)")
@@ -53,18 +51,8 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
-	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(e.stderr, "admit serve: unexpected argument %q\n", fs.Arg(0))
-		return 2
+	if code, done := parseFlags(fs, serveUsage, args, e); done {
+		return code
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	if err := runServer(ctx, &f, e, log); err != nil {
@@ -138,14 +126,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{
-		Handler:           srv,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      90 * time.Second, // /v1/acquire may wait up to a minute
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
+	hs := server.HTTPServer(srv, log)
 	if token == "" {
 		log.Warn("no admin token (ADMIT_ADMIN_TOKEN): the admin API answers loopback clients only")
 	}
@@ -211,7 +192,7 @@ func watchConfig(ctx context.Context, f *serveFlags, loaded []byte, reload <-cha
 		}
 		data, err := os.ReadFile(f.config)
 		if err != nil {
-			if forced || !bytes.Equal(last, nil) {
+			if forced || last != nil { // log a vanished file once, not every tick
 				log.Error("configuration reload refused; keeping the running configuration", "err", err)
 				srv.SetConfigError(err)
 				last = nil
@@ -234,6 +215,27 @@ func watchConfig(ctx context.Context, f *serveFlags, loaded []byte, reload <-cha
 		srv.SetConfigError(nil)
 		log.Info("configuration reloaded", "config", f.config, "tenants", len(catalog.Policy().Tenants()))
 	}
+}
+
+// parseFlags parses a verb's flags. done says the command ends here: with
+// exit 0 after --help (the usage goes to standard output), 2 on a bad flag
+// or a stray argument.
+func parseFlags(fs *flag.FlagSet, usage string, args []string, e *env) (code int, done bool) {
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(e.stdout)
+			fs.Usage()
+			return 0, true
+		}
+		return 2, true
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(e.stderr, "%s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		return 2, true
+	}
+	return 0, false
 }
 
 func first(vals ...string) string {

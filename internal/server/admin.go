@@ -29,32 +29,9 @@ func viewTenant(t *policy.Tenant) tenantView {
 		v.Overrides = []policy.RuleSpec{}
 	}
 	for i, r := range t.Rules {
-		v.Rules[i] = specOf(r)
+		v.Rules[i] = r.Spec()
 	}
 	return v
-}
-
-// specOf writes a compiled rule back in configuration terms.
-func specOf(r *policy.Rule) policy.RuleSpec {
-	s := policy.RuleSpec{Name: r.Name, Scope: r.Scope, Actions: r.Actions(), PerAction: r.PerAction, Algorithm: r.Algorithm.String()}
-	n := func(v int64) *int64 { return &v }
-	switch r.Algorithm {
-	case admit.TokenBucket, admit.GCRA, admit.Combination:
-		s.Rate, s.Burst, s.Initial = r.Rate.String(), n(r.Burst), r.Initial
-		if r.Algorithm == admit.Combination {
-			s.Floor = r.Floor.String()
-		}
-	case admit.Concurrency:
-		s.Max, s.LeaseTTL = n(r.Max), r.LeaseTTLOrDefault().String()
-	default:
-		s.Limit, s.Window = n(r.Limit), r.Window.String()
-	}
-	if r.Shadow {
-		t := true
-		s.Shadow = &t
-	}
-	s.OnError = r.OnError.String()
-	return s
 }
 
 type tierView struct {
@@ -68,7 +45,7 @@ type tierView struct {
 func viewTier(p *policy.Policy, t *policy.Tier) tierView {
 	v := tierView{Name: t.Name, Source: t.Source, Rules: make([]policy.RuleSpec, len(t.Rules)), Gateway: t.Gateway}
 	for i, r := range t.Rules {
-		v.Rules[i] = specOf(r)
+		v.Rules[i] = r.Spec()
 	}
 	for _, tn := range p.Tenants() {
 		if tn.Tier == t {

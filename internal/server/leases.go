@@ -61,7 +61,6 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 	s.record(c, "lease", start)
 	if !c.d.Allowed || c.d.Lease.ID == "" {
 		if c.d.Allowed { // admitted without a lease: shadow rules, or fail open
-			c.d.Allowed = false
 			s.fail(w, r, "lease", admit.Errorf(admit.CodeUnavailable, "no lease could be taken (the rules are in shadow mode or the store is unavailable)"))
 			return
 		}

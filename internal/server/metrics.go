@@ -28,9 +28,19 @@ type metrics struct {
 	decisionLogDropped prometheus.Counter
 
 	// byRule caches the decision counters of the current policy's rules,
-	// indexed by Rule.ID, so a decision does no label lookups.
-	byRule atomic.Pointer[ruleCounters]
+	// indexed by Rule.ID, and endpoints the series of each decision
+	// endpoint, so that a decision does no label lookups.
+	byRule    atomic.Pointer[ruleCounters]
+	endpoints map[string]*endpointMetrics // read-only after newMetrics
 }
+
+type endpointMetrics struct {
+	allowed, refused prometheus.Counter
+	latency          prometheus.Observer
+}
+
+// The decision endpoints, as they appear in metric labels.
+var decisionEndpoints = []string{"check", "acquire", "lease"}
 
 type ruleCounters struct {
 	policy *policy.Policy
@@ -59,6 +69,14 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),
 		failLocal:          prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_local_total", Help: "Requests decided by the local limiter because the store was unavailable (on_error: local)."}),
 		decisionLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_decision_log_dropped_total", Help: "Decision log lines dropped because the log could not keep up."}),
+	}
+	m.endpoints = map[string]*endpointMetrics{}
+	for _, e := range decisionEndpoints {
+		m.endpoints[e] = &endpointMetrics{
+			allowed: m.requests.WithLabelValues(e, "allowed"),
+			refused: m.requests.WithLabelValues(e, "refused"),
+			latency: m.latency.WithLabelValues(e),
+		}
 	}
 	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -112,12 +130,15 @@ func (m *metrics) counters(p *policy.Policy) *ruleCounters {
 }
 
 func (m *metrics) observe(c *call, endpoint string, took time.Duration) {
+	em := m.endpoints[endpoint]
 	result := "allowed"
-	if !c.d.Allowed {
+	if c.d.Allowed {
+		em.allowed.Inc()
+	} else {
 		result = "refused"
+		em.refused.Inc()
 	}
-	m.requests.WithLabelValues(endpoint, result).Inc()
-	m.latency.WithLabelValues(endpoint).Observe(took.Seconds())
+	em.latency.Observe(took.Seconds())
 	if m.tenants != nil && c.res.Tenant != nil {
 		m.tenants.WithLabelValues(c.res.Tenant.ID, result).Inc()
 	}
@@ -135,8 +156,6 @@ func (m *metrics) observe(c *call, endpoint string, took time.Duration) {
 		default:
 			k = 1
 		}
-		if r.ID < len(rc.c) && rc.policy.Rules()[r.ID] == r {
-			rc.c[r.ID][k].Inc()
-		}
+		rc.c[r.ID][k].Inc() // counters(p) covers every rule of p by ID
 	}
 }

@@ -120,6 +120,24 @@ func New(opts Options) *Server {
 	return s
 }
 
+// HTTPServer returns the net/http server admit serve runs h on: timeouts
+// that bound slow clients, with room for /v1/acquire's longest wait. The
+// benchmarks serve their ceiling handler with it too, so that both sides of
+// the comparison run on the same stack.
+func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      90 * time.Second, // /v1/acquire may wait up to a minute
+		IdleTimeout:       2 * time.Minute,
+	}
+	if log != nil {
+		hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	}
+	return hs
+}
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
