@@ -3,13 +3,19 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 
-.PHONY: help test lint tidy-check ci bench fuzz
+.PHONY: help deps test lint tidy-check ci bench fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-test: ## run every test with the race detector, in shuffled order
-	$(GO) test -race -shuffle=on -count=1 ./...
+deps: ## install redis-server and redis-cli when missing (the Redis tests start their own servers)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server redis-tools >/dev/null; }
+	@redis-server --version
+
+test: deps ## run every test with the race detector, in shuffled order
+	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...
 
 lint: ## gofmt, go vet and staticcheck over both modules
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: the files above need formatting'; exit 1; }

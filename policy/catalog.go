@@ -22,9 +22,12 @@ import (
 // tier here replaces the configuration's entry of the same name, whatever
 // the configuration later says; a deleted tenant stays deleted.
 type Changes struct {
-	Version int                      `json:"version"`
-	Tenants map[string]*TenantChange `json:"tenants,omitempty"`
-	Tiers   map[string]*TierSpec     `json:"tiers,omitempty"`
+	Version int `json:"version"`
+	// Revision counts the saves; a shared ChangeStore refuses a save that
+	// does not follow the revision it holds (see ErrStale).
+	Revision int64                    `json:"revision,omitempty"`
+	Tenants  map[string]*TenantChange `json:"tenants,omitempty"`
+	Tiers    map[string]*TierSpec     `json:"tiers,omitempty"`
 }
 
 // TenantChange is a tenant as the admin API left it.
@@ -34,7 +37,7 @@ type TenantChange struct {
 }
 
 func (c *Changes) clone() *Changes {
-	out := &Changes{Version: 1, Tenants: maps.Clone(c.Tenants), Tiers: maps.Clone(c.Tiers)}
+	out := &Changes{Version: 1, Revision: c.Revision, Tenants: maps.Clone(c.Tenants), Tiers: maps.Clone(c.Tiers)}
 	if out.Tenants == nil {
 		out.Tenants = map[string]*TenantChange{}
 	}
@@ -49,9 +52,16 @@ type ChangeStore interface {
 	// Load returns the saved changes; empty Changes if none were saved.
 	Load(ctx context.Context) (*Changes, error)
 	// Save replaces the saved changes. When it fails, the previously saved
-	// changes must still load.
+	// changes must still load. A store shared by several servers refuses,
+	// with an error wrapping ErrStale, changes whose Revision does not
+	// follow the saved one: another server saved meanwhile.
 	Save(ctx context.Context, c *Changes) error
 }
+
+// ErrStale is the error a shared ChangeStore's Save wraps when another
+// server saved changes since these were loaded. Catalog edits load the
+// saved changes again and retry.
+var ErrStale = errors.New("the saved catalog changed meanwhile")
 
 // Catalog is the live tenant catalog: the configuration's policy with the
 // admin API's changes on top, compiled into the Policy that requests are
@@ -142,26 +152,70 @@ func compileWith(base *Spec, ch *Changes) (*Policy, error) {
 }
 
 // apply compiles the changes edit makes, saves them and makes them current,
-// or changes nothing and returns the error.
+// or changes nothing and returns the error. The edit starts from the saved
+// changes, which another server sharing the store may have made; if one
+// saves in between, the edit is made again on top of its changes.
 func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*Policy, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	next := c.changes.clone()
-	if err := edit(next); err != nil {
-		return nil, err
-	}
-	p, err := compileWith(&c.base, next)
-	if err != nil {
-		return nil, err
-	}
-	if c.store != nil {
-		if err := c.store.Save(ctx, next); err != nil {
+	for attempt := 0; ; attempt++ {
+		if c.store != nil {
+			if err := c.refreshLocked(ctx); err != nil {
+				return nil, err
+			}
+		}
+		next := c.changes.clone()
+		next.Revision++
+		if err := edit(next); err != nil {
 			return nil, err
 		}
+		p, err := compileWith(&c.base, next)
+		if err != nil {
+			return nil, err
+		}
+		if c.store != nil {
+			err := c.store.Save(ctx, next)
+			if errors.Is(err, ErrStale) && attempt < 5 {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		c.changes = next
+		c.cur.Store(p)
+		return p, nil
 	}
-	c.changes = next
+}
+
+// Refresh loads the saved changes again and makes them current if they
+// are not the ones in use: a server sharing the store with others calls it
+// when told that one of them saved. Saved changes that do not compile with
+// this server's configuration are refused and the current policy kept.
+func (c *Catalog) Refresh(ctx context.Context) error {
+	if c.store == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.refreshLocked(ctx)
+}
+
+func (c *Catalog) refreshLocked(ctx context.Context) error {
+	saved, err := c.store.Load(ctx)
+	if err != nil {
+		return err
+	}
+	if saved.Revision == c.changes.Revision {
+		return nil
+	}
+	p, err := compileWith(&c.base, saved)
+	if err != nil {
+		return fmt.Errorf("policy: the saved catalog changes (revision %d) do not apply to this configuration: %w", saved.Revision, err)
+	}
+	c.changes = saved.clone()
 	c.cur.Store(p)
-	return p, nil
+	return nil
 }
 
 // PutTenant creates or replaces a tenant's tier and overrides. The tenant

@@ -11,13 +11,11 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/admitdev/admit/internal/server"
-	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -85,17 +83,25 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if g := first(f.grpc, cfg.Server.GRPC); g != "" {
 		log.Warn("the Envoy rate limit service (gRPC) is not part of this build yet; not listening", "grpc", g)
 	}
-	backend := first(f.store, cfg.Store.Backend, "memory")
-	if backend != "memory" {
-		return fmt.Errorf("store %q: this build has the memory store only; the Redis store is not built yet", backend)
-	}
-	maxKeys := int(cfg.Store.MaxKeys)
-	store := memstore.New(&memstore.Options{MaxKeys: maxKeys})
-	defer store.Close()
-
-	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), &policy.FileStore{Path: filepath.Join(f.dataDir, "catalog.json")})
+	st, err := openStore(ctx, f.store, cfg, f.dataDir)
 	if err != nil {
 		return err
+	}
+	defer st.close()
+	backend := st.name
+
+	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), st.changes)
+	if err != nil {
+		return err
+	}
+	if st.watch != nil {
+		// Another server's admin change reaches this one within a
+		// moment: on its message, or at the latest at the next poll.
+		go st.watch(ctx, 5*time.Second, func() {
+			if err := catalog.Refresh(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("the shared tenant catalog could not be loaded; keeping the current one", "err", err)
+			}
+		})
 	}
 	token := first(cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
 	var decisionLog io.Writer
@@ -112,13 +118,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		decisionLog = file
 	}
 	srv := server.New(server.Options{
-		Store: store, Catalog: catalog, AdminToken: token, Logger: log,
+		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
-		Instances: cfg.Store.Instances,
-		Stats: func() server.StoreStats {
-			st := store.Stats()
-			return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
-		},
+		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
 	})
 	defer srv.Close()
 

@@ -103,6 +103,29 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 	return m
 }
 
+// registerHealth adds a remote store's breaker state and call counters.
+func (m *metrics) registerHealth(reg *prometheus.Registry, health func() StoreHealth) {
+	for _, state := range []string{"closed", "open", "half-open"} {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "admit_store_breaker_state", Help: "1 for the store circuit breaker's current state (closed, open, half-open), 0 for the others.",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, func() float64 {
+			if health().Breaker == state {
+				return 1
+			}
+			return 0
+		}))
+	}
+	counter := func(name, help string, pick func(StoreHealth) int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(health())) })
+	}
+	reg.MustRegister(
+		counter("admit_store_calls_total", "Calls to the remote store.", func(h StoreHealth) int64 { return h.Calls }),
+		counter("admit_store_call_failures_total", "Calls to the remote store that failed or timed out.", func(h StoreHealth) int64 { return h.Failures }),
+		counter("admit_store_undo_failures_total", "Cluster decisions over two slots whose give-back failed.", func(h StoreHealth) int64 { return h.UndoFailures }),
+	)
+}
+
 func (m *metrics) handler(reg *prometheus.Registry) http.Handler {
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }

@@ -35,6 +35,12 @@ type StoreStats struct {
 	Keys, Evictions, Expirations, Leases int64
 }
 
+// StoreHealth is what the metrics and /readyz report about a remote store.
+type StoreHealth struct {
+	Breaker                       string // closed, open or half-open
+	Calls, Failures, UndoFailures int64
+}
+
 // Options configure a Server. Store and Catalog are required; the zero
 // value of every other field is a documented default.
 type Options struct {
@@ -56,6 +62,9 @@ type Options struct {
 	Stats func() StoreStats
 	// Ready reports whether the store answers; nil means always ready.
 	Ready func(ctx context.Context) error
+	// Health reports a remote store's breaker and call counters for the
+	// metrics and /readyz; optional.
+	Health func() StoreHealth
 	// Instances is the number of servers sharing the limits: a rule with
 	// on_error local gives each server limit / Instances. Default 1.
 	Instances int64
@@ -71,6 +80,7 @@ type Server struct {
 	token     []byte
 	log       *slog.Logger
 	ready     func(ctx context.Context) error
+	health    func() StoreHealth
 	instances int64
 	maxWait   time.Duration
 
@@ -93,7 +103,7 @@ type Server struct {
 func New(opts Options) *Server {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
-		log: opts.Logger, ready: opts.Ready, instances: opts.Instances, maxWait: opts.MaxWait,
+		log: opts.Logger, ready: opts.Ready, health: opts.Health, instances: opts.Instances, maxWait: opts.MaxWait,
 		localRule: map[*admit.Rule]*admit.Rule{},
 	}
 	if s.log == nil {
@@ -110,6 +120,9 @@ func New(opts Options) *Server {
 		reg = prometheus.NewRegistry()
 	}
 	s.metrics = newMetrics(reg, opts.Stats, opts.TenantMetrics)
+	if opts.Health != nil {
+		s.metrics.registerHealth(reg, opts.Health)
+	}
 	if opts.DecisionLog != nil {
 		s.decisions = newDecisionLog(opts.DecisionLog, s.metrics.decisionLogDropped)
 	}
@@ -251,6 +264,7 @@ func loopback(remote string) bool {
 type readyAnswer struct {
 	Status      string `json:"status"`
 	Store       string `json:"store"`
+	Breaker     string `json:"breaker,omitempty"`
 	ConfigError string `json:"config_error,omitempty"`
 }
 
@@ -260,6 +274,9 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
 	}
 	status := http.StatusOK
+	if s.health != nil {
+		ans.Breaker = s.health().Breaker
+	}
 	if s.ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()

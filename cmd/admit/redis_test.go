@@ -1,0 +1,66 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/internal/redistest"
+)
+
+// TestServeRedisSharedCatalog runs two servers on one Redis: they share the
+// limits and the tenant catalog, and a third started after both stopped
+// finds the changes.
+func TestServeRedisSharedCatalog(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	a := startServe(t, "--store", url, "--data-dir", t.TempDir())
+	b := startServe(t, "--store", url, "--data-dir", t.TempDir())
+
+	if code, _ := call(t, "PUT", a.url+"/v1/admin/tenants/newco", `{"tier":"premium"}`); code != 200 {
+		t.Fatalf("create tenant on a: %d", code)
+	}
+	start := time.Now()
+	waitFor(t, func() bool {
+		code, _ := call(t, "POST", b.url+"/v1/check", `{"tenant":"newco","user":"u"}`)
+		return code == 200
+	}, "server b to know server a's tenant")
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("the change reached server b after %v, want within 1s", took)
+	}
+
+	// One limit across both servers: seed 000's tenant t1234 (tier free)
+	// may schedule a burst of 10 emails (the demo's schedule-email rule).
+	admitted := 0
+	for i := range 14 {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		code, _ := call(t, "POST", s.url+"/v1/check", `{"tenant":"t1234","user":"ann","action":"schedule-email"}`)
+		if code == 200 {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("admitted %d of 14 across two servers, want the rule's burst of 10", admitted)
+	}
+
+	_, ready := call(t, "GET", a.url+"/readyz", "")
+	if ready["status"] != "ready" || ready["breaker"] != "closed" {
+		t.Errorf("readyz %v", ready)
+	}
+	a.stop()
+	b.stop()
+	c := startServe(t, "--store", url, "--data-dir", t.TempDir())
+	if _, m := call(t, "GET", c.url+"/v1/admin/tenants/newco", ""); m["tier"] != "premium" {
+		t.Errorf("after every server restarted newco is %v", m)
+	}
+
+	// With Redis gone, readiness says so.
+	srv.Kill()
+	code, m := call(t, "GET", c.url+"/readyz", "")
+	if code != 503 || !strings.Contains(m["store"].(string), "connection refused") {
+		t.Errorf("readyz with Redis down: %d %v", code, m)
+	}
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redisstore"
+)
+
+// openedStore is the store a server decides against, with what the server
+// reports about it and where the tenant catalog's changes are kept.
+type openedStore struct {
+	name    string
+	store   admit.Store
+	changes policy.ChangeStore
+	stats   func() server.StoreStats
+	ready   func(context.Context) error
+	health  func() server.StoreHealth
+	watch   func(ctx context.Context, poll time.Duration, changed func())
+	close   func()
+}
+
+// openStore opens the store that --store (url) or the config's store
+// section names: the memory store, with the catalog's changes in a file
+// under dataDir, or Redis, which then also holds the catalog.
+func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*openedStore, error) {
+	rc, isRedis, err := redisConfig(url, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if !isRedis {
+		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
+		return &openedStore{
+			name: "memory", store: m,
+			changes: &policy.FileStore{Path: filepath.Join(dataDir, "catalog.json")},
+			stats: func() server.StoreStats {
+				st := m.Stats()
+				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
+			},
+			close: func() { m.Close() },
+		}, nil
+	}
+	timeout := 50 * time.Millisecond
+	if cfg.Store.Redis.Timeout != "" {
+		timeout, _ = time.ParseDuration(cfg.Store.Redis.Timeout) // validated with the config
+	}
+	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	r, err := redisstore.Dial(dialCtx, rc, &redisstore.Options{Timeout: timeout})
+	if err != nil {
+		return nil, fmt.Errorf("store %s: %w", rc, err)
+	}
+	catalog := redisstore.NewCatalogStore(r)
+	return &openedStore{
+		name: "redis " + rc.String(), store: r,
+		changes: catalog, watch: catalog.Watch,
+		ready: r.Ping,
+		health: func() server.StoreHealth {
+			h := r.Health()
+			return server.StoreHealth{Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures}
+		},
+		close: func() { r.Close() },
+	}, nil
+}
+
+// redisConfig returns the Redis deployment --store or the config names, and
+// whether it names one at all.
+func redisConfig(url string, cfg *Config) (redisstore.Config, bool, error) {
+	switch {
+	case url == "memory" || (url == "" && cfg.Store.Backend != "redis"):
+		return redisstore.Config{}, false, nil
+	case url != "":
+		if !strings.HasPrefix(url, "redis") {
+			return redisstore.Config{}, false, fmt.Errorf("--store %q: want memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p", url)
+		}
+		c, err := redisstore.ParseURL(url)
+		return c, true, err
+	}
+	r := cfg.Store.Redis
+	c := redisstore.Config{Mode: redisstore.Mode(first(r.Mode, "standalone")), Addrs: r.Addrs, MasterName: r.MasterName}
+	if len(c.Addrs) == 0 {
+		c.Addrs = []string{"127.0.0.1:6379"}
+	}
+	return c, true, nil
+}

@@ -1,0 +1,223 @@
+// Package redistest starts real redis-server processes for tests: a
+// standalone server or a cluster of masters, each on a free loopback port
+// in a temporary directory, stopped by PID when the test ends.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is one redis-server process started by a test.
+type Server struct {
+	Addr string
+	Port int
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func binary(tb testing.TB, name string) string {
+	tb.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		tb.Fatalf("%s not found: the Redis tests need a real server; install it (apt-get install -y redis-server redis-tools) — `make test` does", name)
+	}
+	return p
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Start starts a standalone redis-server; extra are more redis-server
+// arguments, such as "--cluster-enabled", "yes". The server is stopped when
+// the test ends.
+func Start(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
+	s := &Server{dir: tb.TempDir(), args: extra}
+	for attempt := 0; ; attempt++ {
+		s.Port = freePort(tb)
+		s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+		err := s.start(tb)
+		if err == nil {
+			break
+		}
+		if attempt == 3 {
+			tb.Fatalf("redis-server did not start: %v", err)
+		}
+	}
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+func (s *Server) start(tb testing.TB) error {
+	args := append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}, s.args...)
+	s.cmd = exec.Command(binary(tb, "redis-server"), args...)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(s.cmd, s.done)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			return fmt.Errorf("exited: %s", lastLines(string(log), 5))
+		default:
+		}
+		if reply, err := Command(s.Addr, "PING"); err == nil && reply == "PONG" {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s.Stop()
+	return fmt.Errorf("no PONG on %s within 5s", s.Addr)
+}
+
+// Stop stops the server (SIGTERM, then SIGKILL after 5s) and waits for it.
+// It is idempotent.
+func (s *Server) Stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(5 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Kill stops the server at once, as a crash would.
+func (s *Server) Kill() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+// Restart starts the server again on the same port and directory.
+func (s *Server) Restart(tb testing.TB) {
+	tb.Helper()
+	s.Stop()
+	if err := s.start(tb); err != nil {
+		tb.Fatalf("restart: %v", err)
+	}
+}
+
+// StartCluster starts masters redis-server processes in cluster mode and
+// joins them with redis-cli --cluster create, then waits until every node
+// reports cluster_state:ok.
+func StartCluster(tb testing.TB, masters int) []*Server {
+	tb.Helper()
+	nodes := make([]*Server, masters)
+	addrs := make([]string, masters)
+	for i := range nodes {
+		nodes[i] = Start(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		addrs[i] = nodes[i].Addr
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.CommandContext(ctx, binary(tb, "redis-cli"), args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, n := range nodes {
+		for {
+			info, err := Command(n.Addr, "CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("cluster node %s not ok: %v %s", n.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nodes
+}
+
+// Command sends one command to addr and returns its reply as text: a
+// status, an error, a bulk string, or an integer. Arrays are not read.
+func Command(addr string, args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := conn.Write([]byte(b.String())); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	switch {
+	case line == "":
+		return "", fmt.Errorf("empty reply")
+	case line[0] == '-':
+		return "", fmt.Errorf("%s", line[1:])
+	case line[0] == '$':
+		n, _ := strconv.Atoi(line[1:])
+		if n < 0 {
+			return "", nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return line[1:], nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,802 @@
+-- Admit's decision engine inside Redis: one script, every algorithm, all
+-- the charges of one decision in one call. It mirrors the Go algorithms of
+-- package admit (bucket.go, window.go, log.go) and must decide exactly as
+-- they do; the conformance suite (storetest) runs against both.
+--
+-- Numbers. Lua numbers are doubles: integers are exact below 2^53. The
+-- script never holds an absolute time in nanoseconds (1.8e18 > 2^53).
+-- "now" is (nu, nsub): whole microseconds since the Unix epoch (exact until
+-- the year 2255) and 0..999 nanoseconds. Every time the algorithms compute
+-- with is relative to now, in nanoseconds, below 2^53 because the Go side
+-- refuses rules whose spans and windows pass 52 days (see maxSpan in
+-- store.go). Products that can pass 2^53 go through span() and muldiv(),
+-- which split their operands so that every partial result is exact.
+--
+-- Arguments (ARGV):
+--   1 op: d decide, r reserve, u undo (give back a committed decision),
+--     c cancel a reservation, n renew a lease, l release a lease
+--   2 now in microseconds, or '' for Redis TIME; 3 the nanoseconds beyond
+--   4, 5 op-specific; 6 lease or reservation id; 7 number of charges N
+--   8.. N charges of STRIDE arguments: algorithm, cost, shadow, lease TTL
+--   (µs), how (undo: which half of a combination was charged), then ten
+--   algorithm parameters (see store.go, ruleArgs).
+-- KEYS: the N charge keys, then the lease or reservation record, if any.
+--
+-- State encodings (struct.pack, little-endian doubles):
+--   token bucket, gcra: U W F, the theoretical arrival time U µs + W ns +
+--     F/n ns; combination: the burst bucket's U W F, then the floor's.
+--   fixed window: E C (window end in µs, count).
+--   sliding window: A B C (current window's end + one window, in µs; the
+--     current and the previous window's counts).
+--   sliding log: a hash used as a queue: h (oldest seq), t (next seq),
+--     n (units held) and one field per seq holding (µs, units).
+--   concurrency: a sorted set of "<lease>#<i>" scored by expiry in µs.
+
+local STRIDE = 15
+local TWO53 = 9007199254740992
+local SPLIT = 2097152 -- 2^21
+local fmod, floor = math.fmod, math.floor
+local pack, sunpack = struct.pack, struct.unpack
+
+local op = ARGV[1]
+local nu, nsub
+if ARGV[2] == '' then
+  local t = redis.call('TIME')
+  nu, nsub = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+else
+  nu, nsub = tonumber(ARGV[2]), tonumber(ARGV[3])
+end
+-- Log entries and lease expiries are whole microseconds, rounded up.
+local nceil = nu
+-- I formats an integer argument: Redis would print large numbers with an
+-- exponent, which integer arguments do not accept.
+local function I(x) return string.format('%d', x) end
+local nuS = I(nu)
+if nsub > 0 then nceil = nu + 1 end
+
+-- Exact arithmetic --------------------------------------------------------
+
+-- divmod returns floor(p/d) and p mod d for integers 0 <= p < 2^53.
+local function divmod(p, d)
+  local r = fmod(p, d)
+  return (p - r) / d, r
+end
+
+-- mulparts returns a*b as base-2^24 digits, least significant first, for
+-- integers 0 <= a, b < 2^53.
+local function mulparts(a, b)
+  local B = 16777216
+  local a0 = fmod(a, B); local a1 = fmod((a - a0) / B, B); local a2 = floor(a / B / B)
+  local b0 = fmod(b, B); local b1 = fmod((b - b0) / B, B); local b2 = floor(b / B / B)
+  local cols = {a0 * b0, a0 * b1 + a1 * b0, a0 * b2 + a1 * b1 + a2 * b0, a1 * b2 + a2 * b1, a2 * b2, 0}
+  local carry = 0
+  for i = 1, 6 do
+    local v = cols[i] + carry
+    local lo = fmod(v, B)
+    cols[i] = lo
+    carry = (v - lo) / B
+  end
+  return cols
+end
+
+-- cmpprod compares a*b with c*d exactly: -1, 0 or 1.
+local function cmpprod(a, b, c, d)
+  local x, y = a * b, c * d
+  if x < TWO53 and y < TWO53 then
+    if x < y then return -1 elseif x > y then return 1 end
+    return 0
+  end
+  local p, q = mulparts(a, b), mulparts(c, d)
+  for i = 6, 1, -1 do
+    if p[i] < q[i] then return -1 elseif p[i] > q[i] then return 1 end
+  end
+  return 0
+end
+
+-- muldiv returns floor(a*b/d) for integers 0 <= a, b, d < 2^53, d > 0,
+-- saturated at 2^53 (callers only need exact quotients below that), and
+-- whether a*b is a multiple of d.
+local function muldiv(a, b, d)
+  local p = a * b
+  if p < TWO53 then
+    local q, r = divmod(p, d)
+    return q, r == 0
+  end
+  local q = floor(p / d)
+  if q >= TWO53 / 4 then return TWO53, false end
+  -- The estimate is off by a few units at most; walk to the exact one.
+  while q > 0 and cmpprod(q, d, a, b) > 0 do q = q - 1 end
+  while cmpprod(q + 1, d, a, b) <= 0 do q = q + 1 end
+  return q, cmpprod(q, d, a, b) == 0
+end
+
+-- Buckets -----------------------------------------------------------------
+
+-- A bucket's token takes T = per/n ns = q + r/n. Times are (a, f): a ns
+-- relative to now plus f/n ns, 0 <= f < n.
+
+local function bucketParams(base, i, src)
+  src = src or ARGV
+  return {n = tonumber(src[base + i]), q = tonumber(src[base + i + 1]), r = tonumber(src[base + i + 2]),
+    burst = tonumber(src[base + i + 3]), initial = tonumber(src[base + i + 4]), remember = tonumber(src[base + i + 5])}
+end
+
+local function floorParams(base)
+  local burst = tonumber(ARGV[base + 9])
+  return {n = tonumber(ARGV[base + 6]), q = tonumber(ARGV[base + 7]), r = tonumber(ARGV[base + 8]),
+    burst = burst, initial = burst, remember = 0}
+end
+
+-- span returns c tokens' time, c*per/n, for 0 <= c < 2^32.
+local function span(b, c)
+  local a = c * b.q
+  local r, n = b.r, b.n
+  if r == 0 then return a, 0 end
+  local p = c * r
+  if p < TWO53 then
+    local q, f = divmod(p, n)
+    return a + q, f
+  end
+  -- c*r can pass 2^53: split c so that every product stays below it.
+  local cl = fmod(c, SPLIT)
+  local ch = (c - cl) / SPLIT
+  local q0, f0 = divmod(cl * r, n)
+  local q1, f1 = divmod(ch * r, n)
+  local q2, f2 = divmod(f1 * SPLIT, n)
+  local q, f = q1 * SPLIT + q2 + q0, f0 + f2
+  if f >= n then q, f = q + 1, f - n end
+  return a + q, f
+end
+
+local function add(b, a1, f1, a2, f2)
+  local a, f = a1 + a2, f1 + f2
+  if f >= b.n then a, f = a + 1, f - b.n end
+  return a, f
+end
+
+local function sub(b, a1, f1, a2, f2)
+  local a, f = a1 - a2, f1 - f2
+  if f < 0 then a, f = a - 1, f + b.n end
+  return a, f
+end
+
+local function less(a1, f1, a2, f2)
+  return a1 < a2 or (a1 == a2 and f1 < f2)
+end
+
+local function ceil(a, f)
+  if f > 0 then return a + 1 end
+  return a
+end
+
+-- tokens returns the whole tokens that refill in (a, f) >= 0.
+local function tokens(b, a, f)
+  if a < 0 then return 0 end
+  if b.r == 0 then return (divmod(a, b.q)) end
+  local k = floor(a / (b.q + b.r / b.n))
+  if k < 0 then k = 0 end
+  while true do
+    local sa, sf = span(b, k + 1)
+    if less(a, f, sa, sf) then break end
+    k = k + 1
+  end
+  while k > 0 do
+    local sa, sf = span(b, k)
+    if not less(a, f, sa, sf) then break end
+    k = k - 1
+  end
+  return k
+end
+
+-- decode returns a bucket's arrival time relative to now, and whether the
+-- bucket is new (absent or expired).
+local function decode(b, U, W, F)
+  if U then
+    local a = (U - nu) * 1000 + W - nsub
+    if ceil(a, F) + b.remember > 0 then return a, F, false end
+  end
+  local a, f = span(b, b.burst - b.initial)
+  return a, f, true
+end
+
+local function encode(a, f)
+  local t = a + nsub
+  local w = t - floor(t / 1000) * 1000
+  return {nu + (t - w) / 1000, w, f}
+end
+
+-- bucketEval mirrors bucket.eval. st is {U, W, F} or nil; it returns the
+-- state to keep (st itself when unchanged).
+local function bucketEval(b, st, c, res)
+  local ta, tf, fresh
+  if st then ta, tf, fresh = decode(b, st[1], st[2], st[3]) else ta, tf, fresh = decode(b) end
+  local ba, bf = ta, tf
+  if less(ba, bf, 0, 0) then ba, bf = 0, 0 end
+  local ha, hf = span(b, b.burst)
+  local sa, sf = span(b, c)
+  local na, nf = add(b, ba, bf, sa, sf)
+  local keep = st
+  if fresh and b.initial < b.burst then keep = encode(ta, tf) end
+  if not less(ha, hf, na, nf) then
+    res.allowed = 1
+    res.remaining = tokens(b, sub(b, ha, hf, na, nf))
+    res.reset = ceil(na, nf)
+    if c > 0 then keep = encode(na, nf) end
+    return keep
+  end
+  res.allowed = 0
+  res.remaining = 0
+  if less(ba, bf, ha, hf) then res.remaining = tokens(b, sub(b, ha, hf, ba, bf)) end
+  res.retry = ceil(sub(b, na, nf, ha, hf))
+  res.reset = ceil(ba, bf)
+  return keep
+end
+
+-- bucketExpiry returns how long, in ns from now, a bucket state matters.
+local function bucketExpiry(b, st)
+  if not st or st[1] == 0 then return 0 end
+  return ceil((st[1] - nu) * 1000 + st[2] - nsub, st[3]) + b.remember
+end
+
+-- Windows -----------------------------------------------------------------
+
+local function fixedEval(limit, wu, st, c, res)
+  local endu = nu - fmod(nu, wu) + wu
+  local count = 0
+  if st and st[1] > nu then count, endu = st[2], st[1] end
+  res.reset = (endu - nu) * 1000 - nsub
+  if count + c <= limit then
+    res.allowed, res.remaining = 1, limit - count - c
+    if c > 0 then return {endu, count + c} end
+    return st
+  end
+  res.allowed, res.remaining = 0, math.max(limit - count, 0)
+  res.retry = res.reset
+  return st
+end
+
+local function slidingEval(limit, wu, st, c, res)
+  local startu = nu - fmod(nu, wu)
+  local endu = startu + wu
+  local cur, prev = 0, 0
+  if st and st[1] > nu then
+    local stateEnd = st[1] - wu
+    if stateEnd == endu then cur, prev = st[2], st[3]
+    elseif stateEnd == startu then prev = st[2]
+    elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
+  end
+  local w = wu * 1000
+  local left = math.max((endu - nu) * 1000 - nsub, 0)
+  -- prev*left/w, rounded up: the previous window's weight, in units.
+  local q, exact = muldiv(prev, left, w)
+  local weight = q
+  if not exact then weight = q + 1 end
+  local room = limit - cur - c
+  local admitted = room >= 0 and weight <= room
+  local after = cur
+  if admitted then after = cur + c end
+  res.remaining = math.max(limit - weight - after, 0)
+  if after > 0 then res.reset = (endu + wu - nu) * 1000 - nsub
+  elseif prev > 0 then res.reset = (endu - nu) * 1000 - nsub
+  else res.reset = 0 end
+  if admitted then
+    res.allowed = 1
+    if c > 0 then return {endu + wu, after, prev} end
+    return st
+  end
+  res.allowed = 0
+  local untilEnd = (endu - nu) * 1000 - nsub
+  if room >= 0 then
+    local k = muldiv(room, w, prev)
+    res.retry = math.max(untilEnd - k, 0)
+  else
+    local k = muldiv(limit - c, w, cur)
+    res.retry = math.max(untilEnd + w - k, 0)
+  end
+  return st
+end
+
+-- Sliding log -------------------------------------------------------------
+
+local function logEntry(key, seq)
+  local v = redis.call('HGET', key, I(seq))
+  if not v then return nil end
+  local us, units = sunpack('<dd', v)
+  return us, units
+end
+
+-- logScan returns the log's head, tail, the units held by live entries,
+-- the first live seq and the units of expired entries before it.
+local function logScan(key, wu)
+  local m = redis.call('HMGET', key, 'h', 't', 'n')
+  if not m[1] then return 0, 0, 0, 0, 0 end
+  local h, t, n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
+  local first, gone = h, 0
+  while first < t do
+    local us, units = logEntry(key, first)
+    if us + wu > nu then break end
+    gone = gone + units
+    first = first + 1
+  end
+  return h, t, n - gone, first, gone
+end
+
+local function logEval(key, limit, wu, c, pending, res)
+  local h, t, live0, first = logScan(key, wu)
+  local live = live0 + pending
+  local w = wu * 1000
+  local newest = 0
+  if t > first then newest = (logEntry(key, t - 1) + wu - nu) * 1000 - nsub end
+  if live + c <= limit then
+    res.allowed, res.remaining = 1, limit - live - c
+    if c > 0 or pending > 0 then res.reset = w
+    elseif live > 0 then res.reset = math.max(newest, 0)
+    else res.reset = 0 end
+    return
+  end
+  res.allowed, res.remaining = 0, math.max(limit - live, 0)
+  if pending > 0 then res.reset = w else res.reset = math.max(newest, 0) end
+  local k = live + c - limit
+  if k <= live0 then
+    local seq, seen = first, 0
+    while true do
+      local us, units = logEntry(key, seq)
+      seen = seen + units
+      if seen >= k then
+        res.retry = math.max((us + wu - nu) * 1000 - nsub, 0)
+        break
+      end
+      seq = seq + 1
+    end
+  else
+    res.retry = w
+  end
+end
+
+local function logCommit(key, wu, c)
+  local h, t, live, first, gone = logScan(key, wu)
+  for seq = h, first - 1 do redis.call('HDEL', key, I(seq)) end
+  local units = c
+  if t > first then
+    local us, u = logEntry(key, t - 1)
+    if us == nceil then units, t = u + c, t - 1 end
+  end
+  redis.call('HSET', key, I(t), pack('<dd', nceil, units), 'h', I(first), 't', I(t + 1), 'n', I(live + c))
+  redis.call('PEXPIRE', key, I(math.ceil((nceil + wu - nu) / 1000)))
+  return nceil
+end
+
+-- logUndo removes c units recorded at us, newest first.
+local function logUndo(key, us, c)
+  local m = redis.call('HMGET', key, 'h', 't', 'n')
+  if not m[1] then return end
+  local h, t, n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
+  local seq = t - 1
+  while c > 0 and seq >= h do
+    local eu, units = logEntry(key, seq)
+    if eu < us then break end
+    if eu == us then
+      local take = math.min(units, c)
+      c, n = c - take, n - take
+      if take == units then
+        redis.call('HDEL', key, I(seq))
+        if seq == t - 1 then t = t - 1 end
+      else
+        redis.call('HSET', key, I(seq), pack('<dd', eu, units - take))
+      end
+    end
+    seq = seq - 1
+  end
+  if n <= 0 then redis.call('DEL', key) else redis.call('HSET', key, 't', t, 'n', n) end
+end
+
+-- Concurrency -------------------------------------------------------------
+
+local function concEval(key, max, ttl, c, pending, res)
+  local live = redis.call('ZCOUNT', key, '(' .. nuS, '+inf') + pending
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  res.reset = 0
+  if last[2] then res.reset = math.max((tonumber(last[2]) - nu) * 1000 - nsub, 0) end
+  if live + c <= max then
+    res.allowed, res.remaining = 1, max - live - c
+    if c > 0 then res.reset = math.max(res.reset, ttl * 1000) end
+    return
+  end
+  res.allowed, res.remaining = 0, math.max(max - live, 0)
+  local k = live + c - max
+  local at = redis.call('ZRANGEBYSCORE', key, '(' .. nuS, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+  if at[2] then res.retry = (tonumber(at[2]) - nu) * 1000 - nsub else res.retry = ttl * 1000 end
+end
+
+-- Decisions ---------------------------------------------------------------
+
+local n = tonumber(ARGV[7])
+
+local function charge(i)
+  local base = 8 + (i - 1) * STRIDE
+  return base, tonumber(ARGV[base]), tonumber(ARGV[base + 1]), ARGV[base + 2] == '1'
+end
+
+local loaded = {}
+
+-- load returns the stored state of a counter key as a table, or nil.
+local function load(key, alg)
+  local st = loaded[key]
+  if st ~= nil then return st or nil end
+  local v = redis.call('GET', key)
+  if not v then loaded[key] = false return nil end
+  if alg == 1 or alg == 2 then st = {sunpack('<ddd', v)}
+  elseif alg == 6 then st = {sunpack('<dddddd', v)}
+  elseif alg == 3 then st = {sunpack('<dd', v)}
+  else st = {sunpack('<ddd', v)} end
+  loaded[key] = st
+  return st
+end
+
+-- step evaluates counter charge i at cost c from state st and returns the
+-- state to keep, and for a combination which half paid (1 floor, 2 burst).
+local function step(base, alg, st, c, res)
+  if alg == 1 or alg == 2 then
+    return bucketEval(bucketParams(base, 5), st, c, res), 0
+  elseif alg == 3 then
+    return fixedEval(tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), st, c, res), 0
+  elseif alg == 4 then
+    return slidingEval(tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), st, c, res), 0
+  end
+  -- combination: the floor first, then the burst bucket
+  local fb, bb = floorParams(base + 5), bucketParams(base, 5)
+  local sb, sf
+  if st then sb, sf = {st[1], st[2], st[3]}, {st[4], st[5], st[6]} end
+  if sb and sb[1] == 0 then sb = nil end
+  if sf and sf[1] == 0 then sf = nil end
+  local f, bres = {retry = 0}, {retry = 0}
+  local floorFits = c <= fb.burst
+  local nf, nb
+  if floorFits then nf = bucketEval(fb, sf, c, f) else nf = bucketEval(fb, sf, 0, f) f.allowed = 0 end
+  if f.allowed == 1 then nb = bucketEval(bb, sb, 0, bres) else nb = bucketEval(bb, sb, c, bres) end
+  res.allowed = math.max(f.allowed, bres.allowed)
+  res.remaining = f.remaining + bres.remaining
+  res.reset = math.max(f.reset, bres.reset)
+  res.retry = 0
+  if res.allowed == 0 then
+    res.retry = bres.retry
+    if floorFits then res.retry = math.min(res.retry, f.retry) end
+  end
+  local how = 0
+  if c > 0 and f.allowed == 1 then how = 1 elseif c > 0 and bres.allowed == 1 then how = 2 end
+  if nb == sb and nf == sf then return st, how end
+  local a, z = nb or {0, 0, 0}, nf or {0, 0, 0}
+  return {a[1], a[2], a[3], z[1], z[2], z[3]}, how
+end
+
+local function store(key, base, alg, st)
+  local ttl, v
+  if alg == 1 or alg == 2 then
+    ttl, v = bucketExpiry(bucketParams(base, 5), st), pack('<ddd', st[1], st[2], st[3])
+  elseif alg == 6 then
+    ttl = math.max(bucketExpiry(bucketParams(base, 5), st), bucketExpiry(floorParams(base + 5), {st[4], st[5], st[6]}))
+    v = pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
+  elseif alg == 3 then
+    ttl, v = (st[1] - nu) * 1000 - nsub, pack('<dd', st[1], st[2])
+  else
+    ttl, v = (st[1] - nu) * 1000 - nsub, pack('<ddd', st[1], st[2], st[3])
+  end
+  if ttl <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, v, 'PX', I(math.ceil(ttl / 1000000)))
+  end
+  loaded[key] = st
+end
+
+-- evaluate decides every charge at its cost (or at 0 when peek), chaining
+-- the states of a key charged twice, as memstore does.
+local function evaluate(results, nexts, dirty, peek, only)
+  local chain, pendingBy = {}, {}
+  for i = 1, n do
+    local base, alg, cost = charge(i)
+    local key = KEYS[i]
+    local c = cost
+    if peek then c = 0 end
+    local res = results[i]
+    if not only or only[i] then
+      res.retry = 0
+      if alg == 5 or alg == 7 then
+        local p = pendingBy[key] or 0
+        if peek then p = 0 end
+        if alg == 5 then
+          logEval(key, tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), c, p, res)
+        else
+          concEval(key, tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), c, p, res)
+        end
+      else
+        local st = chain[key]
+        if st == nil then st = load(key, alg) or false end
+        local next, how = step(base, alg, st or nil, c, res)
+        res.how = how
+        nexts[i] = next
+        dirty[i] = next ~= (st or nil)
+        chain[key] = next or false
+      end
+    elseif nexts[i] ~= nil then
+      chain[key] = nexts[i] or false
+    end
+    pendingBy[key] = (pendingBy[key] or 0) + cost
+  end
+end
+
+local function reply(results, allowed, extra)
+  local out = {nu, nsub, allowed}
+  for i = 1, n do
+    local r = results[i]
+    out[#out + 1] = r.allowed
+    out[#out + 1] = r.remaining
+    out[#out + 1] = r.reset
+    out[#out + 1] = r.retry
+    out[#out + 1] = r.how or 0
+  end
+  out[#out + 1] = extra or 0
+  return out
+end
+
+local function decide()
+  local dry = ARGV[4] == '1'
+  local lease = ARGV[6]
+  local results, nexts, dirty = {}, {}, {}
+  local dup, seen = false, {}
+  for i = 1, n do
+    results[i] = {}
+    if seen[KEYS[i]] then dup = true end
+    seen[KEYS[i]] = true
+  end
+  evaluate(results, nexts, dirty, false)
+  local allowed = 1
+  for i = 1, n do
+    local _, _, _, shadow = charge(i)
+    if results[i].allowed == 0 and not shadow then allowed = 0 end
+  end
+  local leaseExpiry = 0
+  if dry then return reply(results, allowed) end
+  if allowed == 1 then
+    local counts = {}
+    for i = 1, n do
+      local base, alg, cost = charge(i)
+      local key = KEYS[i]
+      if alg == 5 or alg == 7 then
+        if results[i].allowed == 1 and cost > 0 then
+          if alg == 5 then
+            logCommit(key, tonumber(ARGV[base + 6]), cost)
+          else
+            local ttl = tonumber(ARGV[base + 3])
+            local e = nceil + ttl
+            redis.call('ZREMRANGEBYSCORE', key, '-inf', nuS)
+            local have = counts[key] or 0
+            local args = {}
+            for j = 1, cost do
+              args[#args + 1] = I(e)
+              args[#args + 1] = lease .. '#' .. (have + j)
+            end
+            counts[key] = have + cost
+            redis.call('ZADD', key, unpack(args))
+            local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+            redis.call('PEXPIRE', key, I(math.ceil((tonumber(last[2]) - nu) / 1000)))
+            redis.call('HSET', KEYS[n + 1], key, pack('<dd', ttl, counts[key]))
+            leaseExpiry = math.max(leaseExpiry, e)
+          end
+        end
+      elseif dirty[i] then
+        store(key, base, alg, nexts[i])
+      end
+    end
+    if leaseExpiry > 0 then
+      redis.call('PEXPIRE', KEYS[n + 1], I(math.ceil((leaseExpiry - nu) / 1000)))
+    end
+    return reply(results, 1, leaseExpiry)
+  end
+  -- Refused: nothing is charged. A charge that would have admitted reports
+  -- what it holds now; new keys that must be recorded are.
+  local again, any = {}, false
+  for i = 1, n do
+    local _, _, cost = charge(i)
+    results[i].would = results[i].allowed == 1 and cost > 0
+    if results[i].would or dup then again[i], any = true, true end
+  end
+  if any then
+    local peeks = {}
+    for i = 1, n do peeks[i] = {} end
+    evaluate(peeks, nexts, dirty, true, again)
+    for i = 1, n do
+      if again[i] and results[i].would then
+        results[i].remaining, results[i].reset = peeks[i].remaining, peeks[i].reset
+      end
+    end
+  end
+  for i = 1, n do
+    local base, alg = charge(i)
+    if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[i], base, alg, nexts[i]) end
+  end
+  return reply(results, 0)
+end
+
+-- reserve books every charge (token buckets and gcra) if the longest wait
+-- is within ARGV[4] ns; the record (KEYS[n+1]) keeps what cancel needs.
+local function reserve()
+  local maxWait = tonumber(ARGV[4])
+  local chain, nexts, wait = {}, {}, 0
+  for i = 1, n do
+    local base, alg, cost, shadow = charge(i)
+    local key = KEYS[i]
+    local b = bucketParams(base, 5)
+    local st = chain[key]
+    if st == nil then st = load(key, alg) or false end
+    local ta, tf
+    if st then ta, tf = decode(b, st[1], st[2], st[3]) else ta, tf = decode(b) end
+    if less(ta, tf, 0, 0) then ta, tf = 0, 0 end
+    local ha, hf = span(b, b.burst)
+    local na, nf = add(b, ta, tf, span(b, cost))
+    local w = 0
+    if less(ha, hf, na, nf) then w = ceil(sub(b, na, nf, ha, hf)) end
+    if not shadow then wait = math.max(wait, w) end
+    nexts[i] = encode(na, nf)
+    chain[key] = nexts[i]
+  end
+  if wait > maxWait then return {nu, nsub, 0, wait} end
+  local rec = KEYS[n + 1]
+  for i = 1, n do
+    local base, alg = charge(i)
+    store(KEYS[i], base, alg, nexts[i])
+    local args = {}
+    for j = base, base + STRIDE - 1 do args[#args + 1] = ARGV[j] end
+    redis.call('HSET', rec, KEYS[i] .. '\n' .. i, table.concat(args, ','))
+  end
+  local at = encode(wait, 0)
+  redis.call('HSET', rec, 'at', pack('<dd', at[1], at[2]))
+  redis.call('PEXPIRE', rec, I(math.ceil(wait / 1000000) + 60000))
+  return {nu, nsub, 1, wait}
+end
+
+-- bucketGive gives back c tokens of bucket key, as StepCancel does.
+local function bucketGive(key, base, alg, b, st, c)
+  if not st then return end
+  local ta, tf = decode(b, st[1], st[2], st[3])
+  if ceil(ta, tf) + b.remember <= 0 then return end
+  local na, nf = sub(b, ta, tf, span(b, c))
+  if ceil(na, nf) + b.remember <= 0 then redis.call('DEL', key) loaded[key] = false return end
+  return encode(na, nf)
+end
+
+-- cancel gives back a reservation whose time has not come. The keys it
+-- touches are listed in KEYS, read from the record by the caller first;
+-- the record is read again here, so a concurrent cancel gives back once.
+local function cancel()
+  local rec = KEYS[1]
+  local at = redis.call('HGET', rec, 'at')
+  if not at then return {nu, nsub, 0} end
+  local fields = redis.call('HGETALL', rec)
+  redis.call('DEL', rec)
+  local au, aw = sunpack('<dd', at)
+  if (au - nu) * 1000 + aw - nsub <= 0 then return {nu, nsub, 1} end
+  for j = 1, #fields, 2 do
+    local f = fields[j]
+    if f ~= 'at' then
+      local key = string.match(f, '^(.*)\n%d+$')
+      local a = {}
+      for v in string.gmatch(fields[j + 1], '[^,]+') do a[#a + 1] = v end
+      local b = bucketParams(1, 5, a)
+      local st = load(key, 1)
+      local next = bucketGive(key, 8, 1, b, st, tonumber(a[2]))
+      if next then
+        redis.call('SET', key, pack('<ddd', next[1], next[2], next[3]), 'PX', I(math.max(math.ceil((ceil((next[1] - nu) * 1000 + next[2] - nsub, next[3]) + b.remember) / 1000000), 1)))
+        loaded[key] = next
+      end
+    end
+  end
+  return {nu, nsub, 1}
+end
+
+-- undo gives back what a decision committed at (ARGV[4] µs, ARGV[5] ns),
+-- then reports every charge as a look at cost 0. Used when a later part
+-- of a decision that spans cluster slots refuses.
+local function undo()
+  local cu = tonumber(ARGV[4])
+  local cceil = cu
+  if tonumber(ARGV[5]) > 0 then cceil = cu + 1 end
+  local lease = ARGV[6]
+  for i = 1, n do
+    local base, alg, cost = charge(i)
+    local how = tonumber(ARGV[base + 4])
+    local key = KEYS[i]
+    if cost > 0 and how >= 0 then
+      if alg == 1 or alg == 2 then
+        local b = bucketParams(base, 5)
+        local next = bucketGive(key, base, alg, b, load(key, alg), cost)
+        if next then store(key, base, alg, next) end
+      elseif alg == 6 then
+        local st = load(key, alg)
+        if st then
+          local b, i0 = bucketParams(base, 5), 1
+          if how == 1 then b, i0 = floorParams(base + 5), 4 end
+          local next = bucketGive(key, base, 1, b, {st[i0], st[i0 + 1], st[i0 + 2]}, cost)
+          if next then
+            local s = {st[1], st[2], st[3], st[4], st[5], st[6]}
+            s[i0], s[i0 + 1], s[i0 + 2] = next[1], next[2], next[3]
+            store(key, base, alg, s)
+          end
+        end
+      elseif alg == 3 or alg == 4 then
+        local st = load(key, alg)
+        local wu = tonumber(ARGV[base + 6])
+        local endu = cu - fmod(cu, wu) + wu
+        if st and st[1] > nu then
+          local s = {st[1], st[2], st[3]}
+          if alg == 3 and s[1] == endu then s[2] = math.max(s[2] - cost, 0)
+          elseif alg == 4 and s[1] == endu + wu then s[2] = math.max(s[2] - cost, 0)
+          elseif alg == 4 and s[1] == endu + 2 * wu then s[3] = math.max(s[3] - cost, 0) end
+          store(key, base, alg, s)
+        end
+      elseif alg == 5 then
+        logUndo(key, cceil, cost)
+      elseif alg == 7 and lease ~= '' then
+        local v = redis.call('HGET', KEYS[n + 1], key)
+        if v then
+          local _, count = sunpack('<dd', v)
+          for j = 1, count do redis.call('ZREM', key, lease .. '#' .. j) end
+          redis.call('HDEL', KEYS[n + 1], key)
+        end
+      end
+    end
+  end
+  local results, nexts, dirty = {}, {}, {}
+  for i = 1, n do results[i] = {} end
+  evaluate(results, nexts, dirty, true)
+  return reply(results, 0)
+end
+
+-- renew and release act on a lease record (KEYS[1]) and the concurrency
+-- keys it lists (KEYS[2..], read from the record by the caller first).
+local function leaseOp(renew)
+  local rec = KEYS[1]
+  local id = ARGV[6]
+  local held, expiry = false, 0
+  for i = 2, #KEYS do
+    local key = KEYS[i]
+    local v = redis.call('HGET', rec, key)
+    if v then
+      local ttl, count = sunpack('<dd', v)
+      for j = 1, count do
+        local m = id .. '#' .. j
+        local e = redis.call('ZSCORE', key, m)
+        if e and tonumber(e) > nu then
+          held = true
+          if renew then
+            redis.call('ZADD', key, 'XX', I(nceil + ttl), m)
+            expiry = math.max(expiry, nceil + ttl)
+          end
+        end
+        if not renew then redis.call('ZREM', key, m) end
+      end
+      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      if last[2] and tonumber(last[2]) > nu then
+        redis.call('PEXPIRE', key, I(math.ceil((tonumber(last[2]) - nu) / 1000)))
+      else
+        redis.call('DEL', key)
+      end
+    end
+  end
+  if renew and held then
+    redis.call('PEXPIRE', rec, I(math.ceil((expiry - nu) / 1000)))
+  else
+    redis.call('DEL', rec)
+  end
+  if held then return {nu, nsub, 1, expiry} end
+  return {nu, nsub, 0, 0}
+end
+
+if op == 'd' then return decide()
+elseif op == 'r' then return reserve()
+elseif op == 'u' then return undo()
+elseif op == 'c' then return cancel()
+elseif op == 'n' then return leaseOp(true)
+elseif op == 'l' then return leaseOp(false)
+end
+return redis.error_reply('admit: unknown op ' .. tostring(op))

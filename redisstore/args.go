@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	"math/bits"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// maxSpan bounds every time a rule makes the script compute with: a
+// bucket's burst × interval, a window, a lease TTL. The script keeps
+// nanoseconds relative to now in doubles, exact below 2^53; spans up to
+// 2^52 ns (about 52 days) leave room for the sums it forms. Rules past it
+// are refused with a clear error; monthly quotas (30 or 31 days) fit.
+const maxSpan = time.Duration(1 << 52)
+
+// stride is the number of script arguments per charge (admit.lua, STRIDE).
+const stride = 15
+
+// ruleArgs holds the script arguments of one rule, computed once: slots
+// 0 (algorithm), 2 (shadow) and 5..14 (parameters) of a charge's stride;
+// slot 3, the lease TTL, is the rule's own unless the charge overrides it.
+type ruleArgs struct {
+	fixed [stride]string
+	err   error
+}
+
+// CheckRule reports whether the Redis store can decide r exactly: r must be
+// valid, its spans and windows at most about 52 days, and its windows and
+// lease TTL whole microseconds (Redis TIME's resolution).
+func CheckRule(r *admit.Rule) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	tooLong := func(field string, d time.Duration) error {
+		return admit.Errorf(admit.CodeInvalid, "rule %q: %s of %v is longer than the Redis store's %v", r.Name, field, d, time.Duration(maxSpan).Round(time.Hour))
+	}
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		if d, ok := bucketSpan(r.Rate, r.Burst); !ok {
+			return tooLong("burst × interval", d)
+		}
+		if r.Algorithm == admit.Combination && r.Floor.Per > maxSpan {
+			return tooLong("floor period", r.Floor.Per)
+		}
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+		if r.Window > maxSpan {
+			return tooLong("window", r.Window)
+		}
+		if r.Window%time.Microsecond != 0 {
+			return admit.Errorf(admit.CodeInvalid, "rule %q: window %v: the Redis store needs whole microseconds", r.Name, r.Window)
+		}
+	case admit.Concurrency:
+		if r.LeaseTTLOrDefault() > maxSpan {
+			return tooLong("lease_ttl", r.LeaseTTLOrDefault())
+		}
+	}
+	return nil
+}
+
+// bucketSpan returns burst × per / n and whether it is within maxSpan.
+func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
+	// burst ≤ 4e9 and per ≤ 366 days: compare burst·per with maxSpan·n
+	// without overflowing, by dividing first.
+	q := int64(rate.Per) / rate.N
+	if q > 0 && burst > int64(maxSpan)/q {
+		return time.Duration(burst) * time.Duration(q), false
+	}
+	hi, lo := bits.Mul64(uint64(burst), uint64(int64(rate.Per)%rate.N))
+	frac, _ := bits.Div64(hi, lo, uint64(rate.N)) // hi < N: the quotient is below burst
+	d := time.Duration(burst*q + int64(frac))
+	return d, d <= maxSpan
+}
+
+var argsCache sync.Map // *admit.Rule → *ruleArgs
+
+// argsOf returns the cached arguments of r, computing and checking them on
+// first use. Rules are immutable once in use (see admit.Rule), so the
+// pointer identifies the parameters.
+func argsOf(r *admit.Rule) *ruleArgs {
+	if v, ok := argsCache.Load(r); ok {
+		return v.(*ruleArgs)
+	}
+	a := &ruleArgs{err: CheckRule(r)}
+	if a.err == nil {
+		a.fill(r)
+	}
+	v, _ := argsCache.LoadOrStore(r, a)
+	return v.(*ruleArgs)
+}
+
+func (a *ruleArgs) fill(r *admit.Rule) {
+	for i := range a.fixed {
+		a.fixed[i] = "0"
+	}
+	a.fixed[0] = strconv.Itoa(int(r.Algorithm))
+	if r.Shadow {
+		a.fixed[2] = "1"
+	}
+	a.fixed[3] = micros(r.LeaseTTLOrDefault())
+	p := a.fixed[5:]
+	bucket := func(p []string, rate admit.Rate, burst, initial int64, remember time.Duration) {
+		n, per := rate.N, int64(rate.Per)
+		p[0], p[1], p[2] = itoa(n), itoa(per/n), itoa(per%n)
+		p[3], p[4], p[5] = itoa(burst), itoa(initial), itoa(int64(remember))
+	}
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		initial := r.Burst
+		if r.Initial != nil {
+			initial = *r.Initial
+		}
+		remember := time.Duration(0)
+		if initial < r.Burst {
+			remember = admit.RememberFull
+		}
+		bucket(p, r.Rate, r.Burst, initial, remember)
+		if r.Algorithm == admit.Combination {
+			n, per := r.Floor.N, int64(r.Floor.Per)
+			p[6], p[7], p[8], p[9] = itoa(n), itoa(per/n), itoa(per%n), itoa(n)
+		}
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+		p[0], p[1] = itoa(r.Limit), micros(r.Window)
+	case admit.Concurrency:
+		p[0], p[1] = itoa(r.Max), micros(r.LeaseTTLOrDefault())
+	}
+}
+
+// micros returns d in whole microseconds, rounded up.
+func micros(d time.Duration) string {
+	return itoa(int64((d + time.Microsecond - 1) / time.Microsecond))
+}
+
+// small holds the decimal strings of small integers, the usual costs.
+var small = func() (s [1024]string) {
+	for i := range s {
+		s[i] = strconv.Itoa(i)
+	}
+	return s
+}()
+
+func itoa(v int64) string {
+	if v >= 0 && v < int64(len(small)) {
+		return small[v]
+	}
+	return strconv.FormatInt(v, 10)
+}

@@ -1,0 +1,123 @@
+package redisstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// CatalogStore keeps the tenant catalog's changes (tenants, tiers,
+// overrides, API key hashes) in Redis, shared by every server of a
+// deployment: one JSON document under Prefix + "{catalog}changes", saved
+// only on top of the revision it holds (policy.ErrStale otherwise), and a
+// message on the Prefix + "catalog" channel after each save, on which the
+// other servers load it again (Watch). Redis persistence (RDB/AOF) is what
+// makes the changes survive every server and Redis restarting.
+type CatalogStore struct {
+	client  rueidis.Client
+	key     string
+	channel string
+	timeout time.Duration
+}
+
+var _ policy.ChangeStore = (*CatalogStore)(nil)
+
+// NewCatalogStore returns the catalog store of s's deployment.
+func NewCatalogStore(s *Store) *CatalogStore {
+	return &CatalogStore{
+		client: s.client, key: s.prefix + "{catalog}changes", channel: s.prefix + "catalog",
+		// Admin changes are rare and matter more than they are urgent.
+		timeout: max(s.timeout, 2*time.Second),
+	}
+}
+
+// Load implements policy.ChangeStore.
+func (c *CatalogStore) Load(ctx context.Context) (*policy.Changes, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	b, err := c.client.Do(ctx, c.client.B().Get().Key(c.key).Build()).AsBytes()
+	if rueidis.IsRedisNil(err) {
+		return &policy.Changes{Version: 1}, nil
+	}
+	if err != nil {
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: loading the catalog: %w", err)
+	}
+	var ch policy.Changes
+	if err := json.Unmarshal(b, &ch); err != nil {
+		return nil, fmt.Errorf("redisstore: %s does not hold a catalog: %w", c.key, err)
+	}
+	if ch.Version != 1 {
+		return nil, fmt.Errorf("redisstore: %s: catalog version %d; this build reads version 1", c.key, ch.Version)
+	}
+	return &ch, nil
+}
+
+// saveScript replaces the catalog only if it holds the revision before the
+// new one, and tells the other servers.
+var saveScript = rueidis.NewLuaScript(`
+local cur = redis.call('GET', KEYS[1])
+local rev = 0
+if cur then rev = cjson.decode(cur).revision or 0 end
+if rev ~= tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1`)
+
+// Save implements policy.ChangeStore.
+func (c *CatalogStore) Save(ctx context.Context, ch *policy.Changes) error {
+	b, err := json.Marshal(ch)
+	if err != nil {
+		return fmt.Errorf("redisstore: encoding the catalog: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	rev := strconv.FormatInt(ch.Revision, 10)
+	ok, err := saveScript.Exec(ctx, c.client, []string{c.key},
+		[]string{string(b), strconv.FormatInt(ch.Revision-1, 10), c.channel, rev}).AsInt64()
+	if err != nil {
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: saving the catalog: %w", err)
+	}
+	if ok != 1 {
+		return fmt.Errorf("redisstore: saving catalog revision %d: %w", ch.Revision, policy.ErrStale)
+	}
+	return nil
+}
+
+// Watch calls changed whenever a server saves the catalog, until ctx ends.
+// It also calls it every poll interval (a message published while this
+// server was disconnected is lost) and after each reconnection.
+func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed func()) {
+	go func() {
+		t := time.NewTicker(poll)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				changed()
+			}
+		}
+	}()
+	for ctx.Err() == nil {
+		err := c.client.Receive(ctx, c.client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
+			changed()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		_ = err // the connection dropped: subscribe again, and catch up
+		changed()
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redisstore"
+)
+
+// TestRedisOutage kills redis-server under load and starts it again: no
+// panic; while it is down every decision is answered — with an
+// unavailable error — within about twice the timeout (the breaker answers
+// at once); once it is back, decisions succeed again within a second.
+func TestRedisOutage(t *testing.T) {
+	srv := redistest.Start(t)
+	const timeout = 100 * time.Millisecond
+	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{
+		Timeout: timeout, BreakerFailures: 3, BreakerCooldown: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rule := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1_000_000), Burst: 1000}
+	charges := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "t", Rule: "r"}.String(), Rule: rule, Cost: 1}}
+
+	var (
+		phase      atomic.Int32 // 0 up, 1 down, 2 back
+		mu         sync.Mutex
+		slowest    [3]time.Duration
+		ok, failed [3]atomic.Int64
+		wrongErr   atomic.Value
+		backOKAt   atomic.Int64
+	)
+	restarted := make(chan time.Time, 1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d admit.Decision
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := phase.Load()
+				start := time.Now()
+				err := s.Decide(context.Background(), charges, &d)
+				took := time.Since(start)
+				mu.Lock()
+				slowest[p] = max(slowest[p], took)
+				mu.Unlock()
+				if err == nil {
+					ok[p].Add(1)
+					if p == 2 {
+						backOKAt.CompareAndSwap(0, time.Now().UnixNano())
+					}
+					continue
+				}
+				failed[p].Add(1)
+				if !errors.Is(err, admit.ErrUnavailable) {
+					wrongErr.Store(err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	phase.Store(1)
+	srv.Kill()
+	time.Sleep(time.Second)
+	srv.Restart(t)
+	phase.Store(2)
+	restarted <- time.Now()
+	time.Sleep(1500 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+
+	at := <-restarted
+	t.Logf("up: %d ok; down: %d failed, %d ok, slowest %v; back: %d ok, %d failed, first ok %v after restart",
+		ok[0].Load(), failed[1].Load(), ok[1].Load(), slowest[1], ok[2].Load(), failed[2].Load(), time.Duration(backOKAt.Load()-at.UnixNano()))
+	if err, _ := wrongErr.Load().(error); err != nil {
+		t.Errorf("a failure was not ErrUnavailable: %v", err)
+	}
+	if ok[0].Load() == 0 || failed[1].Load() == 0 {
+		t.Fatalf("the load did not run through the outage")
+	}
+	// Calls already in flight when the server died may wait up to the
+	// timeout; reconnecting adds a dial; allow twice the timeout and a margin
+	// for this noisy machine's scheduler.
+	if slowest[1] > 2*timeout+150*time.Millisecond {
+		t.Errorf("a decision took %v while Redis was down; want about 2 × %v at most", slowest[1], timeout)
+	}
+	if backOKAt.Load() == 0 || time.Duration(backOKAt.Load()-at.UnixNano()) > time.Second {
+		t.Errorf("decisions did not succeed within 1s of Redis coming back")
+	}
+	if h := s.Health(); h.Breaker != "closed" || h.Failures == 0 {
+		t.Errorf("health after recovery %+v, want a closed breaker and counted failures", h)
+	}
+}
+
+func TestBreakerOpensAndCloses(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{
+		Timeout: 50 * time.Millisecond, BreakerFailures: 2, BreakerCooldown: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rule := &admit.Rule{Name: "r", Algorithm: admit.GCRA, Rate: admit.PerSecond(100), Burst: 10}
+	c := admit.Charge{Key: "k", Rule: rule, Cost: 1}
+	ctx := context.Background()
+	srv.Kill()
+	for range 2 {
+		if _, err := admit.Check(ctx, s, c); !errors.Is(err, admit.ErrUnavailable) {
+			t.Fatalf("with Redis down: %v", err)
+		}
+	}
+	if h := s.Health(); h.Breaker != "open" {
+		t.Fatalf("breaker %s after 2 failures, want open", h.Breaker)
+	}
+	start := time.Now()
+	_, err = admit.Check(ctx, s, c)
+	if !errors.Is(err, admit.ErrUnavailable) || time.Since(start) > 10*time.Millisecond {
+		t.Fatalf("an open breaker answers at once: %v after %v", err, time.Since(start))
+	}
+	srv.Restart(t)
+	time.Sleep(350 * time.Millisecond)
+	if h := s.Health(); h.Breaker != "half-open" {
+		t.Fatalf("breaker %s after the cooldown, want half-open", h.Breaker)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		_, err := admit.Check(ctx, s, c)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery: %v (%+v)", err, s.Health())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if h := s.Health(); h.Breaker != "closed" {
+		t.Fatalf("breaker %s after a success, want closed", h.Breaker)
+	}
+}

@@ -1,0 +1,769 @@
+// Package redisstore is Admit's distributed store: the state of every
+// bucket lives in Redis (standalone, Sentinel or Cluster), so any number of
+// Admit servers share exact limits without replicating anything themselves.
+//
+// # One round trip per decision
+//
+// Every algorithm runs inside Redis as one Lua script (admit.lua) that
+// decides all the charges of a request together, all or nothing, with
+// Redis TIME as the clock. The script mirrors package admit's arithmetic
+// exactly (integers only, no rounding); the conformance suite in storetest
+// runs against both stores. A script cache lost to a restart or failover is
+// reloaded on the NOSCRIPT reply, on whichever node answered.
+//
+// # Keys and Cluster
+//
+// Redis keys are Prefix + "{" + tag + "}" + the charge's key. The tag is a
+// hash of the key's tenant (see admit.Key), so every key of one tenant
+// shares a hash slot and a tenant's charges are decided atomically in
+// Cluster too. Keys without a tenant (the global scope) share the tag "g".
+//
+// In Cluster, a request charged both tenant and global rules touches two
+// slots, which no single script can. Such decisions run group by group,
+// the tenant's first: a group that refuses ends the decision, and the
+// groups already charged are given back (an undo script restores exactly
+// what they took). Nothing is ever admitted beyond a limit this way; the
+// cost is a second round trip for those requests, and capacity held for a
+// moment by requests that end up refused. docs/architecture.md measures it.
+//
+// # Failures
+//
+// Every call has a timeout (Options.Timeout). After Options.BreakerFailures
+// consecutive failures the store stops calling Redis for
+// Options.BreakerCooldown and fails at once; then one probe call is let
+// through, and a success closes the breaker. Failures are admit errors of
+// code CodeUnavailable, so callers apply their on_error mode.
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+//go:embed admit.lua
+var scriptSource string
+
+// Options configure a Store. The zero Options is valid.
+type Options struct {
+	// Prefix starts every key the store writes; default "admit:".
+	Prefix string
+	// Timeout bounds every call to Redis; default 50ms.
+	Timeout time.Duration
+	// BreakerFailures is how many consecutive failures open the circuit
+	// breaker; default 5.
+	BreakerFailures int
+	// BreakerCooldown is how long an open breaker fails calls at once
+	// before it lets a probe through; default 1s.
+	BreakerCooldown time.Duration
+	// Clock, if set, replaces Redis TIME as the clock. Tests use it; in
+	// production every server must read the same clock, Redis's.
+	Clock func() time.Time
+}
+
+// Store is the Redis admit.Store. It is safe for concurrent use.
+type Store struct {
+	client  rueidis.Client
+	own     bool // Close closes client
+	script  *rueidis.Lua
+	cluster bool
+	prefix  string
+	timeout time.Duration
+	clock   func() time.Time
+	breaker breaker
+
+	calls, failures, undoFailures atomic.Int64
+	closeOnce                     sync.Once
+}
+
+var _ admit.Store = (*Store)(nil)
+
+// New returns a Store that uses client, which the caller keeps and closes.
+func New(client rueidis.Client, opts *Options) *Store {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Prefix == "" {
+		o.Prefix = "admit:"
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 50 * time.Millisecond
+	}
+	if o.BreakerFailures <= 0 {
+		o.BreakerFailures = 5
+	}
+	if o.BreakerCooldown <= 0 {
+		o.BreakerCooldown = time.Second
+	}
+	return &Store{
+		client:  client,
+		script:  rueidis.NewLuaScript(scriptSource),
+		cluster: client.Mode() == rueidis.ClientModeCluster,
+		prefix:  o.Prefix,
+		timeout: o.Timeout,
+		clock:   o.Clock,
+		breaker: breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
+	}
+}
+
+// Open connects to the Redis deployment that url names (see ParseURL) and
+// returns a Store that owns the connection.
+func Open(ctx context.Context, url string, opts *Options) (*Store, error) {
+	cfg, err := ParseURL(url)
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, cfg, opts)
+}
+
+// Dial connects to the deployment cfg describes and checks that it answers.
+func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
+	client, err := rueidis.NewClient(cfg.clientOption())
+	if err != nil {
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
+	}
+	s := New(client, opts)
+	s.own = true
+	if err := s.Ping(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close closes the connection if the store opened it. It is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		if s.own {
+			s.client.Close()
+		}
+	})
+	return nil
+}
+
+// Client returns the store's Redis client, for the shared catalog.
+func (s *Store) Client() rueidis.Client { return s.client }
+
+// Prefix returns the prefix of the store's keys.
+func (s *Store) Prefix() string { return s.prefix }
+
+// Ping checks that Redis answers (every master, in Cluster) within the
+// timeout. It does not go through the breaker, so readiness probes see the
+// store's real state.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	nodes := map[string]rueidis.Client{"redis": s.client}
+	if s.cluster {
+		nodes = s.client.Nodes()
+	}
+	for addr, c := range nodes {
+		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
+			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
+		}
+	}
+	return nil
+}
+
+// Health is the store's state for readiness checks and metrics.
+type Health struct {
+	Breaker      string // "closed", "open" or "half-open"
+	Calls        int64  // calls to Redis
+	Failures     int64  // calls that failed or timed out
+	UndoFailures int64  // Cluster decisions whose give-back failed
+}
+
+// Health returns the store's current state.
+func (s *Store) Health() Health {
+	return Health{
+		Breaker: s.breaker.state(time.Now()), Calls: s.calls.Load(), Failures: s.failures.Load(),
+		UndoFailures: s.undoFailures.Load(),
+	}
+}
+
+// tagOf returns the hash tag of a charge key: a hash of its tenant, "g" for
+// keys without one. Keys not made by admit.Key are their own tenant.
+func tagOf(key string) string {
+	tenant := key
+	if k, err := admit.ParseKey(key); err == nil {
+		tenant = k.Tenant
+	}
+	if tenant == "" {
+		return "g"
+	}
+	// FNV-1a, 64 bits: stable across processes and versions, as a tag
+	// must be; a collision only puts two tenants in one slot.
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(tenant); i++ {
+		h ^= uint64(tenant[i])
+		h *= 1099511628211
+	}
+	var b [16]byte
+	const digits = "0123456789abcdef"
+	for i := range b {
+		b[15-i] = digits[h&15]
+		h >>= 4
+	}
+	return string(b[:])
+}
+
+func (s *Store) redisKey(tag, key string) string {
+	return s.prefix + "{" + tag + "}" + key
+}
+
+// group is the charges of one decision that share a hash tag.
+type group struct {
+	tag string
+	idx []int
+}
+
+// groups splits charges by tag, in order of first appearance with the
+// global tag last. Outside Cluster every key is reachable from one script,
+// so there is a single group.
+func (s *Store) groups(charges []admit.Charge) []group {
+	if !s.cluster {
+		g := group{tag: tagOf(charges[0].Key), idx: make([]int, len(charges))}
+		for i := range g.idx {
+			g.idx[i] = i
+		}
+		return []group{g}
+	}
+	var gs []group
+	for i := range charges {
+		tag := tagOf(charges[i].Key)
+		j := slices.IndexFunc(gs, func(g group) bool { return g.tag == tag })
+		if j < 0 {
+			gs = append(gs, group{tag: tag})
+			j = len(gs) - 1
+		}
+		gs[j].idx = append(gs[j].idx, i)
+	}
+	slices.SortStableFunc(gs, func(a, b group) int {
+		switch {
+		case a.tag == "g" && b.tag != "g":
+			return 1
+		case b.tag == "g" && a.tag != "g":
+			return -1
+		}
+		return 0
+	})
+	return gs
+}
+
+func validate(charges []admit.Charge, reserve bool) error {
+	if len(charges) == 0 {
+		return admit.Errorf(admit.CodeInvalid, "no charges")
+	}
+	if len(charges) > admit.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	for i := range charges {
+		c := &charges[i]
+		if c.Rule == nil {
+			return admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
+		}
+		if err := argsOf(c.Rule).err; err != nil {
+			return err
+		}
+		if err := c.Rule.CheckCost(c.Cost); err != nil {
+			return err
+		}
+		if reserve && !c.Rule.Algorithm.Reservable() {
+			return admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
+		}
+	}
+	return nil
+}
+
+// call is one script call: its keys and arguments.
+type call struct {
+	keys, args []string
+}
+
+// newCall starts a call of op on the charges of g; rec, if set, is the
+// record key the script writes (a lease or a reservation).
+func (s *Store) newCall(op, aux1, aux2, id string, charges []admit.Charge, g group, rec string) call {
+	c := call{
+		keys: make([]string, 0, len(g.idx)+1),
+		args: make([]string, 7, 7+stride*len(g.idx)),
+	}
+	c.args[0], c.args[3], c.args[4], c.args[5], c.args[6] = op, aux1, aux2, id, itoa(int64(len(g.idx)))
+	if s.clock != nil {
+		now := s.clock()
+		us := now.UnixMicro()
+		c.args[1], c.args[2] = itoa(us), itoa(now.UnixNano()-us*1000)
+	}
+	for _, i := range g.idx {
+		ch := &charges[i]
+		c.keys = append(c.keys, s.redisKey(tagOf(ch.Key), ch.Key))
+		a := argsOf(ch.Rule)
+		n := len(c.args)
+		c.args = append(c.args, a.fixed[:]...)
+		c.args[n+1] = itoa(ch.Cost)
+		if ch.LeaseTTL > 0 {
+			c.args[n+3] = micros(min(ch.LeaseTTL, maxSpan))
+		}
+	}
+	if rec != "" {
+		c.keys = append(c.keys, rec)
+	}
+	return c
+}
+
+// run executes a script call through the breaker, with the timeout.
+func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
+	now := time.Now()
+	if !s.breaker.allow(now) {
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", s.breaker.threshold)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	s.calls.Add(1)
+	v, err := s.script.Exec(ctx, s.client, c.keys, c.args).AsIntSlice()
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	s.breaker.success()
+	return v, nil
+}
+
+// fail classifies err: Redis refusing the script is a bug (CodeInternal),
+// anything else — a timeout, a lost connection, a cluster in failover —
+// is the store being unavailable, which also counts against the breaker.
+func (s *Store) fail(ctx context.Context, err error) error {
+	if re, ok := rueidis.IsRedisErr(err); ok && !re.IsClusterDown() && !re.IsLoading() && !re.IsTryAgain() && !isTransient(re.Error()) {
+		s.breaker.success() // Redis answered
+		return admit.Errorf(admit.CodeInternal, "redisstore: script: %w", err)
+	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The caller gave up; that says nothing about Redis.
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
+	}
+	s.failures.Add(1)
+	s.breaker.failure(time.Now())
+	return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
+}
+
+// isTransient reports Redis errors that say "not now" rather than "wrong":
+// a master that is gone or read-only after a failover.
+func isTransient(msg string) bool {
+	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// A lease or reservation ID is a random part, then the tag of every group
+// that holds part of it: "<random>.<tag>[.<tag>]".
+func joinID(id string, tags []string) string { return id + "." + strings.Join(tags, ".") }
+
+func splitID(id string) (string, []string, bool) {
+	parts := strings.Split(id, ".")
+	if len(parts) < 2 || len(parts[0]) != 24 {
+		return "", nil, false
+	}
+	for _, t := range parts[1:] {
+		if t != "g" && len(t) != 16 {
+			return "", nil, false
+		}
+	}
+	return parts[0], parts[1:], true
+}
+
+func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
+func (s *Store) resKey(tag, id string) string   { return s.prefix + "{" + tag + "}res:" + id }
+
+// groupReply is the decoded reply of a decide or undo call.
+type groupReply struct {
+	nu, nsub int64
+	allowed  bool
+	hows     []string
+	lease    int64 // the lease's expiry in µs, or 0
+}
+
+// fill decodes reply v into the results of g's charges.
+func fill(v []int64, charges []admit.Charge, g group, d *admit.Decision, onlyRemaining bool) (groupReply, error) {
+	if len(v) != 4+5*len(g.idx) {
+		return groupReply{}, admit.Errorf(admit.CodeInternal, "redisstore: script replied %d values for %d charges", len(v), len(g.idx))
+	}
+	r := groupReply{nu: v[0], nsub: v[1], allowed: v[2] == 1, lease: v[len(v)-1], hows: make([]string, len(g.idx))}
+	for k, i := range g.idx {
+		x := v[3+5*k:]
+		res := &d.Results[i]
+		if onlyRemaining {
+			if res.Allowed && charges[i].Cost > 0 {
+				res.Remaining, res.ResetAfter = x[1], time.Duration(x[2])
+			}
+			continue
+		}
+		rule := charges[i].Rule
+		*res = admit.Result{
+			Rule: rule.Name, Shadow: rule.Shadow, Limit: rule.Capacity(), Allowed: x[0] == 1,
+			Remaining: x[1], ResetAfter: time.Duration(x[2]), RetryAfter: time.Duration(x[3]),
+		}
+		r.hows[k] = itoa(x[4])
+	}
+	return r, nil
+}
+
+func hasLeases(charges []admit.Charge, g group) bool {
+	for _, i := range g.idx {
+		if charges[i].Rule.Algorithm == admit.Concurrency && charges[i].Cost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Decide implements admit.Store.
+func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	d.Reset()
+	if err := validate(charges, false); err != nil {
+		return err
+	}
+	dry := "0"
+	for i := range charges {
+		if charges[i].DryRun {
+			dry = "1"
+		}
+	}
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
+	groups := s.groups(charges)
+	leaseID := ""
+	var leaseTags []string
+	var done []groupDone
+	refused := -1
+	for gi, g := range groups {
+		rec := ""
+		if dry == "0" && hasLeases(charges, g) {
+			if leaseID == "" {
+				leaseID = newID()
+			}
+			rec = s.leaseKey(g.tag, leaseID)
+		}
+		v, err := s.run(ctx, s.newCall("d", dry, "", leaseID, charges, g, rec))
+		if err != nil {
+			s.undo(charges, done, leaseID)
+			return err
+		}
+		r, err := fill(v, charges, g, d, false)
+		if err != nil {
+			s.undo(charges, done, leaseID)
+			return err
+		}
+		if r.lease > 0 {
+			leaseTags = append(leaseTags, g.tag)
+			d.Lease.ExpiresAt = later(d.Lease.ExpiresAt, time.UnixMicro(r.lease))
+		}
+		if !r.allowed && dry == "0" {
+			refused = gi
+			break
+		}
+		done = append(done, groupDone{g: g, reply: r})
+	}
+	if refused >= 0 {
+		d.Lease = admit.Lease{}
+		if err := s.giveBack(ctx, charges, d, groups, done, refused, leaseID); err != nil {
+			return err
+		}
+	} else if len(leaseTags) > 0 {
+		d.Lease.ID = joinID(leaseID, leaseTags)
+	}
+	d.Summarize()
+	return nil
+}
+
+type groupDone struct {
+	g     group
+	reply groupReply
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// giveBack finishes a Cluster decision that group refused after the groups
+// in done were charged: they are given back and report what they hold, and
+// the groups after the refusing one, never asked, are looked at.
+func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
+	for _, gd := range done {
+		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
+		if err != nil {
+			s.undoFailures.Add(1)
+			return err
+		}
+		if _, err := fill(v, charges, gd.g, d, true); err != nil {
+			return err
+		}
+	}
+	for _, g := range groups[refused+1:] {
+		v, err := s.run(ctx, s.newCall("d", "1", "", "", charges, g, ""))
+		if err != nil {
+			return err
+		}
+		if _, err := fill(v, charges, g, d, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) call {
+	rec := ""
+	if leaseID != "" && hasLeases(charges, gd.g) {
+		rec = s.leaseKey(gd.g.tag, leaseID)
+	}
+	c := s.newCall("u", itoa(gd.reply.nu), itoa(gd.reply.nsub), leaseID, charges, gd.g, rec)
+	for k := range gd.g.idx {
+		c.args[7+stride*k+4] = gd.reply.hows[k]
+	}
+	return c
+}
+
+// undo gives back groups already charged when a decision fails half way.
+// It runs on a context of its own: the caller's may be what expired.
+func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
+	if len(done) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	for _, gd := range done {
+		if _, err := s.run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
+			s.undoFailures.Add(1)
+		}
+	}
+}
+
+// Reserve implements admit.Store.
+func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
+	if err := validate(charges, true); err != nil {
+		return admit.Reservation{}, err
+	}
+	id := newID()
+	var booked []string
+	var res admit.Reservation
+	for _, g := range s.groups(charges) {
+		v, err := s.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
+		if err == nil && len(v) != 4 {
+			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
+		}
+		if err != nil {
+			s.cancelTags(id, booked)
+			return admit.Reservation{}, err
+		}
+		now := time.UnixMicro(v[0]).Add(time.Duration(v[1]))
+		if wait := time.Duration(v[3]); wait >= res.Wait {
+			res.Wait, res.At = wait, now.Add(wait)
+		}
+		if v[2] != 1 {
+			s.cancelTags(id, booked)
+			return admit.Reservation{Wait: res.Wait, At: res.At}, nil
+		}
+		booked = append(booked, g.tag)
+	}
+	res.OK, res.ID = true, joinID(id, booked)
+	return res, nil
+}
+
+func (s *Store) cancelTags(id string, tags []string) {
+	if len(tags) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	for _, tag := range tags {
+		_, _ = s.cancelOne(ctx, tag, id)
+	}
+}
+
+// cancelOne cancels the part of reservation id held under tag. It reads
+// the record's keys first, so that the script declares every key it
+// touches, as Cluster requires.
+func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
+	rec := s.resKey(tag, id)
+	fields, err := s.recordFields(ctx, rec)
+	if err != nil {
+		return false, err
+	}
+	keys := []string{rec}
+	for _, f := range fields {
+		if f != "at" {
+			k, _, _ := strings.Cut(f, "\n")
+			keys = append(keys, k)
+		}
+	}
+	v, err := s.run(ctx, call{keys: keys, args: s.opArgs("c", id)})
+	if err != nil {
+		return false, err
+	}
+	return len(v) >= 3 && v[2] == 1, nil
+}
+
+func (s *Store) opArgs(op, id string) []string {
+	args := []string{op, "", "", "", "", id, "0"}
+	if s.clock != nil {
+		now := s.clock()
+		us := now.UnixMicro()
+		args[1], args[2] = itoa(us), itoa(now.UnixNano()-us*1000)
+	}
+	return args
+}
+
+// recordFields returns the field names of a lease or reservation record.
+func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
+	if !s.breaker.allow(time.Now()) {
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	s.calls.Add(1)
+	fields, err := s.client.Do(ctx, s.client.B().Hkeys().Key(rec).Build()).AsStrSlice()
+	if err != nil {
+		return nil, s.fail(ctx, err)
+	}
+	s.breaker.success()
+	return fields, nil
+}
+
+// CancelReservation implements admit.Store.
+func (s *Store) CancelReservation(ctx context.Context, id string) error {
+	raw, tags, ok := splitID(id)
+	if !ok {
+		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
+	}
+	found := false
+	for _, tag := range tags {
+		f, err := s.cancelOne(ctx, tag, raw)
+		if err != nil {
+			return err
+		}
+		found = found || f
+	}
+	if !found {
+		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
+	}
+	return nil
+}
+
+// RenewLease implements admit.Store.
+func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) {
+	held, expiry, err := s.leaseOp(ctx, "n", id)
+	if err != nil {
+		return admit.Lease{}, err
+	}
+	if !held {
+		return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %q not found or expired", id)
+	}
+	return admit.Lease{ID: id, ExpiresAt: time.UnixMicro(expiry)}, nil
+}
+
+// ReleaseLease implements admit.Store.
+func (s *Store) ReleaseLease(ctx context.Context, id string) error {
+	held, _, err := s.leaseOp(ctx, "l", id)
+	if err != nil {
+		return err
+	}
+	if !held {
+		return admit.Errorf(admit.CodeNotFound, "lease %q not found or expired", id)
+	}
+	return nil
+}
+
+func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
+	raw, tags, ok := splitID(id)
+	if !ok {
+		return false, 0, nil
+	}
+	held, expiry := false, int64(0)
+	for _, tag := range tags {
+		rec := s.leaseKey(tag, raw)
+		fields, err := s.recordFields(ctx, rec)
+		if err != nil {
+			return false, 0, err
+		}
+		v, err := s.run(ctx, call{keys: append([]string{rec}, fields...), args: s.opArgs(op, raw)})
+		if err != nil {
+			return false, 0, err
+		}
+		if len(v) >= 4 && v[2] == 1 {
+			held, expiry = true, max(expiry, v[3])
+		}
+	}
+	return held, expiry, nil
+}
+
+// Reset implements admit.Store.
+func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	if len(charges) == 0 {
+		return nil
+	}
+	if !s.breaker.allow(time.Now()) {
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	for _, g := range s.groupsByTag(charges) {
+		keys := make([]string, len(g.idx))
+		for k, i := range g.idx {
+			keys[k] = s.redisKey(g.tag, charges[i].Key)
+		}
+		s.calls.Add(1)
+		if err := s.client.Do(ctx, s.client.B().Del().Key(keys...).Build()).Error(); err != nil {
+			return s.fail(ctx, err)
+		}
+	}
+	s.breaker.success()
+	return nil
+}
+
+// groupsByTag groups charges by tag whatever the mode: a multi-key DEL
+// must stay within one slot in Cluster.
+func (s *Store) groupsByTag(charges []admit.Charge) []group {
+	by := map[string]*group{}
+	var out []*group
+	for i := range charges {
+		tag := tagOf(charges[i].Key)
+		g := by[tag]
+		if g == nil {
+			g = &group{tag: tag}
+			by[tag] = g
+			out = append(out, g)
+		}
+		g.idx = append(g.idx, i)
+	}
+	gs := make([]group, len(out))
+	for i, g := range out {
+		gs[i] = *g
+	}
+	return gs
+}
+
+// String describes the store for logs.
+func (s *Store) String() string {
+	return fmt.Sprintf("redis (%s)", s.client.Mode())
+}

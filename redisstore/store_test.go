@@ -1,0 +1,258 @@
+package redisstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/storetest"
+)
+
+var prefixes atomic.Int64
+
+// factory returns a storetest.Factory whose stores share one client and
+// keep apart by key prefix, so each timeline starts empty.
+func factory(client rueidis.Client) storetest.Factory {
+	return func(t *testing.T, clock func() time.Time) admit.Store {
+		s := redisstore.New(client, &redisstore.Options{
+			Clock: clock, Timeout: 10 * time.Second,
+			Prefix: "test" + strconv.FormatInt(prefixes.Add(1), 10) + ":",
+		})
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+}
+
+func dial(t *testing.T, url string) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.Open(context.Background(), url, &redisstore.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestConformanceStandalone(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	storetest.Run(t, factory(s.Client()))
+}
+
+func TestConformanceCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s := dial(t, "redis+cluster://"+nodes[0].Addr+","+nodes[1].Addr)
+	if s.String() != "redis (cluster)" {
+		t.Fatalf("store is %s, want a cluster client", s)
+	}
+	storetest.Run(t, factory(s.Client()))
+}
+
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct {
+		url  string
+		want string // Config printed with %+v, or the start of the error
+	}{
+		{"redis://127.0.0.1:6379/2", "{Mode:standalone Addrs:[127.0.0.1:6379] MasterName: DB:2 Username: Password:}"},
+		{"redis://localhost", "{Mode:standalone Addrs:[localhost:6379] MasterName: DB:0 Username: Password:}"},
+		{"redis://:s3cret@h:7000", "{Mode:standalone Addrs:[h:7000] MasterName: DB:0 Username: Password:s3cret}"},
+		{"redis://bob:pw@h:7000/1", "{Mode:standalone Addrs:[h:7000] MasterName: DB:1 Username:bob Password:pw}"},
+		{"redis+sentinel://mymaster@h1:26379,h2", "{Mode:sentinel Addrs:[h1:26379 h2:26379] MasterName:mymaster DB:0 Username: Password:}"},
+		{"redis+sentinel://:pw@mymaster@h1:1", "{Mode:sentinel Addrs:[h1:1] MasterName:mymaster DB:0 Username: Password:pw}"},
+		{"redis+cluster://a:1,b:2,c:3", "{Mode:cluster Addrs:[a:1 b:2 c:3] MasterName: DB:0 Username: Password:}"},
+		{"memcached://x", `store URL "memcached://x": scheme`},
+		{"redis+sentinel://h1:26379", "store URL \"redis+sentinel://h1:26379\": a sentinel URL names the master"},
+		{"redis+cluster://a:1/3", "store URL \"redis+cluster://a:1/3\": a cluster has no database"},
+		{"redis://a:1,b:2", "store URL \"redis://a:1,b:2\": a standalone server has one address"},
+		{"redis://h:99999", "store URL \"redis://h:99999\": address \"h:99999\": port"},
+		{"redis://h/x", "store URL \"redis://h/x\": database \"x\""},
+		{"redis://u:hidden@h:1/99", "store URL \"redis://u:***@h:1/99\": database"},
+		{"redis://", "store URL \"redis://\": no address"},
+	} {
+		c, err := redisstore.ParseURL(tc.url)
+		got := fmt.Sprintf("{Mode:%s Addrs:%v MasterName:%s DB:%d Username:%s Password:%s}", c.Mode, c.Addrs, c.MasterName, c.DB, c.Username, c.Password)
+		if err != nil {
+			got = err.Error()
+		}
+		if !strings.HasPrefix(got, tc.want) || (err != nil && !errors.Is(err, admit.ErrInvalid)) {
+			t.Errorf("ParseURL(%q) = %s, want %s", tc.url, got, tc.want)
+		}
+	}
+}
+
+func TestCheckRule(t *testing.T) {
+	ok := []*admit.Rule{
+		{Name: "monthly", Algorithm: admit.FixedWindow, Limit: 100000, Window: 31 * 24 * time.Hour},
+		{Name: "daily", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1000, Per: 24 * time.Hour}, Burst: 1000},
+		{Name: "thirds", Algorithm: admit.GCRA, Rate: admit.PerSecond(3), Burst: 1_000_000},
+	}
+	for _, r := range ok {
+		if err := redisstore.CheckRule(r); err != nil {
+			t.Errorf("%s: %v", r.Name, err)
+		}
+	}
+	bad := map[string]*admit.Rule{
+		"burst × interval": {Name: "yearly", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: 24 * time.Hour}, Burst: 365},
+		"window of":        {Name: "year", Algorithm: admit.SlidingWindow, Limit: 10, Window: 366 * 24 * time.Hour},
+		"whole microsec":   {Name: "odd", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Millisecond + 1},
+		"lease_ttl":        {Name: "long", Algorithm: admit.Concurrency, Max: 1, LeaseTTL: 100 * 24 * time.Hour},
+	}
+	for want, r := range bad {
+		err := redisstore.CheckRule(r)
+		if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, admit.ErrInvalid) {
+			t.Errorf("%s: error %v, want one about %q", r.Name, err, want)
+		}
+	}
+}
+
+// TestServersShareOneKey is DESIGN §11's exactness across servers: three
+// stores, each with its own connection as separate servers would have,
+// hammer one key; the admitted total stays within burst + rate × elapsed.
+func TestServersShareOneKey(t *testing.T) {
+	srv := redistest.Start(t)
+	rule := &admit.Rule{Name: "shared", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 50}
+	charges := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "acme", Rule: "shared"}.String(), Rule: rule, Cost: 1}}
+	var stores []*redisstore.Store
+	for range 3 {
+		stores = append(stores, dial(t, "redis://"+srv.Addr))
+	}
+	var admitted, attempts atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(500 * time.Millisecond)
+	for g := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d admit.Decision
+			for time.Now().Before(deadline) {
+				if err := stores[g%3].Decide(context.Background(), charges, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				attempts.Add(1)
+				if d.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := rule.Burst + int64(elapsed)*rule.Rate.N/int64(time.Second)
+	t.Logf("3 stores, 24 goroutines: admitted %d of %d attempts; bound %d in %v", admitted.Load(), attempts.Load(), bound, elapsed)
+	if admitted.Load() > bound {
+		t.Errorf("admitted %d > burst + rate × elapsed = %d", admitted.Load(), bound)
+	}
+	if attempts.Load() > 2*bound && admitted.Load() < bound*9/10 {
+		t.Errorf("admitted only %d of %d with demand to spare", admitted.Load(), bound)
+	}
+}
+
+// TestScriptCacheLoss: after SCRIPT FLUSH (what a restart or a failover to
+// a fresh replica does), decisions go on, the script loaded again.
+func TestScriptCacheLossAndExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	rules := []*admit.Rule{
+		{Name: "tb", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5},
+		{Name: "combo", Algorithm: admit.Combination, Floor: admit.PerSecond(2), Rate: admit.PerSecond(1), Burst: 3},
+		{Name: "win", Algorithm: admit.SlidingWindow, Limit: 10, Window: time.Minute},
+		{Name: "log", Algorithm: admit.SlidingLog, Limit: 10, Window: time.Minute},
+		{Name: "conc", Algorithm: admit.Concurrency, Max: 5, LeaseTTL: time.Minute},
+	}
+	var charges []admit.Charge
+	for _, r := range rules {
+		charges = append(charges, admit.Charge{Key: admit.Key{Scope: "user", Tenant: "t", Subject: "u", Rule: r.Name}.String(), Rule: r, Cost: 1})
+	}
+	ctx := context.Background()
+	for i := range 3 {
+		if i == 1 {
+			if _, err := redistest.Command(srv.Addr, "SCRIPT", "FLUSH"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d, err := admit.Check(ctx, s, charges...)
+		if err != nil || !d.Allowed {
+			t.Fatalf("decision %d: %+v, %v", i, d, err)
+		}
+	}
+	// Every key the store wrote expires when idle: within two windows
+	// (a sliding window's counts matter for two).
+	keys, err := s.Client().Do(ctx, s.Client().B().Keys().Pattern("admit:*").Build()).AsStrSlice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) < len(rules)+1 { // the rules' keys and lease records
+		t.Fatalf("keys %q", keys)
+	}
+	for _, k := range keys {
+		ttl, err := s.Client().Do(ctx, s.Client().B().Pttl().Key(k).Build()).AsInt64()
+		if err != nil || ttl <= 0 || ttl > int64(2*time.Minute/time.Millisecond) {
+			t.Errorf("key %q: PTTL %d, %v; want an expiry within two windows", k, ttl, err)
+		}
+	}
+}
+
+// TestClusterTenantSlots: a tenant's keys, its lease record included, share
+// one hash slot; keys without a tenant share the global slot.
+func TestClusterTenantSlots(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s := dial(t, "redis+cluster://"+nodes[0].Addr)
+	ctx := context.Background()
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5}
+	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 5}
+	global := &admit.Rule{Name: "global", Algorithm: admit.GCRA, Rate: admit.PerSecond(100), Burst: 10}
+	for _, tenant := range []string{"acme", "globex", "initech", "a{b}c"} {
+		d, err := admit.Check(ctx, s,
+			admit.Charge{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: "u1", Rule: "user"}.String(), Rule: user, Cost: 1},
+			admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: tenant, Rule: "conc"}.String(), Rule: conc, Cost: 1},
+			admit.Charge{Key: admit.Key{Scope: "global", Rule: "global"}.String(), Rule: global, Cost: 1},
+		)
+		if err != nil || !d.Allowed || d.Lease.ID == "" {
+			t.Fatalf("%s: %+v %v", tenant, d, err)
+		}
+	}
+	slots := map[string]map[string]bool{} // tag → slots of its keys
+	for _, n := range nodes {
+		c, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{n.Addr}, ForceSingleClient: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := c.Do(ctx, c.B().Keys().Pattern("admit:*").Build()).AsStrSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			slot, err := c.Do(ctx, c.B().ClusterKeyslot().Key(k).Build()).AsInt64()
+			if err != nil {
+				t.Fatal(err)
+			}
+			tag := k[strings.IndexByte(k, '{')+1 : strings.IndexByte(k, '}')]
+			if slots[tag] == nil {
+				slots[tag] = map[string]bool{}
+			}
+			slots[tag][fmt.Sprint(slot)] = true
+		}
+		c.Close()
+	}
+	if len(slots) != 5 { // four tenants and the global tag
+		t.Errorf("tags %v, want 4 tenants and g", slots)
+	}
+	for tag, s := range slots {
+		if len(s) != 1 {
+			t.Errorf("tag %s spans slots %v", tag, s)
+		}
+	}
+}
