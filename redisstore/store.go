@@ -4,12 +4,13 @@
 //
 // # One round trip per decision
 //
-// Every algorithm runs inside Redis as one Lua script (admit.lua) that
-// decides all the charges of a request together, all or nothing, with
-// Redis TIME as the clock. The script mirrors package admit's arithmetic
-// exactly (integers only, no rounding); the conformance suite in storetest
-// runs against both stores. A script cache lost to a restart or failover is
-// reloaded on the NOSCRIPT reply, on whichever node answered.
+// Every algorithm runs inside Redis as one Lua function (admit.lua, a
+// Redis Functions library, so Redis 7.0 or later) that decides all the
+// charges of a request together, all or nothing, with Redis TIME as the
+// clock. It mirrors package admit's arithmetic exactly (integers only, no
+// rounding); the conformance suite in storetest runs against both stores.
+// A library lost to a restart or failover is loaded again, on every node,
+// when Redis answers that the function is missing.
 //
 // # Keys and Cluster
 //
@@ -77,7 +78,6 @@ type Options struct {
 type Store struct {
 	client  rueidis.Client
 	own     bool // Close closes client
-	script  *rueidis.Lua
 	cluster bool
 	prefix  string
 	timeout time.Duration
@@ -110,7 +110,6 @@ func New(client rueidis.Client, opts *Options) *Store {
 	}
 	return &Store{
 		client:  client,
-		script:  rueidis.NewLuaScript(scriptSource),
 		cluster: client.Mode() == rueidis.ClientModeCluster,
 		prefix:  o.Prefix,
 		timeout: o.Timeout,
@@ -332,12 +331,61 @@ func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	v, err := s.script.Exec(ctx, s.client, c.keys, c.args).AsIntSlice()
+	v, err := s.fcall(ctx, c)
 	if err != nil {
 		return nil, s.fail(ctx, err)
 	}
 	s.breaker.success()
 	return v, nil
+}
+
+// fcall calls the library's function. A server without the library — a new
+// deployment, a restart without persistence, a failover to a node that
+// never had it — gets it loaded, on every node, and the call is made again.
+func (s *Store) fcall(ctx context.Context, c call) ([]int64, error) {
+	for attempt := 0; ; attempt++ {
+		cmd := s.client.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		v, err := s.client.Do(ctx, cmd).AsIntSlice()
+		if re, ok := rueidis.IsRedisErr(err); ok && attempt == 0 && strings.Contains(re.Error(), "Function not found") {
+			if err := s.LoadFunctions(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return v, err
+	}
+}
+
+// functionName is the library's function; a new library version that
+// changes the arguments gets a new name, so that servers of two versions
+// can share a deployment during an upgrade.
+const functionName = "admit_v1"
+
+// LoadFunctions loads the decision engine library on every node (FUNCTION
+// LOAD REPLACE). Replicas refuse writes and get it from their master. The
+// store calls it by itself when Redis says the function is missing.
+func (s *Store) LoadFunctions(ctx context.Context) error {
+	nodes := map[string]rueidis.Client{"redis": s.client}
+	if s.cluster {
+		nodes = s.client.Nodes()
+	}
+	loaded := 0
+	var last error
+	for _, c := range nodes {
+		err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(scriptSource).Build()).Error()
+		if re, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(re.Error(), "READONLY") {
+			continue
+		}
+		if err != nil {
+			last = err
+			continue
+		}
+		loaded++
+	}
+	if loaded == 0 && last != nil {
+		return last
+	}
+	return nil
 }
 
 // fail classifies err: Redis refusing the script is a bug (CodeInternal),
@@ -766,4 +814,20 @@ func (s *Store) groupsByTag(charges []admit.Charge) []group {
 // String describes the store for logs.
 func (s *Store) String() string {
 	return fmt.Sprintf("redis (%s)", s.client.Mode())
+}
+
+// Library returns the Lua source of the decision engine, a Redis Functions
+// library, for tools such as redis-benchmark (FCALL admit_v1 …).
+func Library() string { return scriptSource }
+
+// Command returns the keys and arguments of the script call that deciding
+// charges makes (in a single group, as outside Cluster), so that tools can
+// replay a decision with EVALSHA. The charges must be valid.
+func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
+	g := group{tag: tagOf(charges[0].Key)}
+	for i := range charges {
+		g.idx = append(g.idx, i)
+	}
+	c := s.newCall("d", "0", "", "", charges, g, "")
+	return c.keys, c.args
 }

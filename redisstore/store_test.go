@@ -160,8 +160,8 @@ func TestServersShareOneKey(t *testing.T) {
 	}
 }
 
-// TestScriptCacheLoss: after SCRIPT FLUSH (what a restart or a failover to
-// a fresh replica does), decisions go on, the script loaded again.
+// TestScriptCacheLossAndExpiry: after FUNCTION FLUSH (what a restart
+// without persistence does), decisions go on, the library loaded again.
 func TestScriptCacheLossAndExpiry(t *testing.T) {
 	srv := redistest.Start(t)
 	s := dial(t, "redis://"+srv.Addr)
@@ -179,7 +179,7 @@ func TestScriptCacheLossAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	for i := range 3 {
 		if i == 1 {
-			if _, err := redistest.Command(srv.Addr, "SCRIPT", "FLUSH"); err != nil {
+			if _, err := redistest.Command(srv.Addr, "FUNCTION", "FLUSH"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -255,4 +255,63 @@ func TestClusterTenantSlots(t *testing.T) {
 			t.Errorf("tag %s spans slots %v", tag, s)
 		}
 	}
+}
+
+// TestClusterGlobalBound measures the Cluster design for global charges
+// (tenant slot first, then the global slot, giving back on a refusal) with
+// the global bucket the binding limit: nothing is admitted beyond it, and
+// the log says how much of it the give-backs left unused.
+func TestClusterGlobalBound(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s := dial(t, "redis+cluster://"+nodes[0].Addr)
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(200), Burst: 20}
+	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(2000), Burst: 100}
+	var admitted, attempts, refusedByUser atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	deadline := start.Add(time.Second)
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d admit.Decision
+			tenant := "tenant-" + strconv.Itoa(g%8)
+			charges := []admit.Charge{
+				{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: strconv.Itoa(g), Rule: "user"}.String(), Rule: user, Cost: 1},
+				{Key: admit.Key{Scope: "global", Rule: "global"}.String(), Rule: global, Cost: 1},
+			}
+			for time.Now().Before(deadline) {
+				if err := s.Decide(context.Background(), charges, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				attempts.Add(1)
+				switch {
+				case d.Allowed:
+					admitted.Add(1)
+				case d.DeniedBy == "user":
+					refusedByUser.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	bound := global.Burst + int64(elapsed)*global.Rate.N/int64(time.Second)
+	t.Logf("cluster, 32 goroutines over 8 tenants: %d attempts, %d admitted, %d refused by the user bucket; global bound %d in %v: %.1f%% of it used, over-admission %d",
+		attempts.Load(), admitted.Load(), refusedByUser.Load(), bound, elapsed.Round(time.Millisecond), 100*float64(admitted.Load())/float64(bound), max(admitted.Load()-bound, 0))
+	if admitted.Load() > bound {
+		t.Errorf("admitted %d > the global bucket's burst + rate × elapsed = %d", admitted.Load(), bound)
+	}
+}
+
+// TestSentinel reaches the master through a real Sentinel and decides.
+func TestSentinel(t *testing.T) {
+	master := redistest.Start(t)
+	sentinel := redistest.StartSentinel(t, master, "mymaster")
+	s := dial(t, "redis+sentinel://mymaster@"+sentinel.Addr)
+	if s.String() != "redis (sentinel)" {
+		t.Fatalf("store is %s, want a sentinel client", s)
+	}
+	storetest.RunTimelines(t, factory(s.Client()))
 }

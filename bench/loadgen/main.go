@@ -24,13 +24,15 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/bench/load"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redisstore"
 )
 
 func main() {
@@ -39,8 +41,9 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
 	tenants := flag.Int("tenants", 100, "tenants")
 	users := flag.Int("users", 10000, "users, spread over the tenants")
+	storeURL := flag.String("store", "memory", "store: memory, or a redis:// URL (see admit serve --store)")
 	flag.Parse()
-	if err := run(*callers, *duration, *rounds, *tenants, *users); err != nil {
+	if err := run(*callers, *duration, *rounds, *tenants, *users, *storeURL); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		os.Exit(1)
 	}
@@ -83,67 +86,49 @@ var nothing = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 })
 
 type result struct {
+	load.Result
 	ok, refused, failed int64
-	lat                 []time.Duration
-	elapsed             time.Duration
 }
 
-func (r *result) rate() float64 { return float64(r.ok+r.refused) / r.elapsed.Seconds() }
+func (r *result) rate() float64 { return r.Rate() }
 
-func (r *result) pct(p float64) time.Duration {
-	if len(r.lat) == 0 {
-		return 0
-	}
-	return r.lat[int(float64(len(r.lat)-1)*p)]
-}
+func (r *result) pct(p float64) time.Duration { return r.Pct(p) }
 
-func load(url string, callers int, d time.Duration, bodies [][]byte) *result {
+func run1(url string, callers int, d time.Duration, bodies [][]byte) *result {
 	tr := &http.Transport{MaxIdleConnsPerHost: callers, MaxConnsPerHost: callers, DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	var ok, refused, failed atomic.Int64
-	lats := make([][]time.Duration, callers)
-	var wg sync.WaitGroup
-	start := time.Now()
-	deadline := start.Add(d)
-	for g := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			lat := make([]time.Duration, 0, 1<<16)
-			for i := g; time.Now().Before(deadline); i += callers {
-				t0 := time.Now()
-				resp, err := client.Post(url+"/v1/check", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				lat = append(lat, time.Since(t0))
-				switch resp.StatusCode {
-				case 200:
-					ok.Add(1)
-				case 429:
-					refused.Add(1)
-				default:
-					failed.Add(1)
-				}
-			}
-			lats[g] = lat
-		}()
-	}
-	wg.Wait()
-	r := &result{ok: ok.Load(), refused: refused.Load(), failed: failed.Load(), elapsed: time.Since(start)}
-	for _, l := range lats {
-		r.lat = append(r.lat, l...)
-	}
-	slices.Sort(r.lat)
-	return r
+	res := load.Run(callers, d, func(i int) bool {
+		resp, err := client.Post(url+"/v1/check", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
+		if err != nil {
+			failed.Add(1)
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case 200:
+			ok.Add(1)
+		case 429:
+			refused.Add(1)
+		default:
+			failed.Add(1)
+		}
+		return true
+	})
+	return &result{Result: res, ok: ok.Load(), refused: refused.Load(), failed: failed.Load()}
 }
 
-func run(callers int, d time.Duration, rounds, tenants, users int) error {
-	store := memstore.New(nil)
+func run(callers int, d time.Duration, rounds, tenants, users int, storeURL string) error {
+	var store admit.Store = memstore.New(nil)
+	if storeURL != "memory" {
+		r, err := redisstore.Open(context.Background(), storeURL, nil)
+		if err != nil {
+			return err
+		}
+		store = r
+	}
 	defer store.Close()
 	cat, err := policy.NewCatalog(context.Background(), spec(tenants), nil)
 	if err != nil {
@@ -166,15 +151,15 @@ func run(callers int, d time.Duration, rounds, tenants, users int) error {
 	for u := range users {
 		bodies[u] = []byte(fmt.Sprintf(`{"tenant":"tenant-%d","user":"user-%d","action":"read"}`, u%tenants, u))
 	}
-	load(admitURL, callers, d/3, bodies) // warm up connections, buckets and the allocator
-	load(nothingURL, callers, d/3, bodies)
+	run1(admitURL, callers, d/3, bodies) // warm up connections, buckets and the allocator
+	run1(nothingURL, callers, d/3, bodies)
 
-	fmt.Printf("callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
+	fmt.Printf("store=%s callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", storeURL, callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
 	fmt.Printf("%-8s %-8s %12s %10s %10s %9s %8s\n", "round", "target", "requests/s", "p50", "p99", "refused", "errors")
 	var admitRates, nothingRates []float64
 	for i := range rounds {
 		for _, tgt := range []struct{ name, url string }{{"nothing", nothingURL}, {"check", admitURL}} {
-			r := load(tgt.url, callers, d, bodies)
+			r := run1(tgt.url, callers, d, bodies)
 			fmt.Printf("%-8d %-8s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.rate(), r.pct(0.50).Round(time.Microsecond), r.pct(0.99).Round(time.Microsecond), r.refused, r.failed)
 			if tgt.name == "check" {
 				admitRates = append(admitRates, r.rate())

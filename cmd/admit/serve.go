@@ -94,6 +94,13 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
+	if st.check != nil {
+		for _, r := range catalog.Policy().Rules() {
+			if err := st.check(&r.Rule); err != nil {
+				return fmt.Errorf("store %s: %w", st.name, err)
+			}
+		}
+	}
 	if st.watch != nil {
 		// Another server's admin change reaches this one within a
 		// moment: on its message, or at the latest at the next poll.

@@ -24,6 +24,7 @@ type openedStore struct {
 	ready   func(context.Context) error
 	health  func() server.StoreHealth
 	watch   func(ctx context.Context, poll time.Duration, changed func())
+	check   func(*admit.Rule) error // whether the store can decide a rule
 	close   func()
 }
 
@@ -60,7 +61,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*o
 	catalog := redisstore.NewCatalogStore(r)
 	return &openedStore{
 		name: "redis " + rc.String(), store: r,
-		changes: catalog, watch: catalog.Watch,
+		changes: catalog, watch: catalog.Watch, check: redisstore.CheckRule,
 		ready: r.Ping,
 		health: func() server.StoreHealth {
 			h := r.Health()

@@ -24,6 +24,7 @@ type Server struct {
 	Addr string
 	Port int
 	dir  string
+	conf string // a config file to start with, for sentinels
 	args []string
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -54,7 +55,23 @@ func freePort(tb testing.TB) int {
 // the test ends.
 func Start(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
-	s := &Server{dir: tb.TempDir(), args: extra}
+	return startServer(tb, &Server{dir: tb.TempDir(), args: extra})
+}
+
+// StartSentinel starts a Redis Sentinel that monitors master under name.
+func StartSentinel(tb testing.TB, master *Server, name string) *Server {
+	tb.Helper()
+	dir := tb.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 1000\n", name, master.Port, name)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return startServer(tb, &Server{dir: dir, conf: conf})
+}
+
+func startServer(tb testing.TB, s *Server) *Server {
+	tb.Helper()
 	for attempt := 0; ; attempt++ {
 		s.Port = freePort(tb)
 		s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
@@ -71,11 +88,18 @@ func Start(tb testing.TB, extra ...string) *Server {
 }
 
 func (s *Server) start(tb testing.TB) error {
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf, "--sentinel")
+	}
+	args = append(args,
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.dir,
-		"--save", "", "--appendonly", "no", "--daemonize", "no", "--protected-mode", "no",
-		"--logfile", filepath.Join(s.dir, "redis.log"),
-	}, s.args...)
+		"--daemonize", "no", "--protected-mode", "no",
+		"--logfile", filepath.Join(s.dir, "redis.log"))
+	if s.conf == "" {
+		args = append(args, "--save", "", "--appendonly", "no")
+	}
+	args = append(args, s.args...)
 	s.cmd = exec.Command(binary(tb, "redis-server"), args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
