@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 
-.PHONY: help deps test lint tidy-check ci bench fuzz
+.PHONY: help deps test lint tidy-check ci bench bench-redis fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ ci: tidy-check lint test ## everything CI runs
 bench: ## comparison benchmarks against peer libraries (bench/ module)
 	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) -timeout=60m ./...
 	cd bench && $(GO) run ./loadgen -callers 64 -duration 3s -rounds 5
+
+bench-redis: deps ## the Redis store vs redis_rate and redis-benchmark (docs/benchmarks.md); about 5 minutes
+	cd bench && ADMIT_REDIS_BENCH=1 $(GO) test -run TestRedisReport -count=1 -v -timeout=30m .
 
 fuzz: ## run each fuzz target for 30s
 	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=30s .
