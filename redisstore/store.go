@@ -263,9 +263,6 @@ func (s *Store) groups(charges []admit.Charge) []group {
 }
 
 func validate(charges []admit.Charge, reserve bool) error {
-	if len(charges) == 0 {
-		return admit.Errorf(admit.CodeInvalid, "no charges")
-	}
 	if len(charges) > admit.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
@@ -496,6 +493,10 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 			dry = "1"
 		}
 	}
+	if len(charges) == 0 {
+		d.Allowed = true // nothing limits the request, as in memstore
+		return nil
+	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	groups := s.groups(charges)
 	leaseID := ""
@@ -611,6 +612,13 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
 	if err := validate(charges, true); err != nil {
 		return admit.Reservation{}, err
+	}
+	if len(charges) == 0 {
+		now := time.Now()
+		if s.clock != nil {
+			now = s.clock()
+		}
+		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
 	}
 	id := newID()
 	var booked []string

@@ -315,3 +315,16 @@ func TestSentinel(t *testing.T) {
 	}
 	storetest.RunTimelines(t, factory(s.Client()))
 }
+
+func TestNoCharges(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	d, err := admit.Check(context.Background(), s)
+	if err != nil || !d.Allowed {
+		t.Fatalf("no charges: %+v %v, want admitted", d, err)
+	}
+	r, err := s.Reserve(context.Background(), nil, time.Second)
+	if err != nil || !r.OK || r.Wait != 0 {
+		t.Fatalf("reserve nothing: %+v %v", r, err)
+	}
+}
