@@ -313,11 +313,11 @@ local function logEntry(key, seq)
   return us, units
 end
 
--- logScan returns the log's head, tail, the units held by live entries,
--- the first live seq and the units of expired entries before it.
+-- logScan returns the log's head, tail, the units held by live entries and
+-- the first live seq.
 local function logScan(key, wu)
   local m = redis.call('HMGET', key, 'h', 't', 'n')
-  if not m[1] then return 0, 0, 0, 0, 0 end
+  if not m[1] then return 0, 0, 0, 0 end
   local h, t, n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
   local first, gone = h, 0
   while first < t do
@@ -326,7 +326,7 @@ local function logScan(key, wu)
     gone = gone + units
     first = first + 1
   end
-  return h, t, n - gone, first, gone
+  return h, t, n - gone, first
 end
 
 local function logEval(key, limit, wu, c, pending, res)
@@ -362,7 +362,7 @@ local function logEval(key, limit, wu, c, pending, res)
 end
 
 local function logCommit(key, wu, c)
-  local h, t, live, first, gone = logScan(key, wu)
+  local h, t, live, first = logScan(key, wu)
   for seq = h, first - 1 do redis.call('HDEL', key, I(seq)) end
   local units = c
   if t > first then
@@ -473,11 +473,25 @@ local function step(base, alg, st, c, res)
   return {a[1], a[2], a[3], z[1], z[2], z[3]}, how
 end
 
+-- put writes a key's state, which matters for ttl ns more, or deletes it
+-- when it no longer does.
+local function put(key, st, v, ttl)
+  if ttl <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, v, 'PX', I(math.ceil(ttl / 1000000)))
+  end
+  loaded[key] = st
+end
+
+local function putBucket(key, b, st)
+  put(key, st, pack('<ddd', st[1], st[2], st[3]), bucketExpiry(b, st))
+end
+
 local function store(key, base, alg, st)
+  if alg == 1 or alg == 2 then return putBucket(key, bucketParams(base, 5), st) end
   local ttl, v
-  if alg == 1 or alg == 2 then
-    ttl, v = bucketExpiry(bucketParams(base, 5), st), pack('<ddd', st[1], st[2], st[3])
-  elseif alg == 6 then
+  if alg == 6 then
     ttl = math.max(bucketExpiry(bucketParams(base, 5), st), bucketExpiry(floorParams(base + 5), {st[4], st[5], st[6]}))
     v = pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
   elseif alg == 3 then
@@ -485,12 +499,7 @@ local function store(key, base, alg, st)
   else
     ttl, v = (st[1] - nu) * 1000 - nsub, pack('<ddd', st[1], st[2], st[3])
   end
-  if ttl <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, v, 'PX', I(math.ceil(ttl / 1000000)))
-  end
-  loaded[key] = st
+  put(key, st, v, ttl)
 end
 
 -- evaluate decides every charge at its cost (or at 0 when peek), chaining
@@ -660,7 +669,7 @@ local function reserve()
 end
 
 -- bucketGive gives back c tokens of bucket key, as StepCancel does.
-local function bucketGive(key, base, alg, b, st, c)
+local function bucketGive(key, b, st, c)
   if not st then return end
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end
@@ -688,11 +697,8 @@ local function cancel()
       for v in string.gmatch(fields[j + 1], '[^,]+') do a[#a + 1] = v end
       local b = bucketParams(1, 5, a)
       local st = load(key, 1)
-      local next = bucketGive(key, 8, 1, b, st, tonumber(a[2]))
-      if next then
-        redis.call('SET', key, pack('<ddd', next[1], next[2], next[3]), 'PX', I(math.max(math.ceil((ceil((next[1] - nu) * 1000 + next[2] - nsub, next[3]) + b.remember) / 1000000), 1)))
-        loaded[key] = next
-      end
+      local next = bucketGive(key, b, st, tonumber(a[2]))
+      if next then putBucket(key, b, next) end
     end
   end
   return {nu, nsub, 1}
@@ -713,14 +719,14 @@ local function undo()
     if cost > 0 and how >= 0 then
       if alg == 1 or alg == 2 then
         local b = bucketParams(base, 5)
-        local next = bucketGive(key, base, alg, b, load(key, alg), cost)
+        local next = bucketGive(key, b, load(key, alg), cost)
         if next then store(key, base, alg, next) end
       elseif alg == 6 then
         local st = load(key, alg)
         if st then
           local b, i0 = bucketParams(base, 5), 1
           if how == 1 then b, i0 = floorParams(base + 5), 4 end
-          local next = bucketGive(key, base, 1, b, {st[i0], st[i0 + 1], st[i0 + 2]}, cost)
+          local next = bucketGive(key, b, {st[i0], st[i0 + 1], st[i0 + 2]}, cost)
           if next then
             local s = {st[1], st[2], st[3], st[4], st[5], st[6]}
             s[i0], s[i0 + 1], s[i0 + 2] = next[1], next[2], next[3]

@@ -223,42 +223,45 @@ func (s *Store) redisKey(tag, key string) string {
 	return s.prefix + "{" + tag + "}" + key
 }
 
-// group is the charges of one decision that share a hash tag.
+// group is the charges of one decision that share a hash tag, with their
+// Redis keys.
 type group struct {
-	tag string
-	idx []int
+	tag  string
+	idx  []int
+	keys []string
 }
 
-// groups splits charges by tag, in order of first appearance with the
-// global tag last. Outside Cluster every key is reachable from one script,
-// so there is a single group.
-func (s *Store) groups(charges []admit.Charge) []group {
-	if !s.cluster {
-		g := group{tag: tagOf(charges[0].Key), idx: make([]int, len(charges))}
-		for i := range g.idx {
-			g.idx[i] = i
-		}
-		return []group{g}
-	}
+// groups splits charges into the groups one call each can decide: by tag
+// when split (in Cluster, where a call reaches one slot), in order of first
+// appearance with the global tag last; otherwise all in one group, tagged
+// like its first charge. Each charge's tag and key are computed here once
+// for the whole decision.
+func (s *Store) groups(charges []admit.Charge, split bool) []group {
 	var gs []group
 	for i := range charges {
 		tag := tagOf(charges[i].Key)
-		j := slices.IndexFunc(gs, func(g group) bool { return g.tag == tag })
+		j := len(gs) - 1
+		if split {
+			j = slices.IndexFunc(gs, func(g group) bool { return g.tag == tag })
+		}
 		if j < 0 {
 			gs = append(gs, group{tag: tag})
 			j = len(gs) - 1
 		}
 		gs[j].idx = append(gs[j].idx, i)
+		gs[j].keys = append(gs[j].keys, s.redisKey(tag, charges[i].Key))
 	}
-	slices.SortStableFunc(gs, func(a, b group) int {
-		switch {
-		case a.tag == "g" && b.tag != "g":
-			return 1
-		case b.tag == "g" && a.tag != "g":
-			return -1
-		}
-		return 0
-	})
+	if split {
+		slices.SortStableFunc(gs, func(a, b group) int {
+			switch {
+			case a.tag == "g" && b.tag != "g":
+				return 1
+			case b.tag == "g" && a.tag != "g":
+				return -1
+			}
+			return 0
+		})
+	}
 	return gs
 }
 
@@ -293,18 +296,14 @@ type call struct {
 // record key the script writes (a lease or a reservation).
 func (s *Store) newCall(op, aux1, aux2, id string, charges []admit.Charge, g group, rec string) call {
 	c := call{
-		keys: make([]string, 0, len(g.idx)+1),
+		keys: make([]string, 0, len(g.keys)+1),
 		args: make([]string, 7, 7+stride*len(g.idx)),
 	}
 	c.args[0], c.args[3], c.args[4], c.args[5], c.args[6] = op, aux1, aux2, id, itoa(int64(len(g.idx)))
-	if s.clock != nil {
-		now := s.clock()
-		us := now.UnixMicro()
-		c.args[1], c.args[2] = itoa(us), itoa(now.UnixNano()-us*1000)
-	}
+	c.args[1], c.args[2] = s.nowArgs()
+	c.keys = append(c.keys, g.keys...)
 	for _, i := range g.idx {
 		ch := &charges[i]
-		c.keys = append(c.keys, s.redisKey(tagOf(ch.Key), ch.Key))
 		a := argsOf(ch.Rule)
 		n := len(c.args)
 		c.args = append(c.args, a.fixed[:]...)
@@ -319,21 +318,41 @@ func (s *Store) newCall(op, aux1, aux2, id string, charges []admit.Charge, g gro
 	return c
 }
 
-// run executes a script call through the breaker, with the timeout.
-func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
-	now := time.Now()
-	if !s.breaker.allow(now) {
-		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", s.breaker.threshold)
+// nowArgs returns the clock arguments of a call: empty for Redis TIME, or
+// the injected clock's microseconds and the nanoseconds beyond.
+func (s *Store) nowArgs() (us, ns string) {
+	if s.clock == nil {
+		return "", ""
+	}
+	now := s.clock()
+	u := now.UnixMicro()
+	return itoa(u), itoa(now.UnixNano() - u*1000)
+}
+
+// do makes one call to Redis, f, through the breaker and with the timeout,
+// and classifies its failure.
+func (s *Store) do(ctx context.Context, f func(ctx context.Context) error) error {
+	if !s.breaker.allow(time.Now()) {
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", s.breaker.threshold)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	v, err := s.fcall(ctx, c)
-	if err != nil {
-		return nil, s.fail(ctx, err)
+	if err := f(ctx); err != nil {
+		return s.fail(ctx, err)
 	}
 	s.breaker.success()
-	return v, nil
+	return nil
+}
+
+// run makes a call of the library's function.
+func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
+	var v []int64
+	err := s.do(ctx, func(ctx context.Context) (err error) {
+		v, err = s.fcall(ctx, c)
+		return err
+	})
+	return v, err
 }
 
 // fcall calls the library's function. A server without the library — a new
@@ -498,7 +517,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 		return nil
 	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
-	groups := s.groups(charges)
+	groups := s.groups(charges, s.cluster)
 	leaseID := ""
 	var leaseTags []string
 	var done []groupDone
@@ -623,7 +642,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	id := newID()
 	var booked []string
 	var res admit.Reservation
-	for _, g := range s.groups(charges) {
+	for _, g := range s.groups(charges, s.cluster) {
 		v, err := s.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
 		if err == nil && len(v) != 4 {
 			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
@@ -681,29 +700,18 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 }
 
 func (s *Store) opArgs(op, id string) []string {
-	args := []string{op, "", "", "", "", id, "0"}
-	if s.clock != nil {
-		now := s.clock()
-		us := now.UnixMicro()
-		args[1], args[2] = itoa(us), itoa(now.UnixNano()-us*1000)
-	}
-	return args
+	us, ns := s.nowArgs()
+	return []string{op, us, ns, "", "", id, "0"}
 }
 
 // recordFields returns the field names of a lease or reservation record.
 func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
-	if !s.breaker.allow(time.Now()) {
-		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open")
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	s.calls.Add(1)
-	fields, err := s.client.Do(ctx, s.client.B().Hkeys().Key(rec).Build()).AsStrSlice()
-	if err != nil {
-		return nil, s.fail(ctx, err)
-	}
-	s.breaker.success()
-	return fields, nil
+	var fields []string
+	err := s.do(ctx, func(ctx context.Context) (err error) {
+		fields, err = s.client.Do(ctx, s.client.B().Hkeys().Key(rec).Build()).AsStrSlice()
+		return err
+	})
+	return fields, err
 }
 
 // CancelReservation implements admit.Store.
@@ -775,48 +783,15 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
-	if len(charges) == 0 {
-		return nil
-	}
-	if !s.breaker.allow(time.Now()) {
-		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open")
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	for _, g := range s.groupsByTag(charges) {
-		keys := make([]string, len(g.idx))
-		for k, i := range g.idx {
-			keys[k] = s.redisKey(g.tag, charges[i].Key)
-		}
-		s.calls.Add(1)
-		if err := s.client.Do(ctx, s.client.B().Del().Key(keys...).Build()).Error(); err != nil {
-			return s.fail(ctx, err)
+	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
+		err := s.do(ctx, func(ctx context.Context) error {
+			return s.client.Do(ctx, s.client.B().Del().Key(g.keys...).Build()).Error()
+		})
+		if err != nil {
+			return err
 		}
 	}
-	s.breaker.success()
 	return nil
-}
-
-// groupsByTag groups charges by tag whatever the mode: a multi-key DEL
-// must stay within one slot in Cluster.
-func (s *Store) groupsByTag(charges []admit.Charge) []group {
-	by := map[string]*group{}
-	var out []*group
-	for i := range charges {
-		tag := tagOf(charges[i].Key)
-		g := by[tag]
-		if g == nil {
-			g = &group{tag: tag}
-			by[tag] = g
-			out = append(out, g)
-		}
-		g.idx = append(g.idx, i)
-	}
-	gs := make([]group, len(out))
-	for i, g := range out {
-		gs[i] = *g
-	}
-	return gs
 }
 
 // String describes the store for logs.
@@ -830,12 +805,8 @@ func Library() string { return scriptSource }
 
 // Command returns the keys and arguments of the script call that deciding
 // charges makes (in a single group, as outside Cluster), so that tools can
-// replay a decision with EVALSHA. The charges must be valid.
+// replay a decision with FCALL. The charges must be valid.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
-	g := group{tag: tagOf(charges[0].Key)}
-	for i := range charges {
-		g.idx = append(g.idx, i)
-	}
-	c := s.newCall("d", "0", "", "", charges, g, "")
+	c := s.newCall("d", "0", "", "", charges, s.groups(charges, false)[0], "")
 	return c.keys, c.args
 }

@@ -60,7 +60,7 @@ func TestServeRedisSharedCatalog(t *testing.T) {
 	// With Redis gone, readiness says so.
 	srv.Kill()
 	code, m := call(t, "GET", c.url+"/readyz", "")
-	if code != 503 || !strings.Contains(m["store"].(string), "connection refused") {
+	if code != 503 || !strings.Contains(m["store"].(string), "redisstore: ping") {
 		t.Errorf("readyz with Redis down: %d %v", code, m)
 	}
 }

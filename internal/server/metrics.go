@@ -91,7 +91,7 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(pick(stats())) })
 		}
 		counter := func(name, help string, pick func(StoreStats) int64) prometheus.Collector {
-			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(stats())) })
+			return counterFunc(name, help, stats, pick)
 		}
 		reg.MustRegister(
 			gauge("admit_store_keys", "Live keys in the memory store.", func(s StoreStats) int64 { return s.Keys }),
@@ -116,14 +116,17 @@ func (m *metrics) registerHealth(reg *prometheus.Registry, health func() StoreHe
 			return 0
 		}))
 	}
-	counter := func(name, help string, pick func(StoreHealth) int64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(health())) })
-	}
 	reg.MustRegister(
-		counter("admit_store_calls_total", "Calls to the remote store.", func(h StoreHealth) int64 { return h.Calls }),
-		counter("admit_store_call_failures_total", "Calls to the remote store that failed or timed out.", func(h StoreHealth) int64 { return h.Failures }),
-		counter("admit_store_undo_failures_total", "Cluster decisions over two slots whose give-back failed.", func(h StoreHealth) int64 { return h.UndoFailures }),
+		counterFunc("admit_store_calls_total", "Calls to the remote store.", health, func(h StoreHealth) int64 { return h.Calls }),
+		counterFunc("admit_store_call_failures_total", "Calls to the remote store that failed or timed out.", health, func(h StoreHealth) int64 { return h.Failures }),
+		counterFunc("admit_store_undo_failures_total", "Cluster decisions over two slots whose give-back failed.", health, func(h StoreHealth) int64 { return h.UndoFailures }),
 	)
+}
+
+// counterFunc is a counter read at scrape time: pick applied to what read
+// returns.
+func counterFunc[T any](name, help string, read func() T, pick func(T) int64) prometheus.Collector {
+	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(read())) })
 }
 
 func (m *metrics) handler(reg *prometheus.Registry) http.Handler {

@@ -1,0 +1,40 @@
+package redisstore
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+func cached() int {
+	n := 0
+	argsCache.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
+// TestArgsCacheForgetsRules: the arguments of rules no policy holds any more
+// leave the cache, so reloads and admin changes do not grow it.
+func TestArgsCacheForgetsRules(t *testing.T) {
+	before := cached()
+	func() {
+		for i := range 100 {
+			r := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(int64(i + 1)), Burst: 10}
+			if a := argsOf(r); a.err != nil || a.fixed[5] != itoa(int64(i+1)) || argsOf(r) != a {
+				t.Fatalf("rule %d: %+v", i, a)
+			}
+		}
+	}()
+	if cached() < before+100 {
+		t.Fatalf("%d cached, want %d more than %d", cached(), 100, before)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for cached() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rules still cached after they were collected (%d before)", cached(), before)
+		}
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
