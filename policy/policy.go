@@ -180,7 +180,12 @@ func (p *Policy) Tier(name string) *Tier { return p.tiers[name] }
 func (p *Policy) Tenant(id string) *Tenant { return p.tenants[id] }
 
 // TenantByKey returns the tenant that owns the API key, or nil.
-func (p *Policy) TenantByKey(key string) *Tenant { return p.byKey[HashKey(key)] }
+func (p *Policy) TenantByKey(key string) *Tenant {
+	sum := sha256.Sum256([]byte(key))
+	var h [2 * sha256.Size]byte
+	hex.Encode(h[:], sum[:])
+	return p.byKey[string(h[:])] // no allocation: a map index by a converted []byte
+}
 
 // Tenants returns the known tenants sorted by id.
 func (p *Policy) Tenants() []*Tenant {

@@ -2,13 +2,11 @@ package redisstore
 
 import (
 	"math/bits"
-	"runtime"
 	"strconv"
-	"sync"
 	"time"
-	"weak"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/weakmap"
 )
 
 // maxSpan bounds every time a rule makes the script compute with: a
@@ -76,28 +74,21 @@ func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 	return d, d <= maxSpan
 }
 
-// argsCache maps rules to their arguments. Its keys are weak, and an entry
-// goes when its rule is collected: every reload or admin change compiles
-// new rules, and the cache must not keep the old ones, or grow, forever.
-var argsCache sync.Map // weak.Pointer[admit.Rule] → *ruleArgs
+// argsCache maps rules to their arguments, weakly: every reload or admin
+// change compiles new rules, and the cache must not keep the old ones.
+var argsCache weakmap.Map[admit.Rule, *ruleArgs]
 
 // argsOf returns the cached arguments of r, computing and checking them on
 // first use. Rules are immutable once in use (see admit.Rule), so the
 // pointer identifies the parameters.
 func argsOf(r *admit.Rule) *ruleArgs {
-	wp := weak.Make(r)
-	if v, ok := argsCache.Load(wp); ok {
-		return v.(*ruleArgs)
-	}
-	a := &ruleArgs{err: CheckRule(r)}
-	if a.err == nil {
-		a.fill(r)
-	}
-	if v, loaded := argsCache.LoadOrStore(wp, a); loaded {
-		return v.(*ruleArgs)
-	}
-	runtime.AddCleanup(r, func(wp weak.Pointer[admit.Rule]) { argsCache.Delete(wp) }, wp)
-	return a
+	return argsCache.Get(r, func(r *admit.Rule) *ruleArgs {
+		a := &ruleArgs{err: CheckRule(r)}
+		if a.err == nil {
+			a.fill(r)
+		}
+		return a
+	})
 }
 
 func (a *ruleArgs) fill(r *admit.Rule) {

@@ -3,9 +3,17 @@
 package load
 
 import (
+	"io"
+	"net"
+	"net/http"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/policy"
 )
 
 // Result is a load's outcome: the latency of every call that counted,
@@ -55,4 +63,77 @@ func Run(callers int, d time.Duration, op func(i int) bool) Result {
 	}
 	slices.Sort(r.Lat)
 	return r
+}
+
+// Serve starts h on a loopback port on admit serve's HTTP server
+// configuration, and returns its URL and a function that stops it.
+func Serve(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	hs := server.HTTPServer(h, nil)
+	go func() { _ = hs.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = hs.Close() }, nil
+}
+
+// HTTPResult is an HTTP load's outcome: the answered calls (200 and 429
+// count), and how many were admitted, refused, or failed (a transport
+// error or any other status; not counted).
+type HTTPResult struct {
+	Result
+	OK, Refused, Failed int64
+}
+
+// HTTP runs a closed-loop HTTP load: callers goroutines, each with its own
+// keep-alive connection, send request i = req(i) back to back for d.
+func HTTP(callers int, d time.Duration, req func(i int) *http.Request) HTTPResult {
+	tr := &http.Transport{MaxIdleConnsPerHost: callers, MaxConnsPerHost: callers, DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var ok, refused, failed atomic.Int64
+	res := Run(callers, d, func(i int) bool {
+		resp, err := client.Do(req(i))
+		if err != nil {
+			failed.Add(1)
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			ok.Add(1)
+		case http.StatusTooManyRequests:
+			refused.Add(1)
+		default:
+			failed.Add(1)
+			return false
+		}
+		return true
+	})
+	return HTTPResult{Result: res, OK: ok.Load(), Refused: refused.Load(), Failed: failed.Load()}
+}
+
+// Spec is the policy of the HTTP benchmarks: tenants tenant-0… in tier
+// free, each user charged a user bucket (100/s, burst 50), its tenant's
+// (100000/s) and the global one (10000000/s). key, if set, gives tenant i
+// an API key.
+func Spec(tenants int, key func(i int) string) *policy.Spec {
+	n := func(v int64) *int64 { return &v }
+	s := &policy.Spec{
+		Global: []policy.RuleSpec{{Name: "global-requests", Scope: "global", Algorithm: "token_bucket", Rate: "10000000/s", Burst: n(1000000)}},
+		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
+			{Name: "user-requests", Scope: "user", Algorithm: "token_bucket", Rate: "100/s", Burst: n(50)},
+			{Name: "tenant-requests", Scope: "tenant", Algorithm: "token_bucket", Rate: "100000/s", Burst: n(20000)},
+		}}},
+		Tenants: map[string]policy.TenantSpec{},
+	}
+	for i := range tenants {
+		t := policy.TenantSpec{Tier: "free"}
+		if key != nil {
+			t.APIKeysSHA256 = []string{policy.HashKey(key(i))}
+		}
+		s.Tenants["tenant-"+strconv.Itoa(i)] = t
+	}
+	return s
 }

@@ -19,12 +19,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -49,35 +46,6 @@ func main() {
 	}
 }
 
-func n(v int64) *int64 { return &v }
-
-func spec(tenants int) *policy.Spec {
-	s := &policy.Spec{
-		Global: []policy.RuleSpec{{Name: "global-requests", Scope: "global", Algorithm: "token_bucket", Rate: "10000000/s", Burst: n(1000000)}},
-		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
-			{Name: "user-requests", Scope: "user", Algorithm: "token_bucket", Rate: "100/s", Burst: n(50)},
-			{Name: "tenant-requests", Scope: "tenant", Algorithm: "token_bucket", Rate: "100000/s", Burst: n(20000)},
-		}}},
-		Tenants: map[string]policy.TenantSpec{},
-	}
-	for i := range tenants {
-		s.Tenants["tenant-"+strconv.Itoa(i)] = policy.TenantSpec{Tier: "free"}
-	}
-	return s
-}
-
-// serve starts h on a loopback port on admit serve's HTTP server, and
-// returns its URL.
-func serve(h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	hs := server.HTTPServer(h, nil)
-	go func() { _ = hs.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() { _ = hs.Close() }, nil
-}
-
 // nothing is the ceiling: it reads the body and answers a fixed decision.
 var nothing = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
@@ -85,39 +53,12 @@ var nothing = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write([]byte(`{"allowed":true}` + "\n"))
 })
 
-type result struct {
-	load.Result
-	ok, refused, failed int64
-}
-
-func (r *result) rate() float64 { return r.Rate() }
-
-func (r *result) pct(p float64) time.Duration { return r.Pct(p) }
-
-func run1(url string, callers int, d time.Duration, bodies [][]byte) *result {
-	tr := &http.Transport{MaxIdleConnsPerHost: callers, MaxConnsPerHost: callers, DisableCompression: true}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-	var ok, refused, failed atomic.Int64
-	res := load.Run(callers, d, func(i int) bool {
-		resp, err := client.Post(url+"/v1/check", "application/json", bytes.NewReader(bodies[i%len(bodies)]))
-		if err != nil {
-			failed.Add(1)
-			return false
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		switch resp.StatusCode {
-		case 200:
-			ok.Add(1)
-		case 429:
-			refused.Add(1)
-		default:
-			failed.Add(1)
-		}
-		return true
+func run1(url string, callers int, d time.Duration, bodies [][]byte) load.HTTPResult {
+	return load.HTTP(callers, d, func(i int) *http.Request {
+		req, _ := http.NewRequest("POST", url+"/v1/check", bytes.NewReader(bodies[i%len(bodies)]))
+		req.Header.Set("Content-Type", "application/json")
+		return req
 	})
-	return &result{Result: res, ok: ok.Load(), refused: refused.Load(), failed: failed.Load()}
 }
 
 func run(callers int, d time.Duration, rounds, tenants, users int, storeURL string) error {
@@ -130,18 +71,21 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL stri
 		store = r
 	}
 	defer store.Close()
-	cat, err := policy.NewCatalog(context.Background(), spec(tenants), nil)
+	cat, err := policy.NewCatalog(context.Background(), load.Spec(tenants, nil), nil)
 	if err != nil {
 		return err
 	}
-	srv := server.New(server.Options{Store: store, Catalog: cat, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := server.New(server.Options{Store: store, Catalog: cat, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
 	defer srv.Close()
-	admitURL, stopAdmit, err := serve(srv)
+	admitURL, stopAdmit, err := load.Serve(srv)
 	if err != nil {
 		return err
 	}
 	defer stopAdmit()
-	nothingURL, stopNothing, err := serve(nothing)
+	nothingURL, stopNothing, err := load.Serve(nothing)
 	if err != nil {
 		return err
 	}
@@ -160,11 +104,11 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL stri
 	for i := range rounds {
 		for _, tgt := range []struct{ name, url string }{{"nothing", nothingURL}, {"check", admitURL}} {
 			r := run1(tgt.url, callers, d, bodies)
-			fmt.Printf("%-8d %-8s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.rate(), r.pct(0.50).Round(time.Microsecond), r.pct(0.99).Round(time.Microsecond), r.refused, r.failed)
+			fmt.Printf("%-8d %-8s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.Rate(), r.Pct(0.50).Round(time.Microsecond), r.Pct(0.99).Round(time.Microsecond), r.Refused, r.Failed)
 			if tgt.name == "check" {
-				admitRates = append(admitRates, r.rate())
+				admitRates = append(admitRates, r.Rate())
 			} else {
-				nothingRates = append(nothingRates, r.rate())
+				nothingRates = append(nothingRates, r.Rate())
 			}
 		}
 	}

@@ -151,7 +151,10 @@ func askLocally(ctx context.Context, file string, body []byte) (int, []byte, err
 	}
 	store := memstore.New(nil)
 	defer store.Close()
-	srv := server.New(server.Options{Store: store, Catalog: catalog, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := server.New(server.Options{Store: store, Catalog: catalog, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return 0, nil, err
+	}
 	defer srv.Close()
 	rec := httptest.NewRecorder()
 	srv.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/check", bytes.NewReader(body)))

@@ -30,6 +30,7 @@ type Config struct {
 	Global   []policy.RuleSpec            `json:"global"`
 	Tiers    map[string]policy.TierSpec   `json:"tiers"`
 	Tenants  map[string]policy.TenantSpec `json:"tenants"`
+	HTTP     HTTPConfig                   `json:"http"`
 }
 
 // ServerConfig is the server section.
@@ -346,6 +347,30 @@ func (d *decoder) check(c *Config) {
 			d.failAt(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)
 		}
 	}
+	if o, err := httpOptions(c); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) && fe.path != "server.trusted_proxies" {
+			d.failAt(fe.path, "%s", fe.msg)
+		}
+	} else if err := o.Validate(); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "httplimit: ")
+		path := "http"
+		switch {
+		case strings.HasPrefix(msg, "action "):
+			path = "http.actions"
+			if m := indexed.FindStringSubmatch(msg); m != nil {
+				path += "[" + m[1] + "]"
+			}
+		case strings.HasPrefix(msg, "jwt: "):
+			path = "http.jwt.keys"
+			if m := indexed.FindStringSubmatch(msg); m != nil {
+				path += "[" + m[1] + "]"
+			}
+		case strings.HasPrefix(msg, "user header"):
+			path = "http.user_header"
+		}
+		d.failAt(path, "%s", msg)
+	}
 	switch c.Store.Backend {
 	case "", "memory", "redis":
 	default:
@@ -385,6 +410,9 @@ func (d *decoder) check(c *Config) {
 		}
 	}
 }
+
+// indexed finds the list index in "action 2: …" and "jwt: key 0: …".
+var indexed = regexp.MustCompile(`^(?:action|jwt: key) (\d+):`)
 
 // parsePrefix parses a CIDR or a single address.
 func parsePrefix(s string) (netip.Prefix, error) {

@@ -2,6 +2,7 @@
 //
 //	admit serve            run the server (decision, admin, metrics)
 //	admit check            ask for one decision
+//	admit proxy            a rate limiting reverse proxy
 //	admit config validate  check configuration files
 //	admit config example   print the built-in demo configuration
 //
@@ -42,6 +43,7 @@ const usage = `admit: multi-tenant rate limiting
 Usage:
   admit serve [flags]            run the server (see admit serve --help)
   admit check [flags]            decide one request (see admit check --help)
+  admit proxy --upstream URL     a rate limiting reverse proxy (see admit proxy --help)
   admit config validate FILE...  check configuration files
   admit config example           print the built-in demo configuration
   admit help                     show this help
@@ -61,6 +63,8 @@ func run(ctx context.Context, args []string, e *env) int {
 		return serve(ctx, args[1:], e)
 	case "check":
 		return check(ctx, args[1:], e)
+	case "proxy":
+		return proxy(ctx, args[1:], e)
 	case "config":
 		return configCmd(args[1:], e)
 	case "help", "-h", "-help", "--help":

@@ -36,21 +36,28 @@ type running struct {
 
 func startServe(t *testing.T, args ...string) *running {
 	t.Helper()
+	return startCmd(t, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
+}
+
+// startCmd runs a serving command (serve, proxy) in process until the test
+// ends.
+func startCmd(t *testing.T, args ...string) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{})}
 	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(string) string { return "" },
 		listening: func(a string) { addr <- a }, reload: r.reload}
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, append([]string{"serve", "--http", "127.0.0.1:0"}, args...), e) }()
+	go func() { done <- run(ctx, args, e) }()
 	select {
 	case a := <-addr:
 		r.url = "http://" + a
 	case code := <-done:
 		cancel()
-		t.Fatalf("serve exited with %d: %s", code, r.stderr)
+		t.Fatalf("%s exited with %d: %s", args[0], code, r.stderr)
 	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not start")
+		t.Fatalf("%s did not start", args[0])
 	}
 	var once sync.Once
 	code := 0

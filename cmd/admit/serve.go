@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -34,21 +35,32 @@ configuration kept, and the error logged and shown by /readyz.
 Flags:
 `
 
+// backendFlags are the flags of serve and proxy that pick the
+// configuration and the store.
+type backendFlags struct {
+	config, store, dataDir string
+	reloadEvery            time.Duration
+}
+
+func (f *backendFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "configuration `file` (default: the built-in demo configuration)")
+	fs.StringVar(&f.store, "store", "", "store `URL`: memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (default: store.backend)")
+	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
+	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
+}
+
 type serveFlags struct {
-	config, http, grpc, store, dataDir, decisionLog string
-	reloadEvery                                     time.Duration
+	backendFlags
+	http, grpc, decisionLog string
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
 	fs := flag.NewFlagSet("admit serve", flag.ContinueOnError)
 	var f serveFlags
-	fs.StringVar(&f.config, "config", "", "configuration `file` (default: the built-in demo configuration)")
+	f.register(fs)
 	fs.StringVar(&f.http, "http", "", "HTTP listen `address` (default :8080, or server.http)")
 	fs.StringVar(&f.grpc, "grpc", "", "gRPC listen `address` for the Envoy rate limit service (default :8081, or server.grpc)")
-	fs.StringVar(&f.store, "store", "", "store `URL`: memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (default: store.backend)")
-	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
-	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
 	}
@@ -74,30 +86,36 @@ func loadServeConfig(file string) (*Config, []byte, error) {
 	return cfg, data, err
 }
 
-func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
-	cfg, data, err := loadServeConfig(f.config)
-	if err != nil {
-		return fmt.Errorf("the configuration is invalid, not starting:\n%w", err)
-	}
-	httpAddr := first(f.http, cfg.Server.HTTP, ":8080")
-	if g := first(f.grpc, cfg.Server.GRPC); g != "" {
-		log.Warn("the Envoy rate limit service (gRPC) is not part of this build yet; not listening", "grpc", g)
-	}
-	st, err := openStore(ctx, f.store, cfg, f.dataDir)
-	if err != nil {
-		return err
-	}
-	defer st.close()
-	backend := st.name
+// backend is what serve and proxy share: the configuration, the store and
+// the tenant catalog, kept up to date with other servers.
+type backend struct {
+	cfg     *Config
+	data    []byte // the configuration file as loaded
+	st      *openedStore
+	catalog *policy.Catalog
+}
 
+// openBackend loads the configuration, opens the store and the catalog,
+// and follows the shared catalog's changes until ctx ends.
+func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slog.Logger) (*backend, error) {
+	cfg, data, err := loadServeConfig(config)
+	if err != nil {
+		return nil, fmt.Errorf("the configuration is invalid, not starting:\n%w", err)
+	}
+	st, err := openStore(ctx, storeURL, cfg, dataDir)
+	if err != nil {
+		return nil, err
+	}
 	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), st.changes)
 	if err != nil {
-		return err
+		st.close()
+		return nil, err
 	}
 	if st.check != nil {
 		for _, r := range catalog.Policy().Rules() {
 			if err := st.check(&r.Rule); err != nil {
-				return fmt.Errorf("store %s: %w", st.name, err)
+				st.close()
+				return nil, fmt.Errorf("store %s: %w", st.name, err)
 			}
 		}
 	}
@@ -109,6 +127,22 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 				log.Warn("the shared tenant catalog could not be loaded; keeping the current one", "err", err)
 			}
 		})
+	}
+	return &backend{cfg: cfg, data: data, st: st, catalog: catalog}, nil
+}
+
+func (b *backend) close() { b.st.close() }
+
+func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
+	b, err := openBackend(ctx, f.config, f.store, f.dataDir, log)
+	if err != nil {
+		return err
+	}
+	defer b.close()
+	cfg, st, catalog := b.cfg, b.st, b.catalog
+	httpAddr := first(f.http, cfg.Server.HTTP, ":8080")
+	if g := first(f.grpc, cfg.Server.GRPC); g != "" {
+		log.Warn("the Envoy rate limit service (gRPC) is not part of this build yet; not listening", "grpc", g)
 	}
 	token := first(cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
 	var decisionLog io.Writer
@@ -124,18 +158,25 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		defer file.Close()
 		decisionLog = file
 	}
-	srv := server.New(server.Options{
+	hopts, err := httpOptions(cfg)
+	if err != nil {
+		return err // validated with the configuration
+	}
+	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
+		HTTP: hopts,
 	})
+	if err != nil {
+		return err
+	}
 	defer srv.Close()
 
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return err
 	}
-	hs := server.HTTPServer(srv, log)
 	if token == "" {
 		log.Warn("no admin token (ADMIT_ADMIN_TOKEN): the admin API answers loopback clients only")
 	}
@@ -143,20 +184,25 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if cfgName == "" {
 		cfgName = "built-in demo"
 	}
-	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "config", cfgName, "store", backend,
+	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "config", cfgName, "store", st.name,
 		"tenants", len(catalog.Policy().Tenants()), "data_dir", f.dataDir)
+	return b.run(ctx, server.HTTPServer(srv, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
+}
+
+// run serves hs on ln until ctx ends, reloading the configuration file (if
+// any) meanwhile, then drains the connections.
+func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, config string, every time.Duration, e *env, setErr func(error), log *slog.Logger) error {
 	if e.listening != nil {
 		e.listening(ln.Addr().String())
 	}
-
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	reloadDone := make(chan struct{})
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	go func() {
 		defer close(reloadDone)
-		if f.config != "" {
-			watchConfig(reloadCtx, f, data, e.reload, catalog, srv, log)
+		if config != "" {
+			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, setErr, log)
 		}
 	}()
 
@@ -181,11 +227,12 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 // watchConfig reloads the configuration file when its content changes, on
 // SIGHUP, and when reload says so. A bad file is refused; the running
 // configuration stays.
-func watchConfig(ctx context.Context, f *serveFlags, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, srv *server.Server, log *slog.Logger) {
+// setErr is told the outcome of every reload.
+func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, setErr func(error), log *slog.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	tick := time.NewTicker(f.reloadEvery)
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	last := loaded
 	for {
@@ -199,11 +246,11 @@ func watchConfig(ctx context.Context, f *serveFlags, loaded []byte, reload <-cha
 		case <-reload:
 			forced = true
 		}
-		data, err := os.ReadFile(f.config)
+		data, err := os.ReadFile(file)
 		if err != nil {
 			if forced || last != nil { // log a vanished file once, not every tick
 				log.Error("configuration reload refused; keeping the running configuration", "err", err)
-				srv.SetConfigError(err)
+				setErr(err)
 				last = nil
 			}
 			continue
@@ -212,17 +259,17 @@ func watchConfig(ctx context.Context, f *serveFlags, loaded []byte, reload <-cha
 			continue
 		}
 		last = data
-		cfg, err := ParseConfig(f.config, data)
+		cfg, err := ParseConfig(file, data)
 		if err == nil {
 			err = catalog.SetBase(cfg.Spec())
 		}
 		if err != nil {
 			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))
-			srv.SetConfigError(err)
+			setErr(err)
 			continue
 		}
-		srv.SetConfigError(nil)
-		log.Info("configuration reloaded", "config", f.config, "tenants", len(catalog.Policy().Tenants()))
+		setErr(nil)
+		log.Info("configuration reloaded", "config", file, "tenants", len(catalog.Policy().Tenants()))
 	}
 }
 

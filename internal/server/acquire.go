@@ -71,7 +71,6 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 	res, err := s.store.Reserve(ctx, c.res.Charges, maxWait)
 	if err != nil {
 		if admit.ErrorCode(err) == admit.CodeUnavailable {
-			s.metrics.storeErrors.Inc()
 			return s.failover(ctx, c, err)
 		}
 		return err

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -133,83 +133,30 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint string, e
 // decide decides c's charges, applying the rules' failure modes when the
 // store cannot answer.
 func (s *Server) decide(ctx context.Context, c *call) error {
-	if len(c.res.Charges) == 0 {
-		c.d.Reset()
-		c.d.Allowed = true
-		return nil
-	}
-	err := s.store.Decide(ctx, c.res.Charges, &c.d)
-	if err == nil || admit.ErrorCode(err) != admit.CodeUnavailable {
-		return err
-	}
-	s.metrics.storeErrors.Inc()
-	return s.failover(ctx, c, err)
+	out, err := s.decider.Decide(ctx, &c.res, &c.d)
+	s.count(out, err)
+	return err
 }
 
-// failover decides c when the store is unavailable: refused with the
-// store's error if any charge's rule fails closed, decided by the local
-// limiter if any fails local, admitted otherwise (fail open).
+// failover decides c after the store failed with cause.
 func (s *Server) failover(ctx context.Context, c *call, cause error) error {
-	def := s.catalog.Policy().OnError()
-	local := false
-	for _, r := range c.res.Rules {
-		mode := r.OnError
-		if mode == admit.FailDefault {
-			mode = def
-		}
-		switch mode {
-		case admit.FailClosed:
-			return cause
-		case admit.FailLocal:
-			local = true
-		}
-	}
-	if !local {
-		c.d.Reset()
-		c.d.Allowed = true
-		s.metrics.failOpen.Inc()
-		return nil
-	}
-	s.localOnce.Do(func() { s.local = memstore.New(nil) })
-	charges := make([]admit.Charge, len(c.res.Charges))
-	for i, ch := range c.res.Charges {
-		ch.Rule = s.localShare(ch.Rule)
-		if err := ch.Rule.CheckCost(ch.Cost); err != nil {
-			ch.Cost = ch.Rule.Capacity()
-		}
-		charges[i] = ch
-	}
-	s.metrics.failLocal.Inc()
-	return s.local.Decide(ctx, charges, &c.d)
+	out, err := s.decider.Failover(ctx, &c.res, &c.d, cause)
+	s.count(out, err)
+	return err
 }
 
-// localShare returns r with its limits divided among the servers, for the
-// local limiter; at least 1 of everything is kept.
-func (s *Server) localShare(r *admit.Rule) *admit.Rule {
-	s.localMu.Lock()
-	defer s.localMu.Unlock()
-	if l := s.localRule[r]; l != nil {
-		return l
+// count counts a decision's outcome in the store metrics.
+func (s *Server) count(out policy.Outcome, err error) {
+	switch {
+	case out == policy.FailedOpen:
+		s.metrics.storeErrors.Inc()
+		s.metrics.failOpen.Inc()
+	case out == policy.FailedLocal:
+		s.metrics.storeErrors.Inc()
+		s.metrics.failLocal.Inc()
+	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
+		s.metrics.storeErrors.Inc()
 	}
-	l := *r
-	n := s.instances
-	div := func(v int64) int64 { return max(1, v/n) }
-	l.Burst, l.Limit, l.Max = div(l.Burst), div(l.Limit), div(l.Max)
-	if l.Initial != nil {
-		v := min(*l.Initial, l.Burst)
-		l.Initial = &v
-	}
-	if l.Rate.N > 0 {
-		l.Rate.N = div(l.Rate.N)
-	}
-	if l.Floor.N > 0 {
-		l.Floor.N = div(l.Floor.N)
-	}
-	if err := l.Validate(); err != nil {
-		l = *r // a share too small to be valid: keep the whole limit
-	}
-	s.localRule[r] = &l
-	return &l
 }
 
 // record counts a decision in the metrics and the decision log.
@@ -224,31 +171,13 @@ func (s *Server) record(c *call, endpoint string, start time.Time) {
 // waited is acquire's wait, or negative for none.
 func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
 	h := w.Header()
-	c.buf = appendPolicyHeader(c.buf[:0], c)
-	if len(c.buf) > 0 {
-		h.Set("RateLimit-Policy", string(c.buf))
-		c.buf = appendLimitHeader(c.buf[:0], c)
-		h.Set("RateLimit", string(c.buf))
-	}
+	c.buf = httplimit.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
 	status := http.StatusOK
 	if !c.d.Allowed {
 		status = http.StatusTooManyRequests
-		h.Set("Retry-After", strconv.FormatInt(retrySeconds(c.d.RetryAfter), 10))
+		h.Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(c.d.RetryAfter), 10))
 	}
 	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
 	c.buf = appendDecision(c.buf[:0], c, c.claim, waited)
 	writeBody(w, status, c.buf)
-}
-
-// retrySeconds rounds a wait up to whole seconds, at least 1: Retry-After
-// takes integer seconds, and a client told 0 would retry at once.
-func retrySeconds(d time.Duration) int64 {
-	return max(1, ceilDiv(d, time.Second))
-}
-
-func ceilDiv(d, unit time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64((d + unit - 1) / unit)
 }

@@ -2,11 +2,11 @@ package server
 
 import (
 	"encoding/json"
-	"math"
 	"strconv"
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -14,66 +14,7 @@ import (
 // rather than encoding/json: they are on the hot path, and their shape is
 // fixed.
 
-// appendPolicyHeader appends the RateLimit-Policy field value
-// (draft-ietf-httpapi-ratelimit-headers): one item per non-shadow charge,
-// named by its rule, with the quota q and, for rate limits, the window w in
-// seconds over which the quota is granted.
-func appendPolicyHeader(b []byte, c *call) []byte {
-	for i, r := range c.res.Rules {
-		if r.Shadow {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = append(b, '"')
-		b = append(b, r.Name...)
-		b = append(b, `";q=`...)
-		b = strconv.AppendInt(b, c.d.Results[i].Limit, 10)
-		if w := window(&r.Rule); w > 0 {
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, w, 10)
-		}
-	}
-	return b
-}
-
-// appendLimitHeader appends the RateLimit field value: per non-shadow
-// charge, the remaining quota r and the seconds t until it is whole again.
-func appendLimitHeader(b []byte, c *call) []byte {
-	for i, r := range c.res.Rules {
-		if r.Shadow {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		res := &c.d.Results[i]
-		b = append(b, '"')
-		b = append(b, r.Name...)
-		b = append(b, `";r=`...)
-		b = strconv.AppendInt(b, max(0, res.Remaining), 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, ceilDiv(res.ResetAfter, time.Second), 10)
-	}
-	return b
-}
-
-// window returns the seconds over which a rule grants its quota: the time a
-// bucket takes to refill from empty, or the window; 0 for concurrency.
-func window(r *admit.Rule) int64 {
-	switch r.Algorithm {
-	case admit.TokenBucket, admit.GCRA, admit.Combination:
-		// burst × Per / N in floating point: the product can pass 2^63,
-		// and a header needs whole seconds only.
-		return int64(math.Ceil(float64(r.Burst) * r.Rate.Per.Seconds() / float64(r.Rate.N)))
-	case admit.Concurrency:
-		return 0
-	}
-	return ceilDiv(r.Window, time.Second)
-}
-
-func ms(d time.Duration) int64 { return ceilDiv(d, time.Millisecond) }
+func ms(d time.Duration) int64 { return httplimit.CeilDiv(d, time.Millisecond) }
 
 // appendDecision appends the JSON answer of a decision.
 func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byte {

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -40,7 +41,7 @@ type endpointMetrics struct {
 }
 
 // The decision endpoints, as they appear in metric labels.
-var decisionEndpoints = []string{"check", "acquire", "lease"}
+var decisionEndpoints = []string{"check", "acquire", "lease", "authz"}
 
 type ruleCounters struct {
 	policy *policy.Policy
@@ -156,28 +157,32 @@ func (m *metrics) counters(p *policy.Policy) *ruleCounters {
 }
 
 func (m *metrics) observe(c *call, endpoint string, took time.Duration) {
+	m.observeDecision(&c.res, &c.d, endpoint, took)
+}
+
+func (m *metrics) observeDecision(res *policy.Resolution, d *admit.Decision, endpoint string, took time.Duration) {
 	em := m.endpoints[endpoint]
 	result := "allowed"
-	if c.d.Allowed {
+	if d.Allowed {
 		em.allowed.Inc()
 	} else {
 		result = "refused"
 		em.refused.Inc()
 	}
 	em.latency.Observe(took.Seconds())
-	if m.tenants != nil && c.res.Tenant != nil {
-		m.tenants.WithLabelValues(c.res.Tenant.ID, result).Inc()
+	if m.tenants != nil && res.Tenant != nil {
+		m.tenants.WithLabelValues(res.Tenant.ID, result).Inc()
 	}
-	if len(c.res.Rules) == 0 || len(c.d.Results) != len(c.res.Rules) {
+	if len(res.Rules) == 0 || len(d.Results) != len(res.Rules) {
 		return // admitted without charges, or by fail-open
 	}
-	rc := m.counters(c.res.Policy)
-	for i, r := range c.res.Rules {
-		res := &c.d.Results[i]
+	rc := m.counters(res.Policy)
+	for i, r := range res.Rules {
+		x := &d.Results[i]
 		k := 0
 		switch {
-		case res.Allowed:
-		case res.Shadow:
+		case x.Allowed:
+		case x.Shadow:
 			k = 2
 		default:
 			k = 1

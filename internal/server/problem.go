@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/problem"
 )
 
 // Bounds on request bodies.
@@ -16,45 +17,11 @@ const (
 	maxBody = 64 << 10
 )
 
-// problem is an RFC 9457 problem details object.
-type problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-}
-
 // writeProblem answers with a problem+json body.
-func writeProblem(w http.ResponseWriter, status int, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	b, _ := json.Marshal(problem{Type: "about:blank", Title: http.StatusText(status), Status: status, Detail: detail})
-	_, _ = w.Write(append(b, '\n'))
-}
+func writeProblem(w http.ResponseWriter, status int, detail string) { problem.Write(w, status, detail) }
 
-// statusOf maps an error to an HTTP status: the one place where Admit's
-// error codes become HTTP.
-func statusOf(err error) int {
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return http.StatusRequestEntityTooLarge
-	}
-	switch admit.ErrorCode(err) {
-	case admit.CodeInvalid:
-		return http.StatusBadRequest
-	case admit.CodeNotFound:
-		return http.StatusNotFound
-	case admit.CodeConflict:
-		return http.StatusConflict
-	case admit.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case admit.CodePermission:
-		return http.StatusForbidden
-	}
-	return http.StatusInternalServerError
-}
+// statusOf maps an error to an HTTP status.
+func statusOf(err error) int { return problem.Status(err) }
 
 // writeError answers with the problem err describes. Internal errors are
 // logged and described vaguely, the others say exactly what was wrong.

@@ -19,14 +19,13 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -70,19 +69,26 @@ type Options struct {
 	Instances int64
 	// MaxWait caps /v1/acquire's max_wait_ms; default 60s.
 	MaxWait time.Duration
+	// Decider, if set, decides (and holds the on_error: local limiter);
+	// default a new one over Store and Instances. Share one with other
+	// front ends of the same process.
+	Decider *policy.Decider
+	// HTTP configures how /v1/authz identifies the original request:
+	// trusted proxies, user header, JWT, actions, Retry-After jitter. Its
+	// Store, Decider, Policy, Observe and Logger are the server's.
+	HTTP httplimit.Options
 }
 
 // Server serves the HTTP API. Create it with New; it is safe for concurrent
 // use.
 type Server struct {
-	store     admit.Store
-	catalog   *policy.Catalog
-	token     []byte
-	log       *slog.Logger
-	ready     func(ctx context.Context) error
-	health    func() StoreHealth
-	instances int64
-	maxWait   time.Duration
+	store   admit.Store
+	catalog *policy.Catalog
+	token   []byte
+	log     *slog.Logger
+	ready   func(ctx context.Context) error
+	health  func() StoreHealth
+	maxWait time.Duration
 
 	metrics   *metrics
 	decisions *decisionLog
@@ -91,29 +97,29 @@ type Server struct {
 
 	configErr atomic.Pointer[string]
 
-	localOnce sync.Once
-	local     *memstore.Store // the on_error: local limiter
-	localMu   sync.Mutex
-	localRule map[*admit.Rule]*admit.Rule
+	decider *policy.Decider
+	ownDec  bool
+	authz   *httplimit.Limiter
 
 	mux *http.ServeMux
 }
 
-// New returns a Server with the given options.
-func New(opts Options) *Server {
+// New returns a Server with the given options, or an error saying which
+// of opts.HTTP is wrong.
+func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
-		log: opts.Logger, ready: opts.Ready, health: opts.Health, instances: opts.Instances, maxWait: opts.MaxWait,
-		localRule: map[*admit.Rule]*admit.Rule{},
+		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
+		decider: opts.Decider,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	if s.instances <= 0 {
-		s.instances = 1
-	}
 	if s.maxWait <= 0 {
 		s.maxWait = time.Minute
+	}
+	if s.decider == nil {
+		s.decider, s.ownDec = policy.NewDecider(opts.Store, opts.Instances), true
 	}
 	reg := opts.Registry
 	if reg == nil {
@@ -129,8 +135,19 @@ func New(opts Options) *Server {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	s.claimBase = hex.EncodeToString(b[:]) + "-"
+	hopts := opts.HTTP
+	hopts.Store, hopts.Decider, hopts.Policy, hopts.Logger = opts.Store, s.decider, s.catalog.Policy, s.log
+	hopts.Observe = func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration) {
+		s.count(out, nil)
+		s.metrics.observeDecision(res, d, "authz", took)
+	}
+	authz, err := httplimit.New(hopts)
+	if err != nil {
+		return nil, err
+	}
+	s.authz = authz
 	s.routes(reg)
-	return s
+	return s, nil
 }
 
 // HTTPServer returns the net/http server admit serve runs h on: timeouts
@@ -160,8 +177,8 @@ func (s *Server) Close() error {
 	if s.decisions != nil {
 		s.decisions.close()
 	}
-	if s.local != nil {
-		return s.local.Close()
+	if s.ownDec {
+		return s.decider.Close()
 	}
 	return nil
 }
@@ -208,6 +225,10 @@ func (s *Server) routes(reg *prometheus.Registry) {
 	handle("PUT", "/v1/admin/tiers/{name}", s.admin(s.handleTierPut))
 	handle("GET", "/v1/admin/state", s.admin(s.handleState))
 	handle("POST", "/v1/admin/reset", s.admin(s.handleReset))
+
+	for _, path := range []string{"/v1/authz", "/v1/authz/"} {
+		m.HandleFunc(path, s.handleAuthz) // every method: Envoy forwards the original one
+	}
 
 	handle("GET", "/healthz", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeBody(w, http.StatusOK, []byte("{\"status\":\"ok\"}\n"))

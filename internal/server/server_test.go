@@ -71,7 +71,7 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
-func start(t testing.TB, spec *policy.Spec, token string) *harness {
+func start(t testing.TB, spec *policy.Spec, token string, opts ...func(*Options)) *harness {
 	t.Helper()
 	store := memstore.New(nil)
 	cat, err := policy.NewCatalog(context.Background(), spec, &policy.FileStore{Path: t.TempDir() + "/catalog.json"})
@@ -79,9 +79,15 @@ func start(t testing.TB, spec *policy.Spec, token string) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{t: t, store: store, catalog: cat, log: &syncBuffer{}}
-	h.srv = New(Options{Store: store, Catalog: cat, AdminToken: token, DecisionLog: h.log, MaxWait: 2 * time.Second,
+	o := Options{Store: store, Catalog: cat, AdminToken: token, DecisionLog: h.log, MaxWait: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Stats:  func() StoreStats { st := store.Stats(); return StoreStats{Keys: st.Keys} }})
+		Stats:  func() StoreStats { st := store.Stats(); return StoreStats{Keys: st.Keys} }}
+	for _, f := range opts {
+		f(&o)
+	}
+	if h.srv, err = New(o); err != nil {
+		t.Fatal(err)
+	}
 	ts := httptest.NewServer(h.srv)
 	h.url = ts.URL
 	t.Cleanup(func() { ts.Close(); h.srv.Close(); store.Close() })

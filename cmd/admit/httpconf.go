@@ -1,0 +1,149 @@
+package main
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit/httplimit"
+)
+
+// HTTPConfig is the http section: how the middleware of admit proxy and
+// the /v1/authz endpoint identify requests. The trusted proxies are
+// server.trusted_proxies.
+type HTTPConfig struct {
+	// ForwardedHeader is the header trusted proxies set: x-forwarded-for
+	// (default) or forwarded (RFC 7239).
+	ForwardedHeader string `json:"forwarded_header"`
+	// UserHeader carries the user id, set by an authenticating proxy.
+	UserHeader string         `json:"user_header"`
+	JWT        *JWTConfig     `json:"jwt"`
+	Actions    []ActionConfig `json:"actions"`
+	// RetryJitter spreads Retry-After (default 1s; 0s disables).
+	RetryJitter string `json:"retry_jitter"`
+}
+
+// JWTConfig is the http.jwt section.
+type JWTConfig struct {
+	UserClaim   string         `json:"user_claim"`
+	TenantClaim string         `json:"tenant_claim"`
+	Issuer      string         `json:"issuer"`
+	Audience    string         `json:"audience"`
+	Leeway      string         `json:"leeway"`
+	Keys        []JWTKeyConfig `json:"keys"`
+}
+
+// JWTKeyConfig is one key of http.jwt.keys: an HS256 secret, or an RS256
+// or ES256 public key in PEM, inline or in a file.
+type JWTKeyConfig struct {
+	ID            string `json:"kid"`
+	Alg           string `json:"alg"`
+	Secret        string `json:"secret"`
+	PublicKey     string `json:"public_key"`
+	PublicKeyFile string `json:"public_key_file"`
+}
+
+// ActionConfig maps a ServeMux pattern to an action.
+type ActionConfig struct {
+	Match  string `json:"match"`
+	Action string `json:"action"`
+}
+
+// fieldError is a problem with one field of the configuration, by path.
+type fieldError struct{ path, msg string }
+
+func (e *fieldError) Error() string { return e.path + ": " + e.msg }
+
+// httpOptions turns the server and http sections into middleware options
+// (without store and policy). An error is a *fieldError.
+func httpOptions(c *Config) (httplimit.Options, error) {
+	var o httplimit.Options
+	proxies, err := httplimit.ParseProxies(c.Server.TrustedProxies)
+	if err != nil {
+		return o, &fieldError{"server.trusted_proxies", err.Error()}
+	}
+	o.TrustedProxies = proxies
+	h := &c.HTTP
+	switch strings.ToLower(h.ForwardedHeader) {
+	case "", "x-forwarded-for":
+		o.ForwardedHeader = httplimit.XForwardedFor
+	case "forwarded":
+		o.ForwardedHeader = httplimit.Forwarded
+	default:
+		return o, &fieldError{"http.forwarded_header", fmt.Sprintf("%q: want x-forwarded-for or forwarded", h.ForwardedHeader)}
+	}
+	o.UserHeader = h.UserHeader
+	if h.RetryJitter != "" {
+		d, err := time.ParseDuration(h.RetryJitter)
+		if err != nil || d < 0 {
+			return o, &fieldError{"http.retry_jitter", fmt.Sprintf("%q is not a duration like 1s", h.RetryJitter)}
+		}
+		o.RetryJitter = d
+		if d == 0 {
+			o.RetryJitter = -1
+		}
+	}
+	for _, a := range h.Actions {
+		o.Actions = append(o.Actions, httplimit.Action{Pattern: a.Match, Name: a.Action})
+	}
+	if j := h.JWT; j != nil {
+		jwt := &httplimit.JWT{UserClaim: j.UserClaim, TenantClaim: j.TenantClaim, Issuer: j.Issuer, Audience: j.Audience}
+		if j.Leeway != "" {
+			d, err := time.ParseDuration(j.Leeway)
+			if err != nil || d < 0 {
+				return o, &fieldError{"http.jwt.leeway", fmt.Sprintf("%q is not a duration like 30s", j.Leeway)}
+			}
+			jwt.Leeway = d
+		}
+		if len(j.Keys) == 0 {
+			return o, &fieldError{"http.jwt.keys", "at least one key is needed"}
+		}
+		for i, k := range j.Keys {
+			key, err := jwtKey(k)
+			if err != nil {
+				return o, &fieldError{fmt.Sprintf("http.jwt.keys[%d]", i), err.Error()}
+			}
+			jwt.Keys = append(jwt.Keys, key)
+		}
+		o.JWT = jwt
+	}
+	return o, nil
+}
+
+func jwtKey(k JWTKeyConfig) (httplimit.JWTKey, error) {
+	key := httplimit.JWTKey{ID: k.ID, Alg: k.Alg}
+	if k.Alg == "HS256" {
+		if k.PublicKey != "" || k.PublicKeyFile != "" {
+			return key, fmt.Errorf("an HS256 key has a secret, not a public key")
+		}
+		key.Secret = []byte(k.Secret)
+		return key, nil
+	}
+	if k.Secret != "" {
+		return key, fmt.Errorf("a %s key has a public key, not a secret", k.Alg)
+	}
+	data := []byte(k.PublicKey)
+	if k.PublicKeyFile != "" {
+		if k.PublicKey != "" {
+			return key, fmt.Errorf("public_key and public_key_file: give one")
+		}
+		b, err := os.ReadFile(k.PublicKeyFile)
+		if err != nil {
+			return key, err
+		}
+		data = b
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return key, fmt.Errorf("the public key is not PEM (-----BEGIN PUBLIC KEY-----)")
+	}
+	pub, err := x509.ParsePKIXPublicKey(block.Bytes)
+	if err != nil {
+		return key, fmt.Errorf("the public key: %v", err)
+	}
+	key.Public = pub
+	return key, nil
+}

@@ -1,0 +1,100 @@
+package httplimit
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// AppendPolicy appends the RateLimit-Policy field value
+// (draft-ietf-httpapi-ratelimit-headers) of a decision: one item per
+// non-shadow charge, named by its rule, with the quota q and, for rate
+// limits, the window w in seconds over which the quota is granted. rules
+// and results are index by index, as in policy.Resolution and
+// admit.Decision.
+func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
+	for i, r := range rules {
+		if r.Shadow || i >= len(results) {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, '"')
+		b = append(b, r.Name...)
+		b = append(b, `";q=`...)
+		b = strconv.AppendInt(b, results[i].Limit, 10)
+		if w := window(&r.Rule); w > 0 {
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, w, 10)
+		}
+	}
+	return b
+}
+
+// AppendLimit appends the RateLimit field value of a decision: per
+// non-shadow charge, the remaining quota r and the seconds t until it is
+// whole again.
+func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
+	for i, r := range rules {
+		if r.Shadow || i >= len(results) {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		res := &results[i]
+		b = append(b, '"')
+		b = append(b, r.Name...)
+		b = append(b, `";r=`...)
+		b = strconv.AppendInt(b, max(0, res.Remaining), 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
+	}
+	return b
+}
+
+// SetHeaders sets the RateLimit-Policy and RateLimit fields of a decision
+// on h (neither when no charge is reported), and returns buf for reuse.
+func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit.Result) []byte {
+	buf = AppendPolicy(buf[:0], rules, results)
+	if len(buf) == 0 {
+		return buf
+	}
+	h.Set("RateLimit-Policy", string(buf))
+	buf = AppendLimit(buf[:0], rules, results)
+	h.Set("RateLimit", string(buf))
+	return buf
+}
+
+// window returns the seconds over which a rule grants its quota: the time a
+// bucket takes to refill from empty, or the window; 0 for concurrency.
+func window(r *admit.Rule) int64 {
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		// burst × Per / N in floating point: the product can pass 2^63,
+		// and a header needs whole seconds only.
+		return int64(math.Ceil(float64(r.Burst) * r.Rate.Per.Seconds() / float64(r.Rate.N)))
+	case admit.Concurrency:
+		return 0
+	}
+	return CeilDiv(r.Window, time.Second)
+}
+
+// RetrySeconds rounds a wait up to whole seconds, at least 1: Retry-After
+// takes integer seconds, and a client told 0 would retry at once.
+func RetrySeconds(d time.Duration) int64 {
+	return max(1, CeilDiv(d, time.Second))
+}
+
+// CeilDiv returns d ÷ unit rounded up; 0 for d ≤ 0.
+func CeilDiv(d, unit time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + unit - 1) / unit)
+}

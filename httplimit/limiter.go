@@ -1,0 +1,402 @@
+// Package httplimit rate limits net/http servers with Admit: a middleware
+// that identifies who sent a request (API key, user header or JWT claim,
+// client IP behind trusted proxies), maps it to an action, decides it
+// against a policy and a store, and answers with RateLimit headers, 429
+// and Retry-After. admit proxy and the /v1/authz forward-auth endpoint are
+// built on it.
+//
+// Identification follows one rule: a request is believed only as far as
+// its credentials and its path reach. An API key names its tenant (by its
+// SHA-256 hash; the key itself is never logged nor used as a store key); a
+// JWT is believed once its signature, algorithm, expiry, issuer and
+// audience check out; forwarding headers and the user header are believed
+// only from trusted proxies.
+package httplimit
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/problem"
+	"github.com/admitdev/admit/policy"
+)
+
+// Action maps requests to an action name.
+type Action struct {
+	// Pattern is a net/http ServeMux pattern: "[METHOD ][HOST]/path",
+	// with wildcards, like "POST /v1/docs/{id}/summary".
+	Pattern string
+	// Name is the action; empty means the pattern itself.
+	Name string
+}
+
+// Options configure a Limiter. Store (or Decider) and Policy are required;
+// the zero value of every other field is a documented default.
+type Options struct {
+	// Store decides; Instances is the number of servers sharing it, for
+	// rules with on_error: local (default 1). Ignored when Decider is set.
+	Store     admit.Store
+	Instances int64
+	// Decider, if set, decides instead of a new one over Store: share one
+	// with the rest of a server so that its local fallback limiter is
+	// shared too.
+	Decider *policy.Decider
+	// Policy returns the current policy, for instance a
+	// (*policy.Catalog).Policy method value.
+	Policy func() *policy.Policy
+
+	// TrustedProxies are the peers whose forwarding and user headers are
+	// believed. Default: none, so the client is the peer.
+	TrustedProxies Proxies
+	// ForwardedHeader is X-Forwarded-For (the default) or Forwarded (RFC
+	// 7239): the one header trusted proxies set. Only that one is read,
+	// because a proxy that sets one usually passes the other through from
+	// the client untouched.
+	ForwardedHeader string
+	// UserHeader, if set, is a header carrying the user id, set by an
+	// authenticating proxy in front (believed from TrustedProxies only).
+	UserHeader string
+	// JWT, if set, identifies users (and tenants, with a tenant claim)
+	// by a signed bearer token.
+	JWT *JWT
+	// Actions map requests to actions; the first match by ServeMux rules
+	// (most specific pattern) wins. Unmatched requests have no action:
+	// only rules for all actions apply to them.
+	Actions []Action
+	// RequireKey refuses requests without a credential (an API key, or a
+	// verified JWT when JWT is set) with 401. Otherwise they are
+	// anonymous: charged the global rules only (per IP, say).
+	RequireKey bool
+	// RetryJitter spreads the Retry-After of refusals by up to this much,
+	// so that refused clients do not all return in the same second; never
+	// earlier than the true retry time. Default 1s; negative disables.
+	RetryJitter time.Duration
+	// Identify, if set, runs after the built-in identification and may
+	// change any field of the request (from a context value set by an
+	// authentication middleware, say). An error it returns is answered
+	// as problem.Status maps it: admit.Errorf(admit.CodePermission, …)
+	// is a 403.
+	Identify func(r *http.Request, req *policy.Request) error
+	// Observe, if set, is told every decision made, with its outcome and
+	// how long it took; it must not keep res or d.
+	Observe func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration)
+	// Logger receives internal errors; default slog.Default().
+	Logger *slog.Logger
+}
+
+// A Limiter is the rate limiting middleware. Create it with New; it is safe
+// for concurrent use.
+type Limiter struct {
+	opts    Options
+	decider *policy.Decider
+	jwt     *verifier
+	actions *http.ServeMux
+	calls   sync.Pool
+}
+
+// actionHandler marks the handlers of the action mux: one per pattern,
+// whose value is the action name.
+type actionHandler string
+
+func (actionHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
+
+// New returns a Limiter, or an error saying which option is wrong.
+func New(opts Options) (*Limiter, error) {
+	if opts.Policy == nil {
+		return nil, errors.New("httplimit: Options.Policy is required")
+	}
+	if opts.Store == nil && opts.Decider == nil {
+		return nil, errors.New("httplimit: Options.Store or Options.Decider is required")
+	}
+	l := &Limiter{opts: opts, decider: opts.Decider}
+	if err := l.compile(); err != nil {
+		return nil, err
+	}
+	if l.decider == nil {
+		l.decider = policy.NewDecider(opts.Store, opts.Instances)
+	}
+	if l.opts.RetryJitter == 0 {
+		l.opts.RetryJitter = time.Second
+	}
+	if l.opts.Logger == nil {
+		l.opts.Logger = slog.Default()
+	}
+	l.calls.New = func() any { return new(call) }
+	return l, nil
+}
+
+// Validate checks the identification options (forwarded header, user
+// header, JWT keys, action patterns) without needing a store or a policy:
+// configuration checks use it.
+func (o *Options) Validate() error {
+	l := &Limiter{opts: *o}
+	return l.compile()
+}
+
+// compile checks and prepares the identification options.
+func (l *Limiter) compile() error {
+	o := &l.opts
+	switch {
+	case o.ForwardedHeader == "" || strings.EqualFold(o.ForwardedHeader, XForwardedFor):
+		o.ForwardedHeader = XForwardedFor
+	case strings.EqualFold(o.ForwardedHeader, Forwarded):
+		o.ForwardedHeader = Forwarded
+	default:
+		return fmt.Errorf("httplimit: forwarded header %q: want X-Forwarded-For or Forwarded", o.ForwardedHeader)
+	}
+	if h := o.UserHeader; h != "" {
+		if !validHeaderName(h) {
+			return fmt.Errorf("httplimit: user header %q is not a header name", h)
+		}
+		o.UserHeader = http.CanonicalHeaderKey(h)
+	}
+	if o.JWT != nil {
+		v, err := newVerifier(*o.JWT)
+		if err != nil {
+			return err
+		}
+		l.jwt = v
+	}
+	if len(o.Actions) > 0 {
+		mux, err := actionMux(o.Actions)
+		if err != nil {
+			return err
+		}
+		l.actions = mux
+	}
+	return nil
+}
+
+// actionMux compiles the action patterns. ServeMux panics on an invalid or
+// conflicting pattern; that becomes an error here.
+func actionMux(actions []Action) (mux *http.ServeMux, err error) {
+	mux = http.NewServeMux()
+	for i, a := range actions {
+		name := a.Name
+		if name == "" {
+			name = a.Pattern
+		}
+		if len(name) > policy.MaxNameLen {
+			return nil, fmt.Errorf("httplimit: action %d: the action name is %d bytes; at most %d", i, len(name), policy.MaxNameLen)
+		}
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("httplimit: action %d: pattern %q: %v", i, a.Pattern, p)
+				}
+			}()
+			mux.Handle(a.Pattern, actionHandler(name))
+		}()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return mux, nil
+}
+
+func validHeaderName(h string) bool {
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return h != ""
+}
+
+// call is the per-request working set, pooled.
+type call struct {
+	req policy.Request
+	res policy.Resolution
+	d   admit.Decision
+	buf []byte
+}
+
+// Handler returns next behind the limiter: a refused request is answered
+// here and never reaches next; an admitted one reaches it with the
+// RateLimit headers already set on the response.
+func (l *Limiter) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if l.Check(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// Check identifies and decides r. When admitted it sets the RateLimit
+// headers on w and returns true; otherwise it answers r itself (401, 403,
+// 400, 429 or 503, as problem+json) and returns false.
+func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
+	start := time.Now()
+	c := l.calls.Get().(*call)
+	defer l.put(c)
+	if err := l.Identify(r, &c.req); err != nil {
+		l.fail(w, err)
+		return false
+	}
+	p := l.opts.Policy()
+	if err := p.Resolve(&c.req, &c.res); err != nil {
+		l.fail(w, err)
+		return false
+	}
+	out, err := l.decider.Decide(r.Context(), &c.res, &c.d)
+	if err != nil {
+		l.fail(w, err)
+		return false
+	}
+	if l.opts.Observe != nil {
+		l.opts.Observe(&c.res, &c.d, out, time.Since(start))
+	}
+	h := w.Header()
+	c.buf = SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
+	if c.d.Allowed {
+		return true
+	}
+	h.Set("Retry-After", strconv.FormatInt(l.retryAfter(c.d.RetryAfter), 10))
+	retry := CeilDiv(c.d.RetryAfter, time.Millisecond)
+	problem.WriteDetails(w, problem.Details{
+		Status: http.StatusTooManyRequests, RetryAfterMS: &retry, DeniedBy: c.d.DeniedBy,
+		Detail: "rate limited by " + strconv.Quote(c.d.DeniedBy) + "; retry after " + strconv.FormatInt(retry, 10) + " ms",
+	})
+	return false
+}
+
+func (l *Limiter) put(c *call) {
+	c.req = policy.Request{}
+	l.calls.Put(c)
+}
+
+// retryAfter returns the Retry-After seconds of a refusal: the wait plus a
+// random share of the jitter, rounded up, so never before the wait is over.
+func (l *Limiter) retryAfter(wait time.Duration) int64 {
+	if j := l.opts.RetryJitter; j > 0 {
+		wait += time.Duration(rand.Int64N(int64(j) + 1))
+	}
+	return RetrySeconds(wait)
+}
+
+// errUnauthenticated and errUnknownKey answer 401.
+var (
+	errUnauthenticated = admit.Errorf(admit.CodePermission, "an API key is required: present one in X-API-Key or Authorization: Bearer")
+	errUnknownKey      = admit.Errorf(admit.CodePermission, "the API key is not known")
+)
+
+// authError is a credential that did not verify: 401.
+type authError struct{ msg string }
+
+func (e *authError) Error() string { return e.msg }
+
+func (l *Limiter) fail(w http.ResponseWriter, err error) {
+	var ae *authError
+	switch {
+	case err == errUnauthenticated || err == errUnknownKey || errors.As(err, &ae):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="admit"`)
+		problem.Write(w, http.StatusUnauthorized, err.Error())
+		return
+	}
+	status := problem.Status(err)
+	detail := err.Error()
+	switch status {
+	case http.StatusServiceUnavailable:
+		// A rule fails closed and its store is down: try again soon.
+		w.Header().Set("Retry-After", strconv.FormatInt(l.retryAfter(time.Second), 10))
+	case http.StatusInternalServerError:
+		l.opts.Logger.Error("httplimit: internal error", "err", err)
+		detail = "internal error"
+	}
+	problem.Write(w, status, detail)
+}
+
+// Identify fills req with what r says of its sender, as far as it is
+// believed: tenant and API key from the key, user from a verified JWT or
+// (from a trusted proxy) the user header, client IP, action; cost 1. It
+// also removes the underscore spellings of identity headers from r (see
+// StripUnderscoreVariants). The errors are those Check answers with.
+func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
+	StripUnderscoreVariants(r.Header, l.opts.UserHeader)
+	*req = policy.Request{Cost: 1}
+	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
+		req.IP = ip.String()
+	}
+	p := l.opts.Policy()
+	key, token := credentials(r, l.jwt != nil)
+	credited := false
+	if key != "" {
+		owner := p.TenantByKey(key)
+		if owner == nil {
+			return errUnknownKey
+		}
+		req.Tenant, req.APIKey, credited = owner.ID, key, true
+	}
+	if token != "" {
+		c, err := l.jwt.verify(token)
+		if err != nil {
+			return &authError{"the bearer token is not valid: " + err.Error()}
+		}
+		if c.tenant != "" {
+			if req.Tenant != "" && req.Tenant != c.tenant {
+				return admit.Errorf(admit.CodePermission, "the API key's tenant is not the token's")
+			}
+			req.Tenant = c.tenant
+		}
+		req.User, credited = c.user, true
+	}
+	if req.User == "" && l.opts.UserHeader != "" && l.opts.TrustedProxies.Contains(PeerIP(r)) {
+		req.User = r.Header.Get(l.opts.UserHeader)
+	}
+	if l.actions != nil {
+		if h, _ := l.actions.Handler(r); h != nil {
+			if a, ok := h.(actionHandler); ok {
+				req.Action = string(a)
+			}
+		}
+	}
+	if l.opts.Identify != nil {
+		if err := l.opts.Identify(r, req); err != nil {
+			return err
+		}
+	}
+	if l.opts.RequireKey && !credited {
+		return errUnauthenticated
+	}
+	if t := p.Tenant(req.Tenant); t != nil && t.HasAPIKeys() && req.APIKey == "" && !credited {
+		// A hook named a keyed tenant without its key.
+		return errUnauthenticated
+	}
+	return nil
+}
+
+// credentials returns r's API key (X-API-Key, or a bearer credential that
+// is not a JWT) and bearer JWT, if any.
+func credentials(r *http.Request, jwtOn bool) (key, token string) {
+	key = strings.TrimSpace(r.Header.Get("X-API-Key"))
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		b := strings.TrimSpace(h[7:])
+		if jwtOn && looksLikeJWT(b) {
+			token = b
+		} else if key == "" {
+			key = b
+		}
+	}
+	return key, token
+}
+
+// Decider returns the Decider l decides with.
+func (l *Limiter) Decider() *policy.Decider { return l.decider }
+
+// Close stops l's local fallback limiter when l made its own Decider.
+func (l *Limiter) Close() error {
+	if l.opts.Decider == nil {
+		return l.decider.Close()
+	}
+	return nil
+}
