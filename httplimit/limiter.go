@@ -238,11 +238,11 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 	start := time.Now()
 	c := l.calls.Get().(*call)
 	defer l.put(c)
-	if err := l.Identify(r, &c.req); err != nil {
+	p := l.opts.Policy() // one policy for identification and resolution
+	if err := l.identify(r, &c.req, p); err != nil {
 		l.fail(w, err)
 		return false
 	}
-	p := l.opts.Policy()
 	if err := p.Resolve(&c.req, &c.res); err != nil {
 		l.fail(w, err)
 		return false
@@ -321,12 +321,15 @@ func (l *Limiter) fail(w http.ResponseWriter, err error) {
 // also removes the underscore spellings of identity headers from r (see
 // StripUnderscoreVariants). The errors are those Check answers with.
 func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
+	return l.identify(r, req, l.opts.Policy())
+}
+
+func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
 	StripUnderscoreVariants(r.Header, l.opts.UserHeader)
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()
 	}
-	p := l.opts.Policy()
 	key, token := credentials(r, l.jwt != nil)
 	credited := false
 	if key != "" {
