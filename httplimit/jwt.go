@@ -4,7 +4,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -55,12 +54,12 @@ type verifier struct {
 
 func newVerifier(cfg JWT) (*verifier, error) {
 	if len(cfg.Keys) == 0 {
-		return nil, errors.New("httplimit: jwt: no keys")
+		return nil, optionError("JWT.Keys", -1, "jwt: no keys")
 	}
 	var algs []string
 	for i, k := range cfg.Keys {
 		if err := checkKey(k); err != nil {
-			return nil, fmt.Errorf("httplimit: jwt: key %d: %w", i, err)
+			return nil, optionError("JWT.Keys", i, "jwt: key %d: %v", i, err)
 		}
 		algs = append(algs, k.Alg)
 	}

@@ -133,6 +133,21 @@ func New(opts Options) (*Limiter, error) {
 	return l, nil
 }
 
+// OptionError is an invalid option of Options. Field names it as in
+// Options ("Actions", "JWT.Keys", "UserHeader"…); Index is the element of
+// a list option, or -1.
+type OptionError struct {
+	Field string
+	Index int
+	msg   string
+}
+
+func (e *OptionError) Error() string { return "httplimit: " + e.msg }
+
+func optionError(field string, index int, format string, args ...any) error {
+	return &OptionError{Field: field, Index: index, msg: fmt.Sprintf(format, args...)}
+}
+
 // Validate checks the identification options (forwarded header, user
 // header, JWT keys, action patterns) without needing a store or a policy:
 // configuration checks use it.
@@ -141,7 +156,8 @@ func (o *Options) Validate() error {
 	return l.compile()
 }
 
-// compile checks and prepares the identification options.
+// compile checks and prepares the identification options. Its errors are
+// *OptionError.
 func (l *Limiter) compile() error {
 	o := &l.opts
 	switch {
@@ -150,11 +166,11 @@ func (l *Limiter) compile() error {
 	case strings.EqualFold(o.ForwardedHeader, Forwarded):
 		o.ForwardedHeader = Forwarded
 	default:
-		return fmt.Errorf("httplimit: forwarded header %q: want X-Forwarded-For or Forwarded", o.ForwardedHeader)
+		return optionError("ForwardedHeader", -1, "forwarded header %q: want X-Forwarded-For or Forwarded", o.ForwardedHeader)
 	}
 	if h := o.UserHeader; h != "" {
 		if !validHeaderName(h) {
-			return fmt.Errorf("httplimit: user header %q is not a header name", h)
+			return optionError("UserHeader", -1, "user header %q is not a header name", h)
 		}
 		o.UserHeader = http.CanonicalHeaderKey(h)
 	}
@@ -185,12 +201,12 @@ func actionMux(actions []Action) (mux *http.ServeMux, err error) {
 			name = a.Pattern
 		}
 		if len(name) > policy.MaxNameLen {
-			return nil, fmt.Errorf("httplimit: action %d: the action name is %d bytes; at most %d", i, len(name), policy.MaxNameLen)
+			return nil, optionError("Actions", i, "action %d: the action name is %d bytes; at most %d", i, len(name), policy.MaxNameLen)
 		}
 		func() {
 			defer func() {
 				if p := recover(); p != nil {
-					err = fmt.Errorf("httplimit: action %d: pattern %q: %v", i, a.Pattern, p)
+					err = optionError("Actions", i, "action %d: pattern %q: %v", i, a.Pattern, p)
 				}
 			}()
 			mux.Handle(a.Pattern, actionHandler(name))
@@ -381,9 +397,7 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 // is not a JWT) and bearer JWT, if any.
 func credentials(r *http.Request, jwtOn bool) (key, token string) {
 	key = strings.TrimSpace(r.Header.Get("X-API-Key"))
-	h := r.Header.Get("Authorization")
-	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		b := strings.TrimSpace(h[7:])
+	if b, ok := Bearer(r); ok {
 		if jwtOn && looksLikeJWT(b) {
 			token = b
 		} else if key == "" {
@@ -393,8 +407,14 @@ func credentials(r *http.Request, jwtOn bool) (key, token string) {
 	return key, token
 }
 
-// Decider returns the Decider l decides with.
-func (l *Limiter) Decider() *policy.Decider { return l.decider }
+// Bearer returns the credential of r's "Authorization: Bearer" header.
+func Bearer(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:]), true
+	}
+	return "", false
+}
 
 // Close stops l's local fallback limiter when l made its own Decider.
 func (l *Limiter) Close() error {

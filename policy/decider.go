@@ -50,9 +50,6 @@ func NewDecider(store admit.Store, instances int64) *Decider {
 	return &Decider{store: store, instances: max(1, instances)}
 }
 
-// Store returns the store d decides against.
-func (d *Decider) Store() admit.Store { return d.store }
-
 // Decide decides the charges of res into dec. A resolution without charges
 // is admitted. The error is the store's when it is not an outage, or the
 // outage itself when a rule fails closed.

@@ -3,6 +3,7 @@
 package load
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -136,4 +137,31 @@ func Spec(tenants int, key func(i int) string) *policy.Spec {
 		s.Tenants["tenant-"+strconv.Itoa(i)] = t
 	}
 	return s
+}
+
+// Target is one side of an HTTP comparison: a name and a measured round.
+type Target struct {
+	Name string
+	Run  func() HTTPResult
+}
+
+// Rounds runs the targets in alternating rounds, prints a row per target
+// and round (requests/s, p50, p99, refused, errors), and returns each
+// target's median requests/s.
+func Rounds(rounds int, targets []Target) map[string]float64 {
+	fmt.Printf("%-6s %-12s %12s %10s %10s %9s %8s\n", "round", "target", "requests/s", "p50", "p99", "refused", "errors")
+	rates := map[string][]float64{}
+	for i := range rounds {
+		for _, t := range targets {
+			r := t.Run()
+			fmt.Printf("%-6d %-12s %12.0f %10v %10v %9d %8d\n", i+1, t.Name, r.Rate(), r.Pct(0.50).Round(time.Microsecond), r.Pct(0.99).Round(time.Microsecond), r.Refused, r.Failed)
+			rates[t.Name] = append(rates[t.Name], r.Rate())
+		}
+	}
+	med := map[string]float64{}
+	for name, v := range rates {
+		slices.Sort(v)
+		med[name] = v[len(v)/2]
+	}
+	return med
 }

@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -99,22 +98,10 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL stri
 	run1(nothingURL, callers, d/3, bodies)
 
 	fmt.Printf("store=%s callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", storeURL, callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
-	fmt.Printf("%-8s %-8s %12s %10s %10s %9s %8s\n", "round", "target", "requests/s", "p50", "p99", "refused", "errors")
-	var admitRates, nothingRates []float64
-	for i := range rounds {
-		for _, tgt := range []struct{ name, url string }{{"nothing", nothingURL}, {"check", admitURL}} {
-			r := run1(tgt.url, callers, d, bodies)
-			fmt.Printf("%-8d %-8s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.Rate(), r.Pct(0.50).Round(time.Microsecond), r.Pct(0.99).Round(time.Microsecond), r.Refused, r.Failed)
-			if tgt.name == "check" {
-				admitRates = append(admitRates, r.Rate())
-			} else {
-				nothingRates = append(nothingRates, r.Rate())
-			}
-		}
-	}
-	slices.Sort(admitRates)
-	slices.Sort(nothingRates)
-	ma, mn := admitRates[len(admitRates)/2], nothingRates[len(nothingRates)/2]
-	fmt.Printf("median: check %.0f/s, nothing %.0f/s, ratio %.2f\n", ma, mn, ma/mn)
+	med := load.Rounds(rounds, []load.Target{
+		{Name: "nothing", Run: func() load.HTTPResult { return run1(nothingURL, callers, d, bodies) }},
+		{Name: "check", Run: func() load.HTTPResult { return run1(admitURL, callers, d, bodies) }},
+	})
+	fmt.Printf("median: check %.0f/s, nothing %.0f/s, ratio %.2f\n", med["check"], med["nothing"], med["check"]/med["nothing"])
 	return nil
 }

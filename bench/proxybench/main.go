@@ -22,7 +22,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"slices"
 	"strconv"
 	"time"
 
@@ -99,17 +98,11 @@ func run(callers int, d time.Duration, rounds int) error {
 	run1(admitURL, callers, d/3)
 
 	fmt.Printf("callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
-	fmt.Printf("%-6s %-12s %12s %10s %10s %9s %8s\n", "round", "target", "requests/s", "p50", "p99", "refused", "errors")
-	rates := map[string][]float64{}
-	for i := range rounds {
-		for _, tgt := range []struct{ name, url string }{{"plain-proxy", plainURL}, {"admit-proxy", admitURL}} {
-			r := run1(tgt.url, callers, d)
-			fmt.Printf("%-6d %-12s %12.0f %10v %10v %9d %8d\n", i+1, tgt.name, r.Rate(), r.Pct(0.50).Round(time.Microsecond), r.Pct(0.99).Round(time.Microsecond), r.Refused, r.Failed)
-			rates[tgt.name] = append(rates[tgt.name], r.Rate())
-		}
-	}
-	med := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
-	ma, mp := med(rates["admit-proxy"]), med(rates["plain-proxy"])
+	med := load.Rounds(rounds, []load.Target{
+		{Name: "plain-proxy", Run: func() load.HTTPResult { return run1(plainURL, callers, d) }},
+		{Name: "admit-proxy", Run: func() load.HTTPResult { return run1(admitURL, callers, d) }},
+	})
+	ma, mp := med["admit-proxy"], med["plain-proxy"]
 	fmt.Printf("median: admit proxy %.0f/s, plain ReverseProxy %.0f/s, ratio %.2f\n", ma, mp, ma/mp)
 	return nil
 }

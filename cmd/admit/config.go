@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -355,19 +356,12 @@ func (d *decoder) check(c *Config) {
 	} else if err := o.Validate(); err != nil {
 		msg := strings.TrimPrefix(err.Error(), "httplimit: ")
 		path := "http"
-		switch {
-		case strings.HasPrefix(msg, "action "):
-			path = "http.actions"
-			if m := indexed.FindStringSubmatch(msg); m != nil {
-				path += "[" + m[1] + "]"
+		var oe *httplimit.OptionError
+		if errors.As(err, &oe) {
+			path = httpOptionPaths[oe.Field]
+			if oe.Index >= 0 {
+				path += fmt.Sprintf("[%d]", oe.Index)
 			}
-		case strings.HasPrefix(msg, "jwt: "):
-			path = "http.jwt.keys"
-			if m := indexed.FindStringSubmatch(msg); m != nil {
-				path += "[" + m[1] + "]"
-			}
-		case strings.HasPrefix(msg, "user header"):
-			path = "http.user_header"
 		}
 		d.failAt(path, "%s", msg)
 	}
@@ -411,8 +405,13 @@ func (d *decoder) check(c *Config) {
 	}
 }
 
-// indexed finds the list index in "action 2: …" and "jwt: key 0: …".
-var indexed = regexp.MustCompile(`^(?:action|jwt: key) (\d+):`)
+// httpOptionPaths maps httplimit's option names to configuration paths.
+var httpOptionPaths = map[string]string{
+	"ForwardedHeader": "http.forwarded_header",
+	"UserHeader":      "http.user_header",
+	"JWT.Keys":        "http.jwt.keys",
+	"Actions":         "http.actions",
+}
 
 // parsePrefix parses a CIDR or a single address.
 func parsePrefix(s string) (netip.Prefix, error) {

@@ -2,7 +2,6 @@ package server
 
 import (
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
@@ -52,36 +51,22 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 			uri = "/" + uri
 		}
 	}
-	if len(method) > 32 || !token(method) {
+	if len(method) > 32 {
 		return nil, errInvalid("the original method %.32q is not an HTTP method", method)
 	}
 	if len(uri) > 8192 {
 		return nil, errInvalid("the original URI is %d bytes; at most 8192", len(uri))
 	}
-	u, err := url.ParseRequestURI(uri)
-	if err != nil || !strings.HasPrefix(uri, "/") {
+	if !strings.HasPrefix(uri, "/") {
 		return nil, errInvalid("the original URI %.64q is not a path", uri)
 	}
-	o := &http.Request{
-		Method: method, URL: u, RequestURI: uri, Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor,
-		Header: r.Header, Host: first(r.Header.Get("X-Forwarded-Host"), r.Host), RemoteAddr: r.RemoteAddr,
-		Body: http.NoBody,
+	// NewRequest checks the method is a token and parses the URI.
+	o, err := http.NewRequestWithContext(r.Context(), method, uri, nil)
+	if err != nil {
+		return nil, errInvalid("the original request: %v", err)
 	}
-	return o.WithContext(r.Context()), nil
-}
-
-// token reports whether s is an HTTP token (RFC 9110), as methods are.
-func token(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
+	o.Header, o.Host, o.RemoteAddr, o.RequestURI = r.Header, first(r.Header.Get("X-Forwarded-Host"), r.Host), r.RemoteAddr, uri
+	return o, nil
 }
 
 // denyStatus turns the 429 of a refusal into another status.

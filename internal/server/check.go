@@ -69,7 +69,7 @@ func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Po
 	if c.req.APIKey == "" {
 		if k := r.Header.Get("X-API-Key"); k != "" {
 			c.req.APIKey = k
-		} else if k, ok := bearer(r); ok && !admin {
+		} else if k, ok := httplimit.Bearer(r); ok && !admin {
 			c.req.APIKey = k
 		}
 	}

@@ -261,16 +261,8 @@ func (s *Server) admin(h http.HandlerFunc) http.Handler {
 
 // isAdmin reports whether r carries the admin token.
 func (s *Server) isAdmin(r *http.Request) bool {
-	tok, ok := bearer(r)
+	tok, ok := httplimit.Bearer(r)
 	return ok && len(s.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), s.token) == 1
-}
-
-func bearer(r *http.Request) (string, bool) {
-	h := r.Header.Get("Authorization")
-	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
-		return strings.TrimSpace(h[7:]), true
-	}
-	return "", false
 }
 
 func loopback(remote string) bool {
