@@ -3,7 +3,7 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis fuzz
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -33,6 +33,10 @@ bench: ## comparison benchmarks against peer libraries (bench/ module)
 	cd bench && $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCHCOUNT) -timeout=60m ./...
 	cd bench && $(GO) run ./loadgen -callers 64 -duration 3s -rounds 5
 
+bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, memory and Redis (docs/benchmarks.md)
+	cd bench && $(GO) run ./rlsbench -callers 64 -duration 3s -rounds 3
+	cd bench && $(GO) run ./rlsbench -store redis -callers 64 -duration 3s -rounds 3
+
 bench-redis: deps ## the Redis store vs redis_rate and redis-benchmark (docs/benchmarks.md); about 5 minutes
 	cd bench && ADMIT_REDIS_BENCH=1 $(GO) test -run TestRedisReport -count=1 -v -timeout=30m .
 
@@ -43,3 +47,5 @@ fuzz: ## run each fuzz target for 30s
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=30s .
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=30s ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s ./cmd/admit
+	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=30s ./envoyrls
+	$(GO) test -run='^$$' -fuzz=FuzzShouldRateLimit -fuzztime=30s ./envoyrls

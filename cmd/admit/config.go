@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
@@ -32,6 +33,20 @@ type Config struct {
 	Tiers    map[string]policy.TierSpec   `json:"tiers"`
 	Tenants  map[string]policy.TenantSpec `json:"tenants"`
 	HTTP     HTTPConfig                   `json:"http"`
+	Envoy    EnvoyConfig                  `json:"envoy"`
+}
+
+// EnvoyConfig is the envoy section: the Envoy rate limit service (gRPC).
+type EnvoyConfig struct {
+	// ConfigDir holds envoyproxy/ratelimit YAML files (*.yaml), loaded
+	// and hot-reloaded; --envoy-config overrides it.
+	ConfigDir string `json:"config_dir"`
+	// Domain is the domain decided against Admit's own tenants and rules;
+	// default "admit".
+	Domain string `json:"domain"`
+	// ResponseHeaders adds X-RateLimit-Limit, -Remaining and -Reset to
+	// the responses Envoy sends.
+	ResponseHeaders bool `json:"response_headers"`
 }
 
 // ServerConfig is the server section.
@@ -364,6 +379,9 @@ func (d *decoder) check(c *Config) {
 			}
 		}
 		d.failAt(path, "%s", msg)
+	}
+	if len(c.Envoy.Domain) > envoyrls.MaxEntryLen {
+		d.failAt("envoy.domain", "%d bytes; at most %d", len(c.Envoy.Domain), envoyrls.MaxEntryLen)
 	}
 	switch c.Store.Backend {
 	case "", "memory", "redis":

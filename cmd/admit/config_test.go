@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/admitdev/admit/internal/fixtures"
 )
 
 func TestDemoConfigValid(t *testing.T) {
@@ -18,28 +20,10 @@ func TestDemoConfigValid(t *testing.T) {
 // testdata/invalid/NAME.yaml must be refused with an error that contains
 // NAME.want (position, field and reason).
 func TestInvalidConfigs(t *testing.T) {
-	files, _ := filepath.Glob("testdata/invalid/*.yaml")
-	if len(files) < 20 {
-		t.Fatalf("%d fixtures", len(files))
-	}
-	for _, f := range files {
-		want, err := os.ReadFile(strings.TrimSuffix(f, ".yaml") + ".want")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = LoadConfig(f)
-		if err == nil {
-			t.Errorf("%s: accepted", f)
-			continue
-		}
-		w := strings.TrimSpace(string(want))
-		if w[0] >= '0' && w[0] <= '9' {
-			w = f + ":" + w
-		}
-		if !strings.Contains(err.Error(), w) {
-			t.Errorf("%s: error\n%v\nwant it to contain\n%s", f, err, w)
-		}
-	}
+	fixtures.Check(t, "testdata/invalid/*.yaml", 20, func(f string) error {
+		_, err := LoadConfig(f)
+		return err
+	})
 }
 
 func TestConfigReportsEveryErrorInOrder(t *testing.T) {

@@ -33,6 +33,10 @@ type env struct {
 	getenv         func(string) string
 	// listening, if set, is told the HTTP address serve listens on.
 	listening func(addr string)
+	// listeningGRPC, if set, is told the gRPC address serve listens on.
+	listeningGRPC func(addr string)
+	// reloadEnvoy, if set, triggers a reload of the --envoy-config files.
+	reloadEnvoy chan struct{}
 	// reload, if set, triggers a configuration reload in serve (tests use
 	// it instead of SIGHUP).
 	reload chan struct{}

@@ -29,14 +29,17 @@ func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); retur
 // running is an `admit serve` started in-process on a free loopback port.
 type running struct {
 	url    string
+	grpc   string // serve's gRPC address
 	stderr *lockedBuffer
 	reload chan struct{}
-	stop   func() int
+	// reloadEnvoy reloads serve's --envoy-config files.
+	reloadEnvoy chan struct{}
+	stop        func() int
 }
 
 func startServe(t *testing.T, args ...string) *running {
 	t.Helper()
-	return startCmd(t, append([]string{"serve", "--http", "127.0.0.1:0"}, args...)...)
+	return startCmd(t, append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, args...)...)
 }
 
 // startCmd runs a serving command (serve, proxy) in process until the test
@@ -45,9 +48,10 @@ func startCmd(t *testing.T, args ...string) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
-	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{})}
+	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{}), reloadEnvoy: make(chan struct{})}
 	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(string) string { return "" },
-		listening: func(a string) { addr <- a }, reload: r.reload}
+		listening: func(a string) { addr <- a }, reload: r.reload, reloadEnvoy: r.reloadEnvoy,
+		listeningGRPC: func(a string) { r.grpc = a }} // before listening: read after it
 	done := make(chan int, 1)
 	go func() { done <- run(ctx, args, e) }()
 	select {

@@ -1,9 +1,16 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
 	"github.com/admitdev/admit/internal/redistest"
 )
@@ -62,5 +69,39 @@ func TestServeRedisSharedCatalog(t *testing.T) {
 	code, m := call(t, "GET", c.url+"/readyz", "")
 	if code != 503 || !strings.Contains(m["store"].(string), "redisstore: ping") {
 		t.Errorf("readyz with Redis down: %d %v", code, m)
+	}
+}
+
+// TestEnvoyRedisShared: two servers on one Redis decide an
+// envoyproxy/ratelimit limit together, exactly; a limit the Redis store
+// cannot hold is refused at start with its position.
+func TestEnvoyRedisShared(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 7}\n")
+	a := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--envoy-config", dir)
+	b := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--envoy-config", dir)
+	ca, cb := rlsClient(t, a.grpc), rlsClient(t, b.grpc)
+	admitted := 0
+	for i := range 12 {
+		c := ca
+		if i%2 == 1 {
+			c = cb
+		}
+		if shouldRateLimit(t, c, "rl", "user", "u1").OverallCode == rlsv3.RateLimitResponse_OK {
+			admitted++
+		}
+	}
+	if admitted != 7 {
+		t.Fatalf("admitted %d of 12 across two servers, want 7", admitted)
+	}
+
+	writeFile(t, filepath.Join(dir, "year.yaml"), "domain: yearly\ndescriptors:\n  - key: user\n    rate_limit: {unit: year, requests_per_unit: 7}\n")
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--store", url, "--data-dir", t.TempDir(), "--envoy-config", dir},
+		&env{stdout: io.Discard, stderr: &stderr, getenv: os.Getenv})
+	if code != 2 || !strings.Contains(stderr.String(), "year.yaml:4:17: yearly.user: rule") || !strings.Contains(stderr.String(), "longer than the Redis store's") {
+		t.Fatalf("a year window on Redis: exit %d: %s", code, stderr.String())
 	}
 }

@@ -23,7 +23,9 @@ import (
 const serveUsage = `Usage: admit serve [flags]
 
 Runs the decision API, the admin API, /healthz, /readyz and /metrics on one
-HTTP address. Without --config it runs the built-in demo configuration
+HTTP address, and the Envoy rate limit service (gRPC) on another; with
+--envoy-config it also decides the domains of envoyproxy/ratelimit's YAML
+files, reloaded like the configuration. Without --config it runs the built-in demo configuration
 (admit config example prints it). Flags override the file. The admin token
 comes from the configuration's server.admin_token or ADMIT_ADMIN_TOKEN;
 without one the admin API answers loopback clients only.
@@ -51,7 +53,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 
 type serveFlags struct {
 	backendFlags
-	http, grpc, decisionLog string
+	http, grpc, decisionLog, envoyConfig string
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -60,6 +62,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	f.register(fs)
 	fs.StringVar(&f.http, "http", "", "HTTP listen `address` (default :8080, or server.http)")
 	fs.StringVar(&f.grpc, "grpc", "", "gRPC listen `address` for the Envoy rate limit service (default :8081, or server.grpc)")
+	fs.StringVar(&f.envoyConfig, "envoy-config", "", "`directory` of envoyproxy/ratelimit YAML files (*.yaml) for the gRPC service, reloaded when they change (default envoy.config_dir)")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
@@ -93,6 +96,7 @@ type backend struct {
 	data    []byte // the configuration file as loaded
 	st      *openedStore
 	catalog *policy.Catalog
+	stop    context.CancelFunc // ends the catalog watch
 }
 
 // openBackend loads the configuration, opens the store and the catalog,
@@ -119,6 +123,7 @@ func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slo
 			}
 		}
 	}
+	ctx, stop := context.WithCancel(ctx)
 	if st.watch != nil {
 		// Another server's admin change reaches this one within a
 		// moment: on its message, or at the latest at the next poll.
@@ -128,10 +133,14 @@ func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slo
 			}
 		})
 	}
-	return &backend{cfg: cfg, data: data, st: st, catalog: catalog}, nil
+	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop}, nil
 }
 
-func (b *backend) close() { b.st.close() }
+// close stops following the shared catalog, then closes the store.
+func (b *backend) close() {
+	b.stop()
+	b.st.close()
+}
 
 func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
 	b, err := openBackend(ctx, f.config, f.store, f.dataDir, log)
@@ -141,9 +150,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	defer b.close()
 	cfg, st, catalog := b.cfg, b.st, b.catalog
 	httpAddr := first(f.http, cfg.Server.HTTP, ":8080")
-	if g := first(f.grpc, cfg.Server.GRPC); g != "" {
-		log.Warn("the Envoy rate limit service (gRPC) is not part of this build yet; not listening", "grpc", g)
-	}
+	grpcAddr := first(f.grpc, cfg.Server.GRPC, ":8081")
 	token := first(cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
 	var decisionLog io.Writer
 	switch dl := first(f.decisionLog, cfg.Server.DecisionLog); dl {
@@ -162,16 +169,34 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err // validated with the configuration
 	}
+	// One decider for HTTP and gRPC: a rule that fails local shares one
+	// in-process limiter whichever way it is asked.
+	dec := policy.NewDecider(st.store, cfg.Store.Instances)
+	defer dec.Close()
 	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
-		HTTP: hopts,
+		HTTP: hopts, Decider: dec,
 	})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
+	envoyDir := first(f.envoyConfig, cfg.Envoy.ConfigDir)
+	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, log)
+	if err != nil {
+		return fmt.Errorf("the Envoy rate limit service: %w", err)
+	}
+	defer es.stop(log)
+	if e.listeningGRPC != nil {
+		e.listeningGRPC(es.ln.Addr().String())
+	}
+	if envoyDir != "" {
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go es.watch(watchCtx, f.reloadEvery, e.reloadEnvoy, srv.SetEnvoyConfigError, log)
+	}
 
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
@@ -184,8 +209,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if cfgName == "" {
 		cfgName = "built-in demo"
 	}
-	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "config", cfgName, "store", st.name,
-		"tenants", len(catalog.Policy().Tenants()), "data_dir", f.dataDir)
+	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", cfgName, "store", st.name,
+		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
 	return b.run(ctx, server.HTTPServer(srv, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
 }
 
@@ -229,12 +254,44 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 // configuration stays.
 // setErr is told the outcome of every reload.
 func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, setErr func(error), log *slog.Logger) {
+	last := loaded
+	onReloadSignal(ctx, every, reload, func(forced bool) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			if forced || last != nil { // log a vanished file once, not every tick
+				log.Error("configuration reload refused; keeping the running configuration", "err", err)
+				setErr(err)
+				last = nil
+			}
+			return
+		}
+		if !forced && bytes.Equal(data, last) {
+			return
+		}
+		last = data
+		cfg, err := ParseConfig(file, data)
+		if err == nil {
+			err = catalog.SetBase(cfg.Spec())
+		}
+		if err != nil {
+			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))
+			setErr(err)
+			return
+		}
+		setErr(nil)
+		log.Info("configuration reloaded", "config", file, "tenants", len(catalog.Policy().Tenants()))
+	})
+}
+
+// onReloadSignal calls check every interval (forced false), and on SIGHUP
+// or a message on reload (forced true), until ctx ends: the rhythm every
+// file watcher of serve follows.
+func onReloadSignal(ctx context.Context, every time.Duration, reload <-chan struct{}, check func(forced bool)) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	last := loaded
 	for {
 		forced := false
 		select {
@@ -246,30 +303,7 @@ func watchConfig(ctx context.Context, file string, every time.Duration, loaded [
 		case <-reload:
 			forced = true
 		}
-		data, err := os.ReadFile(file)
-		if err != nil {
-			if forced || last != nil { // log a vanished file once, not every tick
-				log.Error("configuration reload refused; keeping the running configuration", "err", err)
-				setErr(err)
-				last = nil
-			}
-			continue
-		}
-		if !forced && bytes.Equal(data, last) {
-			continue
-		}
-		last = data
-		cfg, err := ParseConfig(file, data)
-		if err == nil {
-			err = catalog.SetBase(cfg.Spec())
-		}
-		if err != nil {
-			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))
-			setErr(err)
-			continue
-		}
-		setErr(nil)
-		log.Info("configuration reloaded", "config", file, "tenants", len(catalog.Policy().Tenants()))
+		check(forced)
 	}
 }
 

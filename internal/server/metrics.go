@@ -23,6 +23,7 @@ type metrics struct {
 	latency            *prometheus.HistogramVec
 	errors             *prometheus.CounterVec
 	reloads            *prometheus.CounterVec
+	envoyReloads       *prometheus.CounterVec
 	storeErrors        prometheus.Counter
 	failOpen           prometheus.Counter
 	failLocal          prometheus.Counter
@@ -41,7 +42,7 @@ type endpointMetrics struct {
 }
 
 // The decision endpoints, as they appear in metric labels.
-var decisionEndpoints = []string{"check", "acquire", "lease", "authz"}
+var decisionEndpoints = []string{"check", "acquire", "lease", "authz", "grpc"}
 
 type ruleCounters struct {
 	policy *policy.Policy
@@ -66,6 +67,9 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "admit_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
 		}, []string{"result"}),
+		envoyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "admit_envoy_config_reloads_total", Help: "Reloads of the envoyproxy/ratelimit files (--envoy-config), by result (ok, error).",
+		}, []string{"result"}),
 		storeErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_errors_total", Help: "Decisions the store could not answer."}),
 		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),
 		failLocal:          prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_local_total", Help: "Requests decided by the local limiter because the store was unavailable (on_error: local)."}),
@@ -79,7 +83,7 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 			latency: m.latency.WithLabelValues(e),
 		}
 	}
-	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
+	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.envoyReloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if tenantLabel {
 		m.tenants = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/problem"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -96,6 +98,7 @@ type Server struct {
 	claimSeq  atomic.Uint64
 
 	configErr atomic.Pointer[string]
+	envoyErr  atomic.Pointer[string]
 
 	decider *policy.Decider
 	ownDec  bool
@@ -185,15 +188,41 @@ func (s *Server) Close() error {
 
 // SetConfigError records the outcome of the latest configuration reload:
 // nil after a good one; the error, shown by /readyz, after a bad one.
-func (s *Server) SetConfigError(err error) {
+func (s *Server) SetConfigError(err error) { s.setReload(&s.configErr, s.metrics.reloads, err) }
+
+// SetEnvoyConfigError records the outcome of the latest reload of the
+// envoyproxy/ratelimit files, as SetConfigError does for the configuration.
+func (s *Server) SetEnvoyConfigError(err error) {
+	s.setReload(&s.envoyErr, s.metrics.envoyReloads, err)
+}
+
+func (s *Server) setReload(slot *atomic.Pointer[string], count *prometheus.CounterVec, err error) {
 	if err == nil {
-		s.configErr.Store(nil)
-		s.metrics.reloads.WithLabelValues("ok").Inc()
+		slot.Store(nil)
+		count.WithLabelValues("ok").Inc()
 		return
 	}
 	msg := err.Error()
-	s.configErr.Store(&msg)
-	s.metrics.reloads.WithLabelValues("error").Inc()
+	slot.Store(&msg)
+	count.WithLabelValues("error").Inc()
+}
+
+// ObserveGRPC counts one call of the Envoy rate limit service in the
+// metrics: its result, latency and how the store answered.
+func (s *Server) ObserveGRPC(allowed bool, out policy.Outcome, err error, took time.Duration) {
+	s.count(out, err)
+	em := s.metrics.endpoints["grpc"]
+	switch {
+	case err != nil:
+		// The status label holds the HTTP status an error maps to, for
+		// gRPC too, so that one series means one kind of failure.
+		s.metrics.errors.WithLabelValues("grpc", strconv.Itoa(problem.Status(err))).Inc()
+	case allowed:
+		em.allowed.Inc()
+	default:
+		em.refused.Inc()
+	}
+	em.latency.Observe(took.Seconds())
 }
 
 func (s *Server) routes(reg *prometheus.Registry) {
@@ -279,12 +308,16 @@ type readyAnswer struct {
 	Store       string `json:"store"`
 	Breaker     string `json:"breaker,omitempty"`
 	ConfigError string `json:"config_error,omitempty"`
+	EnvoyError  string `json:"envoy_config_error,omitempty"`
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ans := readyAnswer{Status: "ready", Store: "ok"}
 	if e := s.configErr.Load(); e != nil {
 		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
+	}
+	if e := s.envoyErr.Load(); e != nil {
+		ans.EnvoyError = "the last reload of the envoyproxy/ratelimit files was refused, the previous ones are in use: " + *e
 	}
 	status := http.StatusOK
 	if s.health != nil {

@@ -1,0 +1,654 @@
+package envoyrls
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// Bounds on what one configuration may hold.
+const (
+	MaxFileSize = 4 << 20 // bytes of one YAML file
+	MaxFiles    = 1000    // YAML files in a directory
+	MaxDepth    = 16      // nesting of descriptors
+)
+
+// Unit is a rate limit unit of envoyproxy/ratelimit's configuration.
+type Unit uint8
+
+// The units, with the lengths envoyproxy/ratelimit gives them: a month is
+// 30 days and a year 365.
+const (
+	UnitUnknown Unit = iota
+	Second
+	Minute
+	Hour
+	Day
+	Week
+	Month
+	Year
+)
+
+var unitNames = [...]string{"UNKNOWN", "SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR"}
+
+var unitLengths = [...]time.Duration{0, time.Second, time.Minute, time.Hour, 24 * time.Hour,
+	7 * 24 * time.Hour, 30 * 24 * time.Hour, 365 * 24 * time.Hour}
+
+// String returns the unit's name in capitals, as in the protocol.
+func (u Unit) String() string {
+	if int(u) < len(unitNames) {
+		return unitNames[u]
+	}
+	return "Unit(" + strconv.Itoa(int(u)) + ")"
+}
+
+// Duration returns the length of one unit.
+func (u Unit) Duration() time.Duration {
+	if int(u) < len(unitLengths) {
+		return unitLengths[u]
+	}
+	return 0
+}
+
+// ParseUnit parses a unit name in any case ("second", "MINUTE"…).
+func ParseUnit(s string) (Unit, bool) {
+	for i, n := range unitNames {
+		if i > 0 && strings.EqualFold(s, n) {
+			return Unit(i), true
+		}
+	}
+	return UnitUnknown, false
+}
+
+// Limit is the rate_limit block of one configured descriptor.
+type Limit struct {
+	// FullKey is the descriptor's path: the domain and each level's key,
+	// with "_value" when the level names a value, joined by dots, as
+	// envoyproxy/ratelimit names its statistics.
+	FullKey string
+	// Name and Replaces implement replaces: a matched limit whose Name
+	// another matched limit of the same request replaces is not applied.
+	Name     string
+	Replaces []string
+	// Unlimited limits always admit and are never counted.
+	Unlimited bool
+	// Shadow limits are counted and reported but never refuse
+	// (shadow_mode, and quota_mode, which Admit treats alike).
+	Shadow bool
+
+	RequestsPerUnit uint32
+	Unit            Unit
+	UnitMultiplier  uint32 // at least 1
+
+	// rule is what the store decides: fixed_window unless the file names
+	// another algorithm. Nil when Unlimited or RequestsPerUnit is 0 (the
+	// limit refuses everything, as in envoyproxy/ratelimit).
+	rule *policy.Rule
+
+	file      string // where the rate_limit block is, for Check's errors
+	line, col int
+}
+
+// Rule returns the rule the store decides for l: a fixed window unless the
+// file names another algorithm. It is nil when l is unlimited or its
+// requests_per_unit is 0 (it refuses everything, as in
+// envoyproxy/ratelimit).
+func (l *Limit) Rule() *admit.Rule {
+	if l.rule == nil {
+		return nil
+	}
+	return &l.rule.Rule
+}
+
+// Window returns the limit's period: its unit times its multiplier.
+func (l *Limit) Window() time.Duration {
+	return l.Unit.Duration() * time.Duration(l.UnitMultiplier)
+}
+
+// Config is a set of envoyproxy/ratelimit configuration files: rate limit
+// domains, each a tree of descriptors. It is immutable once loaded and safe
+// for concurrent use.
+type Config struct {
+	domains map[string]*level
+	files   []string
+}
+
+// Domains returns the names of the configured domains, sorted.
+func (c *Config) Domains() []string {
+	if c == nil {
+		return nil
+	}
+	out := make([]string, 0, len(c.domains))
+	for d := range c.domains {
+		out = append(out, d)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Files returns the files c was loaded from.
+func (c *Config) Files() []string {
+	if c == nil {
+		return nil
+	}
+	return c.files
+}
+
+// HasDomain reports whether c configures domain.
+func (c *Config) HasDomain(domain string) bool {
+	return c != nil && c.domains[domain] != nil
+}
+
+// Check applies check (a store's own limits on rules, say) to every rule of
+// c and reports the rules it refuses, with their positions.
+func (c *Config) Check(check func(*admit.Rule) error) error {
+	var errs ConfigErrors
+	var walk func(lv *level)
+	visit := func(n *node) {
+		if n.limit != nil && n.limit.Rule() != nil {
+			r := n.limit.Rule()
+			if err := check(r); err != nil {
+				errs = append(errs, ConfigError{File: n.limit.file, Line: n.limit.line, Col: n.limit.col, Msg: n.limit.FullKey + ": " + err.Error()})
+			}
+		}
+		if n.next != nil {
+			walk(n.next)
+		}
+	}
+	walk = func(lv *level) {
+		for _, n := range lv.exact {
+			visit(n)
+		}
+		for _, n := range lv.byKey {
+			visit(n)
+		}
+		for _, w := range lv.wildcards {
+			visit(w.n)
+		}
+	}
+	for _, d := range c.Domains() {
+		walk(c.domains[d])
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	sort.SliceStable(errs, func(i, j int) bool {
+		a, b := errs[i], errs[j]
+		return a.File < b.File || a.File == b.File && (a.Line < b.Line || a.Line == b.Line && a.Col < b.Col)
+	})
+	return errs
+}
+
+// level is one level of a descriptor tree: the descriptors configured at
+// this depth, by key and value, by key alone, and by key and value prefix
+// (wildcards, tried in file order).
+type level struct {
+	exact     map[[2]string]*node
+	byKey     map[string]*node
+	wildcards []wildcard
+}
+
+type wildcard struct {
+	key, prefix string
+	n           *node
+}
+
+type node struct {
+	limit *Limit
+	next  *level // nil when no descriptors are nested
+	// shared: values matched by this wildcard share one counter
+	// (share_threshold); pattern is the wildcard value, like "files*".
+	shared  bool
+	pattern string
+}
+
+// ConfigError is one problem in a configuration file.
+type ConfigError struct {
+	File      string
+	Line, Col int
+	Msg       string
+}
+
+func (e ConfigError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Col, e.Msg)
+	}
+	return e.File + ": " + e.Msg
+}
+
+// ConfigErrors lists every problem found, in file and line order.
+type ConfigErrors []ConfigError
+
+func (e ConfigErrors) Error() string {
+	lines := make([]string, len(e))
+	for i, ce := range e {
+		lines[i] = ce.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// LoadDir loads every *.yaml file of dir (not its subdirectories), in name
+// order, as envoyproxy/ratelimit does with its runtime directory. A
+// directory without YAML files is an empty configuration. A domain may be
+// configured in one file only.
+func LoadDir(dir string) (*Config, error) {
+	names, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return nil, ConfigErrors{{File: dir, Msg: err.Error()}}
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return nil, ConfigErrors{{File: dir, Msg: err.Error()}}
+	}
+	if len(names) > MaxFiles {
+		return nil, ConfigErrors{{File: dir, Msg: fmt.Sprintf("%d YAML files; at most %d", len(names), MaxFiles)}}
+	}
+	sort.Strings(names)
+	files := make([]File, 0, len(names))
+	var errs ConfigErrors
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			errs = append(errs, ConfigError{File: name, Msg: err.Error()})
+			continue
+		}
+		files = append(files, File{Name: name, Data: data})
+	}
+	c, err := Parse(files...)
+	if err != nil {
+		var ce ConfigErrors
+		errors.As(err, &ce)
+		errs = append(errs, ce...)
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return c, nil
+}
+
+// File is one configuration file's name and content.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse builds a Config from files. Every problem of every file is
+// reported, each with its file, line and column; the error is then a
+// ConfigErrors.
+func Parse(files ...File) (*Config, error) {
+	c := &Config{domains: map[string]*level{}}
+	p := parser{cfg: c}
+	domainFile := map[string]string{}
+	for _, f := range files {
+		p.file = f.Name
+		c.files = append(c.files, f.Name)
+		before := len(p.errs)
+		domain, root, pos := p.parseFile(f.Data)
+		if len(p.errs) > before || root == nil {
+			continue
+		}
+		if prev, dup := domainFile[domain]; dup {
+			p.fail(pos, "duplicate domain '%s' in config file (first configured in %s)", domain, prev)
+			continue
+		}
+		domainFile[domain] = f.Name
+		c.domains[domain] = root
+	}
+	if len(p.errs) > 0 {
+		return nil, p.errs
+	}
+	return c, nil
+}
+
+type parser struct {
+	cfg  *Config
+	file string
+	errs ConfigErrors
+}
+
+func (p *parser) fail(n *yaml.Node, format string, args ...any) {
+	ce := ConfigError{File: p.file, Msg: fmt.Sprintf(format, args...)}
+	if n != nil {
+		ce.Line, ce.Col = n.Line, n.Column
+	}
+	p.errs = append(p.errs, ce)
+}
+
+// parseFile parses one file: its domain, its descriptor tree and the
+// position of its domain field.
+func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node) {
+	if len(data) > MaxFileSize {
+		p.fail(nil, "%d bytes; at most %d", len(data), MaxFileSize)
+		return "", nil, nil
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			p.fail(nil, "config file cannot have empty domain")
+			return "", nil, nil
+		}
+		p.yamlError(err)
+		return "", nil, nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		p.fail(&extra, "a second YAML document; a configuration file is one document")
+		return "", nil, nil
+	}
+	root := doc.Content[0]
+	fields := p.mapping(root, "the file", "domain", "descriptors")
+	if fields == nil {
+		return "", nil, nil
+	}
+	dn := fields["domain"]
+	domain := p.str(dn)
+	if dn == nil || domain == "" {
+		p.fail(orNode(dn, root), "config file cannot have empty domain")
+		return "", nil, nil
+	}
+	top := p.descriptors(fields["descriptors"], domain+".", 1)
+	return domain, top, dn
+}
+
+// yamlError reports a YAML syntax error with its line.
+func (p *parser) yamlError(err error) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	ce := ConfigError{File: p.file, Msg: "error loading config file: " + msg}
+	var line int
+	if n, _ := fmt.Sscanf(msg, "line %d:", &line); n == 1 {
+		ce.Line, ce.Col = line, 1
+		ce.Msg = "error loading config file: " + strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
+	}
+	p.errs = append(p.errs, ce)
+}
+
+func orNode(a, b *yaml.Node) *yaml.Node {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// mapping returns the fields of a mapping node, reporting keys not in
+// allowed (as envoyproxy/ratelimit does: "unknown key") and duplicates.
+// what names the node in errors.
+func (p *parser) mapping(n *yaml.Node, what string, allowed ...string) map[string]*yaml.Node {
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "config error, %s must be a map, not %s", what, kindName(n))
+		return nil
+	}
+	fields := make(map[string]*yaml.Node, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.Tag != "!!str" {
+			p.fail(k, "config error, key is not of type string: %s", k.Value)
+			continue
+		}
+		known := false
+		for _, a := range allowed {
+			known = known || a == k.Value
+		}
+		if !known {
+			if _, elsewhere := keyHome[k.Value]; elsewhere {
+				p.fail(k, "config error, unknown key '%s' in %s (it belongs in %s)", k.Value, what, keyHome[k.Value])
+			} else {
+				p.fail(k, "config error, unknown key '%s'", k.Value)
+			}
+			continue
+		}
+		if _, dup := fields[k.Value]; dup {
+			p.fail(k, "config error, key '%s' appears twice", k.Value)
+			continue
+		}
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			continue // "key:" with nothing after it, as if absent
+		}
+		fields[k.Value] = v
+	}
+	return fields
+}
+
+// keyHome says where a known key belongs, for errors about keys in the
+// wrong place.
+var keyHome = map[string]string{
+	"domain": "the top of the file", "key": "a descriptor", "value": "a descriptor",
+	"descriptors": "the top of the file or a descriptor", "rate_limit": "a descriptor",
+	"shadow_mode": "a descriptor", "quota_mode": "a descriptor", "detailed_metric": "a descriptor",
+	"value_to_metric": "a descriptor", "share_threshold": "a descriptor",
+	"unit": "rate_limit", "requests_per_unit": "rate_limit", "unit_multiplier": "rate_limit",
+	"unlimited": "rate_limit", "name": "rate_limit or a replaces entry", "replaces": "rate_limit",
+	"algorithm": "rate_limit", "burst": "rate_limit",
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a map"
+	case yaml.SequenceNode:
+		return "a list"
+	default:
+		return fmt.Sprintf("%q", n.Value)
+	}
+}
+
+// str returns a scalar's text; anything else is reported.
+func (p *parser) str(n *yaml.Node) string {
+	if n == nil {
+		return ""
+	}
+	if n.Kind != yaml.ScalarNode {
+		p.fail(n, "config error, want a string, not %s", kindName(n))
+		return ""
+	}
+	return n.Value
+}
+
+func (p *parser) boolean(n *yaml.Node, field string) bool {
+	if n == nil {
+		return false
+	}
+	var b bool
+	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
+		p.fail(n, "%s: want true or false, not %s", field, kindName(n))
+	}
+	return b
+}
+
+func (p *parser) uint32(n *yaml.Node, field string) (uint32, bool) {
+	if n == nil {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(n.Value, 10, 32)
+	if n.Kind != yaml.ScalarNode || err != nil {
+		p.fail(n, "%s: want a whole number from 0 to %d, not %s", field, uint32(1<<32-1), kindName(n))
+		return 0, false
+	}
+	return uint32(v), true
+}
+
+// descriptors parses a descriptor list at the given depth; parent is the
+// full key of the level above, ending in a dot.
+func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
+	lv := &level{exact: map[[2]string]*node{}, byKey: map[string]*node{}}
+	if n == nil {
+		return lv
+	}
+	if n.Kind != yaml.SequenceNode {
+		p.fail(n, "config error, descriptors must be a list, not %s", kindName(n))
+		return lv
+	}
+	if depth > MaxDepth {
+		p.fail(n, "descriptors nested %d deep; at most %d", depth, MaxDepth)
+		return lv
+	}
+	for _, dn := range n.Content {
+		if dn.Kind != yaml.MappingNode {
+			p.fail(dn, "config error, yaml file contains list of type other than map: %s", kindName(dn))
+			continue
+		}
+		f := p.mapping(dn, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode",
+			"quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
+		if f == nil {
+			continue
+		}
+		key, value := p.str(f["key"]), p.str(f["value"])
+		if key == "" {
+			p.fail(dn, "descriptor has empty key")
+			continue
+		}
+		final := key
+		if value != "" {
+			final += "_" + value
+		}
+		full := parent + final
+		nd := &node{}
+		isWildcard := strings.HasSuffix(value, "*")
+		switch {
+		case value == "":
+			if lv.byKey[key] != nil {
+				p.fail(f["key"], "duplicate descriptor composite key '%s'", full)
+				continue
+			}
+			lv.byKey[key] = nd
+		case isWildcard:
+			prefix := strings.TrimSuffix(value, "*")
+			if slices.ContainsFunc(lv.wildcards, func(w wildcard) bool { return w.key == key && w.prefix == prefix }) {
+				p.fail(f["value"], "duplicate descriptor composite key '%s'", full)
+				continue
+			}
+			lv.wildcards = append(lv.wildcards, wildcard{key: key, prefix: prefix, n: nd})
+		default:
+			if lv.exact[[2]string{key, value}] != nil {
+				p.fail(f["value"], "duplicate descriptor composite key '%s'", full)
+				continue
+			}
+			lv.exact[[2]string{key, value}] = nd
+		}
+		shadow := p.boolean(f["shadow_mode"], "shadow_mode") || p.boolean(f["quota_mode"], "quota_mode")
+		p.boolean(f["detailed_metric"], "detailed_metric")
+		p.boolean(f["value_to_metric"], "value_to_metric")
+		if p.boolean(f["share_threshold"], "share_threshold") {
+			if !isWildcard {
+				p.fail(f["share_threshold"], "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", final)
+			}
+			nd.shared, nd.pattern = true, value
+		}
+		if rl := f["rate_limit"]; rl != nil {
+			nd.limit = p.rateLimit(rl, full, shadow)
+		}
+		if sub := f["descriptors"]; sub != nil {
+			nd.next = p.descriptors(sub, full+".", depth+1)
+		}
+	}
+	return lv
+}
+
+// rateLimit parses a rate_limit block.
+func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
+	f := p.mapping(n, "rate_limit", "unit", "requests_per_unit", "unit_multiplier", "unlimited",
+		"name", "replaces", "algorithm", "burst")
+	if f == nil {
+		return nil
+	}
+	l := &Limit{FullKey: full, Shadow: shadow, UnitMultiplier: 1, file: p.file, line: n.Line, col: n.Column}
+	l.Name = p.str(f["name"])
+	l.Unlimited = p.boolean(f["unlimited"], "unlimited")
+	unit, validUnit := ParseUnit(p.str(f["unit"]))
+	switch {
+	case l.Unlimited && validUnit:
+		p.fail(f["unit"], "should not specify rate limit unit when unlimited")
+	case !l.Unlimited && !validUnit:
+		p.fail(orNode(f["unit"], n), "invalid rate limit unit '%s'; want second, minute, hour, day, week, month or year", p.str(f["unit"]))
+	}
+	l.Unit = unit
+	l.RequestsPerUnit, _ = p.uint32(f["requests_per_unit"], "requests_per_unit")
+	if m, ok := p.uint32(f["unit_multiplier"], "unit_multiplier"); ok {
+		if m == 0 {
+			p.fail(f["unit_multiplier"], "unit_multiplier must be at least 1")
+		}
+		l.UnitMultiplier = max(m, 1)
+	}
+	if rn := f["replaces"]; rn != nil {
+		if rn.Kind != yaml.SequenceNode {
+			p.fail(rn, "config error, replaces must be a list, not %s", kindName(rn))
+		} else {
+			for _, e := range rn.Content {
+				if e.Kind != yaml.MappingNode {
+					p.fail(e, "config error, yaml file contains list of type other than map: %s", kindName(e))
+					continue
+				}
+				ef := p.mapping(e, "a replaces entry", "name")
+				if ef == nil {
+					continue
+				}
+				name := p.str(ef["name"])
+				switch {
+				case name == "":
+					p.fail(e, "should not have an empty replaces entry")
+				case name == l.Name:
+					p.fail(e, "replaces should not contain name of same descriptor")
+				default:
+					l.Replaces = append(l.Replaces, name)
+				}
+			}
+		}
+	}
+	algo := admit.FixedWindow
+	if an := f["algorithm"]; an != nil {
+		a, err := admit.ParseAlgorithm(p.str(an))
+		switch {
+		case err != nil:
+			p.fail(an, "algorithm %q: want fixed_window, sliding_window, sliding_log, token_bucket or gcra", an.Value)
+		case a == admit.Concurrency || a == admit.Combination:
+			p.fail(an, "algorithm %s cannot be written as requests per unit; want fixed_window, sliding_window, sliding_log, token_bucket or gcra", a)
+		default:
+			algo = a
+		}
+	}
+	burst, hasBurst := p.uint32(f["burst"], "burst")
+	if hasBurst && algo != admit.TokenBucket && algo != admit.GCRA {
+		p.fail(f["burst"], "burst applies to token_bucket and gcra only")
+	}
+	if l.Unlimited || !validUnit || l.RequestsPerUnit == 0 {
+		return l
+	}
+	window := l.Window()
+	if window > admit.MaxRatePeriod {
+		p.fail(orNode(f["unit_multiplier"], n), "a period of %d × %s is longer than %v", l.UnitMultiplier, l.Unit, admit.MaxRatePeriod)
+		return l
+	}
+	name := l.Name
+	if name == "" {
+		name = full
+	}
+	r := &admit.Rule{Name: name, Algorithm: algo, Shadow: shadow}
+	switch algo {
+	case admit.TokenBucket, admit.GCRA:
+		r.Rate = admit.Rate{N: int64(l.RequestsPerUnit), Per: window}
+		r.Burst = int64(l.RequestsPerUnit)
+		if hasBurst {
+			r.Burst = int64(burst)
+		}
+	default:
+		r.Limit, r.Window = int64(l.RequestsPerUnit), window
+	}
+	if err := r.Validate(); err != nil {
+		p.fail(n, "%s", strings.TrimPrefix(err.Error(), fmt.Sprintf("rule %q: ", name)))
+		return l
+	}
+	l.rule = &policy.Rule{Rule: *r, Scope: "envoy"}
+	return l
+}
