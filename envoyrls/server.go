@@ -24,7 +24,6 @@ const MaxMessageSize = 1 << 20
 // Server serves a Service over gRPC, with the standard health service
 // (grpc.health.v1) and server reflection. Create it with NewServer.
 type Server struct {
-	svc       *Service
 	grpc      *grpc.Server
 	health    *health.Server
 	ready     func(context.Context) error
@@ -43,7 +42,7 @@ func NewServer(svc *Service, ready func(context.Context) error) *Server {
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
 	reflection.Register(g)
-	return &Server{svc: svc, grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second}
+	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second}
 }
 
 // ServerOptions returns the options NewServer creates its gRPC server

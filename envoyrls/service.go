@@ -3,7 +3,6 @@ package envoyrls
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"math"
 	"slices"
 	"strconv"
@@ -70,8 +69,6 @@ type Options struct {
 	ResponseHeaders bool
 	// Observe, if set, is told every request answered.
 	Observe func(Event)
-	// Logger receives failures; default slog.Default().
-	Logger *slog.Logger
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
@@ -108,9 +105,6 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.CatalogDomain == "" {
 		opts.CatalogDomain = DefaultCatalogDomain
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
@@ -195,10 +189,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	if s.opts.Policy != nil {
 		p = s.opts.Policy()
 	}
-	catalog := p != nil && domain == s.opts.CatalogDomain && !cfg.HasDomain(domain)
+	configured := cfg.HasDomain(domain)
+	catalog := p != nil && domain == s.opts.CatalogDomain && !configured
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
-	if !catalog && !cfg.HasDomain(domain) {
+	if !catalog && !configured {
 		// An unknown domain limits nothing, as in envoyproxy/ratelimit: an
 		// OK status without a limit for every descriptor.
 		for i := range resp.Statuses {
@@ -579,9 +574,7 @@ func quota(r *admit.Rule) (uint32, Unit, uint32) {
 		n = r.Capacity()
 		// Burst × Per / N, in floating point: the product may pass 2^63.
 		per = time.Duration(float64(r.Burst) * float64(r.Rate.Per) / float64(r.Rate.N))
-	case admit.Concurrency:
-		return uint32(min(r.Max, math.MaxUint32)), Second, 0
-	default:
+	default: // windows; concurrency rules never decide requests
 		n, per = r.Limit, r.Window
 	}
 	n = min(n, math.MaxUint32)
@@ -710,10 +703,7 @@ func rateLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus, best int)
 
 // unitSeconds returns a limit's period in seconds.
 func unitSeconds(l *rlsv3.RateLimitResponse_RateLimit) int64 {
-	u, ok := ParseUnit(l.Unit.String())
-	if !ok {
-		return 0
-	}
+	u := fromProtoUnit(l.Unit)
 	mult := int64(1)
 	if m := l.GetUnitMultiplier(); m != nil && m.GetValue() > 0 {
 		mult = int64(m.GetValue())
@@ -721,6 +711,28 @@ func unitSeconds(l *rlsv3.RateLimitResponse_RateLimit) int64 {
 	return int64(u.Duration()/time.Second) * mult
 }
 
+// protoUnits maps Unit to the protocol's unit, whose numbering differs
+// (WEEK came last).
+var protoUnits = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
+	rlsv3.RateLimitResponse_RateLimit_UNKNOWN, rlsv3.RateLimitResponse_RateLimit_SECOND,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE, rlsv3.RateLimitResponse_RateLimit_HOUR,
+	rlsv3.RateLimitResponse_RateLimit_DAY, rlsv3.RateLimitResponse_RateLimit_WEEK,
+	rlsv3.RateLimitResponse_RateLimit_MONTH, rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
 func protoUnit(u Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
-	return rlsv3.RateLimitResponse_RateLimit_Unit(rlsv3.RateLimitResponse_RateLimit_Unit_value[u.String()])
+	if int(u) < len(protoUnits) {
+		return protoUnits[u]
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// fromProtoUnit is protoUnit's inverse; UnitUnknown for other values.
+func fromProtoUnit(p rlsv3.RateLimitResponse_RateLimit_Unit) Unit {
+	for u, q := range protoUnits {
+		if q == p {
+			return Unit(u)
+		}
+	}
+	return UnitUnknown
 }

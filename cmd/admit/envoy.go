@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
@@ -23,20 +24,14 @@ type envoyService struct {
 	srv   *envoyrls.Server
 	ln    net.Listener
 	dir   string
-	check func(*envoyrls.Config) error
+	rules func(*admit.Rule) error // the store's check of a rule, if any
 	done  chan error
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of dir (if any), then
 // serves the Envoy rate limit service on addr.
-func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server, log *slog.Logger) (*envoyService, error) {
-	es := &envoyService{dir: dir, done: make(chan error, 1)}
-	es.check = func(c *envoyrls.Config) error {
-		if b.st.check == nil {
-			return nil
-		}
-		return c.Check(b.st.check)
-	}
+func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server) (*envoyService, error) {
+	es := &envoyService{dir: dir, rules: b.st.check, done: make(chan error, 1)}
 	var cfg *envoyrls.Config
 	if dir != "" {
 		c, err := es.load()
@@ -47,7 +42,7 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
-		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) }, Logger: log,
+		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
 	})
 	if err != nil {
 		return nil, err
@@ -65,8 +60,8 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 // load loads and checks the files of es.dir.
 func (es *envoyService) load() (*envoyrls.Config, error) {
 	c, err := envoyrls.LoadDir(es.dir)
-	if err == nil {
-		err = es.check(c)
+	if err == nil && es.rules != nil {
+		err = c.Check(es.rules)
 	}
 	return c, err
 }

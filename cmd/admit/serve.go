@@ -184,7 +184,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	}
 	defer srv.Close()
 	envoyDir := first(f.envoyConfig, cfg.Envoy.ConfigDir)
-	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, log)
+	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
