@@ -3,29 +3,33 @@ GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls fuzz
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-ws fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## install redis-server and redis-cli when missing (the Redis tests start their own servers)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || { \
+deps: ## install redis-server, redis-cli and chromium when missing (the tests start their own servers and browser)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server redis-tools >/dev/null; }
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server redis-tools chromium >/dev/null; }
 	@redis-server --version
+	@/usr/bin/chromium --version
 
-test: deps ## run every test with the race detector, in shuffled order
+test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium
 	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...
+	cd e2e && $(GO) test -count=1 -timeout=5m ./...
 
 lint: ## gofmt, go vet and staticcheck over both modules
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: the files above need formatting'; exit 1; }
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd bench && $(GO) vet ./...
+	cd e2e && $(GO) vet ./...
 
 tidy-check: ## fail if go.mod or go.sum would change under go mod tidy
 	$(GO) mod tidy -diff
 	cd bench && $(GO) mod tidy -diff
+	cd e2e && $(GO) mod tidy -diff
 
 ci: tidy-check lint test ## everything CI runs
 
@@ -36,6 +40,9 @@ bench: ## comparison benchmarks against peer libraries (bench/ module)
 bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, memory and Redis (docs/benchmarks.md)
 	cd bench && $(GO) run ./rlsbench -callers 64 -duration 3s -rounds 3
 	cd bench && $(GO) run ./rlsbench -store redis -callers 64 -duration 3s -rounds 3
+
+bench-ws: ## the WebSocket gateway of admit serve: admissions/s, memory per idle connection, echoes/s per route (docs/benchmarks.md)
+	cd bench && $(GO) run ./wsbench -duration 3s -rounds 3
 
 bench-redis: deps ## the Redis store vs redis_rate and redis-benchmark (docs/benchmarks.md); about 5 minutes
 	cd bench && ADMIT_REDIS_BENCH=1 $(GO) test -run TestRedisReport -count=1 -v -timeout=30m .
@@ -49,3 +56,4 @@ fuzz: ## run each fuzz target for 30s
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s ./cmd/admit
 	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=30s ./envoyrls
 	$(GO) test -run='^$$' -fuzz=FuzzShouldRateLimit -fuzztime=30s ./envoyrls
+	$(GO) test -run='^$$' -fuzz=FuzzFrame -fuzztime=30s ./wsgateway

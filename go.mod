@@ -3,6 +3,7 @@ module github.com/admitdev/admit
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/golang-jwt/jwt/v5 v5.3.1
 	github.com/prometheus/client_golang v1.25.0

@@ -6,6 +6,7 @@ replace github.com/admitdev/admit => ../
 
 require (
 	github.com/admitdev/admit v0.0.0-00010101000000-000000000000
+	github.com/coder/websocket v1.8.15
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/redis/go-redis/v9 v9.0.4

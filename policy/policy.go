@@ -11,6 +11,7 @@ package policy
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -104,6 +105,8 @@ func (r *Rule) Spec() RuleSpec {
 }
 
 // Gateway holds a tier's WebSocket gateway limits (seed 001).
+// In JSON it has the configuration's field names, session_ttl as a
+// duration like "200s".
 type Gateway struct {
 	TenantConnections     int64         // live connections of a tenant
 	ConnectionsPerSession int64         // live connections of a session
@@ -111,6 +114,18 @@ type Gateway struct {
 	SessionPerMinute      int64         // new connections of a session per minute
 	SessionTTL            time.Duration // idle time after which a session expires
 	MessagesPerMinute     int64         // messages of a tenant per minute
+}
+
+// MarshalJSON implements json.Marshaler.
+func (g Gateway) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		TenantConnections     int64  `json:"tenant_connections"`
+		ConnectionsPerSession int64  `json:"connections_per_session"`
+		TenantPerMinute       int64  `json:"tenant_per_minute"`
+		SessionPerMinute      int64  `json:"session_per_minute"`
+		SessionTTL            string `json:"session_ttl"`
+		MessagesPerMinute     int64  `json:"messages_per_minute"`
+	}{g.TenantConnections, g.ConnectionsPerSession, g.TenantPerMinute, g.SessionPerMinute, g.SessionTTL.String(), g.MessagesPerMinute})
 }
 
 // DefaultGateway is the gateway of a tier that declares none: the smallest
@@ -546,21 +561,22 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 	if g == nil {
 		return out
 	}
+	// Live connections are concurrency leases, bounded as such.
 	for _, f := range []struct {
-		name string
-		v    int64
-		dst  *int64
+		name   string
+		v, max int64
+		dst    *int64
 	}{
-		{"tenant_connections", g.TenantConnections, &out.TenantConnections},
-		{"connections_per_session", g.ConnectionsPerSession, &out.ConnectionsPerSession},
-		{"tenant_per_minute", g.TenantPerMinute, &out.TenantPerMinute},
-		{"session_per_minute", g.SessionPerMinute, &out.SessionPerMinute},
-		{"messages_per_minute", g.MessagesPerMinute, &out.MessagesPerMinute},
+		{"tenant_connections", g.TenantConnections, admit.MaxConcurrency, &out.TenantConnections},
+		{"connections_per_session", g.ConnectionsPerSession, admit.MaxConcurrency, &out.ConnectionsPerSession},
+		{"tenant_per_minute", g.TenantPerMinute, admit.MaxCount, &out.TenantPerMinute},
+		{"session_per_minute", g.SessionPerMinute, admit.MaxCount, &out.SessionPerMinute},
+		{"messages_per_minute", g.MessagesPerMinute, admit.MaxCount, &out.MessagesPerMinute},
 	} {
 		switch {
 		case f.v == 0:
-		case f.v < 0 || f.v > admit.MaxCount:
-			c.fail(path+"."+f.name, "must be from 1 to %d", int64(admit.MaxCount))
+		case f.v < 0 || f.v > f.max:
+			c.fail(path+"."+f.name, "must be from 1 to %d", f.max)
 		default:
 			*f.dst = f.v
 		}

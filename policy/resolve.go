@@ -93,12 +93,9 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 		return err
 	}
 	if req.Tenant != "" {
-		t := p.tenants[req.Tenant]
-		if t == nil {
-			if p.fallback == nil {
-				return admit.Errorf(admit.CodePermission, "tenant %q is unknown", req.Tenant)
-			}
-			t = &Tenant{ID: req.Tenant, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default"}
+		t, err := p.TenantOrDefault(req.Tenant)
+		if err != nil {
+			return err
 		}
 		res.Tenant = t
 	}
@@ -156,4 +153,18 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, LeaseTTL: req.LeaseTTL,
 	})
 	res.Rules = append(res.Rules, r)
+}
+
+// TenantOrDefault returns the tenant with the given id: the catalog's, or,
+// when the catalog does not know it, a tenant of the default tier if the
+// policy has one (Source "default"). Without a default tier an unknown
+// tenant is admit.ErrPermission.
+func (p *Policy) TenantOrDefault(id string) (*Tenant, error) {
+	if t := p.tenants[id]; t != nil {
+		return t, nil
+	}
+	if p.fallback == nil {
+		return nil, admit.Errorf(admit.CodePermission, "tenant %q is unknown", id)
+	}
+	return &Tenant{ID: id, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default"}, nil
 }

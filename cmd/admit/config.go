@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path"
 	"reflect"
 	"regexp"
 	"sort"
@@ -34,6 +35,32 @@ type Config struct {
 	Tenants  map[string]policy.TenantSpec `json:"tenants"`
 	HTTP     HTTPConfig                   `json:"http"`
 	Envoy    EnvoyConfig                  `json:"envoy"`
+	Gateway  GatewayConfig                `json:"gateway"`
+}
+
+// GatewayConfig is the gateway section: the WebSocket gateway's settings
+// for the whole server. Each tier's connection and message limits are in
+// the tier's own gateway section.
+type GatewayConfig struct {
+	// AllowedOrigins are the browser origins allowed to connect besides
+	// the server's own host: host patterns ("app.example.com",
+	// "*.example.com") or scheme://host patterns.
+	AllowedOrigins []string `json:"allowed_origins"`
+	// LeaseTTL is how long a dead server's connections keep their slots;
+	// default 30s.
+	LeaseTTL string `json:"lease_ttl"`
+	// PingInterval: a connection silent this long is pinged; default 30s.
+	PingInterval string `json:"ping_interval"`
+	// SendBufferBytes and SendBufferFrames bound what may wait for a slow
+	// client before it is closed with 1008; defaults 1 MiB and 4096.
+	SendBufferBytes  int64 `json:"send_buffer_bytes"`
+	SendBufferFrames int64 `json:"send_buffer_frames"`
+	// MaxMessageBytes bounds a client frame (1009 beyond); default 32 KiB.
+	MaxMessageBytes int64 `json:"max_message_bytes"`
+	// PoolWorkers sizes the pool route; default 4 per CPU.
+	PoolWorkers int64 `json:"pool_workers"`
+	// Demo serves the sample client page at /demo/; default true.
+	Demo *bool `json:"demo"`
 }
 
 // EnvoyConfig is the envoy section: the Envoy rate limit service (gRPC).
@@ -383,6 +410,7 @@ func (d *decoder) check(c *Config) {
 	if len(c.Envoy.Domain) > envoyrls.MaxEntryLen {
 		d.failAt("envoy.domain", "%d bytes; at most %d", len(c.Envoy.Domain), envoyrls.MaxEntryLen)
 	}
+	d.checkGateway(&c.Gateway)
 	switch c.Store.Backend {
 	case "", "memory", "redis":
 	default:
@@ -419,6 +447,35 @@ func (d *decoder) check(c *Config) {
 				path = "store.on_error"
 			}
 			d.failAt(path, "%s", fe.Msg)
+		}
+	}
+}
+
+func (d *decoder) checkGateway(g *GatewayConfig) {
+	for i, p := range g.AllowedOrigins {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			d.failAt(fmt.Sprintf("gateway.allowed_origins[%d]", i), "%q is not a host pattern like *.example.com", p)
+		}
+	}
+	for _, f := range []struct{ path, v string }{{"gateway.lease_ttl", g.LeaseTTL}, {"gateway.ping_interval", g.PingInterval}} {
+		if f.v == "" {
+			continue
+		}
+		if t, err := time.ParseDuration(f.v); err != nil || t < time.Second || t > time.Hour {
+			d.failAt(f.path, "%q: want a duration from 1s to 1h", f.v)
+		}
+	}
+	for _, f := range []struct {
+		path     string
+		v, lo, h int64
+	}{
+		{"gateway.send_buffer_bytes", g.SendBufferBytes, 1 << 10, 1 << 30},
+		{"gateway.send_buffer_frames", g.SendBufferFrames, 1, 1 << 20},
+		{"gateway.max_message_bytes", g.MaxMessageBytes, 128, 16 << 20},
+		{"gateway.pool_workers", g.PoolWorkers, 1, 4096},
+	} {
+		if f.v != 0 && (f.v < f.lo || f.v > f.h) {
+			d.failAt(f.path, "must be from %d to %d", f.lo, f.h)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/wsgateway"
 )
 
 const serveUsage = `Usage: admit serve [flags]
@@ -173,11 +174,24 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	// in-process limiter whichever way it is asked.
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)
 	defer dec.Close()
+	gw, err := wsgateway.New(gatewayOptions(&cfg.Gateway, st, catalog, dec, log))
+	if err != nil {
+		return err // validated with the configuration
+	}
+	defer func() {
+		// Hijacked WebSocket connections are not the HTTP server's to
+		// drain: close them (1001) and release their slots.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := gw.Close(ctx); err != nil {
+			log.Warn("shutdown: WebSocket connections still open", "err", err)
+		}
+	}()
 	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
-		HTTP: hopts, Decider: dec,
+		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 	})
 	if err != nil {
 		return err
@@ -212,6 +226,21 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", cfgName, "store", st.name,
 		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
 	return b.run(ctx, server.HTTPServer(srv, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
+}
+
+// gatewayOptions are the WebSocket gateway's options from the gateway
+// section (validated with the configuration).
+func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, dec *policy.Decider, log *slog.Logger) wsgateway.Options {
+	dur := func(s string) time.Duration {
+		d, _ := time.ParseDuration(s)
+		return d
+	}
+	return wsgateway.Options{
+		Store: st.store, Policy: catalog.Policy, Decider: dec, Sessions: st.sessions, Logger: log,
+		OriginPatterns: g.AllowedOrigins, LeaseTTL: dur(g.LeaseTTL), PingInterval: dur(g.PingInterval),
+		SendBytes: int(g.SendBufferBytes), SendFrames: int(g.SendBufferFrames),
+		MaxMessageBytes: g.MaxMessageBytes, PoolWorkers: int(g.PoolWorkers),
+	}
 }
 
 // run serves hs on ln until ctx ends, reloading the configuration file (if

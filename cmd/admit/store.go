@@ -12,6 +12,7 @@ import (
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/wsgateway"
 )
 
 // openedStore is the store a server decides against, with what the server
@@ -25,7 +26,10 @@ type openedStore struct {
 	health  func() server.StoreHealth
 	watch   func(ctx context.Context, poll time.Duration, changed func())
 	check   func(*admit.Rule) error // whether the store can decide a rule
-	close   func()
+	// sessions keeps the WebSocket gateway's sessions: in this process
+	// with the memory store, shared in Redis with the Redis store.
+	sessions wsgateway.Sessions
+	close    func()
 }
 
 // openStore opens the store that --store (url) or the config's store
@@ -45,7 +49,8 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*o
 				st := m.Stats()
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
 			},
-			close: func() { m.Close() },
+			sessions: wsgateway.NewMemorySessions(nil),
+			close:    func() { m.Close() },
 		}, nil
 	}
 	timeout := 50 * time.Millisecond
@@ -59,6 +64,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*o
 		return nil, fmt.Errorf("store %s: %w", rc, err)
 	}
 	catalog := redisstore.NewCatalogStore(r)
+	sessions := redisstore.NewSessions(r)
 	return &openedStore{
 		name: "redis " + rc.String(), store: r,
 		changes: catalog, watch: catalog.Watch, check: redisstore.CheckRule,
@@ -67,7 +73,8 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*o
 			h := r.Health()
 			return server.StoreHealth{Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures}
 		},
-		close: func() { r.Close() },
+		sessions: sessions,
+		close:    func() { sessions.Close(); r.Close() },
 	}, nil
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/problem"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/wsgateway"
 )
 
 // StoreStats is what the metrics report about the store.
@@ -75,6 +76,13 @@ type Options struct {
 	// default a new one over Store and Instances. Share one with other
 	// front ends of the same process.
 	Decider *policy.Decider
+	// Gateway, if set, serves the WebSocket gateway: PUT /v1/sessions,
+	// DELETE /v1/sessions/{tenant}/{session} and GET /v1/ws. The caller
+	// owns it and closes it.
+	Gateway *wsgateway.Gateway
+	// Demo serves the seed-001 sample client page at /demo/ (with the
+	// gateway).
+	Demo bool
 	// HTTP configures how /v1/authz identifies the original request:
 	// trusted proxies, user header, JWT, actions, Retry-After jitter. Its
 	// Store, Decider, Policy, Observe and Logger are the server's.
@@ -103,6 +111,7 @@ type Server struct {
 	decider *policy.Decider
 	ownDec  bool
 	authz   *httplimit.Limiter
+	gateway *wsgateway.Gateway
 
 	mux *http.ServeMux
 }
@@ -113,7 +122,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
 		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
-		decider: opts.Decider,
+		decider: opts.Decider, gateway: opts.Gateway,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -149,7 +158,10 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s.authz = authz
-	s.routes(reg)
+	if s.gateway != nil {
+		reg.MustRegister(newGatewayCollector(s.gateway))
+	}
+	s.routes(reg, opts.Demo)
 	return s, nil
 }
 
@@ -225,7 +237,7 @@ func (s *Server) ObserveGRPC(allowed bool, out policy.Outcome, err error, took t
 	em.latency.Observe(took.Seconds())
 }
 
-func (s *Server) routes(reg *prometheus.Registry) {
+func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	m := http.NewServeMux()
 	allowed := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.Handler) {
@@ -254,6 +266,16 @@ func (s *Server) routes(reg *prometheus.Registry) {
 	handle("PUT", "/v1/admin/tiers/{name}", s.admin(s.handleTierPut))
 	handle("GET", "/v1/admin/state", s.admin(s.handleState))
 	handle("POST", "/v1/admin/reset", s.admin(s.handleReset))
+
+	if s.gateway != nil {
+		handle("PUT", "/v1/sessions", http.HandlerFunc(s.handleSessionCreate))
+		handle("DELETE", "/v1/sessions/{tenant}/{session}", http.HandlerFunc(s.handleSessionDelete))
+		handle("GET", "/v1/ws", s.gateway)
+		handle("GET", "/v1/ws/preflight", http.HandlerFunc(s.gateway.Preflight))
+		if demo {
+			handle("GET", "/demo/", s.demoHandler())
+		}
+	}
 
 	for _, path := range []string{"/v1/authz", "/v1/authz/"} {
 		m.HandleFunc(path, s.handleAuthz) // every method: Envoy forwards the original one

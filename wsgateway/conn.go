@@ -1,0 +1,284 @@
+package wsgateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// conn is one admitted WebSocket connection. Its handler goroutine reads;
+// a writer goroutine runs only while frames wait to be written, so an idle
+// connection costs one goroutine.
+type conn struct {
+	g                   *Gateway
+	id, tenant, session string
+	lease               string // "" when admitted without a store (failed open)
+	unsubscribe         func()
+
+	ctx    context.Context // ends when the connection closes
+	cancel context.CancelFunc
+
+	deadline atomic.Int64 // the session's last known deadline, Unix ns
+	lastRead atomic.Int64 // Unix ns of the last frame read
+
+	mu      sync.Mutex
+	ws      *websocket.Conn // set once, under mu, when the upgrade succeeds
+	queue   [][]byte
+	queued  int // bytes in queue
+	writing bool
+	closed  bool
+	// code and reason are a close asked for before the upgrade finished.
+	code   websocket.StatusCode
+	reason string
+}
+
+// attach sets the upgraded connection. It reports false if the connection
+// was closed meanwhile (its session deleted, say): ws is then closed with
+// the code asked for.
+func (c *conn) attach(ws *websocket.Conn) bool {
+	c.mu.Lock()
+	c.ws = ws
+	closed, code, reason := c.closed, c.code, c.reason
+	start := !closed && len(c.queue) > 0 && !c.writing
+	c.writing = c.writing || start
+	c.mu.Unlock()
+	if closed {
+		ws.Close(code, reason)
+	}
+	if start {
+		go c.write(ws)
+	}
+	return !closed
+}
+
+func (c *conn) setDeadline(t time.Time) { c.deadline.Store(t.UnixNano()) }
+
+// serve reads the client's frames until the connection ends.
+func (c *conn) serve() {
+	defer c.cleanup()
+	c.lastRead.Store(time.Now().UnixNano())
+	for {
+		_, data, err := c.ws.Read(c.ctx)
+		if err != nil {
+			if websocket.CloseStatus(err) == websocket.StatusMessageTooBig {
+				c.g.log.Debug("gateway: frame over the size limit", "tenant", c.tenant, "connection", c.id)
+			}
+			return
+		}
+		c.lastRead.Store(time.Now().UnixNano())
+		c.g.onMessage(c, data)
+	}
+}
+
+// cleanup frees what the connection held: its slot (at once, so that a
+// client that drops its connection can reconnect), its subscription, its
+// place in the gateway. It runs once, when the connection ends or when an
+// upgrade fails after the admission.
+func (c *conn) cleanup() {
+	c.mu.Lock()
+	c.closed = true
+	c.queue, c.queued = nil, 0
+	ws := c.ws
+	c.mu.Unlock()
+	c.cancel()
+	if ws != nil {
+		ws.CloseNow()
+	}
+	if c.unsubscribe != nil {
+		c.unsubscribe()
+	}
+	if c.lease != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := c.g.store.ReleaseLease(ctx, c.lease)
+		cancel()
+		if err != nil && !errors.Is(err, admit.ErrNotFound) {
+			// The store reclaims the slot after the lease TTL.
+			c.g.log.Warn("gateway: releasing a connection's slot", "tenant", c.tenant, "err", err)
+		}
+	}
+	c.g.mu.Lock()
+	_, ok := c.g.conns[c]
+	delete(c.g.conns, c)
+	c.g.mu.Unlock()
+	if ok {
+		c.g.stats.connections.Add(-1)
+	}
+}
+
+// deliver is the connection's subscription to its session's events.
+func (c *conn) deliver(ev Event) {
+	if ev.Closed != "" {
+		c.close(CloseSessionDeleted, "the session was deleted")
+		return
+	}
+	if !ev.ExpiresAt.IsZero() {
+		c.setDeadline(ev.ExpiresAt)
+	}
+	c.send(ev.Frame)
+}
+
+// send queues a frame for the client. A client that lets more than the
+// send bounds pile up is closed with 1008: its frames are not kept.
+func (c *conn) send(frame []byte) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.queue) >= c.g.sendFrames || c.queued+len(frame) > c.g.sendBytes {
+		c.mu.Unlock()
+		c.g.stats.slow.Add(1)
+		c.close(websocket.StatusPolicyViolation, "slow consumer: the send buffer is full")
+		return
+	}
+	c.queue = append(c.queue, frame)
+	c.queued += len(frame)
+	start := !c.writing && c.ws != nil // before the upgrade, attach starts it
+	c.writing = c.writing || start
+	ws := c.ws
+	c.mu.Unlock()
+	if start {
+		go c.write(ws)
+	}
+}
+
+// write writes queued frames to ws until the queue is empty.
+func (c *conn) write(ws *websocket.Conn) {
+	for {
+		c.mu.Lock()
+		if c.closed || len(c.queue) == 0 {
+			c.writing = false
+			c.queue = nil // let an idle connection's buffer go
+			c.mu.Unlock()
+			return
+		}
+		frame := c.queue[0]
+		c.queue[0] = nil
+		c.queue = c.queue[1:]
+		c.queued -= len(frame)
+		c.mu.Unlock()
+		ctx, cancel := context.WithTimeout(c.ctx, c.g.writeTimeout)
+		err := ws.Write(ctx, websocket.MessageText, frame)
+		cancel()
+		if err != nil {
+			c.mu.Lock()
+			c.closed, c.writing, c.queue, c.queued = true, false, nil, 0
+			c.mu.Unlock()
+			ws.CloseNow()
+			return
+		}
+	}
+}
+
+// close closes the connection with a code, in the background: the close
+// handshake waits for the client.
+func (c *conn) close(code websocket.StatusCode, reason string) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.closed = true
+	c.queue, c.queued = nil, 0
+	c.code, c.reason = code, reason
+	ws := c.ws
+	c.mu.Unlock()
+	if ws == nil {
+		return // attach closes it
+	}
+	go func() {
+		if err := ws.Close(code, reason); err != nil {
+			ws.CloseNow()
+		}
+	}()
+}
+
+// inbound is a client frame.
+type inbound struct {
+	Route string          `json:"route"`
+	ID    *string         `json:"id"`
+	Data  json.RawMessage `json:"data"`
+}
+
+// maxIDLen bounds a client's message id.
+const maxIDLen = 128
+
+// onMessage decides one client frame: malformed frames get an error frame
+// (the connection stays), throttled ones a throttled frame; the others go
+// to their route's queue.
+func (g *Gateway) onMessage(c *conn, data []byte) {
+	var in inbound
+	if err := json.Unmarshal(data, &in); err != nil {
+		c.send(errorFrame("", "the frame is not a JSON object of route, id and data: "+err.Error()))
+		return
+	}
+	id := ""
+	if in.ID != nil {
+		id = *in.ID
+	}
+	if len(id) > maxIDLen {
+		c.send(errorFrame("", "id is longer than 128 bytes"))
+		return
+	}
+	if in.Route != RouteSilo && in.Route != RoutePool {
+		c.send(errorFrame(id, `route must be "silo" or "pool"`))
+		return
+	}
+	if len(in.Data) == 0 {
+		in.Data = json.RawMessage("null")
+	}
+	p, t, l, err := g.tenantOf(c.tenant)
+	if err != nil {
+		c.send(errorFrame(id, err.Error()))
+		return
+	}
+	rule := l.messages
+	charge := [1]admit.Charge{{Key: key(rule, c.tenant, "", "ws:message"), Rule: &rule.Rule, Cost: 1}}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: []*policy.Rule{rule}}
+	var dec admit.Decision
+	dec.Results = make([]admit.Result, 0, 1)
+	if _, err := g.decider.Decide(c.ctx, &res, &dec); err != nil {
+		c.send(errorFrame(id, "the message could not be decided: "+err.Error()))
+		return
+	}
+	if !dec.Allowed {
+		g.stats.throttled.Add(1)
+		c.send(throttledFrame(id, dec.RetryAfter))
+		// A throttled message is activity too: it keeps the session.
+		if s, err := g.sessions.Touch(c.ctx, c.session, l.gw.SessionTTL); err == nil {
+			c.setDeadline(s.ExpiresAt)
+		}
+		return
+	}
+	g.routes.enqueue(c.ctx, &job{c: c, msg: Message{
+		Tenant: c.tenant, Session: c.session, Connection: c.id, Route: in.Route, ID: id, Data: in.Data,
+	}, ttl: l.gw.SessionTTL})
+}
+
+func errorFrame(id, detail string) []byte {
+	b := append([]byte(`{"type":"error","id":`), jsonString(id)...)
+	b = append(b, `,"error":`...)
+	b = append(b, jsonString(detail)...)
+	return append(b, '}')
+}
+
+func throttledFrame(id string, retry time.Duration) []byte {
+	b := append([]byte(`{"type":"throttled","id":`), jsonString(id)...)
+	b = append(b, `,"retry_after_ms":`...)
+	b = strconv.AppendInt(b, retry.Milliseconds(), 10)
+	return append(b, '}')
+}
+
+func jsonString(s string) []byte {
+	b, _ := json.Marshal(s)
+	return b
+}

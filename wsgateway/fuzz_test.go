@@ -1,0 +1,73 @@
+package wsgateway
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+// FuzzFrame sends arbitrary client frames through the message path of a
+// connection (not yet upgraded, so every frame stays in its send queue):
+// no input may panic, and every frame the gateway answers with, echoes
+// included, must be one JSON object with a known type.
+func FuzzFrame(f *testing.F) {
+	for _, s := range []string{
+		`{"route":"silo","id":"1","data":{"a":[1,2]}}`, `{"route":"pool"}`, `{"route":"x"}`,
+		`not json`, `{"route":"silo","id":7}`, `{"route":"pool","id":"\u2028\"<>","data":"\ud800"}`, `[]`, `null`,
+	} {
+		f.Add([]byte(s))
+	}
+	p, err := policy.Compile(&policy.Spec{Tenants: map[string]policy.TenantSpec{"t": {Tier: "a"}},
+		Tiers: map[string]policy.TierSpec{"a": {}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	store := memstore.New(nil)
+	defer store.Close()
+	g, err := New(Options{Store: store, Policy: func() *policy.Policy { return p }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer g.Close(context.Background())
+	s, err := g.CreateSession(context.Background(), "t")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz"}
+		c.ctx, c.cancel = context.WithCancel(context.Background())
+		defer c.cancel()
+		stop, err := g.sessions.Subscribe(c.ctx, s.ID, c.deliver)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer stop()
+		g.onMessage(c, data)
+		// A queued message is answered by its route's worker.
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			c.mu.Lock()
+			n := len(c.queue)
+			c.mu.Unlock()
+			if n > 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if len(c.queue) != 1 {
+			t.Fatalf("%q: %d frames answered, want 1", data, len(c.queue))
+		}
+		var fr struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(c.queue[0], &fr); err != nil || (fr.Type != "echo" && fr.Type != "error" && fr.Type != "throttled") {
+			t.Fatalf("%q → %s: %v", data, c.queue[0], err)
+		}
+	})
+}

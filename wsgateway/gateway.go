@@ -1,0 +1,580 @@
+// Package wsgateway is Admit's WebSocket gateway (seed 001): sessions,
+// connections admitted against per-tenant and per-session limits,
+// per-tenant message limits, and messages processed in order through a
+// silo route (one queue and worker per tenant) or a pool route (one shared
+// queue and worker pool, ordered per tenant and session), with every reply
+// delivered to all the connections of the sender's session.
+//
+// A Gateway admits a connection with one atomic decision over four limits
+// of the tenant's tier (policy.Gateway): the tenant's and the session's
+// live connections (concurrency leases, held for the connection's life,
+// renewed by a heartbeat and reclaimed by the store after the lease TTL if
+// the gateway dies) and the tenant's and the session's new connections per
+// minute (sliding window counters). A refused connection charges nothing.
+//
+// Sessions and their frames live in a Sessions implementation: in memory
+// for one server, or in Redis (redisstore.Sessions) for several gateway
+// servers that share sessions, limits and replies.
+package wsgateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"path"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/problem"
+	"github.com/admitdev/admit/policy"
+)
+
+// Close codes the gateway ends connections with, besides the standard
+// 1001 (server shutting down), 1008 (slow consumer: the send buffer
+// overflowed) and 1009 (a frame over the size limit).
+const (
+	// CloseSessionDeleted: the session was deleted (DELETE /v1/sessions/…).
+	CloseSessionDeleted websocket.StatusCode = 4000
+	// CloseSessionExpired: the session saw no activity for its TTL.
+	CloseSessionExpired websocket.StatusCode = 4001
+	// CloseSlotLost: the store no longer holds the connection's slot (its
+	// lease expired, say after the store was unreachable for longer than
+	// the lease TTL); the client may connect again.
+	CloseSlotLost websocket.StatusCode = 4002
+)
+
+// The limit names a refusal reports (problem+json denied_by, metrics).
+const (
+	LimitTenantConnections     = "tenant_connections"
+	LimitConnectionsPerSession = "connections_per_session"
+	LimitTenantPerMinute       = "tenant_per_minute"
+	LimitSessionPerMinute      = "session_per_minute"
+	LimitMessagesPerMinute     = "messages_per_minute"
+)
+
+// Options configure a Gateway. Store and Policy are required; the zero
+// value of every other field is a documented default.
+type Options struct {
+	// Store decides the gateway's limits and holds connection leases.
+	Store admit.Store
+	// Policy returns the current policy: tenants and their tiers' gateway
+	// settings, read on every connection and message, so tier changes
+	// apply at once.
+	Policy func() *policy.Policy
+	// Decider decides, applying the deployment's failure mode; default a
+	// new one over Store.
+	Decider *policy.Decider
+	// Sessions keeps sessions; default NewMemorySessions(nil).
+	Sessions Sessions
+	// Handler processes messages; default Echo.
+	Handler Handler
+	// OriginPatterns are the origins allowed besides the request's own
+	// host, as path.Match patterns of the origin's host (or of
+	// scheme://host when a pattern contains "://"). Requests from other
+	// origins are refused with 403 before anything is charged.
+	OriginPatterns []string
+	// LeaseTTL is how long the store keeps a connection's slot without a
+	// heartbeat; the gateway renews it every LeaseTTL/3. Default 30s.
+	LeaseTTL time.Duration
+	// SendFrames and SendBytes bound what may wait to be written to one
+	// connection; past either, the connection is closed with 1008.
+	// Defaults 4096 frames and 1 MiB.
+	SendFrames int
+	SendBytes  int
+	// QueueSize bounds each route queue; a full queue stops reading from
+	// the senders until it drains. Default 1024.
+	QueueSize int
+	// PoolWorkers is the size of the pool route's worker pool; default
+	// 4 × GOMAXPROCS.
+	PoolWorkers int
+	// MaxMessageBytes bounds a client frame; a larger one closes the
+	// connection with 1009. Default 32 KiB.
+	MaxMessageBytes int64
+	// WriteTimeout bounds writing one frame; default 10s.
+	WriteTimeout time.Duration
+	// PingInterval is how often a connection silent for that long is
+	// pinged; no pong within the interval closes it. Default 30s.
+	PingInterval time.Duration
+	// Logger receives the gateway's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Stats counts what a Gateway did. Counters only grow, but Connections.
+type Stats struct {
+	Connections int64 // open now
+	Admitted    int64 // connections admitted
+	// Refused counts connections refused by each limit, in the order
+	// LimitTenantConnections, LimitConnectionsPerSession,
+	// LimitTenantPerMinute, LimitSessionPerMinute.
+	Refused      [4]int64
+	Rejected     int64 // refused before the limits: authorizer, origin, bad request
+	Messages     int64 // messages processed
+	Throttled    int64 // messages refused by messages_per_minute
+	SlowClosed   int64 // connections closed as slow consumers
+	ExpiredClose int64 // connections closed because their session expired
+}
+
+// Gateway is the WebSocket gateway. It serves GET /v1/ws as an
+// http.Handler; CreateSession and DeleteSession back the session API.
+// Create it with New; it is safe for concurrent use.
+type Gateway struct {
+	store    admit.Store
+	policy   func() *policy.Policy
+	decider  *policy.Decider
+	sessions Sessions
+	handler  Handler
+	origins  []string
+	log      *slog.Logger
+
+	leaseTTL     time.Duration
+	sendFrames   int
+	sendBytes    int
+	maxMessage   int64
+	writeTimeout time.Duration
+	pingInterval time.Duration
+
+	limits sync.Map // policy.Gateway → *limits
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	closing bool
+	wg      sync.WaitGroup // connections
+
+	routes *routes
+	ctx    context.Context // ends at Close: the maintenance loop and the workers
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	stats struct {
+		connections, admitted, rejected, messages, throttled, slow, expired atomic.Int64
+		refused                                                             [4]atomic.Int64
+	}
+}
+
+// New returns a Gateway with the given options, running its maintenance
+// (heartbeats, session expiry, pings) until Close.
+func New(opts Options) (*Gateway, error) {
+	if opts.Store == nil || opts.Policy == nil {
+		return nil, errors.New("wsgateway: Options.Store and Options.Policy are required")
+	}
+	for _, p := range opts.OriginPatterns {
+		if _, err := path.Match(p, ""); err != nil {
+			return nil, fmt.Errorf("wsgateway: origin pattern %q: %w", p, err)
+		}
+	}
+	g := &Gateway{
+		store: opts.Store, policy: opts.Policy, decider: opts.Decider, sessions: opts.Sessions,
+		handler: opts.Handler, origins: opts.OriginPatterns, log: opts.Logger,
+		leaseTTL: opts.LeaseTTL, sendFrames: opts.SendFrames, sendBytes: opts.SendBytes,
+		maxMessage: opts.MaxMessageBytes, writeTimeout: opts.WriteTimeout, pingInterval: opts.PingInterval,
+		conns: map[*conn]struct{}{}, done: make(chan struct{}),
+	}
+	if g.decider == nil {
+		g.decider = policy.NewDecider(g.store, 1)
+	}
+	if g.sessions == nil {
+		g.sessions = NewMemorySessions(nil)
+	}
+	if g.handler == nil {
+		g.handler = Echo
+	}
+	if g.log == nil {
+		g.log = slog.Default()
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur(&g.leaseTTL, 30*time.Second)
+	defDur(&g.writeTimeout, 10*time.Second)
+	defDur(&g.pingInterval, 30*time.Second)
+	def(&g.sendFrames, 4096)
+	def(&g.sendBytes, 1<<20)
+	if g.maxMessage <= 0 {
+		g.maxMessage = 32 << 10
+	}
+	def(&opts.QueueSize, 1024)
+	def(&opts.PoolWorkers, 4*runtime.GOMAXPROCS(0))
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.routes = newRoutes(g, opts.QueueSize, opts.PoolWorkers)
+	go g.maintain()
+	return g, nil
+}
+
+// Stats returns the gateway's counters.
+func (g *Gateway) Stats() Stats {
+	s := Stats{
+		Connections: g.stats.connections.Load(), Admitted: g.stats.admitted.Load(),
+		Rejected: g.stats.rejected.Load(), Messages: g.stats.messages.Load(),
+		Throttled: g.stats.throttled.Load(), SlowClosed: g.stats.slow.Load(),
+		ExpiredClose: g.stats.expired.Load(),
+	}
+	for i := range s.Refused {
+		s.Refused[i] = g.stats.refused[i].Load()
+	}
+	return s
+}
+
+// Close closes every connection with 1001 (going away), releasing their
+// slots, waits for them until ctx ends, and stops the workers. Later
+// upgrades are refused with 503.
+func (g *Gateway) Close(ctx context.Context) error {
+	g.mu.Lock()
+	already := g.closing
+	g.closing = true
+	conns := make([]*conn, 0, len(g.conns))
+	for c := range g.conns {
+		conns = append(conns, c)
+	}
+	g.mu.Unlock()
+	if already {
+		<-g.done
+		return nil
+	}
+	for _, c := range conns {
+		c.close(websocket.StatusGoingAway, "the server is shutting down")
+	}
+	waited := make(chan struct{})
+	go func() { g.wg.Wait(); close(waited) }()
+	var err error
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		err = fmt.Errorf("wsgateway: closing: %w", ctx.Err())
+	}
+	g.cancel()
+	g.routes.wait()
+	close(g.done)
+	return err
+}
+
+// limits are the rules of one tier's gateway settings.
+type limits struct {
+	gw       policy.Gateway
+	connect  [4]*policy.Rule // in the order of Stats.Refused
+	messages *policy.Rule
+}
+
+func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
+	if l, ok := g.limits.Load(gw); ok {
+		return l.(*limits)
+	}
+	rule := func(name string, r admit.Rule) *policy.Rule {
+		r.Name = name
+		return &policy.Rule{Rule: r, Scope: "tenant"}
+	}
+	conc := func(name string, max int64) *policy.Rule {
+		return rule(name, admit.Rule{Algorithm: admit.Concurrency, Max: max, LeaseTTL: g.leaseTTL})
+	}
+	perMinute := func(name string, limit int64) *policy.Rule {
+		return rule(name, admit.Rule{Algorithm: admit.SlidingWindow, Limit: limit, Window: time.Minute})
+	}
+	l := &limits{gw: gw, connect: [4]*policy.Rule{
+		conc(LimitTenantConnections, gw.TenantConnections),
+		conc(LimitConnectionsPerSession, gw.ConnectionsPerSession),
+		perMinute(LimitTenantPerMinute, gw.TenantPerMinute),
+		perMinute(LimitSessionPerMinute, gw.SessionPerMinute),
+	}, messages: perMinute(LimitMessagesPerMinute, gw.MessagesPerMinute)}
+	l.connect[1].Scope, l.connect[3].Scope = "session", "session"
+	v, _ := g.limits.LoadOrStore(gw, l)
+	return v.(*limits)
+}
+
+// key returns the bucket key of a gateway rule. The action keeps the
+// gateway's buckets apart from any rule of the catalog.
+func key(r *policy.Rule, tenant, session, action string) string {
+	k := admit.Key{Scope: r.Scope, Tenant: tenant, Action: action, Rule: r.Name}
+	if r.Scope == "session" {
+		k.Subject = session
+	}
+	return k.String()
+}
+
+// tenantOf returns the tenant and its gateway limits.
+func (g *Gateway) tenantOf(id string) (*policy.Policy, *policy.Tenant, *limits, error) {
+	if id == "" || len(id) > policy.MaxValueLen {
+		return nil, nil, nil, admit.Errorf(admit.CodeInvalid, "tenant must be 1 to %d bytes", policy.MaxValueLen)
+	}
+	p := g.policy()
+	t, err := p.TenantOrDefault(id)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return p, t, g.limitsOf(t.Tier.Gateway), nil
+}
+
+// CreateSession creates a session of tenant with a new unguessable id (192
+// random bits) that expires after the tier's session_ttl without activity.
+// An unknown tenant is admit.ErrPermission (unless the policy has a
+// default tier). Whether the caller may act for the tenant (API keys) is
+// the caller's to check.
+func (g *Gateway) CreateSession(ctx context.Context, tenant string) (Session, error) {
+	_, _, l, err := g.tenantOf(tenant)
+	if err != nil {
+		return Session{}, err
+	}
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return g.sessions.Create(ctx, Session{Tenant: tenant, ID: base64.RawURLEncoding.EncodeToString(b[:])}, l.gw.SessionTTL)
+}
+
+// DeleteSession deletes a session of tenant and closes its connections
+// (CloseSessionDeleted), on every server sharing the Sessions. A session
+// that does not exist is admit.ErrNotFound; one of another tenant is
+// admit.ErrPermission.
+func (g *Gateway) DeleteSession(ctx context.Context, tenant, id string) error {
+	s, err := g.session(ctx, tenant, id)
+	if err != nil {
+		return err
+	}
+	return g.sessions.Delete(ctx, s.ID)
+}
+
+// session returns the session id if it belongs to tenant.
+func (g *Gateway) session(ctx context.Context, tenant, id string) (Session, error) {
+	if id == "" || len(id) > policy.MaxValueLen {
+		return Session{}, admit.Errorf(admit.CodeNotFound, "session %.64q does not exist", id)
+	}
+	s, err := g.sessions.Get(ctx, id)
+	if err != nil {
+		return Session{}, err
+	}
+	if s.Tenant != tenant {
+		return Session{}, admit.Errorf(admit.CodePermission, "session %q is not a session of tenant %q", id, tenant)
+	}
+	return s, nil
+}
+
+// ServeHTTP serves GET /v1/ws?tenant=&session=: the authorizer (401 without
+// tenant or session, 403 for an unknown tenant, a foreign session or a
+// refused origin, 404 for a session that does not exist), then one atomic
+// decision over the connection limits (429 with Retry-After and the
+// refusing limit), then the upgrade.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !isUpgrade(r) {
+		w.Header().Set("Upgrade", "websocket")
+		g.reject(w, http.StatusUpgradeRequired, "GET /v1/ws is a WebSocket endpoint: send an upgrade request (GET /v1/ws/preflight asks whether one would be admitted)")
+		return
+	}
+	a, ok := g.admit(w, r, false)
+	if !ok {
+		return
+	}
+	g.serve(w, r, a)
+}
+
+// Preflight serves GET /v1/ws/preflight?tenant=&session=: what an upgrade
+// would be answered now, deciding the limits as a dry run that charges
+// nothing: 200 {"allowed":true}, or the upgrade's 4xx problem. A browser,
+// which sees only that a WebSocket failed to open, learns why from it.
+func (g *Gateway) Preflight(w http.ResponseWriter, r *http.Request) {
+	if _, ok := g.admit(w, r, true); ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write([]byte("{\"allowed\":true}\n"))
+	}
+}
+
+// admission is an admitted connection attempt.
+type admission struct {
+	tenant, session string
+	limits          *limits
+	lease           string
+}
+
+// admit runs the authorizer and decides the connection limits (as a dry
+// run if asked). A refusal is answered on w and ok is false.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a admission, ok bool) {
+	g.mu.Lock()
+	closing := g.closing
+	g.mu.Unlock()
+	if closing {
+		problem.Write(w, http.StatusServiceUnavailable, "the gateway is shutting down")
+		return a, false
+	}
+	q := r.URL.Query()
+	tenant, sid := q.Get("tenant"), q.Get("session")
+	if tenant == "" || sid == "" {
+		g.reject(w, http.StatusUnauthorized, "a connection needs ?tenant= and ?session= (PUT /v1/sessions creates a session)")
+		return a, false
+	}
+	if err := g.checkOrigin(r); err != nil {
+		g.reject(w, http.StatusForbidden, err.Error())
+		return a, false
+	}
+	p, t, l, err := g.tenantOf(tenant)
+	if err != nil {
+		g.reject(w, problem.Status(err), err.Error())
+		return a, false
+	}
+	ctx := r.Context()
+	if _, err := g.session(ctx, tenant, sid); err != nil {
+		g.reject(w, problem.Status(err), err.Error())
+		return a, false
+	}
+
+	var charges [4]admit.Charge
+	for i, rule := range l.connect {
+		charges[i] = admit.Charge{Key: key(rule, tenant, sid, "ws:connect"), Rule: &rule.Rule, Cost: 1, LeaseTTL: g.leaseTTL, DryRun: dryRun}
+	}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: charges[:], Rules: l.connect[:]}
+	var dec admit.Decision
+	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
+		g.reject(w, problem.Status(err), "the connection could not be decided: "+err.Error())
+		return a, false
+	}
+	if !dec.Allowed {
+		g.refuse(w, l, &dec, !dryRun)
+		return a, false
+	}
+	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID}, true
+}
+
+// serve upgrades an admitted connection and serves it until it ends.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
+	tenant, sid, l := a.tenant, a.session, a.limits
+	ctx := r.Context()
+	var err error
+	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12)}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	admitted := false
+	defer func() {
+		if !admitted {
+			c.cleanup()
+		}
+	}()
+	if c.unsubscribe, err = g.sessions.Subscribe(ctx, sid, c.deliver); err != nil {
+		g.reject(w, problem.Status(err), err.Error())
+		return
+	}
+	s, err := g.sessions.Touch(ctx, sid, l.gw.SessionTTL)
+	if err != nil {
+		g.reject(w, problem.Status(err), err.Error())
+		return
+	}
+	c.setDeadline(s.ExpiresAt)
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.origins})
+	if err != nil {
+		g.stats.rejected.Add(1)
+		return // Accept answered the client
+	}
+	ws.SetReadLimit(g.maxMessage)
+	if !c.attach(ws) {
+		return // closed meanwhile; the deferred cleanup frees the slot
+	}
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		ws.Close(websocket.StatusGoingAway, "the server is shutting down")
+		return
+	}
+	g.conns[c] = struct{}{}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	admitted = true
+	g.stats.admitted.Add(1)
+	g.stats.connections.Add(1)
+	// The connection is hijacked: the handler returns, and with it the
+	// HTTP server's goroutine, whose stack grew deep while admitting. A
+	// fresh goroutine reads with a small one: most of an idle
+	// connection's memory is its reader's stack.
+	go func() {
+		defer g.wg.Done()
+		c.serve()
+	}()
+}
+
+func (g *Gateway) reject(w http.ResponseWriter, status int, detail string) {
+	g.stats.rejected.Add(1)
+	problem.Write(w, status, detail)
+}
+
+// refuse answers a connection over a limit: 429, Retry-After in whole
+// seconds (at least 1), and a problem naming the limit.
+func (g *Gateway) refuse(w http.ResponseWriter, l *limits, dec *admit.Decision, count bool) {
+	what := map[string]string{
+		LimitTenantConnections:     fmt.Sprintf("the tenant has %d open connections, its limit", l.gw.TenantConnections),
+		LimitConnectionsPerSession: fmt.Sprintf("the session has %d open connections, its limit", l.gw.ConnectionsPerSession),
+		LimitTenantPerMinute:       fmt.Sprintf("the tenant opened %d connections in the last minute, its limit", l.gw.TenantPerMinute),
+		LimitSessionPerMinute:      fmt.Sprintf("the session opened %d connections in the last minute, its limit", l.gw.SessionPerMinute),
+	}
+	for i, r := range l.connect {
+		if r.Name == dec.DeniedBy && count {
+			g.stats.refused[i].Add(1)
+		}
+	}
+	secs := max(1, int64((dec.RetryAfter+time.Second-1)/time.Second))
+	ms := dec.RetryAfter.Milliseconds()
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	problem.WriteDetails(w, problem.Details{
+		Status: http.StatusTooManyRequests, DeniedBy: dec.DeniedBy, RetryAfterMS: &ms,
+		Detail: "connection refused by " + dec.DeniedBy + ": " + what[dec.DeniedBy],
+	})
+}
+
+func isUpgrade(r *http.Request) bool {
+	return r.Method == http.MethodGet && headerHas(r.Header, "Connection", "upgrade") && headerHas(r.Header, "Upgrade", "websocket")
+}
+
+func headerHas(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// checkOrigin applies the origin rules websocket.Accept applies, before
+// anything is charged: no Origin (not a browser), the request's own host,
+// or a host matching one of the patterns.
+func (g *Gateway) checkOrigin(r *http.Request) error {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return nil
+	}
+	u, err := url.Parse(origin)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("origin %.100q is not a URL with a host", origin)
+	}
+	if strings.EqualFold(u.Host, r.Host) {
+		return nil
+	}
+	for _, p := range g.origins {
+		target := u.Host
+		if strings.Contains(p, "://") {
+			target = u.Scheme + "://" + u.Host
+		}
+		if ok, _ := path.Match(strings.ToLower(p), strings.ToLower(target)); ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("origin %.100q may not connect (allowed: this host and %d configured patterns)", origin, len(g.origins))
+}
+
+// newID returns n random bytes, base64url without padding.
+func newID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
