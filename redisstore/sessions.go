@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strconv"
 	"sync"
 	"time"
@@ -174,18 +175,19 @@ func session(op, id string, res rueidis.RedisResult) (wsgateway.Session, error) 
 	if err != nil {
 		return wsgateway.Session{}, sessionErr(op, id, err)
 	}
-	if len(v) != 2 {
-		return wsgateway.Session{}, sessionErr(op, id, errReply)
+	var tenant string
+	var exp int64
+	if len(v) == 2 {
+		tenant, err = v[0].ToString()
+		if err == nil {
+			exp, err = v[1].AsInt64()
+		}
 	}
-	tenant, err1 := v[0].ToString()
-	exp, err2 := v[1].AsInt64()
-	if err1 != nil || err2 != nil {
-		return wsgateway.Session{}, sessionErr(op, id, errReply)
+	if len(v) != 2 || err != nil {
+		return wsgateway.Session{}, fmt.Errorf("redisstore: %s session %q: an unexpected reply %v", op, id, v)
 	}
 	return wsgateway.Session{Tenant: tenant, ID: id, ExpiresAt: time.UnixMilli(exp)}, nil
 }
-
-var errReply = admit.Errorf(admit.CodeInternal, "an unexpected reply")
 
 // Get implements wsgateway.Sessions.
 func (ss *Sessions) Get(ctx context.Context, id string) (wsgateway.Session, error) {

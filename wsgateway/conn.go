@@ -21,6 +21,7 @@ import (
 type conn struct {
 	g                   *Gateway
 	id, tenant, session string
+	msgKey              string // the bucket of the tenant's messages_per_minute
 	lease               string // "" when admitted without a store (failed open)
 	unsubscribe         func()
 
@@ -241,11 +242,9 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 		c.send(errorFrame(id, err.Error()))
 		return
 	}
-	rule := l.messages
-	charge := [1]admit.Charge{{Key: key(rule, c.tenant, "", "ws:message"), Rule: &rule.Rule, Cost: 1}}
-	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: []*policy.Rule{rule}}
+	charge := [1]admit.Charge{{Key: c.msgKey, Rule: &l.messages[0].Rule, Cost: 1}}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.messages[:]}
 	var dec admit.Decision
-	dec.Results = make([]admit.Result, 0, 1)
 	if _, err := g.decider.Decide(c.ctx, &res, &dec); err != nil {
 		c.send(errorFrame(id, "the message could not be decided: "+err.Error()))
 		return

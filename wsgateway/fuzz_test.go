@@ -37,8 +37,9 @@ func FuzzFrame(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	msgKey := key(g.limitsOf(policy.DefaultGateway).messages[0], "t", "", "ws:message")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz"}
+		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz", msgKey: msgKey}
 		c.ctx, c.cancel = context.WithCancel(context.Background())
 		defer c.cancel()
 		stop, err := g.sessions.Subscribe(c.ctx, s.ID, c.deliver)

@@ -270,7 +270,7 @@ func (g *Gateway) Close(ctx context.Context) error {
 type limits struct {
 	gw       policy.Gateway
 	connect  [4]*policy.Rule // in the order of Stats.Refused
-	messages *policy.Rule
+	messages [1]*policy.Rule // a slice's backing array, for Resolution.Rules
 }
 
 func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
@@ -292,7 +292,7 @@ func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
 		conc(LimitConnectionsPerSession, gw.ConnectionsPerSession),
 		perMinute(LimitTenantPerMinute, gw.TenantPerMinute),
 		perMinute(LimitSessionPerMinute, gw.SessionPerMinute),
-	}, messages: perMinute(LimitMessagesPerMinute, gw.MessagesPerMinute)}
+	}, messages: [1]*policy.Rule{perMinute(LimitMessagesPerMinute, gw.MessagesPerMinute)}}
 	l.connect[1].Scope, l.connect[3].Scope = "session", "session"
 	v, _ := g.limits.LoadOrStore(gw, l)
 	return v.(*limits)
@@ -448,12 +448,13 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID}, true
 }
 
-// serve upgrades an admitted connection and serves it until it ends.
+// serve upgrades an admitted connection and starts its reading goroutine.
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	tenant, sid, l := a.tenant, a.session, a.limits
 	ctx := r.Context()
 	var err error
-	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12)}
+	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12),
+		msgKey: key(l.messages[0], tenant, "", "ws:message")}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	admitted := false
 	defer func() {
@@ -510,24 +511,31 @@ func (g *Gateway) reject(w http.ResponseWriter, status int, detail string) {
 // refuse answers a connection over a limit: 429, Retry-After in whole
 // seconds (at least 1), and a problem naming the limit.
 func (g *Gateway) refuse(w http.ResponseWriter, l *limits, dec *admit.Decision, count bool) {
-	what := map[string]string{
-		LimitTenantConnections:     fmt.Sprintf("the tenant has %d open connections, its limit", l.gw.TenantConnections),
-		LimitConnectionsPerSession: fmt.Sprintf("the session has %d open connections, its limit", l.gw.ConnectionsPerSession),
-		LimitTenantPerMinute:       fmt.Sprintf("the tenant opened %d connections in the last minute, its limit", l.gw.TenantPerMinute),
-		LimitSessionPerMinute:      fmt.Sprintf("the session opened %d connections in the last minute, its limit", l.gw.SessionPerMinute),
-	}
+	values := [4]int64{l.gw.TenantConnections, l.gw.ConnectionsPerSession, l.gw.TenantPerMinute, l.gw.SessionPerMinute}
+	detail := "connection refused by " + dec.DeniedBy
 	for i, r := range l.connect {
-		if r.Name == dec.DeniedBy && count {
-			g.stats.refused[i].Add(1)
+		if r.Name == dec.DeniedBy {
+			if count {
+				g.stats.refused[i].Add(1)
+			}
+			detail += ": " + fmt.Sprintf(refusalDetails[i], values[i])
 		}
 	}
 	secs := max(1, int64((dec.RetryAfter+time.Second-1)/time.Second))
 	ms := dec.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 	problem.WriteDetails(w, problem.Details{
-		Status: http.StatusTooManyRequests, DeniedBy: dec.DeniedBy, RetryAfterMS: &ms,
-		Detail: "connection refused by " + dec.DeniedBy + ": " + what[dec.DeniedBy],
+		Status: http.StatusTooManyRequests, DeniedBy: dec.DeniedBy, RetryAfterMS: &ms, Detail: detail,
 	})
+}
+
+// refusalDetails explain each connection limit, in the order of
+// limits.connect.
+var refusalDetails = [4]string{
+	"the tenant has %d open connections, its limit",
+	"the session has %d open connections, its limit",
+	"the tenant opened %d connections in the last minute, its limit",
+	"the session opened %d connections in the last minute, its limit",
 }
 
 func isUpgrade(r *http.Request) bool {

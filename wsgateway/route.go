@@ -64,9 +64,9 @@ type job struct {
 // routes are the silo workers (started per tenant, gone when idle) and
 // the pool workers.
 type routes struct {
-	g       *Gateway
-	size    int
-	siloIdl time.Duration
+	g        *Gateway
+	size     int
+	siloIdle time.Duration
 
 	mu    sync.Mutex
 	silos map[string]*silo
@@ -82,7 +82,7 @@ type silo struct {
 }
 
 func newRoutes(g *Gateway, size, workers int) *routes {
-	rs := &routes{g: g, size: size, siloIdl: time.Minute, silos: map[string]*silo{}, seed: maphash.MakeSeed()}
+	rs := &routes{g: g, size: size, siloIdle: time.Minute, silos: map[string]*silo{}, seed: maphash.MakeSeed()}
 	rs.pool = make([]chan *job, workers)
 	for i := range rs.pool {
 		ch := make(chan *job, max(1, size/workers))
@@ -140,7 +140,7 @@ func (rs *routes) enqueue(ctx context.Context, j *job) {
 // messages, or when the gateway closes.
 func (rs *routes) runSilo(tenant string, s *silo) {
 	defer rs.wg.Done()
-	idle := time.NewTimer(rs.siloIdl)
+	idle := time.NewTimer(rs.siloIdle)
 	defer idle.Stop()
 	for {
 		select {
@@ -149,7 +149,7 @@ func (rs *routes) runSilo(tenant string, s *silo) {
 			s.pending--
 			rs.mu.Unlock()
 			rs.process(j)
-			idle.Reset(rs.siloIdl)
+			idle.Reset(rs.siloIdle)
 		case <-idle.C:
 			rs.mu.Lock()
 			if s.pending == 0 {
@@ -158,7 +158,7 @@ func (rs *routes) runSilo(tenant string, s *silo) {
 				return
 			}
 			rs.mu.Unlock()
-			idle.Reset(rs.siloIdl)
+			idle.Reset(rs.siloIdle)
 		case <-rs.g.ctx.Done():
 			return
 		}
