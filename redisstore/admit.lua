@@ -1,11 +1,12 @@
-#!lua name=admit_v1
+#!lua name=admit_v2
 -- Admit's decision engine inside Redis, a Functions library with one
--- function: every algorithm, all the charges of one decision in one call
--- (FCALL admit_v1 numkeys keys… args…). A library, not an EVAL script, so
--- that its ~40 helper closures are built once at FUNCTION LOAD rather than
--- at every call: that halved the Redis CPU a decision costs. It mirrors the Go algorithms of
--- package admit (bucket.go, window.go, log.go) and must decide exactly as
--- they do; the conformance suite (storetest) runs against both.
+-- function: every algorithm, all the charges of a decision — or of a batch
+-- of decisions — in one call (FCALL admit_v2 numkeys keys… args…). A
+-- library, not an EVAL script, so that its ~40 helper closures are built
+-- once at FUNCTION LOAD rather than at every call: that halved the Redis
+-- CPU a decision costs. It mirrors the Go algorithms of package admit
+-- (bucket.go, window.go, log.go) and must decide exactly as they do; the
+-- conformance suite (storetest) runs against both.
 --
 -- Numbers. Lua numbers are doubles: integers are exact below 2^53. The
 -- script never holds an absolute time in nanoseconds (1.8e18 > 2^53).
@@ -16,15 +17,19 @@
 -- store.go). Products that can pass 2^53 go through span() and muldiv(),
 -- which split their operands so that every partial result is exact.
 --
--- Arguments (ARGV):
---   1 op: d decide, r reserve, u undo (give back a committed decision),
---     c cancel a reservation, n renew a lease, l release a lease
+-- Arguments (ARGV), but for op b (see batch below):
+--   1 op: b decide a batch, d decide one decision, r reserve, u undo
+--     (give back a committed decision), c cancel a reservation, n renew a
+--     lease, l release a lease
 --   2 now in microseconds, or '' for Redis TIME; 3 the nanoseconds beyond
 --   4, 5 op-specific; 6 lease or reservation id; 7 number of charges N
 --   8.. N charges of STRIDE arguments: algorithm, cost, shadow, lease TTL
 --   (µs), how (undo: which half of a combination was charged), then ten
 --   algorithm parameters (see store.go, ruleArgs).
 -- KEYS: the N charge keys, then the lease or reservation record, if any.
+--
+-- Writes. A call reads each counter's state once and writes it once, when
+-- it ends (put, flush), however many of its decisions charged it.
 --
 -- State encodings (struct.pack, little-endian doubles):
 --   token bucket, gcra: U W F, the theoretical arrival time U µs + W ns +
@@ -45,7 +50,17 @@ local fmod, floor, pack, sunpack
 
 -- The state of the call being run. The library's functions are defined
 -- once, when it is loaded; each call sets these first (see run below).
-local KEYS, ARGV, nu, nsub, nceil, nuS, n, loaded, pcache
+local KEYS, ARGV, nu, nsub, nceil, n, loaded
+-- The decision being run: its N charges' rules, costs, lease TTLs (µs)
+-- and, for undo, which half of a combination each charged; whether it is
+-- a dry run, its lease id and its lease record key (or nil). KO offsets
+-- KEYS to its keys within a batch.
+local CR, CC, CT, CH, DRY, LEASE, REC, KO
+-- Scratch tables decide reuses, made once; NOKEYS is always empty.
+local RES, NEXTS, DIRTY, NOKEYS
+-- Writes are kept until the call ends, one per key: a batch of decisions
+-- that charge the same tenant or global bucket writes it once.
+local writes, wlen, worder
 
 -- I formats an integer argument: Redis would print large numbers with an
 -- exponent, which integer arguments do not accept.
@@ -112,26 +127,49 @@ end
 -- A bucket's token takes T = per/n ns = q + r/n. Times are (a, f): a ns
 -- relative to now plus f/n ns, 0 <= f < n.
 
-local function readParams(src, base, i)
-  return {n = tonumber(src[base + i]), q = tonumber(src[base + i + 1]), r = tonumber(src[base + i + 2]),
-    burst = tonumber(src[base + i + 3]), initial = tonumber(src[base + i + 4]), remember = tonumber(src[base + i + 5])}
+-- A rule is a table: alg, shadow, ttl (its lease TTL in µs) and its ten
+-- parameters at [5]..[14], numbers, as in a charge's stride (see ARGV
+-- above); b and f cache its bucket's and its floor's parameters.
+local function ruleOf(src, base)
+  local R = {alg = tonumber(src[base]), shadow = src[base + 2] == '1', ttl = tonumber(src[base + 3])}
+  for k = 5, 14 do R[k] = tonumber(src[base + k]) end
+  return R
 end
 
--- bucketParams returns a charge's bucket parameters, read once per call.
-local function bucketParams(base, i, src)
-  if src then return readParams(src, base, i) end
-  local p = pcache[base]
-  if not p then p = readParams(ARGV, base, i) pcache[base] = p end
+-- rules caches the rules of batches by their text (a stride joined with
+-- commas), so that a rule is parsed once, not at every call. It is
+-- dropped when it grows large: rules change with every reload.
+local rules, nrules = {}, 0
+
+local function ruleText(text)
+  local R = rules[text]
+  if R then return R end
+  local f = {}
+  for v in string.gmatch(text, '[^,]+') do f[#f + 1] = v end
+  R = ruleOf(f, 1)
+  if nrules >= 10000 then rules, nrules = {}, 0 end
+  rules[text], nrules = R, nrules + 1
+  return R
+end
+
+-- bucketParams returns a rule's bucket parameters.
+local function bucketParams(R)
+  local p = R.b
+  if not p then
+    p = {n = R[5], q = R[6], r = R[7], burst = R[8], initial = R[9], remember = R[10]}
+    R.b = p
+  end
   return p
 end
 
-local function floorParams(base)
-  local p = pcache[-base]
-  if p then return p end
-  local burst = tonumber(ARGV[base + 9])
-  p = {n = tonumber(ARGV[base + 6]), q = tonumber(ARGV[base + 7]), r = tonumber(ARGV[base + 8]),
-    burst = burst, initial = burst, remember = 0}
-  pcache[-base] = p
+-- floorParams returns a combination rule's floor, a bucket always full at
+-- first.
+local function floorParams(R)
+  local p = R.f
+  if not p then
+    p = {n = R[11], q = R[12], r = R[13], burst = R[14], initial = R[14], remember = 0}
+    R.f = p
+  end
   return p
 end
 
@@ -213,9 +251,43 @@ local function encode(a, f)
   return {nu + (t - w) / 1000, w, f}
 end
 
+-- bucketWhole is bucketEval for the usual bucket, whose token takes a
+-- whole number of nanoseconds (r == 0): every time is then an integer
+-- (f == 0), and the arithmetic needs none of the helpers above. It
+-- decides exactly as bucketEval does, which the conformance suite checks
+-- for both stores.
+local function bucketWhole(b, st, c, res)
+  local q, burst = b.q, b.burst
+  local ta, fresh = 0, true
+  if st then
+    ta = (st[1] - nu) * 1000 + st[2] - nsub
+    fresh = ta + b.remember <= 0
+  end
+  if fresh then ta = (burst - b.initial) * q end
+  local ba = ta
+  if ba < 0 then ba = 0 end
+  local ha = burst * q
+  local na = ba + c * q
+  local keep = st
+  if fresh and b.initial < burst then keep = encode(ta, 0) end
+  if na <= ha then
+    local left = ha - na
+    res.allowed, res.remaining, res.reset = 1, (left - fmod(left, q)) / q, na
+    if c > 0 then keep = encode(na, 0) end
+    return keep
+  end
+  res.allowed, res.remaining, res.retry, res.reset = 0, 0, na - ha, ba
+  if ba < ha then
+    local left = ha - ba
+    res.remaining = (left - fmod(left, q)) / q
+  end
+  return keep
+end
+
 -- bucketEval mirrors bucket.eval. st is {U, W, F} or nil; it returns the
 -- state to keep (st itself when unchanged).
 local function bucketEval(b, st, c, res)
+  if b.r == 0 and (not st or st[3] == 0) then return bucketWhole(b, st, c, res) end
   local ta, tf, fresh
   if st then ta, tf, fresh = decode(b, st[1], st[2], st[3]) else ta, tf, fresh = decode(b) end
   local ba, bf = ta, tf
@@ -401,6 +473,7 @@ end
 -- Concurrency -------------------------------------------------------------
 
 local function concEval(key, max, ttl, c, pending, res)
+  local nuS = I(nu)
   local live = redis.call('ZCOUNT', key, '(' .. nuS, '+inf') + pending
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   res.reset = 0
@@ -418,9 +491,11 @@ end
 
 -- Decisions ---------------------------------------------------------------
 
+-- charge returns charge i of the decision being run: its rule, algorithm,
+-- cost and whether the rule is in shadow mode.
 local function charge(i)
-  local base = 8 + (i - 1) * STRIDE
-  return base, tonumber(ARGV[base]), tonumber(ARGV[base + 1]), ARGV[base + 2] == '1'
+  local R = CR[i]
+  return R, R.alg, CC[i], R.shadow
 end
 
 -- load returns the stored state of a counter key as a table, or nil.
@@ -439,16 +514,16 @@ end
 
 -- step evaluates counter charge i at cost c from state st and returns the
 -- state to keep, and for a combination which half paid (1 floor, 2 burst).
-local function step(base, alg, st, c, res)
+local function step(R, alg, st, c, res)
   if alg == 1 or alg == 2 then
-    return bucketEval(bucketParams(base, 5), st, c, res), 0
+    return bucketEval(bucketParams(R), st, c, res), 0
   elseif alg == 3 then
-    return fixedEval(tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), st, c, res), 0
+    return fixedEval(R[5], R[6], st, c, res), 0
   elseif alg == 4 then
-    return slidingEval(tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), st, c, res), 0
+    return slidingEval(R[5], R[6], st, c, res), 0
   end
   -- combination: the floor first, then the burst bucket
-  local fb, bb = floorParams(base + 5), bucketParams(base, 5)
+  local fb, bb = floorParams(R), bucketParams(R)
   local sb, sf
   if st then sb, sf = {st[1], st[2], st[3]}, {st[4], st[5], st[6]} end
   if sb and sb[1] == 0 then sb = nil end
@@ -475,40 +550,60 @@ end
 
 -- put writes a key's state, which matters for ttl ns more, or deletes it
 -- when it no longer does.
-local function put(key, st, v, ttl)
-  if ttl <= 0 then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, v, 'PX', I(math.ceil(ttl / 1000000)))
-  end
+-- put keeps a key's state st, k numbers long, which matters for ttl ns
+-- more (deleted when it no longer does); flush writes it when the call
+-- ends, packed once however many decisions of a batch changed it.
+local function put(key, st, ttl, k)
+  if writes[key] == nil then worder[#worder + 1] = key end
+  writes[key], wlen[key] = ttl, k
   loaded[key] = st
 end
 
-local function putBucket(key, b, st)
-  put(key, st, pack('<ddd', st[1], st[2], st[3]), bucketExpiry(b, st))
+local function packState(st, k)
+  if k == 3 then return pack('<ddd', st[1], st[2], st[3])
+  elseif k == 2 then return pack('<dd', st[1], st[2]) end
+  return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
 end
 
-local function store(key, base, alg, st)
-  if alg == 1 or alg == 2 then return putBucket(key, bucketParams(base, 5), st) end
-  local ttl, v
-  if alg == 6 then
-    ttl = math.max(bucketExpiry(bucketParams(base, 5), st), bucketExpiry(floorParams(base + 5), {st[4], st[5], st[6]}))
-    v = pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
-  elseif alg == 3 then
-    ttl, v = (st[1] - nu) * 1000 - nsub, pack('<dd', st[1], st[2])
-  else
-    ttl, v = (st[1] - nu) * 1000 - nsub, pack('<ddd', st[1], st[2], st[3])
+-- flush makes the writes put kept: each key's last state with its expiry
+-- in ms, or DEL.
+local function flush()
+  for i = 1, #worder do
+    local key = worder[i]
+    local ttl = writes[key]
+    if ttl > 0 then
+      redis.call('SET', key, packState(loaded[key], wlen[key]), 'PX', I(math.ceil(ttl / 1000000)))
+    else
+      redis.call('DEL', key)
+    end
   end
-  put(key, st, v, ttl)
+end
+
+local function putBucket(key, b, st)
+  put(key, st, bucketExpiry(b, st), 3)
+end
+
+local function store(key, R, alg, st)
+  if alg == 1 or alg == 2 then return putBucket(key, bucketParams(R), st) end
+  if alg == 6 then
+    put(key, st, math.max(bucketExpiry(bucketParams(R), st), bucketExpiry(floorParams(R), {st[4], st[5], st[6]})), 6)
+  elseif alg == 3 then
+    put(key, st, (st[1] - nu) * 1000 - nsub, 2)
+  else
+    put(key, st, (st[1] - nu) * 1000 - nsub, 3)
+  end
 end
 
 -- evaluate decides every charge at its cost (or at 0 when peek), chaining
 -- the states of a key charged twice, as memstore does.
-local function evaluate(results, nexts, dirty, peek, only)
-  local chain, pendingBy = {}, {}
+local function evaluate(results, nexts, dirty, peek, only, dup)
+  -- Only a decision that charges a key twice needs to chain states and
+  -- count what earlier charges of a key hold.
+  local chain, pendingBy = NOKEYS, NOKEYS
+  if dup then chain, pendingBy = {}, {} end
   for i = 1, n do
-    local base, alg, cost = charge(i)
-    local key = KEYS[i]
+    local R, alg, cost = charge(i)
+    local key = KEYS[KO + i]
     local c = cost
     if peek then c = 0 end
     local res = results[i]
@@ -518,71 +613,76 @@ local function evaluate(results, nexts, dirty, peek, only)
         local p = pendingBy[key] or 0
         if peek then p = 0 end
         if alg == 5 then
-          logEval(key, tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), c, p, res)
+          logEval(key, R[5], R[6], c, p, res)
         else
-          concEval(key, tonumber(ARGV[base + 5]), tonumber(ARGV[base + 6]), c, p, res)
+          concEval(key, R[5], R[6], c, p, res)
         end
       else
         local st = chain[key]
         if st == nil then st = load(key, alg) or false end
-        local next, how = step(base, alg, st or nil, c, res)
+        local next, how = step(R, alg, st or nil, c, res)
         res.how = how
         nexts[i] = next
         dirty[i] = next ~= (st or nil)
-        chain[key] = next or false
+        if dup then chain[key] = next or false end
       end
-    elseif nexts[i] ~= nil then
+    elseif dup and nexts[i] ~= nil then
       chain[key] = nexts[i] or false
     end
-    pendingBy[key] = (pendingBy[key] or 0) + cost
+    if dup then pendingBy[key] = (pendingBy[key] or 0) + cost end
   end
 end
 
-local function reply(results, allowed, extra)
-  local out = {nu, nsub, allowed}
+-- reply appends a decision's reply to out: now, allowed, five values per
+-- charge, then extra (a lease's expiry).
+local function reply(out, results, allowed, extra)
+  local k = #out
+  out[k + 1], out[k + 2], out[k + 3] = nu, nsub, allowed
+  k = k + 3
   for i = 1, n do
     local r = results[i]
-    out[#out + 1] = r.allowed
-    out[#out + 1] = r.remaining
-    out[#out + 1] = r.reset
-    out[#out + 1] = r.retry
-    out[#out + 1] = r.how or 0
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r.allowed, r.remaining, r.reset, r.retry, r.how or 0
+    k = k + 5
   end
-  out[#out + 1] = extra or 0
+  out[k + 1] = extra or 0
   return out
 end
 
-local function decide()
-  local dry = ARGV[4] == '1'
-  local lease = ARGV[6]
-  local results, nexts, dirty = {}, {}, {}
-  local dup, seen = false, {}
+-- decide decides the decision set up (see strided and batch) and appends
+-- its reply to out.
+local function decide(out)
+  local dry, lease = DRY, LEASE
+  -- The tables of the last decision are reused: a batch makes many.
+  local results, nexts, dirty = RES, NEXTS, DIRTY
+  local dup = false
   for i = 1, n do
-    results[i] = {}
-    if seen[KEYS[i]] then dup = true end
-    seen[KEYS[i]] = true
+    local r = results[i]
+    if r then r.how = nil else results[i] = {} end
+    local key = KEYS[KO + i]
+    for j = 1, i - 1 do
+      if KEYS[KO + j] == key then dup = true end
+    end
   end
-  evaluate(results, nexts, dirty, false)
+  evaluate(results, nexts, dirty, false, nil, dup)
   local allowed = 1
   for i = 1, n do
-    local _, _, _, shadow = charge(i)
-    if results[i].allowed == 0 and not shadow then allowed = 0 end
+    if results[i].allowed == 0 and not CR[i].shadow then allowed = 0 end
   end
   local leaseExpiry = 0
-  if dry then return reply(results, allowed) end
+  if dry then return reply(out, results, allowed) end
   if allowed == 1 then
     local counts = {}
     for i = 1, n do
-      local base, alg, cost = charge(i)
-      local key = KEYS[i]
+      local R, alg, cost = charge(i)
+      local key = KEYS[KO + i]
       if alg == 5 or alg == 7 then
         if results[i].allowed == 1 and cost > 0 then
           if alg == 5 then
-            logCommit(key, tonumber(ARGV[base + 6]), cost)
+            logCommit(key, R[6], cost)
           else
-            local ttl = tonumber(ARGV[base + 3])
+            local ttl = CT[i]
             local e = nceil + ttl
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', nuS)
+            redis.call('ZREMRANGEBYSCORE', key, '-inf', I(nu))
             local have = counts[key] or 0
             local args = {}
             for j = 1, cost do
@@ -593,18 +693,18 @@ local function decide()
             redis.call('ZADD', key, unpack(args))
             local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
             redis.call('PEXPIRE', key, I(math.ceil((tonumber(last[2]) - nu) / 1000)))
-            redis.call('HSET', KEYS[n + 1], key, pack('<dd', ttl, counts[key]))
+            redis.call('HSET', REC, key, pack('<dd', ttl, counts[key]))
             leaseExpiry = math.max(leaseExpiry, e)
           end
         end
       elseif dirty[i] then
-        store(key, base, alg, nexts[i])
+        store(key, R, alg, nexts[i])
       end
     end
     if leaseExpiry > 0 then
-      redis.call('PEXPIRE', KEYS[n + 1], I(math.ceil((leaseExpiry - nu) / 1000)))
+      redis.call('PEXPIRE', REC, I(math.ceil((leaseExpiry - nu) / 1000)))
     end
-    return reply(results, 1, leaseExpiry)
+    return reply(out, results, 1, leaseExpiry)
   end
   -- Refused: nothing is charged. A charge that would have admitted reports
   -- what it holds now; new keys that must be recorded are.
@@ -617,7 +717,7 @@ local function decide()
   if any then
     local peeks = {}
     for i = 1, n do peeks[i] = {} end
-    evaluate(peeks, nexts, dirty, true, again)
+    evaluate(peeks, nexts, dirty, true, again, dup)
     for i = 1, n do
       if again[i] and results[i].would then
         results[i].remaining, results[i].reset = peeks[i].remaining, peeks[i].reset
@@ -625,10 +725,10 @@ local function decide()
     end
   end
   for i = 1, n do
-    local base, alg = charge(i)
-    if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[i], base, alg, nexts[i]) end
+    local R, alg = charge(i)
+    if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[KO + i], R, alg, nexts[i]) end
   end
-  return reply(results, 0)
+  return reply(out, results, 0)
 end
 
 -- reserve books every charge (token buckets and gcra) if the longest wait
@@ -637,9 +737,9 @@ local function reserve()
   local maxWait = tonumber(ARGV[4])
   local chain, nexts, wait = {}, {}, 0
   for i = 1, n do
-    local base, alg, cost, shadow = charge(i)
+    local R, alg, cost, shadow = charge(i)
     local key = KEYS[i]
-    local b = bucketParams(base, 5)
+    local b = bucketParams(R)
     local st = chain[key]
     if st == nil then st = load(key, alg) or false end
     local ta, tf
@@ -656,9 +756,9 @@ local function reserve()
   if wait > maxWait then return {nu, nsub, 0, wait} end
   local rec = KEYS[n + 1]
   for i = 1, n do
-    local base, alg = charge(i)
-    store(KEYS[i], base, alg, nexts[i])
-    local args = {}
+    local R, alg = charge(i)
+    store(KEYS[i], R, alg, nexts[i])
+    local args, base = {}, 8 + (i - 1) * STRIDE
     for j = base, base + STRIDE - 1 do args[#args + 1] = ARGV[j] end
     redis.call('HSET', rec, KEYS[i] .. '\n' .. i, table.concat(args, ','))
   end
@@ -674,7 +774,7 @@ local function bucketGive(key, b, st, c)
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end
   local na, nf = sub(b, ta, tf, span(b, c))
-  if ceil(na, nf) + b.remember <= 0 then redis.call('DEL', key) loaded[key] = false return end
+  if ceil(na, nf) + b.remember <= 0 then put(key, false, 0, 0) return end
   return encode(na, nf)
 end
 
@@ -695,7 +795,7 @@ local function cancel()
       local key = string.match(f, '^(.*)\n%d+$')
       local a = {}
       for v in string.gmatch(fields[j + 1], '[^,]+') do a[#a + 1] = v end
-      local b = bucketParams(1, 5, a)
+      local b = bucketParams(ruleText(table.concat(a, ',')))
       local st = load(key, 1)
       local next = bucketGive(key, b, st, tonumber(a[2]))
       if next then putBucket(key, b, next) end
@@ -713,53 +813,110 @@ local function undo()
   if tonumber(ARGV[5]) > 0 then cceil = cu + 1 end
   local lease = ARGV[6]
   for i = 1, n do
-    local base, alg, cost = charge(i)
-    local how = tonumber(ARGV[base + 4])
+    local R, alg, cost = charge(i)
+    local how = CH[i]
     local key = KEYS[i]
     if cost > 0 and how >= 0 then
       if alg == 1 or alg == 2 then
-        local b = bucketParams(base, 5)
+        local b = bucketParams(R)
         local next = bucketGive(key, b, load(key, alg), cost)
-        if next then store(key, base, alg, next) end
+        if next then store(key, R, alg, next) end
       elseif alg == 6 then
         local st = load(key, alg)
         if st then
-          local b, i0 = bucketParams(base, 5), 1
-          if how == 1 then b, i0 = floorParams(base + 5), 4 end
+          local b, i0 = bucketParams(R), 1
+          if how == 1 then b, i0 = floorParams(R), 4 end
           local next = bucketGive(key, b, {st[i0], st[i0 + 1], st[i0 + 2]}, cost)
           if next then
             local s = {st[1], st[2], st[3], st[4], st[5], st[6]}
             s[i0], s[i0 + 1], s[i0 + 2] = next[1], next[2], next[3]
-            store(key, base, alg, s)
+            store(key, R, alg, s)
           end
         end
       elseif alg == 3 or alg == 4 then
         local st = load(key, alg)
-        local wu = tonumber(ARGV[base + 6])
+        local wu = R[6]
         local endu = cu - fmod(cu, wu) + wu
         if st and st[1] > nu then
           local s = {st[1], st[2], st[3]}
           if alg == 3 and s[1] == endu then s[2] = math.max(s[2] - cost, 0)
           elseif alg == 4 and s[1] == endu + wu then s[2] = math.max(s[2] - cost, 0)
           elseif alg == 4 and s[1] == endu + 2 * wu then s[3] = math.max(s[3] - cost, 0) end
-          store(key, base, alg, s)
+          store(key, R, alg, s)
         end
       elseif alg == 5 then
         logUndo(key, cceil, cost)
       elseif alg == 7 and lease ~= '' then
-        local v = redis.call('HGET', KEYS[n + 1], key)
+        local v = redis.call('HGET', REC, key)
         if v then
           local _, count = sunpack('<dd', v)
           for j = 1, count do redis.call('ZREM', key, lease .. '#' .. j) end
-          redis.call('HDEL', KEYS[n + 1], key)
+          redis.call('HDEL', REC, key)
         end
       end
     end
   end
   local results, nexts, dirty = {}, {}, {}
   for i = 1, n do results[i] = {} end
-  evaluate(results, nexts, dirty, true)
-  return reply(results, 0)
+  local dup = false
+  for i = 1, n do
+    for j = 1, i - 1 do
+      if KEYS[j] == KEYS[i] then dup = true end
+    end
+  end
+  evaluate(results, nexts, dirty, true, nil, dup)
+  return reply({}, results, 0)
+end
+
+-- strided sets up the N charges of a call laid out in strides (ops d, r,
+-- u; see ARGV above).
+local function strided()
+  n = tonumber(ARGV[7])
+  CR, CC, CT, CH = {}, {}, {}, {}
+  for i = 1, n do
+    local base = 8 + (i - 1) * STRIDE
+    local R = ruleOf(ARGV, base)
+    CR[i], CC[i], CT[i], CH[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
+  end
+  DRY, LEASE, REC, KO = ARGV[4] == '1', ARGV[6], KEYS[n + 1], 0
+end
+
+-- batch decides many decisions in one call, one after the other, each all
+-- or nothing on its own; they share the clock, the states read and the
+-- writes. ARGV: 1 'b', 2 and 3 now, 4 the number of distinct rules R,
+-- 5 the number of decisions M; then R rules, each a stride joined with
+-- commas (cost and how unused, the lease TTL the rule's own); then M
+-- decisions,
+-- each: dry run ('1'), lease id, its number of charges N, whether a lease
+-- record key follows its charge keys ('1'), then N triples: the rule's
+-- number (1..R), the cost, the lease TTL in µs or '' for the rule's.
+-- KEYS: each decision's charge keys and record key, in order. The reply
+-- is the decisions' replies end to end.
+local function batch()
+  local nr, m = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local rs = {}
+  for r = 1, nr do rs[r] = ruleText(ARGV[5 + r]) end
+  local a = 6 + nr
+  local out = {}
+  CR, CC, CT, CH, KO = {}, {}, {}, {}, 0
+  for _ = 1, m do
+    DRY, LEASE, n = ARGV[a] == '1', ARGV[a + 1], tonumber(ARGV[a + 2])
+    local rec = ARGV[a + 3] == '1'
+    a = a + 4
+    for i = 1, n do
+      local R = rs[tonumber(ARGV[a])]
+      local t = ARGV[a + 2]
+      CR[i], CC[i], CT[i] = R, tonumber(ARGV[a + 1]), R.ttl
+      if t ~= '' then CT[i] = tonumber(t) end
+      a = a + 3
+    end
+    REC = nil
+    if rec then REC = KEYS[KO + n + 1] end
+    decide(out)
+    KO = KO + n
+    if rec then KO = KO + 1 end
+  end
+  return out
 end
 
 -- renew and release act on a lease record (KEYS[1]) and the concurrency
@@ -807,6 +964,7 @@ local function run(keys, args)
   KEYS, ARGV = keys, args
   if not fmod then
     fmod, floor, pack, sunpack = math.fmod, math.floor, struct.pack, struct.unpack
+    RES, NEXTS, DIRTY, NOKEYS = {}, {}, {}, {}
   end
   if ARGV[2] == '' then
     local t = redis.call('TIME')
@@ -817,18 +975,19 @@ local function run(keys, args)
   -- Log entries and lease expiries are whole microseconds, rounded up.
   nceil = nu
   if nsub > 0 then nceil = nu + 1 end
-  nuS = I(nu)
-  n = tonumber(ARGV[7])
-  loaded, pcache = {}, {}
-  local op = ARGV[1]
-  if op == 'd' then return decide()
-  elseif op == 'r' then return reserve()
-  elseif op == 'u' then return undo()
-  elseif op == 'c' then return cancel()
-  elseif op == 'n' then return leaseOp(true)
-  elseif op == 'l' then return leaseOp(false)
-  end
-  return redis.error_reply('admit: unknown op ' .. tostring(op))
+  n = 0
+  loaded, writes, wlen, worder = {}, {}, {}, {}
+  local op, out = ARGV[1], nil
+  if op == 'd' then strided() out = decide({})
+  elseif op == 'b' then out = batch()
+  elseif op == 'r' then strided() out = reserve()
+  elseif op == 'u' then strided() out = undo()
+  elseif op == 'c' then out = cancel()
+  elseif op == 'n' then out = leaseOp(true)
+  elseif op == 'l' then out = leaseOp(false)
+  else return redis.error_reply('admit: unknown op ' .. tostring(op)) end
+  flush()
+  return out
 end
 
-redis.register_function('admit_v1', run)
+redis.register_function('admit_v2', run)

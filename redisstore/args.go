@@ -3,6 +3,7 @@ package redisstore
 import (
 	"math/bits"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -24,6 +25,7 @@ const stride = 15
 // slot 3, the lease TTL, is the rule's own unless the charge overrides it.
 type ruleArgs struct {
 	fixed [stride]string
+	text  string // fixed joined with commas, as a batch sends it
 	err   error
 }
 
@@ -86,6 +88,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 		a := &ruleArgs{err: CheckRule(r)}
 		if a.err == nil {
 			a.fill(r)
+			a.text = strings.Join(a.fixed[:], ",")
 		}
 		return a
 	})

@@ -12,6 +12,12 @@
 // A library lost to a restart or failover is loaded again, on every node,
 // when Redis answers that the function is missing.
 //
+// Decisions made at the same time share calls: while calls for a hash
+// slot are in flight, the decisions that arrive queue, and the next call
+// decides them all, one after the other, each all or nothing on its own
+// (see batch.go). A lone decision is sent at once; nothing waits for a
+// batch to fill.
+//
 // # Keys and Cluster
 //
 // Redis keys are Prefix + "{" + tag + "}" + the charge's key. The tag is a
@@ -86,6 +92,9 @@ type Store struct {
 
 	calls, failures, undoFailures atomic.Int64
 	closeOnce                     sync.Once
+
+	batchers []atomic.Pointer[batcher] // see batch.go
+	plain    atomic.Bool               // tests: decisions sent alone, laid out in strides
 }
 
 var _ admit.Store = (*Store)(nil)
@@ -108,13 +117,15 @@ func New(client rueidis.Client, opts *Options) *Store {
 	if o.BreakerCooldown <= 0 {
 		o.BreakerCooldown = time.Second
 	}
+	cluster := client.Mode() == rueidis.ClientModeCluster
 	return &Store{
-		client:  client,
-		cluster: client.Mode() == rueidis.ClientModeCluster,
-		prefix:  o.Prefix,
-		timeout: o.Timeout,
-		clock:   o.Clock,
-		breaker: breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
+		client:   client,
+		cluster:  cluster,
+		batchers: batchersFor(cluster),
+		prefix:   o.Prefix,
+		timeout:  o.Timeout,
+		clock:    o.Clock,
+		breaker:  breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
 	}
 }
 
@@ -360,7 +371,7 @@ func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 // never had it — gets it loaded, on every node, and the call is made again.
 func (s *Store) fcall(ctx context.Context, c call) ([]int64, error) {
 	for attempt := 0; ; attempt++ {
-		cmd := s.client.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		cmd := s.client.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
 		v, err := s.client.Do(ctx, cmd).AsIntSlice()
 		if re, ok := rueidis.IsRedisErr(err); ok && attempt == 0 && strings.Contains(re.Error(), "Function not found") {
 			if err := s.LoadFunctions(ctx); err != nil {
@@ -372,10 +383,11 @@ func (s *Store) fcall(ctx context.Context, c call) ([]int64, error) {
 	}
 }
 
-// functionName is the library's function; a new library version that
+// FunctionName is the library's function; a new library version that
 // changes the arguments gets a new name, so that servers of two versions
-// can share a deployment during an upgrade.
-const functionName = "admit_v1"
+// can share a deployment during an upgrade (the states they keep are the
+// same). admit_v2 added batches (op "b").
+const FunctionName = "admit_v2"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
@@ -530,7 +542,13 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 			}
 			rec = s.leaseKey(g.tag, leaseID)
 		}
-		v, err := s.run(ctx, s.newCall("d", dry, "", leaseID, charges, g, rec))
+		var v []int64
+		var err error
+		if s.plain.Load() {
+			v, err = s.run(ctx, s.newCall("d", dry, "", leaseID, charges, g, rec))
+		} else {
+			v, err = s.decideCall(g.tag, s.newJob(ctx, charges, g, dry == "1", leaseID, rec))
+		}
 		if err != nil {
 			s.undo(charges, done, leaseID)
 			return err
@@ -800,13 +818,13 @@ func (s *Store) String() string {
 }
 
 // Library returns the Lua source of the decision engine, a Redis Functions
-// library, for tools such as redis-benchmark (FCALL admit_v1 …).
+// library, for tools such as redis-benchmark (FCALL admit_v2 …).
 func Library() string { return scriptSource }
 
 // Command returns the keys and arguments of the script call that deciding
-// charges makes (in a single group, as outside Cluster), so that tools can
-// replay a decision with FCALL. The charges must be valid.
+// charges alone makes (in a single group, as outside Cluster), so that
+// tools can replay a decision with FCALL. The charges must be valid and
+// take no lease.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
-	c := s.newCall("d", "0", "", "", charges, s.groups(charges, false)[0], "")
-	return c.keys, c.args
+	return s.batchArgs([]*job{s.newJob(context.Background(), charges, s.groups(charges, false)[0], false, "", "")})
 }

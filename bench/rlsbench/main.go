@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -58,9 +59,22 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
 	storeName := flag.String("store", "memory", "memory, or redis (a redis-server started here)")
 	mode := flag.String("mode", "yaml", "yaml (an envoyproxy/ratelimit configuration) or catalog (Admit's tenants and rules)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rlsbench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(*callers, *conns, *duration, *rounds, *storeName, *mode); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsbench:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }

@@ -1,0 +1,204 @@
+package redisstore_test
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/storetest"
+)
+
+// TestConformancePlain runs the conformance suite with every decision sent
+// alone in the strided layout (op "d"), not in a batch.
+func TestConformancePlain(t *testing.T) {
+	srv := redistest.Start(t)
+	client := dial(t, "redis://"+srv.Addr).Client()
+	newStore := factory(client)
+	storetest.Run(t, func(t *testing.T, clock func() time.Time) admit.Store {
+		s := newStore(t, clock)
+		redisstore.PlainCalls(s.(*redisstore.Store))
+		return s
+	})
+}
+
+// TestBatchMatchesMemstore queues decisions of every algorithm — admitted,
+// refused, dry runs, leases, a key charged twice, keys shared between
+// decisions — into one batch, and checks that each is decided exactly as
+// the memory store decides the same sequence one at a time.
+func TestBatchMatchesMemstore(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	clock.Set(1500 * time.Microsecond)
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "batch:"})
+	ms := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer ms.Close()
+
+	tb := func(name string, rate admit.Rate, burst int64) *admit.Rule {
+		return &admit.Rule{Name: name, Algorithm: admit.TokenBucket, Rate: rate, Burst: burst}
+	}
+	user, tenant := tb("user", admit.PerSecond(10), 3), tb("tenant", admit.PerSecond(100), 5)
+	odd := tb("odd", admit.Rate{N: 7, Per: 3 * time.Second}, 4)
+	gcra := &admit.Rule{Name: "gcra", Algorithm: admit.GCRA, Rate: admit.PerSecond(5), Burst: 2}
+	fixed := &admit.Rule{Name: "fixed", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute}
+	sliding := &admit.Rule{Name: "sliding", Algorithm: admit.SlidingWindow, Limit: 3, Window: time.Minute}
+	log := &admit.Rule{Name: "log", Algorithm: admit.SlidingLog, Limit: 3, Window: time.Minute}
+	combo := &admit.Rule{Name: "combo", Algorithm: admit.Combination, Floor: admit.PerSecond(2), Rate: admit.PerSecond(1), Burst: 2}
+	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 2, LeaseTTL: time.Minute}
+	ch := func(tn, subject string, r *admit.Rule, cost int64) admit.Charge {
+		return admit.Charge{Key: admit.Key{Scope: "user", Tenant: tn, Subject: subject, Rule: r.Name}.String(), Rule: r, Cost: cost}
+	}
+	shared := func(r *admit.Rule, cost int64) admit.Charge {
+		return admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: "acme", Rule: r.Name}.String(), Rule: r, Cost: cost}
+	}
+	dry := func(c admit.Charge) admit.Charge { c.DryRun = true; return c }
+	windows := func(cost int64) []admit.Charge {
+		return []admit.Charge{ch("b", "u", gcra, cost), ch("b", "u", fixed, cost), ch("b", "u", sliding, cost), ch("b", "u", log, cost)}
+	}
+	decisions := [][]admit.Charge{
+		{ch("acme", "u1", user, 1), shared(tenant, 1)},
+		{ch("acme", "u1", user, 2), shared(tenant, 2)},
+		{ch("acme", "u1", user, 1), shared(tenant, 1)}, // the user's bucket refuses; the tenant keeps its tokens
+		{ch("acme", "u2", user, 2), shared(tenant, 2)},
+		{ch("acme", "u3", user, 1), shared(tenant, 1)}, // the tenant's bucket refuses
+		windows(1),
+		windows(2),
+		windows(1), // every window full
+		{dry(ch("c", "u", combo, 2))},
+		{ch("c", "u", combo, 2)},
+		{ch("c", "u", combo, 2)},
+		{ch("c", "u", combo, 1)},
+		{ch("d", "u", conc, 1)},
+		{ch("d", "u", conc, 1), ch("d", "u", odd, 1)},
+		{ch("d", "u", conc, 1)}, // both slots held
+		{ch("d", "u", odd, 2), ch("d", "u", odd, 2)},
+		{ch("d", "u", odd, 1), ch("b", "u", log, 1)},
+		{},
+		{ch("d", "u", odd, 0), ch("acme", "u1", user, 0)},
+	}
+	want := make([]admit.Decision, len(decisions))
+	for i, c := range decisions {
+		if err := ms.Decide(context.Background(), c, &want[i]); err != nil {
+			t.Fatalf("memstore decision %d: %v", i, err)
+		}
+	}
+
+	release := redisstore.HoldBatches(rs)
+	got := make([]admit.Decision, len(decisions))
+	errs := make([]error, len(decisions))
+	var wg sync.WaitGroup
+	queued := 0
+	for i, c := range decisions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rs.Decide(context.Background(), c, &got[i])
+		}()
+		if len(c) > 0 { // a decision without charges never reaches Redis
+			queued++
+		}
+		for redisstore.Queued(rs) < queued { // queue them in order
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	callsBefore := rs.Health().Calls
+	release()
+	wg.Wait()
+	if calls := rs.Health().Calls - callsBefore; calls != 1 {
+		t.Errorf("%d decisions took %d calls, want one batch", queued, calls)
+	}
+	for i := range decisions {
+		if errs[i] != nil {
+			t.Errorf("decision %d: %v", i, errs[i])
+			continue
+		}
+		g, w := got[i], want[i]
+		if (g.Lease.ID == "") != (w.Lease.ID == "") || !g.Lease.ExpiresAt.Equal(w.Lease.ExpiresAt) {
+			t.Errorf("decision %d: lease %+v, memstore %+v", i, g.Lease, w.Lease)
+		}
+		g.Lease, w.Lease = admit.Lease{}, admit.Lease{}
+		if !equalDecisions(g, w) {
+			t.Errorf("decision %d:\n batch    %+v\n memstore %+v", i, g, w)
+		}
+	}
+	// The leases taken in the batch are real: releasing one frees a slot.
+	if err := rs.ReleaseLease(context.Background(), got[12].Lease.ID); err != nil {
+		t.Fatal(err)
+	}
+	var d admit.Decision
+	if err := rs.Decide(context.Background(), []admit.Charge{ch("d", "u", conc, 1)}, &d); err != nil || !d.Allowed {
+		t.Errorf("after a release: %+v, %v; want admitted", d, err)
+	}
+}
+
+func equalDecisions(a, b admit.Decision) bool {
+	return slices.Equal(a.Results, b.Results) && a.Allowed == b.Allowed && a.Limit == b.Limit &&
+		a.Remaining == b.Remaining && a.ResetAfter == b.ResetAfter && a.RetryAfter == b.RetryAfter && a.DeniedBy == b.DeniedBy
+}
+
+// TestBatchedHierarchyExact hammers user, tenant and global buckets from
+// 64 goroutines on one store, the clock stopped so that nothing refills:
+// the batches that form must admit exactly the global bucket's burst,
+// each tenant and user within its own, and refused decisions charge
+// nothing (else fewer would be admitted).
+func TestBatchedHierarchyExact(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	s := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "hier:"})
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 50}
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.GCRA, Rate: admit.PerSecond(1), Burst: 300}
+	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 1000}
+	const goroutines, tenants, attempts = 64, 4, 100
+	var perTenant [tenants]atomic.Int64
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tn := "t" + strconv.Itoa(g%tenants)
+			charges := []admit.Charge{
+				{Key: admit.Key{Scope: "user", Tenant: tn, Subject: strconv.Itoa(g), Rule: "user"}.String(), Rule: user, Cost: 1},
+				{Key: admit.Key{Scope: "tenant", Tenant: tn, Rule: "tenant"}.String(), Rule: tenant, Cost: 1},
+				{Key: admit.Key{Scope: "global", Rule: "global"}.String(), Rule: global, Cost: 1},
+			}
+			mine := 0
+			var d admit.Decision
+			for range attempts {
+				if err := s.Decide(context.Background(), charges, &d); err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mine++
+				}
+			}
+			if mine > 50 {
+				t.Errorf("goroutine %d: %d admitted, over its user bucket's 50", g, mine)
+			}
+			perTenant[g%tenants].Add(int64(mine))
+			total.Add(int64(mine))
+		}()
+	}
+	wg.Wait()
+	for i := range perTenant {
+		if n := perTenant[i].Load(); n > 300 {
+			t.Errorf("tenant %d: %d admitted, over its bucket's 300", i, n)
+		}
+	}
+	calls := s.Health().Calls
+	t.Logf("%d decisions in %d calls; %d admitted", goroutines*attempts, calls, total.Load())
+	if total.Load() != 1000 {
+		t.Errorf("admitted %d, want exactly the global burst 1000", total.Load())
+	}
+	if calls >= goroutines*attempts {
+		t.Errorf("%d decisions took %d calls: no batch formed", goroutines*attempts, calls)
+	}
+}
