@@ -182,32 +182,11 @@ func measureLoad(addr string, callers int, d time.Duration, op func(i int) error
 		return true
 	})
 	m := measure{rate: r.Rate(), p50: r.Pct(0.5).Round(time.Microsecond), p99: r.Pct(0.99).Round(time.Microsecond)}
-	if usec, calls := scriptStats(addr); len(r.Lat) > 0 && calls > 0 {
+	if calls, usec, err := redistest.ScriptStats(addr); err == nil && len(r.Lat) > 0 && calls > 0 {
 		m.cpu = usec / float64(len(r.Lat))
-		m.batch = float64(len(r.Lat)) / calls
+		m.batch = float64(len(r.Lat)) / float64(calls)
 	}
 	return m
-}
-
-// scriptStats returns the Redis CPU time spent in scripts and functions
-// (EVAL, EVALSHA, FCALL) since the last CONFIG RESETSTAT, in µs, and the
-// number of those calls.
-func scriptStats(addr string) (usec, calls float64) {
-	info, err := redistest.Command(addr, "INFO", "commandstats")
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") && !strings.HasPrefix(line, "cmdstat_fcall:") {
-			continue
-		}
-		if m := regexp.MustCompile(`calls=([0-9]+),usec=([0-9]+)`).FindStringSubmatch(line); m != nil {
-			c, _ := strconv.ParseFloat(m[1], 64)
-			u, _ := strconv.ParseFloat(m[2], 64)
-			calls, usec = calls+c, usec+u
-		}
-	}
-	return usec, calls
 }
 
 func serverVersion(addr string) string {

@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -60,28 +59,11 @@ func BenchmarkDecide(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/float64(s.Health().Calls-calls), "decisions/call")
-			b.ReportMetric(fcallMicros(b, srv.Addr)/float64(b.N), "redis-µs/decision")
+			_, usec, err := redistest.ScriptStats(srv.Addr)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(usec/float64(b.N), "redis-µs/decision")
 		})
 	}
-}
-
-// fcallMicros returns the time Redis spent in FCALL since the last CONFIG
-// RESETSTAT, in µs (INFO commandstats).
-func fcallMicros(b *testing.B, addr string) float64 {
-	info, err := redistest.Command(addr, "INFO", "commandstats")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(line, "cmdstat_fcall:"); ok {
-			for _, f := range strings.Split(rest, ",") {
-				if v, ok := strings.CutPrefix(f, "usec="); ok {
-					us, _ := strconv.ParseFloat(v, 64)
-					return us
-				}
-			}
-		}
-	}
-	b.Fatalf("no FCALL in INFO commandstats:\n%s", info)
-	return 0
 }

@@ -245,3 +245,31 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// ScriptStats returns how many script and function calls (EVAL, EVALSHA,
+// FCALL) the server at addr ran since its last CONFIG RESETSTAT, and the
+// time it spent in them, in µs (INFO commandstats).
+func ScriptStats(addr string) (calls int64, usec float64, err error) {
+	info, err := Command(addr, "INFO", "commandstats")
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_eval" && name != "cmdstat_evalsha" && name != "cmdstat_fcall") {
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "calls":
+				n, _ := strconv.ParseInt(v, 10, 64)
+				calls += n
+			case "usec":
+				u, _ := strconv.ParseFloat(v, 64)
+				usec += u
+			}
+		}
+	}
+	return calls, usec, nil
+}
