@@ -12,10 +12,11 @@ import (
 )
 
 // BenchmarkDecide decides token-bucket charges of 10,000 users over 100
-// tenants against a real redis-server, from GOMAXPROCS × -cpu goroutines
+// tenants against a real redis-server, from 32 × GOMAXPROCS goroutines
 // (RunParallel): the user's bucket alone, and user, tenant and global
-// together. Concurrent decisions share calls (see batch.go); ns/op is
-// the wall time per decision across all goroutines.
+// together; and from one goroutine, each decision a call of its own.
+// Concurrent decisions share calls (see batch.go); ns/op is the wall time
+// per decision across all goroutines.
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.Start(b)
 	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, nil)
@@ -35,6 +36,25 @@ func BenchmarkDecide(b *testing.B) {
 			{Key: admit.Key{Scope: "global", Rule: "global"}.String(), Rule: global, Cost: 1},
 		}
 	}
+	// One caller: every decision is a call of its own, what a lightly
+	// loaded server sees.
+	b.Run("1-scope-alone", func(b *testing.B) {
+		b.ReportAllocs()
+		if _, err := redistest.Command(srv.Addr, "CONFIG", "RESETSTAT"); err != nil {
+			b.Fatal(err)
+		}
+		var d admit.Decision
+		for i := 0; b.Loop(); i++ {
+			if err := s.Decide(context.Background(), charges[i*7919%len(charges)][:1], &d); err != nil || !d.Allowed {
+				b.Fatal(d, err)
+			}
+		}
+		_, usec, err := redistest.ScriptStats(srv.Addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(usec/float64(b.N), "redis-µs/decision")
+	})
 	for _, scopes := range []int{1, 3} {
 		b.Run(strconv.Itoa(scopes)+"-scope", func(b *testing.B) {
 			b.SetParallelism(32) // a server has many requests in flight
