@@ -56,8 +56,22 @@ local KEYS, ARGV, nu, nsub, nceil, n, loaded
 -- a dry run, its lease id and its lease record key (or nil). KO offsets
 -- KEYS to its keys within a batch.
 local CR, CC, CT, CH, DRY, LEASE, REC, KO
--- Scratch tables decide reuses, made once; NOKEYS is always empty.
-local RES, NEXTS, DIRTY, NOKEYS
+-- Scratch tables, made once and reused: every table a call makes costs
+-- Redis allocations, and one grown entry by entry costs one per doubling.
+-- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
+-- cut to its size at once; OUTK is how much of the reply is written.
+local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK
+
+-- clear empties a scratch table, keeping its room.
+local function clear(t)
+  for k in pairs(t) do t[k] = nil end
+end
+
+-- sized returns a table of k zeros (to be overwritten), made in one go.
+local function sized(k)
+  if k > 7000 then return {} end -- unpack's limit; grown as it is written
+  return {unpack(ZEROS, 1, k)}
+end
 -- Writes are kept until the call ends, one per key: a batch of decisions
 -- that charge the same tenant or global bucket writes it once.
 local writes, wlen, worder
@@ -633,10 +647,10 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
   end
 end
 
--- reply appends a decision's reply to out: now, allowed, five values per
--- charge, then extra (a lease's expiry).
+-- reply writes a decision's reply into out from OUTK on: now, allowed,
+-- five values per charge, then extra (a lease's expiry).
 local function reply(out, results, allowed, extra)
-  local k = #out
+  local k = OUTK
   out[k + 1], out[k + 2], out[k + 3] = nu, nsub, allowed
   k = k + 3
   for i = 1, n do
@@ -645,6 +659,7 @@ local function reply(out, results, allowed, extra)
     k = k + 5
   end
   out[k + 1] = extra or 0
+  OUTK = k + 1
   return out
 end
 
@@ -872,7 +887,6 @@ end
 -- u; see ARGV above).
 local function strided()
   n = tonumber(ARGV[7])
-  CR, CC, CT, CH = {}, {}, {}, {}
   for i = 1, n do
     local base = 8 + (i - 1) * STRIDE
     local R = ruleOf(ARGV, base)
@@ -897,8 +911,13 @@ local function batch()
   local rs = {}
   for r = 1, nr do rs[r] = ruleText(ARGV[5 + r]) end
   local a = 6 + nr
-  local out = {}
-  CR, CC, CT, CH, KO = {}, {}, {}, {}, 0
+  local size, x = 0, a
+  for _ = 1, m do
+    local nc = tonumber(ARGV[x + 2])
+    size, x = size + 4 + 5 * nc, x + 4 + 3 * nc
+  end
+  local out = sized(size)
+  OUTK, KO = 0, 0
   for _ = 1, m do
     DRY, LEASE, n = ARGV[a] == '1', ARGV[a + 1], tonumber(ARGV[a + 2])
     local rec = ARGV[a + 3] == '1'
@@ -964,7 +983,10 @@ local function run(keys, args)
   KEYS, ARGV = keys, args
   if not fmod then
     fmod, floor, pack, sunpack = math.fmod, math.floor, struct.pack, struct.unpack
-    RES, NEXTS, DIRTY, NOKEYS = {}, {}, {}, {}
+    RES, NEXTS, DIRTY, NOKEYS, ZEROS = {}, {}, {}, {}, {}
+    for i = 1, 7000 do ZEROS[i] = 0 end
+    CR, CC, CT, CH = {}, {}, {}, {}
+    loaded, writes, wlen, worder = {}, {}, {}, {}
   end
   if ARGV[2] == '' then
     local t = redis.call('TIME')
@@ -976,9 +998,10 @@ local function run(keys, args)
   nceil = nu
   if nsub > 0 then nceil = nu + 1 end
   n = 0
-  loaded, writes, wlen, worder = {}, {}, {}, {}
+  clear(loaded) clear(writes) clear(wlen) clear(worder)
+  OUTK = 0
   local op, out = ARGV[1], nil
-  if op == 'd' then strided() out = decide({})
+  if op == 'd' then strided() out = decide(sized(4 + 5 * n))
   elseif op == 'b' then out = batch()
   elseif op == 'r' then strided() out = reserve()
   elseif op == 'u' then strided() out = undo()
