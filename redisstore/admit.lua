@@ -931,7 +931,18 @@ local function batch()
     end
     REC = nil
     if rec then REC = KEYS[KO + n + 1] end
-    decide(out)
+    -- A decision that fails (a key holding another type, after a rule
+    -- changed its algorithm) must not fail the rest of the batch. Its
+    -- commands all read until it commits, so it has written nothing: its
+    -- reply says -1 where allowed goes, and Redis's log says why.
+    local k0 = OUTK
+    local ok, err = pcall(decide, out)
+    if not ok then
+      if type(err) == 'table' then err = err.err end
+      redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
+      for i = k0 + 1, k0 + 4 + 5 * n do out[i] = 0 end
+      out[k0 + 3], OUTK = -1, k0 + 4 + 5 * n
+    end
     KO = KO + n
     if rec then KO = KO + 1 end
   end

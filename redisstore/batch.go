@@ -192,6 +192,9 @@ func (s *Store) send(batch []*job) {
 		} else {
 			k := replyLen(j)
 			j.reply, v = v[:k:k], v[k:]
+			if j.reply[2] == -1 {
+				j.err = admit.Errorf(admit.CodeInternal, "redisstore: script: a command failed deciding in Redis (the Redis log says which)")
+			}
 		}
 		j.finish()
 	}

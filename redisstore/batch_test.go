@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/rueidis"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/memstore"
@@ -200,5 +202,58 @@ func TestBatchedHierarchyExact(t *testing.T) {
 	}
 	if calls >= goroutines*attempts {
 		t.Errorf("%d decisions took %d calls: no batch formed", goroutines*attempts, calls)
+	}
+}
+
+// TestBatchContainsAFailedDecision: a decision whose key holds another
+// type (a rule that changed its algorithm keeps its key) fails alone; the
+// decisions batched with it are decided.
+func TestBatchContainsAFailedDecision(t *testing.T) {
+	srv := redistest.Start(t)
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Timeout: 10 * time.Second, Prefix: "fail:"})
+	tb := &admit.Rule{Name: "tb", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5}
+	charge := func(tenant string) []admit.Charge {
+		return []admit.Charge{{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: "u", Rule: "tb"}.String(), Rule: tb, Cost: 1}}
+	}
+	// Find the bad tenant's key as the store writes it, then make it a hash.
+	var d admit.Decision
+	if err := rs.Decide(context.Background(), charge("bad"), &d); err != nil || !d.Allowed {
+		t.Fatalf("first decision: %+v %v", d, err)
+	}
+	c := rs.Client()
+	keys, err := c.Do(context.Background(), c.B().Keys().Pattern("fail:*").Build()).AsStrSlice()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("KEYS: %q %v", keys, err)
+	}
+	for _, cmd := range []rueidis.Completed{c.B().Del().Key(keys[0]).Build(), c.B().Hset().Key(keys[0]).FieldValue().FieldValue("f", "v").Build()} {
+		if err := c.Do(context.Background(), cmd).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	release := redisstore.HoldBatches(rs)
+	tenants := []string{"a", "bad", "c"}
+	got := make([]admit.Decision, len(tenants))
+	errs := make([]error, len(tenants))
+	var wg sync.WaitGroup
+	for i, tn := range tenants {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rs.Decide(context.Background(), charge(tn), &got[i])
+		}()
+		for redisstore.Queued(rs) < i+1 {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	release()
+	wg.Wait()
+	for i, tn := range tenants {
+		switch {
+		case tn == "bad" && admit.ErrorCode(errs[i]) != admit.CodeInternal:
+			t.Errorf("bad tenant: %+v, %v; want an internal error", got[i], errs[i])
+		case tn != "bad" && (errs[i] != nil || !got[i].Allowed || got[i].Results[0].Remaining != 4):
+			t.Errorf("tenant %s: %+v, %v; want admitted, 4 left", tn, got[i], errs[i])
+		}
 	}
 }
