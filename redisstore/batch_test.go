@@ -92,27 +92,14 @@ func TestBatchMatchesMemstore(t *testing.T) {
 		}
 	}
 
-	release := redisstore.HoldBatches(rs)
-	got := make([]admit.Decision, len(decisions))
-	errs := make([]error, len(decisions))
-	var wg sync.WaitGroup
+	callsBefore := rs.Health().Calls
+	got, errs := decideInOneBatch(rs, decisions)
 	queued := 0
-	for i, c := range decisions {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = rs.Decide(context.Background(), c, &got[i])
-		}()
+	for _, c := range decisions {
 		if len(c) > 0 { // a decision without charges never reaches Redis
 			queued++
 		}
-		for redisstore.Queued(rs) < queued { // queue them in order
-			time.Sleep(100 * time.Microsecond)
-		}
 	}
-	callsBefore := rs.Health().Calls
-	release()
-	wg.Wait()
 	if calls := rs.Health().Calls - callsBefore; calls != 1 {
 		t.Errorf("%d decisions took %d calls, want one batch", queued, calls)
 	}
@@ -138,6 +125,33 @@ func TestBatchMatchesMemstore(t *testing.T) {
 	if err := rs.Decide(context.Background(), []admit.Charge{ch("d", "u", conc, 1)}, &d); err != nil || !d.Allowed {
 		t.Errorf("after a release: %+v, %v; want admitted", d, err)
 	}
+}
+
+// decideInOneBatch decides every list of charges on rs, queued in order
+// behind held calls and then sent together, and returns the decisions and
+// errors in the same order.
+func decideInOneBatch(rs *redisstore.Store, decisions [][]admit.Charge) ([]admit.Decision, []error) {
+	release := redisstore.HoldBatches(rs)
+	got := make([]admit.Decision, len(decisions))
+	errs := make([]error, len(decisions))
+	var wg sync.WaitGroup
+	queued := 0
+	for i, c := range decisions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = rs.Decide(context.Background(), c, &got[i])
+		}()
+		if len(c) > 0 { // a decision without charges never reaches Redis
+			queued++
+		}
+		for redisstore.Queued(rs) < queued { // queue them in order
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	release()
+	wg.Wait()
+	return got, errs
 }
 
 func equalDecisions(a, b admit.Decision) bool {
@@ -231,23 +245,8 @@ func TestBatchContainsAFailedDecision(t *testing.T) {
 		}
 	}
 
-	release := redisstore.HoldBatches(rs)
 	tenants := []string{"a", "bad", "c"}
-	got := make([]admit.Decision, len(tenants))
-	errs := make([]error, len(tenants))
-	var wg sync.WaitGroup
-	for i, tn := range tenants {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = rs.Decide(context.Background(), charge(tn), &got[i])
-		}()
-		for redisstore.Queued(rs) < i+1 {
-			time.Sleep(100 * time.Microsecond)
-		}
-	}
-	release()
-	wg.Wait()
+	got, errs := decideInOneBatch(rs, [][]admit.Charge{charge("a"), charge("bad"), charge("c")})
 	for i, tn := range tenants {
 		switch {
 		case tn == "bad" && admit.ErrorCode(errs[i]) != admit.CodeInternal:
