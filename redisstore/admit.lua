@@ -60,7 +60,7 @@ local CR, CC, CT, CH, DRY, LEASE, REC, KO
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
 -- cut to its size at once; OUTK is how much of the reply is written.
-local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK
+local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK, COMPACT
 
 -- clear empties a scratch table, keeping its room.
 local function clear(t)
@@ -648,15 +648,27 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
 end
 
 -- reply writes a decision's reply into out from OUTK on: now, allowed,
--- five values per charge, then extra (a lease's expiry).
+-- five values per charge, then extra (a lease's expiry); in a batch
+-- (COMPACT), where now comes once for all, allowed, four values per charge
+-- (allowed + 2 × how, remaining, reset, retry), then extra.
 local function reply(out, results, allowed, extra)
   local k = OUTK
-  out[k + 1], out[k + 2], out[k + 3] = nu, nsub, allowed
-  k = k + 3
-  for i = 1, n do
-    local r = results[i]
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r.allowed, r.remaining, r.reset, r.retry, r.how or 0
-    k = k + 5
+  if COMPACT then
+    out[k + 1] = allowed
+    k = k + 1
+    for i = 1, n do
+      local r = results[i]
+      out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0), r.remaining, r.reset, r.retry
+      k = k + 4
+    end
+  else
+    out[k + 1], out[k + 2], out[k + 3] = nu, nsub, allowed
+    k = k + 3
+    for i = 1, n do
+      local r = results[i]
+      out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r.allowed, r.remaining, r.reset, r.retry, r.how or 0
+      k = k + 5
+    end
   end
   out[k + 1] = extra or 0
   OUTK = k + 1
@@ -898,36 +910,41 @@ end
 -- batch decides many decisions in one call, one after the other, each all
 -- or nothing on its own; they share the clock, the states read and the
 -- writes. ARGV: 1 'b', 2 and 3 now, 4 the number of distinct rules R,
--- 5 the number of decisions M; then R rules, each a stride joined with
--- commas (cost and how unused, the lease TTL the rule's own); then M
--- decisions,
--- each: dry run ('1'), lease id, its number of charges N, whether a lease
--- record key follows its charge keys ('1'), then N triples: the rule's
--- number (1..R), the cost, the lease TTL in µs or '' for the rule's.
--- KEYS: each decision's charge keys and record key, in order. The reply
--- is the decisions' replies end to end.
+-- 5 the number of decisions M, 6 the reply's length; then R rules, each a
+-- stride joined with commas (cost and how unused, the lease TTL the
+-- rule's own); then M decisions, each: a head, N, its number of charges,
+-- or "N:flags:lease" where flags holds d for a dry run and r when a lease
+-- record key follows its charge keys; then per charge the rule's number
+-- (1..R), the cost and, for a concurrency rule only, the lease TTL in µs
+-- or '' for the rule's. KEYS: each decision's charge keys and record key,
+-- in order. The reply: now (µs, ns), then each decision's (see reply).
 local function batch()
   local nr, m = tonumber(ARGV[4]), tonumber(ARGV[5])
   local rs = {}
-  for r = 1, nr do rs[r] = ruleText(ARGV[5 + r]) end
-  local a = 6 + nr
-  local size, x = 0, a
+  for r = 1, nr do rs[r] = ruleText(ARGV[6 + r]) end
+  local a = 7 + nr
+  local out = sized(tonumber(ARGV[6]))
+  out[1], out[2] = nu, nsub
+  OUTK, KO, COMPACT = 2, 0, true
   for _ = 1, m do
-    local nc = tonumber(ARGV[x + 2])
-    size, x = size + 4 + 5 * nc, x + 4 + 3 * nc
-  end
-  local out = sized(size)
-  OUTK, KO = 0, 0
-  for _ = 1, m do
-    DRY, LEASE, n = ARGV[a] == '1', ARGV[a + 1], tonumber(ARGV[a + 2])
-    local rec = ARGV[a + 3] == '1'
-    a = a + 4
+    local h = ARGV[a]
+    local rec = false
+    n, DRY, LEASE = tonumber(h), false, ''
+    if not n then
+      local c, f, l = string.match(h, '^(%d+):(%a*):(.*)$')
+      n, LEASE = tonumber(c), l
+      DRY, rec = string.find(f, 'd', 1, true) ~= nil, string.find(f, 'r', 1, true) ~= nil
+    end
+    a = a + 1
     for i = 1, n do
       local R = rs[tonumber(ARGV[a])]
-      local t = ARGV[a + 2]
       CR[i], CC[i], CT[i] = R, tonumber(ARGV[a + 1]), R.ttl
-      if t ~= '' then CT[i] = tonumber(t) end
-      a = a + 3
+      a = a + 2
+      if R.alg == 7 then
+        local t = ARGV[a]
+        if t ~= '' then CT[i] = tonumber(t) end
+        a = a + 1
+      end
     end
     REC = nil
     if rec then REC = KEYS[KO + n + 1] end
@@ -940,8 +957,8 @@ local function batch()
     if not ok then
       if type(err) == 'table' then err = err.err end
       redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
-      for i = k0 + 1, k0 + 4 + 5 * n do out[i] = 0 end
-      out[k0 + 3], OUTK = -1, k0 + 4 + 5 * n
+      for i = k0 + 1, k0 + 2 + 4 * n do out[i] = 0 end
+      out[k0 + 1], OUTK = -1, k0 + 2 + 4 * n
     end
     KO = KO + n
     if rec then KO = KO + 1 end
@@ -1010,7 +1027,7 @@ local function run(keys, args)
   if nsub > 0 then nceil = nu + 1 end
   n = 0
   clear(loaded) clear(writes) clear(wlen) clear(worder)
-  OUTK = 0
+  OUTK, COMPACT = 0, false
   local op, out = ARGV[1], nil
   if op == 'd' then strided() out = decide(sized(4 + 5 * n))
   elseif op == 'b' then out = batch()

@@ -26,6 +26,7 @@ const stride = 15
 type ruleArgs struct {
 	fixed [stride]string
 	text  string // fixed joined with commas, as a batch sends it
+	lease bool   // a concurrency rule: its charges send their lease TTL
 	err   error
 }
 
@@ -89,6 +90,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 		if a.err == nil {
 			a.fill(r)
 			a.text = strings.Join(a.fixed[:], ",")
+			a.lease = r.Algorithm == admit.Concurrency
 		}
 		return a
 	})

@@ -47,23 +47,31 @@ type job struct {
 
 // newJob prepares the decision of the charges of g.
 func (s *Store) newJob(ctx context.Context, charges []admit.Charge, g group, dry bool, lease, rec string) *job {
-	j := &job{ctx: ctx, keys: g.keys, rules: make([]*ruleArgs, len(g.idx)), args: make([]string, 4, 4+3*len(g.idx))}
-	j.args[0], j.args[1], j.args[2], j.args[3] = "0", lease, itoa(int64(len(g.idx))), "0"
-	if dry {
-		j.args[0] = "1"
-	}
-	if rec != "" {
-		j.keys = append(j.keys, rec)
-		j.args[3] = "1"
+	j := &job{ctx: ctx, keys: g.keys, rules: make([]*ruleArgs, len(g.idx)), args: make([]string, 1, 1+3*len(g.idx))}
+	j.args[0] = itoa(int64(len(g.idx)))
+	if dry || lease != "" || rec != "" {
+		flags := ""
+		if dry {
+			flags = "d"
+		}
+		if rec != "" {
+			j.keys = append(j.keys, rec)
+			flags += "r"
+		}
+		j.args[0] += ":" + flags + ":" + lease
 	}
 	for k, i := range g.idx {
 		ch := &charges[i]
-		j.rules[k] = argsOf(ch.Rule)
-		ttl := ""
-		if ch.LeaseTTL > 0 {
-			ttl = micros(min(ch.LeaseTTL, maxSpan))
+		r := argsOf(ch.Rule)
+		j.rules[k] = r
+		j.args = append(j.args, "", itoa(ch.Cost))
+		if r.lease {
+			ttl := ""
+			if ch.LeaseTTL > 0 {
+				ttl = micros(min(ch.LeaseTTL, maxSpan))
+			}
+			j.args = append(j.args, ttl)
 		}
-		j.args = append(j.args, "", itoa(ch.Cost), ttl)
 	}
 	return j
 }
@@ -179,53 +187,75 @@ func (s *Store) send(batch []*job) {
 		v, err = s.fcall(ctx, call{keys: keys, args: args})
 		return err
 	})
-	want := 0
-	for _, j := range batch {
-		want += replyLen(j)
+	if err == nil && len(v) != replyLen(batch) {
+		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), replyLen(batch))
 	}
-	if err == nil && len(v) != want {
-		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), want)
-	}
-	for _, j := range batch {
-		if err != nil {
+	if err != nil {
+		for _, j := range batch {
 			j.err = err
-		} else {
-			k := replyLen(j)
-			j.reply, v = v[:k:k], v[k:]
-			if j.reply[2] == -1 {
-				j.err = admit.Errorf(admit.CodeInternal, "redisstore: script: a command failed deciding in Redis (the Redis log says which)")
-			}
+			j.finish()
 		}
+		return
+	}
+	nu, nsub, v := v[0], v[1], v[2:]
+	for _, j := range batch {
+		n := len(j.rules)
+		if v[0] == -1 {
+			j.err = admit.Errorf(admit.CodeInternal, "redisstore: script: a command failed deciding in Redis (the Redis log says which)")
+		} else {
+			// Unpacked into the layout of a single decision's reply,
+			// which fill reads.
+			r := make([]int64, 4+5*n)
+			r[0], r[1], r[2], r[3+5*n] = nu, nsub, v[0], v[1+4*n]
+			for k := range n {
+				x, y := v[1+4*k:], r[3+5*k:]
+				y[0], y[1], y[2], y[3], y[4] = x[0]&1, x[1], x[2], x[3], x[0]>>1
+			}
+			j.reply = r
+		}
+		v = v[2+4*n:]
 		j.finish()
 	}
 }
 
-// replyLen is the length of a decision's reply: now, allowed, five values
-// per charge and the lease's expiry.
-func replyLen(j *job) int { return 4 + 5*len(j.rules) }
+// replyLen is the length of the reply to batch: now (two values), then
+// for each decision allowed, four values per charge and the lease's
+// expiry.
+func replyLen(batch []*job) int {
+	k := 2
+	for _, j := range batch {
+		k += 2 + 4*len(j.rules)
+	}
+	return k
+}
 
 // batchArgs returns the keys and arguments of the call (op "b") deciding
 // every job of batch: the distinct rules first, then the decisions.
 func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 	var rules []*ruleArgs
-	nkeys, nargs := 0, 5
+	nkeys, nargs := 0, 6
 	for _, j := range batch {
 		nkeys += len(j.keys)
 		nargs += len(j.args)
-		for k, r := range j.rules {
+		p := 1 // the first rule number's place in j.args
+		for _, r := range j.rules {
 			x := slices.Index(rules, r)
 			if x < 0 {
 				rules = append(rules, r)
 				x = len(rules) - 1
 			}
-			j.args[4+3*k] = itoa(int64(x + 1))
+			j.args[p] = itoa(int64(x + 1))
+			p += 2
+			if r.lease {
+				p++
+			}
 		}
 	}
 	keys = make([]string, 0, nkeys)
-	args = make([]string, 5, nargs+len(rules))
+	args = make([]string, 6, nargs+len(rules))
 	args[0] = "b"
 	args[1], args[2] = s.nowArgs()
-	args[3], args[4] = itoa(int64(len(rules))), itoa(int64(len(batch)))
+	args[3], args[4], args[5] = itoa(int64(len(rules))), itoa(int64(len(batch))), itoa(int64(replyLen(batch)))
 	for _, r := range rules {
 		args = append(args, r.text)
 	}
