@@ -18,9 +18,9 @@
 -- which split their operands so that every partial result is exact.
 --
 -- Arguments (ARGV), but for op b (see batch below):
---   1 op: b decide a batch, d decide one decision, r reserve, u undo
---     (give back a committed decision), c cancel a reservation, n renew a
---     lease, l release a lease
+--   1 op: b decide a batch of decisions, r reserve, u undo (give back a
+--     committed decision), c cancel a reservation, n renew a lease,
+--     l release a lease
 --   2 now in microseconds, or '' for Redis TIME; 3 the nanoseconds beyond
 --   4, 5 op-specific; 6 lease or reservation id; 7 number of charges N
 --   8.. N charges of STRIDE arguments: algorithm, cost, shadow, lease TTL
@@ -60,7 +60,7 @@ local CR, CC, CT, CH, DRY, LEASE, REC, KO
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
 -- cut to its size at once; OUTK is how much of the reply is written.
-local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK, COMPACT
+local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK
 
 -- clear empties a scratch table, keeping its room.
 local function clear(t)
@@ -647,36 +647,26 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
   end
 end
 
--- reply writes a decision's reply into out from OUTK on: now, allowed,
--- five values per charge, then extra (a lease's expiry); in a batch
--- (COMPACT), where now comes once for all, allowed, four values per charge
--- (allowed + 2 × how, remaining, reset, retry), then extra.
+-- reply writes a decision's reply into out from OUTK on: allowed, four
+-- values per charge (allowed + 2 × how, remaining, reset, retry), then
+-- extra (a lease's expiry). The call's reply starts with now (µs, ns),
+-- once for all its decisions.
 local function reply(out, results, allowed, extra)
   local k = OUTK
-  if COMPACT then
-    out[k + 1] = allowed
-    k = k + 1
-    for i = 1, n do
-      local r = results[i]
-      out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0), r.remaining, r.reset, r.retry
-      k = k + 4
-    end
-  else
-    out[k + 1], out[k + 2], out[k + 3] = nu, nsub, allowed
-    k = k + 3
-    for i = 1, n do
-      local r = results[i]
-      out[k + 1], out[k + 2], out[k + 3], out[k + 4], out[k + 5] = r.allowed, r.remaining, r.reset, r.retry, r.how or 0
-      k = k + 5
-    end
+  out[k + 1] = allowed
+  k = k + 1
+  for i = 1, n do
+    local r = results[i]
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0), r.remaining, r.reset, r.retry
+    k = k + 4
   end
   out[k + 1] = extra or 0
   OUTK = k + 1
   return out
 end
 
--- decide decides the decision set up (see strided and batch) and appends
--- its reply to out.
+-- decide decides the decision batch sets up and writes its reply into
+-- out.
 local function decide(out)
   local dry, lease = DRY, LEASE
   -- The tables of the last decision are reused: a batch makes many.
@@ -892,10 +882,12 @@ local function undo()
     end
   end
   evaluate(results, nexts, dirty, true, nil, dup)
-  return reply({}, results, 0)
+  local out = sized(4 + 4 * n)
+  out[1], out[2], OUTK = nu, nsub, 2
+  return reply(out, results, 0)
 end
 
--- strided sets up the N charges of a call laid out in strides (ops d, r,
+-- strided sets up the N charges of a call laid out in strides (ops r and
 -- u; see ARGV above).
 local function strided()
   n = tonumber(ARGV[7])
@@ -904,7 +896,7 @@ local function strided()
     local R = ruleOf(ARGV, base)
     CR[i], CC[i], CT[i], CH[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
   end
-  DRY, LEASE, REC, KO = ARGV[4] == '1', ARGV[6], KEYS[n + 1], 0
+  REC, KO = KEYS[n + 1], 0
 end
 
 -- batch decides many decisions in one call, one after the other, each all
@@ -925,7 +917,7 @@ local function batch()
   local a = 7 + nr
   local out = sized(tonumber(ARGV[6]))
   out[1], out[2] = nu, nsub
-  OUTK, KO, COMPACT = 2, 0, true
+  OUTK, KO = 2, 0
   for _ = 1, m do
     local h = ARGV[a]
     local rec = false
@@ -1027,10 +1019,9 @@ local function run(keys, args)
   if nsub > 0 then nceil = nu + 1 end
   n = 0
   clear(loaded) clear(writes) clear(wlen) clear(worder)
-  OUTK, COMPACT = 0, false
+  OUTK = 0
   local op, out = ARGV[1], nil
-  if op == 'd' then strided() out = decide(sized(4 + 5 * n))
-  elseif op == 'b' then out = batch()
+  if op == 'b' then out = batch()
   elseif op == 'r' then strided() out = reserve()
   elseif op == 'u' then strided() out = undo()
   elseif op == 'c' then out = cancel()

@@ -18,19 +18,6 @@ import (
 	"github.com/admitdev/admit/storetest"
 )
 
-// TestConformancePlain runs the conformance suite with every decision sent
-// alone in the strided layout (op "d"), not in a batch.
-func TestConformancePlain(t *testing.T) {
-	srv := redistest.Start(t)
-	client := dial(t, "redis://"+srv.Addr).Client()
-	newStore := factory(client)
-	storetest.Run(t, func(t *testing.T, clock func() time.Time) admit.Store {
-		s := newStore(t, clock)
-		redisstore.PlainCalls(s.(*redisstore.Store))
-		return s
-	})
-}
-
 // TestBatchMatchesMemstore queues decisions of every algorithm — admitted,
 // refused, dry runs, leases, a key charged twice, keys shared between
 // decisions — into one batch, and checks that each is decided exactly as

@@ -1,10 +1,5 @@
 package redisstore
 
-// PlainCalls makes s send every decision alone, in the strided layout of
-// op "d" (which Cluster decisions spanning slots use to look at groups
-// they did not charge), so that the conformance suite runs through it.
-func PlainCalls(s *Store) { s.plain.Store(true) }
-
 // HoldBatches makes the decisions s is asked for outside Cluster queue
 // until release, which sends the queue as one batch (up to maxBatch) and
 // returns once it is answered.

@@ -94,7 +94,6 @@ type Store struct {
 	closeOnce                     sync.Once
 
 	batchers []atomic.Pointer[batcher] // see batch.go
-	plain    atomic.Bool               // tests: decisions sent alone, laid out in strides
 }
 
 var _ admit.Store = (*Store)(nil)
@@ -276,26 +275,29 @@ func (s *Store) groups(charges []admit.Charge, split bool) []group {
 	return gs
 }
 
-func validate(charges []admit.Charge, reserve bool) error {
+// validate checks charges and returns the arguments of each one's rule.
+func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
 	if len(charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
+	ras := make([]*ruleArgs, len(charges))
 	for i := range charges {
 		c := &charges[i]
 		if c.Rule == nil {
-			return admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
+			return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
 		}
-		if err := argsOf(c.Rule).err; err != nil {
-			return err
+		ras[i] = argsOf(c.Rule)
+		if err := ras[i].err; err != nil {
+			return nil, err
 		}
 		if err := c.Rule.CheckCost(c.Cost); err != nil {
-			return err
+			return nil, err
 		}
 		if reserve && !c.Rule.Algorithm.Reservable() {
-			return admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
+			return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
 		}
 	}
-	return nil
+	return ras, nil
 }
 
 // call is one script call: its keys and arguments.
@@ -470,6 +472,23 @@ func splitID(id string) (string, []string, bool) {
 func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
 func (s *Store) resKey(tag, id string) string   { return s.prefix + "{" + tag + "}res:" + id }
 
+// reply is one decision's part of the reply of a decide or undo call
+// (admit.lua, reply): allowed, four values per charge (allowed + 2 × how,
+// remaining, reset, retry) and the lease's expiry; with the call's now.
+type reply struct {
+	nu, nsub int64
+	v        []int64
+}
+
+// callReply splits the reply of a call about one decision: now, then the
+// decision's part.
+func callReply(v []int64) reply {
+	if len(v) < 2 {
+		return reply{v: v} // fill reports the length
+	}
+	return reply{nu: v[0], nsub: v[1], v: v[2:]}
+}
+
 // groupReply is the decoded reply of a decide or undo call.
 type groupReply struct {
 	nu, nsub int64
@@ -478,14 +497,15 @@ type groupReply struct {
 	lease    int64 // the lease's expiry in µs, or 0
 }
 
-// fill decodes reply v into the results of g's charges.
-func fill(v []int64, charges []admit.Charge, g group, d *admit.Decision, onlyRemaining bool) (groupReply, error) {
-	if len(v) != 4+5*len(g.idx) {
+// fill decodes reply rp into the results of g's charges.
+func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRemaining bool) (groupReply, error) {
+	v := rp.v
+	if len(v) != 2+4*len(g.idx) {
 		return groupReply{}, admit.Errorf(admit.CodeInternal, "redisstore: script replied %d values for %d charges", len(v), len(g.idx))
 	}
-	r := groupReply{nu: v[0], nsub: v[1], allowed: v[2] == 1, lease: v[len(v)-1], hows: make([]string, len(g.idx))}
+	r := groupReply{nu: rp.nu, nsub: rp.nsub, allowed: v[0] == 1, lease: v[len(v)-1], hows: make([]string, len(g.idx))}
 	for k, i := range g.idx {
-		x := v[3+5*k:]
+		x := v[1+4*k:]
 		res := &d.Results[i]
 		if onlyRemaining {
 			if res.Allowed && charges[i].Cost > 0 {
@@ -495,10 +515,10 @@ func fill(v []int64, charges []admit.Charge, g group, d *admit.Decision, onlyRem
 		}
 		rule := charges[i].Rule
 		*res = admit.Result{
-			Rule: rule.Name, Shadow: rule.Shadow, Limit: rule.Capacity(), Allowed: x[0] == 1,
+			Rule: rule.Name, Shadow: rule.Shadow, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
 			Remaining: x[1], ResetAfter: time.Duration(x[2]), RetryAfter: time.Duration(x[3]),
 		}
-		r.hows[k] = itoa(x[4])
+		r.hows[k] = itoa(x[0] >> 1)
 	}
 	return r, nil
 }
@@ -515,15 +535,11 @@ func hasLeases(charges []admit.Charge, g group) bool {
 // Decide implements admit.Store.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	d.Reset()
-	if err := validate(charges, false); err != nil {
+	ras, err := validate(charges, false)
+	if err != nil {
 		return err
 	}
-	dry := "0"
-	for i := range charges {
-		if charges[i].DryRun {
-			dry = "1"
-		}
-	}
+	dry := slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.DryRun })
 	if len(charges) == 0 {
 		d.Allowed = true // nothing limits the request, as in memstore
 		return nil
@@ -536,19 +552,13 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	refused := -1
 	for gi, g := range groups {
 		rec := ""
-		if dry == "0" && hasLeases(charges, g) {
+		if !dry && hasLeases(charges, g) {
 			if leaseID == "" {
 				leaseID = newID()
 			}
 			rec = s.leaseKey(g.tag, leaseID)
 		}
-		var v []int64
-		var err error
-		if s.plain.Load() {
-			v, err = s.run(ctx, s.newCall("d", dry, "", leaseID, charges, g, rec))
-		} else {
-			v, err = s.decideCall(g.tag, s.newJob(ctx, charges, g, dry == "1", leaseID, rec))
-		}
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, dry, leaseID, rec))
 		if err != nil {
 			s.undo(charges, done, leaseID)
 			return err
@@ -562,7 +572,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 			leaseTags = append(leaseTags, g.tag)
 			d.Lease.ExpiresAt = later(d.Lease.ExpiresAt, time.UnixMicro(r.lease))
 		}
-		if !r.allowed && dry == "0" {
+		if !r.allowed && !dry {
 			refused = gi
 			break
 		}
@@ -570,7 +580,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	}
 	if refused >= 0 {
 		d.Lease = admit.Lease{}
-		if err := s.giveBack(ctx, charges, d, groups, done, refused, leaseID); err != nil {
+		if err := s.giveBack(ctx, charges, ras, d, groups, done, refused, leaseID); err != nil {
 			return err
 		}
 	} else if len(leaseTags) > 0 {
@@ -595,19 +605,19 @@ func later(a, b time.Time) time.Time {
 // giveBack finishes a Cluster decision that group refused after the groups
 // in done were charged: they are given back and report what they hold, and
 // the groups after the refusing one, never asked, are looked at.
-func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
+func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
 	for _, gd := range done {
 		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
 		if err != nil {
 			s.undoFailures.Add(1)
 			return err
 		}
-		if _, err := fill(v, charges, gd.g, d, true); err != nil {
+		if _, err := fill(callReply(v), charges, gd.g, d, true); err != nil {
 			return err
 		}
 	}
 	for _, g := range groups[refused+1:] {
-		v, err := s.run(ctx, s.newCall("d", "1", "", "", charges, g, ""))
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, true, "", ""))
 		if err != nil {
 			return err
 		}
@@ -647,7 +657,7 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
-	if err := validate(charges, true); err != nil {
+	if _, err := validate(charges, true); err != nil {
 		return admit.Reservation{}, err
 	}
 	if len(charges) == 0 {
@@ -826,5 +836,6 @@ func Library() string { return scriptSource }
 // tools can replay a decision with FCALL. The charges must be valid and
 // take no lease.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
-	return s.batchArgs([]*job{s.newJob(context.Background(), charges, s.groups(charges, false)[0], false, "", "")})
+	ras, _ := validate(charges, false)
+	return s.batchArgs([]*job{s.newJob(context.Background(), charges, ras, s.groups(charges, false)[0], false, "", "")})
 }
