@@ -44,9 +44,18 @@
 local STRIDE = 15
 local TWO53 = 9007199254740992
 local SPLIT = 2097152 -- 2^21
--- Set at the first call: a library's load runs where math and struct are
--- not reachable yet.
-local fmod, floor, pack, sunpack
+-- Redis gives a library's functions an empty globals table whose
+-- metatable reaches the real ones: every use of a global would cost two
+-- table look-ups and a metatable's. So the library keeps the ones it uses
+-- in locals, set at the first call (see run) — at load, math, struct and
+-- redis.call are not reachable yet.
+local function builtins()
+  return math.fmod, math.floor, struct.pack, struct.unpack, math.max, math.min,
+    math.ceil, string.format, string.match, string.find, string.gmatch,
+    table.concat, redis.call, redis.pcall, tonumber, tostring, unpack, pairs, pcall, type
+end
+local fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
+  sgmatch, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type
 
 -- The state of the call being run. The library's functions are defined
 -- once, when it is loaded; each call sets these first (see run below).
@@ -61,6 +70,12 @@ local CR, CC, CT, CH, DRY, LEASE, REC, KO
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
 -- cut to its size at once; OUTK is how much of the reply is written.
 local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK
+-- NUMS maps the texts of 0..4095 to their numbers: tonumber goes through
+-- strtod, which costs a batch more than its arithmetic does, and heads,
+-- rule numbers and costs are small. MS keeps the texts of expiries in ms
+-- already written (redis.call would print a number with %.17g, dearer
+-- still); it is emptied when it grows large.
+local NUMS, MS, nms
 
 -- clear empties a scratch table, keeping its room.
 local function clear(t)
@@ -78,7 +93,7 @@ local writes, wlen, worder
 
 -- I formats an integer argument: Redis would print large numbers with an
 -- exponent, which integer arguments do not accept.
-local function I(x) return string.format('%d', x) end
+local function I(x) return sformat('%d', x) end
 
 -- Exact arithmetic --------------------------------------------------------
 
@@ -159,7 +174,7 @@ local function ruleText(text)
   local R = rules[text]
   if R then return R end
   local f = {}
-  for v in string.gmatch(text, '[^,]+') do f[#f + 1] = v end
+  for v in sgmatch(text, '[^,]+') do f[#f + 1] = v end
   R = ruleOf(f, 1)
   if nrules >= 10000 then rules, nrules = {}, 0 end
   rules[text], nrules = R, nrules + 1
@@ -269,8 +284,9 @@ end
 -- whole number of nanoseconds (r == 0): every time is then an integer
 -- (f == 0), and the arithmetic needs none of the helpers above. It
 -- decides exactly as bucketEval does, which the conformance suite checks
--- for both stores.
-local function bucketWhole(b, st, c, res)
+-- for both stores. It returns the state to keep, then allowed, remaining,
+-- reset and retry: values, not a result table, for decideBuckets.
+local function bucketWhole(b, st, c)
   local q, burst = b.q, b.burst
   local ta, fresh = 0, true
   if st then
@@ -286,22 +302,25 @@ local function bucketWhole(b, st, c, res)
   if fresh and b.initial < burst then keep = encode(ta, 0) end
   if na <= ha then
     local left = ha - na
-    res.allowed, res.remaining, res.reset = 1, (left - fmod(left, q)) / q, na
     if c > 0 then keep = encode(na, 0) end
-    return keep
+    return keep, 1, (left - fmod(left, q)) / q, na, 0
   end
-  res.allowed, res.remaining, res.retry, res.reset = 0, 0, na - ha, ba
+  local remaining = 0
   if ba < ha then
     local left = ha - ba
-    res.remaining = (left - fmod(left, q)) / q
+    remaining = (left - fmod(left, q)) / q
   end
-  return keep
+  return keep, 0, remaining, ba, na - ha
 end
 
 -- bucketEval mirrors bucket.eval. st is {U, W, F} or nil; it returns the
 -- state to keep (st itself when unchanged).
 local function bucketEval(b, st, c, res)
-  if b.r == 0 and (not st or st[3] == 0) then return bucketWhole(b, st, c, res) end
+  if b.r == 0 and (not st or st[3] == 0) then
+    local keep
+    keep, res.allowed, res.remaining, res.reset, res.retry = bucketWhole(b, st, c)
+    return keep
+  end
   local ta, tf, fresh
   if st then ta, tf, fresh = decode(b, st[1], st[2], st[3]) else ta, tf, fresh = decode(b) end
   local ba, bf = ta, tf
@@ -344,7 +363,7 @@ local function fixedEval(limit, wu, st, c, res)
     if c > 0 then return {endu, count + c} end
     return st
   end
-  res.allowed, res.remaining = 0, math.max(limit - count, 0)
+  res.allowed, res.remaining = 0, mmax(limit - count, 0)
   res.retry = res.reset
   return st
 end
@@ -360,7 +379,7 @@ local function slidingEval(limit, wu, st, c, res)
     elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
   end
   local w = wu * 1000
-  local left = math.max((endu - nu) * 1000 - nsub, 0)
+  local left = mmax((endu - nu) * 1000 - nsub, 0)
   -- prev*left/w, rounded up: the previous window's weight, in units.
   local q, exact = muldiv(prev, left, w)
   local weight = q
@@ -369,7 +388,7 @@ local function slidingEval(limit, wu, st, c, res)
   local admitted = room >= 0 and weight <= room
   local after = cur
   if admitted then after = cur + c end
-  res.remaining = math.max(limit - weight - after, 0)
+  res.remaining = mmax(limit - weight - after, 0)
   if after > 0 then res.reset = (endu + wu - nu) * 1000 - nsub
   elseif prev > 0 then res.reset = (endu - nu) * 1000 - nsub
   else res.reset = 0 end
@@ -382,10 +401,10 @@ local function slidingEval(limit, wu, st, c, res)
   local untilEnd = (endu - nu) * 1000 - nsub
   if room >= 0 then
     local k = muldiv(room, w, prev)
-    res.retry = math.max(untilEnd - k, 0)
+    res.retry = mmax(untilEnd - k, 0)
   else
     local k = muldiv(limit - c, w, cur)
-    res.retry = math.max(untilEnd + w - k, 0)
+    res.retry = mmax(untilEnd + w - k, 0)
   end
   return st
 end
@@ -393,7 +412,7 @@ end
 -- Sliding log -------------------------------------------------------------
 
 local function logEntry(key, seq)
-  local v = redis.call('HGET', key, I(seq))
+  local v = rcall('HGET', key, I(seq))
   if not v then return nil end
   local us, units = sunpack('<dd', v)
   return us, units
@@ -402,7 +421,7 @@ end
 -- logScan returns the log's head, tail, the units held by live entries and
 -- the first live seq.
 local function logScan(key, wu)
-  local m = redis.call('HMGET', key, 'h', 't', 'n')
+  local m = rcall('HMGET', key, 'h', 't', 'n')
   if not m[1] then return 0, 0, 0, 0 end
   local h, t, n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
   local first, gone = h, 0
@@ -424,12 +443,12 @@ local function logEval(key, limit, wu, c, pending, res)
   if live + c <= limit then
     res.allowed, res.remaining = 1, limit - live - c
     if c > 0 or pending > 0 then res.reset = w
-    elseif live > 0 then res.reset = math.max(newest, 0)
+    elseif live > 0 then res.reset = mmax(newest, 0)
     else res.reset = 0 end
     return
   end
-  res.allowed, res.remaining = 0, math.max(limit - live, 0)
-  if pending > 0 then res.reset = w else res.reset = math.max(newest, 0) end
+  res.allowed, res.remaining = 0, mmax(limit - live, 0)
+  if pending > 0 then res.reset = w else res.reset = mmax(newest, 0) end
   local k = live + c - limit
   if k <= live0 then
     local seq, seen = first, 0
@@ -437,7 +456,7 @@ local function logEval(key, limit, wu, c, pending, res)
       local us, units = logEntry(key, seq)
       seen = seen + units
       if seen >= k then
-        res.retry = math.max((us + wu - nu) * 1000 - nsub, 0)
+        res.retry = mmax((us + wu - nu) * 1000 - nsub, 0)
         break
       end
       seq = seq + 1
@@ -449,20 +468,20 @@ end
 
 local function logCommit(key, wu, c)
   local h, t, live, first = logScan(key, wu)
-  for seq = h, first - 1 do redis.call('HDEL', key, I(seq)) end
+  for seq = h, first - 1 do rcall('HDEL', key, I(seq)) end
   local units = c
   if t > first then
     local us, u = logEntry(key, t - 1)
     if us == nceil then units, t = u + c, t - 1 end
   end
-  redis.call('HSET', key, I(t), pack('<dd', nceil, units), 'h', I(first), 't', I(t + 1), 'n', I(live + c))
-  redis.call('PEXPIRE', key, I(math.ceil((nceil + wu - nu) / 1000)))
+  rcall('HSET', key, I(t), pack('<dd', nceil, units), 'h', I(first), 't', I(t + 1), 'n', I(live + c))
+  rcall('PEXPIRE', key, I(mceil((nceil + wu - nu) / 1000)))
   return nceil
 end
 
 -- logUndo removes c units recorded at us, newest first.
 local function logUndo(key, us, c)
-  local m = redis.call('HMGET', key, 'h', 't', 'n')
+  local m = rcall('HMGET', key, 'h', 't', 'n')
   if not m[1] then return end
   local h, t, n = tonumber(m[1]), tonumber(m[2]), tonumber(m[3])
   local seq = t - 1
@@ -470,36 +489,36 @@ local function logUndo(key, us, c)
     local eu, units = logEntry(key, seq)
     if eu < us then break end
     if eu == us then
-      local take = math.min(units, c)
+      local take = mmin(units, c)
       c, n = c - take, n - take
       if take == units then
-        redis.call('HDEL', key, I(seq))
+        rcall('HDEL', key, I(seq))
         if seq == t - 1 then t = t - 1 end
       else
-        redis.call('HSET', key, I(seq), pack('<dd', eu, units - take))
+        rcall('HSET', key, I(seq), pack('<dd', eu, units - take))
       end
     end
     seq = seq - 1
   end
-  if n <= 0 then redis.call('DEL', key) else redis.call('HSET', key, 't', t, 'n', n) end
+  if n <= 0 then rcall('DEL', key) else rcall('HSET', key, 't', t, 'n', n) end
 end
 
 -- Concurrency -------------------------------------------------------------
 
 local function concEval(key, max, ttl, c, pending, res)
   local nuS = I(nu)
-  local live = redis.call('ZCOUNT', key, '(' .. nuS, '+inf') + pending
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local live = rcall('ZCOUNT', key, '(' .. nuS, '+inf') + pending
+  local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
   res.reset = 0
-  if last[2] then res.reset = math.max((tonumber(last[2]) - nu) * 1000 - nsub, 0) end
+  if last[2] then res.reset = mmax((tonumber(last[2]) - nu) * 1000 - nsub, 0) end
   if live + c <= max then
     res.allowed, res.remaining = 1, max - live - c
-    if c > 0 then res.reset = math.max(res.reset, ttl * 1000) end
+    if c > 0 then res.reset = mmax(res.reset, ttl * 1000) end
     return
   end
-  res.allowed, res.remaining = 0, math.max(max - live, 0)
+  res.allowed, res.remaining = 0, mmax(max - live, 0)
   local k = live + c - max
-  local at = redis.call('ZRANGEBYSCORE', key, '(' .. nuS, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
+  local at = rcall('ZRANGEBYSCORE', key, '(' .. nuS, '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
   if at[2] then res.retry = (tonumber(at[2]) - nu) * 1000 - nsub else res.retry = ttl * 1000 end
 end
 
@@ -516,7 +535,7 @@ end
 local function load(key, alg)
   local st = loaded[key]
   if st ~= nil then return st or nil end
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then loaded[key] = false return nil end
   if alg == 1 or alg == 2 then st = {sunpack('<ddd', v)}
   elseif alg == 6 then st = {sunpack('<dddddd', v)}
@@ -547,13 +566,13 @@ local function step(R, alg, st, c, res)
   local nf, nb
   if floorFits then nf = bucketEval(fb, sf, c, f) else nf = bucketEval(fb, sf, 0, f) f.allowed = 0 end
   if f.allowed == 1 then nb = bucketEval(bb, sb, 0, bres) else nb = bucketEval(bb, sb, c, bres) end
-  res.allowed = math.max(f.allowed, bres.allowed)
+  res.allowed = mmax(f.allowed, bres.allowed)
   res.remaining = f.remaining + bres.remaining
-  res.reset = math.max(f.reset, bres.reset)
+  res.reset = mmax(f.reset, bres.reset)
   res.retry = 0
   if res.allowed == 0 then
     res.retry = bres.retry
-    if floorFits then res.retry = math.min(res.retry, f.retry) end
+    if floorFits then res.retry = mmin(res.retry, f.retry) end
   end
   local how = 0
   if c > 0 and f.allowed == 1 then how = 1 elseif c > 0 and bres.allowed == 1 then how = 2 end
@@ -586,9 +605,16 @@ local function flush()
     local key = worder[i]
     local ttl = writes[key]
     if ttl > 0 then
-      redis.call('SET', key, packState(loaded[key], wlen[key]), 'PX', I(math.ceil(ttl / 1000000)))
+      local ms = mceil(ttl / 1000000)
+      local px = MS[ms]
+      if not px then
+        if nms >= 10000 then MS, nms = {}, 0 end
+        px, nms = I(ms), nms + 1
+        MS[ms] = px
+      end
+      rcall('SET', key, packState(loaded[key], wlen[key]), 'PX', px)
     else
-      redis.call('DEL', key)
+      rcall('DEL', key)
     end
   end
 end
@@ -600,7 +626,7 @@ end
 local function store(key, R, alg, st)
   if alg == 1 or alg == 2 then return putBucket(key, bucketParams(R), st) end
   if alg == 6 then
-    put(key, st, math.max(bucketExpiry(bucketParams(R), st), bucketExpiry(floorParams(R), {st[4], st[5], st[6]})), 6)
+    put(key, st, mmax(bucketExpiry(bucketParams(R), st), bucketExpiry(floorParams(R), {st[4], st[5], st[6]})), 6)
   elseif alg == 3 then
     put(key, st, (st[1] - nu) * 1000 - nsub, 2)
   else
@@ -699,7 +725,7 @@ local function decide(out)
           else
             local ttl = CT[i]
             local e = nceil + ttl
-            redis.call('ZREMRANGEBYSCORE', key, '-inf', I(nu))
+            rcall('ZREMRANGEBYSCORE', key, '-inf', I(nu))
             local have = counts[key] or 0
             local args = {}
             for j = 1, cost do
@@ -707,11 +733,11 @@ local function decide(out)
               args[#args + 1] = lease .. '#' .. (have + j)
             end
             counts[key] = have + cost
-            redis.call('ZADD', key, unpack(args))
-            local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-            redis.call('PEXPIRE', key, I(math.ceil((tonumber(last[2]) - nu) / 1000)))
-            redis.call('HSET', REC, key, pack('<dd', ttl, counts[key]))
-            leaseExpiry = math.max(leaseExpiry, e)
+            rcall('ZADD', key, unpack(args))
+            local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+            rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
+            rcall('HSET', REC, key, pack('<dd', ttl, counts[key]))
+            leaseExpiry = mmax(leaseExpiry, e)
           end
         end
       elseif dirty[i] then
@@ -719,7 +745,7 @@ local function decide(out)
       end
     end
     if leaseExpiry > 0 then
-      redis.call('PEXPIRE', REC, I(math.ceil((leaseExpiry - nu) / 1000)))
+      rcall('PEXPIRE', REC, I(mceil((leaseExpiry - nu) / 1000)))
     end
     return reply(out, results, 1, leaseExpiry)
   end
@@ -748,6 +774,57 @@ local function decide(out)
   return reply(out, results, 0)
 end
 
+-- decideBuckets is decide for the usual decision — token buckets and gcra
+-- only, each key once, no dry run, no lease — the one most batches are
+-- made of, with less: no pcall (its setjmp and frame cost more than the
+-- decision's arithmetic), no result tables, the reply written as it goes.
+-- What it cannot take it leaves to decide, having written nothing but
+-- reply values past OUTK, which decide writes over: a refusal (which
+-- reports what the other charges hold), a key holding something else
+-- than a bucket (decide fails it, in its pcall), a repeated key. It
+-- returns whether it decided.
+local function decideBuckets(out)
+  local k, nexts = OUTK + 1, NEXTS
+  for i = 1, n do
+    local key = KEYS[KO + i]
+    for j = 1, i - 1 do
+      if KEYS[KO + j] == key then return false end
+    end
+    local st = loaded[key]
+    if st == nil then
+      local v = rpcall('GET', key)
+      if v == false then st = false
+      elseif type(v) ~= 'string' or #v ~= 24 then return false
+      else st = {sunpack('<ddd', v)} end
+      loaded[key] = st
+    elseif st and #st ~= 3 then
+      return false -- a rule of another algorithm had this key in this call
+    end
+    local R = CR[i]
+    local b = R.b or bucketParams(R)
+    local nx, al, rem, reset, retry
+    if b.r == 0 and (not st or st[3] == 0) then
+      nx, al, rem, reset, retry = bucketWhole(b, st or nil, CC[i])
+    else
+      local res = {retry = 0}
+      nx = bucketEval(b, st or nil, CC[i], res)
+      al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
+    end
+    if al == 0 and not R.shadow then return false end
+    nexts[i] = nx
+    local o = k + 4 * i - 3
+    out[o], out[o + 1], out[o + 2], out[o + 3] = al, rem, reset, retry
+  end
+  for i = 1, n do
+    local key, nx = KEYS[KO + i], nexts[i]
+    if nx ~= (loaded[key] or nil) then putBucket(key, CR[i].b, nx) end
+  end
+  out[k] = 1
+  OUTK = k + 4 * n + 1
+  out[OUTK] = 0
+  return true
+end
+
 -- reserve books every charge (token buckets and gcra) if the longest wait
 -- is within ARGV[4] ns; the record (KEYS[n+1]) keeps what cancel needs.
 local function reserve()
@@ -766,7 +843,7 @@ local function reserve()
     local na, nf = add(b, ta, tf, span(b, cost))
     local w = 0
     if less(ha, hf, na, nf) then w = ceil(sub(b, na, nf, ha, hf)) end
-    if not shadow then wait = math.max(wait, w) end
+    if not shadow then wait = mmax(wait, w) end
     nexts[i] = encode(na, nf)
     chain[key] = nexts[i]
   end
@@ -777,11 +854,11 @@ local function reserve()
     store(KEYS[i], R, alg, nexts[i])
     local args, base = {}, 8 + (i - 1) * STRIDE
     for j = base, base + STRIDE - 1 do args[#args + 1] = ARGV[j] end
-    redis.call('HSET', rec, KEYS[i] .. '\n' .. i, table.concat(args, ','))
+    rcall('HSET', rec, KEYS[i] .. '\n' .. i, tconcat(args, ','))
   end
   local at = encode(wait, 0)
-  redis.call('HSET', rec, 'at', pack('<dd', at[1], at[2]))
-  redis.call('PEXPIRE', rec, I(math.ceil(wait / 1000000) + 60000))
+  rcall('HSET', rec, 'at', pack('<dd', at[1], at[2]))
+  rcall('PEXPIRE', rec, I(mceil(wait / 1000000) + 60000))
   return {nu, nsub, 1, wait}
 end
 
@@ -800,19 +877,19 @@ end
 -- the record is read again here, so a concurrent cancel gives back once.
 local function cancel()
   local rec = KEYS[1]
-  local at = redis.call('HGET', rec, 'at')
+  local at = rcall('HGET', rec, 'at')
   if not at then return {nu, nsub, 0} end
-  local fields = redis.call('HGETALL', rec)
-  redis.call('DEL', rec)
+  local fields = rcall('HGETALL', rec)
+  rcall('DEL', rec)
   local au, aw = sunpack('<dd', at)
   if (au - nu) * 1000 + aw - nsub <= 0 then return {nu, nsub, 1} end
   for j = 1, #fields, 2 do
     local f = fields[j]
     if f ~= 'at' then
-      local key = string.match(f, '^(.*)\n%d+$')
+      local key = smatch(f, '^(.*)\n%d+$')
       local a = {}
-      for v in string.gmatch(fields[j + 1], '[^,]+') do a[#a + 1] = v end
-      local b = bucketParams(ruleText(table.concat(a, ',')))
+      for v in sgmatch(fields[j + 1], '[^,]+') do a[#a + 1] = v end
+      local b = bucketParams(ruleText(tconcat(a, ',')))
       local st = load(key, 1)
       local next = bucketGive(key, b, st, tonumber(a[2]))
       if next then putBucket(key, b, next) end
@@ -856,19 +933,19 @@ local function undo()
         local endu = cu - fmod(cu, wu) + wu
         if st and st[1] > nu then
           local s = {st[1], st[2], st[3]}
-          if alg == 3 and s[1] == endu then s[2] = math.max(s[2] - cost, 0)
-          elseif alg == 4 and s[1] == endu + wu then s[2] = math.max(s[2] - cost, 0)
-          elseif alg == 4 and s[1] == endu + 2 * wu then s[3] = math.max(s[3] - cost, 0) end
+          if alg == 3 and s[1] == endu then s[2] = mmax(s[2] - cost, 0)
+          elseif alg == 4 and s[1] == endu + wu then s[2] = mmax(s[2] - cost, 0)
+          elseif alg == 4 and s[1] == endu + 2 * wu then s[3] = mmax(s[3] - cost, 0) end
           store(key, R, alg, s)
         end
       elseif alg == 5 then
         logUndo(key, cceil, cost)
       elseif alg == 7 and lease ~= '' then
-        local v = redis.call('HGET', REC, key)
+        local v = rcall('HGET', REC, key)
         if v then
           local _, count = sunpack('<dd', v)
-          for j = 1, count do redis.call('ZREM', key, lease .. '#' .. j) end
-          redis.call('HDEL', REC, key)
+          for j = 1, count do rcall('ZREM', key, lease .. '#' .. j) end
+          rcall('HDEL', REC, key)
         end
       end
     end
@@ -921,17 +998,19 @@ local function batch()
   for _ = 1, m do
     local h = ARGV[a]
     local rec = false
-    n, DRY, LEASE = tonumber(h), false, ''
+    n, DRY, LEASE = NUMS[h] or tonumber(h), false, ''
     if not n then
-      local c, f, l = string.match(h, '^(%d+):(%a*):(.*)$')
+      local c, f, l = smatch(h, '^(%d+):(%a*):(.*)$')
       n, LEASE = tonumber(c), l
-      DRY, rec = string.find(f, 'd', 1, true) ~= nil, string.find(f, 'r', 1, true) ~= nil
+      DRY, rec = sfind(f, 'd', 1, true) ~= nil, sfind(f, 'r', 1, true) ~= nil
     end
     a = a + 1
+    local buckets = not rec and not DRY
     for i = 1, n do
-      local R = rs[tonumber(ARGV[a])]
-      CR[i], CC[i], CT[i] = R, tonumber(ARGV[a + 1]), R.ttl
+      local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
+      CR[i], CC[i], CT[i] = R, NUMS[c] or tonumber(c), R.ttl
       a = a + 2
+      if R.alg > 2 then buckets = false end
       if R.alg == 7 then
         local t = ARGV[a]
         if t ~= '' then CT[i] = tonumber(t) end
@@ -945,7 +1024,8 @@ local function batch()
     -- commands all read until it commits, so it has written nothing: its
     -- reply says -1 where allowed goes, and Redis's log says why.
     local k0 = OUTK
-    local ok, err = pcall(decide, out)
+    local ok, err = true, nil
+    if not (buckets and decideBuckets(out)) then ok, err = pcall(decide, out) end
     if not ok then
       if type(err) == 'table' then err = err.err end
       redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
@@ -966,33 +1046,33 @@ local function leaseOp(renew)
   local held, expiry = false, 0
   for i = 2, #KEYS do
     local key = KEYS[i]
-    local v = redis.call('HGET', rec, key)
+    local v = rcall('HGET', rec, key)
     if v then
       local ttl, count = sunpack('<dd', v)
       for j = 1, count do
         local m = id .. '#' .. j
-        local e = redis.call('ZSCORE', key, m)
+        local e = rcall('ZSCORE', key, m)
         if e and tonumber(e) > nu then
           held = true
           if renew then
-            redis.call('ZADD', key, 'XX', I(nceil + ttl), m)
-            expiry = math.max(expiry, nceil + ttl)
+            rcall('ZADD', key, 'XX', I(nceil + ttl), m)
+            expiry = mmax(expiry, nceil + ttl)
           end
         end
-        if not renew then redis.call('ZREM', key, m) end
+        if not renew then rcall('ZREM', key, m) end
       end
-      local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
       if last[2] and tonumber(last[2]) > nu then
-        redis.call('PEXPIRE', key, I(math.ceil((tonumber(last[2]) - nu) / 1000)))
+        rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
       else
-        redis.call('DEL', key)
+        rcall('DEL', key)
       end
     end
   end
   if renew and held then
-    redis.call('PEXPIRE', rec, I(math.ceil((expiry - nu) / 1000)))
+    rcall('PEXPIRE', rec, I(mceil((expiry - nu) / 1000)))
   else
-    redis.call('DEL', rec)
+    rcall('DEL', rec)
   end
   if held then return {nu, nsub, 1, expiry} end
   return {nu, nsub, 0, 0}
@@ -1002,14 +1082,16 @@ end
 local function run(keys, args)
   KEYS, ARGV = keys, args
   if not fmod then
-    fmod, floor, pack, sunpack = math.fmod, math.floor, struct.pack, struct.unpack
-    RES, NEXTS, DIRTY, NOKEYS, ZEROS = {}, {}, {}, {}, {}
+    fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
+      sgmatch, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
+    RES, NEXTS, DIRTY, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, 0
     for i = 1, 7000 do ZEROS[i] = 0 end
+    for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
     CR, CC, CT, CH = {}, {}, {}, {}
     loaded, writes, wlen, worder = {}, {}, {}, {}
   end
   if ARGV[2] == '' then
-    local t = redis.call('TIME')
+    local t = rcall('TIME')
     nu, nsub = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
   else
     nu, nsub = tonumber(ARGV[2]), tonumber(ARGV[3])

@@ -207,8 +207,10 @@ func TestBatchedHierarchyExact(t *testing.T) {
 }
 
 // TestBatchContainsAFailedDecision: a decision whose key holds another
-// type (a rule that changed its algorithm keeps its key) fails alone; the
-// decisions batched with it are decided.
+// type, or a string not the size of its algorithm's state (a rule that
+// changed its algorithm keeps its key), fails alone; the decisions batched
+// with it are decided. Both leave the usual path (decideBuckets, no pcall)
+// for decide's.
 func TestBatchContainsAFailedDecision(t *testing.T) {
 	srv := redistest.Start(t)
 	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Timeout: 10 * time.Second, Prefix: "fail:"})
@@ -216,29 +218,46 @@ func TestBatchContainsAFailedDecision(t *testing.T) {
 	charge := func(tenant string) []admit.Charge {
 		return []admit.Charge{{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: "u", Rule: "tb"}.String(), Rule: tb, Cost: 1}}
 	}
-	// Find the bad tenant's key as the store writes it, then make it a hash.
-	var d admit.Decision
-	if err := rs.Decide(context.Background(), charge("bad"), &d); err != nil || !d.Allowed {
-		t.Fatalf("first decision: %+v %v", d, err)
-	}
+	// Find the bad tenants' keys as the store writes them, then make one a
+	// hash and the other a string too short for a bucket's state.
 	c := rs.Client()
-	keys, err := c.Do(context.Background(), c.B().Keys().Pattern("fail:*").Build()).AsStrSlice()
-	if err != nil || len(keys) != 1 {
-		t.Fatalf("KEYS: %q %v", keys, err)
+	keyOf := func(tenant string) string {
+		t.Helper()
+		var d admit.Decision
+		if err := rs.Decide(context.Background(), charge(tenant), &d); err != nil || !d.Allowed {
+			t.Fatalf("first decision: %+v %v", d, err)
+		}
+		keys, err := c.Do(context.Background(), c.B().Keys().Pattern("fail:*").Build()).AsStrSlice()
+		if err != nil || len(keys) != 1 {
+			t.Fatalf("KEYS: %q %v", keys, err)
+		}
+		if err := c.Do(context.Background(), c.B().Del().Key(keys[0]).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		return keys[0]
 	}
-	for _, cmd := range []rueidis.Completed{c.B().Del().Key(keys[0]).Build(), c.B().Hset().Key(keys[0]).FieldValue().FieldValue("f", "v").Build()} {
+	hashKey, shortKey := keyOf("bad"), keyOf("short")
+	for _, cmd := range []rueidis.Completed{
+		c.B().Hset().Key(hashKey).FieldValue().FieldValue("f", "v").Build(),
+		c.B().Set().Key(shortKey).Value("0123456789abcdef").Build(),
+	} {
 		if err := c.Do(context.Background(), cmd).Error(); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	tenants := []string{"a", "bad", "c"}
-	got, errs := decideInOneBatch(rs, [][]admit.Charge{charge("a"), charge("bad"), charge("c")})
+	tenants := []string{"a", "bad", "c", "short", "d"}
+	batch := make([][]admit.Charge, len(tenants))
 	for i, tn := range tenants {
+		batch[i] = charge(tn)
+	}
+	got, errs := decideInOneBatch(rs, batch)
+	for i, tn := range tenants {
+		bad := tn == "bad" || tn == "short"
 		switch {
-		case tn == "bad" && admit.ErrorCode(errs[i]) != admit.CodeInternal:
-			t.Errorf("bad tenant: %+v, %v; want an internal error", got[i], errs[i])
-		case tn != "bad" && (errs[i] != nil || !got[i].Allowed || got[i].Results[0].Remaining != 4):
+		case bad && admit.ErrorCode(errs[i]) != admit.CodeInternal:
+			t.Errorf("%s tenant: %+v, %v; want an internal error", tn, got[i], errs[i])
+		case !bad && (errs[i] != nil || !got[i].Allowed || got[i].Results[0].Remaining != 4):
 			t.Errorf("tenant %s: %+v, %v; want admitted, 4 left", tn, got[i], errs[i])
 		}
 	}
