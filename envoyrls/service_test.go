@@ -662,6 +662,27 @@ func TestStoreDown(t *testing.T) {
 	}
 }
 
+// TestShortDecision: a store that answers fewer results than charges is
+// an internal error, never a read past the results; the same store made
+// whole answers again.
+func TestShortDecision(t *testing.T) {
+	m := memstore.New(nil)
+	t.Cleanup(func() { m.Close() })
+	f := &storetest.Faulty{Store: m}
+	f.Short.Store(true)
+	p := catalogPolicy(t)
+	e := start(t, Options{Policy: func() *policy.Policy { return p }}, f)
+	two := []*rlext.RateLimitDescriptor{desc("tenant", "t2", "user", "a"), desc("tenant", "t2", "user", "b")}
+	if _, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "admit", Descriptors: two}); status.Code(err) != codes.Internal {
+		t.Fatalf("short decision: %v, want Internal", err)
+	}
+	f.Short.Store(false)
+	// The short decision was charged (tenant-requests has 3, 2 are gone).
+	if r := e.ask(t, "admit", 0, desc("tenant", "t2", "user", "c")); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("whole again: %v", r)
+	}
+}
+
 func TestHealthFollowsTheStore(t *testing.T) {
 	svc, err := New(Options{Decider: policy.NewDecider(failingStore{}, 1)})
 	if err != nil {

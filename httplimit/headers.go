@@ -17,8 +17,8 @@ import (
 // and results are index by index, as in policy.Resolution and
 // admit.Decision.
 func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	for i, r := range rules {
-		if r.Shadow || i >= len(results) {
+	for r, res := range policy.RuleResults(rules, results) {
+		if r.Shadow {
 			continue
 		}
 		if len(b) > 0 {
@@ -27,7 +27,7 @@ func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte
 		b = append(b, '"')
 		b = append(b, r.Name...)
 		b = append(b, `";q=`...)
-		b = strconv.AppendInt(b, results[i].Limit, 10)
+		b = strconv.AppendInt(b, res.Limit, 10)
 		if w := window(&r.Rule); w > 0 {
 			b = append(b, ";w="...)
 			b = strconv.AppendInt(b, w, 10)
@@ -40,14 +40,13 @@ func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte
 // non-shadow charge, the remaining quota r and the seconds t until it is
 // whole again.
 func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	for i, r := range rules {
-		if r.Shadow || i >= len(results) {
+	for r, res := range policy.RuleResults(rules, results) {
+		if r.Shadow {
 			continue
 		}
 		if len(b) > 0 {
 			b = append(b, ", "...)
 		}
-		res := &results[i]
 		b = append(b, '"')
 		b = append(b, r.Name...)
 		b = append(b, `";r=`...)

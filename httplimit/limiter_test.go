@@ -1,7 +1,6 @@
 package httplimit
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -18,9 +17,9 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 
-	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
 )
 
 func n(v int64) *int64 { return &v }
@@ -220,26 +219,39 @@ func TestRefusalAnswer(t *testing.T) {
 	}
 }
 
-// down is a store that is always unavailable.
-type down struct{ admit.Store }
-
-func (down) Decide(context.Context, []admit.Charge, *admit.Decision) error {
-	return admit.ErrUnavailable
+// down returns a store that is always unavailable.
+func down(t testing.TB) *storetest.Faulty {
+	f := &storetest.Faulty{Store: memstore.New(nil)}
+	f.Down.Store(true)
+	t.Cleanup(func() { f.Store.Close() })
+	return f
 }
-func (down) Close() error { return nil }
 
 func TestStoreDown(t *testing.T) {
-	f := newFixture(t, Options{Store: down{}})
-	// Fail open by default...
-	if w := f.do("GET", "/x", "198.51.100.1:1", "X-API-Key", keyA); w.Code != 200 {
-		t.Fatalf("fail open: %d %s", w.Code, w.Body)
+	f := newFixture(t, Options{Store: down(t)})
+	// Fail open by default, with the RateLimit fields of every charge...
+	w := f.do("GET", "/x", "198.51.100.1:1", "X-API-Key", keyA)
+	if w.Code != 200 || strings.Count(w.Header().Get("RateLimit"), ";r=") < 2 {
+		t.Fatalf("fail open: %d %v %s", w.Code, w.Header(), w.Body)
 	}
 	// ...and 503 with Retry-After when a rule fails closed.
-	act := Options{Store: down{}, Actions: []Action{{Pattern: "POST /reports/", Name: "report"}}}
+	act := Options{Store: down(t), Actions: []Action{{Pattern: "POST /reports/", Name: "report"}}}
 	g := newFixture(t, act)
-	w := g.do("POST", "/reports/q3", "198.51.100.1:1", "X-API-Key", keyA)
+	w = g.do("POST", "/reports/q3", "198.51.100.1:1", "X-API-Key", keyA)
 	if w.Code != 503 || w.Header().Get("Retry-After") == "" || g.hits.Load() != 0 {
 		t.Fatalf("fail closed: %d %v, %d hits", w.Code, w.Header(), g.hits.Load())
+	}
+}
+
+// TestShortDecision: a store that answers fewer results than charges is
+// an internal error, never a read past the results.
+func TestShortDecision(t *testing.T) {
+	st := &storetest.Faulty{Store: memstore.New(nil)}
+	t.Cleanup(func() { st.Store.Close() })
+	st.Short.Store(true)
+	f := newFixture(t, Options{Store: st})
+	if w := f.do("GET", "/x", "198.51.100.1:1", "X-API-Key", keyA); w.Code != 500 || f.hits.Load() != 0 {
+		t.Fatalf("short decision: %d %s, %d hits", w.Code, w.Body, f.hits.Load())
 	}
 }
 

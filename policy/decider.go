@@ -2,7 +2,12 @@ package policy
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/weakmap"
@@ -36,8 +41,9 @@ type Decider struct {
 	store     admit.Store
 	instances int64
 
-	localOnce sync.Once
-	local     *memstore.Store
+	localMu     sync.Mutex
+	local       *memstore.Store // started by the first local decision
+	localClosed bool
 	// shares caches each rule's local share; weakly keyed, so rules of
 	// past policies leave it.
 	shares weakmap.Map[admit.Rule, *admit.Rule]
@@ -60,15 +66,32 @@ func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 		return Stored, nil
 	}
 	err := d.store.Decide(ctx, res.Charges, dec)
-	if err == nil || admit.ErrorCode(err) != admit.CodeUnavailable {
+	if err == nil {
+		return Stored, checkResults(res, dec)
+	}
+	if admit.ErrorCode(err) != admit.CodeUnavailable {
 		return Stored, err
 	}
 	return d.Failover(ctx, res, dec, err)
 }
 
+// checkResults holds the store to its contract, one result per charge, so
+// that every front end may read a result for each of the request's rules.
+func checkResults(res *Resolution, dec *admit.Decision) error {
+	if len(dec.Results) != len(res.Charges) {
+		n := len(dec.Results)
+		dec.Reset()
+		return admit.Errorf(admit.CodeInternal, "the store answered %d of %d results", n, len(res.Charges))
+	}
+	return nil
+}
+
 // Failover decides res when the store failed with cause (an
 // admit.CodeUnavailable error): cause itself if any rule fails closed, the
-// local limiter's decision if any fails local, admitted otherwise.
+// local limiter's decision if any fails local, admitted otherwise. Like a
+// stored decision, an admission without the store carries one result per
+// charge: each admits, with the rule's whole limit as its limit and as its
+// remaining, since nothing is known of the store's levels.
 func (d *Decider) Failover(ctx context.Context, res *Resolution, dec *admit.Decision, cause error) (Outcome, error) {
 	def := admit.FailOpen
 	if res.Policy != nil {
@@ -88,12 +111,12 @@ func (d *Decider) Failover(ctx context.Context, res *Resolution, dec *admit.Deci
 		}
 	}
 	if !local {
-		dec.Reset()
-		dec.Allowed = true
+		admitUnknown(res, dec)
+		dec.Lease = unheld(res, time.Now())
 		return FailedOpen, nil
 	}
-	d.localOnce.Do(func() { d.local = memstore.New(nil) })
-	if d.local == nil {
+	l := d.startLocal()
+	if l == nil {
 		return Stored, cause // closed
 	}
 	charges := make([]admit.Charge, len(res.Charges))
@@ -104,7 +127,120 @@ func (d *Decider) Failover(ctx context.Context, res *Resolution, dec *admit.Deci
 		}
 		charges[i] = ch
 	}
-	return FailedLocal, d.local.Decide(ctx, charges, dec)
+	if err := l.Decide(ctx, charges, dec); err != nil {
+		return FailedLocal, err
+	}
+	if dec.Lease.ID != "" {
+		dec.Lease.ID = localLease + dec.Lease.ID
+	}
+	return FailedLocal, checkResults(res, dec)
+}
+
+// Leases taken without the store say so in their ids (store ids are hex),
+// so that renewing and releasing them reach what holds them: the local
+// limiter, or nothing for a lease admitted open.
+const (
+	localLease  = "local-"
+	unheldLease = "unheld-" // then the TTL in milliseconds, "-", a random part
+)
+
+// unheld returns a lease that holds no slot, for a concurrency charge
+// admitted while the store is down, so that the holder can renew and
+// release it like any other.
+func unheld(res *Resolution, now time.Time) admit.Lease {
+	ttl := time.Duration(0)
+	for _, ch := range res.Charges {
+		if ch.DryRun {
+			return admit.Lease{}
+		}
+		if ch.Rule.Algorithm == admit.Concurrency {
+			t := ch.LeaseTTL
+			if t <= 0 {
+				t = ch.Rule.LeaseTTLOrDefault()
+			}
+			ttl = max(ttl, t)
+		}
+	}
+	if ttl == 0 {
+		return admit.Lease{}
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return admit.Lease{
+		ID:        unheldLease + strconv.FormatInt(ttl.Milliseconds(), 10) + "-" + hex.EncodeToString(b[:]),
+		ExpiresAt: now.Add(ttl),
+	}
+}
+
+// RenewLease renews a lease that a decision of d took: in the store, in the
+// local limiter for one taken while the store was down, or, for one
+// admitted open, by its TTL alone.
+func (d *Decider) RenewLease(ctx context.Context, id string) (admit.Lease, error) {
+	switch {
+	case strings.HasPrefix(id, unheldLease):
+		ms, _, ok := strings.Cut(id[len(unheldLease):], "-")
+		n, err := strconv.ParseInt(ms, 10, 64)
+		if !ok || err != nil || n <= 0 {
+			return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
+		}
+		return admit.Lease{ID: id, ExpiresAt: time.Now().Add(time.Duration(n) * time.Millisecond)}, nil
+	case strings.HasPrefix(id, localLease):
+		l := d.localStore()
+		if l == nil {
+			return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
+		}
+		lease, err := l.RenewLease(ctx, id[len(localLease):])
+		if err == nil {
+			lease.ID = id
+		}
+		return lease, err
+	}
+	return d.store.RenewLease(ctx, id)
+}
+
+// ReleaseLease releases a lease that a decision of d took (see RenewLease).
+func (d *Decider) ReleaseLease(ctx context.Context, id string) error {
+	switch {
+	case strings.HasPrefix(id, unheldLease):
+		return nil
+	case strings.HasPrefix(id, localLease):
+		l := d.localStore()
+		if l == nil {
+			return admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
+		}
+		return l.ReleaseLease(ctx, id[len(localLease):])
+	}
+	return d.store.ReleaseLease(ctx, id)
+}
+
+// startLocal returns the local limiter, started on first use; nil once d
+// is closed.
+func (d *Decider) startLocal() *memstore.Store {
+	d.localMu.Lock()
+	defer d.localMu.Unlock()
+	if d.local == nil && !d.localClosed {
+		d.local = memstore.New(nil)
+	}
+	return d.local
+}
+
+// localStore returns the local limiter if it has started.
+func (d *Decider) localStore() *memstore.Store {
+	d.localMu.Lock()
+	defer d.localMu.Unlock()
+	return d.local
+}
+
+// admitUnknown fills dec with an admission of every charge of res whose
+// levels are unknown.
+func admitUnknown(res *Resolution, dec *admit.Decision) {
+	dec.Reset()
+	for i := range res.Charges {
+		r := res.Charges[i].Rule
+		c := r.Capacity()
+		dec.Results = append(dec.Results, admit.Result{Rule: r.Name, Allowed: true, Shadow: r.Shadow, Limit: c, Remaining: c})
+	}
+	dec.Summarize()
 }
 
 // share returns r with its limits divided among the servers, for the local
@@ -133,10 +269,12 @@ func (d *Decider) share(r *admit.Rule) *admit.Rule {
 // Close stops the local limiter, if it ever ran. It does not close the
 // store, which the caller owns.
 func (d *Decider) Close() error {
-	var err error
-	d.localOnce.Do(func() {}) // no local limiter starts after Close
-	if d.local != nil {
-		err = d.local.Close()
+	d.localMu.Lock()
+	l := d.local
+	d.local, d.localClosed = nil, true
+	d.localMu.Unlock()
+	if l != nil {
+		return l.Close()
 	}
-	return err
+	return nil
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"iter"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -167,4 +168,18 @@ func (p *Policy) TenantOrDefault(id string) (*Tenant, error) {
 		return nil, admit.Errorf(admit.CodePermission, "tenant %q is unknown", id)
 	}
 	return &Tenant{ID: id, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default"}, nil
+}
+
+// RuleResults yields each rule of a resolution with its result in a
+// decision, index by index, and stops where the shorter list ends, so that
+// a decision with fewer results than its request has rules is never read
+// past its end.
+func RuleResults(rules []*Rule, results []admit.Result) iter.Seq2[*Rule, *admit.Result] {
+	return func(yield func(*Rule, *admit.Result) bool) {
+		for i := range min(len(rules), len(results)) {
+			if !yield(rules[i], &results[i]) {
+				return
+			}
+		}
+	}
 }

@@ -99,7 +99,7 @@ func (c *conn) cleanup() {
 	}
 	if c.lease != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := c.g.store.ReleaseLease(ctx, c.lease)
+		err := c.g.decider.ReleaseLease(ctx, c.lease)
 		cancel()
 		if err != nil && !errors.Is(err, admit.ErrNotFound) {
 			// The store reclaims the slot after the lease TTL.

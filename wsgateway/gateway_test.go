@@ -44,7 +44,10 @@ func newHarness(t testing.TB, a, b policy.GatewaySpec, opts *wsgateway.Options) 
 	if opts != nil {
 		o = *opts
 	}
-	o.Store, o.Policy = h.store, h.pol.Load
+	if o.Store == nil {
+		o.Store = h.store
+	}
+	o.Policy = h.pol.Load
 	g, err := wsgateway.New(o)
 	if err != nil {
 		t.Fatal(err)
@@ -63,8 +66,14 @@ func newHarness(t testing.TB, a, b policy.GatewaySpec, opts *wsgateway.Options) 
 }
 
 func (h *harness) setTiers(a, b policy.GatewaySpec) {
+	h.setPolicy(a, b, "")
+}
+
+// setPolicy sets the tiers and the failure mode.
+func (h *harness) setPolicy(a, b policy.GatewaySpec, onError string) {
 	h.t.Helper()
 	p, err := policy.Compile(&policy.Spec{
+		OnError: onError,
 		Tiers: map[string]policy.TierSpec{"a": {Gateway: &a}, "b": {Gateway: &b}},
 		Tenants: map[string]policy.TenantSpec{
 			"t1": {Tier: "a"}, "t2": {Tier: "a"}, "t3": {Tier: "b"},

@@ -90,7 +90,7 @@ func (g *Gateway) renew(conns []*conn) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(g.ctx, g.leaseTTL/3)
-		_, err := g.store.RenewLease(ctx, c.lease)
+		_, err := g.decider.RenewLease(ctx, c.lease)
 		cancel()
 		switch {
 		case err == nil:

@@ -80,10 +80,18 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 		// reservation computed: booked capacity can make that wait
 		// longer than the buckets alone say.
 		if err := s.look(ctx, c, false); err != nil {
-			return err
+			if admit.ErrorCode(err) != admit.CodeUnavailable {
+				return err
+			}
+			// The store went away after refusing the booking: still a
+			// refusal, with levels unknown (or 503 if a rule fails closed).
+			if err := s.failover(ctx, c, err); err != nil {
+				return err
+			}
 		}
 		if c.d.Allowed {
 			c.d.Allowed, c.d.DeniedBy = false, c.res.Rules[0].Name
+			c.d.Results[0].Allowed = false
 		}
 		c.d.RetryAfter = res.Wait
 		return nil
@@ -99,6 +107,10 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 		}
 	}
 	if err := s.look(ctx, c, true); err != nil {
+		if admit.ErrorCode(err) == admit.CodeUnavailable {
+			// Booked, then the store went away: the levels are unknown.
+			return s.failover(ctx, c, err)
+		}
 		return err
 	}
 	return nil

@@ -226,13 +226,12 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	out := make([]bucketView, len(res.Charges))
-	for i, rule := range res.Rules {
-		x := &d.Results[i]
-		out[i] = bucketView{
-			Name: rule.Name, Scope: rule.Scope, Algorithm: rule.Algorithm.String(), Key: res.Charges[i].Key,
+	out := make([]bucketView, 0, len(res.Charges))
+	for rule, x := range policy.RuleResults(res.Rules, d.Results) {
+		out = append(out, bucketView{
+			Name: rule.Name, Scope: rule.Scope, Algorithm: rule.Algorithm.String(), Key: res.Charges[len(out)].Key,
 			Limit: x.Limit, Remaining: x.Remaining, ResetAfterMS: ms(x.ResetAfter),
-		}
+		})
 	}
 	ans := map[string]any{"buckets": out}
 	if res.Tenant != nil {

@@ -40,6 +40,8 @@ type call struct {
 	buf []byte
 	// claim names the decision in its answer and the decision log.
 	claim string
+	// out says whether the store decided, or a failure mode without it.
+	out policy.Outcome
 }
 
 var calls = sync.Pool{New: func() any { return new(call) }}
@@ -47,7 +49,7 @@ var calls = sync.Pool{New: func() any { return new(call) }}
 func getCall() *call { return calls.Get().(*call) }
 
 func putCall(c *call) {
-	c.req = policy.Request{}
+	c.req, c.out = policy.Request{}, policy.Stored
 	calls.Put(c)
 }
 
@@ -134,6 +136,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint string, e
 // store cannot answer.
 func (s *Server) decide(ctx context.Context, c *call) error {
 	out, err := s.decider.Decide(ctx, &c.res, &c.d)
+	c.out = out
 	s.count(out, err)
 	return err
 }
@@ -141,6 +144,7 @@ func (s *Server) decide(ctx context.Context, c *call) error {
 // failover decides c after the store failed with cause.
 func (s *Server) failover(ctx context.Context, c *call, cause error) error {
 	out, err := s.decider.Failover(ctx, &c.res, &c.d, cause)
+	c.out = out
 	s.count(out, err)
 	return err
 }

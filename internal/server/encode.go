@@ -30,6 +30,11 @@ func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byt
 	if waited >= 0 {
 		b = appendIntField(b, "waited_ms", ms(waited))
 	}
+	if f := failoverName(c.out); f != "" {
+		b = append(b, `,"failover":"`...)
+		b = append(b, f...)
+		b = append(b, '"')
+	}
 	if c.res.Tenant != nil {
 		b = append(b, `,"tenant":`...)
 		b = appendString(b, c.res.Tenant.ID)
@@ -39,11 +44,12 @@ func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byt
 	b = append(b, `,"claim_id":`...)
 	b = appendString(b, claim)
 	b = append(b, `,"rules":[`...)
-	for i, r := range c.res.Rules {
-		res := &d.Results[i]
-		if i > 0 {
+	first := true
+	for r, res := range policy.RuleResults(c.res.Rules, d.Results) {
+		if !first {
 			b = append(b, ',')
 		}
+		first = false
 		b = appendRule(b, r, res)
 	}
 	return append(b, "]}\n"...)

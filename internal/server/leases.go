@@ -25,6 +25,9 @@ type leaseRequest struct {
 type leaseAnswer struct {
 	LeaseID   string    `json:"lease_id"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Failover is "open" or "local" for a lease taken while the store
+	// was down: one that holds no slot, or a slot of this server's own.
+	Failover string `json:"failover,omitempty"`
 }
 
 func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
@@ -68,11 +71,11 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Location", "/v1/leases/"+c.d.Lease.ID)
-	writeJSON(w, http.StatusCreated, leaseAnswer{LeaseID: c.d.Lease.ID, ExpiresAt: c.d.Lease.ExpiresAt.UTC()})
+	writeJSON(w, http.StatusCreated, leaseAnswer{LeaseID: c.d.Lease.ID, ExpiresAt: c.d.Lease.ExpiresAt.UTC(), Failover: failoverName(c.out)})
 }
 
 func (s *Server) handleLeaseRenew(w http.ResponseWriter, r *http.Request) {
-	l, err := s.store.RenewLease(r.Context(), r.PathValue("id"))
+	l, err := s.decider.RenewLease(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, "lease", err)
 		return
@@ -81,9 +84,21 @@ func (s *Server) handleLeaseRenew(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleLeaseRelease(w http.ResponseWriter, r *http.Request) {
-	if err := s.store.ReleaseLease(r.Context(), r.PathValue("id")); err != nil {
+	if err := s.decider.ReleaseLease(r.Context(), r.PathValue("id")); err != nil {
 		s.fail(w, r, "lease", err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// failoverName names how a decision was taken without the store, "" when
+// the store took it.
+func failoverName(out policy.Outcome) string {
+	switch out {
+	case policy.FailedOpen:
+		return "open"
+	case policy.FailedLocal:
+		return "local"
+	}
+	return ""
 }

@@ -177,12 +177,11 @@ func (m *metrics) observeDecision(res *policy.Resolution, d *admit.Decision, end
 	if m.tenants != nil && res.Tenant != nil {
 		m.tenants.WithLabelValues(res.Tenant.ID, result).Inc()
 	}
-	if len(res.Rules) == 0 || len(d.Results) != len(res.Rules) {
-		return // admitted without charges, or by fail-open
+	if len(res.Rules) == 0 {
+		return // admitted without charges
 	}
 	rc := m.counters(res.Policy)
-	for i, r := range res.Rules {
-		x := &d.Results[i]
+	for r, x := range policy.RuleResults(res.Rules, d.Results) {
 		k := 0
 		switch {
 		case x.Allowed:
