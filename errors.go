@@ -13,21 +13,23 @@ type Code uint8
 // The error codes. They say what the caller can do about a failure, not
 // where it happened.
 const (
-	CodeInternal    Code = iota // a bug or an unexpected failure
-	CodeInvalid                 // the request or configuration is malformed or out of bounds
-	CodeNotFound                // a lease, reservation or other named thing does not exist
-	CodeConflict                // the thing exists already or changed concurrently
-	CodeUnavailable             // the store could not be reached or timed out
-	CodePermission              // the caller may not do this (unknown tenant, wrong API key)
+	CodeInternal        Code = iota // a bug or an unexpected failure
+	CodeInvalid                     // the request or configuration is malformed or out of bounds
+	CodeNotFound                    // a lease, reservation or other named thing does not exist
+	CodeConflict                    // the thing exists already or changed concurrently
+	CodeUnavailable                 // the store could not be reached or timed out
+	CodePermission                  // the caller may not do this (unknown tenant, another tenant's API key)
+	CodeUnauthenticated             // the caller's credential is missing or unknown
 )
 
 var codeNames = [...]string{
-	CodeInternal:    "internal",
-	CodeInvalid:     "invalid",
-	CodeNotFound:    "not_found",
-	CodeConflict:    "conflict",
-	CodeUnavailable: "unavailable",
-	CodePermission:  "permission_denied",
+	CodeInternal:        "internal",
+	CodeInvalid:         "invalid",
+	CodeNotFound:        "not_found",
+	CodeConflict:        "conflict",
+	CodeUnavailable:     "unavailable",
+	CodePermission:      "permission_denied",
+	CodeUnauthenticated: "unauthenticated",
 }
 
 // String returns the code's stable lower-case name, such as "invalid".
@@ -44,12 +46,13 @@ func (c Code) String() string {
 //
 // Any *Error with the same code matches its sentinel.
 var (
-	ErrInternal    = &Error{Code: CodeInternal, Message: "internal error"}
-	ErrInvalid     = &Error{Code: CodeInvalid, Message: "invalid argument"}
-	ErrNotFound    = &Error{Code: CodeNotFound, Message: "not found"}
-	ErrConflict    = &Error{Code: CodeConflict, Message: "conflict"}
-	ErrUnavailable = &Error{Code: CodeUnavailable, Message: "store unavailable"}
-	ErrPermission  = &Error{Code: CodePermission, Message: "permission denied"}
+	ErrInternal        = &Error{Code: CodeInternal, Message: "internal error"}
+	ErrInvalid         = &Error{Code: CodeInvalid, Message: "invalid argument"}
+	ErrNotFound        = &Error{Code: CodeNotFound, Message: "not found"}
+	ErrConflict        = &Error{Code: CodeConflict, Message: "conflict"}
+	ErrUnavailable     = &Error{Code: CodeUnavailable, Message: "store unavailable"}
+	ErrPermission      = &Error{Code: CodePermission, Message: "permission denied"}
+	ErrUnauthenticated = &Error{Code: CodeUnauthenticated, Message: "unauthenticated"}
 )
 
 // Error is the error type of Admit's packages. It carries a Code, a message
@@ -97,6 +100,8 @@ func sentinel(c Code) *Error {
 		return ErrUnavailable
 	case CodePermission:
 		return ErrPermission
+	case CodeUnauthenticated:
+		return ErrUnauthenticated
 	default:
 		return ErrInternal
 	}

@@ -428,17 +428,13 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	if len(c.attrs) > 0 {
 		r.Attributes = c.attrs
 	}
-	if r.APIKey != "" {
-		t := p.TenantByKey(r.APIKey)
-		switch {
-		case t == nil:
-			return admit.Errorf(admit.CodePermission, "the API key is unknown")
-		case r.Tenant == "":
-			r.Tenant = t.ID
-		case r.Tenant != t.ID:
-			return admit.Errorf(admit.CodePermission, "the API key does not belong to tenant %q", r.Tenant)
-		}
+	// Envoy's descriptors are the client's credentials: the one rule
+	// (policy.Authenticate) holds, with no caller trusted.
+	tenant, err := p.Authenticate(policy.Credentials{Tenant: r.Tenant, APIKey: r.APIKey})
+	if err != nil {
+		return err
 	}
+	r.Tenant = tenant
 	if err := p.Resolve(r, &c.one); err != nil {
 		return err
 	}
@@ -649,6 +645,8 @@ func grpcError(err error) error {
 		code = codes.InvalidArgument
 	case admit.CodePermission:
 		code = codes.PermissionDenied
+	case admit.CodeUnauthenticated:
+		code = codes.Unauthenticated
 	case admit.CodeNotFound:
 		code = codes.NotFound
 	case admit.CodeUnavailable:

@@ -540,7 +540,7 @@ func catalogPolicy(t *testing.T) *policy.Policy {
 func TestCatalogDomain(t *testing.T) {
 	p := catalogPolicy(t)
 	e := start(t, Options{Policy: func() *policy.Policy { return p }}, nil)
-	u := func(user string) *rlext.RateLimitDescriptor { return desc("tenant", "acme", "user", user) }
+	u := func(user string) *rlext.RateLimitDescriptor { return desc("tenant", "acme", "api_key", "acme-key", "user", user) }
 	r := e.ask(t, "admit", 0, u("u1"))
 	l := r.Statuses[0].CurrentLimit
 	if r.OverallCode != ok || l.Name != "user-requests" || l.RequestsPerUnit != 2 || l.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND || l.UnitMultiplier.GetValue() != 2 {
@@ -580,14 +580,18 @@ func TestCatalogDomain(t *testing.T) {
 	if r := e.ask(t, "admit", 0, desc("api_key", "acme-key", "user", "k")); r.OverallCode != ok || r.Statuses[0].CurrentLimit == nil {
 		t.Fatalf("by API key: %v", r)
 	}
-	for name, d := range map[string]*rlext.RateLimitDescriptor{
-		"unknown tenant": desc("tenant", "nobody", "user", "x"),
-		"unknown key":    desc("api_key", "wrong", "user", "x"),
-		"another's key":  desc("tenant", "t2", "api_key", "acme-key"),
+	for name, tc := range map[string]struct {
+		d    *rlext.RateLimitDescriptor
+		want codes.Code
+	}{
+		"unknown tenant":    {desc("tenant", "nobody", "user", "x"), codes.PermissionDenied},
+		"unknown key":       {desc("api_key", "wrong", "user", "x"), codes.Unauthenticated},
+		"another's key":     {desc("tenant", "t2", "api_key", "acme-key"), codes.PermissionDenied},
+		"keyed without key": {desc("tenant", "acme", "user", "x"), codes.Unauthenticated},
 	} {
-		_, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "admit", Descriptors: []*rlext.RateLimitDescriptor{d}})
-		if status.Code(err) != codes.PermissionDenied {
-			t.Errorf("%s: %v, want PermissionDenied", name, err)
+		_, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "admit", Descriptors: []*rlext.RateLimitDescriptor{tc.d}})
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
 		}
 	}
 	_, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "admit",

@@ -299,25 +299,11 @@ func (l *Limiter) retryAfter(wait time.Duration) int64 {
 	return RetrySeconds(wait)
 }
 
-// errUnauthenticated and errUnknownKey answer 401.
-var (
-	errUnauthenticated = admit.Errorf(admit.CodePermission, "an API key is required: present one in X-API-Key or Authorization: Bearer")
-	errUnknownKey      = admit.Errorf(admit.CodePermission, "the API key is not known")
-)
-
-// authError is a credential that did not verify: 401.
-type authError struct{ msg string }
-
-func (e *authError) Error() string { return e.msg }
+// errUnauthenticated answers 401 when Options.RequireKey is set and no
+// credential came.
+var errUnauthenticated = admit.Errorf(admit.CodeUnauthenticated, "an API key is required: present one in X-API-Key or Authorization: Bearer")
 
 func (l *Limiter) fail(w http.ResponseWriter, err error) {
-	var ae *authError
-	switch {
-	case err == errUnauthenticated || err == errUnknownKey || errors.As(err, &ae):
-		w.Header().Set("WWW-Authenticate", `Bearer realm="admit"`)
-		problem.Write(w, http.StatusUnauthorized, err.Error())
-		return
-	}
 	status := problem.Status(err)
 	detail := err.Error()
 	switch status {
@@ -347,24 +333,24 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 		req.IP = ip.String()
 	}
 	key, token := credentials(r, l.jwt != nil)
-	credited := false
+	credited, verified := false, false
 	if key != "" {
-		owner := p.TenantByKey(key)
-		if owner == nil {
-			return errUnknownKey
+		tenant, err := p.Authenticate(policy.Credentials{APIKey: key})
+		if err != nil {
+			return err
 		}
-		req.Tenant, req.APIKey, credited = owner.ID, key, true
+		req.Tenant, req.APIKey, credited = tenant, key, true
 	}
 	if token != "" {
 		c, err := l.jwt.verify(token)
 		if err != nil {
-			return &authError{"the bearer token is not valid: " + err.Error()}
+			return admit.Errorf(admit.CodeUnauthenticated, "the bearer token is not valid: %v", err)
 		}
 		if c.tenant != "" {
 			if req.Tenant != "" && req.Tenant != c.tenant {
 				return admit.Errorf(admit.CodePermission, "the API key's tenant is not the token's")
 			}
-			req.Tenant = c.tenant
+			req.Tenant, verified = c.tenant, true
 		}
 		req.User, credited = c.user, true
 	}
@@ -386,11 +372,10 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 	if l.opts.RequireKey && !credited {
 		return errUnauthenticated
 	}
-	if t := p.Tenant(req.Tenant); t != nil && t.HasAPIKeys() && req.APIKey == "" && !credited {
-		// A hook named a keyed tenant without its key.
-		return errUnauthenticated
-	}
-	return nil
+	// Again after the hook, which may have named a tenant or a key.
+	tenant, err := p.Authenticate(policy.Credentials{Tenant: req.Tenant, APIKey: req.APIKey, Trusted: verified})
+	req.Tenant = tenant
+	return err
 }
 
 // credentials returns r's API key (X-API-Key, or a bearer credential that

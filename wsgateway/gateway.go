@@ -425,6 +425,13 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		g.reject(w, problem.Status(err), err.Error())
 		return a, false
 	}
+	// The session is the credential (its tenant's key or the admin token
+	// created it), so the caller is trusted; a key that comes as well
+	// must still be the tenant's (policy.Authenticate).
+	if _, err := p.Authenticate(policy.Credentials{Tenant: tenant, APIKey: presentedKey(r), Trusted: true}); err != nil {
+		g.reject(w, problem.Status(err), err.Error())
+		return a, false
+	}
 	ctx := r.Context()
 	if _, err := g.session(ctx, tenant, sid); err != nil {
 		g.reject(w, problem.Status(err), err.Error())
@@ -536,6 +543,19 @@ var refusalDetails = [4]string{
 	"the session has %d open connections, its limit",
 	"the tenant opened %d connections in the last minute, its limit",
 	"the session opened %d connections in the last minute, its limit",
+}
+
+// presentedKey returns the API key r carries in X-API-Key or
+// Authorization: Bearer, "" for none.
+func presentedKey(r *http.Request) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
 }
 
 func isUpgrade(r *http.Request) bool {

@@ -42,14 +42,17 @@ func WriteDetails(w http.ResponseWriter, p Details) {
 	h.Set("Content-Type", "application/problem+json")
 	h.Set("Cache-Control", "no-store")
 	h.Del("Content-Length")
+	if p.Status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="admit"`)
+	}
 	w.WriteHeader(p.Status)
 	b, _ := json.Marshal(p)
 	_, _ = w.Write(append(b, '\n'))
 }
 
 // Status maps an error to an HTTP status: a body over its bound is 413,
-// and Admit's error codes map to 400, 404, 409, 503 and 403; anything else
-// is 500.
+// and Admit's error codes map to 400, 404, 409, 503, 403 and 401; anything
+// else is 500.
 func Status(err error) int {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
@@ -66,6 +69,8 @@ func Status(err error) int {
 		return http.StatusServiceUnavailable
 	case admit.CodePermission:
 		return http.StatusForbidden
+	case admit.CodeUnauthenticated:
+		return http.StatusUnauthorized
 	}
 	return http.StatusInternalServerError
 }

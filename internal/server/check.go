@@ -54,10 +54,9 @@ func putCall(c *call) {
 }
 
 // request fills c.req from a decoded body and the request's credentials,
-// and resolves it (Resolve checks the bounds of every field). A tenant with API keys must be named by one of its keys
-// (in the body's api_key, X-API-Key or Authorization: Bearer) unless the
-// caller presents the admin token; a request that names only a key is the
-// key's tenant's.
+// authenticates it (policy.Authenticate: the key in the body's api_key,
+// X-API-Key or Authorization: Bearer; the admin token makes the caller
+// trusted) and resolves it (Resolve checks the bounds of every field).
 func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Policy, kind policy.Kind, ttl time.Duration) error {
 	c.req = policy.Request{
 		Tenant: b.Tenant, User: b.User, Action: b.Action, IP: b.IP, APIKey: b.APIKey,
@@ -69,35 +68,27 @@ func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Po
 	}
 	admin := s.isAdmin(r)
 	if c.req.APIKey == "" {
-		if k := r.Header.Get("X-API-Key"); k != "" {
-			c.req.APIKey = k
-		} else if k, ok := httplimit.Bearer(r); ok && !admin {
-			c.req.APIKey = k
-		}
+		c.req.APIKey = s.presentedKey(r, admin)
 	}
-	var owner *policy.Tenant
-	if c.req.APIKey != "" {
-		if owner = p.TenantByKey(c.req.APIKey); owner != nil && c.req.Tenant == "" {
-			c.req.Tenant = owner.ID
-		}
+	tenant, err := p.Authenticate(policy.Credentials{Tenant: c.req.Tenant, APIKey: c.req.APIKey, Trusted: admin})
+	if err != nil {
+		return err
 	}
-	wrongKey := owner != nil && owner.ID != c.req.Tenant
-	if t := p.Tenant(c.req.Tenant); t != nil && t.HasAPIKeys() && !admin {
-		if c.req.APIKey == "" {
-			return errUnauthenticated
-		}
-		// A key hash belongs to one tenant at most (Compile checks), so
-		// the key's owner is the only tenant that accepts it.
-		wrongKey = owner != t
-	}
-	if wrongKey {
-		return admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", c.req.Tenant)
-	}
+	c.req.Tenant = tenant
 	return p.Resolve(&c.req, &c.res)
 }
 
-// errUnauthenticated answers 401: the tenant has API keys and none came.
-var errUnauthenticated = admit.Errorf(admit.CodePermission, "tenant has API keys: present one in X-API-Key or Authorization: Bearer")
+// presentedKey returns the API key r carries in X-API-Key, or in
+// Authorization: Bearer unless that holds the admin token.
+func (s *Server) presentedKey(r *http.Request, admin bool) string {
+	if k := r.Header.Get("X-API-Key"); k != "" {
+		return k
+	}
+	if k, ok := httplimit.Bearer(r); ok && !admin {
+		return k
+	}
+	return ""
+}
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
@@ -124,11 +115,6 @@ func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
 // fail answers an error and counts it.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, endpoint string, err error) {
 	s.metrics.errors.WithLabelValues(endpoint, strconv.Itoa(statusOf(err))).Inc()
-	if err == errUnauthenticated {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="admit"`)
-		writeProblem(w, http.StatusUnauthorized, err.Error())
-		return
-	}
 	s.writeError(w, r, err)
 }
 

@@ -260,7 +260,7 @@ func TestAPIKeys(t *testing.T) {
 	if a.header.Get("WWW-Authenticate") == "" {
 		t.Error("401 without WWW-Authenticate")
 	}
-	h.want(h.do("POST", "/v1/check", body, "X-API-Key", "wrong"), 403, "wrong key")
+	h.want(h.do("POST", "/v1/check", body, "X-API-Key", "wrong"), 401, "unknown key")
 	h.want(h.do("POST", "/v1/check", body, "X-API-Key", "secret-key"), 200, "right key")
 	h.want(h.do("POST", "/v1/check", body, "Authorization", "Bearer secret-key"), 200, "bearer key")
 	a = h.do("POST", "/v1/check", `{"user":"u2"}`, "X-API-Key", "secret-key")

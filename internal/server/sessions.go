@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/wsgateway"
 )
@@ -56,26 +55,13 @@ func (s *Server) handleSessionDelete(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// mayActFor checks that the caller may manage tenant's sessions: a tenant
-// with API keys needs one of them (X-API-Key or Authorization: Bearer), or
-// the admin token; a tenant without keys (the demo's) needs nothing.
+// mayActFor checks that the caller may manage tenant's sessions, by the
+// one authentication rule (policy.Authenticate): a key that is present must
+// be one of tenant's; a tenant with API keys needs one, or the admin token.
 func (s *Server) mayActFor(r *http.Request, tenant string) error {
-	p := s.catalog.Policy()
-	t := p.Tenant(tenant)
-	if t == nil || !t.HasAPIKeys() || s.isAdmin(r) {
-		return nil // an unknown tenant is refused by the gateway
-	}
-	key := r.Header.Get("X-API-Key")
-	if key == "" {
-		key, _ = httplimit.Bearer(r)
-	}
-	if key == "" {
-		return errUnauthenticated
-	}
-	if p.TenantByKey(key) != t {
-		return admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", tenant)
-	}
-	return nil
+	admin := s.isAdmin(r)
+	_, err := s.catalog.Policy().Authenticate(policy.Credentials{Tenant: tenant, APIKey: s.presentedKey(r, admin), Trusted: admin})
+	return err
 }
 
 //go:embed demo
