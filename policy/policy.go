@@ -21,16 +21,22 @@ import (
 	"github.com/admitdev/admit"
 )
 
-// The scopes with a meaning of their own. Any other scope names a request
-// attribute (Request.Attributes).
+// The scopes with a meaning of their own. A rule keyed by a request
+// attribute (Request.Attributes) declares it as ScopeAttribute + its name,
+// "attribute:plan"; any other scope is a configuration error, so that a
+// typo ("usr") is refused rather than loaded as a scope no request carries.
 const (
-	ScopeGlobal  = "global"
-	ScopeTenant  = "tenant"
-	ScopeUser    = "user"
-	ScopeAPIKey  = "api_key"
-	ScopeIP      = "ip"
-	ScopeSession = "session"
+	ScopeGlobal    = "global"
+	ScopeTenant    = "tenant"
+	ScopeUser      = "user"
+	ScopeAPIKey    = "api_key"
+	ScopeIP        = "ip"
+	ScopeSession   = "session"
+	ScopeAttribute = "attribute:"
 )
+
+// scopes lists the named scopes, for errors and suggestions.
+var scopes = []string{ScopeGlobal, ScopeTenant, ScopeUser, ScopeAPIKey, ScopeIP, ScopeSession}
 
 // Bounds on names and lists, so that one configuration or admin call cannot
 // grow a policy without limit.
@@ -60,6 +66,8 @@ type Rule struct {
 
 	allActions bool
 	actions    []string
+	// attribute is the request attribute an attribute scope names.
+	attribute string
 	// bucket names the rule in its buckets' keys: the rule's name, after
 	// its tier's for tier rules, so that a tenant moved to another tier
 	// starts with that tier's fresh buckets rather than inheriting a
@@ -432,12 +440,10 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if err := checkName(rs.Name); err != nil {
 		c.fail(path+".name", "%v", err)
 	}
-	switch {
-	case rs.Scope == "":
-		c.fail(path+".scope", "missing (global, tenant, user, api_key, ip, session or a request attribute)")
-	case !validAttribute(rs.Scope):
-		c.fail(path+".scope", "%q: a scope is a lower-case name of letters, digits, _ and -", rs.Scope)
+	if msg := checkScope(rs.Scope); msg != "" {
+		c.fail(path+".scope", "%s", msg)
 	}
+	r.attribute, _ = strings.CutPrefix(rs.Scope, ScopeAttribute)
 	if len(rs.Actions) > MaxActions {
 		c.fail(path+".actions", "%d actions; at most %d", len(rs.Actions), MaxActions)
 	}
@@ -621,6 +627,68 @@ func CheckName(s string) error {
 func nameByte(b byte) bool {
 	return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
 		b == '.' || b == '_' || b == ':' || b == '@' || b == '-'
+}
+
+// checkScope says what is wrong with a rule's scope, "" if nothing.
+func checkScope(scope string) string {
+	const known = "global, tenant, user, api_key, ip, session, or attribute:NAME for a request attribute"
+	if slices.Contains(scopes, scope) {
+		return ""
+	}
+	if name, ok := strings.CutPrefix(scope, ScopeAttribute); ok {
+		if !validAttribute(name) {
+			return fmt.Sprintf("%q: an attribute name is 1 to 64 lower-case letters, digits, _ and -", scope)
+		}
+		return ""
+	}
+	if scope == "" {
+		return "missing (" + known + ")"
+	}
+	msg := fmt.Sprintf("%q is not a scope (%s)", scope, known)
+	if s := Suggest(scope, scopes); s != "" {
+		msg += fmt.Sprintf("; did you mean %q?", s)
+	} else if validAttribute(scope) {
+		msg += fmt.Sprintf("; a request attribute is declared as %q", ScopeAttribute+scope)
+	}
+	return msg
+}
+
+// Suggest returns the candidate closest to s when s is close enough to be
+// a typo of it (an edit distance of at most a third of the candidate's
+// length, or the same letters in another case), "" otherwise: the "did you
+// mean" of configuration errors.
+func Suggest(s string, candidates []string) string {
+	best, bestD := "", -1
+	for _, c := range candidates {
+		if strings.EqualFold(s, c) {
+			return c
+		}
+		if d := editDistance(s, c); d <= max(1, len(c)/3) && (bestD < 0 || d < bestD) {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func validAttribute(s string) bool {

@@ -22,7 +22,7 @@ func spec() *Spec {
 				{Name: "user", Scope: "user", Algorithm: "token_bucket", Rate: "10/s", Burst: n(5)},
 				{Name: "search", Scope: "user", Actions: []string{"search", "find"}, PerAction: true, Algorithm: "token_bucket", Rate: "1/s", Burst: n(2)},
 				{Name: "keyed", Scope: "api_key", Algorithm: "sliding_window", Limit: n(3), Window: "1s"},
-				{Name: "region", Scope: "region", Algorithm: "sliding_log", Limit: n(3), Window: "1s"},
+				{Name: "region", Scope: "attribute:region", Algorithm: "sliding_log", Limit: n(3), Window: "1s"},
 				{Name: "jobs", Scope: "tenant", Actions: []string{"job"}, Algorithm: "concurrency", Max: n(2)},
 			}},
 		},

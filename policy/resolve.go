@@ -141,7 +141,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 		}
 		k.Subject = res.keyHash
 	default:
-		k.Subject = req.Attributes[r.Scope]
+		k.Subject = req.Attributes[r.attribute]
 	}
 	if k.Subject == "" && r.Scope != ScopeGlobal && r.Scope != ScopeTenant {
 		return // the request does not carry the rule's scope

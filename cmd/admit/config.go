@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
@@ -36,6 +39,10 @@ type Config struct {
 	HTTP     HTTPConfig                   `json:"http"`
 	Envoy    EnvoyConfig                  `json:"envoy"`
 	Gateway  GatewayConfig                `json:"gateway"`
+
+	// src keeps the positions of the decoded fields, for checks made
+	// after parsing (CheckProxyActions).
+	src *decoder
 }
 
 // GatewayConfig is the gateway section: the WebSocket gateway's settings
@@ -198,8 +205,57 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 	if len(d.errs) > 0 {
 		return nil, d.errs
 	}
+	cfg.src = &d
 	return cfg, nil
 }
+
+// CheckProxyActions checks c for admit proxy, where a request's action
+// comes only from the http.actions routes. A rule naming an action that no
+// route produces but one route nearly does ("reports" for "report") is a
+// typo and is refused with its position. Other such rules are legitimate in
+// a configuration that admit serve shares (its callers name any action)
+// but never apply in the proxy: unreachable names them, for a warning.
+// Concurrency rules are left out: the proxy takes no leases.
+func (c *Config) CheckProxyActions() (unreachable []string, err error) {
+	var produced []string
+	for _, a := range c.HTTP.Actions {
+		if !slices.Contains(produced, a.Action) {
+			produced = append(produced, a.Action)
+		}
+	}
+	slices.Sort(produced)
+	d := &decoder{file: "(configuration)", pos: map[string]*yaml.Node{}}
+	if c.src != nil {
+		d = &decoder{file: c.src.file, pos: c.src.pos}
+	}
+	check := func(path string, rules []policy.RuleSpec) {
+		for i, r := range rules {
+			if r.Algorithm == admit.Concurrency.String() {
+				continue
+			}
+			for j, a := range r.Actions {
+				if a == "*" || slices.Contains(produced, a) {
+					continue
+				}
+				if s := policy.Suggest(a, produced); s != "" {
+					d.failAt(fmt.Sprintf("%s[%d].actions[%d]", path, i, j), "action %q is produced by no http.actions route, so admit proxy never applies this rule; did you mean %q?", a, s)
+					continue
+				}
+				unreachable = append(unreachable, r.Name)
+			}
+		}
+	}
+	check("global", c.Global)
+	for _, name := range slices.Sorted(maps.Keys(c.Tiers)) {
+		check("tiers."+name+".rules", c.Tiers[name].Rules)
+	}
+	if len(d.errs) > 0 {
+		return nil, d.errs
+	}
+	slices.Sort(unreachable)
+	return slices.Compact(unreachable), nil
+}
+
 
 // yamlError turns a parse error ("yaml: line 3: …") into a ConfigError.
 func yamlError(file string, err error) ConfigError {

@@ -75,6 +75,14 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	defer b.close()
+	unreachable, err := b.cfg.CheckProxyActions()
+	if err != nil {
+		return fmt.Errorf("the configuration is invalid for admit proxy, not starting:\n%w", err)
+	}
+	if len(unreachable) > 0 {
+		log.Warn("admit proxy: no http.actions route produces the actions of these rules, so the proxy never applies them", "rules", unreachable)
+	}
+	b.check = func(c *Config) error { _, err := c.CheckProxyActions(); return err }
 	opts, err := httpOptions(b.cfg)
 	if err != nil {
 		return err // validated with the configuration

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit/internal/fixtures"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -228,5 +230,29 @@ func TestProxyFlags(t *testing.T) {
 		if !strings.Contains(stderr.String(), "upstream") {
 			t.Errorf("%v: %s", args, stderr.String())
 		}
+	}
+}
+
+// TestProxyRefusesUnreachableActions: for admit proxy, whose actions come
+// only from http.actions routes, a rule naming an action no route produces
+// is refused with its position (testdata/invalid-proxy), at start and on
+// reload; the same file is valid for admit serve, whose callers name any
+// action.
+func TestProxyRefusesUnreachableActions(t *testing.T) {
+	fixtures.Check(t, "testdata/invalid-proxy/*.yaml", 1, func(f string) error {
+		c, err := LoadConfig(f)
+		if err != nil {
+			t.Fatalf("%s is valid for admit serve: %v", f, err)
+		}
+		_, err = c.CheckProxyActions()
+		return err
+	})
+	up := startUpstream(t)
+	var stderr lockedBuffer
+	code := run(context.Background(), []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL,
+		"--config", "testdata/invalid-proxy/action_no_route.yaml", "--data-dir", t.TempDir()},
+		&env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }})
+	if code != 2 || !strings.Contains(stderr.String(), `action \"reports\" is produced by no http.actions route`) {
+		t.Fatalf("proxy started on an unreachable action: exit %d: %s", code, stderr.String())
 	}
 }

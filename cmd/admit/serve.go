@@ -98,6 +98,9 @@ type backend struct {
 	st      *openedStore
 	catalog *policy.Catalog
 	stop    context.CancelFunc // ends the catalog watch
+	// check, if set, is what a reloaded configuration must also pass
+	// (admit proxy's actions).
+	check func(*Config) error
 }
 
 // openBackend loads the configuration, opens the store and the catalog,
@@ -256,7 +259,7 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 	go func() {
 		defer close(reloadDone)
 		if config != "" {
-			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, setErr, log)
+			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, b.check, setErr, log)
 		}
 	}()
 
@@ -282,7 +285,7 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 // SIGHUP, and when reload says so. A bad file is refused; the running
 // configuration stays.
 // setErr is told the outcome of every reload.
-func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, setErr func(error), log *slog.Logger) {
+func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, check func(*Config) error, setErr func(error), log *slog.Logger) {
 	last := loaded
 	onReloadSignal(ctx, every, reload, func(forced bool) {
 		data, err := os.ReadFile(file)
@@ -299,6 +302,9 @@ func watchConfig(ctx context.Context, file string, every time.Duration, loaded [
 		}
 		last = data
 		cfg, err := ParseConfig(file, data)
+		if err == nil && check != nil {
+			err = check(cfg)
+		}
 		if err == nil {
 			err = catalog.SetBase(cfg.Spec())
 		}
