@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -47,6 +48,54 @@ type Decider struct {
 	// shares caches each rule's local share; weakly keyed, so rules of
 	// past policies leave it.
 	shares weakmap.Map[admit.Rule, *admit.Rule]
+
+	// downSince is when the current outage began (Unix nanoseconds), 0
+	// while the store answers; onChange hears of each change.
+	downSince atomic.Int64
+	onChange  func(StoreEvent)
+}
+
+// StoreEvent is a change in whether the store answers, as a Decider's
+// decisions see it: the first decision that finds the store unavailable
+// after it answered, and the first it answers again.
+type StoreEvent struct {
+	Up bool
+	At time.Time
+	// Outage is how long the store was unavailable (Up events), from the
+	// first decision it failed to the first it answered again.
+	Outage time.Duration
+	// Err is the failure that began the outage (Down events).
+	Err error
+}
+
+// OnStoreChange sets f to hear of the store going down and coming back:
+// one event each way per outage, however many decisions fail in it. Set it
+// before the Decider is used.
+func (d *Decider) OnStoreChange(f func(StoreEvent)) { d.onChange = f }
+
+// StoreDownSince returns when the current outage began, and false while
+// the store answers.
+func (d *Decider) StoreDownSince() (time.Time, bool) {
+	if v := d.downSince.Load(); v != 0 {
+		return time.Unix(0, v), true
+	}
+	return time.Time{}, false
+}
+
+// storeAnswered records a call the store answered.
+func (d *Decider) storeAnswered() {
+	if v := d.downSince.Load(); v != 0 && d.downSince.CompareAndSwap(v, 0) && d.onChange != nil {
+		now := time.Now()
+		d.onChange(StoreEvent{Up: true, At: now, Outage: now.Sub(time.Unix(0, v))})
+	}
+}
+
+// storeFailed records a call the store could not answer.
+func (d *Decider) storeFailed(err error) {
+	now := time.Now()
+	if d.downSince.Load() == 0 && d.downSince.CompareAndSwap(0, now.UnixNano()) && d.onChange != nil {
+		d.onChange(StoreEvent{At: now, Err: err})
+	}
 }
 
 // NewDecider returns a Decider over store. instances is the number of
@@ -67,6 +116,7 @@ func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 	}
 	err := d.store.Decide(ctx, res.Charges, dec)
 	if err == nil {
+		d.storeAnswered()
 		return Stored, checkResults(res, dec)
 	}
 	if admit.ErrorCode(err) != admit.CodeUnavailable {
@@ -93,6 +143,7 @@ func checkResults(res *Resolution, dec *admit.Decision) error {
 // charge: each admits, with the rule's whole limit as its limit and as its
 // remaining, since nothing is known of the store's levels.
 func (d *Decider) Failover(ctx context.Context, res *Resolution, dec *admit.Decision, cause error) (Outcome, error) {
+	d.storeFailed(cause)
 	def := admit.FailOpen
 	if res.Policy != nil {
 		def = res.Policy.OnError()

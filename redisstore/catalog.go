@@ -106,7 +106,13 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 			}
 		}
 	}()
+	// While Redis is down, subscribing fails at once: wait longer after
+	// each failure (200 ms doubling to 5 s), and start again from 200 ms
+	// after a subscription that held.
+	const minWait, maxWait = 200 * time.Millisecond, 5 * time.Second
+	wait := minWait
 	for ctx.Err() == nil {
+		began := time.Now()
 		err := c.client.Receive(ctx, c.client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
 			changed()
 		})
@@ -114,10 +120,14 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 			return
 		}
 		_ = err // the connection dropped: subscribe again, and catch up
+		if time.Since(began) > maxWait {
+			wait = minWait
+		}
 		changed()
 		select {
 		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, maxWait)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -131,13 +132,36 @@ func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slo
 	if st.watch != nil {
 		// Another server's admin change reaches this one within a
 		// moment: on its message, or at the latest at the next poll.
+		var health refreshHealth
 		go st.watch(ctx, 5*time.Second, func() {
-			if err := catalog.Refresh(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("the shared tenant catalog could not be loaded; keeping the current one", "err", err)
+			if err := catalog.Refresh(ctx); ctx.Err() == nil {
+				health.record(err, log)
 			}
 		})
 	}
 	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop}, nil
+}
+
+// refreshHealth logs the shared catalog's outages once each way: the first
+// refresh that fails, and the first that succeeds after it, with how long
+// the catalog could not be loaded. Refreshes come from more than one
+// goroutine.
+type refreshHealth struct {
+	mu    sync.Mutex
+	since time.Time // zero while refreshes succeed
+}
+
+func (h *refreshHealth) record(err error, log *slog.Logger) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err != nil && h.since.IsZero():
+		h.since = time.Now()
+		log.Warn("the shared tenant catalog could not be loaded; keeping the current one until it can", "err", err)
+	case err == nil && !h.since.IsZero():
+		log.Info("the shared tenant catalog is loaded again", "outage", time.Since(h.since).Round(time.Millisecond).String())
+		h.since = time.Time{}
+	}
 }
 
 // close stops following the shared catalog, then closes the store.

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/admitdev/admit/memstore"
@@ -114,4 +116,48 @@ func TestShortDecisionIsAnInternalError(t *testing.T) {
 	}
 	f.Short.Store(false)
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","user":"bob"}`), 200, "check once the store is whole")
+}
+
+// TestOutageLoggedOnceEachWay: however many decisions fail in an outage,
+// the log says once that the store went away and once that it answers
+// again (with the outage's length); /readyz and the metrics show it.
+func TestOutageLoggedOnceEachWay(t *testing.T) {
+	var logs syncBuffer
+	spec := testSpec()
+	f := &storetest.Faulty{Store: memstore.New(nil)}
+	t.Cleanup(func() { f.Store.Close() })
+	h := start(t, spec, "", func(o *Options) {
+		o.Store = f
+		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	})
+	check := `{"tenant":"t2","user":"alice"}`
+	h.want(h.do("POST", "/v1/check", check), 200, "before the outage")
+	f.Down.Store(true)
+	for range 20 {
+		h.want(h.do("POST", "/v1/check", check), 200, "during the outage (open)")
+	}
+	ready := h.do("GET", "/readyz", "")
+	if ready.body["store_down_since"] == nil {
+		t.Errorf("/readyz during the outage: %s", ready.raw)
+	}
+	if _, _, m := send(t, "GET", h.url+"/metrics"); !strings.Contains(m, "admit_store_up 0") || !strings.Contains(m, "admit_store_outages_total 1") {
+		t.Errorf("metrics during the outage lack admit_store_up 0 / admit_store_outages_total 1")
+	}
+	f.Down.Store(false)
+	for range 3 { // of t2's user-req burst of 5, the first check took 1
+		h.want(h.do("POST", "/v1/check", check), 200, "after the outage")
+	}
+	out := logs.String()
+	if n := strings.Count(out, "the store is unavailable"); n != 1 {
+		t.Errorf("%d lines say the store went away, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "the store answers again"); n != 1 || !strings.Contains(out, "outage=") {
+		t.Errorf("%d lines say the store is back (want 1, with the outage):\n%s", n, out)
+	}
+	if h.do("GET", "/readyz", "").body["store_down_since"] != nil {
+		t.Error("/readyz still shows the outage")
+	}
+	if _, _, m := send(t, "GET", h.url+"/metrics"); !strings.Contains(m, "admit_store_up 1") {
+		t.Error("metrics after the outage lack admit_store_up 1")
+	}
 }

@@ -28,6 +28,8 @@ type metrics struct {
 	failOpen           prometheus.Counter
 	failLocal          prometheus.Counter
 	decisionLogDropped prometheus.Counter
+	outages            prometheus.Counter
+	lastOutage         prometheus.Gauge
 
 	// byRule caches the decision counters of the current policy's rules,
 	// indexed by Rule.ID, and endpoints the series of each decision
@@ -74,6 +76,8 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),
 		failLocal:          prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_local_total", Help: "Requests decided by the local limiter because the store was unavailable (on_error: local)."}),
 		decisionLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_decision_log_dropped_total", Help: "Decision log lines dropped because the log could not keep up."}),
+		outages:            prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_outages_total", Help: "Times decisions found the store unavailable after it had answered."}),
+		lastOutage:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "admit_store_last_outage_seconds", Help: "How long the last store outage that ended lasted, as decisions saw it."}),
 	}
 	m.endpoints = map[string]*endpointMetrics{}
 	for _, e := range decisionEndpoints {
@@ -84,6 +88,7 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 		}
 	}
 	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.envoyReloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
+		m.outages, m.lastOutage,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if tenantLabel {
 		m.tenants = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -138,6 +138,15 @@ func New(opts Options) (*Server, error) {
 		reg = prometheus.NewRegistry()
 	}
 	s.metrics = newMetrics(reg, opts.Stats, opts.TenantMetrics)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "admit_store_up", Help: "1 while decisions find the store answering, 0 during an outage (from its first failed decision to its first answered one).",
+	}, func() float64 {
+		if _, down := s.decider.StoreDownSince(); down {
+			return 0
+		}
+		return 1
+	}))
+	s.decider.OnStoreChange(s.storeChanged)
 	if opts.Health != nil {
 		s.metrics.registerHealth(reg, opts.Health)
 	}
@@ -325,12 +334,28 @@ func loopback(remote string) bool {
 	return err == nil && a.Unmap().IsLoopback()
 }
 
+// storeChanged logs an outage once when decisions first find the store
+// unavailable and once when it answers again, however many decisions fail
+// in between, and counts it.
+func (s *Server) storeChanged(ev policy.StoreEvent) {
+	if ev.Up {
+		s.metrics.lastOutage.Set(ev.Outage.Seconds())
+		s.log.Warn("the store answers again; decisions are the store's once more", "outage", ev.Outage.Round(time.Millisecond).String())
+		return
+	}
+	s.metrics.outages.Inc()
+	s.log.Error("the store is unavailable; until it answers, each rule's on_error decides (open admits, closed answers 503, local uses this server's share)", "err", ev.Err)
+}
+
 type readyAnswer struct {
-	Status      string `json:"status"`
-	Store       string `json:"store"`
-	Breaker     string `json:"breaker,omitempty"`
-	ConfigError string `json:"config_error,omitempty"`
-	EnvoyError  string `json:"envoy_config_error,omitempty"`
+	Status string `json:"status"`
+	Store  string `json:"store"`
+	// StoreDownSince is when decisions first found the store unavailable,
+	// during an outage.
+	StoreDownSince *time.Time `json:"store_down_since,omitempty"`
+	Breaker        string     `json:"breaker,omitempty"`
+	ConfigError    string     `json:"config_error,omitempty"`
+	EnvoyError     string     `json:"envoy_config_error,omitempty"`
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
@@ -344,6 +369,10 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if s.health != nil {
 		ans.Breaker = s.health().Breaker
+	}
+	if since, down := s.decider.StoreDownSince(); down {
+		since = since.UTC()
+		ans.StoreDownSince = &since
 	}
 	if s.ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
