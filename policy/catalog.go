@@ -76,18 +76,32 @@ type Catalog struct {
 	changes *Changes
 	store   ChangeStore
 	cur     atomic.Pointer[Policy]
+	// pending is set while the saved changes could not be loaded yet.
+	pending atomic.Bool
 }
 
+// Pending reports whether the catalog started without its store's saved
+// changes (the store was unavailable) and has not loaded them since.
+func (c *Catalog) Pending() bool { return c.pending.Load() }
+
 // NewCatalog loads the saved changes from store (nil keeps changes in memory
-// only) and compiles them over base.
+// only) and compiles them over base. A store that is unavailable
+// (admit.CodeUnavailable) does not stop it: the catalog starts from base
+// alone, Pending reports it, and the first Refresh that reaches the store
+// loads the changes. Until then an admin change fails as stale (the
+// store's revision is ahead), so nothing saved is overwritten.
 func NewCatalog(ctx context.Context, base *Spec, store ChangeStore) (*Catalog, error) {
 	c := &Catalog{base: *base, store: store, changes: (&Changes{}).clone()}
 	if store != nil {
 		ch, err := store.Load(ctx)
-		if err != nil {
+		switch {
+		case err == nil:
+			c.changes = ch.clone()
+		case admit.ErrorCode(err) == admit.CodeUnavailable:
+			c.pending.Store(true)
+		default:
 			return nil, err
 		}
-		c.changes = ch.clone()
 	}
 	p, err := compileWith(&c.base, c.changes)
 	if err != nil {
@@ -206,6 +220,26 @@ func (c *Catalog) refreshLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if saved.Revision < c.changes.Revision && !c.pending.Load() {
+		// Revisions only grow: the store lost what it held (a Redis
+		// restarted without persistence). Save this server's copy back,
+		// as the next revision of what the store holds now; if another
+		// server restored it first, load theirs.
+		restored := c.changes.clone()
+		restored.Revision = saved.Revision + 1
+		switch err := c.store.Save(ctx, restored); {
+		case err == nil:
+			c.changes = restored
+			return nil
+		case errors.Is(err, ErrStale):
+			if saved, err = c.store.Load(ctx); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+	c.pending.Store(false)
 	if saved.Revision == c.changes.Revision {
 		return nil
 	}

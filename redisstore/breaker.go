@@ -42,11 +42,15 @@ func (b *breaker) success() {
 	}
 }
 
-func (b *breaker) failure(now time.Time) {
+// failure records a failed call, and reports whether it opened a closed
+// breaker.
+func (b *breaker) failure(now time.Time) bool {
 	if n := b.failures.Add(1); n >= b.threshold || b.probing.Load() {
-		b.openAt.Store(now.UnixNano())
+		opened := b.openAt.Swap(now.UnixNano()) == 0
 		b.probing.Store(false)
+		return opened
 	}
+	return false
 }
 
 // state names the breaker's state at now: closed, open or half-open.

@@ -36,6 +36,7 @@ import (
 // Sessions is safe for concurrent use. Close stops listening.
 type Sessions struct {
 	client  rueidis.Client
+	store   *Store // its breaker and failure counts
 	prefix  string
 	node    string // this server's id
 	channel string // this server's channel
@@ -58,10 +59,12 @@ func NewSessions(s *Store) *Sessions {
 	_, _ = rand.Read(b[:])
 	node := hex.EncodeToString(b[:])
 	ss := &Sessions{
-		client: s.client, prefix: s.prefix, node: node, channel: s.prefix + "ws:node:" + node,
-		// Sessions are touched on every connection and message; they
-		// wait longer than decisions, which fail fast by design.
-		timeout: max(s.timeout, time.Second),
+		client: s.client, store: s, prefix: s.prefix, node: node, channel: s.prefix + "ws:node:" + node,
+		// A session is read and touched on every connection and message:
+		// it waits no longer than a decision, and shares the store's
+		// breaker, so that a connection attempt fails as fast as a
+		// decision while Redis is down.
+		timeout: s.timeout,
 		subs:    map[string]map[*func(wsgateway.Event)]struct{}{},
 		done:    make(chan struct{}),
 		ready:   make(chan struct{}),
@@ -140,9 +143,23 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1`)
 )
 
-func (ss *Sessions) exec(ctx context.Context, script *rueidis.Lua, id string, args ...string) (rueidis.RedisResult, context.CancelFunc) {
+// exec runs a session script through the store's breaker: refused at once
+// (errBreakerOpen) while it is open, and counted for and against it.
+func (ss *Sessions) exec(ctx context.Context, script *rueidis.Lua, id string, args ...string) (rueidis.RedisResult, error) {
+	if !ss.store.breaker.allow(time.Now()) {
+		return rueidis.RedisResult{}, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", ss.store.breaker.threshold)
+	}
 	ctx, cancel := context.WithTimeout(ctx, ss.timeout)
-	return script.Exec(ctx, ss.client, ss.keys(id), args), cancel
+	defer cancel()
+	ss.store.calls.Add(1)
+	res := script.Exec(ctx, ss.client, ss.keys(id), args)
+	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
+		if _, reply := rueidis.IsRedisErr(err); !reply {
+			return res, ss.store.fail(ctx, err)
+		}
+	}
+	ss.store.breaker.success()
+	return res, nil
 }
 
 func sessionErr(op, id string, err error) error {
@@ -156,8 +173,10 @@ func ms(d time.Duration) string { return strconv.FormatInt(max(1, d.Milliseconds
 
 // Create implements wsgateway.Sessions.
 func (ss *Sessions) Create(ctx context.Context, s wsgateway.Session, ttl time.Duration) (wsgateway.Session, error) {
-	res, cancel := ss.exec(ctx, sessCreate, s.ID, s.Tenant, ms(ttl))
-	defer cancel()
+	res, err := ss.exec(ctx, sessCreate, s.ID, s.Tenant, ms(ttl))
+	if err != nil {
+		return wsgateway.Session{}, err
+	}
 	exp, err := res.AsInt64()
 	if rueidis.IsRedisNil(err) {
 		return wsgateway.Session{}, admit.Errorf(admit.CodeConflict, "session %q exists", s.ID)
@@ -191,24 +210,29 @@ func session(op, id string, res rueidis.RedisResult) (wsgateway.Session, error) 
 
 // Get implements wsgateway.Sessions.
 func (ss *Sessions) Get(ctx context.Context, id string) (wsgateway.Session, error) {
-	res, cancel := ss.exec(ctx, sessGet, id)
-	defer cancel()
+	res, err := ss.exec(ctx, sessGet, id)
+	if err != nil {
+		return wsgateway.Session{}, err
+	}
 	return session("reading a", id, res)
 }
 
 // Touch implements wsgateway.Sessions.
 func (ss *Sessions) Touch(ctx context.Context, id string, ttl time.Duration) (wsgateway.Session, error) {
-	res, cancel := ss.exec(ctx, sessTouch, id, ms(ttl))
-	defer cancel()
+	res, err := ss.exec(ctx, sessTouch, id, ms(ttl))
+	if err != nil {
+		return wsgateway.Session{}, err
+	}
 	return session("refreshing a", id, res)
 }
 
 // Delete implements wsgateway.Sessions.
 func (ss *Sessions) Delete(ctx context.Context, id string) error {
-	res, cancel := ss.exec(ctx, sessDelete, id, id, ss.prefix+"ws:node:")
-	defer cancel()
-	_, err := res.AsInt64()
+	res, err := ss.exec(ctx, sessDelete, id, id, ss.prefix+"ws:node:")
 	if err != nil {
+		return err
+	}
+	if _, err := res.AsInt64(); err != nil {
 		return sessionErr("deleting a", id, err)
 	}
 	return nil
@@ -216,8 +240,10 @@ func (ss *Sessions) Delete(ctx context.Context, id string) error {
 
 // Publish implements wsgateway.Sessions.
 func (ss *Sessions) Publish(ctx context.Context, id string, ttl time.Duration, frame []byte) (int64, error) {
-	res, cancel := ss.exec(ctx, sessPublish, id, id, ms(ttl), ss.prefix+"ws:node:", string(frame))
-	defer cancel()
+	res, err := ss.exec(ctx, sessPublish, id, id, ms(ttl), ss.prefix+"ws:node:", string(frame))
+	if err != nil {
+		return 0, err
+	}
 	seq, err := res.AsInt64()
 	if err != nil {
 		return 0, sessionErr("publishing to a", id, err)
@@ -250,14 +276,22 @@ func (ss *Sessions) Subscribe(ctx context.Context, id string, fn func(wsgateway.
 	}
 	// The local subscriber and this server's channel come first: a
 	// frame published right after the server joins the set finds them.
+	wait := time.NewTimer(ss.timeout)
+	defer wait.Stop()
 	select {
 	case <-ss.ready:
+	case <-wait.C:
+		stop()
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: subscribing to session %q: this server's channel is not subscribed yet", id)
 	case <-ctx.Done():
 		stop()
 		return nil, sessionErr("subscribing to a", id, ctx.Err())
 	}
-	res, cancel := ss.exec(ctx, sessSubscribe, id, ss.node)
-	defer cancel()
+	res, err := ss.exec(ctx, sessSubscribe, id, ss.node)
+	if err != nil {
+		stop()
+		return nil, err
+	}
 	if _, err := res.AsInt64(); err != nil {
 		stop()
 		return nil, sessionErr("subscribing to a", id, err)

@@ -38,7 +38,8 @@
 // Every call has a timeout (Options.Timeout). After Options.BreakerFailures
 // consecutive failures the store stops calling Redis for
 // Options.BreakerCooldown and fails at once; then one probe call is let
-// through, and a success closes the breaker. Failures are admit errors of
+// through, and a success closes the breaker. Meanwhile a ping every tenth of
+// the cooldown closes it as soon as Redis answers again. Failures are admit errors of
 // code CodeUnavailable, so callers apply their on_error mode.
 package redisstore
 
@@ -92,6 +93,8 @@ type Store struct {
 
 	calls, failures, undoFailures atomic.Int64
 	closeOnce                     sync.Once
+	closed                        chan struct{} // closed by Close
+	probing                       atomic.Bool   // a probe of an open breaker runs
 
 	batchers []atomic.Pointer[batcher] // see batch.go
 }
@@ -125,6 +128,7 @@ func New(client rueidis.Client, opts *Options) *Store {
 		timeout:  o.Timeout,
 		clock:    o.Clock,
 		breaker:  breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
+		closed:   make(chan struct{}),
 	}
 }
 
@@ -153,9 +157,28 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	return s, nil
 }
 
+// DialLazy returns a store for a standalone Redis without waiting for it
+// to answer: the connection is made, and made again, as calls need it, so a
+// server can start while Redis is down and decide by its failure modes
+// until Redis answers. Sentinel and Cluster deployments need their
+// topology first: use Dial.
+func DialLazy(cfg Config, opts *Options) (*Store, error) {
+	if cfg.Mode != Standalone {
+		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: DialLazy is for a standalone Redis; %s needs Dial", cfg)
+	}
+	client, err := rueidis.NewClient(cfg.clientOption())
+	if client == nil {
+		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
+	}
+	s := New(client, opts)
+	s.own = true
+	return s, nil
+}
+
 // Close closes the connection if the store opened it. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		close(s.closed)
 		if s.own {
 			s.client.Close()
 		}
@@ -431,14 +454,41 @@ func (s *Store) fail(ctx context.Context, err error) error {
 		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
 	}
 	s.failures.Add(1)
-	s.breaker.failure(time.Now())
+	if s.breaker.failure(time.Now()) {
+		go s.probe()
+	}
 	return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
 }
 
+// probe pings Redis while the breaker is open, every tenth of its cooldown,
+// and closes the breaker at the first answer: decisions are Redis's again
+// within moments of its return, not a cooldown later. One probe runs at a
+// time; it stops when the breaker closes or the store does.
+func (s *Store) probe() {
+	if !s.probing.CompareAndSwap(false, true) {
+		return
+	}
+	defer s.probing.Store(false)
+	every := max(s.breaker.cooldown/10, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for s.breaker.openAt.Load() != 0 {
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+		}
+		if s.Ping(context.Background()) == nil {
+			s.breaker.success()
+		}
+	}
+}
+
 // isTransient reports Redis errors that say "not now" rather than "wrong":
-// a master that is gone or read-only after a failover.
+// a master that is gone or read-only after a failover, a server at its
+// maxmemory that takes no more writes.
 func isTransient(msg string) bool {
-	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY"} {
+	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY", "OOM"} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}

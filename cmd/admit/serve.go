@@ -111,7 +111,7 @@ func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slo
 	if err != nil {
 		return nil, fmt.Errorf("the configuration is invalid, not starting:\n%w", err)
 	}
-	st, err := openStore(ctx, storeURL, cfg, dataDir)
+	st, err := openStore(ctx, storeURL, cfg, dataDir, log)
 	if err != nil {
 		return nil, err
 	}
@@ -119,6 +119,9 @@ func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slo
 	if err != nil {
 		st.close()
 		return nil, err
+	}
+	if catalog.Pending() {
+		log.Warn("the shared tenant catalog could not be loaded at start; serving the configuration's tenants until it can")
 	}
 	if st.check != nil {
 		for _, r := range catalog.Policy().Rules() {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"time"
@@ -35,7 +36,7 @@ type openedStore struct {
 // openStore opens the store that --store (url) or the config's store
 // section names: the memory store, with the catalog's changes in a file
 // under dataDir, or Redis, which then also holds the catalog.
-func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*openedStore, error) {
+func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log *slog.Logger) (*openedStore, error) {
 	rc, isRedis, err := redisConfig(url, cfg)
 	if err != nil {
 		return nil, err
@@ -60,6 +61,15 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string) (*o
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r, err := redisstore.Dial(dialCtx, rc, &redisstore.Options{Timeout: timeout})
+	if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable && rc.Mode == redisstore.Standalone {
+		// Start anyway: decide by on_error until Redis answers, rather
+		// than stay down with it.
+		var openErr error
+		if r, openErr = redisstore.DialLazy(rc, &redisstore.Options{Timeout: timeout}); openErr == nil {
+			log.Error("Redis does not answer at start; serving anyway, deciding by on_error until it does", "store", rc.String(), "err", err)
+			err = nil
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", rc, err)
 	}

@@ -135,6 +135,7 @@ func (s *Server) Stop() {
 		return
 	default:
 	}
+	_ = s.cmd.Process.Signal(syscall.SIGCONT) // a frozen server cannot stop
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-s.done:
@@ -150,6 +151,26 @@ func (s *Server) Kill() {
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
+}
+
+// Freeze stops the server's process with SIGSTOP: it keeps its
+// connections and answers nothing, so clients meet their timeouts rather
+// than a refused connection. Thaw resumes it.
+func (s *Server) Freeze() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen server with SIGCONT.
+func (s *Server) Thaw() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
+
+// Unstarted returns a standalone server that has a free port and a
+// directory but is not running: clients find nothing there until Restart
+// starts it.
+func Unstarted(tb testing.TB) *Server {
+	tb.Helper()
+	s := &Server{dir: tb.TempDir()}
+	s.Port = freePort(tb)
+	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+	tb.Cleanup(s.Stop)
+	return s
 }
 
 // Restart starts the server again on the same port and directory.
