@@ -92,7 +92,8 @@ func (c *CatalogStore) Save(ctx context.Context, ch *policy.Changes) error {
 
 // Watch calls changed whenever a server saves the catalog, until ctx ends.
 // It also calls it every poll interval (a message published while this
-// server was disconnected is lost) and after each reconnection.
+// server was disconnected is lost), after each lost subscription, and
+// once each subscription is made again.
 func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed func()) {
 	go func() {
 		t := time.NewTicker(poll)
@@ -111,9 +112,17 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 	// after a subscription that held.
 	const minWait, maxWait = 200 * time.Millisecond, 5 * time.Second
 	wait := minWait
+	// Each (re)subscription catches up at once: messages published while
+	// this server was away are lost, and Redis may have come back empty
+	// (the catalog then saves its copy back).
+	hooked := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
+		if s.Kind == "subscribe" {
+			go changed()
+		}
+	})
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := c.client.Receive(ctx, c.client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
+		err := c.client.Receive(hooked, c.client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
 			changed()
 		})
 		if ctx.Err() != nil {

@@ -48,9 +48,11 @@ func TestSharedCatalog(t *testing.T) {
 	if _, err := a.PutTenant(ctx, "globex", policy.TenantSpec{Tier: "pro"}); err != nil {
 		t.Fatal(err)
 	}
+	// Pub/sub brings it in milliseconds; the bound leaves room for a
+	// loaded machine's scheduler.
 	for b.Policy().Tenant("globex") == nil {
-		if time.Since(start) > time.Second {
-			t.Fatal("server b did not see server a's new tenant within 1s")
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("server b did not see server a's new tenant within 5s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

