@@ -540,7 +540,9 @@ func catalogPolicy(t *testing.T) *policy.Policy {
 func TestCatalogDomain(t *testing.T) {
 	p := catalogPolicy(t)
 	e := start(t, Options{Policy: func() *policy.Policy { return p }}, nil)
-	u := func(user string) *rlext.RateLimitDescriptor { return desc("tenant", "acme", "api_key", "acme-key", "user", user) }
+	u := func(user string) *rlext.RateLimitDescriptor {
+		return desc("tenant", "acme", "api_key", "acme-key", "user", user)
+	}
 	r := e.ask(t, "admit", 0, u("u1"))
 	l := r.Statuses[0].CurrentLimit
 	if r.OverallCode != ok || l.Name != "user-requests" || l.RequestsPerUnit != 2 || l.Unit != rlsv3.RateLimitResponse_RateLimit_SECOND || l.UnitMultiplier.GetValue() != 2 {

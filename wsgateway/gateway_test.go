@@ -74,7 +74,7 @@ func (h *harness) setPolicy(a, b policy.GatewaySpec, onError string) {
 	h.t.Helper()
 	p, err := policy.Compile(&policy.Spec{
 		OnError: onError,
-		Tiers: map[string]policy.TierSpec{"a": {Gateway: &a}, "b": {Gateway: &b}},
+		Tiers:   map[string]policy.TierSpec{"a": {Gateway: &a}, "b": {Gateway: &b}},
 		Tenants: map[string]policy.TenantSpec{
 			"t1": {Tier: "a"}, "t2": {Tier: "a"}, "t3": {Tier: "b"},
 		},

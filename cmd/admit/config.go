@@ -256,7 +256,6 @@ func (c *Config) CheckProxyActions() (unreachable []string, err error) {
 	return slices.Compact(unreachable), nil
 }
 
-
 // yamlError turns a parse error ("yaml: line 3: …") into a ConfigError.
 func yamlError(file string, err error) ConfigError {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
