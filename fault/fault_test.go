@@ -201,7 +201,6 @@ func lastLines(s string, n int) string {
 // deployment is one admit serve and one admit proxy on one Redis.
 type deployment struct {
 	t       *testing.T
-	redis   *redistest.Server
 	serve   *proc
 	proxy   *proc
 	rls     rlsv3.RateLimitServiceClient
@@ -209,11 +208,10 @@ type deployment struct {
 	seq     int    // numbers fresh users
 }
 
-func deploy(t *testing.T, redis *redistest.Server, mode string, running bool) *deployment {
+func deploy(t *testing.T, store, mode string, running bool) *deployment {
 	t.Helper()
 	cfg := config(t, mode)
-	store := "redis://" + redis.Addr
-	d := &deployment{t: t, redis: redis}
+	d := &deployment{t: t}
 	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
 	d.serve = startAdmit(t, httpAddr, "serve", "--config", cfg, "--store", store, "--data-dir", t.TempDir(),
 		"--grpc", grpcAddr, "--http", httpAddr)
@@ -469,42 +467,67 @@ func runCell(t *testing.T, f fault, mode string) {
 	} else {
 		redis = redistest.Unstarted(t)
 	}
-	d := deploy(t, redis, mode, f.before)
+	d := deploy(t, "redis://"+redis.Addr, mode, f.before)
 	if f.before {
-		// An admin change to the shared catalog, which must outlive the
-		// fault; and a user who spends their burst before it.
-		if code, body := d.post("/v1/admin/tenants/newco", "PUT", `{"tier":"t"}`, ""); code != 200 {
-			t.Fatalf("creating tenant newco: %d %s", code, body)
+		d.prepare()
+	}
+	f.begin(t, redis)
+	want := func(fe string) []string {
+		w := allowed(mode, fe)
+		if f.up {
+			// The store decides, but the first call on a connection
+			// the restart broke fails as an outage would.
+			w = append(w, "admitted", "refused")
 		}
-		for i := range 4 {
-			if code, _ := d.post("/v1/check", "POST", `{"tenant":"open","user":"spent"}`, ""); code != 200 {
-				t.Fatalf("spending: check %d: %d", i, code)
-			}
+		if f.lost && fe == "WebSocket" {
+			w = append(w, "status 404") // the session went with the store's state
 		}
-		for _, fe := range frontEnds {
-			if got := fe.ask(d); got != "admitted" {
-				t.Fatalf("%s before the fault: %s", fe.name, got)
-			}
+		return w
+	}
+	d.duringFault(want)
+	if mode == "local" && !f.up {
+		d.localLimits()
+	}
+	f.end(t, redis)
+	d.recovered(time.Now(), time.Second)
+	d.afterFault(f.before, f.lost, func(key string) (string, error) { return redistest.Command(redis.Addr, "GET", key) })
+}
+
+// prepare makes what must outlive a fault: an admin change to the shared
+// catalog, and a user who spends their burst.
+func (d *deployment) prepare() {
+	t := d.t
+	t.Helper()
+	if code, body := d.post("/v1/admin/tenants/newco", "PUT", `{"tier":"t"}`, ""); code != 200 {
+		t.Fatalf("creating tenant newco: %d %s", code, body)
+	}
+	for i := range 4 {
+		if code, _ := d.post("/v1/check", "POST", `{"tenant":"open","user":"spent"}`, ""); code != 200 {
+			t.Fatalf("spending: check %d: %d", i, code)
 		}
 	}
+	for _, fe := range frontEnds {
+		if got := fe.ask(d); got != "admitted" {
+			t.Fatalf("%s before the fault: %s", fe.name, got)
+		}
+	}
+}
 
-	f.begin(t, redis)
+// duringFault asks every front end 20 times: each answer one of want's,
+// the p99 within 2 × timeout + 50 ms.
+func (d *deployment) duringFault(want func(frontEnd string) []string) {
+	t := d.t
+	t.Helper()
 	bound := 2*redisTimeout + 50*time.Millisecond
 	for _, fe := range frontEnds {
 		var took []time.Duration
-		want := allowed(mode, fe.name)
-		if f.up {
-			want = []string{"admitted", "refused"}
-		}
-		if f.lost && fe.name == "WebSocket" {
-			want = append(want, "status 404") // the session went with the store's state
-		}
+		w := want(fe.name)
 		for range 20 {
 			start := time.Now()
 			got := fe.ask(d)
 			took = append(took, time.Since(start))
-			if !slices.Contains(want, got) {
-				t.Errorf("%s during the fault: %s, want one of %v", fe.name, got, want)
+			if !slices.Contains(w, got) {
+				t.Errorf("%s during the fault: %s, want one of %v", fe.name, got, w)
 				break
 			}
 		}
@@ -515,33 +538,48 @@ func runCell(t *testing.T, f fault, mode string) {
 			t.Errorf("%s: p99 %v during the fault; the bound is 2 × timeout + 50ms = %v", fe.name, p99, bound)
 		}
 	}
-	if mode == "local" && !f.up {
-		// The local limiter really limits: half of the user bucket's 4.
-		u := d.user()
-		var got []int
-		for range 3 {
-			code, _ := d.post("/v1/check", "POST", `{"tenant":"open","user":"`+u+`"}`, "")
-			got = append(got, code)
-		}
-		if !slices.Equal(got, []int{200, 200, 429}) {
-			t.Errorf("local, a fresh user: %v, want [200 200 429] (burst 4 ÷ 2 instances)", got)
-		}
-	}
+}
 
-	f.end(t, redis)
-	ended := time.Now()
+// localLimits: with on_error local and the store down, the local limiter
+// really limits, to half of the user bucket's 4 (instances: 2).
+func (d *deployment) localLimits() {
+	u := d.user()
+	var got []int
+	for range 3 {
+		code, _ := d.post("/v1/check", "POST", `{"tenant":"open","user":"`+u+`"}`, "")
+		got = append(got, code)
+	}
+	if !slices.Equal(got, []int{200, 200, 429}) {
+		d.t.Errorf("local, a fresh user: %v, want [200 200 429] (burst 4 ÷ 2 instances)", got)
+	}
+}
+
+// recovered waits until decisions are the store's again, at most within
+// after since, and returns how long it took.
+func (d *deployment) recovered(since time.Time, within time.Duration) time.Duration {
+	t := d.t
+	t.Helper()
 	for {
 		code, body := d.post("/v1/check", "POST", `{"tenant":"open","user":"`+d.user()+`"}`, "")
 		if code == 200 && !strings.Contains(body, `"failover"`) {
 			break
 		}
-		if time.Since(ended) > time.Second {
-			t.Fatalf("decisions not the store's 1s after it returned: %d %s", code, body)
+		if time.Since(since) > within {
+			t.Fatalf("decisions not the store's %v after it returned: %d %s", within, code, body)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Logf("decisions are the store's again %v after it returned", time.Since(ended).Round(time.Millisecond))
+	took := time.Since(since)
+	t.Logf("decisions are the store's again %v after it returned", took.Round(time.Millisecond))
+	return took
+}
 
+// afterFault checks what must hold once the store is back: limits, leases,
+// connections, the catalog (get reads a Redis key), no panic, one log
+// line for the outage.
+func (d *deployment) afterFault(prepared, lost bool, get func(key string) (string, error)) {
+	t := d.t
+	t.Helper()
 	// Limits hold again: a fresh user gets exactly its burst.
 	u := d.user()
 	var got []int
@@ -554,15 +592,15 @@ func runCell(t *testing.T, f fault, mode string) {
 	}
 	// The user who spent their burst before: refused, unless the store
 	// lost its state, when they get at most one burst again.
-	if f.before {
+	if prepared {
 		admitted := 0
 		for range 5 {
 			if code, _ := d.post("/v1/check", "POST", `{"tenant":"open","user":"spent"}`, ""); code == 200 {
 				admitted++
 			}
 		}
-		t.Logf("the spent user after the fault: %d admitted (state lost: %v)", admitted, f.lost)
-		if !f.lost && admitted != 0 || admitted > 4 {
+		t.Logf("the spent user after the fault: %d admitted (state lost: %v)", admitted, lost)
+		if !lost && admitted != 0 || admitted > 4 {
 			t.Errorf("the spent user got %d after the fault", admitted)
 		}
 	}
@@ -593,12 +631,12 @@ func runCell(t *testing.T, f fault, mode string) {
 	}
 	// The catalog is kept: the admin change made before the fault holds,
 	// and a Redis that lost it has it back.
-	if f.before {
+	if prepared {
 		if code, body := d.post("/v1/check", "POST", `{"tenant":"newco","user":"x"}`, ""); code != 200 {
 			t.Errorf("tenant newco after the fault: %d %s", code, body)
 		}
 		if !waitFor(2*time.Second, func() bool {
-			v, err := redistest.Command(redis.Addr, "GET", "admit:{catalog}changes")
+			v, err := get("admit:{catalog}changes")
 			return err == nil && strings.Contains(v, "newco")
 		}) {
 			t.Error("Redis does not hold the catalog with tenant newco 2s after the fault")
@@ -616,7 +654,6 @@ func runCell(t *testing.T, f fault, mode string) {
 		t.Errorf("the outage was logged %d times", n)
 	}
 }
-
 func waitFor(within time.Duration, ok func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !ok() {

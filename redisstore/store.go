@@ -395,12 +395,26 @@ func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 // deployment, a restart without persistence, a failover to a node that
 // never had it — gets it loaded, on every node, and the call is made again.
 func (s *Store) fcall(ctx context.Context, c call) ([]int64, error) {
-	for attempt := 0; ; attempt++ {
+	loaded := false
+	for {
 		cmd := s.client.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
 		v, err := s.client.Do(ctx, cmd).AsIntSlice()
-		if re, ok := rueidis.IsRedisErr(err); ok && attempt == 0 && strings.Contains(re.Error(), "Function not found") {
+		re, ok := rueidis.IsRedisErr(err)
+		switch {
+		case ok && !loaded && strings.Contains(re.Error(), "Function not found"):
 			if err := s.LoadFunctions(ctx); err != nil {
 				return nil, err
+			}
+			loaded = true
+			continue
+		case ok && re.IsTryAgain():
+			// A slot being migrated holds some of the call's keys and
+			// not the others: nothing ran. Redis asks to try again in
+			// a moment; do, within the call's timeout.
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(2 * time.Millisecond):
 			}
 			continue
 		}

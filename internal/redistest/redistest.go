@@ -61,9 +61,44 @@ func Start(tb testing.TB, extra ...string) *Server {
 // StartSentinel starts a Redis Sentinel that monitors master under name.
 func StartSentinel(tb testing.TB, master *Server, name string) *Server {
 	tb.Helper()
+	return startSentinel(tb, master, name, 1)
+}
+
+// StartSentinels starts n Sentinels that monitor master under name and
+// agree on a failover by majority; each deems the master down after 1s
+// without an answer.
+func StartSentinels(tb testing.TB, master *Server, name string, n int) []*Server {
+	tb.Helper()
+	out := make([]*Server, n)
+	for i := range out {
+		out[i] = startSentinel(tb, master, name, n/2+1)
+	}
+	return out
+}
+
+// StartReplica starts a standalone server that replicates master, and
+// waits until its link to the master is up.
+func StartReplica(tb testing.TB, master *Server) *Server {
+	tb.Helper()
+	r := Start(tb, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := Command(r.Addr, "INFO", "replication")
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("replica %s did not sync with %s: %v %s", r.Addr, master.Addr, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startSentinel(tb testing.TB, master *Server, name string, quorum int) *Server {
+	tb.Helper()
 	dir := tb.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
-	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\nsentinel down-after-milliseconds %s 1000\n", name, master.Port, name)
+	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n", name, master.Port, quorum, name, name)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
@@ -187,8 +222,18 @@ func (s *Server) Restart(tb testing.TB) {
 // reports cluster_state:ok.
 func StartCluster(tb testing.TB, masters int) []*Server {
 	tb.Helper()
-	nodes := make([]*Server, masters)
-	addrs := make([]string, masters)
+	return StartClusterWithReplicas(tb, masters, 0)
+}
+
+// StartClusterWithReplicas starts a cluster of masters, each with replicas
+// replicas (redis-cli assigns them); the first masters nodes returned are
+// the masters as created. A master that stops answering for 2s is failed
+// over to its replica.
+func StartClusterWithReplicas(tb testing.TB, masters, replicas int) []*Server {
+	tb.Helper()
+	n := masters * (1 + replicas)
+	nodes := make([]*Server, n)
+	addrs := make([]string, n)
 	for i := range nodes {
 		nodes[i] = Start(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
 		addrs[i] = nodes[i].Addr
@@ -196,7 +241,7 @@ func StartCluster(tb testing.TB, masters int) []*Server {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	out, err := exec.CommandContext(ctx, binary(tb, "redis-cli"), args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
@@ -210,6 +255,19 @@ func StartCluster(tb testing.TB, masters int) []*Server {
 			}
 			if time.Now().After(deadline) {
 				tb.Fatalf("cluster node %s not ok: %v %s", n.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// Replicas are assigned by redis-cli, and sync after it returns.
+	for _, n := range nodes {
+		for {
+			info, err := Command(n.Addr, "INFO", "replication")
+			if err == nil && (strings.Contains(info, "role:master") || strings.Contains(info, "master_link_status:up")) {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("cluster replica %s did not sync: %v %s", n.Addr, err, info)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
