@@ -79,6 +79,30 @@ type MemorySessions struct {
 	mu        sync.Mutex
 	sessions  map[string]*memSession
 	lastSweep time.Time
+	max       int
+}
+
+// DefaultMaxSessions bounds the live sessions of a MemorySessions unless
+// SetMaxSessions says otherwise: a flood of session creations (new tenants
+// of a default tier, say) cannot grow the process without bound.
+const DefaultMaxSessions = 1_000_000
+
+// SetMaxSessions bounds the live sessions m holds; creating one more is
+// refused with admit.CodeUnavailable until sessions expire or are deleted.
+// n ≤ 0 means DefaultMaxSessions. Call it before m is used.
+func (m *MemorySessions) SetMaxSessions(n int) {
+	if n <= 0 {
+		n = DefaultMaxSessions
+	}
+	m.max = n
+}
+
+// Len returns how many sessions m holds, expired ones not yet swept
+// included.
+func (m *MemorySessions) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sessions)
 }
 
 type memSession struct {
@@ -95,7 +119,7 @@ func NewMemorySessions(now func() time.Time) *MemorySessions {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemorySessions{now: now, sessions: map[string]*memSession{}}
+	return &MemorySessions{now: now, sessions: map[string]*memSession{}, max: DefaultMaxSessions}
 }
 
 // live returns the session id if it has not expired; an expired one is
@@ -121,15 +145,19 @@ func (m *MemorySessions) Create(_ context.Context, s Session, ttl time.Duration)
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if now.Sub(m.lastSweep) >= time.Second {
-		// Sessions nobody touches again go here: at most once a second,
-		// so creating sessions stays O(1) amortized.
+	if now.Sub(m.lastSweep) >= time.Second || len(m.sessions) >= m.max && now.Sub(m.lastSweep) >= 100*time.Millisecond {
+		// Sessions nobody touches again go here: at most once a second
+		// (ten times a second when full), so creating sessions stays
+		// O(1) amortized.
 		m.lastSweep = now
 		for id, ms := range m.sessions {
 			if !now.Before(ms.s.ExpiresAt) {
 				delete(m.sessions, id)
 			}
 		}
+	}
+	if len(m.sessions) >= m.max {
+		return Session{}, admit.Errorf(admit.CodeUnavailable, "the gateway holds %d live sessions, its most (gateway.max_sessions); try again when some have expired", len(m.sessions))
 	}
 	if m.live(s.ID, now) != nil {
 		return Session{}, admit.Errorf(admit.CodeConflict, "session %q exists", s.ID)

@@ -68,6 +68,10 @@ type GatewayConfig struct {
 	PoolWorkers int64 `json:"pool_workers"`
 	// Demo serves the sample client page at /demo/; default true.
 	Demo *bool `json:"demo"`
+	// MaxSessions bounds the live sessions of the memory store (a session
+	// past it is refused with 503 until some expire); default 1,000,000.
+	// With Redis, Redis's maxmemory bounds them.
+	MaxSessions int64 `json:"max_sessions"`
 }
 
 // EnvoyConfig is the envoy section: the Envoy rate limit service (gRPC).
@@ -528,6 +532,7 @@ func (d *decoder) checkGateway(g *GatewayConfig) {
 		{"gateway.send_buffer_frames", g.SendBufferFrames, 1, 1 << 20},
 		{"gateway.max_message_bytes", g.MaxMessageBytes, 128, 16 << 20},
 		{"gateway.pool_workers", g.PoolWorkers, 1, 4096},
+		{"gateway.max_sessions", g.MaxSessions, 1, 100_000_000},
 	} {
 		if f.v != 0 && (f.v < f.lo || f.v > f.h) {
 			d.failAt(f.path, "must be from %d to %d", f.lo, f.h)

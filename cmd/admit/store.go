@@ -43,6 +43,8 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	}
 	if !isRedis {
 		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
+		sessions := wsgateway.NewMemorySessions(nil)
+		sessions.SetMaxSessions(int(cfg.Gateway.MaxSessions))
 		return &openedStore{
 			name: "memory", store: m,
 			changes: &policy.FileStore{Path: filepath.Join(dataDir, "catalog.json")},
@@ -50,7 +52,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 				st := m.Stats()
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
 			},
-			sessions: wsgateway.NewMemorySessions(nil),
+			sessions: sessions,
 			close:    func() { m.Close() },
 		}, nil
 	}
