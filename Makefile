@@ -2,6 +2,7 @@
 GO          ?= go
 STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
+FUZZTIME    ?= 30s
 
 .PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-ws fuzz
 
@@ -47,13 +48,17 @@ bench-ws: ## the WebSocket gateway of admit serve: admissions/s, memory per idle
 bench-redis: deps ## the Redis store vs redis_rate and redis-benchmark (docs/benchmarks.md); about 5 minutes
 	cd bench && ADMIT_REDIS_BENCH=1 $(GO) test -run TestRedisReport -count=1 -v -timeout=30m .
 
-fuzz: ## run each fuzz target for 30s
-	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=30s .
-	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=30s .
-	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=30s .
-	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=30s .
-	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=30s ./internal/server
-	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=30s ./cmd/admit
-	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=30s ./envoyrls
-	$(GO) test -run='^$$' -fuzz=FuzzShouldRateLimit -fuzztime=30s ./envoyrls
-	$(GO) test -run='^$$' -fuzz=FuzzFrame -fuzztime=30s ./wsgateway
+fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
+	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server
+	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./cmd/admit
+	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=$(FUZZTIME) ./envoyrls
+	$(GO) test -run='^$$' -fuzz=FuzzShouldRateLimit -fuzztime=$(FUZZTIME) ./envoyrls
+	$(GO) test -run='^$$' -fuzz=FuzzFrame -fuzztime=$(FUZZTIME) ./wsgateway
+	$(GO) test -run='^$$' -fuzz=FuzzQuery -fuzztime=$(FUZZTIME) ./wsgateway
+	$(GO) test -run='^$$' -fuzz=FuzzAdminBody -fuzztime=$(FUZZTIME) ./internal/server
+	$(GO) test -run='^$$' -fuzz=FuzzForwardingHeaders -fuzztime=$(FUZZTIME) ./httplimit
+	$(GO) test -run='^$$' -fuzz=FuzzCheck$$ -fuzztime=$(FUZZTIME) ./httplimit

@@ -3,6 +3,8 @@ package wsgateway
 import (
 	"context"
 	"encoding/json"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -69,6 +71,62 @@ func FuzzFrame(f *testing.F) {
 		}
 		if err := json.Unmarshal(c.queue[0], &fr); err != nil || (fr.Type != "echo" && fr.Type != "error" && fr.Type != "throttled") {
 			t.Fatalf("%q → %s: %v", data, c.queue[0], err)
+		}
+	})
+}
+
+// FuzzQuery asks the upgrade's preflight with any query string and Origin:
+// every answer is 200 or a 4xx problem (never a 5xx or a panic), and no
+// refusal charges anything: the session's connection budget is whole
+// afterwards.
+func FuzzQuery(f *testing.F) {
+	for _, s := range []struct{ query, origin string }{
+		{"tenant=t&session=S", ""}, {"tenant=t", ""}, {"session=S", "http://evil.example"},
+		{"tenant=t&session=S&tenant=u", "null"}, {"tenant=%00&session=%ff", ""}, {"tenant=nobody&session=S", ""},
+		{";;&&==", "http://[::1"},
+	} {
+		f.Add(s.query, s.origin)
+	}
+	p, err := policy.Compile(&policy.Spec{Tenants: map[string]policy.TenantSpec{"t": {Tier: "a"}, "u": {Tier: "a"}},
+		Tiers: map[string]policy.TierSpec{"a": {}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	store := memstore.New(nil)
+	defer store.Close()
+	g, err := New(Options{Store: store, Policy: func() *policy.Policy { return p }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer g.Close(context.Background())
+	s, err := g.CreateSession(context.Background(), "t")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, query, origin string) {
+		query = strings.ReplaceAll(query, "S", s.ID)
+		req := httptest.NewRequest("GET", "/v1/ws/preflight", nil)
+		req.URL.RawQuery = query
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		rec := httptest.NewRecorder()
+		g.Preflight(rec, req)
+		switch {
+		case rec.Code == 200:
+		case rec.Code >= 400 && rec.Code < 500:
+			if rec.Header().Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("?%s Origin %q: %d without a problem: %s", query, origin, rec.Code, rec.Body)
+			}
+		default:
+			t.Fatalf("?%s Origin %q: status %d: %s", query, origin, rec.Code, rec.Body)
+		}
+		// A preflight is a dry run: whatever was asked, the session can
+		// still take a connection.
+		rec = httptest.NewRecorder()
+		g.Preflight(rec, httptest.NewRequest("GET", "/v1/ws/preflight?tenant=t&session="+s.ID, nil))
+		if rec.Code != 200 {
+			t.Fatalf("after ?%s, the session's own preflight: %d %s", query, rec.Code, rec.Body)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -525,6 +526,46 @@ func FuzzCheckBody(f *testing.F) {
 		default:
 			if rec.Header().Get("Content-Type") != "application/problem+json" {
 				t.Fatalf("body %q: status %d without a problem: %s", body, rec.Code, rec.Body)
+			}
+		}
+	})
+}
+
+// FuzzAdminBody: any tenant or tier id and body sent to the admin API is
+// answered with a 2xx or a 4xx problem, never a 5xx or a panic, and a
+// refused change leaves the catalog as it was.
+func FuzzAdminBody(f *testing.F) {
+	for _, s := range []struct{ kind, id, body string }{
+		{"tenants", "acme", `{"tier":"big"}`},
+		{"tenants", "t1", `{"tier":"small","overrides":[{"name":"user-req","rate":"5/s"}]}`},
+		{"tenants", "x", `{"tier":"small","overrides":[{"name":"user-req","algorithm":"gcra"}]}`},
+		{"tiers", "gold", `{"rules":[{"name":"r","scope":"tenant","algorithm":"token_bucket","rate":"1/s","burst":2}]}`},
+		{"tiers", "small", `{"rules":[{"name":"r","scope":"attribute:plan","algorithm":"fixed_window","limit":3,"window":"1m"}],"gateway":{"tenant_connections":-1}}`},
+		{"tenants", "a b", `{"tier":"big"}`}, {"tiers", "t", `nul`}, {"tenants", "%00", `{}`},
+	} {
+		f.Add(s.kind, s.id, s.body)
+	}
+	h := start(f, testSpec(), "")
+	f.Fuzz(func(t *testing.T, kind, id, body string) {
+		if kind != "tenants" && kind != "tiers" {
+			kind = "tenants"
+		}
+		before := h.catalog.Policy()
+		req := httptest.NewRequest("PUT", "/v1/admin/"+kind+"/x", strings.NewReader(body))
+		req.SetPathValue("id", id)
+		req.URL.Path = "/v1/admin/" + kind + "/" + url.PathEscape(id)
+		req.RemoteAddr = "127.0.0.1:1"
+		rec := httptest.NewRecorder()
+		h.srv.ServeHTTP(rec, req)
+		switch {
+		case rec.Code >= 500:
+			t.Fatalf("PUT %s %q %q: status %d: %s", kind, id, body, rec.Code, rec.Body)
+		case rec.Code >= 400:
+			if rec.Header().Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("PUT %s %q %q: status %d without a problem: %s", kind, id, body, rec.Code, rec.Body)
+			}
+			if h.catalog.Policy() != before {
+				t.Fatalf("PUT %s %q %q: refused with %d, yet the catalog changed", kind, id, body, rec.Code)
 			}
 		}
 	})
