@@ -534,6 +534,7 @@ func (d *deployment) duringFault(want func(frontEnd string) []string) {
 		slices.Sort(took)
 		p99 := took[(len(took)*99+99)/100-1]
 		t.Logf("%s: p99 %v over %d answers during the fault", fe.name, p99.Round(time.Millisecond), len(took))
+		report(t, fe.name, p99)
 		if p99 > bound {
 			t.Errorf("%s: p99 %v during the fault; the bound is 2 × timeout + 50ms = %v", fe.name, p99, bound)
 		}
@@ -571,6 +572,7 @@ func (d *deployment) recovered(since time.Time, within time.Duration) time.Durat
 	}
 	took := time.Since(since)
 	t.Logf("decisions are the store's again %v after it returned", took.Round(time.Millisecond))
+	report(t, "recovery", took)
 	return took
 }
 
@@ -600,6 +602,7 @@ func (d *deployment) afterFault(prepared, lost bool, get func(key string) (strin
 			}
 		}
 		t.Logf("the spent user after the fault: %d admitted (state lost: %v)", admitted, lost)
+		report(t, "over-admitted", admitted)
 		if !lost && admitted != 0 || admitted > 4 {
 			t.Errorf("the spent user got %d after the fault", admitted)
 		}
@@ -654,6 +657,15 @@ func (d *deployment) afterFault(prepared, lost bool, get func(key string) (strin
 		t.Errorf("the outage was logged %d times", n)
 	}
 }
+// report logs one figure of a cell for docs/reliability.md, in a line
+// fault/report.sh collects: "report <cell> <what> <value>".
+func report(t *testing.T, what string, v any) {
+	if d, ok := v.(time.Duration); ok {
+		v = d.Round(time.Millisecond)
+	}
+	t.Logf("report\t%s\t%s\t%v", t.Name(), what, v)
+}
+
 func waitFor(within time.Duration, ok func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !ok() {

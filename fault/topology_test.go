@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"fmt"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -73,6 +74,7 @@ func TestSentinelFailover(t *testing.T) {
 			}
 			promoted := time.Now()
 			t.Logf("the sentinels named the replica master %v after the kill", promoted.Sub(killed).Round(time.Millisecond))
+			report(t, "failover", promoted.Sub(killed))
 			d.recovered(promoted, time.Second)
 			d.afterFault(true, false, func(key string) (string, error) { return redistest.Command(replica.Addr, "GET", key) })
 		})
@@ -124,6 +126,7 @@ func TestClusterFailover(t *testing.T) {
 			d.duringFault(duringFailover(mode))
 			promoted := waitMaster(t, replica.Addr, 20*time.Second)
 			t.Logf("the replica was promoted %v after the kill", promoted.Sub(killed).Round(time.Millisecond))
+			report(t, "failover", promoted.Sub(killed))
 			d.recovered(promoted, time.Second)
 			d.afterFault(true, false, func(key string) (string, error) { return cli(replica.Addr, "GET", key) })
 		})
@@ -214,6 +217,7 @@ func TestClusterSlotMigration(t *testing.T) {
 			close(stop)
 			wg.Wait()
 			t.Logf("answers while slot %s moved: %v", slot, seen)
+			report(t, "answers while the slot moved", fmt.Sprint(seen))
 			ok := duringFailover(mode)("POST /v1/check")
 			for outcome, n := range seen {
 				if !slicesContains(ok, outcome) {

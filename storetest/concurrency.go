@@ -117,12 +117,7 @@ func testStoppedClockExact(t *testing.T, newStore Factory) {
 		var next atomic.Int64
 		hammerN(t, exactAttempts, func(d *admit.Decision) error {
 			u := int(next.Add(1)) % users
-			c := []admit.Charge{
-				{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: string(rune('a' + u))}.String(), Rule: user, Cost: 1},
-				{Key: admit.Key{Scope: "tenant", Tenant: "acme"}.String(), Rule: tenant, Cost: 1},
-				{Key: admit.Key{Scope: "global"}.String(), Rule: global, Cost: 1},
-			}
-			err := s.Decide(context.Background(), c, d)
+			err := s.Decide(context.Background(), hierarchyCharges(u, user, tenant, global), d)
 			if err == nil && d.Allowed {
 				perUser[u].Add(1)
 			}
@@ -279,6 +274,17 @@ func testWindowBounds(t *testing.T, s admit.Store) {
 	}
 }
 
+// hierarchyCharges returns seed 002's charges for user u of tenant acme:
+// its user bucket, the tenant's and the global one (its own slot in
+// Cluster).
+func hierarchyCharges(u int, user, tenant, global *admit.Rule) []admit.Charge {
+	return []admit.Charge{
+		{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: string(rune('a' + u))}.String(), Rule: user, Cost: 1},
+		{Key: admit.Key{Scope: "tenant", Tenant: "acme"}.String(), Rule: tenant, Cost: 1},
+		{Key: admit.Key{Scope: "global"}.String(), Rule: global, Cost: 1},
+	}
+}
+
 // testHierarchyBound runs seed 002's shape: users of one tenant share the
 // tenant's bucket; no user passes its own bound and the users together
 // never pass the tenant's.
@@ -292,12 +298,7 @@ func testHierarchyBound(t *testing.T, s admit.Store) {
 	var tenantRefused atomic.Int64 // decisions whose tenant charge refused
 	start, end := hammer(t, func(d *admit.Decision) error {
 		u := int(next.Add(1)) % users
-		c := []admit.Charge{
-			{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: string(rune('a' + u))}.String(), Rule: user, Cost: 1},
-			{Key: admit.Key{Scope: "tenant", Tenant: "acme"}.String(), Rule: tenant, Cost: 1},
-			{Key: admit.Key{Scope: "global"}.String(), Rule: global, Cost: 1},
-		}
-		err := s.Decide(context.Background(), c, d)
+		err := s.Decide(context.Background(), hierarchyCharges(u, user, tenant, global), d)
 		if err == nil && d.Allowed {
 			perUser[u].Add(1)
 		} else if err == nil && !d.Results[1].Allowed {

@@ -23,22 +23,7 @@ func FuzzFrame(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p, err := policy.Compile(&policy.Spec{Tenants: map[string]policy.TenantSpec{"t": {Tier: "a"}},
-		Tiers: map[string]policy.TierSpec{"a": {}}})
-	if err != nil {
-		f.Fatal(err)
-	}
-	store := memstore.New(nil)
-	defer store.Close()
-	g, err := New(Options{Store: store, Policy: func() *policy.Policy { return p }})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer g.Close(context.Background())
-	s, err := g.CreateSession(context.Background(), "t")
-	if err != nil {
-		f.Fatal(err)
-	}
+	g, s := fuzzGateway(f)
 	msgKey := key(g.limitsOf(policy.DefaultGateway).messages[0], "t", "", "ws:message")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz", msgKey: msgKey}
@@ -87,22 +72,7 @@ func FuzzQuery(f *testing.F) {
 	} {
 		f.Add(s.query, s.origin)
 	}
-	p, err := policy.Compile(&policy.Spec{Tenants: map[string]policy.TenantSpec{"t": {Tier: "a"}, "u": {Tier: "a"}},
-		Tiers: map[string]policy.TierSpec{"a": {}}})
-	if err != nil {
-		f.Fatal(err)
-	}
-	store := memstore.New(nil)
-	defer store.Close()
-	g, err := New(Options{Store: store, Policy: func() *policy.Policy { return p }})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer g.Close(context.Background())
-	s, err := g.CreateSession(context.Background(), "t")
-	if err != nil {
-		f.Fatal(err)
-	}
+	g, s := fuzzGateway(f)
 	f.Fuzz(func(t *testing.T, query, origin string) {
 		query = strings.ReplaceAll(query, "S", s.ID)
 		req := httptest.NewRequest("GET", "/v1/ws/preflight", nil)
@@ -129,4 +99,28 @@ func FuzzQuery(f *testing.F) {
 			t.Fatalf("after ?%s, the session's own preflight: %d %s", query, rec.Code, rec.Body)
 		}
 	})
+}
+
+// fuzzGateway returns a gateway on a memory store with tenants t and u of
+// the default gateway limits, and a session of t; closed when f ends.
+func fuzzGateway(f *testing.F) (*Gateway, Session) {
+	p, err := policy.Compile(&policy.Spec{Tenants: map[string]policy.TenantSpec{"t": {Tier: "a"}, "u": {Tier: "a"}},
+		Tiers: map[string]policy.TierSpec{"a": {}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	store := memstore.New(nil)
+	g, err := New(Options{Store: store, Policy: func() *policy.Policy { return p }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() {
+		g.Close(context.Background())
+		store.Close()
+	})
+	s, err := g.CreateSession(context.Background(), "t")
+	if err != nil {
+		f.Fatal(err)
+	}
+	return g, s
 }
