@@ -657,6 +657,7 @@ func (d *deployment) afterFault(prepared, lost bool, get func(key string) (strin
 		t.Errorf("the outage was logged %d times", n)
 	}
 }
+
 // report logs one figure of a cell for docs/reliability.md, in a line
 // fault/report.sh collects: "report <cell> <what> <value>".
 func report(t *testing.T, what string, v any) {
