@@ -40,8 +40,8 @@ func FuzzParse(f *testing.F) {
 }
 
 // FuzzShouldRateLimit: any request is answered with a status per
-// descriptor, or refused as invalid or not permitted; never a panic or
-// an internal error.
+// descriptor, or refused as invalid, unauthenticated or not permitted;
+// never a panic or an internal error.
 func FuzzShouldRateLimit(f *testing.F) {
 	cfg, err := Parse(File{Name: "test.yaml", Data: []byte(testConfig)})
 	if err != nil {
@@ -79,7 +79,7 @@ func FuzzShouldRateLimit(f *testing.F) {
 		resp, err := svc.ShouldRateLimit(context.Background(), req)
 		if err != nil {
 			switch status.Code(err) {
-			case codes.InvalidArgument, codes.PermissionDenied:
+			case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 				return
 			}
 			t.Fatalf("%v", err)

@@ -50,6 +50,7 @@ func duringFailover(mode string) func(string) []string {
 func TestSentinelFailover(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel() // most of a cell is waiting for a failover
 			master := redistest.Start(t)
 			replica := redistest.StartReplica(t, master)
 			sentinels := redistest.StartSentinels(t, master, "mymaster", 3)
@@ -114,6 +115,7 @@ func clusterOwner(t *testing.T, nodes []*redistest.Server) (owner, replica *redi
 func TestClusterFailover(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel() // most of a cell is waiting for a failover
 			nodes := redistest.StartClusterWithReplicas(t, 3, 1)
 			d := deploy(t, "redis+cluster://"+nodes[0].Addr+","+nodes[1].Addr+","+nodes[2].Addr, mode, true)
 			d.prepare()
@@ -139,6 +141,7 @@ func TestClusterFailover(t *testing.T) {
 func TestClusterSlotMigration(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
+			t.Parallel() // most of a cell is waiting for a failover
 			nodes := redistest.StartCluster(t, 3)
 			d := deploy(t, "redis+cluster://"+nodes[0].Addr+","+nodes[1].Addr+","+nodes[2].Addr, mode, true)
 			d.prepare()

@@ -213,9 +213,12 @@ func TestClusterTenantSlots(t *testing.T) {
 	nodes := redistest.StartCluster(t, 3)
 	s := dial(t, "redis+cluster://"+nodes[0].Addr)
 	ctx := context.Background()
-	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5}
-	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 5}
-	global := &admit.Rule{Name: "global", Algorithm: admit.GCRA, Rate: admit.PerSecond(100), Burst: 10}
+	// Slow rates: idle keys expire once full again, and the keys must
+	// still be there when they are listed, however slow the machine.
+	hourly := admit.Rate{N: 10, Per: time.Hour}
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: hourly, Burst: 5}
+	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 5, LeaseTTL: time.Hour}
+	global := &admit.Rule{Name: "global", Algorithm: admit.GCRA, Rate: hourly, Burst: 10}
 	for _, tenant := range []string{"acme", "globex", "initech", "a{b}c"} {
 		d, err := admit.Check(ctx, s,
 			admit.Charge{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: "u1", Rule: "user"}.String(), Rule: user, Cost: 1},

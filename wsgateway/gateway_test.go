@@ -584,9 +584,11 @@ func TestSlowConsumerIsClosed(t *testing.T) {
 		t.Fatalf("SlowClosed = %d, want 1", got)
 	}
 	// What the slow client finds when it finally reads: some frames, then
-	// the 1008 close.
-	if code := closeCode(t, slow, 5*time.Second); code != websocket.StatusPolicyViolation {
-		t.Errorf("slow client's close code %d, want 1008", code)
+	// the 1008 close — if it reads within the server's close handshake
+	// (5s); a client slower than that (a loaded machine) finds the
+	// connection closed without the frame. Either way it is closed.
+	if code := closeCode(t, slow, 30*time.Second); code != websocket.StatusPolicyViolation && code != -1 {
+		t.Errorf("slow client's close code %d, want 1008 (or closed without one)", code)
 	}
 }
 
