@@ -39,6 +39,31 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// FuzzParseFiles: a directory of envoyproxy/ratelimit files, as
+// --envoy-config loads it, either loads or is refused with an error that
+// names a file of it (two files may not share a domain); never a panic.
+func FuzzParseFiles(f *testing.F) {
+	f.Add([]byte(testConfig), []byte("domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	f.Add([]byte("domain: d\n"), []byte("domain: d\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: k\n    descriptors:\n      - key: j\n        value: \"*\"\n"), []byte("{"))
+	f.Fuzz(func(t *testing.T, a, b []byte) {
+		c, err := Parse(File{Name: "a.yaml", Data: a}, File{Name: "b.yaml", Data: b})
+		if err != nil {
+			if msg := err.Error(); !strings.Contains(msg, "a.yaml") && !strings.Contains(msg, "b.yaml") {
+				t.Fatalf("error names neither file: %v", err)
+			}
+			return
+		}
+		seen := map[string]bool{}
+		for _, d := range c.Domains() {
+			if seen[d] {
+				t.Fatalf("domain %q loaded twice", d)
+			}
+			seen[d] = true
+		}
+	})
+}
+
 // FuzzShouldRateLimit: any request is answered with a status per
 // descriptor, or refused as invalid, unauthenticated or not permitted;
 // never a panic or an internal error.

@@ -330,7 +330,11 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		fields := map[string]int{}
 		names := []string{}
 		for i := 0; i < v.NumField(); i++ {
-			tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+			f := v.Type().Field(i)
+			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			if !f.IsExported() || tag == "" {
+				continue // not configuration (Config.src)
+			}
 			fields[tag] = i
 			names = append(names, tag)
 		}
