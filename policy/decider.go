@@ -50,14 +50,22 @@ type Decider struct {
 	shares weakmap.Map[admit.Rule, *admit.Rule]
 
 	// downSince is when the current outage began (Unix nanoseconds), 0
-	// while the store answers; onChange hears of each change.
-	downSince atomic.Int64
-	onChange  func(StoreEvent)
+	// while the store answers; lastFailure is when a call last failed;
+	// onChange hears of each change.
+	downSince   atomic.Int64
+	lastFailure atomic.Int64
+	onChange    func(StoreEvent)
 }
+
+// storeSettle is how long a store must go without a failed call before an
+// outage is over: a Cluster that lost one master answers for the other
+// slots meanwhile, and the outage should not flap with every decision.
+const storeSettle = time.Second
 
 // StoreEvent is a change in whether the store answers, as a Decider's
 // decisions see it: the first decision that finds the store unavailable
-// after it answered, and the first it answers again.
+// after it answered, and the first it answers once no call has failed for
+// a second.
 type StoreEvent struct {
 	Up bool
 	At time.Time
@@ -69,8 +77,9 @@ type StoreEvent struct {
 }
 
 // OnStoreChange sets f to hear of the store going down and coming back:
-// one event each way per outage, however many decisions fail in it. Set it
-// before the Decider is used.
+// one event each way per outage, however many decisions fail in it (an
+// outage ends once no call has failed for a second). Set it before the
+// Decider is used.
 func (d *Decider) OnStoreChange(f func(StoreEvent)) { d.onChange = f }
 
 // StoreDownSince returns when the current outage began, and false while
@@ -84,8 +93,15 @@ func (d *Decider) StoreDownSince() (time.Time, bool) {
 
 // storeAnswered records a call the store answered.
 func (d *Decider) storeAnswered() {
-	if v := d.downSince.Load(); v != 0 && d.downSince.CompareAndSwap(v, 0) && d.onChange != nil {
-		now := time.Now()
+	v := d.downSince.Load()
+	if v == 0 {
+		return
+	}
+	now := time.Now()
+	if now.UnixNano()-d.lastFailure.Load() < int64(storeSettle) {
+		return // still failing for some calls
+	}
+	if d.downSince.CompareAndSwap(v, 0) && d.onChange != nil {
 		d.onChange(StoreEvent{Up: true, At: now, Outage: now.Sub(time.Unix(0, v))})
 	}
 }
@@ -93,6 +109,7 @@ func (d *Decider) storeAnswered() {
 // storeFailed records a call the store could not answer.
 func (d *Decider) storeFailed(err error) {
 	now := time.Now()
+	d.lastFailure.Store(now.UnixNano())
 	if d.downSince.Load() == 0 && d.downSince.CompareAndSwap(0, now.UnixNano()) && d.onChange != nil {
 		d.onChange(StoreEvent{At: now, Err: err})
 	}

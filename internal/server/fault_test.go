@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/storetest"
@@ -144,7 +145,14 @@ func TestOutageLoggedOnceEachWay(t *testing.T) {
 		t.Errorf("metrics during the outage lack admit_store_up 0 / admit_store_outages_total 1")
 	}
 	f.Down.Store(false)
-	for range 3 { // of t2's user-req burst of 5, the first check took 1
+	// The outage ends with the first answer once no call has failed for a
+	// second (a Cluster missing one master answers for the other slots).
+	h.want(h.do("POST", "/v1/check", check), 200, "at once after the outage")
+	if h.do("GET", "/readyz", "").body["store_down_since"] == nil {
+		t.Error("/readyz ended the outage before a second without failures")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	for range 2 { // of t2's user-req burst of 5, two checks took 2
 		h.want(h.do("POST", "/v1/check", check), 200, "after the outage")
 	}
 	out := logs.String()
