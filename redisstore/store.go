@@ -201,11 +201,48 @@ func (s *Store) Ping(ctx context.Context) error {
 	nodes := map[string]rueidis.Client{"redis": s.client}
 	if s.cluster {
 		nodes = s.client.Nodes()
+		if masters := s.clusterMasters(ctx, nodes); masters != nil {
+			nodes = masters
+		}
 	}
 	for addr, c := range nodes {
 		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
 		}
+	}
+	return nil
+}
+
+// clusterMasters returns the masters that serve slots now, as the cluster
+// itself says (CLUSTER NODES from the first node that answers): after a
+// failover the client may still know the failed master, which serves no
+// slot and must not keep the store unready; before it, the failed master
+// still holds its slots and is pinged. It returns nil when no node answers or a master
+// is one the client does not know yet (then every known node is pinged).
+func (s *Store) clusterMasters(ctx context.Context, nodes map[string]rueidis.Client) map[string]rueidis.Client {
+	for _, c := range nodes {
+		text, err := c.Do(ctx, c.B().ClusterNodes().Build()).ToString()
+		if err != nil {
+			continue
+		}
+		masters := map[string]rueidis.Client{}
+		for _, line := range strings.Split(text, "\n") {
+			// <id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
+			f := strings.Fields(line)
+			if len(f) < 9 || !strings.Contains(f[2], "master") {
+				continue // a replica, or a master that serves no slot (one failed over)
+			}
+			addr, _, _ := strings.Cut(f[1], "@")
+			mc, ok := nodes[addr]
+			if !ok {
+				return nil
+			}
+			masters[addr] = mc
+		}
+		if len(masters) == 0 {
+			return nil
+		}
+		return masters
 	}
 	return nil
 }
