@@ -459,6 +459,20 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	tenant, sid, l := a.tenant, a.session, a.limits
 	ctx := r.Context()
+	// The setup counts as a connection for Close, which waits for it to
+	// finish and free what it took.
+	g.mu.Lock()
+	if g.closing {
+		g.mu.Unlock()
+		if a.lease != "" {
+			_ = g.decider.ReleaseLease(context.WithoutCancel(ctx), a.lease)
+		}
+		problem.Write(w, http.StatusServiceUnavailable, "the gateway is shutting down")
+		return
+	}
+	g.wg.Add(1)
+	g.mu.Unlock()
+	defer g.wg.Done() // after the cleanup below: defers run last first
 	var err error
 	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12),
 		msgKey: key(l.messages[0], tenant, "", "ws:message")}

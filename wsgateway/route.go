@@ -193,6 +193,9 @@ func (rs *routes) process(j *job) {
 	frame = append(frame, `,"from":"`...)
 	frame = append(frame, m.Connection...) // base64url: nothing to escape
 	frame = append(frame, '"')
+	// Counted before the reply goes out, so that whoever reads the reply
+	// finds it counted.
+	g.stats.messages.Add(1)
 	// The reply goes out even if the sender has gone: the session's other
 	// connections still expect it.
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
@@ -205,5 +208,4 @@ func (rs *routes) process(j *job) {
 		j.c.send(errorFrame(m.ID, "the reply could not be delivered: "+err.Error()))
 		return
 	}
-	g.stats.messages.Add(1)
 }
