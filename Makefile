@@ -56,6 +56,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./cmd/admit
 	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=$(FUZZTIME) ./envoyrls
+	$(GO) test -run='^$$' -fuzz=FuzzParseFiles -fuzztime=$(FUZZTIME) ./envoyrls
 	$(GO) test -run='^$$' -fuzz=FuzzShouldRateLimit -fuzztime=$(FUZZTIME) ./envoyrls
 	$(GO) test -run='^$$' -fuzz=FuzzFrame -fuzztime=$(FUZZTIME) ./wsgateway
 	$(GO) test -run='^$$' -fuzz=FuzzQuery -fuzztime=$(FUZZTIME) ./wsgateway
