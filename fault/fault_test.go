@@ -456,6 +456,23 @@ func TestStandaloneFaults(t *testing.T) {
 	}
 }
 
+// faultAnswers is what a front end may answer during a fault under mode:
+// up is whether Redis answers meanwhile, lost whether its state is gone.
+func faultAnswers(mode string, up, lost bool) func(frontEnd string) []string {
+	return func(fe string) []string {
+		w := allowed(mode, fe)
+		if up {
+			// The store decides, but the first call on a connection
+			// the restart broke fails as an outage would.
+			w = append(w, "admitted", "refused")
+		}
+		if lost && fe == "WebSocket" {
+			w = append(w, "status 404") // the session went with the store's state
+		}
+		return w
+	}
+}
+
 // runCell runs one fault under one mode: no answer but what the mode
 // promises, every answer within the bound at p99 while the fault lasts,
 // decisions the store's again within 1s of its return, limits enforced
@@ -472,19 +489,7 @@ func runCell(t *testing.T, f fault, mode string) {
 		d.prepare()
 	}
 	f.begin(t, redis)
-	want := func(fe string) []string {
-		w := allowed(mode, fe)
-		if f.up {
-			// The store decides, but the first call on a connection
-			// the restart broke fails as an outage would.
-			w = append(w, "admitted", "refused")
-		}
-		if f.lost && fe == "WebSocket" {
-			w = append(w, "status 404") // the session went with the store's state
-		}
-		return w
-	}
-	d.duringFault(want)
+	d.duringFault(faultAnswers(mode, f.up, f.lost))
 	if mode == "local" && !f.up {
 		d.localLimits()
 	}

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # FAULT_LOG=FILE keeps the suite's verbose output there.
 out=${FAULT_LOG:-$(mktemp)}
-go test -count=1 -v -timeout=15m -run 'Test(Standalone|Sentinel|Cluster)' ./fault > "$out" 2>&1 || { tail -50 "$out"; exit 1; }
+go test -count=1 -v -timeout=15m -run 'Test(Standalone|Sentinel|Cluster|Topology)' ./fault > "$out" 2>&1 || { tail -50 "$out"; exit 1; }
 awk -F'\t' '
 function cellname(t,   c, n) {
   n = split(t, c, "/")
@@ -15,6 +15,7 @@ function cellname(t,   c, n) {
   if (c[1] == "SentinelFailover") c[1] = "Sentinel failover"
   if (c[1] == "ClusterFailover") c[1] = "Cluster failover"
   if (c[1] == "ClusterSlotMigration") c[1] = "Cluster slot migration"
+  if (c[1] == "TopologyUnreachableAtStart") return (c[2] == "sentinel" ? "Sentinel" : "Cluster") " unreachable at start / " c[3]
   return c[1] " / " c[2]
 }
 /report\t/ {

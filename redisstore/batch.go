@@ -187,11 +187,7 @@ func (s *Store) send(batch []*job) {
 		return
 	}
 	keys, args := s.batchArgs(batch)
-	var v []int64
-	err := s.do(context.Background(), func(ctx context.Context) (err error) {
-		v, err = s.fcall(ctx, call{keys: keys, args: args})
-		return err
-	})
+	v, err := s.run(context.Background(), call{keys: keys, args: args})
 	if err == nil && len(v) != replyLen(batch) {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), replyLen(batch))
 	}

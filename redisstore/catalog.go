@@ -21,7 +21,7 @@ import (
 // other servers load it again (Watch). Redis persistence (RDB/AOF) is what
 // makes the changes survive every server and Redis restarting.
 type CatalogStore struct {
-	client  rueidis.Client
+	store   *Store
 	key     string
 	channel string
 	timeout time.Duration
@@ -32,7 +32,7 @@ var _ policy.ChangeStore = (*CatalogStore)(nil)
 // NewCatalogStore returns the catalog store of s's deployment.
 func NewCatalogStore(s *Store) *CatalogStore {
 	return &CatalogStore{
-		client: s.client, key: s.prefix + "{catalog}changes", channel: s.prefix + "catalog",
+		store: s, key: s.prefix + "{catalog}changes", channel: s.prefix + "catalog",
 		// Admin changes are rare and matter more than they are urgent.
 		timeout: max(s.timeout, 2*time.Second),
 	}
@@ -42,7 +42,11 @@ func NewCatalogStore(s *Store) *CatalogStore {
 func (c *CatalogStore) Load(ctx context.Context) (*policy.Changes, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	b, err := c.client.Do(ctx, c.client.B().Get().Key(c.key).Build()).AsBytes()
+	client, err := c.store.client()
+	if err != nil {
+		return nil, err
+	}
+	b, err := client.Do(ctx, client.B().Get().Key(c.key).Build()).AsBytes()
 	if rueidis.IsRedisNil(err) {
 		return &policy.Changes{Version: 1}, nil
 	}
@@ -79,7 +83,11 @@ func (c *CatalogStore) Save(ctx context.Context, ch *policy.Changes) error {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	rev := strconv.FormatInt(ch.Revision, 10)
-	ok, err := saveScript.Exec(ctx, c.client, []string{c.key},
+	client, err := c.store.client()
+	if err != nil {
+		return err
+	}
+	ok, err := saveScript.Exec(ctx, client, []string{c.key},
 		[]string{string(b), strconv.FormatInt(ch.Revision-1, 10), c.channel, rev}).AsInt64()
 	if err != nil {
 		return admit.Errorf(admit.CodeUnavailable, "redisstore: saving the catalog: %w", err)
@@ -122,9 +130,12 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 	})
 	for ctx.Err() == nil {
 		began := time.Now()
-		err := c.client.Receive(hooked, c.client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
-			changed()
-		})
+		client, err := c.store.client()
+		if err == nil {
+			err = client.Receive(hooked, client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
+				changed()
+			})
+		}
 		if ctx.Err() != nil {
 			return
 		}

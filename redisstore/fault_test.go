@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -151,5 +152,74 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	}
 	if h := s.Health(); h.Breaker != "closed" {
 		t.Fatalf("breaker %s after a success, want closed", h.Breaker)
+	}
+}
+
+// TestDialLazyTopology: a Sentinel or Cluster store dialed before its
+// deployment runs fails its calls as unavailable (and has no client), then
+// decides once the deployment answers; a store closed before that leaves
+// nothing running.
+func TestDialLazyTopology(t *testing.T) {
+	rule := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 2}
+	charges := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "t", Rule: "r"}.String(), Rule: rule, Cost: 1}}
+	for _, topology := range []string{"sentinel", "cluster"} {
+		t.Run(topology, func(t *testing.T) {
+			t.Parallel()
+			var cfg redisstore.Config
+			var start func()
+			switch topology {
+			case "sentinel":
+				master := redistest.Start(t)
+				sentinels := redistest.UnstartedSentinels(t, master, "m", 1)
+				cfg = redisstore.Config{Mode: redisstore.Sentinel, MasterName: "m", Addrs: []string{sentinels[0].Addr}}
+				start = func() { sentinels[0].Restart(t) }
+			case "cluster":
+				nodes := redistest.UnstartedCluster(t, 3)
+				cfg = redisstore.Config{Mode: redisstore.Cluster, Addrs: []string{nodes[0].Addr, nodes[1].Addr}}
+				start = func() { redistest.StartNodes(t, nodes) }
+			}
+			abandoned, err := redisstore.DialLazy(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			abandoned.Close()
+			s, err := redisstore.DialLazy(cfg, &redisstore.Options{Timeout: time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			var d admit.Decision
+			if err := s.Decide(ctx, charges, &d); admit.ErrorCode(err) != admit.CodeUnavailable {
+				t.Fatalf("deciding before the deployment runs: %v, want unavailable", err)
+			}
+			if err := s.Ping(ctx); admit.ErrorCode(err) != admit.CodeUnavailable {
+				t.Fatalf("ping before the deployment runs: %v, want unavailable", err)
+			}
+			if s.Client() != nil {
+				t.Fatal("a client before the deployment runs")
+			}
+			if got := s.String(); got != "redis ("+topology+")" {
+				t.Errorf("String() = %q", got)
+			}
+			start()
+			deadline := time.Now().Add(5 * time.Second)
+			for s.Ping(ctx) != nil {
+				if time.Now().After(deadline) {
+					t.Fatal("not connected 5s after the deployment started")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			var admitted []bool
+			for range 3 {
+				if err := s.Decide(ctx, charges, &d); err != nil {
+					t.Fatal(err) // one failure before: the breaker is closed
+				}
+				admitted = append(admitted, d.Allowed)
+			}
+			if !slices.Equal(admitted, []bool{true, true, false}) {
+				t.Errorf("decisions once connected: %v, want the burst of 2 then a refusal", admitted)
+			}
+		})
 	}
 }

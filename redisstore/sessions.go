@@ -35,7 +35,6 @@ import (
 //
 // Sessions is safe for concurrent use. Close stops listening.
 type Sessions struct {
-	client  rueidis.Client
 	store   *Store // its breaker and failure counts
 	prefix  string
 	node    string // this server's id
@@ -59,7 +58,7 @@ func NewSessions(s *Store) *Sessions {
 	_, _ = rand.Read(b[:])
 	node := hex.EncodeToString(b[:])
 	ss := &Sessions{
-		client: s.client, store: s, prefix: s.prefix, node: node, channel: s.prefix + "ws:node:" + node,
+		store: s, prefix: s.prefix, node: node, channel: s.prefix + "ws:node:" + node,
 		// A session is read and touched on every connection and message:
 		// it waits no longer than a decision, and shares the store's
 		// breaker, so that a connection attempt fails as fast as a
@@ -152,7 +151,11 @@ func (ss *Sessions) exec(ctx context.Context, script *rueidis.Lua, id string, ar
 	ctx, cancel := context.WithTimeout(ctx, ss.timeout)
 	defer cancel()
 	ss.store.calls.Add(1)
-	res := script.Exec(ctx, ss.client, ss.keys(id), args)
+	client, err := ss.store.client()
+	if err != nil {
+		return rueidis.RedisResult{}, ss.store.fail(ctx, err)
+	}
+	res := script.Exec(ctx, client, ss.keys(id), args)
 	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
 		if _, reply := rueidis.IsRedisErr(err); !reply {
 			return res, ss.store.fail(ctx, err)
@@ -310,9 +313,11 @@ func (ss *Sessions) listen(ctx context.Context) {
 		}
 	})
 	for ctx.Err() == nil {
-		_ = ss.client.Receive(hooked, ss.client.B().Subscribe().Channel(ss.channel).Build(), func(m rueidis.PubSubMessage) {
-			ss.dispatch([]byte(m.Message))
-		})
+		if client, err := ss.store.client(); err == nil {
+			_ = client.Receive(hooked, client.B().Subscribe().Channel(ss.channel).Build(), func(m rueidis.PubSubMessage) {
+				ss.dispatch([]byte(m.Message))
+			})
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(200 * time.Millisecond):

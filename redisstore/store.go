@@ -83,9 +83,10 @@ type Options struct {
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
 type Store struct {
-	client  rueidis.Client
-	own     bool // Close closes client
+	conn    atomic.Pointer[connection] // nil until a lazily dialed store connects
+	own     bool                       // Close closes the client
 	cluster bool
+	mode    string // for String: standalone, sentinel or cluster
 	prefix  string
 	timeout time.Duration
 	clock   func() time.Time
@@ -93,16 +94,35 @@ type Store struct {
 
 	calls, failures, undoFailures atomic.Int64
 	closeOnce                     sync.Once
+	connMu                        sync.Mutex    // orders a lazy connect with Close
 	closed                        chan struct{} // closed by Close
 	probing                       atomic.Bool   // a probe of an open breaker runs
+	views                         clusterViews  // see cluster.go
 
 	batchers []atomic.Pointer[batcher] // see batch.go
 }
 
 var _ admit.Store = (*Store)(nil)
 
+// connection holds the store's client, so that a store dialed lazily can
+// set it once, when it connects.
+type connection struct{ client rueidis.Client }
+
 // New returns a Store that uses client, which the caller keeps and closes.
 func New(client rueidis.Client, opts *Options) *Store {
+	mode := "standalone"
+	switch client.Mode() {
+	case rueidis.ClientModeCluster:
+		mode = "cluster"
+	case rueidis.ClientModeSentinel:
+		mode = "sentinel"
+	}
+	s := newStore(mode == "cluster", mode, opts)
+	s.conn.Store(&connection{client})
+	return s
+}
+
+func newStore(cluster bool, mode string, opts *Options) *Store {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -119,10 +139,9 @@ func New(client rueidis.Client, opts *Options) *Store {
 	if o.BreakerCooldown <= 0 {
 		o.BreakerCooldown = time.Second
 	}
-	cluster := client.Mode() == rueidis.ClientModeCluster
 	return &Store{
-		client:   client,
 		cluster:  cluster,
+		mode:     mode,
 		batchers: batchersFor(cluster),
 		prefix:   o.Prefix,
 		timeout:  o.Timeout,
@@ -157,37 +176,85 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	return s, nil
 }
 
-// DialLazy returns a store for a standalone Redis without waiting for it
-// to answer: the connection is made, and made again, as calls need it, so a
-// server can start while Redis is down and decide by its failure modes
-// until Redis answers. Sentinel and Cluster deployments need their
-// topology first: use Dial.
+// DialLazy returns a store for cfg without waiting for Redis to answer, so
+// that a server can start while Redis is down and decide by its failure
+// modes until Redis answers. A standalone connection is made, and made
+// again, as calls need it. Sentinel and Cluster clients need their
+// topology first: the store asks for it in the background, every 100 ms
+// at first and then every 500 ms, and fails its calls with CodeUnavailable
+// until it has it.
 func DialLazy(cfg Config, opts *Options) (*Store, error) {
-	if cfg.Mode != Standalone {
-		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: DialLazy is for a standalone Redis; %s needs Dial", cfg)
+	if cfg.Mode == Standalone {
+		client, err := rueidis.NewClient(cfg.clientOption())
+		if client == nil {
+			return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
+		}
+		s := New(client, opts)
+		s.own = true
+		return s, nil
 	}
-	client, err := rueidis.NewClient(cfg.clientOption())
-	if client == nil {
-		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
-	}
-	s := New(client, opts)
+	s := newStore(cfg.Mode == Cluster, string(cfg.Mode), opts)
 	s.own = true
+	go s.connect(cfg)
 	return s, nil
+}
+
+// connect makes the client of a lazily dialed store, trying again until it
+// succeeds or the store is closed.
+func (s *Store) connect(cfg Config) {
+	wait := 100 * time.Millisecond
+	for {
+		client, err := rueidis.NewClient(cfg.clientOption())
+		if err == nil {
+			s.connMu.Lock()
+			defer s.connMu.Unlock()
+			select {
+			case <-s.closed:
+				client.Close()
+			default:
+				s.conn.Store(&connection{client})
+			}
+			return
+		}
+		select {
+		case <-s.closed:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
 }
 
 // Close closes the connection if the store opened it. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.connMu.Lock()
+		defer s.connMu.Unlock()
 		close(s.closed)
-		if s.own {
-			s.client.Close()
+		if c := s.conn.Load(); c != nil && s.own {
+			c.client.Close()
 		}
 	})
 	return nil
 }
 
-// Client returns the store's Redis client, for the shared catalog.
-func (s *Store) Client() rueidis.Client { return s.client }
+// Client returns the store's Redis client, or nil while a store from
+// DialLazy has not connected yet.
+func (s *Store) Client() rueidis.Client {
+	if c := s.conn.Load(); c != nil {
+		return c.client
+	}
+	return nil
+}
+
+// client returns the store's Redis client, or CodeUnavailable while it has
+// none yet.
+func (s *Store) client() (rueidis.Client, error) {
+	if c := s.conn.Load(); c != nil {
+		return c.client, nil
+	}
+	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", s.mode)
+}
 
 // Prefix returns the prefix of the store's keys.
 func (s *Store) Prefix() string { return s.prefix }
@@ -196,11 +263,15 @@ func (s *Store) Prefix() string { return s.prefix }
 // timeout. It does not go through the breaker, so readiness probes see the
 // store's real state.
 func (s *Store) Ping(ctx context.Context) error {
+	client, err := s.client()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	nodes := map[string]rueidis.Client{"redis": s.client}
+	nodes := map[string]rueidis.Client{"redis": client}
 	if s.cluster {
-		nodes = s.client.Nodes()
+		nodes = client.Nodes()
 		if masters := s.clusterMasters(ctx, nodes); masters != nil {
 			nodes = masters
 		}
@@ -209,40 +280,6 @@ func (s *Store) Ping(ctx context.Context) error {
 		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
 		}
-	}
-	return nil
-}
-
-// clusterMasters returns the masters that serve slots now, as the cluster
-// itself says (CLUSTER NODES from the first node that answers): after a
-// failover the client may still know the failed master, which serves no
-// slot and must not keep the store unready; before it, the failed master
-// still holds its slots and is pinged. It returns nil when no node answers or a master
-// is one the client does not know yet (then every known node is pinged).
-func (s *Store) clusterMasters(ctx context.Context, nodes map[string]rueidis.Client) map[string]rueidis.Client {
-	for _, c := range nodes {
-		text, err := c.Do(ctx, c.B().ClusterNodes().Build()).ToString()
-		if err != nil {
-			continue
-		}
-		masters := map[string]rueidis.Client{}
-		for _, line := range strings.Split(text, "\n") {
-			// <id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
-			f := strings.Fields(line)
-			if len(f) < 9 || !strings.Contains(f[2], "master") {
-				continue // a replica, or a master that serves no slot (one failed over)
-			}
-			addr, _, _ := strings.Cut(f[1], "@")
-			mc, ok := nodes[addr]
-			if !ok {
-				return nil
-			}
-			masters[addr] = mc
-		}
-		if len(masters) == 0 {
-			return nil
-		}
-		return masters
 	}
 	return nil
 }
@@ -404,14 +441,18 @@ func (s *Store) nowArgs() (us, ns string) {
 
 // do makes one call to Redis, f, through the breaker and with the timeout,
 // and classifies its failure.
-func (s *Store) do(ctx context.Context, f func(ctx context.Context) error) error {
+func (s *Store) do(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
 	if !s.breaker.allow(time.Now()) {
 		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", s.breaker.threshold)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	s.calls.Add(1)
-	if err := f(ctx); err != nil {
+	client, err := s.client()
+	if err == nil {
+		err = f(ctx, client)
+	}
+	if err != nil {
 		return s.fail(ctx, err)
 	}
 	s.breaker.success()
@@ -421,8 +462,8 @@ func (s *Store) do(ctx context.Context, f func(ctx context.Context) error) error
 // run makes a call of the library's function.
 func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 	var v []int64
-	err := s.do(ctx, func(ctx context.Context) (err error) {
-		v, err = s.fcall(ctx, c)
+	err := s.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+		v, err = s.fcall(ctx, client, c)
 		return err
 	})
 	return v, err
@@ -431,11 +472,23 @@ func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 // fcall calls the library's function. A server without the library — a new
 // deployment, a restart without persistence, a failover to a node that
 // never had it — gets it loaded, on every node, and the call is made again.
-func (s *Store) fcall(ctx context.Context, c call) ([]int64, error) {
+func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int64, error) {
 	loaded := false
 	for {
-		cmd := s.client.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
-		v, err := s.client.Do(ctx, cmd).AsIntSlice()
+		cmd := client.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		v, err := client.Do(ctx, cmd).AsIntSlice()
+		if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && s.cluster && ctx.Err() == nil {
+			// The slot's master, as the client knows it, is not there:
+			// after a failover, its replica may serve the slot already.
+			if node := s.slotOwner(ctx, client, c.keys[0]); node != nil {
+				nv, nerr := node.Do(ctx, node.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()).AsIntSlice()
+				if re, ok := rueidis.IsRedisErr(nerr); !ok || !isRedirect(re) {
+					// A redirect means the cluster's account was
+					// already old: the first failure stands.
+					v, err = nv, nerr
+				}
+			}
+		}
 		re, ok := rueidis.IsRedisErr(err)
 		switch {
 		case ok && !loaded && strings.Contains(re.Error(), "Function not found"):
@@ -469,9 +522,13 @@ const FunctionName = "admit_v2"
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
 // store calls it by itself when Redis says the function is missing.
 func (s *Store) LoadFunctions(ctx context.Context) error {
-	nodes := map[string]rueidis.Client{"redis": s.client}
+	client, err := s.client()
+	if err != nil {
+		return err
+	}
+	nodes := map[string]rueidis.Client{"redis": client}
 	if s.cluster {
-		nodes = s.client.Nodes()
+		nodes = client.Nodes()
 	}
 	loaded := 0
 	var last error
@@ -507,6 +564,9 @@ func (s *Store) fail(ctx context.Context, err error) error {
 	s.failures.Add(1)
 	if s.breaker.failure(time.Now()) {
 		go s.probe()
+	}
+	if admit.ErrorCode(err) == admit.CodeUnavailable {
+		return err // the store's own: no connection yet
 	}
 	return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
 }
@@ -836,8 +896,8 @@ func (s *Store) opArgs(op, id string) []string {
 // recordFields returns the field names of a lease or reservation record.
 func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
 	var fields []string
-	err := s.do(ctx, func(ctx context.Context) (err error) {
-		fields, err = s.client.Do(ctx, s.client.B().Hkeys().Key(rec).Build()).AsStrSlice()
+	err := s.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+		fields, err = client.Do(ctx, client.B().Hkeys().Key(rec).Build()).AsStrSlice()
 		return err
 	})
 	return fields, err
@@ -913,8 +973,8 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
-		err := s.do(ctx, func(ctx context.Context) error {
-			return s.client.Do(ctx, s.client.B().Del().Key(g.keys...).Build()).Error()
+		err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+			return client.Do(ctx, client.B().Del().Key(g.keys...).Build()).Error()
 		})
 		if err != nil {
 			return err
@@ -925,7 +985,7 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 
 // String describes the store for logs.
 func (s *Store) String() string {
-	return fmt.Sprintf("redis (%s)", s.client.Mode())
+	return fmt.Sprintf("redis (%s)", s.mode)
 }
 
 // Library returns the Lua source of the decision engine, a Redis Functions

@@ -63,7 +63,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	r, err := redisstore.Dial(dialCtx, rc, &redisstore.Options{Timeout: timeout})
-	if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable && rc.Mode == redisstore.Standalone {
+	if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable {
 		// Start anyway: decide by on_error until Redis answers, rather
 		// than stay down with it.
 		var openErr error

@@ -96,13 +96,31 @@ func StartReplica(tb testing.TB, master *Server) *Server {
 
 func startSentinel(tb testing.TB, master *Server, name string, quorum int) *Server {
 	tb.Helper()
+	return startServer(tb, sentinel(tb, master, name, quorum))
+}
+
+// UnstartedSentinels returns n Sentinels like StartSentinels's, with
+// their ports and configuration but not running: Restart starts each.
+func UnstartedSentinels(tb testing.TB, master *Server, name string, n int) []*Server {
+	tb.Helper()
+	out := make([]*Server, n)
+	for i := range out {
+		out[i] = allot(tb, sentinel(tb, master, name, n/2+1))
+	}
+	return out
+}
+
+// sentinel returns a Sentinel, not started, that monitors master under
+// name and deems it down after 1s without an answer.
+func sentinel(tb testing.TB, master *Server, name string, quorum int) *Server {
+	tb.Helper()
 	dir := tb.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
 	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d %d\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n", name, master.Port, quorum, name, name)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	return startServer(tb, &Server{dir: dir, conf: conf})
+	return &Server{dir: dir, conf: conf}
 }
 
 func startServer(tb testing.TB, s *Server) *Server {
@@ -196,12 +214,18 @@ func (s *Server) Freeze() { _ = s.cmd.Process.Signal(syscall.SIGSTOP) }
 // Thaw resumes a frozen server with SIGCONT.
 func (s *Server) Thaw() { _ = s.cmd.Process.Signal(syscall.SIGCONT) }
 
-// Unstarted returns a standalone server that has a free port and a
-// directory but is not running: clients find nothing there until Restart
-// starts it.
-func Unstarted(tb testing.TB) *Server {
+// Unstarted returns a server that has a free port and a directory but is
+// not running: clients find nothing there until Restart starts it. extra
+// are more redis-server arguments, as for Start.
+func Unstarted(tb testing.TB, extra ...string) *Server {
 	tb.Helper()
-	s := &Server{dir: tb.TempDir()}
+	return allot(tb, &Server{dir: tb.TempDir(), args: extra})
+}
+
+// allot gives s a port that was free a moment ago, and stops s when the
+// test ends.
+func allot(tb testing.TB, s *Server) *Server {
+	tb.Helper()
 	s.Port = freePort(tb)
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
 	tb.Cleanup(s.Stop)
@@ -231,12 +255,47 @@ func StartCluster(tb testing.TB, masters int) []*Server {
 // over to its replica.
 func StartClusterWithReplicas(tb testing.TB, masters, replicas int) []*Server {
 	tb.Helper()
-	n := masters * (1 + replicas)
-	nodes := make([]*Server, n)
-	addrs := make([]string, n)
+	nodes := make([]*Server, masters*(1+replicas))
 	for i := range nodes {
-		nodes[i] = Start(tb, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
-		addrs[i] = nodes[i].Addr
+		nodes[i] = Start(tb, clusterArgs...)
+	}
+	joinCluster(tb, nodes, replicas)
+	return nodes
+}
+
+// clusterArgs make a redis-server a cluster node that fails its master
+// over after 2s without an answer.
+var clusterArgs = []string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+
+// UnstartedCluster returns the nodes of a cluster of masters, with their
+// ports but not running: StartNodes starts them and makes them a cluster.
+func UnstartedCluster(tb testing.TB, masters int) []*Server {
+	tb.Helper()
+	nodes := make([]*Server, masters)
+	for i := range nodes {
+		nodes[i] = Unstarted(tb, clusterArgs...)
+	}
+	return nodes
+}
+
+// StartNodes starts the nodes of UnstartedCluster and joins them into a
+// cluster, as StartCluster does.
+func StartNodes(tb testing.TB, nodes []*Server) {
+	tb.Helper()
+	for _, n := range nodes {
+		n.Restart(tb)
+	}
+	joinCluster(tb, nodes, 0)
+}
+
+// joinCluster makes running nodes a cluster with redis-cli --cluster
+// create, then waits until every node reports cluster_state:ok and every
+// replica has synced.
+func joinCluster(tb testing.TB, nodes []*Server, replicas int) {
+	tb.Helper()
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.Addr
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -272,7 +331,6 @@ func StartClusterWithReplicas(tb testing.TB, masters, replicas int) []*Server {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	return nodes
 }
 
 // Command sends one command to addr and returns its reply as text: a
