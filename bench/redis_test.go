@@ -18,8 +18,8 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/bench/load"
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 )
 
 // TestRedisReport measures the Redis store against go-redis/redis_rate and

@@ -12,7 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redistest"
 )
 
 // killConfig: one connection per session, and a dead server's slots

@@ -9,14 +9,14 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/fixtures"
+	"github.com/admitdev/admit/configtest"
 )
 
 // TestInvalidConfigs runs one fixture per kind of configuration error:
 // testdata/invalid/NAME.yaml must be refused with an error that contains
 // NAME.want (line:col: message).
 func TestInvalidConfigs(t *testing.T) {
-	fixtures.Check(t, "testdata/invalid/*.yaml", 20, func(f string) error {
+	configtest.Check(t, "testdata/invalid/*.yaml", 20, func(f string) error {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			return err

@@ -29,8 +29,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redistest"
 )
 
 // redisTimeout is store.redis.timeout in the suite's configuration; every

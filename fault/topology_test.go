@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redistest"
 )
 
 var modes = []string{"open", "closed", "local"}

@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/problem"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 )
 
 // Action maps requests to an action name.

@@ -7,7 +7,7 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/admitdev/admit/internal/problem"
+	"github.com/admitdev/admit/problem"
 )
 
 // ReverseProxy returns the reverse proxy of admit proxy: it forwards to

@@ -49,7 +49,6 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/monoclock"
 )
 
 // Options configure a Store. The zero Options is valid and gives the
@@ -149,7 +148,7 @@ func New(opts *Options) *Store {
 		shards:       make([]shard, n),
 		shift:        uint(64 - bitsN),
 		maxPerShard:  (o.MaxKeys + n - 1) / n,
-		now:          monoclock.Now,
+		now:          monoNow,
 		leases:       map[string]*leaseRecord{},
 		reservations: map[string]*reservation{},
 		stop:         make(chan struct{}),

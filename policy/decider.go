@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/weakmap"
 	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/weakmap"
 )
 
 // Outcome says how a Decider reached a decision.

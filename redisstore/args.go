@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/weakmap"
+	"github.com/admitdev/admit/weakmap"
 )
 
 // maxSpan bounds every time a rule makes the script compute with: a

@@ -12,9 +12,9 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 	"github.com/admitdev/admit/storetest"
 )
 

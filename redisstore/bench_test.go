@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 )
 
 // BenchmarkDecide decides token-bucket charges of 10,000 users over 100

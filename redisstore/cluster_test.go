@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redistest"
 )
 
 // TestKeySlot: the slot of a key is the one Redis computes (CLUSTER

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 )
 
 // TestRedisOutage kills redis-server under load and starts it again: no

@@ -256,8 +256,24 @@ func (s *Store) client() (rueidis.Client, error) {
 	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", s.mode)
 }
 
-// Prefix returns the prefix of the store's keys.
+// Prefix returns the prefix of the store's keys; packages that keep their
+// own data in the store's Redis (gateway sessions, the shared catalog) put
+// theirs under it too.
 func (s *Store) Prefix() string { return s.prefix }
+
+// Timeout returns the bound of every call the store makes.
+func (s *Store) Timeout() time.Duration { return s.timeout }
+
+// Call makes one call to Redis, f, as the store makes its own: through its
+// circuit breaker (refused at once, with CodeUnavailable, while it is
+// open), within its timeout, and counted in Health. It is for packages
+// that keep their own data in the store's Redis, such as gateway sessions,
+// so that they fail as fast as decisions during an outage. An error f
+// returns is CodeUnavailable, unless it is a Redis reply, which f should
+// keep to itself: Call counts it as a bug (CodeInternal).
+func (s *Store) Call(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
+	return s.do(ctx, f)
+}
 
 // Ping checks that Redis answers (every master, in Cluster) within the
 // timeout. It does not go through the breaker, so readiness probes see the

@@ -37,8 +37,8 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/problem"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 )
 
 // Close codes the gateway ends connections with, besides the standard

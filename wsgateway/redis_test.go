@@ -11,10 +11,11 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 	"github.com/admitdev/admit/wsgateway"
+	"github.com/admitdev/admit/wsgateway/redissessions"
 )
 
 // redisGateway is one gateway server on a shared Redis.
@@ -29,7 +30,7 @@ func startRedisGateway(t *testing.T, url string, p *policy.Policy) *redisGateway
 	if err != nil {
 		t.Fatal(err)
 	}
-	sessions := redisstore.NewSessions(st)
+	sessions := redissessions.New(st)
 	g, err := wsgateway.New(wsgateway.Options{Store: st, Policy: func() *policy.Policy { return p }, Sessions: sessions})
 	if err != nil {
 		t.Fatal(err)

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/admitdev/admit/internal/fixtures"
+	"github.com/admitdev/admit/configtest"
 )
 
 func TestDemoConfigValid(t *testing.T) {
@@ -20,7 +20,7 @@ func TestDemoConfigValid(t *testing.T) {
 // testdata/invalid/NAME.yaml must be refused with an error that contains
 // NAME.want (position, field and reason).
 func TestInvalidConfigs(t *testing.T) {
-	fixtures.Check(t, "testdata/invalid/*.yaml", 20, func(f string) error {
+	configtest.Check(t, "testdata/invalid/*.yaml", 20, func(f string) error {
 		_, err := LoadConfig(f)
 		return err
 	})

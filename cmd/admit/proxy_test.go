@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/internal/fixtures"
+	"github.com/admitdev/admit/configtest"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -239,7 +239,7 @@ func TestProxyFlags(t *testing.T) {
 // reload; the same file is valid for admit serve, whose callers name any
 // action.
 func TestProxyRefusesUnreachableActions(t *testing.T) {
-	fixtures.Check(t, "testdata/invalid-proxy/*.yaml", 1, func(f string) error {
+	configtest.Check(t, "testdata/invalid-proxy/*.yaml", 1, func(f string) error {
 		c, err := LoadConfig(f)
 		if err != nil {
 			t.Fatalf("%s is valid for admit serve: %v", f, err)

@@ -12,7 +12,7 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 
-	"github.com/admitdev/admit/internal/redistest"
+	"github.com/admitdev/admit/redistest"
 )
 
 // TestServeRedisSharedCatalog runs two servers on one Redis: they share the

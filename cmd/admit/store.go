@@ -12,8 +12,10 @@ import (
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/redischanges"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
+	"github.com/admitdev/admit/wsgateway/redissessions"
 )
 
 // openedStore is the store a server decides against, with what the server
@@ -75,8 +77,8 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	if err != nil {
 		return nil, fmt.Errorf("store %s: %w", rc, err)
 	}
-	catalog := redisstore.NewCatalogStore(r)
-	sessions := redisstore.NewSessions(r)
+	catalog := redischanges.New(r)
+	sessions := redissessions.New(r)
 	return &openedStore{
 		name: "redis " + rc.String(), store: r,
 		changes: catalog, watch: catalog.Watch, check: redisstore.CheckRule,

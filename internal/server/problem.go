@@ -9,7 +9,7 @@ import (
 	"strconv"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/problem"
+	"github.com/admitdev/admit/problem"
 )
 
 // Bounds on request bodies.

@@ -27,8 +27,8 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
-	"github.com/admitdev/admit/internal/problem"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
 )
 

@@ -1,4 +1,7 @@
-package redisstore
+// Package redissessions keeps the WebSocket gateway's sessions in Redis,
+// in the deployment of a redisstore.Store, so that every gateway server
+// shares them.
+package redissessions
 
 import (
 	"bytes"
@@ -13,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 )
 
@@ -35,7 +39,7 @@ import (
 //
 // Sessions is safe for concurrent use. Close stops listening.
 type Sessions struct {
-	store   *Store // its breaker and failure counts
+	store   *redisstore.Store // its client, breaker and failure counts
 	prefix  string
 	node    string // this server's id
 	channel string // this server's channel
@@ -51,19 +55,19 @@ type Sessions struct {
 
 var _ wsgateway.Sessions = (*Sessions)(nil)
 
-// NewSessions returns the gateway sessions of s's deployment and starts
-// listening for this server's frames.
-func NewSessions(s *Store) *Sessions {
+// New returns the gateway sessions of s's deployment and starts listening
+// for this server's frames.
+func New(s *redisstore.Store) *Sessions {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	node := hex.EncodeToString(b[:])
 	ss := &Sessions{
-		store: s, prefix: s.prefix, node: node, channel: s.prefix + "ws:node:" + node,
+		store: s, prefix: s.Prefix(), node: node, channel: s.Prefix() + "ws:node:" + node,
 		// A session is read and touched on every connection and message:
 		// it waits no longer than a decision, and shares the store's
 		// breaker, so that a connection attempt fails as fast as a
 		// decision while Redis is down.
-		timeout: s.timeout,
+		timeout: s.Timeout(),
 		subs:    map[string]map[*func(wsgateway.Event)]struct{}{},
 		done:    make(chan struct{}),
 		ready:   make(chan struct{}),
@@ -142,34 +146,27 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1`)
 )
 
-// exec runs a session script through the store's breaker: refused at once
-// (errBreakerOpen) while it is open, and counted for and against it.
+// exec runs a session script through the store (see redisstore.Store.Call):
+// refused at once while its breaker is open, and counted for and against
+// it. Replies, errors included, are the caller's to read.
 func (ss *Sessions) exec(ctx context.Context, script *rueidis.Lua, id string, args ...string) (rueidis.RedisResult, error) {
-	if !ss.store.breaker.allow(time.Now()) {
-		return rueidis.RedisResult{}, admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", ss.store.breaker.threshold)
-	}
-	ctx, cancel := context.WithTimeout(ctx, ss.timeout)
-	defer cancel()
-	ss.store.calls.Add(1)
-	client, err := ss.store.client()
-	if err != nil {
-		return rueidis.RedisResult{}, ss.store.fail(ctx, err)
-	}
-	res := script.Exec(ctx, client, ss.keys(id), args)
-	if err := res.Error(); err != nil && !rueidis.IsRedisNil(err) {
-		if _, reply := rueidis.IsRedisErr(err); !reply {
-			return res, ss.store.fail(ctx, err)
+	var res rueidis.RedisResult
+	err := ss.store.Call(ctx, func(ctx context.Context, client rueidis.Client) error {
+		res = script.Exec(ctx, client, ss.keys(id), args)
+		err := res.Error()
+		if _, reply := rueidis.IsRedisErr(err); reply || rueidis.IsRedisNil(err) {
+			return nil // Redis answered
 		}
-	}
-	ss.store.breaker.success()
-	return res, nil
+		return err
+	})
+	return res, err
 }
 
 func sessionErr(op, id string, err error) error {
 	if rueidis.IsRedisNil(err) {
 		return admit.Errorf(admit.CodeNotFound, "session %q does not exist or has expired", id)
 	}
-	return admit.Errorf(admit.CodeUnavailable, "redisstore: %s session: %w", op, err)
+	return admit.Errorf(admit.CodeUnavailable, "redissessions: %s session: %w", op, err)
 }
 
 func ms(d time.Duration) string { return strconv.FormatInt(max(1, d.Milliseconds()), 10) }
@@ -206,7 +203,7 @@ func session(op, id string, res rueidis.RedisResult) (wsgateway.Session, error) 
 		}
 	}
 	if len(v) != 2 || err != nil {
-		return wsgateway.Session{}, fmt.Errorf("redisstore: %s session %q: an unexpected reply %v", op, id, v)
+		return wsgateway.Session{}, fmt.Errorf("redissessions: %s session %q: an unexpected reply %v", op, id, v)
 	}
 	return wsgateway.Session{Tenant: tenant, ID: id, ExpiresAt: time.UnixMilli(exp)}, nil
 }
@@ -285,7 +282,7 @@ func (ss *Sessions) Subscribe(ctx context.Context, id string, fn func(wsgateway.
 	case <-ss.ready:
 	case <-wait.C:
 		stop()
-		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: subscribing to session %q: this server's channel is not subscribed yet", id)
+		return nil, admit.Errorf(admit.CodeUnavailable, "redissessions: subscribing to session %q: this server's channel is not subscribed yet", id)
 	case <-ctx.Done():
 		stop()
 		return nil, sessionErr("subscribing to a", id, ctx.Err())
@@ -313,7 +310,7 @@ func (ss *Sessions) listen(ctx context.Context) {
 		}
 	})
 	for ctx.Err() == nil {
-		if client, err := ss.store.client(); err == nil {
+		if client := ss.store.Client(); client != nil {
 			_ = client.Receive(hooked, client.B().Subscribe().Channel(ss.channel).Build(), func(m rueidis.PubSubMessage) {
 				ss.dispatch([]byte(m.Message))
 			})

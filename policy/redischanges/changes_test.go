@@ -1,14 +1,17 @@
-package redisstore_test
+package redischanges_test
 
 import (
 	"context"
 	"errors"
+	"strconv"
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/internal/redistest"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/changestest"
+	"github.com/admitdev/admit/policy/redischanges"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
 )
 
 func catalogSpec() *policy.Spec {
@@ -29,9 +32,13 @@ func TestSharedCatalog(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	open := func() (*policy.Catalog, *redisstore.CatalogStore) {
-		s := dial(t, "redis://"+srv.Addr)
-		cs := redisstore.NewCatalogStore(s)
+	open := func() (*policy.Catalog, *redischanges.Store) {
+		s, err := redisstore.Open(ctx, "redis://"+srv.Addr, &redisstore.Options{Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		cs := redischanges.New(s)
 		c, err := policy.NewCatalog(ctx, catalogSpec(), cs)
 		if err != nil {
 			t.Fatal(err)
@@ -91,4 +98,22 @@ func TestSharedCatalog(t *testing.T) {
 	if err := cs.Save(ctx, old); !errors.Is(err, policy.ErrStale) {
 		t.Fatalf("stale save: %v, want ErrStale", err)
 	}
+}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	prefixes := 0
+	changestest.Run(t, func(t *testing.T) (a, b policy.ChangeStore) {
+		prefixes++ // each test its own, empty catalog
+		prefix := "conf" + strconv.Itoa(prefixes) + ":"
+		server := func() policy.ChangeStore {
+			s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{Prefix: prefix})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return redischanges.New(s)
+		}
+		return server(), server()
+	}, changestest.Options{Shared: true})
 }

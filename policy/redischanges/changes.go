@@ -1,4 +1,7 @@
-package redisstore
+// Package redischanges keeps the tenant catalog's changes in Redis, in the
+// deployment of a redisstore.Store, so that every server of the deployment
+// shares one catalog.
+package redischanges
 
 import (
 	"context"
@@ -11,38 +14,39 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redisstore"
 )
 
-// CatalogStore keeps the tenant catalog's changes (tenants, tiers,
+// Store keeps the tenant catalog's changes (tenants, tiers,
 // overrides, API key hashes) in Redis, shared by every server of a
 // deployment: one JSON document under Prefix + "{catalog}changes", saved
 // only on top of the revision it holds (policy.ErrStale otherwise), and a
 // message on the Prefix + "catalog" channel after each save, on which the
 // other servers load it again (Watch). Redis persistence (RDB/AOF) is what
 // makes the changes survive every server and Redis restarting.
-type CatalogStore struct {
-	store   *Store
+type Store struct {
+	store   *redisstore.Store
 	key     string
 	channel string
 	timeout time.Duration
 }
 
-var _ policy.ChangeStore = (*CatalogStore)(nil)
+var _ policy.ChangeStore = (*Store)(nil)
 
-// NewCatalogStore returns the catalog store of s's deployment.
-func NewCatalogStore(s *Store) *CatalogStore {
-	return &CatalogStore{
-		store: s, key: s.prefix + "{catalog}changes", channel: s.prefix + "catalog",
+// New returns the catalog changes of s's deployment.
+func New(s *redisstore.Store) *Store {
+	return &Store{
+		store: s, key: s.Prefix() + "{catalog}changes", channel: s.Prefix() + "catalog",
 		// Admin changes are rare and matter more than they are urgent.
-		timeout: max(s.timeout, 2*time.Second),
+		timeout: max(s.Timeout(), 2*time.Second),
 	}
 }
 
 // Load implements policy.ChangeStore.
-func (c *CatalogStore) Load(ctx context.Context) (*policy.Changes, error) {
+func (c *Store) Load(ctx context.Context) (*policy.Changes, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	client, err := c.store.client()
+	client, err := c.client()
 	if err != nil {
 		return nil, err
 	}
@@ -51,14 +55,14 @@ func (c *CatalogStore) Load(ctx context.Context) (*policy.Changes, error) {
 		return &policy.Changes{Version: 1}, nil
 	}
 	if err != nil {
-		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: loading the catalog: %w", err)
+		return nil, admit.Errorf(admit.CodeUnavailable, "redischanges: loading the catalog: %w", err)
 	}
 	var ch policy.Changes
 	if err := json.Unmarshal(b, &ch); err != nil {
-		return nil, fmt.Errorf("redisstore: %s does not hold a catalog: %w", c.key, err)
+		return nil, fmt.Errorf("redischanges: %s does not hold a catalog: %w", c.key, err)
 	}
 	if ch.Version != 1 {
-		return nil, fmt.Errorf("redisstore: %s: catalog version %d; this build reads version 1", c.key, ch.Version)
+		return nil, fmt.Errorf("redischanges: %s: catalog version %d; this build reads version 1", c.key, ch.Version)
 	}
 	return &ch, nil
 }
@@ -75,25 +79,25 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1`)
 
 // Save implements policy.ChangeStore.
-func (c *CatalogStore) Save(ctx context.Context, ch *policy.Changes) error {
+func (c *Store) Save(ctx context.Context, ch *policy.Changes) error {
 	b, err := json.Marshal(ch)
 	if err != nil {
-		return fmt.Errorf("redisstore: encoding the catalog: %w", err)
+		return fmt.Errorf("redischanges: encoding the catalog: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	rev := strconv.FormatInt(ch.Revision, 10)
-	client, err := c.store.client()
+	client, err := c.client()
 	if err != nil {
 		return err
 	}
 	ok, err := saveScript.Exec(ctx, client, []string{c.key},
 		[]string{string(b), strconv.FormatInt(ch.Revision-1, 10), c.channel, rev}).AsInt64()
 	if err != nil {
-		return admit.Errorf(admit.CodeUnavailable, "redisstore: saving the catalog: %w", err)
+		return admit.Errorf(admit.CodeUnavailable, "redischanges: saving the catalog: %w", err)
 	}
 	if ok != 1 {
-		return fmt.Errorf("redisstore: saving catalog revision %d: %w", ch.Revision, policy.ErrStale)
+		return fmt.Errorf("redischanges: saving catalog revision %d: %w", ch.Revision, policy.ErrStale)
 	}
 	return nil
 }
@@ -102,7 +106,7 @@ func (c *CatalogStore) Save(ctx context.Context, ch *policy.Changes) error {
 // It also calls it every poll interval (a message published while this
 // server was disconnected is lost), after each lost subscription, and
 // once each subscription is made again.
-func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed func()) {
+func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
 	go func() {
 		t := time.NewTicker(poll)
 		defer t.Stop()
@@ -130,7 +134,7 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 	})
 	for ctx.Err() == nil {
 		began := time.Now()
-		client, err := c.store.client()
+		client, err := c.client()
 		if err == nil {
 			err = client.Receive(hooked, client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
 				changed()
@@ -150,4 +154,13 @@ func (c *CatalogStore) Watch(ctx context.Context, poll time.Duration, changed fu
 		}
 		wait = min(2*wait, maxWait)
 	}
+}
+
+// client returns the store's client, or CodeUnavailable while it has none
+// yet (a store dialed lazily).
+func (c *Store) client() (rueidis.Client, error) {
+	if client := c.store.Client(); client != nil {
+		return client, nil
+	}
+	return nil, admit.Errorf(admit.CodeUnavailable, "redischanges: no connection to Redis yet")
 }

@@ -1,26 +1,26 @@
-package monoclock
+package memstore
 
 import (
 	"testing"
 	"time"
 )
 
-func TestNowTracksWallClock(t *testing.T) {
+func TestMonoNowTracksWallClock(t *testing.T) {
 	before := time.Now().UnixNano()
-	now := Now()
+	now := monoNow()
 	after := time.Now().UnixNano()
 	// The two clocks may drift apart by NTP slewing over days, not within
 	// a test.
 	if now < before-int64(time.Millisecond) || now > after+int64(time.Millisecond) {
-		t.Fatalf("Now() = %d, wall clock between %d and %d", now, before, after)
+		t.Fatalf("monoNow() = %d, wall clock between %d and %d", now, before, after)
 	}
-	if Now() < now {
-		t.Fatal("Now went backwards")
+	if monoNow() < now {
+		t.Fatal("monoNow went backwards")
 	}
 }
 
-func BenchmarkNow(b *testing.B) {
+func BenchmarkMonoNow(b *testing.B) {
 	for range b.N {
-		_ = Now()
+		_ = monoNow()
 	}
 }

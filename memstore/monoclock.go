@@ -1,12 +1,12 @@
-// Package monoclock reads the time for decisions with one clock read.
+// monoNow reads the time for decisions with one clock read.
 //
 // time.Now reads both the wall clock and the monotonic clock, which on a
 // virtual machine can be half of a whole in-memory decision (57 ns of 100 on
 // the machine docs/benchmarks.md was measured on). A decision needs only
-// one: Now returns the wall time at the package's start plus the monotonic
+// one: monoNow returns the wall time at the package's start plus the monotonic
 // time since, so it never jumps when the wall clock is stepped, which is
 // what a rate limiter wants anyway.
-package monoclock
+package memstore
 
 import (
 	"time"
@@ -24,5 +24,5 @@ var (
 	monoStart = nanotime()
 )
 
-// Now returns the current time in Unix nanoseconds.
-func Now() int64 { return wallStart + nanotime() - monoStart }
+// monoNow returns the current time in Unix nanoseconds.
+func monoNow() int64 { return wallStart + nanotime() - monoStart }

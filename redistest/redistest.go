@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -48,6 +49,32 @@ func freePort(tb testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// laterPort returns a loopback port for a server that starts later, when
+// nothing can pick another port for it if this one is taken meanwhile. It
+// is outside the range the kernel hands out to clients and to Start's
+// servers (ip_local_port_range, 32768–60999 by default), and so is its
+// Cluster bus port (+10000): 10000–22767 and 20000–32767.
+func laterPort(tb testing.TB) int {
+	tb.Helper()
+	for range 100 {
+		p := 10000 + rand.IntN(12768)
+		if free(p) && free(p+10000) {
+			return p
+		}
+	}
+	tb.Fatal("no free pair of ports (p, p+10000) below 32768")
+	return 0
+}
+
+func free(port int) bool {
+	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
 }
 
 // Start starts a standalone redis-server; extra are more redis-server
@@ -226,7 +253,7 @@ func Unstarted(tb testing.TB, extra ...string) *Server {
 // test ends.
 func allot(tb testing.TB, s *Server) *Server {
 	tb.Helper()
-	s.Port = freePort(tb)
+	s.Port = laterPort(tb)
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
 	tb.Cleanup(s.Stop)
 	return s

@@ -1,4 +1,6 @@
-package redisstore_test
+// Package sessionstest is the conformance suite of wsgateway.Sessions: the
+// behaviour every implementation must have, run on each of them.
+package sessionstest
 
 import (
 	"context"
@@ -9,8 +11,6 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/redistest"
-	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 )
 
@@ -40,13 +40,12 @@ func (r *recorder) wait(t *testing.T, n int) []wsgateway.Event {
 	return r.events()
 }
 
-// sessionsSuite runs against two Sessions on one deployment: two gateway
-// servers.
-func sessionsSuite(t *testing.T, url string) {
+// Run runs the suite. open returns two Sessions that share their sessions,
+// as two gateway servers of one deployment do (for a store of one
+// process, the same Sessions twice), closed when the test ends.
+func Run(t *testing.T, open func(t *testing.T) (a, b wsgateway.Sessions)) {
 	ctx := context.Background()
-	a := redisstore.NewSessions(dial(t, url))
-	b := redisstore.NewSessions(dial(t, url))
-	t.Cleanup(func() { a.Close(); b.Close() })
+	a, b := open(t)
 
 	t.Run("lifecycle", func(t *testing.T) {
 		s, err := a.Create(ctx, wsgateway.Session{Tenant: "t1", ID: "life"}, 300*time.Millisecond)
@@ -88,7 +87,7 @@ func sessionsSuite(t *testing.T, url string) {
 		}
 		var ra, rb, rb2, other recorder
 		for _, sub := range []struct {
-			s  *redisstore.Sessions
+			s  wsgateway.Sessions
 			id string
 			r  *recorder
 		}{{a, "order", &ra}, {b, "order", &rb}, {b, "order", &rb2}} {
@@ -107,7 +106,7 @@ func sessionsSuite(t *testing.T, url string) {
 		// order, whatever server published.
 		const n = 300
 		var wg sync.WaitGroup
-		for _, s := range []*redisstore.Sessions{a, b} {
+		for _, s := range []wsgateway.Sessions{a, b} {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -150,14 +149,4 @@ func sessionsSuite(t *testing.T, url string) {
 			t.Errorf("Subscribe: %v", err)
 		}
 	})
-}
-
-func TestSessionsStandalone(t *testing.T) {
-	srv := redistest.Start(t)
-	sessionsSuite(t, "redis://"+srv.Addr)
-}
-
-func TestSessionsCluster(t *testing.T) {
-	nodes := redistest.StartCluster(t, 3)
-	sessionsSuite(t, "redis+cluster://"+nodes[0].Addr+","+nodes[1].Addr)
 }
