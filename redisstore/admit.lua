@@ -1,7 +1,7 @@
-#!lua name=admit_v2
+#!lua name=admit_v3
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v2 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v3 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -62,9 +62,11 @@ local fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
 local KEYS, ARGV, nu, nsub, nceil, n, loaded
 -- The decision being run: its N charges' rules, costs, lease TTLs (µs)
 -- and, for undo, which half of a combination each charged; whether it is
--- a dry run, its lease id and its lease record key (or nil). KO offsets
--- KEYS to its keys within a batch.
-local CR, CC, CT, CH, DRY, LEASE, REC, KO
+-- a dry run, whether it is refused already (by another group of a Cluster
+-- decision: it reports as a refusal, charging nothing), its lease id and
+-- its lease record key (or nil). KO offsets KEYS to its keys within a
+-- batch.
+local CR, CC, CT, CH, DRY, REFUSED, LEASE, REC, KO
 -- Scratch tables, made once and reused: every table a call makes costs
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
@@ -711,6 +713,7 @@ local function decide(out)
   for i = 1, n do
     if results[i].allowed == 0 and not CR[i].shadow then allowed = 0 end
   end
+  if REFUSED then allowed = 0 end
   local leaseExpiry = 0
   if dry then return reply(out, results, allowed) end
   if allowed == 1 then
@@ -982,8 +985,8 @@ end
 -- 5 the number of decisions M, 6 the reply's length; then R rules, each a
 -- stride joined with commas (cost and how unused, the lease TTL the
 -- rule's own); then M decisions, each: a head, N, its number of charges,
--- or "N:flags:lease" where flags holds d for a dry run and r when a lease
--- record key follows its charge keys; then per charge the rule's number
+-- or "N:flags:lease" where flags holds d for a dry run, x for a decision
+-- refused already, and r when a lease record key follows its charge keys; then per charge the rule's number
 -- (1..R), the cost and, for a concurrency rule only, the lease TTL in µs
 -- or '' for the rule's. KEYS: each decision's charge keys and record key,
 -- in order. The reply: now (µs, ns), then each decision's (see reply).
@@ -998,14 +1001,15 @@ local function batch()
   for _ = 1, m do
     local h = ARGV[a]
     local rec = false
-    n, DRY, LEASE = NUMS[h] or tonumber(h), false, ''
+    n, DRY, REFUSED, LEASE = NUMS[h] or tonumber(h), false, false, ''
     if not n then
       local c, f, l = smatch(h, '^(%d+):(%a*):(.*)$')
       n, LEASE = tonumber(c), l
       DRY, rec = sfind(f, 'd', 1, true) ~= nil, sfind(f, 'r', 1, true) ~= nil
+      REFUSED = sfind(f, 'x', 1, true) ~= nil
     end
     a = a + 1
-    local buckets = not rec and not DRY
+    local buckets = not rec and not DRY and not REFUSED
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       CR[i], CC[i], CT[i] = R, NUMS[c] or tonumber(c), R.ttl
@@ -1114,4 +1118,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v2', run)
+redis.register_function('admit_v3', run)

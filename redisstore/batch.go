@@ -47,9 +47,17 @@ type job struct {
 	err   error
 }
 
-// newJob prepares the decision of the charges of g; ras holds the
-// arguments of every charge's rule.
-func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, g group, dry bool, lease, rec string) *job {
+// How a job decides: as asked, as a dry run, or as a decision another
+// group of it refused already (reporting, charging nothing).
+const (
+	decideCharge  = ""
+	decideDry     = "d"
+	decideRefused = "x"
+)
+
+// newJob prepares the decision of the charges of g, in the way how says;
+// ras holds the arguments of every charge's rule.
+func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, g group, how, lease, rec string) *job {
 	j := &job{ctx: ctx, keys: g.keys, rules: ras, args: make([]string, 1, 1+3*len(g.idx))}
 	if len(g.idx) < len(charges) { // one of several groups
 		j.rules = make([]*ruleArgs, len(g.idx))
@@ -58,11 +66,8 @@ func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleA
 		}
 	}
 	j.args[0] = itoa(int64(len(g.idx)))
-	if dry || lease != "" || rec != "" {
-		flags := ""
-		if dry {
-			flags = "d"
-		}
+	if how != decideCharge || lease != "" || rec != "" {
+		flags := how
 		if rec != "" {
 			j.keys = append(j.keys, rec)
 			flags += "r"

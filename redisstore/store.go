@@ -531,8 +531,9 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // FunctionName is the library's function; a new library version that
 // changes the arguments gets a new name, so that servers of two versions
 // can share a deployment during an upgrade (the states they keep are the
-// same). admit_v2 added batches (op "b").
-const FunctionName = "admit_v2"
+// same). admit_v2 added batches (op "b"); admit_v3 the flag x, a
+// decision another Cluster group refused.
+const FunctionName = "admit_v3"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
@@ -735,7 +736,11 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 			}
 			rec = s.leaseKey(g.tag, leaseID)
 		}
-		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, dry, leaseID, rec))
+		how := decideCharge
+		if dry {
+			how = decideDry
+		}
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, how, leaseID, rec))
 		if err != nil {
 			s.undo(charges, done, leaseID)
 			return err
@@ -781,7 +786,8 @@ func later(a, b time.Time) time.Time {
 
 // giveBack finishes a Cluster decision that group refused after the groups
 // in done were charged: they are given back and report what they hold, and
-// the groups after the refusing one, never asked, are looked at.
+// the groups after the refusing one, never asked, report as the charges
+// of a refused decision do, charging nothing.
 func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
 	for _, gd := range done {
 		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
@@ -794,7 +800,7 @@ func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*rul
 		}
 	}
 	for _, g := range groups[refused+1:] {
-		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, true, "", ""))
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, decideRefused, "", ""))
 		if err != nil {
 			return err
 		}
@@ -1005,7 +1011,7 @@ func (s *Store) String() string {
 }
 
 // Library returns the Lua source of the decision engine, a Redis Functions
-// library, for tools such as redis-benchmark (FCALL admit_v2 …).
+// library, for tools such as redis-benchmark (FCALL admit_v3 …).
 func Library() string { return scriptSource }
 
 // Command returns the keys and arguments of the script call that deciding
@@ -1014,5 +1020,5 @@ func Library() string { return scriptSource }
 // take no lease.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
 	ras, _ := validate(charges, false)
-	return s.batchArgs([]*job{s.newJob(context.Background(), charges, ras, s.groups(charges, false)[0], false, "", "")})
+	return s.batchArgs([]*job{s.newJob(context.Background(), charges, ras, s.groups(charges, false)[0], decideCharge, "", "")})
 }

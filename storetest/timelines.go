@@ -30,6 +30,12 @@ func key(timeline, subject string, r *admit.Rule) admit.Charge {
 	return admit.Charge{Key: admit.Key{Scope: "test", Tenant: timeline, Subject: subject, Rule: r.Name}.String(), Rule: r}
 }
 
+// globalKey is a key of no tenant (the global scope); subject keeps each
+// timeline's apart.
+func globalKey(timeline string, r *admit.Rule) admit.Charge {
+	return admit.Charge{Key: admit.Key{Scope: "global", Subject: timeline, Rule: r.Name}.String(), Rule: r}
+}
+
 func ok(at time.Duration, cost int64, rem ...int64) Step {
 	return Step{At: at, Cost: cost, Want: true, Remaining: rem}
 }
@@ -75,6 +81,7 @@ func Timelines() []Timeline {
 	shadow := rule("shadow", admit.TokenBucket, func(r *admit.Rule) { r.Rate, r.Burst, r.Shadow = perMinute, 1, true })
 	normal := bucketRule("normal", admit.TokenBucket, perMinute, 5)
 	one := bucketRule("one", admit.TokenBucket, perMinute, 1)
+	global := bucketRule("global", admit.TokenBucket, perMinute, 2)
 	logOne := windowRule("log-one", admit.SlidingLog, 1, time.Minute)
 	concOne := leaseRule("conc-one", 1, time.Minute)
 	conns := leaseRule("conns", 1, 0)
@@ -317,6 +324,51 @@ func Timelines() []Timeline {
 				use(ok(0, 1, 0), 2),
 				use(no(0, 1, time.Minute, 1, 0), 4, 5),
 				use(ok(0, 1, 0), 4),
+			},
+		},
+		{
+			// A global (tenantless) charge beside a tenant's: in Cluster
+			// they live in two slots, decided group by group, the
+			// tenant's first. When the global bucket refuses, the
+			// tenant's charges already made are given back exactly.
+			Name: "hierarchy/global_beside_tenant",
+			Charges: []admit.Charge{
+				key("t19", "u1", user), key("t19", "u2", user), key("t19", "", tenant), globalKey("t19", global),
+			},
+			Steps: []Step{
+				use(ok(0, 1, 1, 2, 1), 0, 2, 3),
+				use(ok(0, 1, 1, 1, 0), 1, 2, 3),
+				// The tenant's buckets would admit; the global one
+				// refuses, and nothing is charged.
+				use(denied(no(0, 1, time.Minute, 1, 1, 0), "global"), 0, 2, 3),
+				use(denied(no(0, 1, time.Minute, 1, 1, 0), "global"), 1, 2, 3),
+				use(ok(0, 0, 1, 1, 1, 0), 0, 1, 2, 3),
+				// The tenant's buckets alone still hold what they held.
+				use(ok(0, 1, 0, 0), 0, 2),
+				use(denied(no(0, 1, time.Minute, 1, 0), "tenant"), 1, 2),
+				// A minute refills one token of each. The tenant's
+				// bucket refuses: the global one, decided after it,
+				// is not charged.
+				use(ok(time.Minute, 1, 0), 2),
+				use(denied(no(time.Minute, 1, time.Minute, 1, 0, 1), "tenant"), 0, 2, 3),
+				use(ok(time.Minute, 0, 1, 2, 0, 1), 0, 1, 2, 3),
+			},
+		},
+		{
+			// Two tenants and the global scope: three groups in
+			// Cluster, decided in order. A refusal by the last or the
+			// second gives back exactly what the groups before it took.
+			Name: "hierarchy/two_tenants_and_global",
+			Charges: []admit.Charge{
+				key("t20a", "", tenant), key("t20b", "", tenant), globalKey("t20", one),
+			},
+			Steps: []Step{
+				ok(0, 1, 2, 2, 0),
+				denied(no(0, 1, time.Minute, 2, 2, 0), "one"),
+				use(ok(0, 2, 0), 1),
+				use(ok(time.Minute, 1, 0), 1),
+				use(denied(no(time.Minute, 1, time.Minute, 3, 0, 1), "tenant"), 0, 1, 2),
+				ok(time.Minute, 0, 3, 0, 1),
 			},
 		},
 		{
