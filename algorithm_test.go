@@ -87,22 +87,31 @@ func TestLongRunExactness(t *testing.T) {
 
 func TestRuleValidate(t *testing.T) {
 	i := func(n int64) *int64 { return &n }
-	bad := []Rule{
-		{},
-		{Algorithm: TokenBucket, Rate: PerSecond(0), Burst: 1},
-		{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 0},
-		{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(11)},
-		{Algorithm: GCRA, Rate: PerSecond(10), Burst: 10, Initial: i(1)},
-		{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 100_000}, // 273 years to refill
-		{Algorithm: TokenBucket, Rate: PerSecond(2e9), Burst: 1},                // faster than 1/ns
-		{Algorithm: FixedWindow, Limit: 10, Window: time.Microsecond},
-		{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit + 1, Window: time.Second},
-		{Algorithm: Combination, Rate: PerSecond(1), Burst: 10},
-		{Algorithm: Concurrency, Max: 0},
+	// Each bad rule, and the field its error is about.
+	bad := []struct {
+		r     Rule
+		field string
+	}{
+		{Rule{}, "algorithm"},
+		{Rule{Algorithm: TokenBucket, Rate: PerSecond(0), Burst: 1}, "rate"},
+		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 0}, "burst"},
+		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(11)}, "initial"},
+		{Rule{Algorithm: GCRA, Rate: PerSecond(10), Burst: 10, Initial: i(1)}, "initial"},
+		{Rule{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 100_000}, "burst"}, // 273 years to refill
+		{Rule{Algorithm: TokenBucket, Rate: PerSecond(2e9), Burst: 1}, "rate"},                 // faster than 1/ns
+		{Rule{Algorithm: FixedWindow, Limit: 10, Window: time.Microsecond}, "window"},
+		{Rule{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit + 1, Window: time.Second}, "limit"},
+		{Rule{Algorithm: Combination, Rate: PerSecond(1), Burst: 10}, "floor"},
+		{Rule{Algorithm: Concurrency, Max: 0}, "max"},
+		{Rule{Algorithm: Concurrency, Max: 1, LeaseTTL: -1}, "lease_ttl"},
 	}
-	for _, r := range bad {
-		if err := r.Validate(); err == nil || ErrorCode(err) != CodeInvalid {
-			t.Errorf("%+v: Validate() = %v, want an invalid error", r, err)
+	for _, c := range bad {
+		err := c.r.Validate()
+		if err == nil || ErrorCode(err) != CodeInvalid {
+			t.Errorf("%+v: Validate() = %v, want an invalid error", c.r, err)
+		}
+		if got := ErrorField(err); got != c.field {
+			t.Errorf("%+v: the error is about %q, want %q (%v)", c.r, got, c.field, err)
 		}
 	}
 	good := Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(0)}

@@ -56,12 +56,17 @@ var (
 )
 
 // Error is the error type of Admit's packages. It carries a Code, a message
-// meant for the person who made the request, and optionally the error that
-// caused it.
+// meant for the person who made the request, optionally the error that
+// caused it, and the field the error is about when there is one.
 type Error struct {
 	Code    Code
 	Message string
 	Err     error
+	// Field names the parameter or field at fault, such as "burst" for a
+	// rule whose burst is out of bounds, so that a configuration loader
+	// can point at it without reading the message. Err then says what is
+	// wrong with it.
+	Field string
 }
 
 // Errorf returns an *Error with the given code and a formatted message. A %w
@@ -116,4 +121,16 @@ func ErrorCode(err error) Code {
 		return e.Code
 	}
 	return CodeInternal
+}
+
+// ErrorField returns the Field of the first *Error in err's chain that has
+// one, or "".
+func ErrorField(err error) string {
+	for err != nil {
+		if e, ok := err.(*Error); ok && e.Field != "" {
+			return e.Field
+		}
+		err = errors.Unwrap(err)
+	}
+	return ""
 }

@@ -15,7 +15,7 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"vocabulary and basement", []string{"", "weakmap", "redistest", "configtest"}},
+	{"vocabulary and basement", []string{"", "weakmap", "redistest", "configtest", "yamlconf"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges"}},

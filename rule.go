@@ -208,13 +208,18 @@ func (r *Rule) Validate() error {
 			return r.fail("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
 		}
 	default:
-		return Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
+		e := Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
+		e.Field = "algorithm"
+		return e
 	}
 	return nil
 }
 
+// fail says that field is at fault: err is what is wrong with it.
 func (r *Rule) fail(field string, err error) error {
-	return Errorf(CodeInvalid, "rule %q: %s: %w", r.Name, field, err)
+	e := Errorf(CodeInvalid, "rule %q: %s: %w", r.Name, field, err)
+	e.Field = field
+	return e
 }
 
 // checkBucket bounds burst and burst × interval so that every bucket

@@ -17,6 +17,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 // Bounds on what one configuration may hold.
@@ -155,13 +156,13 @@ func (c *Config) HasDomain(domain string) bool {
 // Check applies check (a store's own limits on rules, say) to every rule of
 // c and reports the rules it refuses, with their positions.
 func (c *Config) Check(check func(*admit.Rule) error) error {
-	var errs ConfigErrors
+	var errs yamlconf.Errors
 	var walk func(lv *level)
 	visit := func(n *node) {
 		if n.limit != nil && n.limit.Rule() != nil {
 			r := n.limit.Rule()
 			if err := check(r); err != nil {
-				errs = append(errs, ConfigError{File: n.limit.file, Line: n.limit.line, Col: n.limit.col, Msg: n.limit.FullKey + ": " + err.Error()})
+				errs = append(errs, yamlconf.Error{File: n.limit.file, Line: n.limit.line, Col: n.limit.col, Msg: n.limit.FullKey + ": " + err.Error()})
 			}
 		}
 		if n.next != nil {
@@ -215,31 +216,6 @@ type node struct {
 	pattern string
 }
 
-// ConfigError is one problem in a configuration file.
-type ConfigError struct {
-	File      string
-	Line, Col int
-	Msg       string
-}
-
-func (e ConfigError) Error() string {
-	if e.Line > 0 {
-		return fmt.Sprintf("%s:%d:%d: %s", e.File, e.Line, e.Col, e.Msg)
-	}
-	return e.File + ": " + e.Msg
-}
-
-// ConfigErrors lists every problem found, in file and line order.
-type ConfigErrors []ConfigError
-
-func (e ConfigErrors) Error() string {
-	lines := make([]string, len(e))
-	for i, ce := range e {
-		lines[i] = ce.Error()
-	}
-	return strings.Join(lines, "\n")
-}
-
 // LoadDir loads every *.yaml file of dir (not its subdirectories), in name
 // order, as envoyproxy/ratelimit does with its runtime directory. A
 // directory without YAML files is an empty configuration. A domain may be
@@ -247,28 +223,28 @@ func (e ConfigErrors) Error() string {
 func LoadDir(dir string) (*Config, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil {
-		return nil, ConfigErrors{{File: dir, Msg: err.Error()}}
+		return nil, yamlconf.Errors{{File: dir, Msg: err.Error()}}
 	}
 	if _, err := os.Stat(dir); err != nil {
-		return nil, ConfigErrors{{File: dir, Msg: err.Error()}}
+		return nil, yamlconf.Errors{{File: dir, Msg: err.Error()}}
 	}
 	if len(names) > MaxFiles {
-		return nil, ConfigErrors{{File: dir, Msg: fmt.Sprintf("%d YAML files; at most %d", len(names), MaxFiles)}}
+		return nil, yamlconf.Errors{{File: dir, Msg: fmt.Sprintf("%d YAML files; at most %d", len(names), MaxFiles)}}
 	}
 	sort.Strings(names)
 	files := make([]File, 0, len(names))
-	var errs ConfigErrors
+	var errs yamlconf.Errors
 	for _, name := range names {
 		data, err := os.ReadFile(name)
 		if err != nil {
-			errs = append(errs, ConfigError{File: name, Msg: err.Error()})
+			errs = append(errs, yamlconf.Error{File: name, Msg: err.Error()})
 			continue
 		}
 		files = append(files, File{Name: name, Data: data})
 	}
 	c, err := Parse(files...)
 	if err != nil {
-		var ce ConfigErrors
+		var ce yamlconf.Errors
 		errors.As(err, &ce)
 		errs = append(errs, ce...)
 	}
@@ -286,7 +262,7 @@ type File struct {
 
 // Parse builds a Config from files. Every problem of every file is
 // reported, each with its file, line and column; the error is then a
-// ConfigErrors.
+// yamlconf.Errors.
 func Parse(files ...File) (*Config, error) {
 	c := &Config{domains: map[string]*level{}}
 	p := parser{cfg: c}
@@ -315,15 +291,11 @@ func Parse(files ...File) (*Config, error) {
 type parser struct {
 	cfg  *Config
 	file string
-	errs ConfigErrors
+	errs yamlconf.Errors
 }
 
 func (p *parser) fail(n *yaml.Node, format string, args ...any) {
-	ce := ConfigError{File: p.file, Msg: fmt.Sprintf(format, args...)}
-	if n != nil {
-		ce.Line, ce.Col = n.Line, n.Column
-	}
-	p.errs = append(p.errs, ce)
+	p.errs = append(p.errs, yamlconf.At(p.file, n, "", fmt.Sprintf(format, args...)))
 }
 
 // parseFile parses one file: its domain, its descriptor tree and the
@@ -365,14 +337,9 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node) {
 
 // yamlError reports a YAML syntax error with its line.
 func (p *parser) yamlError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	ce := ConfigError{File: p.file, Msg: "error loading config file: " + msg}
-	var line int
-	if n, _ := fmt.Sscanf(msg, "line %d:", &line); n == 1 {
-		ce.Line, ce.Col = line, 1
-		ce.Msg = "error loading config file: " + strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
-	}
-	p.errs = append(p.errs, ce)
+	e := yamlconf.SyntaxError(p.file, err)
+	e.Msg = "error loading config file: " + e.Msg
+	p.errs = append(p.errs, e)
 }
 
 func orNode(a, b *yaml.Node) *yaml.Node {
@@ -387,7 +354,7 @@ func orNode(a, b *yaml.Node) *yaml.Node {
 // what names the node in errors.
 func (p *parser) mapping(n *yaml.Node, what string, allowed ...string) map[string]*yaml.Node {
 	if n.Kind != yaml.MappingNode {
-		p.fail(n, "config error, %s must be a map, not %s", what, kindName(n))
+		p.fail(n, "config error, %s must be a map, not %s", what, yamlconf.KindName(n))
 		return nil
 	}
 	fields := make(map[string]*yaml.Node, len(n.Content)/2)
@@ -433,24 +400,13 @@ var keyHome = map[string]string{
 	"algorithm": "rate_limit", "burst": "rate_limit",
 }
 
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a map"
-	case yaml.SequenceNode:
-		return "a list"
-	default:
-		return fmt.Sprintf("%q", n.Value)
-	}
-}
-
 // str returns a scalar's text; anything else is reported.
 func (p *parser) str(n *yaml.Node) string {
 	if n == nil {
 		return ""
 	}
 	if n.Kind != yaml.ScalarNode {
-		p.fail(n, "config error, want a string, not %s", kindName(n))
+		p.fail(n, "config error, want a string, not %s", yamlconf.KindName(n))
 		return ""
 	}
 	return n.Value
@@ -462,7 +418,7 @@ func (p *parser) boolean(n *yaml.Node, field string) bool {
 	}
 	var b bool
 	if n.Kind != yaml.ScalarNode || n.Decode(&b) != nil {
-		p.fail(n, "%s: want true or false, not %s", field, kindName(n))
+		p.fail(n, "%s: want true or false, not %s", field, yamlconf.KindName(n))
 	}
 	return b
 }
@@ -473,7 +429,7 @@ func (p *parser) uint32(n *yaml.Node, field string) (uint32, bool) {
 	}
 	v, err := strconv.ParseUint(n.Value, 10, 32)
 	if n.Kind != yaml.ScalarNode || err != nil {
-		p.fail(n, "%s: want a whole number from 0 to %d, not %s", field, uint32(1<<32-1), kindName(n))
+		p.fail(n, "%s: want a whole number from 0 to %d, not %s", field, uint32(1<<32-1), yamlconf.KindName(n))
 		return 0, false
 	}
 	return uint32(v), true
@@ -487,7 +443,7 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 		return lv
 	}
 	if n.Kind != yaml.SequenceNode {
-		p.fail(n, "config error, descriptors must be a list, not %s", kindName(n))
+		p.fail(n, "config error, descriptors must be a list, not %s", yamlconf.KindName(n))
 		return lv
 	}
 	if depth > MaxDepth {
@@ -496,7 +452,7 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 	}
 	for _, dn := range n.Content {
 		if dn.Kind != yaml.MappingNode {
-			p.fail(dn, "config error, yaml file contains list of type other than map: %s", kindName(dn))
+			p.fail(dn, "config error, yaml file contains list of type other than map: %s", yamlconf.KindName(dn))
 			continue
 		}
 		f := p.mapping(dn, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode",
@@ -583,11 +539,11 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
 	}
 	if rn := f["replaces"]; rn != nil {
 		if rn.Kind != yaml.SequenceNode {
-			p.fail(rn, "config error, replaces must be a list, not %s", kindName(rn))
+			p.fail(rn, "config error, replaces must be a list, not %s", yamlconf.KindName(rn))
 		} else {
 			for _, e := range rn.Content {
 				if e.Kind != yaml.MappingNode {
-					p.fail(e, "config error, yaml file contains list of type other than map: %s", kindName(e))
+					p.fail(e, "config error, yaml file contains list of type other than map: %s", yamlconf.KindName(e))
 					continue
 				}
 				ef := p.mapping(e, "a replaces entry", "name")
@@ -646,7 +602,14 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
 		r.Limit, r.Window = int64(l.RequestsPerUnit), window
 	}
 	if err := r.Validate(); err != nil {
-		p.fail(n, "%s", strings.TrimPrefix(err.Error(), fmt.Sprintf("rule %q: ", name)))
+		// The rule's name is the descriptor's key, which the position
+		// already shows: say the field and what is wrong with it.
+		msg := err.Error()
+		var e *admit.Error
+		if errors.As(err, &e) && e.Field != "" && e.Err != nil {
+			msg = e.Field + ": " + e.Err.Error()
+		}
+		p.fail(n, "%s", msg)
 		return l
 	}
 	l.rule = &policy.Rule{Rule: *r, Scope: "envoy"}

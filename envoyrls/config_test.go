@@ -10,6 +10,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/configtest"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 // TestInvalidConfigs runs one fixture per kind of configuration error:
@@ -29,7 +30,7 @@ func TestInvalidConfigs(t *testing.T) {
 func TestParseReportsEveryError(t *testing.T) {
 	data := "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - value: x\n  - key: b\n    bogus: 1\n"
 	_, err := Parse(File{Name: "c.yaml", Data: []byte(data)})
-	var errs ConfigErrors
+	var errs yamlconf.Errors
 	if !errors.As(err, &errs) || len(errs) != 3 {
 		t.Fatalf("want 3 errors, got %v", err)
 	}

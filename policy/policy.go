@@ -538,7 +538,11 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		return nil
 	}
 	if err := r.Rule.Validate(); err != nil {
-		c.fail(path+"."+paramOf(err), "%v", err)
+		field := admit.ErrorField(err)
+		if field == "" {
+			field = "algorithm"
+		}
+		c.fail(path+"."+field, "%v", err)
 		return nil
 	}
 	r.bucket = r.Name
@@ -548,18 +552,6 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	r.ID = len(c.p.rules)
 	c.p.rules = append(c.p.rules, r)
 	return r
-}
-
-// paramOf recovers the parameter a Rule.Validate error names ("rule "x":
-// burst: …"), so that the error points at that field.
-func paramOf(err error) string {
-	msg := err.Error()
-	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl"} {
-		if strings.Contains(msg, "\": "+f+":") {
-			return f
-		}
-	}
-	return "algorithm"
 }
 
 func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {

@@ -24,6 +24,7 @@ import (
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 // Config is the YAML configuration file (DESIGN §7). Field names are the
@@ -132,36 +133,6 @@ func (c *Config) Spec() *policy.Spec {
 	}
 }
 
-// ConfigError is one problem in a configuration file, with its position.
-type ConfigError struct {
-	File      string
-	Line, Col int
-	Path      string // the field, like tiers.free.rules[0].rate; may be empty
-	Msg       string
-}
-
-func (e ConfigError) Error() string {
-	where := e.File
-	if e.Line > 0 {
-		where = fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col)
-	}
-	if e.Path != "" {
-		return fmt.Sprintf("%s: %s: %s", where, e.Path, e.Msg)
-	}
-	return fmt.Sprintf("%s: %s", where, e.Msg)
-}
-
-// ConfigErrors lists every problem of a file, in file order.
-type ConfigErrors []ConfigError
-
-func (e ConfigErrors) Error() string {
-	lines := make([]string, len(e))
-	for i, ce := range e {
-		lines[i] = ce.Error()
-	}
-	return strings.Join(lines, "\n")
-}
-
 // MaxConfigSize bounds a configuration file.
 const MaxConfigSize = 4 << 20
 
@@ -169,7 +140,7 @@ const MaxConfigSize = 4 << 20
 func LoadConfig(file string) (*Config, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, ConfigErrors{{File: file, Msg: err.Error()}}
+		return nil, yamlconf.Errors{{File: file, Msg: err.Error()}}
 	}
 	return ParseConfig(file, data)
 }
@@ -178,19 +149,19 @@ func LoadConfig(file string) (*Config, error) {
 // errors. Every problem is reported, each with its line and column.
 func ParseConfig(file string, data []byte) (*Config, error) {
 	if len(data) > MaxConfigSize {
-		return nil, ConfigErrors{{File: file, Msg: fmt.Sprintf("%d bytes; at most %d", len(data), MaxConfigSize)}}
+		return nil, yamlconf.Errors{{File: file, Msg: fmt.Sprintf("%d bytes; at most %d", len(data), MaxConfigSize)}}
 	}
 	var root yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&root); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, ConfigErrors{{File: file, Line: 1, Col: 1, Msg: "the file is empty; a configuration starts with version: 1"}}
+			return nil, yamlconf.Errors{{File: file, Line: 1, Col: 1, Msg: "the file is empty; a configuration starts with version: 1"}}
 		}
-		return nil, ConfigErrors{yamlError(file, err)}
+		return nil, yamlconf.Errors{yamlconf.SyntaxError(file, err)}
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
-		return nil, ConfigErrors{{File: file, Line: extra.Line, Col: extra.Column, Msg: "a second YAML document; a configuration is one document"}}
+		return nil, yamlconf.Errors{{File: file, Line: extra.Line, Col: extra.Column, Msg: "a second YAML document; a configuration is one document"}}
 	}
 	d := decoder{file: file, pos: map[string]*yaml.Node{}}
 	cfg := &Config{}
@@ -260,18 +231,6 @@ func (c *Config) CheckProxyActions() (unreachable []string, err error) {
 	return slices.Compact(unreachable), nil
 }
 
-// yamlError turns a parse error ("yaml: line 3: …") into a ConfigError.
-func yamlError(file string, err error) ConfigError {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	ce := ConfigError{File: file, Msg: msg, Col: 1}
-	var line int
-	if n, _ := fmt.Sscanf(msg, "line %d:", &line); n == 1 {
-		ce.Line = line
-		ce.Msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
-	}
-	return ce
-}
-
 // decoder decodes a YAML node tree into Go values by their json tags,
 // strictly: unknown fields, wrong kinds and bad numbers are errors with the
 // node's position. It records the position of every path it decodes, so
@@ -279,11 +238,11 @@ func yamlError(file string, err error) ConfigError {
 type decoder struct {
 	file string
 	pos  map[string]*yaml.Node
-	errs ConfigErrors
+	errs yamlconf.Errors
 }
 
 func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
-	d.errs = append(d.errs, ConfigError{File: d.file, Line: n.Line, Col: n.Column, Path: path, Msg: fmt.Sprintf(format, args...)})
+	d.errs = append(d.errs, yamlconf.Error{File: d.file, Line: n.Line, Col: n.Column, Path: path, Msg: fmt.Sprintf(format, args...)})
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
@@ -294,18 +253,6 @@ func expand(s string) string {
 		return s
 	}
 	return envRef.ReplaceAllStringFunc(s, func(m string) string { return os.Getenv(m[2 : len(m)-1]) })
-}
-
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	}
-	return fmt.Sprintf("%q", n.Value)
 }
 
 func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
@@ -324,7 +271,7 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(p)
 	case reflect.Struct:
 		if n.Kind != yaml.MappingNode {
-			d.fail(n, path, "want a mapping, got %s", kindName(n))
+			d.fail(n, path, "want a mapping, got %s", yamlconf.KindName(n))
 			return
 		}
 		fields := map[string]int{}
@@ -350,7 +297,7 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {
-			d.fail(n, path, "want a mapping, got %s", kindName(n))
+			d.fail(n, path, "want a mapping, got %s", yamlconf.KindName(n))
 			return
 		}
 		m := reflect.MakeMap(v.Type())
@@ -365,7 +312,7 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(m)
 	case reflect.Slice:
 		if n.Kind != yaml.SequenceNode {
-			d.fail(n, path, "want a list, got %s", kindName(n))
+			d.fail(n, path, "want a list, got %s", yamlconf.KindName(n))
 			return
 		}
 		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
@@ -375,13 +322,13 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(s)
 	case reflect.String:
 		if n.Kind != yaml.ScalarNode {
-			d.fail(n, path, "want a text value, got %s", kindName(n))
+			d.fail(n, path, "want a text value, got %s", yamlconf.KindName(n))
 			return
 		}
 		v.SetString(expand(n.Value))
 	case reflect.Int, reflect.Int64:
 		if n.Kind != yaml.ScalarNode {
-			d.fail(n, path, "want an integer, got %s", kindName(n))
+			d.fail(n, path, "want an integer, got %s", yamlconf.KindName(n))
 			return
 		}
 		x, err := strconv.ParseInt(strings.ReplaceAll(expand(n.Value), "_", ""), 10, 64)
@@ -392,7 +339,7 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 		v.SetInt(x)
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode {
-			d.fail(n, path, "want true or false, got %s", kindName(n))
+			d.fail(n, path, "want true or false, got %s", yamlconf.KindName(n))
 			return
 		}
 		switch expand(n.Value) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/admitdev/admit/configtest"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 func TestDemoConfigValid(t *testing.T) {
@@ -29,7 +30,7 @@ func TestInvalidConfigs(t *testing.T) {
 func TestConfigReportsEveryErrorInOrder(t *testing.T) {
 	data := "version: 1\nstore:\n  backend: etcd\n  on_error: maybe\nglobal:\n  - name: g\n    scope: global\n    algorithm: gcra\n    rate: 1/s\n"
 	_, err := ParseConfig("c.yaml", []byte(data))
-	var errs ConfigErrors
+	var errs yamlconf.Errors
 	if !errors.As(err, &errs) || len(errs) != 3 {
 		t.Fatalf("want 3 errors, got %v", err)
 	}
@@ -64,9 +65,9 @@ func FuzzParseConfig(f *testing.F) {
 		if err == nil && cfg == nil {
 			t.Fatal("no config and no error")
 		}
-		var errs ConfigErrors
+		var errs yamlconf.Errors
 		if err != nil && (!errors.As(err, &errs) || len(errs) == 0) {
-			t.Fatalf("error %v is not a list of ConfigErrors", err)
+			t.Fatalf("error %v is not a yamlconf.Errors", err)
 		}
 	})
 }

@@ -1,0 +1,81 @@
+// Package yamlconf reports the problems of YAML configuration files the way
+// every loader of Admit does: each with its file, line and column, and the
+// field it is about when there is one, all of a file's problems together.
+// Admit's configuration (cmd/admit) and the envoyproxy/ratelimit files
+// (envoyrls) share it.
+package yamlconf
+
+import (
+	"fmt"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Error is one problem in a configuration file, with its position.
+type Error struct {
+	File      string
+	Line, Col int    // 0 when the problem is the whole file's
+	Path      string // the field, like tiers.free.rules[0].rate; may be empty
+	Msg       string
+}
+
+func (e Error) Error() string {
+	where := e.File
+	if e.Line > 0 {
+		where = fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col)
+	}
+	if e.Path != "" {
+		return fmt.Sprintf("%s: %s: %s", where, e.Path, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", where, e.Msg)
+}
+
+// At returns the problem msg at node n of file (n may be nil: the whole
+// file's problem).
+func At(file string, n *yaml.Node, path, msg string) Error {
+	e := Error{File: file, Path: path, Msg: msg}
+	if n != nil {
+		e.Line, e.Col = n.Line, n.Column
+	}
+	return e
+}
+
+// Errors lists every problem found, one a line.
+type Errors []Error
+
+func (e Errors) Error() string {
+	lines := make([]string, len(e))
+	for i, ce := range e {
+		lines[i] = ce.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// SyntaxError turns the YAML decoder's error ("yaml: line 3: …") into an
+// Error at that line.
+func SyntaxError(file string, err error) Error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	e := Error{File: file, Msg: msg}
+	var line int
+	if n, _ := fmt.Sscanf(msg, "line %d:", &line); n == 1 {
+		e.Line, e.Col = line, 1
+		e.Msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
+	}
+	return e
+}
+
+// KindName describes what a node is, for a message that says what was
+// found instead of what was wanted: "a mapping", "a list", "an alias", or
+// the scalar's value, quoted.
+func KindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return fmt.Sprintf("%q", n.Value)
+}
