@@ -87,10 +87,10 @@ func (b *bucket) tokens(d fine) int64 {
 }
 
 func (b *bucket) decode(s State, now int64) fine {
-	if s.A <= now {
+	if s.Expiry <= now {
 		return b.after(fine{ns: now}, b.span(b.burst-b.initial))
 	}
-	t := fine{ns: s.A - b.remember, frac: int64(s.B)}
+	t := fine{ns: s.Expiry - b.remember, frac: int64(s.Count)}
 	if t.frac > 0 {
 		t.ns--
 	}
@@ -98,7 +98,7 @@ func (b *bucket) decode(s State, now int64) fine {
 }
 
 func (b *bucket) encode(t fine) State {
-	return State{A: t.ceil() + b.remember, B: uint32(t.frac)}
+	return State{Expiry: t.ceil() + b.remember, Count: uint32(t.frac)}
 }
 
 // eval decides cost c at now into res and returns the state to keep. A
@@ -113,7 +113,7 @@ func (b *bucket) eval(res *Result, s State, now, c int64) State {
 	horizon := b.after(fine{ns: now}, b.span(b.burst))
 	next := b.after(base, b.span(c))
 	keep := s
-	if s.A <= now && b.initial < b.burst {
+	if s.Expiry <= now && b.initial < b.burst {
 		// A new bucket that starts below its burst must be recorded even
 		// when nothing is charged, or it would start empty again at every
 		// look and never refill.
@@ -156,11 +156,11 @@ func (b *bucket) reserve(s State, now, c int64) (State, int64) {
 
 // unreserve gives back c tokens booked earlier.
 func (b *bucket) unreserve(s State, now, c int64) State {
-	if s.A <= now {
+	if s.Expiry <= now {
 		return s
 	}
 	next := b.encode(b.before(b.decode(s, now), b.span(c)))
-	if next.A <= now {
+	if next.Expiry <= now {
 		return State{}
 	}
 	return next

@@ -4,17 +4,23 @@ package admit
 // bucket, GCRA, fixed and sliding window, and each half of a combination).
 // It is 16 bytes so that a store can keep millions of keys cheaply.
 //
-// A is the key's expiry in Unix nanoseconds: at and after A the key is
-// indistinguishable from one the store never saw, so a store may drop it,
-// and every algorithm treats a State whose A is at or before now as new.
-// The zero State is a new key. B and C belong to the algorithm.
+// The zero State is a new key.
 type State struct {
-	A    int64
-	B, C uint32
+	// Expiry is when the key expires, in Unix nanoseconds: at and after
+	// it the key is indistinguishable from one the store never saw, so a
+	// store may drop it, and every algorithm treats a State whose Expiry
+	// is at or before now as new. A bucket keeps its time in it (the
+	// moment it is full again, plus how long it is remembered after).
+	Expiry int64
+	// Count is the count of a window's current period; a bucket keeps in
+	// it the fraction of a nanosecond of its time, in units of 1/n ns.
+	Count uint32
+	// Prev is the count of a sliding window's previous period.
+	Prev uint32
 }
 
 // Fresh reports whether s is equivalent to a new key at now.
-func (s State) Fresh(now int64) bool { return s.A <= now }
+func (s State) Fresh(now int64) bool { return s.Expiry <= now }
 
 // Slots returns how many States a key of algorithm a uses: 2 for a
 // combination (floor and burst bucket), 1 for the other counter algorithms

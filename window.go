@@ -8,15 +8,15 @@ func stepFixed(r *Rule, s State, now, cost int64, res *Result) State {
 	w := int64(r.Window)
 	end := now - now%w + w
 	count := int64(0)
-	if s.A > now {
-		count, end = int64(s.B), s.A
+	if s.Expiry > now {
+		count, end = int64(s.Count), s.Expiry
 	}
 	res.ResetAfter = durNs(end - now)
 	if count+cost <= r.Limit {
 		res.Allowed = true
 		res.Remaining = r.Limit - count - cost
 		if cost > 0 {
-			return State{A: end, B: uint32(count + cost)}
+			return State{Expiry: end, Count: uint32(count + cost)}
 		}
 		return s
 	}
@@ -37,14 +37,14 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
 	start := now - now%w
 	end := start + w
 	var cur, prev int64
-	switch stateEnd := s.A - w; {
-	case s.A <= now:
+	switch stateEnd := s.Expiry - w; {
+	case s.Expiry <= now:
 	case stateEnd == end:
-		cur, prev = int64(s.B), int64(s.C)
+		cur, prev = int64(s.Count), int64(s.Prev)
 	case stateEnd == start:
-		prev = int64(s.B)
+		prev = int64(s.Count)
 	case stateEnd > end: // the clock went back; keep the counts, be strict
-		cur, prev, end = int64(s.B), int64(s.C), stateEnd
+		cur, prev, end = int64(s.Count), int64(s.Prev), stateEnd
 	}
 	left := uint64(max(end-now, 0)) // W − e
 	weighted := mul(uint64(prev), left)
@@ -68,7 +68,7 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
 	if admitted {
 		res.Allowed = true
 		if cost > 0 {
-			return State{A: end + w, B: uint32(after), C: uint32(prev)}
+			return State{Expiry: end + w, Count: uint32(after), Prev: uint32(prev)}
 		}
 		return s
 	}

@@ -64,8 +64,8 @@ func (u Unit) Duration() time.Duration {
 	return 0
 }
 
-// ParseUnit parses a unit name in any case ("second", "MINUTE"…).
-func ParseUnit(s string) (Unit, bool) {
+// parseUnit parses a unit name in any case ("second", "MINUTE"…).
+func parseUnit(s string) (Unit, bool) {
 	for i, n := range unitNames {
 		if i > 0 && strings.EqualFold(s, n) {
 			return Unit(i), true
@@ -522,7 +522,7 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
 	l := &Limit{FullKey: full, Shadow: shadow, UnitMultiplier: 1, file: p.file, line: n.Line, col: n.Column}
 	l.Name = p.str(f["name"])
 	l.Unlimited = p.boolean(f["unlimited"], "unlimited")
-	unit, validUnit := ParseUnit(p.str(f["unit"]))
+	unit, validUnit := parseUnit(p.str(f["unit"]))
 	switch {
 	case l.Unlimited && validUnit:
 		p.fail(f["unit"], "should not specify rate limit unit when unlimited")

@@ -611,7 +611,7 @@ func (s *Service) override(o *rlext.RateLimitDescriptor_RateLimitOverride) (*Lim
 	if l != nil {
 		return l, nil
 	}
-	unit, ok := ParseUnit(k.unit.String())
+	unit, ok := parseUnit(k.unit.String())
 	if !ok {
 		return nil, errors.New("unit " + k.unit.String() + " is not a rate limit unit")
 	}

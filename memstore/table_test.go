@@ -22,10 +22,10 @@ func TestTableModel(t *testing.T) {
 			tb.deleteAt(j)
 			delete(model, h)
 		case j >= 0:
-			tb.slots[j].st.A = int64(i)
+			tb.slots[j].st.Expiry = int64(i)
 			model[h] = int64(i)
 		default:
-			tb.insert(h, admit.State{A: int64(i)})
+			tb.insert(h, admit.State{Expiry: int64(i)})
 			model[h] = int64(i)
 		}
 		if i%10_000 == 0 || i == 199_999 {
@@ -33,8 +33,8 @@ func TestTableModel(t *testing.T) {
 				t.Fatalf("count %d, model %d", tb.count, len(model))
 			}
 			for h, a := range model {
-				if got := tb.get(h); got.A != a {
-					t.Fatalf("get(%x) = %d, want %d", h, got.A, a)
+				if got := tb.get(h); got.Expiry != a {
+					t.Fatalf("get(%x) = %d, want %d", h, got.Expiry, a)
 				}
 			}
 		}

@@ -255,7 +255,7 @@ func (c *Catalog) refreshLocked(ctx context.Context) error {
 // PutTenant creates or replaces a tenant's tier and overrides. The tenant
 // keeps its API keys.
 func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*Tenant, error) {
-	if err := CheckName(id); err != nil {
+	if err := nameError(id); err != nil {
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
@@ -312,7 +312,7 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
 // PutTier creates or replaces a tier. Tenants of the tier get its new rules
 // with their next request.
 func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tier, error) {
-	if err := CheckName(name); err != nil {
+	if err := nameError(name); err != nil {
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {

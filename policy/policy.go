@@ -608,8 +608,8 @@ func checkName(s string) error {
 	return nil
 }
 
-// CheckName reports whether s may name a tenant, a tier or a rule.
-func CheckName(s string) error {
+// nameError is checkName as an admit error (CodeInvalid).
+func nameError(s string) error {
 	if err := checkName(s); err != nil {
 		return admit.Errorf(admit.CodeInvalid, "%v", err)
 	}

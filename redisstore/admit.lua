@@ -60,13 +60,13 @@ local fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
 -- The state of the call being run. The library's functions are defined
 -- once, when it is loaded; each call sets these first (see run below).
 local KEYS, ARGV, nu, nsub, nceil, n, loaded
--- The decision being run: its N charges' rules, costs, lease TTLs (µs)
--- and, for undo, which half of a combination each charged; whether it is
--- a dry run, whether it is refused already (by another group of a Cluster
--- decision: it reports as a refusal, charging nothing), its lease id and
--- its lease record key (or nil). KO offsets KEYS to its keys within a
--- batch.
-local CR, CC, CT, CH, DRY, REFUSED, LEASE, REC, KO
+-- The decision being run: its N charges' RULES, COSTS, lease TTLS (µs)
+-- and, for undo, which of a combination's HALVES each charged; whether it
+-- is a dry run, whether it is REFUSED already (by another group of a
+-- Cluster decision: it reports as a refusal, charging nothing), its LEASE
+-- id and its lease record key REC (or nil). KEYBASE is where its keys
+-- start in KEYS, within a batch.
+local RULES, COSTS, TTLS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- Scratch tables, made once and reused: every table a call makes costs
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
@@ -529,8 +529,8 @@ end
 -- charge returns charge i of the decision being run: its rule, algorithm,
 -- cost and whether the rule is in shadow mode.
 local function charge(i)
-  local R = CR[i]
-  return R, R.alg, CC[i], R.shadow
+  local R = RULES[i]
+  return R, R.alg, COSTS[i], R.shadow
 end
 
 -- load returns the stored state of a counter key as a table, or nil.
@@ -645,7 +645,7 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
   if dup then chain, pendingBy = {}, {} end
   for i = 1, n do
     local R, alg, cost = charge(i)
-    local key = KEYS[KO + i]
+    local key = KEYS[KEYBASE + i]
     local c = cost
     if peek then c = 0 end
     local res = results[i]
@@ -703,15 +703,15 @@ local function decide(out)
   for i = 1, n do
     local r = results[i]
     if r then r.how = nil else results[i] = {} end
-    local key = KEYS[KO + i]
+    local key = KEYS[KEYBASE + i]
     for j = 1, i - 1 do
-      if KEYS[KO + j] == key then dup = true end
+      if KEYS[KEYBASE + j] == key then dup = true end
     end
   end
   evaluate(results, nexts, dirty, false, nil, dup)
   local allowed = 1
   for i = 1, n do
-    if results[i].allowed == 0 and not CR[i].shadow then allowed = 0 end
+    if results[i].allowed == 0 and not RULES[i].shadow then allowed = 0 end
   end
   if REFUSED then allowed = 0 end
   local leaseExpiry = 0
@@ -720,13 +720,13 @@ local function decide(out)
     local counts = {}
     for i = 1, n do
       local R, alg, cost = charge(i)
-      local key = KEYS[KO + i]
+      local key = KEYS[KEYBASE + i]
       if alg == 5 or alg == 7 then
         if results[i].allowed == 1 and cost > 0 then
           if alg == 5 then
             logCommit(key, R[6], cost)
           else
-            local ttl = CT[i]
+            local ttl = TTLS[i]
             local e = nceil + ttl
             rcall('ZREMRANGEBYSCORE', key, '-inf', I(nu))
             local have = counts[key] or 0
@@ -772,7 +772,7 @@ local function decide(out)
   end
   for i = 1, n do
     local R, alg = charge(i)
-    if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[KO + i], R, alg, nexts[i]) end
+    if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[KEYBASE + i], R, alg, nexts[i]) end
   end
   return reply(out, results, 0)
 end
@@ -789,9 +789,9 @@ end
 local function decideBuckets(out)
   local k, nexts = OUTK + 1, NEXTS
   for i = 1, n do
-    local key = KEYS[KO + i]
+    local key = KEYS[KEYBASE + i]
     for j = 1, i - 1 do
-      if KEYS[KO + j] == key then return false end
+      if KEYS[KEYBASE + j] == key then return false end
     end
     local st = loaded[key]
     if st == nil then
@@ -803,14 +803,14 @@ local function decideBuckets(out)
     elseif st and #st ~= 3 then
       return false -- a rule of another algorithm had this key in this call
     end
-    local R = CR[i]
+    local R = RULES[i]
     local b = R.b or bucketParams(R)
     local nx, al, rem, reset, retry
     if b.r == 0 and (not st or st[3] == 0) then
-      nx, al, rem, reset, retry = bucketWhole(b, st or nil, CC[i])
+      nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i])
     else
       local res = {retry = 0}
-      nx = bucketEval(b, st or nil, CC[i], res)
+      nx = bucketEval(b, st or nil, COSTS[i], res)
       al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
     end
     if al == 0 and not R.shadow then return false end
@@ -819,8 +819,8 @@ local function decideBuckets(out)
     out[o], out[o + 1], out[o + 2], out[o + 3] = al, rem, reset, retry
   end
   for i = 1, n do
-    local key, nx = KEYS[KO + i], nexts[i]
-    if nx ~= (loaded[key] or nil) then putBucket(key, CR[i].b, nx) end
+    local key, nx = KEYS[KEYBASE + i], nexts[i]
+    if nx ~= (loaded[key] or nil) then putBucket(key, RULES[i].b, nx) end
   end
   out[k] = 1
   OUTK = k + 4 * n + 1
@@ -911,7 +911,7 @@ local function undo()
   local lease = ARGV[6]
   for i = 1, n do
     local R, alg, cost = charge(i)
-    local how = CH[i]
+    local how = HALVES[i]
     local key = KEYS[i]
     if cost > 0 and how >= 0 then
       if alg == 1 or alg == 2 then
@@ -974,9 +974,9 @@ local function strided()
   for i = 1, n do
     local base = 8 + (i - 1) * STRIDE
     local R = ruleOf(ARGV, base)
-    CR[i], CC[i], CT[i], CH[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
+    RULES[i], COSTS[i], TTLS[i], HALVES[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
   end
-  REC, KO = KEYS[n + 1], 0
+  REC, KEYBASE = KEYS[n + 1], 0
 end
 
 -- batch decides many decisions in one call, one after the other, each all
@@ -997,7 +997,7 @@ local function batch()
   local a = 7 + nr
   local out = sized(tonumber(ARGV[6]))
   out[1], out[2] = nu, nsub
-  OUTK, KO = 2, 0
+  OUTK, KEYBASE = 2, 0
   for _ = 1, m do
     local h = ARGV[a]
     local rec = false
@@ -1012,17 +1012,17 @@ local function batch()
     local buckets = not rec and not DRY and not REFUSED
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
-      CR[i], CC[i], CT[i] = R, NUMS[c] or tonumber(c), R.ttl
+      RULES[i], COSTS[i], TTLS[i] = R, NUMS[c] or tonumber(c), R.ttl
       a = a + 2
       if R.alg > 2 then buckets = false end
       if R.alg == 7 then
         local t = ARGV[a]
-        if t ~= '' then CT[i] = tonumber(t) end
+        if t ~= '' then TTLS[i] = tonumber(t) end
         a = a + 1
       end
     end
     REC = nil
-    if rec then REC = KEYS[KO + n + 1] end
+    if rec then REC = KEYS[KEYBASE + n + 1] end
     -- A decision that fails (a key holding another type, after a rule
     -- changed its algorithm) must not fail the rest of the batch. Its
     -- commands all read until it commits, so it has written nothing: its
@@ -1036,8 +1036,8 @@ local function batch()
       for i = k0 + 1, k0 + 2 + 4 * n do out[i] = 0 end
       out[k0 + 1], OUTK = -1, k0 + 2 + 4 * n
     end
-    KO = KO + n
-    if rec then KO = KO + 1 end
+    KEYBASE = KEYBASE + n
+    if rec then KEYBASE = KEYBASE + 1 end
   end
   return out
 end
@@ -1091,7 +1091,7 @@ local function run(keys, args)
     RES, NEXTS, DIRTY, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, 0
     for i = 1, 7000 do ZEROS[i] = 0 end
     for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
-    CR, CC, CT, CH = {}, {}, {}, {}
+    RULES, COSTS, TTLS, HALVES = {}, {}, {}, {}
     loaded, writes, wlen, worder = {}, {}, {}, {}
   end
   if ARGV[2] == '' then

@@ -1,0 +1,272 @@
+package memstore
+
+import (
+	"context"
+	"slices"
+
+	"github.com/admitdev/admit"
+)
+
+// scratch is a decision's per-charge working space. Decisions of up to
+// inlineCharges charges keep it on the stack.
+const inlineCharges = 8
+
+type scratch struct {
+	hashes []uint64
+	next   [][2]admit.State
+	dirty  uint32 // bit i: next[i] differs from the stored state
+	dup    bool   // some key is charged twice
+}
+
+func validate(charges []admit.Charge) error {
+	if len(charges) > admit.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	for i := range charges {
+		c := &charges[i]
+		if err := c.Rule.Validate(); err != nil {
+			return err
+		}
+		if err := c.Rule.CheckCost(c.Cost); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Decide implements admit.Store.
+func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	d.Reset()
+	if err := validate(charges); err != nil {
+		return err
+	}
+	dry := false
+	for i := range charges {
+		dry = dry || charges[i].DryRun
+	}
+	if len(charges) == 1 && charges[0].Rule.Algorithm.Slots() == 1 && !dry {
+		s.decideOne(&charges[0], d)
+		return nil
+	}
+	var hashBuf [inlineCharges]uint64
+	var nextBuf [inlineCharges][2]admit.State
+	sc := scratch{hashes: hashBuf[:0], next: nextBuf[:0]}
+	if len(charges) > inlineCharges {
+		sc = scratch{hashes: make([]uint64, 0, len(charges)), next: make([][2]admit.State, 0, len(charges))}
+	}
+	var locks lockSet
+	for i := range charges {
+		h := s.hash(charges[i].Key)
+		sc.dup = sc.dup || contains(sc.hashes, h)
+		sc.hashes = append(sc.hashes, h)
+		locks.add(s.shardOf(h))
+	}
+	sc.next = sc.next[:len(charges)]
+
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
+	s.lock(&locks)
+	now := s.now()
+	allowed := true
+	for i := range charges {
+		res := &d.Results[i]
+		s.eval(res, charges, i, &sc, now, false)
+		allowed = allowed && (res.Allowed || res.Shadow)
+	}
+	var lease *leaseRecord
+	switch {
+	case dry:
+		// Nothing is stored, not even a new key a refusal would record:
+		// a dry run leaves the store as it found it.
+	case allowed:
+		lease = s.commit(charges, d, &sc, now)
+	default:
+		s.refuse(charges, d, &sc, now)
+	}
+	s.unlock(&locks)
+
+	if lease != nil {
+		d.Lease = s.recordLease(lease)
+	}
+	d.Summarize()
+	return nil
+}
+
+// decideOne decides a single charge of a one-slot algorithm, the common
+// case, without the bookkeeping of multi-key decisions: with one charge,
+// the state Step returns is the one to keep whether it admitted or not.
+func (s *Store) decideOne(c *admit.Charge, d *admit.Decision) {
+	h := s.hash(c.Key)
+	sh := &s.shards[s.shardOf(h)]
+	d.Results = slices.Grow(d.Results, 1)[:1]
+	res := &d.Results[0]
+	sh.mu.Lock()
+	now := s.now()
+	var st [2]admit.State
+	i := sh.t.find(h)
+	if i >= 0 {
+		st[0] = sh.t.slots[i].st
+	}
+	next := admit.StepTo(res, c.Rule, st, now, c.Cost)
+	switch {
+	case next[0] == st[0]:
+	case i >= 0 && next[0].Expiry != 0:
+		sh.t.slots[i].st = next[0]
+	default:
+		s.put(sh, h, next[0], []uint64{h})
+	}
+	sh.mu.Unlock()
+	d.Allowed = res.Allowed || res.Shadow
+	d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = res.Limit, res.Remaining, res.ResetAfter, res.RetryAfter
+	if !d.Allowed {
+		d.DeniedBy = res.Rule
+	}
+}
+
+// refuse finishes a refused decision, which charges nothing. A charge that
+// would have admitted reports what it holds now rather than what it would
+// have held, so it is evaluated again at cost 0; when a key is charged twice
+// every charge is, in order, so that they chain through unchanged states.
+// New keys that a look must record (see admit.Step) are recorded.
+func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) {
+	for i := range charges {
+		r := &d.Results[i]
+		wouldAdmit := r.Allowed && charges[i].Cost > 0
+		if wouldAdmit || sc.dup {
+			var peek admit.Result
+			s.eval(&peek, charges, i, sc, now, true)
+			if wouldAdmit {
+				r.Remaining, r.ResetAfter = peek.Remaining, peek.ResetAfter
+			}
+		}
+		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {
+			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.hashes)
+		}
+	}
+}
+
+// pending returns the cost that earlier charges of the same decision put on
+// charge i's key.
+func pending(charges []admit.Charge, sc *scratch, i int) int64 {
+	p := int64(0)
+	for j := 0; j < i; j++ {
+		if sc.hashes[j] == sc.hashes[i] {
+			p += charges[j].Cost
+		}
+	}
+	return p
+}
+
+// eval decides charge i into res and keeps the state to store in sc.
+func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scratch, now int64, peek bool) {
+	c := &charges[i]
+	h := sc.hashes[i]
+	cost, extra := c.Cost, int64(0)
+	if peek {
+		cost = 0
+	} else if c.Rule.Algorithm.Slots() == 0 {
+		extra = pending(charges, sc, i)
+	}
+	sh := &s.shards[s.shardOf(h)]
+	switch c.Rule.Algorithm {
+	case admit.SlidingLog:
+		side(&sh.logs, h, false).EvalTo(res, c.Rule, now, cost, extra)
+		return
+	case admit.Concurrency:
+		side(&sh.leases, h, false).EvalTo(res, c.Rule, now, cost, extra)
+		return
+	}
+	var st [2]admit.State
+	chained := false
+	for j := i - 1; j >= 0; j-- { // a key charged twice sees the first charge
+		if sc.hashes[j] == h {
+			st, chained = sc.next[j], true
+			break
+		}
+	}
+	if !chained {
+		st[0] = sh.t.get(h)
+		if c.Rule.Algorithm == admit.Combination {
+			st[1] = sh.t.get(second(h))
+		}
+	}
+	sc.next[i] = admit.StepTo(res, c.Rule, st, now, cost)
+	if sc.next[i] != st {
+		sc.dirty |= 1 << i
+	} else {
+		sc.dirty &^= 1 << i
+	}
+}
+
+// side returns the variable-size state of key h from a shard's side map. A
+// missing one reads as empty; with create set it is added, map and all.
+func side[T any](m *map[uint64]*T, h uint64, create bool) *T {
+	if v := (*m)[h]; v != nil {
+		return v
+	}
+	v := new(T)
+	if create {
+		if *m == nil {
+			*m = map[uint64]*T{}
+		}
+		(*m)[h] = v
+	}
+	return v
+}
+
+// commit charges every admitting charge. It returns the lease to record
+// when concurrency charges took slots.
+func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) *leaseRecord {
+	var lease *leaseRecord
+	for i := range charges {
+		c := &charges[i]
+		h := sc.hashes[i]
+		sh := &s.shards[s.shardOf(h)]
+		if c.Rule.Algorithm.Slots() > 0 {
+			// Refused shadow charges and peeks keep the state Step
+			// returned for them, which charges nothing.
+			if sc.dirty&(1<<i) != 0 {
+				s.putState(c.Rule, h, sc.next[i], sc.hashes)
+			}
+			continue
+		}
+		if !d.Results[i].Allowed || c.Cost == 0 {
+			continue
+		}
+		switch c.Rule.Algorithm {
+		case admit.SlidingLog:
+			lg := side(&sh.logs, h, true)
+			lg.Commit(c.Rule, now, c.Cost)
+			s.put(sh, h, admit.State{Expiry: lg.Expiry(c.Rule.Window)}, sc.hashes)
+		case admit.Concurrency:
+			if lease == nil {
+				lease = &leaseRecord{num: s.leaseNext.Add(1)}
+			}
+			ttl := int64(c.LeaseTTL)
+			if ttl <= 0 {
+				ttl = int64(c.Rule.LeaseTTLOrDefault())
+			}
+			set := side(&sh.leases, h, true)
+			set.Commit(now, lease.num, c.Cost, now+ttl)
+			lease.refs = append(lease.refs, leaseRef{h: h, ttl: ttl})
+			lease.expiry = max(lease.expiry, now+ttl)
+			s.put(sh, h, admit.State{Expiry: set.Expiry()}, sc.hashes)
+		}
+	}
+	return lease
+}
+
+// Reset implements admit.Store.
+func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	for i := range charges {
+		h := s.hash(charges[i].Key)
+		sh := &s.shards[s.shardOf(h)]
+		sh.mu.Lock()
+		for _, x := range [2]uint64{h, second(h)} {
+			if j := sh.t.find(x); j >= 0 {
+				s.remove(sh, j)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,318 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+// tagOf returns the hash tag of a charge key: a hash of its tenant, "g" for
+// keys without one. Keys not made by admit.Key are their own tenant.
+func tagOf(key string) string {
+	tenant := key
+	if k, err := admit.ParseKey(key); err == nil {
+		tenant = k.Tenant
+	}
+	if tenant == "" {
+		return "g"
+	}
+	// FNV-1a, 64 bits: stable across processes and versions, as a tag
+	// must be; a collision only puts two tenants in one slot.
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(tenant); i++ {
+		h ^= uint64(tenant[i])
+		h *= 1099511628211
+	}
+	var b [16]byte
+	const digits = "0123456789abcdef"
+	for i := range b {
+		b[15-i] = digits[h&15]
+		h >>= 4
+	}
+	return string(b[:])
+}
+
+func (s *Store) redisKey(tag, key string) string {
+	return s.prefix + "{" + tag + "}" + key
+}
+
+// group is the charges of one decision that share a hash tag, with their
+// Redis keys.
+type group struct {
+	tag  string
+	idx  []int
+	keys []string
+}
+
+// groups splits charges into the groups one call each can decide: by tag
+// when split (in Cluster, where a call reaches one slot), in order of first
+// appearance with the global tag last; otherwise all in one group, tagged
+// like its first charge. Each charge's tag and key are computed here once
+// for the whole decision.
+func (s *Store) groups(charges []admit.Charge, split bool) []group {
+	var gs []group
+	for i := range charges {
+		tag := tagOf(charges[i].Key)
+		j := len(gs) - 1
+		if split {
+			j = slices.IndexFunc(gs, func(g group) bool { return g.tag == tag })
+		}
+		if j < 0 {
+			gs = append(gs, group{tag: tag})
+			j = len(gs) - 1
+		}
+		gs[j].idx = append(gs[j].idx, i)
+		gs[j].keys = append(gs[j].keys, s.redisKey(tag, charges[i].Key))
+	}
+	if split {
+		slices.SortStableFunc(gs, func(a, b group) int {
+			switch {
+			case a.tag == "g" && b.tag != "g":
+				return 1
+			case b.tag == "g" && a.tag != "g":
+				return -1
+			}
+			return 0
+		})
+	}
+	return gs
+}
+
+// validate checks charges and returns the arguments of each one's rule.
+func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
+	if len(charges) > admit.MaxCharges {
+		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	ras := make([]*ruleArgs, len(charges))
+	for i := range charges {
+		c := &charges[i]
+		if c.Rule == nil {
+			return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
+		}
+		ras[i] = argsOf(c.Rule)
+		if err := ras[i].err; err != nil {
+			return nil, err
+		}
+		if err := c.Rule.CheckCost(c.Cost); err != nil {
+			return nil, err
+		}
+		if reserve && !c.Rule.Algorithm.Reservable() {
+			return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
+		}
+	}
+	return ras, nil
+}
+
+// reply is one decision's part of the reply of a decide or undo call
+// (admit.lua, reply): allowed, four values per charge (allowed + 2 × how,
+// remaining, reset, retry) and the lease's expiry; with the call's now.
+type reply struct {
+	nu, nsub int64
+	v        []int64
+}
+
+// callReply splits the reply of a call about one decision: now, then the
+// decision's part.
+func callReply(v []int64) reply {
+	if len(v) < 2 {
+		return reply{v: v} // fill reports the length
+	}
+	return reply{nu: v[0], nsub: v[1], v: v[2:]}
+}
+
+// groupReply is the decoded reply of a decide or undo call.
+type groupReply struct {
+	nu, nsub int64
+	allowed  bool
+	hows     []string
+	lease    int64 // the lease's expiry in µs, or 0
+}
+
+// fill decodes reply rp into the results of g's charges.
+func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRemaining bool) (groupReply, error) {
+	v := rp.v
+	if len(v) != 2+4*len(g.idx) {
+		return groupReply{}, admit.Errorf(admit.CodeInternal, "redisstore: script replied %d values for %d charges", len(v), len(g.idx))
+	}
+	r := groupReply{nu: rp.nu, nsub: rp.nsub, allowed: v[0] == 1, lease: v[len(v)-1], hows: make([]string, len(g.idx))}
+	for k, i := range g.idx {
+		x := v[1+4*k:]
+		res := &d.Results[i]
+		if onlyRemaining {
+			if res.Allowed && charges[i].Cost > 0 {
+				res.Remaining, res.ResetAfter = x[1], time.Duration(x[2])
+			}
+			continue
+		}
+		rule := charges[i].Rule
+		*res = admit.Result{
+			Rule: rule.Name, Shadow: rule.Shadow, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
+			Remaining: x[1], ResetAfter: time.Duration(x[2]), RetryAfter: time.Duration(x[3]),
+		}
+		r.hows[k] = itoa(x[0] >> 1)
+	}
+	return r, nil
+}
+
+func hasLeases(charges []admit.Charge, g group) bool {
+	for _, i := range g.idx {
+		if charges[i].Rule.Algorithm == admit.Concurrency && charges[i].Cost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Decide implements admit.Store.
+func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	d.Reset()
+	ras, err := validate(charges, false)
+	if err != nil {
+		return err
+	}
+	dry := slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.DryRun })
+	if len(charges) == 0 {
+		d.Allowed = true // nothing limits the request, as in memstore
+		return nil
+	}
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
+	groups := s.groups(charges, s.cluster)
+	leaseID := ""
+	var leaseTags []string
+	var done []groupDone
+	refused := -1
+	for gi, g := range groups {
+		rec := ""
+		if !dry && hasLeases(charges, g) {
+			if leaseID == "" {
+				leaseID = newID()
+			}
+			rec = s.leaseKey(g.tag, leaseID)
+		}
+		how := decideCharge
+		if dry {
+			how = decideDry
+		}
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, how, leaseID, rec))
+		if err != nil {
+			s.undo(charges, done, leaseID)
+			return err
+		}
+		r, err := fill(v, charges, g, d, false)
+		if err != nil {
+			s.undo(charges, done, leaseID)
+			return err
+		}
+		if r.lease > 0 {
+			leaseTags = append(leaseTags, g.tag)
+			d.Lease.ExpiresAt = later(d.Lease.ExpiresAt, time.UnixMicro(r.lease))
+		}
+		if !r.allowed && !dry {
+			refused = gi
+			break
+		}
+		done = append(done, groupDone{g: g, reply: r})
+	}
+	if refused >= 0 {
+		d.Lease = admit.Lease{}
+		if err := s.giveBack(ctx, charges, ras, d, groups, done, refused, leaseID); err != nil {
+			return err
+		}
+	} else if len(leaseTags) > 0 {
+		d.Lease.ID = joinID(leaseID, leaseTags)
+	}
+	d.Summarize()
+	return nil
+}
+
+type groupDone struct {
+	g     group
+	reply groupReply
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// giveBack finishes a Cluster decision that group refused after the groups
+// in done were charged: they are given back and report what they hold, and
+// the groups after the refusing one, never asked, report as the charges
+// of a refused decision do, charging nothing.
+func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
+	for _, gd := range done {
+		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
+		if err != nil {
+			s.undoFailures.Add(1)
+			return err
+		}
+		if _, err := fill(callReply(v), charges, gd.g, d, true); err != nil {
+			return err
+		}
+	}
+	for _, g := range groups[refused+1:] {
+		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, decideRefused, "", ""))
+		if err != nil {
+			return err
+		}
+		if _, err := fill(v, charges, g, d, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) call {
+	rec := ""
+	if leaseID != "" && hasLeases(charges, gd.g) {
+		rec = s.leaseKey(gd.g.tag, leaseID)
+	}
+	c := s.newCall("u", itoa(gd.reply.nu), itoa(gd.reply.nsub), leaseID, charges, gd.g, rec)
+	for k := range gd.g.idx {
+		c.args[7+stride*k+4] = gd.reply.hows[k]
+	}
+	return c
+}
+
+// undo gives back groups already charged when a decision fails half way.
+// It runs on a context of its own: the caller's may be what expired.
+func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
+	if len(done) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	for _, gd := range done {
+		if _, err := s.run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
+			s.undoFailures.Add(1)
+		}
+	}
+}
+
+// Reset implements admit.Store.
+func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
+		err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+			return client.Do(ctx, client.B().Del().Key(g.keys...).Build()).Error()
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Command returns the keys and arguments of the script call that deciding
+// charges alone makes (in a single group, as outside Cluster), so that
+// tools can replay a decision with FCALL. The charges must be valid and
+// take no lease.
+func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
+	ras, _ := validate(charges, false)
+	return s.batchArgs([]*job{s.newJob(context.Background(), charges, ras, s.groups(charges, false)[0], decideCharge, "", "")})
+}

@@ -1,0 +1,194 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// A lease or reservation ID is a random part, then the tag of every group
+// that holds part of it: "<random>.<tag>[.<tag>]".
+func joinID(id string, tags []string) string { return id + "." + strings.Join(tags, ".") }
+
+func splitID(id string) (string, []string, bool) {
+	parts := strings.Split(id, ".")
+	if len(parts) < 2 || len(parts[0]) != 24 {
+		return "", nil, false
+	}
+	for _, t := range parts[1:] {
+		if t != "g" && len(t) != 16 {
+			return "", nil, false
+		}
+	}
+	return parts[0], parts[1:], true
+}
+
+func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
+
+func (s *Store) resKey(tag, id string) string { return s.prefix + "{" + tag + "}res:" + id }
+
+// Reserve implements admit.Store.
+func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
+	if _, err := validate(charges, true); err != nil {
+		return admit.Reservation{}, err
+	}
+	if len(charges) == 0 {
+		now := time.Now()
+		if s.clock != nil {
+			now = s.clock()
+		}
+		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
+	}
+	id := newID()
+	var booked []string
+	var res admit.Reservation
+	for _, g := range s.groups(charges, s.cluster) {
+		v, err := s.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
+		if err == nil && len(v) != 4 {
+			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
+		}
+		if err != nil {
+			s.cancelTags(id, booked)
+			return admit.Reservation{}, err
+		}
+		now := time.UnixMicro(v[0]).Add(time.Duration(v[1]))
+		if wait := time.Duration(v[3]); wait >= res.Wait {
+			res.Wait, res.At = wait, now.Add(wait)
+		}
+		if v[2] != 1 {
+			s.cancelTags(id, booked)
+			return admit.Reservation{Wait: res.Wait, At: res.At}, nil
+		}
+		booked = append(booked, g.tag)
+	}
+	res.OK, res.ID = true, joinID(id, booked)
+	return res, nil
+}
+
+func (s *Store) cancelTags(id string, tags []string) {
+	if len(tags) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	for _, tag := range tags {
+		_, _ = s.cancelOne(ctx, tag, id)
+	}
+}
+
+// cancelOne cancels the part of reservation id held under tag. It reads
+// the record's keys first, so that the script declares every key it
+// touches, as Cluster requires.
+func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
+	rec := s.resKey(tag, id)
+	fields, err := s.recordFields(ctx, rec)
+	if err != nil {
+		return false, err
+	}
+	keys := []string{rec}
+	for _, f := range fields {
+		if f != "at" {
+			k, _, _ := strings.Cut(f, "\n")
+			keys = append(keys, k)
+		}
+	}
+	v, err := s.run(ctx, call{keys: keys, args: s.opArgs("c", id)})
+	if err != nil {
+		return false, err
+	}
+	return len(v) >= 3 && v[2] == 1, nil
+}
+
+func (s *Store) opArgs(op, id string) []string {
+	us, ns := s.nowArgs()
+	return []string{op, us, ns, "", "", id, "0"}
+}
+
+// recordFields returns the field names of a lease or reservation record.
+func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
+	var fields []string
+	err := s.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+		fields, err = client.Do(ctx, client.B().Hkeys().Key(rec).Build()).AsStrSlice()
+		return err
+	})
+	return fields, err
+}
+
+// CancelReservation implements admit.Store.
+func (s *Store) CancelReservation(ctx context.Context, id string) error {
+	raw, tags, ok := splitID(id)
+	if !ok {
+		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
+	}
+	found := false
+	for _, tag := range tags {
+		f, err := s.cancelOne(ctx, tag, raw)
+		if err != nil {
+			return err
+		}
+		found = found || f
+	}
+	if !found {
+		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
+	}
+	return nil
+}
+
+// RenewLease implements admit.Store.
+func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) {
+	held, expiry, err := s.leaseOp(ctx, "n", id)
+	if err != nil {
+		return admit.Lease{}, err
+	}
+	if !held {
+		return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %q not found or expired", id)
+	}
+	return admit.Lease{ID: id, ExpiresAt: time.UnixMicro(expiry)}, nil
+}
+
+// ReleaseLease implements admit.Store.
+func (s *Store) ReleaseLease(ctx context.Context, id string) error {
+	held, _, err := s.leaseOp(ctx, "l", id)
+	if err != nil {
+		return err
+	}
+	if !held {
+		return admit.Errorf(admit.CodeNotFound, "lease %q not found or expired", id)
+	}
+	return nil
+}
+
+func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
+	raw, tags, ok := splitID(id)
+	if !ok {
+		return false, 0, nil
+	}
+	held, expiry := false, int64(0)
+	for _, tag := range tags {
+		rec := s.leaseKey(tag, raw)
+		fields, err := s.recordFields(ctx, rec)
+		if err != nil {
+			return false, 0, err
+		}
+		v, err := s.run(ctx, call{keys: append([]string{rec}, fields...), args: s.opArgs(op, raw)})
+		if err != nil {
+			return false, 0, err
+		}
+		if len(v) >= 4 && v[2] == 1 {
+			held, expiry = true, max(expiry, v[3])
+		}
+	}
+	return held, expiry, nil
+}
