@@ -25,6 +25,8 @@ type Charge struct {
 	// DryRun, the results are those of deciding every charge at its cost,
 	// and no state changes.
 	DryRun bool
+
+	prepared preparedKey // see Prepare
 }
 
 // Result is the decision for one charge.

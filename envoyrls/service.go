@@ -430,11 +430,9 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	}
 	// Envoy's descriptors are the client's credentials: the one rule
 	// (policy.Authenticate) holds, with no caller trusted.
-	tenant, err := p.Authenticate(policy.Credentials{Tenant: r.Tenant, APIKey: r.APIKey})
-	if err != nil {
+	if err := p.AuthenticateRequest(r, false); err != nil {
 		return err
 	}
-	r.Tenant = tenant
 	if err := p.Resolve(r, &c.one); err != nil {
 		return err
 	}

@@ -373,9 +373,11 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 		return errUnauthenticated
 	}
 	// Again after the hook, which may have named a tenant or a key.
-	tenant, err := p.Authenticate(policy.Credentials{Tenant: req.Tenant, APIKey: req.APIKey, Trusted: verified})
-	req.Tenant = tenant
-	return err
+	if err := p.AuthenticateRequest(req, verified); err != nil {
+		req.Tenant = ""
+		return err
+	}
+	return nil
 }
 
 // credentials returns r's API key (X-API-Key, or a bearer credential that

@@ -56,7 +56,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	}
 	var locks lockSet
 	for i := range charges {
-		h := s.hash(charges[i].Key)
+		h := charges[i].KeyHash()
 		sc.dup = sc.dup || contains(sc.hashes, h)
 		sc.hashes = append(sc.hashes, h)
 		locks.add(s.shardOf(h))
@@ -95,7 +95,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 // case, without the bookkeeping of multi-key decisions: with one charge,
 // the state Step returns is the one to keep whether it admitted or not.
 func (s *Store) decideOne(c *admit.Charge, d *admit.Decision) {
-	h := s.hash(c.Key)
+	h := c.KeyHash()
 	sh := &s.shards[s.shardOf(h)]
 	d.Results = slices.Grow(d.Results, 1)[:1]
 	res := &d.Results[0]
@@ -258,7 +258,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	for i := range charges {
-		h := s.hash(charges[i].Key)
+		h := charges[i].KeyHash()
 		sh := &s.shards[s.shardOf(h)]
 		sh.mu.Lock()
 		for _, x := range [2]uint64{h, second(h)} {

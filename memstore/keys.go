@@ -1,19 +1,10 @@
 package memstore
 
 import (
-	"hash/maphash"
 	"time"
 
 	"github.com/admitdev/admit"
 )
-
-func (s *Store) hash(key string) uint64 {
-	h := maphash.String(s.seed, key)
-	if h == 0 {
-		h = 1
-	}
-	return h
-}
 
 // second returns the hash of a combination's burst bucket. It differs from
 // h only in bits below the shard bits, so both halves share a shard.

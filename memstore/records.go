@@ -120,7 +120,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	next := make([]admit.State, len(charges))
 	var locks lockSet
 	for i := range charges {
-		rec.hashes[i] = s.hash(charges[i].Key)
+		rec.hashes[i] = charges[i].KeyHash()
 		rec.rules[i], rec.costs[i] = charges[i].Rule, charges[i].Cost
 		locks.add(s.shardOf(rec.hashes[i]))
 	}

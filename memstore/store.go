@@ -2,7 +2,8 @@
 //
 // # Layout
 //
-// Keys are hashed with a per-store random seed (hash/maphash). The top bits
+// Keys are hashed with admit.KeyHash (hash/maphash, a random seed per
+// process), or carry their hash already (admit.Charge.Prepare). The top bits
 // of the hash choose one of Shards shards; each shard is a mutex over an
 // open-addressing table of 24-byte slots (hash and admit.State), so a live
 // key costs about 24 to 55 bytes whatever the length of its name, and a
@@ -38,7 +39,6 @@
 package memstore
 
 import (
-	"hash/maphash"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -69,7 +69,6 @@ type Options struct {
 // Store is the in-memory admit.Store. Its zero value is not usable; call
 // New. It is safe for concurrent use.
 type Store struct {
-	seed        maphash.Seed
 	shards      []shard
 	shift       uint // shard index = hash >> shift
 	maxPerShard int
@@ -122,7 +121,6 @@ func New(opts *Options) *Store {
 	}
 	n := 1 << bitsN
 	s := &Store{
-		seed:         maphash.MakeSeed(),
 		shards:       make([]shard, n),
 		shift:        uint(64 - bitsN),
 		maxPerShard:  (o.MaxKeys + n - 1) / n,

@@ -1,6 +1,10 @@
 package policy
 
-import "github.com/admitdev/admit"
+import (
+	"crypto/sha256"
+
+	"github.com/admitdev/admit"
+)
 
 // Credentials are what a caller presented to act for a tenant.
 type Credentials struct {
@@ -31,22 +35,62 @@ type Credentials struct {
 // It returns the tenant the request acts for, "" for none. Whether that
 // tenant exists is Resolve's to say.
 func (p *Policy) Authenticate(c Credentials) (string, error) {
+	var a authenticated
+	err := p.authenticate(c, &a)
+	return a.tenant, err
+}
+
+// AuthenticateRequest applies Authenticate's rule to req's tenant and API
+// key and sets req.Tenant to the tenant it acts for. It remembers on req
+// what it found (the tenant, the key's hash), so that Resolve neither
+// looks the tenant up nor hashes the key again.
+func (p *Policy) AuthenticateRequest(req *Request, trusted bool) error {
+	a := &req.auth
+	if err := p.authenticate(Credentials{Tenant: req.Tenant, APIKey: req.APIKey, Trusted: trusted}, a); err != nil {
+		*a = authenticated{}
+		return err
+	}
+	a.policy, a.apiKey = p, req.APIKey
+	req.Tenant = a.tenant
+	return nil
+}
+
+// authenticated is what authenticating a request found, for Resolve. It
+// holds for the request only while the request's tenant and key are the
+// ones authenticated, under the same policy.
+type authenticated struct {
+	policy *Policy
+	tenant string  // the tenant the request acts for
+	found  *Tenant // the catalog's tenant of that id; nil if it has none
+	apiKey string  // the key presented, and its hash (hex SHA-256)
+	hashed bool
+	hash   [2 * sha256.Size]byte
+}
+
+// holds reports whether a applies to req resolved against p.
+func (a *authenticated) holds(p *Policy, req *Request) bool {
+	return a.policy == p && a.tenant == req.Tenant && a.apiKey == req.APIKey
+}
+
+func (p *Policy) authenticate(c Credentials, a *authenticated) error {
 	if c.APIKey != "" {
-		owner := p.TenantByKey(c.APIKey)
+		a.hash, a.hashed = hashKey(c.APIKey), true
+		owner := p.byKey[string(a.hash[:])] // no allocation: a map index by a converted []byte
 		switch {
 		case owner == nil:
-			return "", errUnknownKey
-		case c.Tenant == "":
-			return owner.ID, nil
-		case owner.ID != c.Tenant:
-			return "", admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", c.Tenant)
+			return errUnknownKey
+		case c.Tenant != "" && owner.ID != c.Tenant:
+			return admit.Errorf(admit.CodePermission, "the API key is not a key of tenant %q", c.Tenant)
 		}
-		return c.Tenant, nil
+		a.tenant, a.found = owner.ID, owner
+		return nil
 	}
-	if t := p.tenants[c.Tenant]; t != nil && t.HasAPIKeys() && !c.Trusted {
-		return "", errKeyRequired
+	t := p.tenants[c.Tenant]
+	if t != nil && t.HasAPIKeys() && !c.Trusted {
+		return errKeyRequired
 	}
-	return c.Tenant, nil
+	a.tenant, a.found = c.Tenant, t
+	return nil
 }
 
 var (

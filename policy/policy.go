@@ -204,10 +204,15 @@ func (p *Policy) Tenant(id string) *Tenant { return p.tenants[id] }
 
 // TenantByKey returns the tenant that owns the API key, or nil.
 func (p *Policy) TenantByKey(key string) *Tenant {
-	sum := sha256.Sum256([]byte(key))
-	var h [2 * sha256.Size]byte
-	hex.Encode(h[:], sum[:])
+	h := hashKey(key)
 	return p.byKey[string(h[:])] // no allocation: a map index by a converted []byte
+}
+
+// hashKey is HashKey without allocating.
+func hashKey(key string) (h [2 * sha256.Size]byte) {
+	sum := sha256.Sum256([]byte(key))
+	hex.Encode(h[:], sum[:])
+	return h
 }
 
 // Tenants returns the known tenants sorted by id.

@@ -209,3 +209,79 @@ func TestCatalogPersistsAndSurvivesFailedWrites(t *testing.T) {
 		t.Error("a corrupt catalog loaded")
 	}
 }
+
+// TestAuthenticateRequestThenResolve: a request authenticated with
+// AuthenticateRequest resolves to exactly the charges Authenticate and
+// Resolve give, the key hashed once; a request changed after it, or
+// resolved against another policy, is resolved afresh.
+func TestAuthenticateRequestThenResolve(t *testing.T) {
+	s := spec()
+	s.Tenants["keyed"] = TenantSpec{Tier: "free", APIKeysSHA256: []string{HashKey("secret")}}
+	p, err := Compile(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := func(req *Request) []string {
+		t.Helper()
+		var res Resolution
+		if err := p.Resolve(req, &res); err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, c := range res.Charges {
+			out = append(out, c.Key)
+		}
+		return out
+	}
+	for _, base := range []Request{
+		{APIKey: "secret", User: "u"},                  // the key names the tenant
+		{Tenant: "keyed", APIKey: "secret", User: "u"}, // and agrees with the one named
+		{Tenant: "acme", User: "u"},                    // no key
+		{Tenant: "newco", User: "u"},                   // unknown: refused by Resolve below
+	} {
+		plain := base
+		tenant, authErr := p.Authenticate(Credentials{Tenant: plain.Tenant, APIKey: plain.APIKey})
+		plain.Tenant = tenant
+		once := base
+		if err := p.AuthenticateRequest(&once, false); (err != nil) != (authErr != nil) {
+			t.Fatalf("%+v: AuthenticateRequest %v, Authenticate %v", base, err, authErr)
+		}
+		if once.Tenant != plain.Tenant {
+			t.Fatalf("%+v: tenant %q, want %q", base, once.Tenant, plain.Tenant)
+		}
+		if base.Tenant == "newco" {
+			var res Resolution
+			if err := p.Resolve(&once, &res); !errors.Is(err, admit.ErrPermission) {
+				t.Errorf("an unknown tenant resolved: %v", err)
+			}
+			continue
+		}
+		if got, want := keys(&once), keys(&plain); strings.Join(got, " ") != strings.Join(want, " ") {
+			t.Errorf("%+v: charges\n%v, want\n%v", base, got, want)
+		}
+		if base.APIKey != "" && allocs(func() { keys(&once) }) >= allocs(func() { keys(&plain) }) {
+			t.Errorf("%+v: resolving an authenticated request allocates as much as hashing the key again", base)
+		}
+	}
+	// Changed after authenticating: the remembered tenant is not used.
+	req := Request{Tenant: "keyed", APIKey: "secret", User: "u"}
+	if err := p.AuthenticateRequest(&req, false); err != nil {
+		t.Fatal(err)
+	}
+	req.Tenant = "acme"
+	if got := keys(&req); !strings.Contains(strings.Join(got, " "), "4:acme") {
+		t.Errorf("a request changed to acme resolved to %v", got)
+	}
+	// Another policy: resolved against its own catalog.
+	other, _ := Compile(spec()) // without tenant keyed
+	req = Request{Tenant: "keyed", APIKey: "secret", User: "u", Cost: 1}
+	if err := p.AuthenticateRequest(&req, false); err != nil {
+		t.Fatal(err)
+	}
+	var res Resolution
+	if err := other.Resolve(&req, &res); !errors.Is(err, admit.ErrPermission) {
+		t.Errorf("another policy resolved tenant keyed: %v", err)
+	}
+}
+
+func allocs(f func()) float64 { return testing.AllocsPerRun(20, f) }

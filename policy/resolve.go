@@ -40,6 +40,8 @@ type Request struct {
 	Kind       Kind
 	// LeaseTTL overrides the lease TTL of concurrency charges.
 	LeaseTTL time.Duration
+
+	auth authenticated // see AuthenticateRequest
 }
 
 // Resolution is a request resolved into charges. Reuse one across calls to
@@ -54,6 +56,7 @@ type Resolution struct {
 	Rules   []*Rule
 
 	keyHash string
+	auth    *authenticated // the request's, if it holds
 	buf     []byte
 }
 
@@ -93,7 +96,13 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	if err := req.Validate(); err != nil {
 		return err
 	}
-	if req.Tenant != "" {
+	if req.auth.holds(p, req) {
+		res.auth = &req.auth
+		res.Tenant = req.auth.found
+	} else {
+		res.auth = nil
+	}
+	if req.Tenant != "" && res.Tenant == nil {
 		t, err := p.TenantOrDefault(req.Tenant)
 		if err != nil {
 			return err
@@ -137,7 +146,11 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 		k.Subject = req.Session
 	case ScopeAPIKey:
 		if req.APIKey != "" && res.keyHash == "" {
-			res.keyHash = HashKey(req.APIKey)
+			if a := res.auth; a != nil && a.hashed {
+				res.keyHash = string(a.hash[:])
+			} else {
+				res.keyHash = HashKey(req.APIKey)
+			}
 		}
 		k.Subject = res.keyHash
 	default:
@@ -153,6 +166,9 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	res.Charges = append(res.Charges, admit.Charge{
 		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, LeaseTTL: req.LeaseTTL,
 	})
+	// Hashed here, while the key is hot, once for every store that reads
+	// the charge (the decision, a local fallback, a retry).
+	res.Charges[len(res.Charges)-1].Prepare()
 	res.Rules = append(res.Rules, r)
 }
 

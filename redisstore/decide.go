@@ -10,22 +10,14 @@ import (
 	"github.com/admitdev/admit"
 )
 
-// tagOf returns the hash tag of a charge key: a hash of its tenant, "g" for
-// keys without one. Keys not made by admit.Key are their own tenant.
-func tagOf(key string) string {
-	tenant := key
-	if k, err := admit.ParseKey(key); err == nil {
-		tenant = k.Tenant
-	}
-	if tenant == "" {
+// tagOf returns the hash tag of a charge's key: its tenant's hash
+// (admit.TenantHash, stable across processes and versions, as a tag must
+// be; a collision only puts two tenants in one slot), "g" for keys without
+// a tenant.
+func tagOf(c *admit.Charge) string {
+	h, ok := c.TenantHash()
+	if !ok {
 		return "g"
-	}
-	// FNV-1a, 64 bits: stable across processes and versions, as a tag
-	// must be; a collision only puts two tenants in one slot.
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(tenant); i++ {
-		h ^= uint64(tenant[i])
-		h *= 1099511628211
 	}
 	var b [16]byte
 	const digits = "0123456789abcdef"
@@ -56,7 +48,7 @@ type group struct {
 func (s *Store) groups(charges []admit.Charge, split bool) []group {
 	var gs []group
 	for i := range charges {
-		tag := tagOf(charges[i].Key)
+		tag := tagOf(&charges[i])
 		j := len(gs) - 1
 		if split {
 			j = slices.IndexFunc(gs, func(g group) bool { return g.tag == tag })

@@ -54,7 +54,7 @@ func putCall(c *call) {
 }
 
 // request fills c.req from a decoded body and the request's credentials,
-// authenticates it (policy.Authenticate: the key in the body's api_key,
+// authenticates it (policy.AuthenticateRequest: the key in the body's api_key,
 // X-API-Key or Authorization: Bearer; the admin token makes the caller
 // trusted) and resolves it (Resolve checks the bounds of every field).
 func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Policy, kind policy.Kind, ttl time.Duration) error {
@@ -70,11 +70,9 @@ func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Po
 	if c.req.APIKey == "" {
 		c.req.APIKey = s.presentedKey(r, admin)
 	}
-	tenant, err := p.Authenticate(policy.Credentials{Tenant: c.req.Tenant, APIKey: c.req.APIKey, Trusted: admin})
-	if err != nil {
+	if err := p.AuthenticateRequest(&c.req, admin); err != nil {
 		return err
 	}
-	c.req.Tenant = tenant
 	return p.Resolve(&c.req, &c.res)
 }
 

@@ -1,0 +1,77 @@
+package admit_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/admitdev/admit"
+)
+
+// TestPrepare: a prepared charge gives the hashes of its key, and a charge
+// whose Key is replaced after Prepare gives the new key's, never the old.
+func TestPrepare(t *testing.T) {
+	keys := []string{
+		admit.Key{Scope: "user", Tenant: "acme", Subject: "al", Rule: "r"}.String(),
+		admit.Key{Scope: "global", Rule: "g"}.String(),
+		"not-a-key", "",
+	}
+	for _, k := range keys {
+		c := admit.Charge{Key: k}
+		c.Prepare()
+		if got, want := c.KeyHash(), admit.KeyHash(k); got != want || got == 0 {
+			t.Errorf("%q: KeyHash %x, want %x (non-zero)", k, got, want)
+		}
+		gh, gok := c.TenantHash()
+		wh, wok := admit.TenantHash(k)
+		if gh != wh || gok != wok {
+			t.Errorf("%q: TenantHash %x %v, want %x %v", k, gh, gok, wh, wok)
+		}
+		for _, other := range []string{k + "x", strings.Clone(k), admit.Key{Scope: "user", Tenant: "beta", Subject: "al", Rule: "r"}.String()} {
+			d := c
+			d.Key = other
+			if d.KeyHash() != admit.KeyHash(other) {
+				t.Errorf("%q prepared, Key replaced by %q: KeyHash is the old key's", k, other)
+			}
+			wantH, wantOK := admit.TenantHash(other)
+			if h, ok := d.TenantHash(); h != wantH || ok != wantOK {
+				t.Errorf("%q prepared, Key replaced by %q: TenantHash is the old key's", k, other)
+			}
+		}
+	}
+	// A tenant's keys share the tenant hash; keys of no tenant have none;
+	// a key Key did not make is its own tenant.
+	a1, _ := admit.TenantHash(keys[0])
+	a2, _ := admit.TenantHash(admit.Key{Scope: "tenant", Tenant: "acme", Rule: "x"}.String())
+	if a1 != a2 {
+		t.Error("two keys of tenant acme have different tenant hashes")
+	}
+	if _, ok := admit.TenantHash(keys[1]); ok {
+		t.Error("a global key has a tenant")
+	}
+	if _, ok := admit.TenantHash("not-a-key"); !ok {
+		t.Error("a key Key did not make has no tenant")
+	}
+	// Reading a prepared charge's hashes allocates nothing (parsing the
+	// key for its tenant would not either; BenchmarkKeyHash shows the
+	// time saved).
+	c := admit.Charge{Key: keys[0]}
+	c.Prepare()
+	if n := testing.AllocsPerRun(100, func() { _ = c.KeyHash(); _, _ = c.TenantHash() }); n != 0 {
+		t.Errorf("reading a prepared charge's hashes allocates %v times", n)
+	}
+}
+
+func BenchmarkKeyHash(b *testing.B) {
+	c := admit.Charge{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: "user-12345", Rule: "requests"}.String()}
+	b.Run("unprepared", func(b *testing.B) {
+		for range b.N {
+			_ = c.KeyHash()
+		}
+	})
+	c.Prepare()
+	b.Run("prepared", func(b *testing.B) {
+		for range b.N {
+			_ = c.KeyHash()
+		}
+	})
+}
