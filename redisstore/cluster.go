@@ -140,27 +140,16 @@ func (s *Store) slotOwner(ctx context.Context, client rueidis.Client, key string
 	return nodes[v.owner(keySlot(key))]
 }
 
-// keySlot returns the Cluster slot of key: CRC16 (XMODEM) of its hash tag,
-// the part between the first "{" and the next "}" if not empty, or of the
-// whole key, modulo 16384.
+// keySlot returns the Cluster slot of key: that of its hash tag, the part
+// between the first "{" and the next "}" if not empty, or of the whole key
+// (see slotOf).
 func keySlot(key string) int {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
 			key = key[i+1 : i+1+j]
 		}
 	}
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % 16384
+	return int(slotOf(key))
 }
 
 // isRedirect reports a MOVED or ASK reply.
