@@ -12,7 +12,6 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/weakmap"
 )
 
 // Outcome says how a Decider reached a decision.
@@ -47,7 +46,7 @@ type Decider struct {
 	localClosed bool
 	// shares caches each rule's local share; weakly keyed, so rules of
 	// past policies leave it.
-	shares weakmap.Map[admit.Rule, *admit.Rule]
+	shares admit.RuleCache[*admit.Rule]
 
 	// downSince is when the current outage began (Unix nanoseconds), 0
 	// while the store answers; lastFailure is when a call last failed;

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/weakmap"
 )
 
 // maxSpan bounds every time a rule makes the script compute with: a
@@ -79,7 +78,7 @@ func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 
 // argsCache maps rules to their arguments, weakly: every reload or admin
 // change compiles new rules, and the cache must not keep the old ones.
-var argsCache weakmap.Map[admit.Rule, *ruleArgs]
+var argsCache admit.RuleCache[*ruleArgs]
 
 // argsOf returns the cached arguments of r, computing and checking them on
 // first use. Rules are immutable once in use (see admit.Rule), so the
