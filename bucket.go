@@ -166,8 +166,8 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	return next
 }
 
-func stepCombination(r *Rule, st [2]State, now, cost int64, res *Result) [2]State {
-	fb, bb := floorBucket(r), mainBucket(r)
+func stepCombination(bs *buckets, st [2]State, now, cost int64, res *Result) [2]State {
+	fb, bb := &bs.floor, &bs.main
 	var f, b Result
 	var next [2]State
 	floorFits := cost <= fb.burst

@@ -11,6 +11,7 @@ import (
 func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, Result) {
 	t.Helper()
 	next, res := Step(r, st, now, cost)
+	checkPrepared(t, r, st, now, cost, next, res)
 	if res.Remaining < 0 || res.Remaining > r.Capacity() || res.RetryAfter < 0 || res.ResetAfter < 0 {
 		t.Fatalf("%+v at %d cost %d: out of range %+v", r, now, cost, res)
 	}
@@ -32,6 +33,29 @@ func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, 
 		t.Fatalf("%+v: refused at %d, retry after %v, but admitted 1ns sooner", r, now, res.RetryAfter)
 	}
 	return next, res
+}
+
+// checkPrepared asserts that r prepared decides exactly as r does.
+func checkPrepared(t *testing.T, r *Rule, st [2]State, now, cost int64, next [2]State, res Result) {
+	t.Helper()
+	p, err := r.Prepare()
+	if err != nil {
+		t.Fatalf("%+v: Prepare: %v", r, err)
+	}
+	for _, c := range []int64{cost, -1, 0, r.Capacity(), r.Capacity() + 1, MaxCost + 1} {
+		if (p.CheckCost(c) == nil) != (r.CheckCost(c) == nil) {
+			t.Fatalf("%+v: cost %d: prepared CheckCost %v, CheckCost %v", r, c, p.CheckCost(c), r.CheckCost(c))
+		}
+	}
+	var pres Result
+	if pnext := p.StepTo(&pres, st, now, cost); pnext != next || pres != res {
+		t.Fatalf("%+v at %d cost %d: prepared %v %+v, unprepared %v %+v", r, now, cost, pnext, pres, next, res)
+	}
+	if r.Algorithm.Slots() == 1 {
+		if one := p.StepOneTo(&pres, st[0], now, cost); one != next[0] || pres != res {
+			t.Fatalf("%+v at %d cost %d: StepOneTo %v %+v, StepTo %v %+v", r, now, cost, one, pres, next[0], res)
+		}
+	}
 }
 
 // fuzzStart rejects inputs outside the documented bounds and maps start to

@@ -3,6 +3,7 @@ package admit
 import (
 	"math/bits"
 	"time"
+	"unsafe"
 )
 
 // Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
@@ -156,6 +157,8 @@ type Rule struct {
 	Shadow bool
 	// OnError overrides the deployment's failure mode for this rule.
 	OnError FailureMode
+
+	prepared unsafe.Pointer // *PreparedRule; see Prepare
 }
 
 // Validate reports the first parameter of r that is missing or out of

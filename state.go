@@ -55,14 +55,18 @@ func Step(r *Rule, st [2]State, now, cost int64) (next [2]State, res Result) {
 // StepTo is Step writing the result into *res, which it overwrites: stores
 // decide into a reused Decision without copying results around.
 func StepTo(res *Result, r *Rule, st [2]State, now, cost int64) (next [2]State) {
+	b := bucketsOf(r)
+	return stepTo(res, r, &b, st, now, cost)
+}
+
+func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64) (next [2]State) {
 	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
 	next = st
 	switch r.Algorithm {
 	case TokenBucket, GCRA:
-		b := mainBucket(r)
-		next[0] = b.eval(res, st[0], now, cost)
+		next[0] = b.main.eval(res, st[0], now, cost)
 	case Combination:
-		next = stepCombination(r, st, now, cost, res)
+		next = stepCombination(b, st, now, cost, res)
 	case FixedWindow:
 		next[0] = stepFixed(r, st[0], now, cost, res)
 	case SlidingWindow:

@@ -12,47 +12,64 @@ import (
 const inlineCharges = 8
 
 type scratch struct {
+	rules  []*admit.PreparedRule
 	hashes []uint64
 	next   [][2]admit.State
 	dirty  uint32 // bit i: next[i] differs from the stored state
 	dup    bool   // some key is charged twice
 }
 
-func validate(charges []admit.Charge) error {
+// validate checks every charge and appends its prepared rule to rules.
+func validate(charges []admit.Charge, rules []*admit.PreparedRule) ([]*admit.PreparedRule, error) {
 	if len(charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
 	for i := range charges {
-		c := &charges[i]
-		if err := c.Rule.Validate(); err != nil {
-			return err
+		p, err := prepare(&charges[i])
+		if err != nil {
+			return nil, err
 		}
-		if err := c.Rule.CheckCost(c.Cost); err != nil {
-			return err
-		}
+		rules = append(rules, p)
 	}
-	return nil
+	return rules, nil
+}
+
+func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
+	p, err := c.Rule.Prepare()
+	if err != nil {
+		return nil, err
+	}
+	return p, p.CheckCost(c.Cost)
 }
 
 // Decide implements admit.Store.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	d.Reset()
-	if err := validate(charges); err != nil {
+	if len(charges) == 1 && !charges[0].DryRun {
+		c := &charges[0]
+		p, err := prepare(c)
+		if err != nil {
+			return err
+		}
+		if c.Rule.Algorithm.Slots() == 1 {
+			s.decideOne(c, p, d)
+			return nil
+		}
+	}
+	var ruleBuf [inlineCharges]*admit.PreparedRule
+	var hashBuf [inlineCharges]uint64
+	var nextBuf [inlineCharges][2]admit.State
+	sc := scratch{rules: ruleBuf[:0], hashes: hashBuf[:0], next: nextBuf[:0]}
+	if len(charges) > inlineCharges {
+		sc = scratch{rules: make([]*admit.PreparedRule, 0, len(charges)), hashes: make([]uint64, 0, len(charges)), next: make([][2]admit.State, 0, len(charges))}
+	}
+	var err error
+	if sc.rules, err = validate(charges, sc.rules); err != nil {
 		return err
 	}
 	dry := false
 	for i := range charges {
 		dry = dry || charges[i].DryRun
-	}
-	if len(charges) == 1 && charges[0].Rule.Algorithm.Slots() == 1 && !dry {
-		s.decideOne(&charges[0], d)
-		return nil
-	}
-	var hashBuf [inlineCharges]uint64
-	var nextBuf [inlineCharges][2]admit.State
-	sc := scratch{hashes: hashBuf[:0], next: nextBuf[:0]}
-	if len(charges) > inlineCharges {
-		sc = scratch{hashes: make([]uint64, 0, len(charges)), next: make([][2]admit.State, 0, len(charges))}
 	}
 	var locks lockSet
 	for i := range charges {
@@ -94,25 +111,25 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 // decideOne decides a single charge of a one-slot algorithm, the common
 // case, without the bookkeeping of multi-key decisions: with one charge,
 // the state Step returns is the one to keep whether it admitted or not.
-func (s *Store) decideOne(c *admit.Charge, d *admit.Decision) {
+func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decision) {
 	h := c.KeyHash()
 	sh := &s.shards[s.shardOf(h)]
 	d.Results = slices.Grow(d.Results, 1)[:1]
 	res := &d.Results[0]
 	sh.mu.Lock()
 	now := s.now()
-	var st [2]admit.State
+	var st admit.State
 	i := sh.t.find(h)
 	if i >= 0 {
-		st[0] = sh.t.slots[i].st
+		st = sh.t.slots[i].st
 	}
-	next := admit.StepTo(res, c.Rule, st, now, c.Cost)
+	next := p.StepOneTo(res, st, now, c.Cost)
 	switch {
-	case next[0] == st[0]:
-	case i >= 0 && next[0].Expiry != 0:
-		sh.t.slots[i].st = next[0]
+	case next == st:
+	case i >= 0 && next.Expiry != 0:
+		sh.t.slots[i].st = next
 	default:
-		s.put(sh, h, next[0], []uint64{h})
+		s.put(sh, h, next, []uint64{h})
 	}
 	sh.mu.Unlock()
 	d.Allowed = res.Allowed || res.Shadow
@@ -189,7 +206,7 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 			st[1] = sh.t.get(second(h))
 		}
 	}
-	sc.next[i] = admit.StepTo(res, c.Rule, st, now, cost)
+	sc.next[i] = sc.rules[i].StepTo(res, st, now, cost)
 	if sc.next[i] != st {
 		sc.dirty |= 1 << i
 	} else {

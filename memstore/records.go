@@ -104,7 +104,7 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
-	if err := validate(charges); err != nil {
+	if _, err := validate(charges, nil); err != nil {
 		return admit.Reservation{}, err
 	}
 	for i := range charges {

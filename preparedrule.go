@@ -1,0 +1,134 @@
+package admit
+
+import (
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// A store validates every rule it is given, on every decision, and a
+// bucket's decision derives its refill interval from the rule's rate, a
+// division, every time. Neither changes while the rule does not, so a rule
+// prepares both once (Rule.Prepare) and keeps them with itself.
+
+// PreparedRule is a rule that passed Validate, with what deciding by it
+// derives from its parameters. Rule.Prepare returns it.
+type PreparedRule struct {
+	rule     *Rule
+	params   ruleParams
+	capacity int64 // Rule.Capacity
+	most     int64 // the largest cost a request may charge; see CheckCost
+	b        buckets
+}
+
+// buckets are the buckets of a bucket rule: main for token_bucket, gcra
+// and a combination's burst bucket, floor for a combination's floor.
+type buckets struct{ main, floor bucket }
+
+// ruleParams are the parameters of a rule that Validate reads: while they
+// stay as they were, a rule stays valid and its buckets stay the same.
+type ruleParams struct {
+	algorithm        Algorithm
+	rate, floor      Rate
+	burst, initial   int64
+	limit, max       int64
+	window, leaseTTL time.Duration
+}
+
+func (r *Rule) params() ruleParams {
+	return ruleParams{
+		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
+		limit: r.Limit, max: r.Max, window: r.Window, leaseTTL: r.LeaseTTL,
+	}
+}
+
+// holds reports whether p is r's preparation and r's parameters are still
+// those p was prepared from. It compares only what r's algorithm reads,
+// field by field: this runs on every decision.
+func (p *PreparedRule) holds(r *Rule) bool {
+	q := &p.params
+	if p.rule != r || r.Algorithm != q.algorithm {
+		return false
+	}
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial
+	case Combination:
+		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.Floor == q.floor
+	case FixedWindow, SlidingWindow, SlidingLog:
+		return r.Limit == q.limit && r.Window == q.window
+	case Concurrency:
+		return r.Max == q.max && r.LeaseTTL == q.leaseTTL
+	}
+	return false
+}
+
+func bucketsOf(r *Rule) buckets {
+	var b buckets
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		b.main = mainBucket(r)
+	case Combination:
+		b.main, b.floor = mainBucket(r), floorBucket(r)
+	}
+	return b
+}
+
+// Prepare validates r, as Validate does, and returns it prepared for
+// deciding. The preparation is kept with r: a later call, while r's
+// parameters stay as they were, returns it without validating again, so
+// that a store can call Prepare on every decision. A rule whose parameters
+// changed is validated and prepared afresh; a copy of a rule is prepared
+// on its own. Concurrent calls are safe; changing r while it is used is
+// not, as for any rule.
+func (r *Rule) Prepare() (*PreparedRule, error) {
+	if r != nil {
+		p := (*PreparedRule)(atomic.LoadPointer(&r.prepared))
+		if p != nil && p.holds(r) {
+			return p, nil
+		}
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	p := &PreparedRule{rule: r, params: r.params(), b: bucketsOf(r), capacity: r.Capacity()}
+	p.most = p.capacity
+	if r.Algorithm == Combination {
+		p.most = max(r.Burst, r.Floor.N)
+	}
+	atomic.StorePointer(&r.prepared, unsafe.Pointer(p))
+	return p, nil
+}
+
+// Rule returns the rule p was prepared from.
+func (p *PreparedRule) Rule() *Rule { return p.rule }
+
+// CheckCost is p.Rule().CheckCost(cost).
+func (p *PreparedRule) CheckCost(cost int64) error {
+	if cost < 0 || cost > MaxCost || cost > p.most {
+		return p.rule.CheckCost(cost) // for its error
+	}
+	return nil
+}
+
+// StepTo is StepTo(res, p.Rule(), st, now, cost) without deriving anything
+// from the rule again.
+func (p *PreparedRule) StepTo(res *Result, st [2]State, now, cost int64) (next [2]State) {
+	return stepTo(res, p.rule, &p.b, st, now, cost)
+}
+
+// StepOneTo is StepTo for the algorithms whose key has one State (see
+// Algorithm.Slots).
+func (p *PreparedRule) StepOneTo(res *Result, s State, now, cost int64) State {
+	r := p.rule
+	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: p.capacity}
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		return p.b.main.eval(res, s, now, cost)
+	case FixedWindow:
+		return stepFixed(r, s, now, cost, res)
+	case SlidingWindow:
+		return stepSliding(r, s, now, cost, res)
+	}
+	return s
+}
