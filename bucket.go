@@ -103,8 +103,16 @@ func (b *bucket) encode(t fine) State {
 
 // eval decides cost c at now into res and returns the state to keep. A
 // request is admitted iff the TAT after it stays within burst·T of now,
-// which is to say iff c tokens are there.
-func (b *bucket) eval(res *Result, s State, now, c int64) State {
+// which is to say iff c tokens are there. A debit that does not fit is
+// charged all the same: the bucket goes into debt, by at most one burst
+// (its TAT at most 2·burst·T after now), so that the debt is repaid
+// within twice the time the bucket takes to fill.
+func (b *bucket) eval(res *Result, s State, now, c int64, debit bool) State {
+	if debit {
+		// More than two bursts lands on the cap whatever the TAT; no
+		// more is ever multiplied, so a large debit cannot overflow.
+		c = min(c, 2*b.burst)
+	}
 	tat := b.decode(s, now)
 	base := tat
 	if base.less(fine{ns: now}) {
@@ -135,6 +143,12 @@ func (b *bucket) eval(res *Result, s State, now, c int64) State {
 	}
 	res.RetryAfter = time.Duration(b.before(next, horizon).ceil())
 	res.ResetAfter = time.Duration(base.ceil() - now)
+	if debit {
+		if most := b.after(fine{ns: now}, b.span(2*b.burst)); most.less(next) {
+			next = most
+		}
+		return b.encode(next)
+	}
 	return keep
 }
 
@@ -172,15 +186,15 @@ func stepCombination(bs *buckets, st [2]State, now, cost int64, res *Result) [2]
 	var next [2]State
 	floorFits := cost <= fb.burst
 	if floorFits {
-		next[0] = fb.eval(&f, st[0], now, cost)
+		next[0] = fb.eval(&f, st[0], now, cost, false)
 	} else {
-		next[0] = fb.eval(&f, st[0], now, 0) // for its remaining tokens only
+		next[0] = fb.eval(&f, st[0], now, 0, false) // for its remaining tokens only
 		f.Allowed = false
 	}
 	if f.Allowed {
-		next[1] = bb.eval(&b, st[1], now, 0)
+		next[1] = bb.eval(&b, st[1], now, 0, false)
 	} else {
-		next[1] = bb.eval(&b, st[1], now, cost)
+		next[1] = bb.eval(&b, st[1], now, cost, false)
 	}
 	res.Allowed = f.Allowed || b.Allowed
 	res.Remaining = f.Remaining + b.Remaining

@@ -20,6 +20,17 @@ type Charge struct {
 	// LeaseTTL overrides Rule.LeaseTTL for the lease a concurrency charge
 	// takes; zero keeps the rule's.
 	LeaseTTL time.Duration
+	// Debit charges Cost whether it fits or not: a cost known only after
+	// the work (the tokens an LLM call took, the bytes sent), or counted
+	// as envoyproxy/ratelimit counts every hit. A bucket goes into debt
+	// (at most one burst), a window counts past its limit, and later
+	// requests are refused until it is repaid. A debit never refuses the
+	// decision it is in and is applied even when the decision's other
+	// charges refuse it; those are all or nothing among themselves. Its
+	// cost may exceed what the rule admits at once (up to MaxCost). Token
+	// buckets, GCRA and fixed and sliding windows take debits (see
+	// Rule.CheckDebit).
+	Debit bool
 	// DryRun asks what the decision would be without charging anything.
 	// A decision is a dry run as a whole: if any of its charges sets
 	// DryRun, the results are those of deciding every charge at its cost,
@@ -34,6 +45,10 @@ type Result struct {
 	Rule       string // the rule's name
 	Allowed    bool   // whether this charge alone would admit the request
 	Shadow     bool   // the rule is in shadow mode: reported, never refusing
+	// Debit says the charge was a debit: applied whatever it found, never
+	// refusing the decision. Allowed then says whether it fitted; when it
+	// did not, RetryAfter is when a request of cost 1 would pass.
+	Debit bool
 	Limit      int64
 	Remaining  int64
 	ResetAfter time.Duration
@@ -73,7 +88,7 @@ func (d *Decision) Summarize() {
 	best := -1
 	for i := range d.Results {
 		r := &d.Results[i]
-		if r.Allowed || r.Shadow {
+		if r.Allowed || r.Shadow || r.Debit {
 			continue
 		}
 		if d.Allowed || r.RetryAfter > d.Results[best].RetryAfter {
@@ -93,9 +108,9 @@ func (d *Decision) Summarize() {
 		return
 	}
 	r := &d.Results[best]
-	d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = r.Limit, r.Remaining, r.ResetAfter, r.RetryAfter
-	if !d.Allowed {
-		d.DeniedBy = r.Rule
+	d.Limit, d.Remaining, d.ResetAfter = r.Limit, r.Remaining, r.ResetAfter
+	if !d.Allowed { // an admitted decision's debit may have a RetryAfter
+		d.RetryAfter, d.DeniedBy = r.RetryAfter, r.Rule
 	}
 }
 

@@ -12,6 +12,10 @@ func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, 
 	t.Helper()
 	next, res := Step(r, st, now, cost)
 	checkPrepared(t, r, st, now, cost, next, res)
+	if r.CheckDebit(cost) == nil {
+		checkDebit(t, r, st[0], now, cost, &next[0], &res)
+		checkDebit(t, r, st[0], now, cost*3, nil, nil) // past any burst
+	}
 	if res.Remaining < 0 || res.Remaining > r.Capacity() || res.RetryAfter < 0 || res.ResetAfter < 0 {
 		t.Fatalf("%+v at %d cost %d: out of range %+v", r, now, cost, res)
 	}
@@ -35,6 +39,40 @@ func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, 
 	return next, res
 }
 
+// checkDebit asserts what a debit of cost does from s at now, given what
+// the same charge did (next, res): a debit that fits is that charge; one
+// that does not is charged anyway, after which a request of cost 1 is
+// refused until exactly RetryAfter. next and res are nil when the charge
+// was not made.
+func checkDebit(t *testing.T, r *Rule, s State, now, cost int64, next *State, res *Result) {
+	t.Helper()
+	p, _ := r.Prepare()
+	var d Result
+	debited := p.StepOneTo(&d, s, now, cost, true)
+	if !d.Debit || d.Rule != r.Name || d.Limit != r.Capacity() {
+		t.Fatalf("%+v: debit %d reported as %+v", r, cost, d)
+	}
+	if d.Allowed {
+		d.Debit = false
+		if next != nil && (debited != *next || d != *res) {
+			t.Fatalf("%+v at %d: a debit of %d that fits: %v %+v, the charge: %v %+v", r, now, cost, debited, d, *next, *res)
+		}
+		return
+	}
+	if d.Remaining != 0 || d.RetryAfter <= 0 {
+		t.Fatalf("%+v at %d: a debit of %d in debt reports %+v", r, now, cost, d)
+	}
+	var one Result
+	p.StepOneTo(&one, debited, now+int64(d.RetryAfter)-1, 1, false)
+	if one.Allowed {
+		t.Fatalf("%+v: after a debit of %d at %d, a request passes before RetryAfter %v", r, cost, now, d.RetryAfter)
+	}
+	p.StepOneTo(&one, debited, now+int64(d.RetryAfter), 1, false)
+	if !one.Allowed {
+		t.Fatalf("%+v: after a debit of %d at %d, a request is still refused at RetryAfter %v: %+v", r, cost, now, d.RetryAfter, one)
+	}
+}
+
 // checkPrepared asserts that r prepared decides exactly as r does.
 func checkPrepared(t *testing.T, r *Rule, st [2]State, now, cost int64, next [2]State, res Result) {
 	t.Helper()
@@ -48,11 +86,11 @@ func checkPrepared(t *testing.T, r *Rule, st [2]State, now, cost int64, next [2]
 		}
 	}
 	var pres Result
-	if pnext := p.StepTo(&pres, st, now, cost); pnext != next || pres != res {
+	if pnext := p.StepTo(&pres, st, now, cost, false); pnext != next || pres != res {
 		t.Fatalf("%+v at %d cost %d: prepared %v %+v, unprepared %v %+v", r, now, cost, pnext, pres, next, res)
 	}
 	if r.Algorithm.Slots() == 1 {
-		if one := p.StepOneTo(&pres, st[0], now, cost); one != next[0] || pres != res {
+		if one := p.StepOneTo(&pres, st[0], now, cost, false); one != next[0] || pres != res {
 			t.Fatalf("%+v at %d cost %d: StepOneTo %v %+v, StepTo %v %+v", r, now, cost, one, pres, next[0], res)
 		}
 	}

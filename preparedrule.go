@@ -16,8 +16,7 @@ import (
 type PreparedRule struct {
 	rule     *Rule
 	params   ruleParams
-	capacity int64 // Rule.Capacity
-	most     int64 // the largest cost a request may charge; see CheckCost
+	most   int64 // the largest cost a request may charge; see CheckCost
 	b        buckets
 }
 
@@ -91,8 +90,7 @@ func (r *Rule) Prepare() (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: r.params(), b: bucketsOf(r), capacity: r.Capacity()}
-	p.most = p.capacity
+	p := &PreparedRule{rule: r, params: r.params(), b: bucketsOf(r), most: r.Capacity()}
 	if r.Algorithm == Combination {
 		p.most = max(r.Burst, r.Floor.N)
 	}
@@ -112,23 +110,14 @@ func (p *PreparedRule) CheckCost(cost int64) error {
 }
 
 // StepTo is StepTo(res, p.Rule(), st, now, cost) without deriving anything
-// from the rule again.
-func (p *PreparedRule) StepTo(res *Result, st [2]State, now, cost int64) (next [2]State) {
-	return stepTo(res, p.rule, &p.b, st, now, cost)
+// from the rule again; with debit, cost is a debit (see Charge.Debit), for
+// the rules that take them (see CheckDebit).
+func (p *PreparedRule) StepTo(res *Result, st [2]State, now, cost int64, debit bool) (next [2]State) {
+	return stepTo(res, p.rule, &p.b, st, now, cost, debit)
 }
 
 // StepOneTo is StepTo for the algorithms whose key has one State (see
 // Algorithm.Slots).
-func (p *PreparedRule) StepOneTo(res *Result, s State, now, cost int64) State {
-	r := p.rule
-	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: p.capacity}
-	switch r.Algorithm {
-	case TokenBucket, GCRA:
-		return p.b.main.eval(res, s, now, cost)
-	case FixedWindow:
-		return stepFixed(r, s, now, cost, res)
-	case SlidingWindow:
-		return stepSliding(r, s, now, cost, res)
-	}
-	return s
+func (p *PreparedRule) StepOneTo(res *Result, s State, now, cost int64, debit bool) State {
+	return stepOne(res, p.rule, &p.b.main, s, now, cost, debit)
 }

@@ -83,7 +83,7 @@ func TestRulePrepare(t *testing.T) {
 		t.Fatalf("burst changed: %v, same preparation %v", err, p2 == p1)
 	}
 	var res admit.Result
-	p2.StepOneTo(&res, admit.State{}, time.Now().UnixNano(), 1)
+	p2.StepOneTo(&res, admit.State{}, time.Now().UnixNano(), 1, false)
 	if res.Limit != 8 || res.Remaining != 7 {
 		t.Errorf("burst 8, one taken: limit %d remaining %d, want 8 and 7", res.Limit, res.Remaining)
 	}

@@ -273,6 +273,43 @@ func (r *Rule) CheckCost(cost int64) error {
 	return nil
 }
 
+// CheckDebit reports whether r takes a debit of cost (see Charge.Debit):
+// token buckets, GCRA and fixed and sliding windows do, of any cost from
+// 0 to MaxCost. A combination (which half would owe?), a sliding log (one
+// entry per unit, which a debt would grow without bound) and concurrency
+// (a lease is not a cost) do not.
+func (r *Rule) CheckDebit(cost int64) error {
+	if cost < 0 || cost > MaxCost {
+		return Errorf(CodeInvalid, "cost %d: must be from 0 to %d", cost, int64(MaxCost))
+	}
+	switch r.Algorithm {
+	case TokenBucket, GCRA, FixedWindow, SlidingWindow:
+		return nil
+	}
+	e := Errorf(CodeInvalid, "rule %q: %v takes no debits; token_bucket, gcra, fixed_window and sliding_window do", r.Name, r.Algorithm)
+	e.Field = "debit"
+	return e
+}
+
+// CheckDebits reports whether charges mix a check and a debit of one key,
+// which a decision refuses: were the decision refused, the check would
+// report what the key holds with the debits before it and not those after
+// it, an answer that depends on the order of the charges. Charging one key
+// twice the same way is fine.
+func CheckDebits(charges []Charge) error {
+	for i := range charges {
+		if !charges[i].Debit {
+			continue
+		}
+		for j := range charges {
+			if !charges[j].Debit && charges[j].Key == charges[i].Key {
+				return Errorf(CodeInvalid, "key %q is both checked and debited in one decision", charges[i].Key)
+			}
+		}
+	}
+	return nil
+}
+
 // LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
 func (r *Rule) LeaseTTLOrDefault() time.Duration {
 	if r.LeaseTTL > 0 {

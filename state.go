@@ -56,21 +56,42 @@ func Step(r *Rule, st [2]State, now, cost int64) (next [2]State, res Result) {
 // decide into a reused Decision without copying results around.
 func StepTo(res *Result, r *Rule, st [2]State, now, cost int64) (next [2]State) {
 	b := bucketsOf(r)
-	return stepTo(res, r, &b, st, now, cost)
+	return stepTo(res, r, &b, st, now, cost, false)
 }
 
-func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64) (next [2]State) {
-	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
+// stepTo is StepTo with r's buckets, for a charge or a debit.
+func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64, debit bool) (next [2]State) {
+	if r.Algorithm == Combination {
+		*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
+		return stepCombination(b, st, now, cost, res)
+	}
 	next = st
-	switch r.Algorithm {
-	case TokenBucket, GCRA:
-		next[0] = b.main.eval(res, st[0], now, cost)
-	case Combination:
-		next = stepCombination(b, st, now, cost, res)
-	case FixedWindow:
-		next[0] = stepFixed(r, st[0], now, cost, res)
-	case SlidingWindow:
-		next[0] = stepSliding(r, st[0], now, cost, res)
+	next[0] = stepOne(res, r, &b.main, st[0], now, cost, debit)
+	return next
+}
+
+// stepOne is stepTo for the algorithms of one State. A debit is charged
+// whether it fits or not; res says whether it fitted and, when it did
+// not, what a request of cost 1 meets after it.
+func stepOne(res *Result, r *Rule, b *bucket, s State, now, cost int64, debit bool) State {
+	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity(), Debit: debit}
+	next := stepOneAs(res, r, b, s, now, cost, debit)
+	if debit && !res.Allowed {
+		var after Result
+		stepOneAs(&after, r, b, next, now, 1, false)
+		res.Remaining, res.ResetAfter, res.RetryAfter = after.Remaining, after.ResetAfter, after.RetryAfter
 	}
 	return next
+}
+
+func stepOneAs(res *Result, r *Rule, b *bucket, s State, now, cost int64, debit bool) State {
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		return b.eval(res, s, now, cost, debit)
+	case FixedWindow:
+		return stepFixed(r, s, now, cost, res, debit)
+	case SlidingWindow:
+		return stepSliding(r, s, now, cost, res, debit)
+	}
+	return s
 }

@@ -3,8 +3,12 @@ package admit
 // Windows are aligned to the Unix epoch, so every store and every server
 // agrees on where a window starts without sharing anything but the clock.
 
+// A debit that does not fit is counted all the same, up to MaxCount: the
+// window refuses until it ends (fixed) or until enough of it has slid out
+// (sliding).
+
 // fixed window: A = the end of the counted window (its expiry), B = count.
-func stepFixed(r *Rule, s State, now, cost int64, res *Result) State {
+func stepFixed(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
 	w := int64(r.Window)
 	end := now - now%w + w
 	count := int64(0)
@@ -22,6 +26,9 @@ func stepFixed(r *Rule, s State, now, cost int64, res *Result) State {
 	}
 	res.Remaining = max(r.Limit-count, 0)
 	res.RetryAfter = durNs(end - now)
+	if debit {
+		return State{Expiry: end, Count: uint32(min(count+cost, MaxCount))}
+	}
 	return s
 }
 
@@ -32,7 +39,7 @@ func stepFixed(r *Rule, s State, now, cost int64, res *Result) State {
 // The request is admitted iff prev·(W−e)/W + cur + cost <= limit, where e is
 // the time elapsed in the current window. The comparison is made exactly,
 // multiplied through by W in 128 bits, so there is no rounding at all.
-func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
+func stepSliding(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
 	w := int64(r.Window)
 	start := now - now%w
 	end := start + w
@@ -71,6 +78,9 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result) State {
 			return State{Expiry: end + w, Count: uint32(after), Prev: uint32(prev)}
 		}
 		return s
+	}
+	if debit { // what it meets after is for the caller to ask (see stepTo)
+		return State{Expiry: end + w, Count: uint32(min(cur+cost, MaxCount)), Prev: uint32(prev)}
 	}
 	// The earliest instant the same request would pass, if nothing else
 	// is admitted meanwhile.

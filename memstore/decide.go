@@ -24,6 +24,9 @@ func validate(charges []admit.Charge, rules []*admit.PreparedRule) ([]*admit.Pre
 	if len(charges) > admit.MaxCharges {
 		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
+	if err := admit.CheckDebits(charges); err != nil {
+		return nil, err
+	}
 	for i := range charges {
 		p, err := prepare(&charges[i])
 		if err != nil {
@@ -38,6 +41,9 @@ func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
 	p, err := c.Rule.Prepare()
 	if err != nil {
 		return nil, err
+	}
+	if c.Debit {
+		return p, c.Rule.CheckDebit(c.Cost)
 	}
 	return p, p.CheckCost(c.Cost)
 }
@@ -87,7 +93,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	for i := range charges {
 		res := &d.Results[i]
 		s.eval(res, charges, i, &sc, now, false)
-		allowed = allowed && (res.Allowed || res.Shadow)
+		allowed = allowed && (res.Allowed || res.Shadow || res.Debit)
 	}
 	var lease *leaseRecord
 	switch {
@@ -123,7 +129,7 @@ func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decis
 	if i >= 0 {
 		st = sh.t.slots[i].st
 	}
-	next := p.StepOneTo(res, st, now, c.Cost)
+	next := p.StepOneTo(res, st, now, c.Cost, c.Debit)
 	switch {
 	case next == st:
 	case i >= 0 && next.Expiry != 0:
@@ -132,18 +138,20 @@ func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decis
 		s.put(sh, h, next, []uint64{h})
 	}
 	sh.mu.Unlock()
-	d.Allowed = res.Allowed || res.Shadow
-	d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = res.Limit, res.Remaining, res.ResetAfter, res.RetryAfter
+	d.Allowed = res.Allowed || res.Shadow || res.Debit
+	d.Limit, d.Remaining, d.ResetAfter = res.Limit, res.Remaining, res.ResetAfter
 	if !d.Allowed {
-		d.DeniedBy = res.Rule
+		d.RetryAfter, d.DeniedBy = res.RetryAfter, res.Rule
 	}
 }
 
-// refuse finishes a refused decision, which charges nothing. A charge that
-// would have admitted reports what it holds now rather than what it would
-// have held, so it is evaluated again at cost 0; when a key is charged twice
-// every charge is, in order, so that they chain through unchanged states.
-// New keys that a look must record (see admit.Step) are recorded.
+// refuse finishes a refused decision, which charges nothing but its
+// debits. A charge that would have admitted reports what it holds now
+// rather than what it would have held, so it is evaluated again at cost 0
+// (a debit at its cost); when a key is charged twice every charge is, in
+// order, so that they chain through unchanged or debited states. New keys
+// that a look must record (see admit.Step) are recorded, and debited keys
+// kept.
 func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) {
 	for i := range charges {
 		r := &d.Results[i]
@@ -151,7 +159,9 @@ func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		if wouldAdmit || sc.dup {
 			var peek admit.Result
 			s.eval(&peek, charges, i, sc, now, true)
-			if wouldAdmit {
+			if charges[i].Debit {
+				*r = peek // what the debit did, without the refused charges
+			} else if wouldAdmit {
 				r.Remaining, r.ResetAfter = peek.Remaining, peek.ResetAfter
 			}
 		}
@@ -178,9 +188,9 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 	c := &charges[i]
 	h := sc.hashes[i]
 	cost, extra := c.Cost, int64(0)
-	if peek {
+	if peek && !c.Debit {
 		cost = 0
-	} else if c.Rule.Algorithm.Slots() == 0 {
+	} else if !peek && c.Rule.Algorithm.Slots() == 0 {
 		extra = pending(charges, sc, i)
 	}
 	sh := &s.shards[s.shardOf(h)]
@@ -206,7 +216,7 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 			st[1] = sh.t.get(second(h))
 		}
 	}
-	sc.next[i] = sc.rules[i].StepTo(res, st, now, cost)
+	sc.next[i] = sc.rules[i].StepTo(res, st, now, cost, c.Debit)
 	if sc.next[i] != st {
 		sc.dirty |= 1 << i
 	} else {

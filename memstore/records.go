@@ -108,6 +108,9 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		return admit.Reservation{}, err
 	}
 	for i := range charges {
+		if charges[i].Debit {
+			return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
+		}
 		if r := charges[i].Rule; !r.Algorithm.Reservable() {
 			return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", r.Name, r.Algorithm)
 		}

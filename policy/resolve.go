@@ -37,7 +37,13 @@ type Request struct {
 	Attributes map[string]string
 	Cost       int64
 	DryRun     bool
-	Kind       Kind
+	// Debit charges Cost as a debit (admit.Charge.Debit): a cost known
+	// after the work, applied whether it fits or not. A debit is charged
+	// to the rules that apply and take debits (buckets and windows); the
+	// sliding logs, combinations and concurrency rules that apply are
+	// not charged.
+	Debit bool
+	Kind  Kind
 	// LeaseTTL overrides the lease TTL of concurrency charges.
 	LeaseTTL time.Duration
 
@@ -127,6 +133,9 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	if (r.Algorithm == admit.Concurrency) != (req.Kind == Leases) || !r.Applies(req.Action) {
 		return
 	}
+	if req.Debit && r.Rule.CheckDebit(0) != nil {
+		return
+	}
 	k := admit.Key{Scope: r.Scope, Rule: r.bucket}
 	if !global || r.Scope == ScopeTenant || r.Scope == ScopeUser || r.Scope == ScopeSession {
 		if req.Tenant == "" {
@@ -164,7 +173,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	}
 	res.buf = k.Append(res.buf[:0])
 	res.Charges = append(res.Charges, admit.Charge{
-		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, LeaseTTL: req.LeaseTTL,
+		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, Debit: req.Debit, LeaseTTL: req.LeaseTTL,
 	})
 	// Hashed here, while the key is hot, once for every store that reads
 	// the charge (the decision, a local fallback, a retry).

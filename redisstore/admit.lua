@@ -1,7 +1,7 @@
-#!lua name=admit_v3
+#!lua name=admit_v4
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v3 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v4 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -42,6 +42,7 @@
 --   concurrency: a sorted set of "<lease>#<i>" scored by expiry in µs.
 
 local STRIDE = 15
+local MAXCOUNT = 4000000000 -- admit.MaxCount: a window counts debits up to it
 local TWO53 = 9007199254740992
 local SPLIT = 2097152 -- 2^21
 -- Redis gives a library's functions an empty globals table whose
@@ -51,22 +52,23 @@ local SPLIT = 2097152 -- 2^21
 -- redis.call are not reachable yet.
 local function builtins()
   return math.fmod, math.floor, struct.pack, struct.unpack, math.max, math.min,
-    math.ceil, string.format, string.match, string.find, string.gmatch,
+    math.ceil, string.format, string.match, string.find, string.gmatch, string.sub,
     table.concat, redis.call, redis.pcall, tonumber, tostring, unpack, pairs, pcall, type
 end
 local fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
-  sgmatch, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type
+  sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type
 
 -- The state of the call being run. The library's functions are defined
 -- once, when it is loaded; each call sets these first (see run below).
 local KEYS, ARGV, nu, nsub, nceil, n, loaded
--- The decision being run: its N charges' RULES, COSTS, lease TTLS (µs)
+-- The decision being run: its N charges' RULES, COSTS, lease TTLS (µs),
+-- which are DEBITS (charged whether they fit or not; see admit.Charge)
 -- and, for undo, which of a combination's HALVES each charged; whether it
 -- is a dry run, whether it is REFUSED already (by another group of a
 -- Cluster decision: it reports as a refusal, charging nothing), its LEASE
 -- id and its lease record key REC (or nil). KEYBASE is where its keys
 -- start in KEYS, within a batch.
-local RULES, COSTS, TTLS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
+local RULES, COSTS, TTLS, DEBITS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- Scratch tables, made once and reused: every table a call makes costs
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
@@ -287,9 +289,12 @@ end
 -- (f == 0), and the arithmetic needs none of the helpers above. It
 -- decides exactly as bucketEval does, which the conformance suite checks
 -- for both stores. It returns the state to keep, then allowed, remaining,
--- reset and retry: values, not a result table, for decideBuckets.
-local function bucketWhole(b, st, c)
+-- reset and retry: values, not a result table, for decideBuckets. A
+-- debit that does not fit is charged all the same, into a debt of at most
+-- one burst (bucket.eval); what it then reports is step's to say.
+local function bucketWhole(b, st, c, debit)
   local q, burst = b.q, b.burst
+  if debit then c = mmin(c, 2 * burst) end
   local ta, fresh = 0, true
   if st then
     ta = (st[1] - nu) * 1000 + st[2] - nsub
@@ -307,6 +312,7 @@ local function bucketWhole(b, st, c)
     if c > 0 then keep = encode(na, 0) end
     return keep, 1, (left - fmod(left, q)) / q, na, 0
   end
+  if debit then return encode(mmin(na, 2 * ha), 0), 0, 0, 0, 0 end
   local remaining = 0
   if ba < ha then
     local left = ha - ba
@@ -317,12 +323,13 @@ end
 
 -- bucketEval mirrors bucket.eval. st is {U, W, F} or nil; it returns the
 -- state to keep (st itself when unchanged).
-local function bucketEval(b, st, c, res)
+local function bucketEval(b, st, c, res, debit)
   if b.r == 0 and (not st or st[3] == 0) then
     local keep
-    keep, res.allowed, res.remaining, res.reset, res.retry = bucketWhole(b, st, c)
+    keep, res.allowed, res.remaining, res.reset, res.retry = bucketWhole(b, st, c, debit)
     return keep
   end
+  if debit then c = mmin(c, 2 * b.burst) end
   local ta, tf, fresh
   if st then ta, tf, fresh = decode(b, st[1], st[2], st[3]) else ta, tf, fresh = decode(b) end
   local ba, bf = ta, tf
@@ -341,6 +348,11 @@ local function bucketEval(b, st, c, res)
   end
   res.allowed = 0
   res.remaining = 0
+  if debit then
+    local ma, mf = span(b, 2 * b.burst)
+    if less(ma, mf, na, nf) then na, nf = ma, mf end
+    return encode(na, nf)
+  end
   if less(ba, bf, ha, hf) then res.remaining = tokens(b, sub(b, ha, hf, ba, bf)) end
   res.retry = ceil(sub(b, na, nf, ha, hf))
   res.reset = ceil(ba, bf)
@@ -355,7 +367,7 @@ end
 
 -- Windows -----------------------------------------------------------------
 
-local function fixedEval(limit, wu, st, c, res)
+local function fixedEval(limit, wu, st, c, res, debit)
   local endu = nu - fmod(nu, wu) + wu
   local count = 0
   if st and st[1] > nu then count, endu = st[2], st[1] end
@@ -367,10 +379,11 @@ local function fixedEval(limit, wu, st, c, res)
   end
   res.allowed, res.remaining = 0, mmax(limit - count, 0)
   res.retry = res.reset
+  if debit then return {endu, mmin(count + c, MAXCOUNT)} end
   return st
 end
 
-local function slidingEval(limit, wu, st, c, res)
+local function slidingEval(limit, wu, st, c, res, debit)
   local startu = nu - fmod(nu, wu)
   local endu = startu + wu
   local cur, prev = 0, 0
@@ -400,6 +413,7 @@ local function slidingEval(limit, wu, st, c, res)
     return st
   end
   res.allowed = 0
+  if debit then return {endu + wu, mmin(cur + c, MAXCOUNT), prev} end
   local untilEnd = (endu - nu) * 1000 - nsub
   if room >= 0 then
     local k = muldiv(room, w, prev)
@@ -547,15 +561,29 @@ local function load(key, alg)
   return st
 end
 
+-- stepOne evaluates a charge of a one-state algorithm (step).
+local function stepOne(R, alg, st, c, res, debit)
+  if alg == 1 or alg == 2 then
+    return bucketEval(bucketParams(R), st, c, res, debit)
+  elseif alg == 3 then
+    return fixedEval(R[5], R[6], st, c, res, debit)
+  end
+  return slidingEval(R[5], R[6], st, c, res, debit)
+end
+
 -- step evaluates counter charge i at cost c from state st and returns the
 -- state to keep, and for a combination which half paid (1 floor, 2 burst).
-local function step(R, alg, st, c, res)
-  if alg == 1 or alg == 2 then
-    return bucketEval(bucketParams(R), st, c, res), 0
-  elseif alg == 3 then
-    return fixedEval(R[5], R[6], st, c, res), 0
-  elseif alg == 4 then
-    return slidingEval(R[5], R[6], st, c, res), 0
+-- A debit that does not fit reports what a request of cost 1 meets after
+-- it (admit.stepOne).
+local function step(R, alg, st, c, res, debit)
+  if alg <= 4 then
+    local next = stepOne(R, alg, st, c, res, debit)
+    if debit and res.allowed == 0 then
+      local after = {retry = 0}
+      stepOne(R, alg, next, 1, after, false)
+      res.remaining, res.reset, res.retry = after.remaining, after.reset, after.retry
+    end
+    return next, 0
   end
   -- combination: the floor first, then the burst bucket
   local fb, bb = floorParams(R), bucketParams(R)
@@ -566,8 +594,8 @@ local function step(R, alg, st, c, res)
   local f, bres = {retry = 0}, {retry = 0}
   local floorFits = c <= fb.burst
   local nf, nb
-  if floorFits then nf = bucketEval(fb, sf, c, f) else nf = bucketEval(fb, sf, 0, f) f.allowed = 0 end
-  if f.allowed == 1 then nb = bucketEval(bb, sb, 0, bres) else nb = bucketEval(bb, sb, c, bres) end
+  if floorFits then nf = bucketEval(fb, sf, c, f, false) else nf = bucketEval(fb, sf, 0, f, false) f.allowed = 0 end
+  if f.allowed == 1 then nb = bucketEval(bb, sb, 0, bres, false) else nb = bucketEval(bb, sb, c, bres, false) end
   res.allowed = mmax(f.allowed, bres.allowed)
   res.remaining = f.remaining + bres.remaining
   res.reset = mmax(f.reset, bres.reset)
@@ -647,7 +675,7 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
     local R, alg, cost = charge(i)
     local key = KEYS[KEYBASE + i]
     local c = cost
-    if peek then c = 0 end
+    if peek and not DEBITS[i] then c = 0 end
     local res = results[i]
     if not only or only[i] then
       res.retry = 0
@@ -662,7 +690,7 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
       else
         local st = chain[key]
         if st == nil then st = load(key, alg) or false end
-        local next, how = step(R, alg, st or nil, c, res)
+        local next, how = step(R, alg, st or nil, c, res, DEBITS[i])
         res.how = how
         nexts[i] = next
         dirty[i] = next ~= (st or nil)
@@ -711,7 +739,7 @@ local function decide(out)
   evaluate(results, nexts, dirty, false, nil, dup)
   local allowed = 1
   for i = 1, n do
-    if results[i].allowed == 0 and not RULES[i].shadow then allowed = 0 end
+    if results[i].allowed == 0 and not RULES[i].shadow and not DEBITS[i] then allowed = 0 end
   end
   if REFUSED then allowed = 0 end
   local leaseExpiry = 0
@@ -752,8 +780,9 @@ local function decide(out)
     end
     return reply(out, results, 1, leaseExpiry)
   end
-  -- Refused: nothing is charged. A charge that would have admitted reports
-  -- what it holds now; new keys that must be recorded are.
+  -- Refused: nothing is charged but the debits. A charge that would have
+  -- admitted reports what it holds now; new keys that must be recorded
+  -- are, and debited keys kept.
   local again, any = {}, false
   for i = 1, n do
     local _, _, cost = charge(i)
@@ -765,7 +794,10 @@ local function decide(out)
     for i = 1, n do peeks[i] = {} end
     evaluate(peeks, nexts, dirty, true, again, dup)
     for i = 1, n do
-      if again[i] and results[i].would then
+      if again[i] and DEBITS[i] then
+        local r, p = results[i], peeks[i]
+        r.allowed, r.remaining, r.reset, r.retry = p.allowed, p.remaining, p.reset, p.retry
+      elseif again[i] and results[i].would then
         results[i].remaining, results[i].reset = peeks[i].remaining, peeks[i].reset
       end
     end
@@ -807,10 +839,10 @@ local function decideBuckets(out)
     local b = R.b or bucketParams(R)
     local nx, al, rem, reset, retry
     if b.r == 0 and (not st or st[3] == 0) then
-      nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i])
+      nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i], false)
     else
       local res = {retry = 0}
-      nx = bucketEval(b, st or nil, COSTS[i], res)
+      nx = bucketEval(b, st or nil, COSTS[i], res, false)
       al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
     end
     if al == 0 and not R.shadow then return false end
@@ -975,6 +1007,7 @@ local function strided()
     local base = 8 + (i - 1) * STRIDE
     local R = ruleOf(ARGV, base)
     RULES[i], COSTS[i], TTLS[i], HALVES[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
+    DEBITS[i] = false
   end
   REC, KEYBASE = KEYS[n + 1], 0
 end
@@ -987,7 +1020,7 @@ end
 -- rule's own); then M decisions, each: a head, N, its number of charges,
 -- or "N:flags:lease" where flags holds d for a dry run, x for a decision
 -- refused already, and r when a lease record key follows its charge keys; then per charge the rule's number
--- (1..R), the cost and, for a concurrency rule only, the lease TTL in µs
+-- (1..R), the cost (d and the cost for a debit) and, for a concurrency rule only, the lease TTL in µs
 -- or '' for the rule's. KEYS: each decision's charge keys and record key,
 -- in order. The reply: now (µs, ns), then each decision's (see reply).
 local function batch()
@@ -1012,7 +1045,9 @@ local function batch()
     local buckets = not rec and not DRY and not REFUSED
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
-      RULES[i], COSTS[i], TTLS[i] = R, NUMS[c] or tonumber(c), R.ttl
+      local cost, debit = NUMS[c] or tonumber(c), false
+      if not cost then cost, debit, buckets = tonumber(ssub(c, 2)), true, false end
+      RULES[i], COSTS[i], TTLS[i], DEBITS[i] = R, cost, R.ttl, debit
       a = a + 2
       if R.alg > 2 then buckets = false end
       if R.alg == 7 then
@@ -1087,11 +1122,11 @@ local function run(keys, args)
   KEYS, ARGV = keys, args
   if not fmod then
     fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
-      sgmatch, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
+      sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
     RES, NEXTS, DIRTY, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, 0
     for i = 1, 7000 do ZEROS[i] = 0 end
     for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
-    RULES, COSTS, TTLS, HALVES = {}, {}, {}, {}
+    RULES, COSTS, TTLS, DEBITS, HALVES = {}, {}, {}, {}, {}
     loaded, writes, wlen, worder = {}, {}, {}, {}
   end
   if ARGV[2] == '' then
@@ -1118,4 +1153,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v3', run)
+redis.register_function('admit_v4', run)

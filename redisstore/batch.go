@@ -76,7 +76,11 @@ func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleA
 	}
 	for k, i := range g.idx {
 		ch, r := &charges[i], j.rules[k]
-		j.args = append(j.args, "", itoa(ch.Cost))
+		cost := itoa(ch.Cost)
+		if ch.Debit {
+			cost = "d" + cost
+		}
+		j.args = append(j.args, "", cost)
 		if r.lease {
 			ttl := ""
 			if ch.LeaseTTL > 0 {

@@ -79,6 +79,9 @@ func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
 	if len(charges) > admit.MaxCharges {
 		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
+	if err := admit.CheckDebits(charges); err != nil {
+		return nil, err
+	}
 	ras := make([]*ruleArgs, len(charges))
 	for i := range charges {
 		c := &charges[i]
@@ -89,8 +92,15 @@ func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
 		if err := ras[i].err; err != nil {
 			return nil, err
 		}
-		if err := c.Rule.CheckCost(c.Cost); err != nil {
+		check := c.Rule.CheckCost
+		if c.Debit {
+			check = c.Rule.CheckDebit
+		}
+		if err := check(c.Cost); err != nil {
 			return nil, err
+		}
+		if reserve && c.Debit {
+			return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
 		}
 		if reserve && !c.Rule.Algorithm.Reservable() {
 			return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
@@ -142,7 +152,7 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		}
 		rule := charges[i].Rule
 		*res = admit.Result{
-			Rule: rule.Name, Shadow: rule.Shadow, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
+			Rule: rule.Name, Shadow: rule.Shadow, Debit: charges[i].Debit, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
 			Remaining: x[1], ResetAfter: time.Duration(x[2]), RetryAfter: time.Duration(x[3]),
 		}
 		r.hows[k] = itoa(x[0] >> 1)
@@ -266,8 +276,11 @@ func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) c
 		rec = s.leaseKey(gd.g.tag, leaseID)
 	}
 	c := s.newCall("u", itoa(gd.reply.nu), itoa(gd.reply.nsub), leaseID, charges, gd.g, rec)
-	for k := range gd.g.idx {
+	for k, i := range gd.g.idx {
 		c.args[7+stride*k+4] = gd.reply.hows[k]
+		if charges[i].Debit {
+			c.args[7+stride*k+4] = "-1" // a debit stays charged
+		}
 	}
 	return c
 }

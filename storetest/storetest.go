@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,11 @@ type Step struct {
 	MaxWait time.Duration
 	// DryRun marks every charge of a Decide step as a dry run.
 	DryRun bool
+	// Debits are the timeline's charges (indexes, as in Use) that this
+	// step charges as debits; Costs, when set, gives each used charge its
+	// own cost in place of Cost.
+	Debits []int
+	Costs  []int64
 
 	Want      bool    // Decide: allowed; Reserve: OK
 	Remaining []int64 // per used charge, if set
@@ -138,17 +144,22 @@ func (tl Timeline) run(t *testing.T, s admit.Store, clock *Clock) {
 }
 
 func (tl Timeline) pick(st Step) []admit.Charge {
-	var cs []admit.Charge
-	if st.Use == nil {
-		cs = append(cs, tl.Charges...)
-	} else {
-		for _, i := range st.Use {
-			cs = append(cs, tl.Charges[i])
+	idx := st.Use
+	if idx == nil {
+		idx = make([]int, len(tl.Charges))
+		for i := range idx {
+			idx[i] = i
 		}
 	}
-	for i := range cs {
-		cs[i].Cost = st.Cost
-		cs[i].DryRun = st.DryRun
+	cs := make([]admit.Charge, len(idx))
+	for k, i := range idx {
+		cs[k] = tl.Charges[i]
+		cs[k].Cost = st.Cost
+		if st.Costs != nil {
+			cs[k].Cost = st.Costs[k]
+		}
+		cs[k].DryRun = st.DryRun
+		cs[k].Debit = slices.Contains(st.Debits, i)
 	}
 	return cs
 }

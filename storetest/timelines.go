@@ -54,6 +54,12 @@ func named(s Step, name string) Step { s.Name = name; return s }
 
 func denied(s Step, rule string) Step { s.DeniedBy = rule; return s }
 
+// debit makes the timeline's charges idx debits in s.
+func debit(s Step, idx ...int) Step { s.Debits = idx; return s }
+
+// costs gives the charges s uses each its own cost.
+func costs(s Step, c ...int64) Step { s.Costs = c; return s }
+
 // Timelines returns the conformance timelines. Each one runs on a new store.
 func Timelines() []Timeline {
 	tb := bucketRule("tb", admit.TokenBucket, admit.PerSecond(10), 5)
@@ -86,6 +92,7 @@ func Timelines() []Timeline {
 	concOne := leaseRule("conc-one", 1, time.Minute)
 	conns := leaseRule("conns", 1, 0)
 	perMin := windowRule("per-minute", admit.SlidingWindow, 2, time.Minute)
+	thirds := bucketRule("thirds", admit.GCRA, admit.Rate{N: 3, Per: time.Second}, 2)
 
 	return []Timeline{
 		{
@@ -352,6 +359,109 @@ func Timelines() []Timeline {
 				use(ok(time.Minute, 1, 0), 2),
 				use(denied(no(time.Minute, 1, time.Minute, 1, 0, 1), "tenant"), 0, 2, 3),
 				use(ok(time.Minute, 0, 1, 2, 0, 1), 0, 1, 2, 3),
+			},
+		},
+		{
+			// A debit is charged whether it fits or not: the bucket goes
+			// into debt, at most one burst (TAT at most 2·burst·T ahead),
+			// and refuses until it is repaid. T = 100ms.
+			Name:    "debit/bucket_into_debt",
+			Charges: []admit.Charge{key("d1", "u", tb)},
+			Steps: []Step{
+				debit(ok(0, 3, 2), 0),
+				debit(ok(0, 7, 0), 0), // 2 tokens there: 5 owed; the decision is admitted
+				no(0, 1, 600*ms, 0),
+				no(599*ms, 1, ms, 0),
+				ok(600*ms, 1, 0),
+				debit(ok(10*time.Second, 100, 0), 0), // capped at one burst of debt
+				no(10*time.Second+599*ms, 1, ms, 0),
+				ok(10*time.Second+600*ms, 1, 0),
+				debit(Step{At: 11 * time.Second, Cost: admit.MaxCost + 1, Err: admit.ErrInvalid}, 0),
+			},
+		},
+		{
+			// The same, where a token takes a third of a second (kept
+			// with its fraction): 5 debited from a full bucket of 2 is 4
+			// (the cap) ahead, and one token more is 3T = 1s away.
+			Name:    "debit/gcra_fractions",
+			Charges: []admit.Charge{key("d1b", "u", thirds)},
+			Steps: []Step{
+				debit(ok(0, 5, 0), 0),
+				no(0, 1, time.Second, 0),
+				no(time.Second-1, 1, 1, 0),
+				ok(time.Second, 1, 0),
+			},
+		},
+		{
+			// A window counts a debit past its limit, as
+			// envoyproxy/ratelimit counts every hit: a check of cost 0
+			// after it is refused until the window ends.
+			Name:    "debit/fixed_window_counts_past_limit",
+			Charges: []admit.Charge{key("d2", "w", fixed)},
+			Steps: []Step{
+				ok(0, 1, 2),
+				debit(ok(0, 5, 0), 0), // 6 counted of 3
+				no(0, 0, time.Second, 0),
+				ok(time.Second, 1, 2),
+			},
+		},
+		{
+			// 15 counted of 10: in the next window the previous one
+			// weighs 15·(W−e)/W, which leaves room for one request when
+			// e = 0.4 W.
+			Name:    "debit/sliding_window",
+			Charges: []admit.Charge{key("d3", "s", sliding)},
+			Steps: []Step{
+				debit(ok(0, 15, 0), 0),
+				no(0, 1, 1400*ms, 0),
+				no(1400*ms-1, 1, 1, 0),
+				ok(1400*ms, 1, 0),
+			},
+		},
+		{
+			// A decision that its checks refuse still applies its debits
+			// (the work they pay for was done). In Cluster the tenant's
+			// group is charged first and given back when the global one
+			// refuses: the debit stays.
+			Name:    "debit/refused_decision_keeps_its_debits",
+			Charges: []admit.Charge{key("d4", "", tenant), globalKey("d4", one)},
+			Steps: []Step{
+				costs(debit(ok(0, 0, 1, 0), 0), 2, 1),
+				costs(debit(denied(no(0, 0, time.Minute, 0, 0), "one"), 0), 2, 1),
+				// 240 s of TAT against a horizon of 180 s: in debt.
+				use(denied(no(0, 0, time.Minute, 0), "tenant"), 0),
+			},
+		},
+		{
+			// The same when the refusing charge comes first: in Cluster
+			// the debit's group is decided as refused already, and
+			// still keeps its debit.
+			Name:    "debit/refused_first",
+			Charges: []admit.Charge{key("d5a", "", one), key("d5b", "", tenant)},
+			Steps: []Step{
+				costs(debit(ok(0, 0, 0, 1), 1), 1, 2),
+				costs(debit(denied(no(0, 0, time.Minute, 0, 0), "one"), 1), 1, 2),
+				use(denied(no(0, 0, time.Minute, 0), "tenant"), 1),
+			},
+		},
+		{
+			// Debits are for buckets and windows; a dry run of one
+			// changes nothing.
+			Name: "debit/where_and_dry_run",
+			Charges: []admit.Charge{
+				key("d6", "l", slog), key("d6", "c", conc), key("d6", "k", combo), key("d6", "u", tb), key("d6", "u", tb),
+			},
+			Steps: []Step{
+				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 0), 0),
+				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 1), 1),
+				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 2), 2),
+				use(debit(Step{Op: Reserve, Cost: 1, MaxWait: time.Second, Err: admit.ErrInvalid}, 3), 3),
+				use(debit(dry(ok(0, 7, 0)), 3), 3),
+				use(ok(0, 5, 0), 3),
+				// One key checked and debited at once is refused; debited
+				// twice, it owes both.
+				debit(use(Step{At: time.Minute, Cost: 1, Err: admit.ErrInvalid}, 3, 4), 4),
+				debit(use(ok(time.Minute, 3, 2, 0), 3, 4), 3, 4),
 			},
 		},
 		{

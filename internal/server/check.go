@@ -19,6 +19,7 @@ type checkRequest struct {
 	Action     string            `json:"action"`
 	Cost       *int64            `json:"cost"`
 	DryRun     bool              `json:"dry_run"`
+	Debit      bool              `json:"debit"`
 	IP         string            `json:"ip"`
 	APIKey     string            `json:"api_key"`
 	Session    string            `json:"session"`
@@ -60,7 +61,7 @@ func putCall(c *call) {
 func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Policy, kind policy.Kind, ttl time.Duration) error {
 	c.req = policy.Request{
 		Tenant: b.Tenant, User: b.User, Action: b.Action, IP: b.IP, APIKey: b.APIKey,
-		Session: b.Session, Attributes: b.Attributes, Cost: 1, DryRun: b.DryRun,
+		Session: b.Session, Attributes: b.Attributes, Cost: 1, DryRun: b.DryRun, Debit: b.Debit,
 		Kind: kind, LeaseTTL: ttl,
 	}
 	if b.Cost != nil {
@@ -89,25 +90,36 @@ func (s *Server) presentedKey(r *http.Request, admin bool) string {
 }
 
 func (s *Server) handleCheck(w http.ResponseWriter, r *http.Request) {
+	s.check(w, r, "check", false)
+}
+
+// handleReport is POST /v1/report: the body of a check, charged as a debit
+// (the cost of work done, known after it), which is never refused.
+func (s *Server) handleReport(w http.ResponseWriter, r *http.Request) {
+	s.check(w, r, "report", true)
+}
+
+func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, debit bool) {
 	start := time.Now()
 	c := getCall()
 	defer putCall(c)
 	var body checkRequest
 	if err := decodeJSON(w, r, &body); err != nil {
-		s.fail(w, r, "check", err)
+		s.fail(w, r, endpoint, err)
 		return
 	}
+	body.Debit = body.Debit || debit
 	p := s.catalog.Policy()
 	if err := s.request(r, c, &body, p, policy.Requests, 0); err != nil {
-		s.fail(w, r, "check", err)
+		s.fail(w, r, endpoint, err)
 		return
 	}
 	if err := s.decide(r.Context(), c); err != nil {
-		s.fail(w, r, "check", err)
+		s.fail(w, r, endpoint, err)
 		return
 	}
 	s.answer(w, c, -1)
-	s.record(c, "check", start)
+	s.record(c, endpoint, start)
 }
 
 // fail answers an error and counts it.

@@ -44,7 +44,7 @@ type endpointMetrics struct {
 }
 
 // The decision endpoints, as they appear in metric labels.
-var decisionEndpoints = []string{"check", "acquire", "lease", "authz", "grpc"}
+var decisionEndpoints = []string{"check", "report", "acquire", "lease", "authz", "grpc"}
 
 type ruleCounters struct {
 	policy *policy.Policy

@@ -260,6 +260,7 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 		allowed[path] = append(allowed[path], method)
 	}
 	handle("POST", "/v1/check", http.HandlerFunc(s.handleCheck))
+	handle("POST", "/v1/report", http.HandlerFunc(s.handleReport))
 	handle("POST", "/v1/acquire", http.HandlerFunc(s.handleAcquire))
 	handle("POST", "/v1/leases", http.HandlerFunc(s.handleLeaseAcquire))
 	handle("PUT", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRenew))

@@ -173,6 +173,48 @@ func TestCheckAdmitsThenRefuses(t *testing.T) {
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","user":"u2"}`), 200, "other user")
 }
 
+// TestReport: POST /v1/report charges a cost known after the work as a
+// debit: never refused, applied past the limit, so that the next checks
+// are refused until the debt is repaid; rules that take no debits are not
+// charged.
+func TestReport(t *testing.T) {
+	h := start(t, testSpec(), "")
+	// Tier big: user-req burst 5, docs burst 3 (1/min each), global 100.
+	a := h.do("POST", "/v1/report", `{"tenant":"t2","user":"u1","action":"doc","cost":7}`)
+	h.want(a, 200, "report")
+	if a.body["allowed"] != true || a.body["remaining"] != float64(0) {
+		t.Errorf("report: %s", a.raw)
+	}
+	fits := map[string]any{}
+	for _, r := range a.body["rules"].([]any) {
+		m := r.(map[string]any)
+		fits[m["name"].(string)] = m["allowed"]
+	}
+	if fits["global"] != true || fits["user-req"] != false || fits["docs"] != false {
+		t.Errorf("what each debit fitted: %v", fits)
+	}
+	// docs owes 4 of 3 (capped at one burst of debt: 3): a request of 1
+	// waits for 4 tokens, 4 minutes.
+	a = h.do("POST", "/v1/check", `{"tenant":"t2","user":"u2","action":"doc"}`)
+	h.want(a, 429, "check after the report")
+	if a.body["denied_by"] != "docs" || a.header.Get("Retry-After") != "240" {
+		t.Errorf("refusal after a report: %s Retry-After %q", a.raw, a.header.Get("Retry-After"))
+	}
+	// "debit": true on a check is the same.
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","user":"u3","debit":true}`), 200, "debit on check")
+
+	// A sliding log takes no debits: a report of a login is charged to
+	// the global bucket only, and the login still passes.
+	a = h.do("POST", "/v1/report", `{"tenant":"t1","ip":"192.0.2.1","action":"login","cost":5}`)
+	h.want(a, 200, "report of a login")
+	if rules := a.body["rules"].([]any); len(rules) != 1 || rules[0].(map[string]any)["name"] != "global" {
+		t.Errorf("a report of a login charged %v", rules)
+	}
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","ip":"192.0.2.1","action":"login"}`), 200, "login after its report")
+
+	h.want(h.do("POST", "/v1/report", `{"tenant":"t2","cost":1000000001}`), 400, "report past MaxCost")
+}
+
 func TestCheckBadInput(t *testing.T) {
 	h := start(t, testSpec(), "")
 	long := strings.Repeat("x", policy.MaxValueLen+1)
