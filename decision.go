@@ -42,13 +42,13 @@ type Charge struct {
 
 // Result is the decision for one charge.
 type Result struct {
-	Rule       string // the rule's name
-	Allowed    bool   // whether this charge alone would admit the request
-	Shadow     bool   // the rule is in shadow mode: reported, never refusing
+	Rule    string // the rule's name
+	Allowed bool   // whether this charge alone would admit the request
+	Shadow  bool   // the rule is in shadow mode: reported, never refusing
 	// Debit says the charge was a debit: applied whatever it found, never
 	// refusing the decision. Allowed then says whether it fitted; when it
 	// did not, RetryAfter is when a request of cost 1 would pass.
-	Debit bool
+	Debit      bool
 	Limit      int64
 	Remaining  int64
 	ResetAfter time.Duration

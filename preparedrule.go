@@ -14,10 +14,10 @@ import (
 // PreparedRule is a rule that passed Validate, with what deciding by it
 // derives from its parameters. Rule.Prepare returns it.
 type PreparedRule struct {
-	rule     *Rule
-	params   ruleParams
+	rule   *Rule
+	params ruleParams
 	most   int64 // the largest cost a request may charge; see CheckCost
-	b        buckets
+	b      buckets
 }
 
 // buckets are the buckets of a bucket rule: main for token_bucket, gcra

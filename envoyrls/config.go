@@ -87,8 +87,13 @@ type Limit struct {
 	// Unlimited limits always admit and are never counted.
 	Unlimited bool
 	// Shadow limits are counted and reported but never refuse
-	// (shadow_mode, and quota_mode, which Admit treats alike).
+	// (shadow_mode).
 	Shadow bool
+	// Quota limits (quota_mode) do not refuse a request on their own:
+	// their descriptors answer OK, and the request is over the limit only
+	// when every quota descriptor it has is. The service reports them in
+	// dynamic metadata.
+	Quota bool
 
 	RequestsPerUnit uint32
 	Unit            Unit
@@ -98,6 +103,10 @@ type Limit struct {
 	// another algorithm. Nil when Unlimited or RequestsPerUnit is 0 (the
 	// limit refuses everything, as in envoyproxy/ratelimit).
 	rule *policy.Rule
+	// strict is a quota limit's rule decided as a normal one: when a
+	// request has a single quota descriptor, "every quota descriptor over
+	// its limit" is that one being over, which the store decides exactly.
+	strict *policy.Rule
 
 	file      string // where the rate_limit block is, for Check's errors
 	line, col int
@@ -124,8 +133,16 @@ func (l *Limit) Window() time.Duration {
 // for concurrent use.
 type Config struct {
 	domains map[string]*level
+	each    map[string]bool // domains whose files say charge: each
 	files   []string
 }
+
+// ChargesEach reports whether domain counts every descriptor's hits on
+// its own, as envoyproxy/ratelimit does (charge: each): every counter is
+// charged whether it is over its limit or not, and a request refused by
+// one descriptor still counts the others. By default (charge: all) a
+// request's counters are charged all together or not at all.
+func (c *Config) ChargesEach(domain string) bool { return c != nil && c.each[domain] }
 
 // Domains returns the names of the configured domains, sorted.
 func (c *Config) Domains() []string {
@@ -202,9 +219,33 @@ type level struct {
 	wildcards []wildcard
 }
 
+// wildcard is a descriptor value with '*' in it: each '*' stands for any
+// run of characters, possibly empty ("foo*", "bar*b", "foo*bar*baz").
 type wildcard struct {
-	key, prefix string
-	n           *node
+	key, pattern string
+	n            *node
+}
+
+// matches reports whether value matches the wildcard pattern p.
+func matches(p, value string) bool {
+	first, rest, _ := strings.Cut(p, "*")
+	if !strings.HasPrefix(value, first) {
+		return false
+	}
+	value = value[len(first):]
+	// Each further piece is matched at its first occurrence, which leaves
+	// the most room for the pieces after it; the last must end the value.
+	for {
+		piece, more, starred := strings.Cut(rest, "*")
+		if !starred {
+			return strings.HasSuffix(value, piece)
+		}
+		i := strings.Index(value, piece)
+		if i < 0 {
+			return false
+		}
+		value, rest = value[i+len(piece):], more
+	}
 }
 
 type node struct {
@@ -264,14 +305,14 @@ type File struct {
 // reported, each with its file, line and column; the error is then a
 // yamlconf.Errors.
 func Parse(files ...File) (*Config, error) {
-	c := &Config{domains: map[string]*level{}}
+	c := &Config{domains: map[string]*level{}, each: map[string]bool{}}
 	p := parser{cfg: c}
 	domainFile := map[string]string{}
 	for _, f := range files {
 		p.file = f.Name
 		c.files = append(c.files, f.Name)
 		before := len(p.errs)
-		domain, root, pos := p.parseFile(f.Data)
+		domain, root, pos, each := p.parseFile(f.Data)
 		if len(p.errs) > before || root == nil {
 			continue
 		}
@@ -281,6 +322,7 @@ func Parse(files ...File) (*Config, error) {
 		}
 		domainFile[domain] = f.Name
 		c.domains[domain] = root
+		c.each[domain] = each
 	}
 	if len(p.errs) > 0 {
 		return nil, p.errs
@@ -292,47 +334,58 @@ type parser struct {
 	cfg  *Config
 	file string
 	errs yamlconf.Errors
+	each bool // the file being parsed says charge: each
 }
 
 func (p *parser) fail(n *yaml.Node, format string, args ...any) {
 	p.errs = append(p.errs, yamlconf.At(p.file, n, "", fmt.Sprintf(format, args...)))
 }
 
-// parseFile parses one file: its domain, its descriptor tree and the
-// position of its domain field.
-func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node) {
+// parseFile parses one file: its domain, its descriptor tree, the
+// position of its domain field and whether it says charge: each.
+func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, bool) {
 	if len(data) > MaxFileSize {
 		p.fail(nil, "%d bytes; at most %d", len(data), MaxFileSize)
-		return "", nil, nil
+		return "", nil, nil, false
 	}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			p.fail(nil, "config file cannot have empty domain")
-			return "", nil, nil
+			return "", nil, nil, false
 		}
 		p.yamlError(err)
-		return "", nil, nil
+		return "", nil, nil, false
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		p.fail(&extra, "a second YAML document; a configuration file is one document")
-		return "", nil, nil
+		return "", nil, nil, false
 	}
 	root := doc.Content[0]
-	fields := p.mapping(root, "the file", "domain", "descriptors")
+	fields := p.mapping(root, "the file", "domain", "descriptors", "charge")
 	if fields == nil {
-		return "", nil, nil
+		return "", nil, nil, false
 	}
 	dn := fields["domain"]
 	domain := p.str(dn)
 	if dn == nil || domain == "" {
 		p.fail(orNode(dn, root), "config file cannot have empty domain")
-		return "", nil, nil
+		return "", nil, nil, false
+	}
+	p.each = false
+	if cn := fields["charge"]; cn != nil {
+		switch v := p.str(cn); v {
+		case "all":
+		case "each":
+			p.each = true
+		default:
+			p.fail(cn, "charge: want all (a request's counters all charged or none, the default) or each (every descriptor counted on its own, as envoyproxy/ratelimit does), not '%s'", v)
+		}
 	}
 	top := p.descriptors(fields["descriptors"], domain+".", 1)
-	return domain, top, dn
+	return domain, top, dn, p.each
 }
 
 // yamlError reports a YAML syntax error with its line.
@@ -394,8 +447,9 @@ var keyHome = map[string]string{
 	"domain": "the top of the file", "key": "a descriptor", "value": "a descriptor",
 	"descriptors": "the top of the file or a descriptor", "rate_limit": "a descriptor",
 	"shadow_mode": "a descriptor", "quota_mode": "a descriptor", "detailed_metric": "a descriptor",
-	"value_to_metric": "a descriptor", "share_threshold": "a descriptor",
-	"unit": "rate_limit", "requests_per_unit": "rate_limit", "unit_multiplier": "rate_limit",
+	"value_to_metric": "a descriptor", "share_threshold": "a descriptor", "metadata": "a descriptor",
+	"charge": "the top of the file",
+	"unit":   "rate_limit", "requests_per_unit": "rate_limit", "unit_multiplier": "rate_limit",
 	"unlimited": "rate_limit", "name": "rate_limit or a replaces entry", "replaces": "rate_limit",
 	"algorithm": "rate_limit", "burst": "rate_limit",
 }
@@ -455,8 +509,10 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 			p.fail(dn, "config error, yaml file contains list of type other than map: %s", yamlconf.KindName(dn))
 			continue
 		}
+		// metadata (envoyproxy/ratelimit, April 2026) is data for the
+		// operator's own tools: accepted, whatever it holds, and unused.
 		f := p.mapping(dn, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode",
-			"quota_mode", "detailed_metric", "value_to_metric", "share_threshold")
+			"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
 		if f == nil {
 			continue
 		}
@@ -471,7 +527,7 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 		}
 		full := parent + final
 		nd := &node{}
-		isWildcard := strings.HasSuffix(value, "*")
+		isWildcard := strings.Contains(value, "*")
 		switch {
 		case value == "":
 			if lv.byKey[key] != nil {
@@ -480,12 +536,11 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 			}
 			lv.byKey[key] = nd
 		case isWildcard:
-			prefix := strings.TrimSuffix(value, "*")
-			if slices.ContainsFunc(lv.wildcards, func(w wildcard) bool { return w.key == key && w.prefix == prefix }) {
+			if slices.ContainsFunc(lv.wildcards, func(w wildcard) bool { return w.key == key && w.pattern == value }) {
 				p.fail(f["value"], "duplicate descriptor composite key '%s'", full)
 				continue
 			}
-			lv.wildcards = append(lv.wildcards, wildcard{key: key, prefix: prefix, n: nd})
+			lv.wildcards = append(lv.wildcards, wildcard{key: key, pattern: value, n: nd})
 		default:
 			if lv.exact[[2]string{key, value}] != nil {
 				p.fail(f["value"], "duplicate descriptor composite key '%s'", full)
@@ -493,17 +548,18 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 			}
 			lv.exact[[2]string{key, value}] = nd
 		}
-		shadow := p.boolean(f["shadow_mode"], "shadow_mode") || p.boolean(f["quota_mode"], "quota_mode")
+		shadow := p.boolean(f["shadow_mode"], "shadow_mode")
+		quota := p.boolean(f["quota_mode"], "quota_mode")
 		p.boolean(f["detailed_metric"], "detailed_metric")
 		p.boolean(f["value_to_metric"], "value_to_metric")
 		if p.boolean(f["share_threshold"], "share_threshold") {
 			if !isWildcard {
-				p.fail(f["share_threshold"], "share_threshold can only be used with wildcard values (ending with '*'), but found key '%s'", final)
+				p.fail(f["share_threshold"], "share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", final)
 			}
 			nd.shared, nd.pattern = true, value
 		}
 		if rl := f["rate_limit"]; rl != nil {
-			nd.limit = p.rateLimit(rl, full, shadow)
+			nd.limit = p.rateLimit(rl, full, shadow, quota)
 		}
 		if sub := f["descriptors"]; sub != nil {
 			nd.next = p.descriptors(sub, full+".", depth+1)
@@ -513,13 +569,13 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 }
 
 // rateLimit parses a rate_limit block.
-func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
+func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit {
 	f := p.mapping(n, "rate_limit", "unit", "requests_per_unit", "unit_multiplier", "unlimited",
 		"name", "replaces", "algorithm", "burst")
 	if f == nil {
 		return nil
 	}
-	l := &Limit{FullKey: full, Shadow: shadow, UnitMultiplier: 1, file: p.file, line: n.Line, col: n.Column}
+	l := &Limit{FullKey: full, Shadow: shadow, Quota: quota, UnitMultiplier: 1, file: p.file, line: n.Line, col: n.Column}
 	l.Name = p.str(f["name"])
 	l.Unlimited = p.boolean(f["unlimited"], "unlimited")
 	unit, validUnit := parseUnit(p.str(f["unit"]))
@@ -590,7 +646,13 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
 	if name == "" {
 		name = full
 	}
-	r := &admit.Rule{Name: name, Algorithm: algo, Shadow: shadow}
+	if p.each && algo == admit.SlidingLog {
+		p.fail(f["algorithm"], "algorithm sliding_log cannot count past its limit, which charge: each does; use sliding_window")
+		return l
+	}
+	// A quota limit is decided as a shadow one (it never refuses on its
+	// own); the service applies quota_mode's rule to the statuses.
+	r := &admit.Rule{Name: name, Algorithm: algo, Shadow: shadow || quota}
 	switch algo {
 	case admit.TokenBucket, admit.GCRA:
 		r.Rate = admit.Rate{N: int64(l.RequestsPerUnit), Per: window}
@@ -613,5 +675,9 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow bool) *Limit {
 		return l
 	}
 	l.rule = &policy.Rule{Rule: *r, Scope: "envoy"}
+	if quota {
+		l.strict = &policy.Rule{Rule: *r, Scope: "envoy"}
+		l.strict.Shadow = shadow
+	}
 	return l
 }

@@ -1,7 +1,5 @@
 package envoyrls
 
-import "strings"
-
 // Entry is one key/value pair of a request descriptor.
 type Entry struct{ Key, Value string }
 
@@ -34,7 +32,7 @@ func (c *Config) Lookup(domain string, entries []Entry) Match {
 		n := lv.exact[[2]string{e.Key, e.Value}]
 		if n == nil {
 			for _, w := range lv.wildcards {
-				if w.key == e.Key && strings.HasPrefix(e.Value, w.prefix) {
+				if w.key == e.Key && matches(w.pattern, e.Value) {
 					n = w.n
 					break
 				}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit"
@@ -63,6 +64,12 @@ type Options struct {
 	// Config is the envoyproxy/ratelimit configuration to start with; nil
 	// for none. SetConfig replaces it.
 	Config *Config
+	// DynamicMetadata fills the response's dynamic_metadata as
+	// envoyproxy/ratelimit does with RESPONSE_DYNAMIC_METADATA: the domain,
+	// the descriptors (entries as "key=value", hitsAddend), the request's
+	// hitsAddend, quotaModeEnabled and quotaModeViolations (the indexes of
+	// the quota descriptors over their limit).
+	DynamicMetadata bool
 	// ResponseHeaders adds X-RateLimit-Limit, -Remaining and -Reset
 	// (draft-polli-ratelimit-headers-03, as Envoy's own filter writes
 	// them) to response_headers_to_add.
@@ -144,8 +151,10 @@ type call struct {
 	descs   []descState
 	refs    []int // charge index per descriptor charge
 	never   []bool
-	all     policy.Resolution // the combined charges, deduplicated
+	all     policy.Resolution // every descriptor's charges, in order
 	one     policy.Resolution // one catalog descriptor's
+	dry     bool              // the decision was a dry run: nothing charged
+	each    bool              // the domain counts every descriptor (charge: each)
 	req     policy.Request
 	attrs   map[string]string
 	dec     admit.Decision
@@ -176,9 +185,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	ds := req.GetDescriptors()
 	switch {
 	case domain == "":
-		return nil, 0, admit.Errorf(admit.CodeInvalid, "rate limit domain must not be empty")
+		return nil, 0, unknownError{admit.Errorf(admit.CodeInvalid, "rate limit domain must not be empty")}
 	case len(ds) == 0:
-		return nil, 0, admit.Errorf(admit.CodeInvalid, "rate limit descriptor list must not be empty")
+		return nil, 0, unknownError{admit.Errorf(admit.CodeInvalid, "rate limit descriptor list must not be empty")}
 	case len(ds) > MaxDescriptors:
 		return nil, 0, admit.Errorf(admit.CodeInvalid, "%d descriptors; at most %d", len(ds), MaxDescriptors)
 	case len(domain) > MaxEntryLen:
@@ -191,6 +200,8 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	}
 	configured := cfg.HasDomain(domain)
 	catalog := p != nil && domain == s.opts.CatalogDomain && !configured
+	each := configured && cfg.ChargesEach(domain)
+	c.each = each
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
 	if !catalog && !configured {
@@ -220,7 +231,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 				return nil, 0, admit.Errorf(admit.CodeInvalid, "descriptor %d: limit override: %v", i, err)
 			}
 			st.limit = l
-			s.addLimit(c, &st, domain, "limit-override", l, Match{}, cost, never)
+			// Overrides of other periods count apart, as upstream's
+			// window keys do; those of one period share a counter.
+			s.addLimit(c, &st, domain, "limit-override:"+l.Window().String(), l, Match{}, cost, never)
 		case catalog:
 			if err := s.addCatalog(c, p, &st, cost, never); err != nil {
 				return nil, 0, err
@@ -243,30 +256,51 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 		return nil, 0, admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(c.all.Charges), admit.MaxCharges)
 	}
 
+	quotas := 0
+	for i := range c.descs {
+		if st := &c.descs[i]; st.limit != nil && st.limit.Quota && st.kind != kindUnlimited {
+			quotas++
+		}
+	}
+	if each {
+		for i := range c.all.Charges {
+			c.all.Charges[i].Debit = true
+		}
+	} else if quotas == 1 {
+		c.strictQuota()
+	}
+
 	// A request that some descriptor refuses whatever the counters say is
 	// decided as a dry run: the statuses report the counters, nothing is
-	// charged.
+	// charged. So is a request of several quota descriptors at first, to
+	// learn whether all of them are over.
 	dry := false
 	for i := range c.descs {
 		st := &c.descs[i]
-		dry = dry || st.kind == kindRefuseAll && !st.limit.Shadow
+		dry = dry || st.kind == kindRefuseAll && !st.limit.Shadow && !st.limit.Quota
 	}
 	for i, never := range c.never {
 		dry = dry || never && !c.all.Charges[i].Rule.Shadow
 	}
-	if dry {
-		for i := range c.all.Charges {
-			c.all.Charges[i].DryRun = true
-		}
-	}
-	out, err := s.opts.Decider.Decide(ctx, &c.all, &c.dec)
+	dry = dry && !each
+	probe := !dry && !each && quotas > 1
+	out, err := s.run(ctx, c, dry || probe)
 	if err != nil {
 		return nil, out, err
 	}
+	if probe && !c.allQuotasOver(out) {
+		if out, err = s.run(ctx, c, false); err != nil {
+			return nil, out, err
+		}
+	}
 	now := s.opts.Now()
 	best, bestRemaining := -1, int64(math.MaxInt64)
+	var violations []int
 	for i := range c.descs {
-		st := s.status(c, &c.descs[i], out, now)
+		st, over := s.status(c, &c.descs[i], out, now)
+		if l := c.descs[i].limit; over && l != nil && l.Quota {
+			violations = append(violations, i)
+		}
 		resp.Statuses[i] = st
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -275,10 +309,109 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 			best, bestRemaining = i, int64(st.LimitRemaining)
 		}
 	}
+	if quotas > 0 && len(violations) == quotas {
+		// Every quota descriptor is over: the request is.
+		for _, i := range violations {
+			resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
 	if s.opts.ResponseHeaders && best >= 0 {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses, best)
 	}
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, violations, quotas > 0)
+	}
 	return resp, out, nil
+}
+
+// run decides c's charges, as a dry run when dry says.
+func (s *Service) run(ctx context.Context, c *call, dry bool) (policy.Outcome, error) {
+	c.dry = dry
+	for i := range c.all.Charges {
+		c.all.Charges[i].DryRun = dry
+	}
+	return s.opts.Decider.Decide(ctx, &c.all, &c.dec)
+}
+
+// strictQuota decides the one quota descriptor of a request by its strict
+// rule: the request is over the limit iff it is, and then nothing is
+// charged, all or nothing.
+func (c *call) strictQuota() {
+	for i := range c.descs {
+		st := &c.descs[i]
+		if st.limit == nil || !st.limit.Quota || st.limit.strict == nil {
+			continue
+		}
+		for _, j := range c.refs[st.from:st.to] {
+			c.all.Charges[j].Rule, c.all.Rules[j] = &st.limit.strict.Rule, st.limit.strict
+		}
+	}
+}
+
+// allQuotasOver reports whether every quota descriptor of c's (dry)
+// decision is over its limit.
+func (c *call) allQuotasOver(out policy.Outcome) bool {
+	if out == policy.FailedOpen || len(c.dec.Results) != len(c.all.Charges) {
+		return false
+	}
+	for i := range c.descs {
+		st := &c.descs[i]
+		if st.limit == nil || !st.limit.Quota || st.kind == kindUnlimited {
+			continue
+		}
+		over := st.kind == kindRefuseAll
+		for _, j := range c.refs[st.from:st.to] {
+			over = over || !c.dec.Results[j].Allowed || c.never[j]
+		}
+		if !over {
+			return false
+		}
+	}
+	return true
+}
+
+// unknownError is an error envoyproxy/ratelimit answers with UNKNOWN (its
+// service errors), which Admit does the same for: an empty domain or
+// descriptor list.
+type unknownError struct{ error }
+
+func (e unknownError) Unwrap() error { return e.error }
+
+// dynamicMetadata is the response's dynamic metadata, in the shape
+// envoyproxy/ratelimit gives it.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, quota bool) *structpb.Struct {
+	descs := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, len(d.GetEntries()))
+		for i, e := range d.GetEntries() {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			f["limit"] = structpb.NewStringValue(l.String())
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	f := map[string]*structpb.Value{
+		"domain":           structpb.NewStringValue(req.GetDomain()),
+		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: descs}),
+		"quotaModeEnabled": structpb.NewBoolValue(quota),
+	}
+	if h := req.GetHitsAddend(); h != 0 {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		vs := make([]*structpb.Value, len(violations))
+		for i, v := range violations {
+			vs[i] = structpb.NewNumberValue(float64(v))
+		}
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+	}
+	return &structpb.Struct{Fields: f}
 }
 
 // hits returns a descriptor's cost: its own hits_addend if set (0 asks
@@ -359,27 +492,17 @@ func appendField(b []byte, f string) []byte {
 	return append(b, f...)
 }
 
-// add adds a charge for the current descriptor, merged with an equal key
-// already charged by another descriptor of the request (the costs add up),
-// so that no counter is decided twice in one decision.
+// add adds a charge for the current descriptor. Descriptors that share a
+// counter each have their charge: the store decides them one after the
+// other in the same decision, so the counter takes both costs and each
+// descriptor reports its own place (4 then 3 remaining of 5).
 func (c *call) add(ch admit.Charge, r *policy.Rule, never bool) {
-	j := -1
-	for i := range c.all.Charges {
-		if c.all.Charges[i].Key == ch.Key {
-			j = i
-			break
-		}
-	}
-	if j < 0 {
-		j = len(c.all.Charges)
-		c.all.Charges = append(c.all.Charges, ch)
-		c.all.Rules = append(c.all.Rules, r)
-		c.never = append(c.never, false)
-	} else {
-		c.all.Charges[j].Cost += ch.Cost
-	}
+	j := len(c.all.Charges)
+	c.all.Charges = append(c.all.Charges, ch)
+	c.all.Rules = append(c.all.Rules, r)
+	c.never = append(c.never, false)
 	x := &c.all.Charges[j]
-	if never || x.Cost > admit.MaxCost || x.Rule.CheckCost(x.Cost) != nil {
+	if never || !c.each && x.Rule.CheckCost(x.Cost) != nil {
 		// More than the rule can ever admit at once: over the limit
 		// whatever the counter holds, which a peek reports.
 		c.never[j] = true
@@ -485,36 +608,39 @@ func (c *call) replace(names []string) {
 	}
 }
 
-// status builds one descriptor's status from the decision.
-func (s *Service) status(c *call, st *descState, out policy.Outcome, now time.Time) *rlsv3.RateLimitResponse_DescriptorStatus {
+// status builds one descriptor's status from the decision, and says
+// whether the descriptor is over its limit, refusing or not (a shadow or
+// quota limit does not refuse).
+func (s *Service) status(c *call, st *descState, out policy.Outcome, now time.Time) (*rlsv3.RateLimitResponse_DescriptorStatus, bool) {
 	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 	switch st.kind {
 	case kindNone:
-		return ok
+		return ok, false
 	case kindUnlimited:
 		ok.LimitRemaining = math.MaxUint32
-		return ok
+		return ok, false
 	case kindRefuseAll:
 		l := st.limit
 		w := l.Window()
 		code := rlsv3.RateLimitResponse_OVER_LIMIT
-		if l.Shadow {
+		if l.Shadow || l.Quota {
 			code = rlsv3.RateLimitResponse_OK
 		}
 		return &rlsv3.RateLimitResponse_DescriptorStatus{
 			Code: code, CurrentLimit: currentLimit(l.Name, 0, l.Unit, l.UnitMultiplier),
-			DurationUntilReset: durationpb.New(w - time.Duration(now.UnixNano())%w),
-		}
+			DurationUntilReset: wholeSeconds(w - time.Duration(now.UnixNano())%w),
+		}, true
 	}
 	if out == policy.FailedOpen || len(c.dec.Results) != len(c.all.Charges) {
-		return ok // admitted without a decision: the store is down and the rules fail open
+		return ok, false // admitted without a decision: the store is down and the rules fail open
 	}
 	// As admit.Decision summarizes: the refusing charge that asks for the
 	// longest wait, or when admitted the one with the fewest remaining.
-	best, refused := -1, false
+	best, refused, over := -1, false, false
 	for _, j := range c.refs[st.from:st.to] {
 		r := &c.dec.Results[j]
 		shadow := c.all.Charges[j].Rule.Shadow
+		over = over || !r.Allowed || c.never[j]
 		if (!r.Allowed || c.never[j]) && !shadow {
 			if !refused || r.RetryAfter > c.dec.Results[best].RetryAfter {
 				best = j
@@ -543,10 +669,26 @@ func (s *Service) status(c *call, st *descState, out policy.Outcome, now time.Ti
 			reset = r.RetryAfter
 		}
 	} else {
-		ds.LimitRemaining = uint32(min(max(r.Remaining, 0), math.MaxUint32))
+		remaining := r.Remaining
+		if c.dry && !over {
+			// A dry run reports what would remain after the request;
+			// nothing was charged, so what remains is that and its cost.
+			for _, j := range c.refs[st.from:st.to] {
+				if &c.dec.Results[j] == r {
+					remaining += c.all.Charges[j].Cost
+				}
+			}
+		}
+		ds.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
 	}
-	ds.DurationUntilReset = durationpb.New(reset)
-	return ds
+	ds.DurationUntilReset = wholeSeconds(reset)
+	return ds, over
+}
+
+// wholeSeconds is d rounded up to whole seconds, as envoyproxy/ratelimit
+// sends duration_until_reset (never earlier than the reset).
+func wholeSeconds(d time.Duration) *durationpb.Duration {
+	return &durationpb.Duration{Seconds: int64((max(d, 0) + time.Second - 1) / time.Second)}
 }
 
 func currentLimit(name string, rpu uint32, unit Unit, mult uint32) *rlsv3.RateLimitResponse_RateLimit {
@@ -638,6 +780,7 @@ func (s *Service) override(o *rlext.RateLimitDescriptor_RateLimitOverride) (*Lim
 // grpcError maps an Admit error to a gRPC status.
 func grpcError(err error) error {
 	code := codes.Internal
+	var unknown unknownError
 	switch admit.ErrorCode(err) {
 	case admit.CodeInvalid:
 		code = codes.InvalidArgument
@@ -650,7 +793,9 @@ func grpcError(err error) error {
 	case admit.CodeUnavailable:
 		code = codes.Unavailable
 	}
-	if errors.Is(err, context.Canceled) {
+	if errors.As(err, &unknown) {
+		code = codes.Unknown
+	} else if errors.Is(err, context.Canceled) {
 		code = codes.Canceled
 	} else if errors.Is(err, context.DeadlineExceeded) {
 		code = codes.DeadlineExceeded

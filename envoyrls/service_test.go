@@ -336,7 +336,8 @@ func TestAlgorithmAndMultiplier(t *testing.T) {
 		}
 	}
 	r := e.ask(t, "messaging", 0, desc("bucket", "x"))
-	if r.OverallCode != over || r.Statuses[0].DurationUntilReset.AsDuration() != 500*time.Millisecond {
+	// 500ms to the next token, sent in whole seconds as upstream sends it.
+	if r.OverallCode != over || r.Statuses[0].DurationUntilReset.AsDuration() != time.Second {
 		t.Fatalf("empty bucket: %v", r.Statuses[0])
 	}
 	e.clock.Set(time.Hour + 500*time.Millisecond) // a token bucket refills continuously
@@ -388,15 +389,21 @@ func TestBadRequests(t *testing.T) {
 	for i := range many {
 		many[i] = desc("a", "x")
 	}
-	for name, req := range map[string]*rlsv3.RateLimitRequest{
-		"no domain":      {Descriptors: []*rlext.RateLimitDescriptor{desc("a", "x")}},
-		"no descriptors": {Domain: "messaging"},
-		"too many":       {Domain: "messaging", Descriptors: many},
-		"long value":     {Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{desc("a", long)}},
+	// envoyproxy/ratelimit answers an empty domain or descriptor list with
+	// UNKNOWN (its service errors); Admit's own bounds are
+	// INVALID_ARGUMENT.
+	for name, tc := range map[string]struct {
+		req  *rlsv3.RateLimitRequest
+		want codes.Code
+	}{
+		"no domain":      {&rlsv3.RateLimitRequest{Descriptors: []*rlext.RateLimitDescriptor{desc("a", "x")}}, codes.Unknown},
+		"no descriptors": {&rlsv3.RateLimitRequest{Domain: "messaging"}, codes.Unknown},
+		"too many":       {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: many}, codes.InvalidArgument},
+		"long value":     {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{desc("a", long)}}, codes.InvalidArgument},
 	} {
-		_, err := e.client.ShouldRateLimit(context.Background(), req)
-		if status.Code(err) != codes.InvalidArgument {
-			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		_, err := e.client.ShouldRateLimit(context.Background(), tc.req)
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
 		}
 	}
 	// The server still answers.

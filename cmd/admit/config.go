@@ -86,6 +86,10 @@ type EnvoyConfig struct {
 	// ResponseHeaders adds X-RateLimit-Limit, -Remaining and -Reset to
 	// the responses Envoy sends.
 	ResponseHeaders bool `json:"response_headers"`
+	// DynamicMetadata fills the responses' dynamic metadata (the domain,
+	// descriptors and quota mode violations), as envoyproxy/ratelimit's
+	// RESPONSE_DYNAMIC_METADATA does.
+	DynamicMetadata bool `json:"dynamic_metadata"`
 }
 
 // ServerConfig is the server section.

@@ -42,7 +42,7 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
-		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
+		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
 	})
 	if err != nil {
 		return nil, err

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit/redistest"
 )
@@ -101,5 +103,57 @@ func TestEnvoyRedisShared(t *testing.T) {
 		&env{stdout: io.Discard, stderr: &stderr, getenv: os.Getenv})
 	if code != 2 || !strings.Contains(stderr.String(), "year.yaml:4:17: yearly.user: rule") || !strings.Contains(stderr.String(), "longer than the Redis store's") {
 		t.Fatalf("a year window on Redis: exit %d: %s", code, stderr.String())
+	}
+}
+
+// TestEnvoyChargeEachRedis: a domain with charge: each counts every hit on
+// a shared Redis as envoyproxy/ratelimit does, past the limit: a stream's
+// cost sent when it ends (hits_addend) leaves the counter over its limit,
+// and both servers refuse the next check. POST /v1/report debits the same
+// way through the HTTP API.
+func TestEnvoyChargeEachRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ncharge: each\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 5}\n")
+	a := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--envoy-config", dir)
+	b := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--envoy-config", dir)
+	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
+		d := &rlext.RateLimitDescriptor{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
+		resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlext.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	ca, cb := rlsClient(t, a.grpc), rlsClient(t, b.grpc)
+	if r := ask(ca, 0); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 5 {
+		t.Fatalf("check: %v", r)
+	}
+	if r := ask(cb, 3); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 2 {
+		t.Fatalf("3 of 5: %v", r)
+	}
+	if r := ask(ca, 3); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("6 of 5: %v", r)
+	}
+	for _, c := range []rlsv3.RateLimitServiceClient{ca, cb} {
+		if r := ask(c, 0); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("a check after the counter passed its limit: %v", r)
+		}
+	}
+
+	// The HTTP API's debits, on the same Redis: the default tier's rules
+	// are the demo's; a report past a bucket's burst refuses the next check.
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: token_bucket, rate: 10/hour, burst: 10}\ntenants:\n  t1: {tier: free}\n")
+	h := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
+	if code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1","cost":0}`); code != 200 {
+		t.Fatalf("check before the work: %d", code)
+	}
+	if code, body := call(t, "POST", h.url+"/v1/report", `{"tenant":"t1","cost":14}`); code != 200 || body["allowed"] != true || body["remaining"] != float64(0) {
+		t.Fatalf("report of 14: %d %v", code, body)
+	}
+	if code, body := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1"}`); code != 429 || body["retry_after_ms"] != float64(30*60*1000) {
+		t.Fatalf("check after a debt of 4 tokens: %d %v", code, body)
 	}
 }

@@ -1,0 +1,268 @@
+package envoyrls
+
+import (
+	"testing"
+	"time"
+
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// The scenarios here are envoyproxy/ratelimit's behaviour, written from
+// what its tests and examples show that service answering.
+
+func parse(t *testing.T, yaml string) *Config {
+	t.Helper()
+	c, err := Parse(File{Name: "t.yaml", Data: []byte(yaml)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// remaining returns every status's limit_remaining.
+func remaining(r *rlsv3.RateLimitResponse) []uint32 {
+	out := make([]uint32, len(r.Statuses))
+	for i, s := range r.Statuses {
+		out[i] = s.LimitRemaining
+	}
+	return out
+}
+
+// hitsOf returns d with its own hits_addend.
+func hitsOf(d *rlext.RateLimitDescriptor, n uint64) *rlext.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
+// TestMetadataAccepted: a descriptor's metadata block, whatever it holds,
+// loads, and the limit beside it applies.
+func TestMetadataAccepted(t *testing.T) {
+	e := start(t, Options{Config: parse(t, `
+domain: d
+descriptors:
+  - key: k
+    metadata:
+      owner: team-a
+      tags: [billing, external]
+      nested: {a: 1}
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`)}, nil)
+	if got := codesOf(e.ask(t, "d", 0, desc("k", "v"))); !same(got, []rlsv3.RateLimitResponse_Code{ok, ok}) {
+		t.Fatalf("first: %v", got)
+	}
+	if got := codesOf(e.ask(t, "d", 0, desc("k", "v"))); !same(got, []rlsv3.RateLimitResponse_Code{over, over}) {
+		t.Fatalf("second: %v", got)
+	}
+}
+
+func TestWildcardPatterns(t *testing.T) {
+	for _, tc := range []struct {
+		pattern, value string
+		want           bool
+	}{
+		{"foo*", "foo", true}, {"foo*", "foobar", true}, {"foo*", "fo", false},
+		{"*", "", true}, {"*", "anything", true},
+		{"bar*b", "barb", true}, {"bar*b", "bar-x-b", true}, {"bar*b", "barbx", false}, {"bar*b", "bab", false},
+		{"foo*bar*baz", "foobarbaz", true}, {"foo*bar*baz", "foo1bar2baz", true}, {"foo*bar*baz", "foobaz", false},
+		{"foo*bar*baz", "foo-baz-bar", false}, {"ab*ab", "ab", false}, {"ab*ab", "abab", true},
+		{"*x*", "x", true}, {"*x*", "yyy", false}, {"a**b", "ab", true},
+	} {
+		if got := matches(tc.pattern, tc.value); got != tc.want {
+			t.Errorf("matches(%q, %q) = %v, want %v", tc.pattern, tc.value, got, tc.want)
+		}
+	}
+}
+
+// TestWildcardsAnywhere: a '*' in the middle of a value, or several, match
+// (each value its own counter, or one shared with share_threshold).
+func TestWildcardsAnywhere(t *testing.T) {
+	e := start(t, Options{Config: parse(t, `
+domain: d
+descriptors:
+  - key: k
+    value: bar*b
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: k
+    value: foo*bar*baz
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+`)}, nil)
+	for _, v := range []string{"barb", "bar-x-b"} { // a counter each
+		if got := codesOf(e.ask(t, "d", 0, desc("k", v))); got[0] != ok {
+			t.Errorf("%s, first: %v", v, got)
+		}
+		if got := codesOf(e.ask(t, "d", 0, desc("k", v))); got[0] != over {
+			t.Errorf("%s, second: %v", v, got)
+		}
+	}
+	for range 3 { // matches nothing: no limit
+		if r := e.ask(t, "d", 0, desc("k", "barbx")); r.OverallCode != ok || r.Statuses[0].CurrentLimit != nil {
+			t.Fatalf("barbx: %v", r)
+		}
+	}
+	if r := e.ask(t, "d", 0, desc("k", "foo1bar2baz")); r.OverallCode != ok {
+		t.Fatalf("foo1bar2baz: %v", r)
+	}
+	if r := e.ask(t, "d", 0, desc("k", "foobarbaz")); r.OverallCode != over {
+		t.Fatalf("foobarbaz shares foo1bar2baz's counter: %v", r)
+	}
+}
+
+// TestCheckThenDebit: Envoy asks with hits_addend 0 when a request starts
+// and sends its cost when it ends (apply_on_stream_done). envoyproxy/
+// ratelimit counts that cost even past the limit, so the next requests are
+// refused; so does a domain with charge: each. By default Admit refuses a
+// request over the limit without counting it.
+func TestCheckThenDebit(t *testing.T) {
+	const rules = `
+descriptors:
+  - key: api
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: small
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`
+	each := start(t, Options{Config: parse(t, "domain: d\ncharge: each\n"+rules)}, nil)
+	if r := each.ask(t, "d", 0, hitsOf(desc("api", "x"), 0)); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 5 {
+		t.Fatalf("check: %v", r)
+	}
+	if r := each.ask(t, "d", 0, hitsOf(desc("api", "x"), 7)); r.OverallCode != over {
+		t.Fatalf("the stream's cost, 7 of 5: %v", r)
+	}
+	if r := each.ask(t, "d", 0, hitsOf(desc("api", "x"), 0)); r.OverallCode != over || r.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("check after the debit: %v", r)
+	}
+	// A refused request still counts its other descriptors.
+	each.ask(t, "d", 0, desc("small", "s"), desc("api", "y"))
+	if r := each.ask(t, "d", 0, desc("small", "s"), desc("api", "y")); !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, ok}) || r.Statuses[1].LimitRemaining != 3 {
+		t.Fatalf("each, refused by small: %v", r)
+	}
+
+	all := start(t, Options{Config: parse(t, "domain: d\n"+rules)}, nil)
+	all.ask(t, "d", 0, hitsOf(desc("api", "x"), 0))
+	if r := all.ask(t, "d", 0, hitsOf(desc("api", "x"), 7)); r.OverallCode != over {
+		t.Fatalf("all: 7 of 5: %v", r)
+	}
+	if r := all.ask(t, "d", 0, hitsOf(desc("api", "x"), 0)); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 5 {
+		t.Fatalf("all: nothing was counted: %v", r)
+	}
+	all.ask(t, "d", 0, desc("small", "s"), desc("api", "y"))
+	if r := all.ask(t, "d", 0, desc("small", "s"), desc("api", "y")); !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, ok}) || r.Statuses[1].LimitRemaining != 4 {
+		t.Fatalf("all, refused by small: %v", r)
+	}
+}
+
+// TestQuotaMode: quota descriptors do not refuse on their own; the request
+// is over its limit when every quota descriptor it has is, and the
+// violations are reported in dynamic metadata.
+func TestQuotaMode(t *testing.T) {
+	e := start(t, Options{DynamicMetadata: true, Config: parse(t, `
+domain: d
+descriptors:
+  - key: q1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: n
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`)}, nil)
+	violations := func(r *rlsv3.RateLimitResponse) []float64 {
+		var out []float64
+		for _, v := range r.GetDynamicMetadata().GetFields()["quotaModeViolations"].GetListValue().GetValues() {
+			out = append(out, v.GetNumberValue())
+		}
+		return out
+	}
+	// One quota descriptor: over when it is, and then nothing is counted.
+	if r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a")); r.OverallCode != ok || r.Statuses[1].LimitRemaining != 9 {
+		t.Fatalf("first: %v", r)
+	}
+	r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, ok}) || r.Statuses[1].LimitRemaining != 9 || !same(violations(r), []float64{0}) {
+		t.Fatalf("q1 over: %v", r)
+	}
+	if !r.GetDynamicMetadata().GetFields()["quotaModeEnabled"].GetBoolValue() || r.GetDynamicMetadata().GetFields()["domain"].GetStringValue() != "d" {
+		t.Fatalf("metadata: %v", r.GetDynamicMetadata())
+	}
+	// Two: q1 is over, q2 has room: OK, q1 reported.
+	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok}) || !same(violations(r), []float64{0}) || r.Statuses[2].LimitRemaining != 8 {
+		t.Fatalf("q1 over, q2 not: %v", r)
+	}
+	e.ask(t, "d", 0, desc("q2", "a"))
+	// Both over: the request is, and counts nothing.
+	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, over, ok}) || !same(violations(r), []float64{0, 1}) || r.Statuses[2].LimitRemaining != 8 {
+		t.Fatalf("both over: %v", r)
+	}
+	// Without quota descriptors nothing is said of them.
+	if r := e.ask(t, "d", 0, desc("n", "b")); r.GetDynamicMetadata().GetFields()["quotaModeEnabled"].GetBoolValue() || len(violations(r)) != 0 {
+		t.Fatalf("no quota: %v", r.GetDynamicMetadata())
+	}
+}
+
+func override(rpu uint32, unit typev3.RateLimitUnit, kv ...string) *rlext.RateLimitDescriptor {
+	d := desc(kv...)
+	d.Limit = &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+	return d
+}
+
+// TestOverridesOfOtherUnitsCountApart: limit overrides of the same entries
+// with different units have counters of their own.
+func TestOverridesOfOtherUnitsCountApart(t *testing.T) {
+	e := start(t, Options{}, nil)
+	r := e.ask(t, "messaging", 0, override(2, typev3.RateLimitUnit_SECOND, "o", "1"), override(100, typev3.RateLimitUnit_DAY, "o", "1"))
+	if r.OverallCode != ok || !same(remaining(r), []uint32{1, 99}) {
+		t.Fatalf("[2/s, 100/day]: %v", r)
+	}
+	for range 2 {
+		e.ask(t, "messaging", 0, override(2, typev3.RateLimitUnit_DAY, "o", "2"))
+	}
+	if r := e.ask(t, "messaging", 0, override(2, typev3.RateLimitUnit_DAY, "o", "2")); r.OverallCode != over {
+		t.Fatalf("third of 2/day: %v", r)
+	}
+	e.clock.Set(time.Hour + 1100*time.Millisecond)
+	if r := e.ask(t, "messaging", 0, override(2, typev3.RateLimitUnit_SECOND, "o", "2")); r.OverallCode != ok {
+		t.Fatalf("2/s after 2/day is over: %v", r)
+	}
+}
+
+// TestSameDescriptorTwice: each is counted, and each reports its place.
+func TestSameDescriptorTwice(t *testing.T) {
+	e := start(t, Options{}, nil)
+	if r := e.ask(t, "messaging", 0, desc("a", "x"), desc("a", "x")); r.OverallCode != ok || !same(remaining(r), []uint32{1, 0}) {
+		t.Fatalf("twice: %v", r)
+	}
+	if r := e.ask(t, "messaging", 0, desc("a", "x")); r.OverallCode != over {
+		t.Fatalf("both were counted: %v", r)
+	}
+}
+
+// TestResetInWholeSeconds: duration_until_reset is whole seconds, rounded
+// up, as upstream computes it from the window.
+func TestResetInWholeSeconds(t *testing.T) {
+	e := start(t, Options{}, nil)
+	e.clock.Set(time.Hour + 10300*time.Millisecond)
+	r := e.ask(t, "messaging", 0, desc("a", "x"))
+	if d := r.Statuses[0].DurationUntilReset; d.GetSeconds() != 50 || d.GetNanos() != 0 {
+		t.Fatalf("reset %v, want 50s", d)
+	}
+}
+
+// TestRefusedRequestRemaining: a descriptor that did not refuse reports
+// what it holds, the same whichever descriptor refused the request: one
+// whose counter is over, or one that refuses everything.
+func TestRefusedRequestRemaining(t *testing.T) {
+	e := start(t, Options{}, nil)
+	e.ask(t, "messaging", 0, desc("b", "x"))
+	for name, refusing := range map[string]*rlext.RateLimitDescriptor{"over": desc("b", "x"), "banned": desc("banned", "x")} {
+		r := e.ask(t, "messaging", 0, desc("to_number", name), refusing)
+		if r.OverallCode != over || r.Statuses[0].LimitRemaining != 100 {
+			t.Errorf("refused by %s: %v", name, r)
+		}
+	}
+}
