@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-ws fuzz
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,10 @@ bench: ## comparison benchmarks against peer libraries (bench/ module)
 bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, memory and Redis (docs/benchmarks.md)
 	cd bench && $(GO) run ./rlsbench -callers 64 -duration 3s -rounds 3
 	cd bench && $(GO) run ./rlsbench -store redis -callers 64 -duration 3s -rounds 3
+
+bench-rls-peer: deps ## admit serve vs envoyproxy/ratelimit on one Redis, side by side (docs/benchmarks.md)
+	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5
+	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5 -charge each
 
 bench-ws: ## the WebSocket gateway of admit serve: admissions/s, memory per idle connection, echoes/s per route (docs/benchmarks.md)
 	cd bench && $(GO) run ./wsbench -duration 3s -rounds 3

@@ -1,0 +1,335 @@
+// Command rlspeer measures `admit serve`'s Envoy rate limit service against
+// envoyproxy/ratelimit itself, side by side: both built here as programs
+// (the peer from the Go module proxy at a pinned version), both run as
+// processes on the same redis-server with the same YAML configuration,
+// driven by the same callers in alternating rounds. Each request carries
+// two descriptors, (tenant) and (tenant, user), over 10,000 users in 100
+// tenants: two fixed-window counters per request.
+//
+// For every round it reports decisions/s, p50 and p99, and the CPU each
+// server process and redis-server spent per decision (utime + stime from
+// /proc over the round), which do not depend on how many cores the machine
+// has.
+//
+//	cd bench && go run ./rlspeer -callers 64 -duration 3s -rounds 3
+//
+// Everything listens on 127.0.0.1; the processes it starts are stopped by
+// PID when it ends, and it ends by itself after rounds × 3 × duration.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/admitdev/admit/bench/load"
+)
+
+// peer is envoyproxy/ratelimit's service command at the version the rest
+// of the project tests against (its main branch of 2026-01-22; it tags no
+// releases).
+const peer = "github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36"
+
+const tenants, users = 100, 10000
+
+const config = `domain: bench
+descriptors:
+  - key: tenant
+    rate_limit: {unit: second, requests_per_unit: 1000000}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 100000}
+`
+
+func main() {
+	callers := flag.Int("callers", 64, "concurrent callers")
+	conns := flag.Int("conns", 4, "gRPC connections per target the callers share (Envoy keeps one per worker)")
+	duration := flag.Duration("duration", 3*time.Second, "length of one measured round")
+	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
+	charge := flag.String("charge", "all", "Admit's charging mode for the domain: all (its default) or each (envoyproxy/ratelimit's)")
+	flag.Parse()
+	if *charge != "all" && *charge != "each" {
+		fmt.Fprintln(os.Stderr, "rlspeer: -charge: want all or each")
+		os.Exit(2)
+	}
+	if err := run(*callers, *conns, *duration, *rounds, *charge); err != nil {
+		fmt.Fprintln(os.Stderr, "rlspeer:", err)
+		os.Exit(1)
+	}
+}
+
+// proc is a process this command started.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+}
+
+func start(name string, env []string, bin string, args ...string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	log, err := os.CreateTemp("", "rlspeer-"+name+"-*.log")
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return &proc{name: name, cmd: cmd}, nil
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+// cpu returns the CPU time the process has used (user + system).
+func (p *proc) cpu() (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	// The fields after the command name, which is in parentheses: utime
+	// and stime are the 14th and 15th of the line, in clock ticks.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, err
+	}
+	const tick = 10 * time.Millisecond // USER_HZ, 100 on Linux
+	return time.Duration(ut+st) * tick, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// build makes both servers' programs in dir.
+func build(dir string) (admitBin, peerBin string, err error) {
+	admitBin = filepath.Join(dir, "admit")
+	out, err := exec.Command("go", "build", "-o", admitBin, "github.com/admitdev/admit/cmd/admit").CombinedOutput()
+	if err != nil {
+		return "", "", fmt.Errorf("building admit: %v: %s", err, out)
+	}
+	install := exec.Command("go", "install", peer)
+	install.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-mod=mod")
+	if out, err := install.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("building envoyproxy/ratelimit: %v: %s", err, out)
+	}
+	return admitBin, filepath.Join(dir, "service_cmd"), nil
+}
+
+// ready waits until a rate limit service answers at addr.
+func ready(addr string, p *proc) error {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	c := rlsv3.NewRateLimitServiceClient(cc)
+	req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "tenant", Value: "warm"}}}}}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = c.ShouldRateLimit(ctx, req)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s does not answer at %s: %v (log: %s)", p.name, addr, err, p.cmd.Stdout.(*os.File).Name())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// row is one target's round.
+type row struct {
+	rate, serverUS, redisUS float64
+	p50, p99                time.Duration
+	failed                  int64
+}
+
+func run(callers, conns int, d time.Duration, rounds int, charge string) error {
+	dir, err := os.MkdirTemp("", "rlspeer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	admitBin, peerBin, err := build(dir)
+	if err != nil {
+		return err
+	}
+	confDir := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(confDir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(config), 0o644); err != nil {
+		return err
+	}
+	// Admit reads the same file, but for its charge: line, which the
+	// peer would refuse.
+	admitConf := filepath.Join(dir, "admit-config")
+	if err := os.MkdirAll(admitConf, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+config), 0o644); err != nil {
+		return err
+	}
+
+	var ports [6]int
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return err
+		}
+	}
+	redisAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	redis, err := start("redis", nil, "redis-server", "--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	if err != nil {
+		return err
+	}
+	defer redis.stop()
+	// envoyproxy/ratelimit exits when Redis does not answer at start.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", redisAddr, time.Second)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redis-server: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	upstream, err := start("envoyproxy-ratelimit", []string{
+		"USE_STATSD=false", "LOG_LEVEL=error", "BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
+		"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
+		"HOST=127.0.0.1", "PORT=" + strconv.Itoa(ports[1]), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(ports[2]),
+		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(ports[3]),
+	}, peerBin)
+	if err != nil {
+		return err
+	}
+	defer upstream.stop()
+	upstreamAddr := "127.0.0.1:" + strconv.Itoa(ports[2])
+
+	admit, err := start("admit", []string{"ADMIT_ADMIN_TOKEN=rlspeer"}, admitBin, "serve",
+		"--store", "redis://"+redisAddr, "--envoy-config", admitConf, "--data-dir", filepath.Join(dir, "data"),
+		"--http", "127.0.0.1:"+strconv.Itoa(ports[4]), "--grpc", "127.0.0.1:"+strconv.Itoa(ports[5]))
+	if err != nil {
+		return err
+	}
+	defer admit.stop()
+	admitAddr := "127.0.0.1:" + strconv.Itoa(ports[5])
+	if err := errors.Join(ready(upstreamAddr, upstream), ready(admitAddr, admit)); err != nil {
+		return err
+	}
+
+	reqs := make([]*rlsv3.RateLimitRequest, users)
+	for u := range reqs {
+		t := "tenant-" + strconv.Itoa(u%tenants)
+		entry := func(k, v string) *rlext.RateLimitDescriptor_Entry { return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v} }
+		reqs[u] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{
+			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t)}},
+			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t), entry("user", "user-"+strconv.Itoa(u))}},
+		}}
+	}
+	measure := func(p *proc, addr string) (row, error) {
+		clients := make([]rlsv3.RateLimitServiceClient, conns)
+		for i := range clients {
+			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return row{}, err
+			}
+			defer cc.Close()
+			clients[i] = rlsv3.NewRateLimitServiceClient(cc)
+		}
+		s0, err1 := p.cpu()
+		r0, err2 := redis.cpu()
+		var failed atomic.Int64
+		res := load.Run(callers, d, func(i int) bool {
+			resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%users])
+			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+				failed.Add(1)
+				return false
+			}
+			return true
+		})
+		s1, err3 := p.cpu()
+		r1, err4 := redis.cpu()
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return row{}, err
+		}
+		n := float64(len(res.Lat))
+		return row{
+			rate: res.Rate(), p50: res.Pct(0.50), p99: res.Pct(0.99), failed: failed.Load(),
+			serverUS: float64((s1-s0).Microseconds()) / n, redisUS: float64((r1-r0).Microseconds()) / n,
+		}, nil
+	}
+
+	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, %d rounds of %v, one redis-server\n",
+		callers, conns, tenants, users, charge, rounds, d)
+	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "errors")
+	targets := []struct {
+		name string
+		p    *proc
+		addr string
+	}{{"envoyproxy/ratelimit", upstream, upstreamAddr}, {"admit", admit, admitAddr}}
+	all := map[string][]row{}
+	for i := range rounds {
+		for _, t := range targets {
+			r, err := measure(t.p, t.addr)
+			if err != nil {
+				return err
+			}
+			all[t.name] = append(all[t.name], r)
+			fmt.Printf("%-6d %-22s %12.0f %10v %10v %14.1f %14.1f %7d\n", i+1, t.name, r.rate,
+				r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.serverUS, r.redisUS, r.failed)
+		}
+	}
+	median := func(name string, f func(row) float64) float64 {
+		v := make([]float64, 0, rounds)
+		for _, r := range all[name] {
+			v = append(v, f(r))
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	fmt.Println("medians, admit ÷ envoyproxy/ratelimit:")
+	for _, m := range []struct {
+		what string
+		f    func(row) float64
+	}{
+		{"decisions/s", func(r row) float64 { return r.rate }},
+		{"p50 µs", func(r row) float64 { return float64(r.p50.Microseconds()) }},
+		{"p99 µs", func(r row) float64 { return float64(r.p99.Microseconds()) }},
+		{"server CPU µs/decision", func(r row) float64 { return r.serverUS }},
+		{"redis CPU µs/decision", func(r row) float64 { return r.redisUS }},
+	} {
+		a, u := median("admit", m.f), median("envoyproxy/ratelimit", m.f)
+		fmt.Printf("  %-24s admit %12.1f  envoyproxy/ratelimit %12.1f  ratio %.2f\n", m.what, a, u, a/u)
+	}
+	return nil
+}
