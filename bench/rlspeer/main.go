@@ -250,7 +250,9 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 	reqs := make([]*rlsv3.RateLimitRequest, users)
 	for u := range reqs {
 		t := "tenant-" + strconv.Itoa(u%tenants)
-		entry := func(k, v string) *rlext.RateLimitDescriptor_Entry { return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v} }
+		entry := func(k, v string) *rlext.RateLimitDescriptor_Entry {
+			return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v}
+		}
 		reqs[u] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{
 			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t)}},
 			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t), entry("user", "user-"+strconv.Itoa(u))}},
@@ -285,7 +287,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 		n := float64(len(res.Lat))
 		return row{
 			rate: res.Rate(), p50: res.Pct(0.50), p99: res.Pct(0.99), failed: failed.Load(),
-			serverUS: float64((s1-s0).Microseconds()) / n, redisUS: float64((r1-r0).Microseconds()) / n,
+			serverUS: float64((s1 - s0).Microseconds()) / n, redisUS: float64((r1 - r0).Microseconds()) / n,
 		}, nil
 	}
 
