@@ -150,7 +150,7 @@ func TestEnvoyChargeEachRedis(t *testing.T) {
 	if code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1","cost":0}`); code != 200 {
 		t.Fatalf("check before the work: %d", code)
 	}
-	if code, body := call(t, "POST", h.url+"/v1/report", `{"tenant":"t1","cost":14}`); code != 200 || body["allowed"] != true || body["remaining"] != float64(0) {
+	if code, body := call(t, "POST", h.url+"/v1/report", `{"tenant":"t1","cost":14}`); code != 429 || body["allowed"] != true || body["remaining"] != float64(0) {
 		t.Fatalf("report of 14: %d %v", code, body)
 	}
 	if code, body := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1"}`); code != 429 || body["retry_after_ms"] != float64(30*60*1000) {

@@ -108,6 +108,12 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, 
 		s.fail(w, r, endpoint, err)
 		return
 	}
+	if debit && body.Cost == nil {
+		e := admit.Errorf(admit.CodeInvalid, "cost is required: a report says what the work cost")
+		e.Field = "cost"
+		s.fail(w, r, endpoint, e)
+		return
+	}
 	body.Debit = body.Debit || debit
 	p := s.catalog.Policy()
 	if err := s.request(r, c, &body, p, policy.Requests, 0); err != nil {
@@ -169,13 +175,30 @@ func (s *Server) record(c *call, endpoint string, start time.Time) {
 
 // answer writes the decision of c: 200 or 429, its headers and its JSON.
 // waited is acquire's wait, or negative for none.
+// debt reports whether a debit left its rule over its limit, and the
+// longest wait until a request would pass again. A report that does so is
+// answered 429, as information: the debit was charged all the same.
+func debt(results []admit.Result) (time.Duration, bool) {
+	wait, over := time.Duration(0), false
+	for i := range results {
+		if r := &results[i]; r.Debit && !r.Allowed && !r.Shadow {
+			wait, over = max(wait, r.RetryAfter), true
+		}
+	}
+	return wait, over
+}
+
 func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
 	h := w.Header()
 	c.buf = httplimit.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
 	status := http.StatusOK
-	if !c.d.Allowed {
+	retry, over := c.d.RetryAfter, !c.d.Allowed
+	if !over {
+		retry, over = debt(c.d.Results)
+	}
+	if over {
 		status = http.StatusTooManyRequests
-		h.Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(c.d.RetryAfter), 10))
+		h.Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(retry), 10))
 	}
 	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
 	c.buf = appendDecision(c.buf[:0], c, c.claim, waited)

@@ -180,10 +180,12 @@ func TestCheckAdmitsThenRefuses(t *testing.T) {
 func TestReport(t *testing.T) {
 	h := start(t, testSpec(), "")
 	// Tier big: user-req burst 5, docs burst 3 (1/min each), global 100.
+	// The report is charged, and answered 429 as information: it left
+	// rules over their limits, which refuse until the next 4 minutes.
 	a := h.do("POST", "/v1/report", `{"tenant":"t2","user":"u1","action":"doc","cost":7}`)
-	h.want(a, 200, "report")
-	if a.body["allowed"] != true || a.body["remaining"] != float64(0) {
-		t.Errorf("report: %s", a.raw)
+	h.want(a, 429, "report")
+	if a.body["allowed"] != true || a.body["remaining"] != float64(0) || a.header.Get("Retry-After") != "240" {
+		t.Errorf("report: %s Retry-After %q", a.raw, a.header.Get("Retry-After"))
 	}
 	fits := map[string]any{}
 	for _, r := range a.body["rules"].([]any) {
@@ -206,13 +208,14 @@ func TestReport(t *testing.T) {
 	// A sliding log takes no debits: a report of a login is charged to
 	// the global bucket only, and the login still passes.
 	a = h.do("POST", "/v1/report", `{"tenant":"t1","ip":"192.0.2.1","action":"login","cost":5}`)
-	h.want(a, 200, "report of a login")
+	h.want(a, 200, "report of a login") // within the global bucket
 	if rules := a.body["rules"].([]any); len(rules) != 1 || rules[0].(map[string]any)["name"] != "global" {
 		t.Errorf("a report of a login charged %v", rules)
 	}
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","ip":"192.0.2.1","action":"login"}`), 200, "login after its report")
 
 	h.want(h.do("POST", "/v1/report", `{"tenant":"t2","cost":1000000001}`), 400, "report past MaxCost")
+	h.want(h.do("POST", "/v1/report", `{"tenant":"t2"}`), 400, "report without a cost")
 }
 
 func TestCheckBadInput(t *testing.T) {
