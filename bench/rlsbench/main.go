@@ -27,7 +27,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -39,18 +38,6 @@ import (
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 )
-
-const tenants, users = 100, 10000
-
-const yamlConfig = `
-domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 100000}
-`
 
 func main() {
 	callers := flag.Int("callers", 64, "concurrent callers")
@@ -146,11 +133,11 @@ func run(callers, conns int, d time.Duration, rounds int, storeName, mode string
 		return err
 	}
 	defer closeStore()
-	cfg, err := envoyrls.Parse(envoyrls.File{Name: "bench.yaml", Data: []byte(yamlConfig)})
+	cfg, err := envoyrls.Parse(envoyrls.File{Name: "bench.yaml", Data: []byte(load.RLSConfig)})
 	if err != nil {
 		return err
 	}
-	cat, err := policy.NewCatalog(context.Background(), load.Spec(tenants, nil), nil)
+	cat, err := policy.NewCatalog(context.Background(), load.Spec(load.RLSTenants, nil), nil)
 	if err != nil {
 		return err
 	}
@@ -171,30 +158,11 @@ func run(callers, conns int, d time.Duration, rounds int, storeName, mode string
 	}
 	defer stopCeil()
 
-	// The requests, built once: building them is the client's work, not
-	// the server's.
 	domain := "bench"
 	if mode == "catalog" {
 		domain = envoyrls.DefaultCatalogDomain
 	}
-	reqs := make([]*rlsv3.RateLimitRequest, users)
-	for u := range reqs {
-		t := "tenant-" + strconv.Itoa(u%tenants)
-		user := "user-" + strconv.Itoa(u)
-		entry := func(k, v string) *rlext.RateLimitDescriptor_Entry {
-			return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v}
-		}
-		r := &rlsv3.RateLimitRequest{Domain: domain}
-		if mode == "catalog" {
-			r.Descriptors = []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t), entry("user", user)}}}
-		} else {
-			r.Descriptors = []*rlext.RateLimitDescriptor{
-				{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t)}},
-				{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t), entry("user", user)}},
-			}
-		}
-		reqs[u] = r
-	}
+	reqs := load.RLSRequests(domain, mode == "catalog")
 
 	target := func(name, addr string) (load.Target, func(), error) {
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
@@ -215,7 +183,7 @@ func run(callers, conns int, d time.Duration, rounds int, storeName, mode string
 		return load.Target{Name: name, Run: func() load.HTTPResult {
 			var okN, over, failed atomic.Int64
 			res := load.Run(callers, d, func(i int) bool {
-				resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%users])
+				resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
 				switch {
 				case err != nil:
 					failed.Add(1)
@@ -241,7 +209,7 @@ func run(callers, conns int, d time.Duration, rounds int, storeName, mode string
 	}
 	defer closeC()
 	fmt.Printf("rlsbench: %d callers over %d connections, %d tenants, %d users, store %s, mode %s, %d rounds of %v\n",
-		callers, conns, tenants, users, storeName, mode, rounds, d)
+		callers, conns, load.RLSTenants, load.RLSUsers, storeName, mode, rounds, d)
 	med := load.Rounds(rounds, []load.Target{tc, ta})
 	fmt.Printf("median requests/s: admit %.0f, do-nothing %.0f: ratio %.2f\n", med["admit"], med["do-nothing"], med["admit"]/med["do-nothing"])
 	return nil

@@ -45,17 +45,6 @@ import (
 // releases).
 const peer = "github.com/envoyproxy/ratelimit/src/service_cmd@v1.4.1-0.20260122083618-3fb702589d36"
 
-const tenants, users = 100, 10000
-
-const config = `domain: bench
-descriptors:
-  - key: tenant
-    rate_limit: {unit: second, requests_per_unit: 1000000}
-    descriptors:
-      - key: user
-        rate_limit: {unit: second, requests_per_unit: 100000}
-`
-
 func main() {
 	callers := flag.Int("callers", 64, "concurrent callers")
 	conns := flag.Int("conns", 4, "gRPC connections per target the callers share (Envoy keeps one per worker)")
@@ -185,7 +174,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(config), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(load.RLSConfig), 0o644); err != nil {
 		return err
 	}
 	// Admit reads the same file, but for its charge: line, which the
@@ -194,7 +183,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 	if err := os.MkdirAll(admitConf, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+config), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+load.RLSConfig), 0o644); err != nil {
 		return err
 	}
 
@@ -247,17 +236,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 		return err
 	}
 
-	reqs := make([]*rlsv3.RateLimitRequest, users)
-	for u := range reqs {
-		t := "tenant-" + strconv.Itoa(u%tenants)
-		entry := func(k, v string) *rlext.RateLimitDescriptor_Entry {
-			return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v}
-		}
-		reqs[u] = &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{
-			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t)}},
-			{Entries: []*rlext.RateLimitDescriptor_Entry{entry("tenant", t), entry("user", "user-"+strconv.Itoa(u))}},
-		}}
-	}
+	reqs := load.RLSRequests("bench", false)
 	measure := func(p *proc, addr string) (row, error) {
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
 		for i := range clients {
@@ -272,7 +251,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 		r0, err2 := redis.cpu()
 		var failed atomic.Int64
 		res := load.Run(callers, d, func(i int) bool {
-			resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%users])
+			resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
 			if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 				failed.Add(1)
 				return false
@@ -292,7 +271,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 	}
 
 	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, %d rounds of %v, one redis-server\n",
-		callers, conns, tenants, users, charge, rounds, d)
+		callers, conns, load.RLSTenants, load.RLSUsers, charge, rounds, d)
 	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "errors")
 	targets := []struct {
 		name string
