@@ -3,6 +3,7 @@ package admit
 import (
 	"testing"
 	"time"
+	_ "time/tzdata" // FuzzQuota's zones
 )
 
 // checkRetry asserts what RetryAfter promises: the same request passes
@@ -182,6 +183,49 @@ func FuzzWindows(f *testing.F) {
 		for w, n := range perWindow {
 			if n > limit {
 				t.Fatalf("%+v: %d admitted in window %d", r, n, w)
+			}
+		}
+	})
+}
+
+// FuzzQuota drives calendar quotas over random zones, anchors and times:
+// no panic, exact retry-after, never more admitted in one period than the
+// limit, and every period contains the instants PeriodAt puts in it.
+func FuzzQuota(f *testing.F) {
+	f.Add(uint8(2), uint8(0), int64(3), int64(1), int64(86_400_000_000_000/7), int64(0), int64(0))
+	f.Add(uint8(0), uint8(1), int64(2), int64(1), int64(3_600_000_000_000), int64(17), int64(-5))
+	f.Add(uint8(3), uint8(2), int64(5), int64(2), int64(40*86_400_000_000_000), int64(1_000_000_000), int64(123456789))
+	zones := []string{"UTC", "America/New_York", "Australia/Lord_Howe", "Asia/Kathmandu", "Europe/Paris"}
+	f.Fuzz(func(t *testing.T, period, zone uint8, limit, cost, gap, anchorDays, start int64) {
+		loc, err := time.LoadLocation(zones[int(zone)%len(zones)])
+		if err != nil {
+			t.Fatal(err) // time/tzdata holds them all
+		}
+		r := &Rule{Algorithm: Quota, Limit: limit, Period: Period(period%4 + 1), Location: loc}
+		if anchorDays != 0 {
+			r.Anchor = time.Unix(0, base).Add(time.Duration(anchorDays%4000) * 24 * time.Hour).Add(time.Duration(anchorDays%86400) * time.Second)
+		}
+		now, ok := fuzzStart(r, cost, gap, start)
+		if !ok {
+			return
+		}
+		var st [2]State
+		perPeriod := map[int64]int64{}
+		for range 30 {
+			tn := time.Unix(0, now)
+			s, e := r.PeriodAt(tn)
+			if s.After(tn) || !tn.Before(e) {
+				t.Fatalf("%v is not in its period [%v, %v)", tn.In(loc), s, e)
+			}
+			var res Result
+			if st, res = checkRetry(t, r, st, now, cost); res.Allowed {
+				perPeriod[s.UnixNano()] += cost
+			}
+			now += gap
+		}
+		for p, n := range perPeriod {
+			if n > limit {
+				t.Fatalf("%+v: %d admitted in the period from %v", r, n, time.Unix(0, p).In(loc))
 			}
 		}
 	})

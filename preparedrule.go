@@ -22,7 +22,10 @@ type PreparedRule struct {
 
 // buckets are the buckets of a bucket rule: main for token_bucket, gcra
 // and a combination's burst bucket, floor for a combination's floor.
-type buckets struct{ main, floor bucket }
+type buckets struct {
+	main, floor bucket
+	period      *periods // quota: the period in progress
+}
 
 // ruleParams are the parameters of a rule that Validate reads: while they
 // stay as they were, a rule stays valid and its buckets stay the same.
@@ -32,12 +35,16 @@ type ruleParams struct {
 	burst, initial   int64
 	limit, max       int64
 	window, leaseTTL time.Duration
+	period           Period
+	location         *time.Location
+	anchor           time.Time
 }
 
 func (r *Rule) params() ruleParams {
 	return ruleParams{
 		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
 		limit: r.Limit, max: r.Max, window: r.Window, leaseTTL: r.LeaseTTL,
+		period: r.Period, location: r.Location, anchor: r.Anchor,
 	}
 }
 
@@ -56,6 +63,8 @@ func (p *PreparedRule) holds(r *Rule) bool {
 		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.Floor == q.floor
 	case FixedWindow, SlidingWindow, SlidingLog:
 		return r.Limit == q.limit && r.Window == q.window
+	case Quota:
+		return r.Limit == q.limit && r.Period == q.period && r.Location == q.location && r.Anchor.Equal(q.anchor)
 	case Concurrency:
 		return r.Max == q.max && r.LeaseTTL == q.leaseTTL
 	}
@@ -69,6 +78,16 @@ func bucketsOf(r *Rule) buckets {
 		b.main = mainBucket(r)
 	case Combination:
 		b.main, b.floor = mainBucket(r), floorBucket(r)
+	}
+	return b
+}
+
+// prepareBuckets is bucketsOf for a rule kept prepared: a quota's period
+// in progress is kept too.
+func prepareBuckets(r *Rule) buckets {
+	b := bucketsOf(r)
+	if r.Algorithm == Quota {
+		b.period = new(periods)
 	}
 	return b
 }
@@ -90,7 +109,7 @@ func (r *Rule) Prepare() (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: r.params(), b: bucketsOf(r), most: r.Capacity()}
+	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.Capacity()}
 	if r.Algorithm == Combination {
 		p.most = max(r.Burst, r.Floor.N)
 	}
@@ -119,5 +138,5 @@ func (p *PreparedRule) StepTo(res *Result, st [2]State, now, cost int64, debit b
 // StepOneTo is StepTo for the algorithms whose key has one State (see
 // Algorithm.Slots).
 func (p *PreparedRule) StepOneTo(res *Result, s State, now, cost int64, debit bool) State {
-	return stepOne(res, p.rule, &p.b.main, s, now, cost, debit)
+	return stepOne(res, p.rule, &p.b, s, now, cost, debit)
 }

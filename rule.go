@@ -20,6 +20,7 @@ const (
 	SlidingLog
 	Combination
 	Concurrency
+	Quota
 )
 
 var algorithmNames = [...]string{
@@ -30,6 +31,7 @@ var algorithmNames = [...]string{
 	SlidingLog:    "sliding_log",
 	Combination:   "combination",
 	Concurrency:   "concurrency",
+	Quota:         "quota",
 }
 
 // String returns the configuration name of a, such as "token_bucket".
@@ -51,7 +53,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 			return Algorithm(a), nil
 		}
 	}
-	return 0, Errorf(CodeInvalid, "unknown algorithm %q (want token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination or concurrency)", s)
+	return 0, Errorf(CodeInvalid, "unknown algorithm %q (want token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination, concurrency or quota)", s)
 }
 
 // FailureMode says what a decision does when the store cannot answer.
@@ -135,6 +137,11 @@ const (
 //     stay within Max; an admitted decision holds a lease until it is
 //     released or expires. RetryAfter is the time until enough leases would
 //     expire if none were renewed.
+//   - Quota: Limit, Period, Location, Anchor. A counter per calendar period
+//     (see PeriodAt): a day, week, month or year in Location's time, which
+//     is why a day may last 23 or 25 hours. ResetAfter and RetryAfter are
+//     the time to the period's end. A period in progress keeps its end when
+//     the anchor changes: the new anchor applies from the next period.
 //
 // A Rule is read, never written, by stores; share one *Rule among all the
 // charges that use it, and do not change it while decisions use it.
@@ -152,6 +159,10 @@ type Rule struct {
 
 	Max      int64         // concurrency
 	LeaseTTL time.Duration // concurrency; zero means DefaultLeaseTTL
+
+	Period   Period         // quota
+	Location *time.Location // quota; nil means UTC
+	Anchor   time.Time      // quota; the zero Time means the calendar's (see PeriodAt)
 
 	// Shadow rules are decided and reported but never refuse a request.
 	Shadow bool
@@ -202,6 +213,16 @@ func (r *Rule) Validate() error {
 		}
 		if r.Window < time.Millisecond || r.Window > MaxRatePeriod {
 			return r.fail("window", Errorf(CodeInvalid, "must be from 1ms to %v", MaxRatePeriod))
+		}
+	case Quota:
+		if r.Limit < 1 || r.Limit > MaxCount {
+			return r.fail("limit", Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount)))
+		}
+		if r.Period < Day || r.Period > Year {
+			return r.fail("period", Errorf(CodeInvalid, "want day, week, month or year"))
+		}
+		if r.Anchor.Nanosecond() != 0 {
+			return r.fail("anchor", Errorf(CodeInvalid, "must be a whole second"))
 		}
 	case Concurrency:
 		if r.Max < 1 || r.Max > MaxConcurrency {
@@ -283,10 +304,10 @@ func (r *Rule) CheckDebit(cost int64) error {
 		return Errorf(CodeInvalid, "cost %d: must be from 0 to %d", cost, int64(MaxCost))
 	}
 	switch r.Algorithm {
-	case TokenBucket, GCRA, FixedWindow, SlidingWindow:
+	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:
 		return nil
 	}
-	e := Errorf(CodeInvalid, "rule %q: %v takes no debits; token_bucket, gcra, fixed_window and sliding_window do", r.Name, r.Algorithm)
+	e := Errorf(CodeInvalid, "rule %q: %v takes no debits; token_bucket, gcra, fixed_window, sliding_window and quota do", r.Name, r.Algorithm)
 	e.Field = "debit"
 	return e
 }

@@ -66,14 +66,14 @@ func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64, debi
 		return stepCombination(b, st, now, cost, res)
 	}
 	next = st
-	next[0] = stepOne(res, r, &b.main, st[0], now, cost, debit)
+	next[0] = stepOne(res, r, b, st[0], now, cost, debit)
 	return next
 }
 
 // stepOne is stepTo for the algorithms of one State. A debit is charged
 // whether it fits or not; res says whether it fitted and, when it did
 // not, what a request of cost 1 meets after it.
-func stepOne(res *Result, r *Rule, b *bucket, s State, now, cost int64, debit bool) State {
+func stepOne(res *Result, r *Rule, b *buckets, s State, now, cost int64, debit bool) State {
 	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity(), Debit: debit}
 	next := stepOneAs(res, r, b, s, now, cost, debit)
 	if debit && !res.Allowed {
@@ -84,10 +84,12 @@ func stepOne(res *Result, r *Rule, b *bucket, s State, now, cost int64, debit bo
 	return next
 }
 
-func stepOneAs(res *Result, r *Rule, b *bucket, s State, now, cost int64, debit bool) State {
+func stepOneAs(res *Result, r *Rule, b *buckets, s State, now, cost int64, debit bool) State {
 	switch r.Algorithm {
 	case TokenBucket, GCRA:
-		return b.eval(res, s, now, cost, debit)
+		return b.main.eval(res, s, now, cost, debit)
+	case Quota:
+		return stepQuota(r, b.period, s, now, cost, res, debit)
 	case FixedWindow:
 		return stepFixed(r, s, now, cost, res, debit)
 	case SlidingWindow:

@@ -71,9 +71,13 @@ func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit
 }
 
 // window returns the seconds over which a rule grants its quota: the time a
-// bucket takes to refill from empty, or the window; 0 for concurrency.
+// bucket takes to refill from empty, the window, or a quota's period in
+// progress (a month of 28 to 31 days); 0 for concurrency.
 func window(r *admit.Rule) int64 {
 	switch r.Algorithm {
+	case admit.Quota:
+		start, end := r.PeriodAt(time.Now())
+		return CeilDiv(end.Sub(start), time.Second)
 	case admit.TokenBucket, admit.GCRA, admit.Combination:
 		// burst × Per / N in floating point: the product can pass 2^63,
 		// and a header needs whole seconds only.

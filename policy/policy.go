@@ -68,6 +68,8 @@ type Rule struct {
 	actions    []string
 	// attribute is the request attribute an attribute scope names.
 	attribute string
+	// billing: a quota anchored on each tenant's billing anchor.
+	billing bool
 	// bucket names the rule in its buckets' keys: the rule's name, after
 	// its tier's for tier rules, so that a tenant moved to another tier
 	// starts with that tier's fresh buckets rather than inheriting a
@@ -101,6 +103,16 @@ func (r *Rule) Spec() RuleSpec {
 		}
 	case admit.Concurrency:
 		s.Max, s.LeaseTTL = n(r.Max), r.LeaseTTLOrDefault().String()
+	case admit.Quota:
+		s.Limit, s.Period, s.TimeZone = n(r.Limit), r.Period.String(), r.Location.String()
+		switch {
+		case r.billing:
+			s.Anchor = "billing"
+		case r.Anchor.IsZero():
+			s.Anchor = "calendar"
+		default:
+			s.Anchor = r.Anchor.Format(time.RFC3339)
+		}
 	default:
 		s.Limit, s.Window = n(r.Limit), r.Window.String()
 	}
@@ -407,6 +419,29 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 			}
 		}
 	}
+	if ts.BillingAnchor != "" {
+		day, err := time.Parse(time.DateOnly, ts.BillingAnchor)
+		if err != nil {
+			c.fail(path+".billing_anchor", "%q: want a date such as 2026-01-15", ts.BillingAnchor)
+			return t
+		}
+		// The tenant's own copy of each quota anchored on billing: its
+		// periods start on the anchor's day, at midnight in the quota's
+		// zone.
+		for i, r := range t.Rules {
+			if !r.billing {
+				continue
+			}
+			if !cloned {
+				t.Rules, cloned = slices.Clone(tier.Rules), true
+			}
+			own := *r
+			own.Anchor = time.Date(day.Year(), day.Month(), day.Day(), 0, 0, 0, 0, r.Location)
+			own.ID = len(c.p.rules)
+			c.p.rules = append(c.p.rules, &own)
+			t.Rules[i] = &own
+		}
+	}
 	return t
 }
 
@@ -430,6 +465,9 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 	set(&base.Window, o.Window)
 	setN(&base.Max, o.Max)
 	set(&base.LeaseTTL, o.LeaseTTL)
+	set(&base.Period, o.Period)
+	set(&base.TimeZone, o.TimeZone)
+	set(&base.Anchor, o.Anchor)
 	if o.Shadow != nil {
 		base.Shadow = o.Shadow
 	}
@@ -468,7 +506,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	}
 	alg, err := admit.ParseAlgorithm(rs.Algorithm)
 	if rs.Algorithm == "" {
-		c.fail(path+".algorithm", "missing (token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination or concurrency)")
+		c.fail(path+".algorithm", "missing (token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination, concurrency or quota)")
 		return nil
 	} else if err != nil {
 		c.fail(path+".algorithm", "%v", err)
@@ -490,13 +528,16 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		want = map[string]bool{"limit": true, "window": true}
 	case admit.Concurrency:
 		want = map[string]bool{"max": true, "lease_ttl": true}
+	case admit.Quota:
+		want = map[string]bool{"limit": true, "period": true, "time_zone": true, "anchor": true}
 	}
 	present := map[string]bool{
 		"rate": rs.Rate != "", "burst": rs.Burst != nil, "initial": rs.Initial != nil, "floor": rs.Floor != "",
 		"limit": rs.Limit != nil, "window": rs.Window != "", "max": rs.Max != nil, "lease_ttl": rs.LeaseTTL != "",
+		"period": rs.Period != "", "time_zone": rs.TimeZone != "", "anchor": rs.Anchor != "",
 	}
-	optional := map[string]bool{"initial": true, "lease_ttl": true}
-	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl"} {
+	optional := map[string]bool{"initial": true, "lease_ttl": true, "time_zone": true, "anchor": true}
+	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl", "period", "time_zone", "anchor"} {
 		switch {
 		case present[f] && !want[f]:
 			c.fail(path+"."+f, "not a parameter of %s", alg)
@@ -523,6 +564,9 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		if r.LeaseTTL, err = admit.ParseDuration(rs.LeaseTTL); err != nil {
 			c.fail(path+".lease_ttl", "%v", err)
 		}
+	}
+	if alg == admit.Quota {
+		c.quota(path, rs, r)
 	}
 	deref := func(p *int64) int64 {
 		if p == nil {
@@ -557,6 +601,44 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	r.ID = len(c.p.rules)
 	c.p.rules = append(c.p.rules, r)
 	return r
+}
+
+// quota compiles a quota's period, time zone and anchor into r.
+func (c *compiler) quota(path string, rs *RuleSpec, r *Rule) {
+	var err error
+	if rs.Period != "" {
+		if r.Period, err = admit.ParsePeriod(rs.Period); err != nil {
+			c.fail(path+".period", "%v", err)
+		}
+	}
+	r.Location = time.UTC
+	if rs.TimeZone != "" {
+		if r.Location, err = time.LoadLocation(rs.TimeZone); err != nil || rs.TimeZone == "Local" {
+			c.fail(path+".time_zone", "unknown time zone %q; want an IANA name such as Europe/Paris or UTC", rs.TimeZone)
+			r.Location = time.UTC
+		}
+	}
+	switch rs.Anchor {
+	case "", "calendar":
+	case "billing":
+		r.billing = true
+	default:
+		if r.Anchor, err = parseAnchor(rs.Anchor, r.Location); err != nil {
+			c.fail(path+".anchor", "%v", err)
+		}
+	}
+}
+
+// parseAnchor reads an anchor: a date (midnight in loc) or an RFC 3339
+// time.
+func parseAnchor(s string, loc *time.Location) (time.Time, error) {
+	if t, err := time.ParseInLocation(time.DateOnly, s, loc); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.Truncate(time.Second), nil
+	}
+	return time.Time{}, fmt.Errorf("anchor %q: want calendar, billing, a date such as 2026-01-15 or an RFC 3339 time", s)
 }
 
 func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {

@@ -46,6 +46,16 @@ type RuleSpec struct {
 	Max      *int64 `json:"max,omitempty"`
 	LeaseTTL string `json:"lease_ttl,omitempty"`
 
+	// Quota: Period (day, week, month, year), TimeZone (an IANA name;
+	// UTC by default) and Anchor: "calendar" (the default: midnight,
+	// Monday, the 1st, January 1st), "billing" (the tenant's
+	// billing_anchor, the calendar's for a tenant without one), or a date
+	// (2026-01-15) or RFC 3339 time whose position in its period starts
+	// every period.
+	Period   string `json:"period,omitempty"`
+	TimeZone string `json:"time_zone,omitempty"`
+	Anchor   string `json:"anchor,omitempty"`
+
 	Shadow  *bool  `json:"shadow,omitempty"`
 	OnError string `json:"on_error,omitempty"`
 }
@@ -70,7 +80,12 @@ type GatewaySpec struct {
 // TenantSpec is a tenant: its tier, the overrides of that tier's rules and
 // the SHA-256 hashes (hex) of its API keys.
 type TenantSpec struct {
-	Tier          string     `json:"tier"`
-	Overrides     []RuleSpec `json:"overrides,omitempty"`
-	APIKeysSHA256 []string   `json:"api_keys_sha256,omitempty"`
+	Tier      string     `json:"tier"`
+	Overrides []RuleSpec `json:"overrides,omitempty"`
+	// BillingAnchor is the date (2026-01-15) the tenant's billing periods
+	// start from: its quotas with anchor "billing" run from that day of
+	// each month (the month's last day when it has fewer), or week or
+	// year, in the quota's time zone.
+	BillingAnchor string   `json:"billing_anchor,omitempty"`
+	APIKeysSHA256 []string `json:"api_keys_sha256,omitempty"`
 }

@@ -34,7 +34,7 @@
 -- State encodings (struct.pack, little-endian doubles):
 --   token bucket, gcra: U W F, the theoretical arrival time U µs + W ns +
 --     F/n ns; combination: the burst bucket's U W F, then the floor's.
---   fixed window: E C (window end in µs, count).
+--   fixed window, quota: E C (window or period end in µs, count).
 --   sliding window: A B C (current window's end + one window, in µs; the
 --     current and the previous window's counts).
 --   sliding log: a hash used as a queue: h (oldest seq), t (next seq),
@@ -68,6 +68,10 @@ local KEYS, ARGV, nu, nsub, nceil, n, loaded
 -- Cluster decision: it reports as a refusal, charging nothing), its LEASE
 -- id and its lease record key REC (or nil). KEYBASE is where its keys
 -- start in KEYS, within a batch.
+-- A quota's charge brings the end of its calendar period (µs) and of the
+-- next (ENDS1, ENDS2), which only the Go side, which knows time zones, can
+-- compute; QEND1 and QEND2 are those of the charge being evaluated.
+local ENDS1, ENDS2, QEND1, QEND2
 local RULES, COSTS, TTLS, DEBITS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- Scratch tables, made once and reused: every table a call makes costs
 -- Redis allocations, and one grown entry by entry costs one per doubling.
@@ -383,6 +387,27 @@ local function fixedEval(limit, wu, st, c, res, debit)
   return st
 end
 
+-- quotaEval is fixedEval over the calendar periods the charge brings
+-- (stepQuota): a state whose period has not ended keeps its end. Its reply
+-- says the end in µs where the others say the reset and retry in ns (a
+-- year in ns does not fit a double exactly); the Go side converts.
+local function quotaEval(limit, st, c, res, debit)
+  local endu = QEND1
+  if endu <= nu then endu = QEND2 end
+  local count = 0
+  if st and st[1] > nu then count, endu = st[2], st[1] end
+  res.reset = endu
+  if count + c <= limit then
+    res.allowed, res.remaining = 1, limit - count - c
+    if c > 0 then return {endu, count + c} end
+    return st
+  end
+  res.allowed, res.remaining = 0, mmax(limit - count, 0)
+  res.retry = endu
+  if debit then return {endu, mmin(count + c, MAXCOUNT)} end
+  return st
+end
+
 local function slidingEval(limit, wu, st, c, res, debit)
   local startu = nu - fmod(nu, wu)
   local endu = startu + wu
@@ -555,7 +580,7 @@ local function load(key, alg)
   if not v then loaded[key] = false return nil end
   if alg == 1 or alg == 2 then st = {sunpack('<ddd', v)}
   elseif alg == 6 then st = {sunpack('<dddddd', v)}
-  elseif alg == 3 then st = {sunpack('<dd', v)}
+  elseif alg == 3 or alg == 8 then st = {sunpack('<dd', v)}
   else st = {sunpack('<ddd', v)} end
   loaded[key] = st
   return st
@@ -567,6 +592,8 @@ local function stepOne(R, alg, st, c, res, debit)
     return bucketEval(bucketParams(R), st, c, res, debit)
   elseif alg == 3 then
     return fixedEval(R[5], R[6], st, c, res, debit)
+  elseif alg == 8 then
+    return quotaEval(R[5], st, c, res, debit)
   end
   return slidingEval(R[5], R[6], st, c, res, debit)
 end
@@ -576,7 +603,7 @@ end
 -- A debit that does not fit reports what a request of cost 1 meets after
 -- it (admit.stepOne).
 local function step(R, alg, st, c, res, debit)
-  if alg <= 4 then
+  if alg <= 4 or alg == 8 then
     local next = stepOne(R, alg, st, c, res, debit)
     if debit and res.allowed == 0 then
       local after = {retry = 0}
@@ -657,7 +684,7 @@ local function store(key, R, alg, st)
   if alg == 1 or alg == 2 then return putBucket(key, bucketParams(R), st) end
   if alg == 6 then
     put(key, st, mmax(bucketExpiry(bucketParams(R), st), bucketExpiry(floorParams(R), {st[4], st[5], st[6]})), 6)
-  elseif alg == 3 then
+  elseif alg == 3 or alg == 8 then
     put(key, st, (st[1] - nu) * 1000 - nsub, 2)
   else
     put(key, st, (st[1] - nu) * 1000 - nsub, 3)
@@ -690,6 +717,7 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
       else
         local st = chain[key]
         if st == nil then st = load(key, alg) or false end
+        if alg == 8 then QEND1, QEND2 = ENDS1[i], ENDS2[i] end
         local next, how = step(R, alg, st or nil, c, res, DEBITS[i])
         res.how = how
         nexts[i] = next
@@ -962,6 +990,9 @@ local function undo()
             store(key, R, alg, s)
           end
         end
+      elseif alg == 8 then
+        local st = load(key, alg)
+        if st and st[1] > nu then store(key, R, alg, {st[1], mmax(st[2] - cost, 0)}) end
       elseif alg == 3 or alg == 4 then
         local st = load(key, alg)
         local wu = R[6]
@@ -1008,6 +1039,7 @@ local function strided()
     local R = ruleOf(ARGV, base)
     RULES[i], COSTS[i], TTLS[i], HALVES[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
     DEBITS[i] = false
+    if R.alg == 8 then ENDS1[i], ENDS2[i] = R[6], R[7] end
   end
   REC, KEYBASE = KEYS[n + 1], 0
 end
@@ -1020,7 +1052,8 @@ end
 -- rule's own); then M decisions, each: a head, N, its number of charges,
 -- or "N:flags:lease" where flags holds d for a dry run, x for a decision
 -- refused already, and r when a lease record key follows its charge keys; then per charge the rule's number
--- (1..R), the cost (d and the cost for a debit) and, for a concurrency rule only, the lease TTL in µs
+-- (1..R), the cost (d and the cost for a debit), for a quota the ends
+-- of its period and the next in µs and, for a concurrency rule only, the lease TTL in µs
 -- or '' for the rule's. KEYS: each decision's charge keys and record key,
 -- in order. The reply: now (µs, ns), then each decision's (see reply).
 local function batch()
@@ -1054,6 +1087,9 @@ local function batch()
         local t = ARGV[a]
         if t ~= '' then TTLS[i] = tonumber(t) end
         a = a + 1
+      elseif R.alg == 8 then
+        ENDS1[i], ENDS2[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+        a = a + 2
       end
     end
     REC = nil
@@ -1126,7 +1162,7 @@ local function run(keys, args)
     RES, NEXTS, DIRTY, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, 0
     for i = 1, 7000 do ZEROS[i] = 0 end
     for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
-    RULES, COSTS, TTLS, DEBITS, HALVES = {}, {}, {}, {}, {}
+    RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
     loaded, writes, wlen, worder = {}, {}, {}, {}
   end
   if ARGV[2] == '' then

@@ -26,6 +26,7 @@ type ruleArgs struct {
 	fixed [stride]string
 	text  string // fixed joined with commas, as a batch sends it
 	lease bool   // a concurrency rule: its charges send their lease TTL
+	quota bool   // a quota: its charges send the ends of its periods
 	err   error
 }
 
@@ -90,6 +91,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 			a.fill(r)
 			a.text = strings.Join(a.fixed[:], ",")
 			a.lease = r.Algorithm == admit.Concurrency
+			a.quota = r.Algorithm == admit.Quota
 		}
 		return a
 	})
@@ -127,6 +129,8 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 		}
 	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
 		p[0], p[1] = itoa(r.Limit), micros(r.Window)
+	case admit.Quota:
+		p[0] = itoa(r.Limit) // the period's ends come with each charge
 	case admit.Concurrency:
 		p[0], p[1] = itoa(r.Max), micros(r.LeaseTTLOrDefault())
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/admitdev/admit"
 )
@@ -81,6 +82,10 @@ func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleA
 			cost = "d" + cost
 		}
 		j.args = append(j.args, "", cost)
+		if r.quota {
+			e1, e2 := s.quotaEnds(ch.Rule)
+			j.args = append(j.args, e1, e2)
+		}
 		if r.lease {
 			ttl := ""
 			if ch.LeaseTTL > 0 {
@@ -90,6 +95,22 @@ func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleA
 		}
 	}
 	return j
+}
+
+// quotaEnds returns the ends, in µs, of the calendar period of quota rule
+// r in progress and of the next: the script, which knows no time zones,
+// takes the first of them after its clock's now.
+func (s *Store) quotaEnds(r *admit.Rule) (string, string) {
+	p, err := r.Prepare()
+	if err != nil {
+		return "0", "0" // validate refused it before any call is made
+	}
+	now := time.Now()
+	if s.clock != nil {
+		now = s.clock()
+	}
+	e1, e2 := p.QuotaEnds(now)
+	return itoa(e1.UnixMicro()), itoa(e2.UnixMicro())
 }
 
 // batcher queues the decisions of one hash slot.
@@ -249,6 +270,9 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 			}
 			j.args[p] = itoa(int64(x + 1))
 			p += 2
+			if r.quota {
+				p += 2
+			}
 			if r.lease {
 				p++
 			}

@@ -144,16 +144,25 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 	for k, i := range g.idx {
 		x := v[1+4*k:]
 		res := &d.Results[i]
+		rule := charges[i].Rule
+		reset, retry := time.Duration(x[2]), time.Duration(x[3])
+		if rule.Algorithm == admit.Quota {
+			// A quota's reply says its period's end in µs (admit.lua,
+			// quotaEval): the time to it is reckoned here, exactly.
+			reset = time.Duration(x[2]*1000 - (rp.nu*1000 + rp.nsub))
+			if x[0]&1 == 0 {
+				retry = reset
+			}
+		}
 		if onlyRemaining {
 			if res.Allowed && charges[i].Cost > 0 {
-				res.Remaining, res.ResetAfter = x[1], time.Duration(x[2])
+				res.Remaining, res.ResetAfter = x[1], reset
 			}
 			continue
 		}
-		rule := charges[i].Rule
 		*res = admit.Result{
 			Rule: rule.Name, Shadow: rule.Shadow, Debit: charges[i].Debit, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
-			Remaining: x[1], ResetAfter: time.Duration(x[2]), RetryAfter: time.Duration(x[3]),
+			Remaining: x[1], ResetAfter: reset, RetryAfter: retry,
 		}
 		r.hows[k] = itoa(x[0] >> 1)
 	}
@@ -280,6 +289,11 @@ func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) c
 		c.args[7+stride*k+4] = gd.reply.hows[k]
 		if charges[i].Debit {
 			c.args[7+stride*k+4] = "-1" // a debit stays charged
+		}
+		if charges[i].Rule.Algorithm == admit.Quota {
+			// Where a quota's rule has no other parameter (admit.lua,
+			// strided), its period's ends, for the look after the undo.
+			c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
 		}
 	}
 	return c

@@ -2,11 +2,24 @@ package storetest
 
 import (
 	"time"
+	_ "time/tzdata" // the quota timelines' zones, wherever the tests run
 
 	"github.com/admitdev/admit"
 )
 
-const ms = time.Millisecond
+const (
+	ms   = time.Millisecond
+	hour = time.Hour
+	day  = 24 * time.Hour
+)
+
+func quotaRule(name string, limit int64, p admit.Period, loc string, anchor time.Time) *admit.Rule {
+	l, err := time.LoadLocation(loc)
+	if err != nil {
+		panic(err) // time/tzdata holds every zone
+	}
+	return rule(name, admit.Quota, func(r *admit.Rule) { r.Limit, r.Period, r.Location, r.Anchor = limit, p, l, anchor })
+}
 
 func rule(name string, a admit.Algorithm, edit func(*admit.Rule)) *admit.Rule {
 	r := &admit.Rule{Name: name, Algorithm: a}
@@ -93,6 +106,13 @@ func Timelines() []Timeline {
 	conns := leaseRule("conns", 1, 0)
 	perMin := windowRule("per-minute", admit.SlidingWindow, 2, time.Minute)
 	thirds := bucketRule("thirds", admit.GCRA, admit.Rate{N: 3, Per: time.Second}, 2)
+	monthly := quotaRule("monthly", 2, admit.Month, "UTC", time.Time{})
+	monthlyOn15th := quotaRule("monthly", 2, admit.Month, "UTC", time.Date(2025, 6, 15, 0, 0, 0, 0, time.UTC))
+	on31st := quotaRule("on31st", 1, admit.Month, "UTC", time.Date(2026, 1, 31, 0, 0, 0, 0, time.UTC))
+	leapYearly := quotaRule("leap", 1, admit.Year, "UTC", time.Date(2028, 2, 29, 0, 0, 0, 0, time.UTC))
+	nyDaily := quotaRule("ny", 1, admit.Day, "America/New_York", time.Time{})
+	yearly := quotaRule("yearly", 1, admit.Year, "UTC", time.Time{})
+	weekly := quotaRule("weekly", 1, admit.Week, "UTC", time.Time{})
 
 	return []Timeline{
 		{
@@ -462,6 +482,112 @@ func Timelines() []Timeline {
 				// twice, it owes both.
 				debit(use(Step{At: time.Minute, Cost: 1, Err: admit.ErrInvalid}, 3, 4), 4),
 				debit(use(ok(time.Minute, 3, 2, 0), 3, 4), 3, 4),
+			},
+		},
+		{
+			// A calendar month in UTC from the 1st: 31, 28, 31 and 30
+			// days in 2026, 29 in February 2028. Epoch is 2026-01-01.
+			Name:    "quota/month_lengths",
+			Charges: []admit.Charge{key("q1", "t", monthly)},
+			Steps: []Step{
+				reset(ok(0, 1, 1), 31*day), ok(0, 1, 0),
+				no(0, 1, 31*day, 0),
+				no(31*day-time.Second, 1, time.Second, 0),
+				reset(ok(31*day, 1, 1), 28*day),  // February
+				reset(ok(59*day, 1, 1), 31*day),  // March
+				reset(ok(90*day, 1, 1), 30*day),  // April
+				reset(ok(761*day, 1, 1), 29*day), // February 2028
+				no(761*day, 2, 29*day, 1),        // more than what is left
+			},
+		},
+		{
+			// Anchored on the 31st: a month without one starts on its last
+			// day. Jan 31 → Feb 28 → Mar 31 → Apr 30 → May 31.
+			Name:    "quota/anchor_on_the_31st",
+			Charges: []admit.Charge{key("q2", "t", on31st)},
+			Steps: []Step{
+				reset(ok(30*day, 1, 0), 28*day),
+				no(58*day-1, 1, 1, 0),
+				reset(ok(58*day, 1, 0), 31*day),
+				reset(ok(89*day, 1, 0), 30*day),
+				reset(ok(119*day, 1, 0), 31*day),
+			},
+		},
+		{
+			// A year anchored on a leap day: in a year without one it
+			// starts on the 28th. 2027-03-01 is in [2027-02-28,
+			// 2028-02-29); then [2028-02-29, 2029-02-28).
+			Name:    "quota/leap_day_anchor",
+			Charges: []admit.Charge{key("q3", "t", leapYearly)},
+			Steps: []Step{
+				reset(ok(424*day, 1, 0), 365*day),
+				no(789*day-1, 1, 1, 0),
+				reset(ok(789*day, 1, 0), 365*day),
+			},
+		},
+		{
+			// Days in New York: the day clocks spring forward lasts 23
+			// hours, the day they fall back 25. Midnight of 2026-03-08 is
+			// 05:00 UTC, of 2026-11-01 04:00 UTC.
+			Name:    "quota/daylight_saving_days",
+			Charges: []admit.Charge{key("q4", "t", nyDaily)},
+			Steps: []Step{
+				reset(ok(66*day+5*hour, 1, 0), 23*hour),
+				no(66*day+28*hour-1, 1, 1, 0),
+				reset(ok(66*day+28*hour, 1, 0), 24*hour),
+				reset(ok(304*day+4*hour, 1, 0), 25*hour),
+				no(304*day+29*hour-1, 1, 1, 0),
+				ok(304*day+29*hour, 1, 0),
+			},
+		},
+		{
+			// The year ends at midnight UTC of January 1st, whatever the
+			// weekday; a week (from Monday) across it is one period.
+			// 2026-12-28 is a Monday.
+			Name:    "quota/year_and_week_across_new_year",
+			Charges: []admit.Charge{key("q5", "t", yearly), key("q5", "t", weekly)},
+			Steps: []Step{
+				use(reset(ok(364*day+23*hour, 1, 0), hour), 0),
+				use(no(364*day+23*hour+59*time.Minute, 1, time.Minute, 0), 0),
+				use(ok(365*day, 1, 0), 0),
+				use(reset(ok(361*day, 1, 0), 7*day), 1),
+				use(no(365*day, 1, 3*day, 0), 1),
+				use(ok(368*day, 1, 0), 1),
+			},
+		},
+		{
+			// A tenant's anchor moves from the 1st to the 15th on January
+			// 12th: the period in progress keeps its end (February 1st),
+			// and the next runs on the new anchor, [Feb 1, Feb 15).
+			Name:    "quota/anchor_changes_mid_period",
+			Charges: []admit.Charge{key("q6", "t", monthly), key("q6", "t", monthlyOn15th)},
+			Steps: []Step{
+				use(ok(9*day, 2, 0), 0),
+				use(no(11*day, 1, 20*day, 0), 1),
+				use(reset(ok(31*day, 1, 1), 14*day), 1),
+				use(reset(ok(45*day, 1, 1), 28*day), 1),
+			},
+		},
+		{
+			// A quota charged beside a global bucket that refuses gets
+			// its count back (in Cluster, by the give-back call).
+			Name:    "quota/given_back",
+			Charges: []admit.Charge{key("q8", "", monthly), globalKey("q8", one)},
+			Steps: []Step{
+				ok(0, 1, 1, 0),
+				denied(no(0, 1, time.Minute, 1, 0), "one"),
+				use(reset(ok(0, 1, 0), 31*day), 0),
+			},
+		},
+		{
+			// Debits count past a quota, which then refuses until the
+			// period ends.
+			Name:    "quota/debit",
+			Charges: []admit.Charge{key("q7", "t", monthly)},
+			Steps: []Step{
+				debit(ok(0, 5, 0), 0),
+				no(10*day, 0, 21*day, 0),
+				ok(31*day, 2, 0),
 			},
 		},
 		{

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	_ "time/tzdata" // quotas' time zones on hosts and images without a zone database
 )
 
 func main() {
