@@ -261,6 +261,7 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	}
 	handle("POST", "/v1/check", http.HandlerFunc(s.handleCheck))
 	handle("POST", "/v1/report", http.HandlerFunc(s.handleReport))
+	handle("GET", "/v1/usage", http.HandlerFunc(s.handleUsage))
 	handle("POST", "/v1/acquire", http.HandlerFunc(s.handleAcquire))
 	handle("POST", "/v1/leases", http.HandlerFunc(s.handleLeaseAcquire))
 	handle("PUT", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRenew))

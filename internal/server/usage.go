@@ -1,0 +1,111 @@
+package server
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// usageView is one rule's entry in GET /v1/usage: how much of it is used
+// and until when, in the terms of its algorithm.
+type usageView struct {
+	Name      string `json:"name"`
+	Scope     string `json:"scope"`
+	Algorithm string `json:"algorithm"`
+	Limit     int64  `json:"limit"`
+	Used      int64  `json:"used"`
+	Remaining int64  `json:"remaining"`
+	// Windows and quotas: the period counted now.
+	PeriodStart *time.Time `json:"period_start,omitempty"`
+	PeriodEnd   *time.Time `json:"period_end,omitempty"`
+	// Sliding windows and logs: the length of the window that slides.
+	WindowMS int64 `json:"window_ms,omitempty"`
+	// Buckets: the tokens there (remaining) and the time until full.
+	Rate     string `json:"rate,omitempty"`
+	RefillMS *int64 `json:"refill_ms,omitempty"`
+	// Every rule: the time until it is back to its whole limit.
+	ResetAfterMS int64 `json:"reset_after_ms"`
+}
+
+// handleUsage is GET /v1/usage?tenant=&user=&action=: every rule that
+// applies to such a request, read at cost 0 (nothing is charged). A tenant
+// reads its own with its API key (the one authentication rule), an admin
+// any tenant's.
+func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	admin := s.isAdmin(r)
+	req := policy.Request{
+		Tenant: q.Get("tenant"), User: q.Get("user"), Action: q.Get("action"), IP: q.Get("ip"),
+		Session: q.Get("session"), APIKey: s.presentedKey(r, admin),
+	}
+	if req.Tenant == "" {
+		e := admit.Errorf(admit.CodeInvalid, "tenant is required")
+		e.Field = "tenant"
+		s.writeError(w, r, e)
+		return
+	}
+	p := s.catalog.Policy()
+	if err := p.AuthenticateRequest(&req, admin); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var all, leases policy.Resolution
+	err := p.Resolve(&req, &all)
+	if err == nil {
+		req.Kind = policy.Leases
+		err = p.Resolve(&req, &leases)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	all.Charges = append(all.Charges, leases.Charges...)
+	all.Rules = append(all.Rules, leases.Rules...)
+	for i := range all.Charges {
+		all.Charges[i].Cost = 0
+	}
+	var d admit.Decision
+	if len(all.Charges) > 0 {
+		if err := s.store.Decide(r.Context(), all.Charges, &d); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	now := time.Now()
+	out := make([]usageView, 0, len(all.Rules))
+	for rule, x := range policy.RuleResults(all.Rules, d.Results) {
+		out = append(out, usage(rule, x, now))
+	}
+	ans := map[string]any{"tenant": all.Tenant.ID, "tier": all.Tenant.Tier.Name, "rules": out}
+	writeJSON(w, http.StatusOK, ans)
+}
+
+func usage(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
+	v := usageView{
+		Name: rule.Name, Scope: rule.Scope, Algorithm: rule.Algorithm.String(),
+		Limit: x.Limit, Remaining: x.Remaining, Used: max(x.Limit-x.Remaining, 0), ResetAfterMS: ms(x.ResetAfter),
+	}
+	utc := func(t time.Time) *time.Time { t = t.UTC(); return &t }
+	switch rule.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		refill := ms(x.ResetAfter)
+		v.Rate, v.RefillMS = rule.Rate.String(), &refill
+	case admit.FixedWindow:
+		end := now.Add(x.ResetAfter)
+		if x.ResetAfter == 0 { // nothing counted: the window now running
+			end = now.Truncate(rule.Window).Add(rule.Window)
+		}
+		v.PeriodStart, v.PeriodEnd = utc(end.Add(-rule.Window)), utc(end)
+	case admit.Quota:
+		// A period in progress keeps its end (an anchor that changed
+		// applies from the next): the end the store reports is the one.
+		end := now.Add(x.ResetAfter).Round(time.Second)
+		start, _ := rule.PeriodAt(end.Add(-time.Second))
+		v.PeriodStart, v.PeriodEnd = utc(start), utc(end)
+	case admit.SlidingWindow, admit.SlidingLog:
+		v.WindowMS = ms(rule.Window)
+	}
+	return v
+}
