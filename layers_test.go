@@ -18,7 +18,7 @@ var layers = []struct {
 	{"vocabulary and basement", []string{"", "redistest", "configtest", "yamlconf"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest"}},
 	{"stores", []string{"memstore", "redisstore"}},
-	{"policy", []string{"policy", "policy/changestest", "policy/redischanges"}},
+	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},
 	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},

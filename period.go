@@ -159,3 +159,10 @@ func (p *PreparedRule) QuotaEnds(now time.Time) (end, next time.Time) {
 	_, n := p.rule.PeriodAt(time.Unix(0, sp.end))
 	return time.Unix(0, sp.end), n
 }
+
+// PeriodAt is p.Rule().PeriodAt(now), from the period kept with the
+// preparation while now is in it.
+func (p *PreparedRule) PeriodAt(now time.Time) (start, end time.Time) {
+	sp := p.b.period.at(p.rule, now.UnixNano())
+	return time.Unix(0, sp.start).In(now.Location()), time.Unix(0, sp.end).In(now.Location())
+}

@@ -54,6 +54,7 @@ type Decider struct {
 	downSince   atomic.Int64
 	lastFailure atomic.Int64
 	onChange    func(StoreEvent)
+	usage       *UsageMeter
 }
 
 // storeSettle is how long a store must go without a failed call before an
@@ -125,6 +126,18 @@ func NewDecider(store admit.Store, instances int64) *Decider {
 // is admitted. The error is the store's when it is not an outage, or the
 // outage itself when a rule fails closed.
 func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
+	out, err := d.decide(ctx, res, dec)
+	if err == nil {
+		d.usage.Observe(res, dec)
+	}
+	return out, err
+}
+
+// MeterUsage makes d count every decision into m's usage records. Call it
+// before the first decision.
+func (d *Decider) MeterUsage(m *UsageMeter) { d.usage = m }
+
+func (d *Decider) decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
 	if len(res.Charges) == 0 {
 		dec.Reset()
 		dec.Allowed = true

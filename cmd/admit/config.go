@@ -40,10 +40,23 @@ type Config struct {
 	HTTP     HTTPConfig                   `json:"http"`
 	Envoy    EnvoyConfig                  `json:"envoy"`
 	Gateway  GatewayConfig                `json:"gateway"`
+	Usage    UsageConfig                  `json:"usage"`
 
 	// src keeps the positions of the decoded fields, for checks made
 	// after parsing (CheckProxyActions).
 	src *decoder
+}
+
+// UsageConfig is the usage section: the usage records of quotas, what a
+// billing job reads (GET /v1/admin/usage).
+type UsageConfig struct {
+	// KeepPeriods is how many ended periods of each quota are kept;
+	// default 12.
+	KeepPeriods int `json:"keep_periods"`
+	// MaxRecords bounds the records the memory store keeps (the oldest
+	// periods' go first); default 1,000,000. In Redis, records expire
+	// keep_periods after their period.
+	MaxRecords int `json:"max_records"`
 }
 
 // GatewayConfig is the gateway section: the WebSocket gateway's settings
@@ -442,6 +455,12 @@ func (d *decoder) check(c *Config) {
 	}
 	if c.Store.Instances < 0 || c.Store.Instances > 10000 {
 		d.failAt("store.instances", "must be from 1 to 10000")
+	}
+	if c.Usage.KeepPeriods < 0 || c.Usage.KeepPeriods > 1000 {
+		d.failAt("usage.keep_periods", "must be from 1 to 1000")
+	}
+	if c.Usage.MaxRecords < 0 || c.Usage.MaxRecords > 100_000_000 {
+		d.failAt("usage.max_records", "must be from 1 to 100000000")
 	}
 	if c.Store.MaxKeys < 0 || c.Store.MaxKeys > 1_000_000_000 {
 		d.failAt("store.max_keys", "must be from 1 to 1000000000")

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,5 +157,63 @@ func TestEnvoyChargeEachRedis(t *testing.T) {
 	}
 	if code, body := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1"}`); code != 429 || body["retry_after_ms"] != float64(30*60*1000) {
 		t.Fatalf("check after a debt of 4 tokens: %d %v", code, body)
+	}
+}
+
+// TestUsageRecordsRedis: two servers on one Redis meter a quota's usage;
+// once they stop (writing their last records), a third reads the sums, in
+// JSON and CSV, as a billing job would.
+func TestUsageRecordsRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	url := "redis://" + srv.Addr
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: quota, limit: 5, period: month}\ntenants:\n  t1: {tier: free}\n")
+	a := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
+	b := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
+	statuses := map[int]int{}
+	for i := range 8 {
+		h := a
+		if i%2 == 1 {
+			h = b
+		}
+		code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1"}`)
+		statuses[code]++
+	}
+	if code, _ := call(t, "POST", a.url+"/v1/report", `{"tenant":"t1","cost":40}`); code != 429 {
+		t.Fatalf("report: %d", code)
+	}
+	if statuses[200] != 5 || statuses[429] != 3 {
+		t.Fatalf("statuses %v, want 5 admitted and 3 refused", statuses)
+	}
+	a.stop()
+	b.stop()
+
+	c := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
+	code, body := call(t, "GET", c.url+"/v1/admin/usage?tenant=t1", "")
+	recs, _ := body["records"].([]any)
+	if code != 200 || len(recs) != 1 {
+		t.Fatalf("usage: %d %v", code, body)
+	}
+	r := recs[0].(map[string]any)
+	// A calendar month (the one the test ran in).
+	start, _ := time.Parse(time.RFC3339, fmt.Sprint(r["period_start"]))
+	if start.Day() != 1 || start.Hour() != 0 || r["rule"] != "ai" || r["admitted"] != float64(5) || r["refused"] != float64(3) || r["cost"] != float64(45) ||
+		r["period_start"] != start.Format(time.RFC3339) || r["period_end"] != start.AddDate(0, 1, 0).Format(time.RFC3339) {
+		t.Fatalf("record %v", r)
+	}
+	req, _ := http.NewRequest("GET", c.url+"/v1/admin/usage?tenant=t1", nil)
+	req.Header.Set("Accept", "text/csv")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	csv, _ := io.ReadAll(resp.Body)
+	want := "tenant,rule,period_start,period_end,admitted,refused,cost\nt1,ai," + start.Format(time.RFC3339) + "," + start.AddDate(0, 1, 0).Format(time.RFC3339) + ",5,3,45\n"
+	if string(csv) != want {
+		t.Fatalf("CSV:\n%s\nwant\n%s", csv, want)
+	}
+	if code, _ := call(t, "GET", c.url+"/v1/admin/usage", ""); code != 400 {
+		t.Fatalf("no tenant: %d", code)
 	}
 }

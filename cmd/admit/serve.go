@@ -204,6 +204,17 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	// in-process limiter whichever way it is asked.
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)
 	defer dec.Close()
+	meter := policy.NewUsageMeter(st.usage, time.Second)
+	dec.MeterUsage(meter)
+	defer func() {
+		// After the servers stopped (deferred after this): the last
+		// second of usage is written before the store closes.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := meter.Close(ctx); err != nil {
+			log.Warn("shutdown: the last usage records were not written", "err", err)
+		}
+	}()
 	gw, err := wsgateway.New(gatewayOptions(&cfg.Gateway, st, catalog, dec, log))
 	if err != nil {
 		return err // validated with the configuration
@@ -222,6 +233,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
+		Usage: st.usage,
 	})
 	if err != nil {
 		return err

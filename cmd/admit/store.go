@@ -13,6 +13,7 @@ import (
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/redischanges"
+	"github.com/admitdev/admit/policy/redisusage"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 	"github.com/admitdev/admit/wsgateway/redissessions"
@@ -32,7 +33,9 @@ type openedStore struct {
 	// sessions keeps the WebSocket gateway's sessions: in this process
 	// with the memory store, shared in Redis with the Redis store.
 	sessions wsgateway.Sessions
-	close    func()
+	// usage keeps the quotas' usage records, the same way.
+	usage policy.UsageStore
+	close func()
 }
 
 // openStore opens the store that --store (url) or the config's store
@@ -55,6 +58,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
 			},
 			sessions: sessions,
+			usage:    policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords),
 			close:    func() { m.Close() },
 		}, nil
 	}
@@ -88,6 +92,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 			return server.StoreHealth{Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures}
 		},
 		sessions: sessions,
+		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		close:    func() { sessions.Close(); r.Close() },
 	}, nil
 }

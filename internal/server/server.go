@@ -76,6 +76,9 @@ type Options struct {
 	// default a new one over Store and Instances. Share one with other
 	// front ends of the same process.
 	Decider *policy.Decider
+	// Usage, if set, answers GET /v1/admin/usage with the quotas' usage
+	// records (the Decider's meter writes them).
+	Usage policy.UsageStore
 	// Gateway, if set, serves the WebSocket gateway: PUT /v1/sessions,
 	// DELETE /v1/sessions/{tenant}/{session} and GET /v1/ws. The caller
 	// owns it and closes it.
@@ -112,6 +115,7 @@ type Server struct {
 	ownDec  bool
 	authz   *httplimit.Limiter
 	gateway *wsgateway.Gateway
+	usage   policy.UsageStore
 
 	mux *http.ServeMux
 }
@@ -122,7 +126,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
 		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
-		decider: opts.Decider, gateway: opts.Gateway,
+		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage,
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -277,6 +281,7 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	handle("PUT", "/v1/admin/tiers/{name}", s.admin(s.handleTierPut))
 	handle("GET", "/v1/admin/state", s.admin(s.handleState))
 	handle("POST", "/v1/admin/reset", s.admin(s.handleReset))
+	handle("GET", "/v1/admin/usage", s.admin(s.handleUsageRecords))
 
 	if s.gateway != nil {
 		handle("PUT", "/v1/sessions", http.HandlerFunc(s.handleSessionCreate))

@@ -1,7 +1,10 @@
 package server
 
 import (
+	"encoding/csv"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -108,4 +111,67 @@ func usage(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
 		v.WindowMS = ms(rule.Window)
 	}
 	return v
+}
+
+// handleUsageRecords is GET /v1/admin/usage?tenant=&from=&to=: a tenant's
+// usage records whose period overlaps [from, to) (dates or RFC 3339
+// times; from the first kept, to now by default), in JSON, or in CSV with
+// Accept: text/csv or format=csv.
+func (s *Server) handleUsageRecords(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	tenant := q.Get("tenant")
+	if tenant == "" {
+		e := admit.Errorf(admit.CodeInvalid, "tenant is required")
+		e.Field = "tenant"
+		s.writeError(w, r, e)
+		return
+	}
+	if s.usage == nil {
+		s.writeError(w, r, admit.Errorf(admit.CodeNotFound, "this server keeps no usage records"))
+		return
+	}
+	from, to := time.Unix(0, 0), time.Now()
+	for _, p := range []struct {
+		name string
+		dst  *time.Time
+	}{{"from", &from}, {"to", &to}} {
+		v := q.Get(p.name)
+		if v == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			t, err = time.Parse(time.DateOnly, v)
+		}
+		if err != nil {
+			e := admit.Errorf(admit.CodeInvalid, "%s %q: want a date (2026-11-01) or an RFC 3339 time", p.name, v)
+			e.Field = p.name
+			s.writeError(w, r, e)
+			return
+		}
+		*p.dst = t
+	}
+	recs, err := s.usage.Usage(r.Context(), tenant, from, to)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if q.Get("format") == "csv" || strings.Contains(r.Header.Get("Accept"), "text/csv") {
+		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+		cw := csv.NewWriter(w)
+		_ = cw.Write([]string{"tenant", "rule", "period_start", "period_end", "admitted", "refused", "cost"})
+		for _, x := range recs {
+			_ = cw.Write([]string{x.Tenant, x.Rule, x.PeriodStart.UTC().Format(time.RFC3339), x.PeriodEnd.UTC().Format(time.RFC3339),
+				strconv.FormatInt(x.Admitted, 10), strconv.FormatInt(x.Refused, 10), strconv.FormatInt(x.Cost, 10)})
+		}
+		cw.Flush()
+		return
+	}
+	for i := range recs {
+		recs[i].PeriodStart, recs[i].PeriodEnd = recs[i].PeriodStart.UTC(), recs[i].PeriodEnd.UTC()
+	}
+	if recs == nil {
+		recs = []policy.UsageRecord{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tenant": tenant, "records": recs})
 }

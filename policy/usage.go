@@ -1,0 +1,263 @@
+package policy
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// UsageRecord is what one tenant did with one quota in one of its periods:
+// the requests admitted and refused, and the cost charged (debits
+// included). Records are what a billing job reads at the end of a period.
+type UsageRecord struct {
+	Tenant      string    `json:"tenant"`
+	Rule        string    `json:"rule"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	Admitted    int64     `json:"admitted"`
+	Refused     int64     `json:"refused"`
+	Cost        int64     `json:"cost"`
+}
+
+// UsageStore keeps usage records: AddUsage adds the counts of recs to
+// those of the same tenant, rule and period; Usage returns a tenant's
+// records whose period overlaps [from, to), by period, then rule.
+type UsageStore interface {
+	AddUsage(ctx context.Context, recs []UsageRecord) error
+	Usage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error)
+}
+
+// DefaultKeepPeriods is how many ended periods a usage store keeps of each
+// quota by default: a year of monthly quotas.
+const DefaultKeepPeriods = 12
+
+// Retention returns until when a record of the period [start, end) is
+// kept: keep periods of its length after its end.
+func Retention(start, end time.Time, keep int) time.Time {
+	return end.Add(time.Duration(keep) * end.Sub(start))
+}
+
+type usageKey struct {
+	tenant, rule string
+	start        int64
+}
+
+// MemoryUsage is a UsageStore in the process's memory, for the memory
+// store. It keeps a record until keep periods of its length after its
+// period ended, and at most max records: past it, the records of the
+// oldest periods go first.
+type MemoryUsage struct {
+	mu   sync.Mutex
+	recs map[usageKey]*UsageRecord
+	keep int
+	max  int
+	now  func() time.Time
+}
+
+var _ UsageStore = (*MemoryUsage)(nil)
+
+// NewMemoryUsage returns a MemoryUsage keeping keep ended periods
+// (DefaultKeepPeriods when 0) and at most max records (1,000,000 when 0).
+func NewMemoryUsage(keep, max int) *MemoryUsage {
+	if keep <= 0 {
+		keep = DefaultKeepPeriods
+	}
+	if max <= 0 {
+		max = 1_000_000
+	}
+	return &MemoryUsage{recs: map[usageKey]*UsageRecord{}, keep: keep, max: max, now: time.Now}
+}
+
+// AddUsage implements UsageStore.
+func (m *MemoryUsage) AddUsage(_ context.Context, recs []UsageRecord) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range recs {
+		k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
+		if have := m.recs[k]; have != nil {
+			have.Admitted += r.Admitted
+			have.Refused += r.Refused
+			have.Cost += r.Cost
+			continue
+		}
+		r := r
+		m.recs[k] = &r
+	}
+	if len(m.recs) > m.max {
+		m.trim()
+	}
+	return nil
+}
+
+// trim drops expired records, then the oldest periods' until max hold.
+func (m *MemoryUsage) trim() {
+	now := m.now()
+	for k, r := range m.recs {
+		if !Retention(r.PeriodStart, r.PeriodEnd, m.keep).After(now) {
+			delete(m.recs, k)
+		}
+	}
+	if over := len(m.recs) - m.max; over > 0 {
+		keys := make([]usageKey, 0, len(m.recs))
+		for k := range m.recs {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, func(a, b usageKey) int { return int(min(max(a.start-b.start, -1), 1)) })
+		for _, k := range keys[:over] {
+			delete(m.recs, k)
+		}
+	}
+}
+
+// Usage implements UsageStore.
+func (m *MemoryUsage) Usage(_ context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	var out []UsageRecord
+	for k, r := range m.recs {
+		if k.tenant == tenant && r.PeriodEnd.After(from) && r.PeriodStart.Before(to) &&
+			Retention(r.PeriodStart, r.PeriodEnd, m.keep).After(now) {
+			out = append(out, *r)
+		}
+	}
+	SortUsage(out)
+	return out, nil
+}
+
+// SortUsage sorts records by period start, then rule.
+func SortUsage(recs []UsageRecord) {
+	slices.SortFunc(recs, func(a, b UsageRecord) int {
+		if c := a.PeriodStart.Compare(b.PeriodStart); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Rule, b.Rule)
+	})
+}
+
+// UsageMeter counts decisions into usage records, in memory, and writes
+// them to its store every interval: a decision costs a map update, never
+// a store call. Only quotas are metered, the limits that plans bill.
+type UsageMeter struct {
+	store UsageStore
+	now   func() time.Time
+	mu    sync.Mutex
+	recs  map[usageKey]*UsageRecord
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+	// failed counts flushes the store refused; their records are kept for
+	// the next one.
+	failed int64
+}
+
+// NewUsageMeter returns a meter writing to store every interval (1s when
+// 0) until Close.
+func NewUsageMeter(store UsageStore, interval time.Duration) *UsageMeter {
+	if interval <= 0 {
+		interval = time.Second
+	}
+	m := &UsageMeter{store: store, now: time.Now, recs: map[usageKey]*UsageRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				_ = m.Flush(context.Background())
+			case <-m.stop:
+				return
+			}
+		}
+	}()
+	return m
+}
+
+// Observe counts a decision of res, made now: for every quota charge of a
+// tenant, an admitted or refused request (debits count their cost only),
+// and the cost the decision charged. Dry runs count nothing.
+func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision) {
+	if m == nil || res.Tenant == nil || len(dec.Results) != len(res.Charges) {
+		return
+	}
+	var locked bool
+	var now time.Time
+	for i, r := range res.Rules {
+		ch := &res.Charges[i]
+		if r.Algorithm != admit.Quota || ch.DryRun {
+			continue
+		}
+		p, err := ch.Rule.Prepare()
+		if err != nil {
+			continue
+		}
+		if !locked {
+			now = m.now()
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			locked = true
+		}
+		start, end := p.PeriodAt(now)
+		k := usageKey{res.Tenant.ID, r.Name, start.UnixNano()}
+		rec := m.recs[k]
+		if rec == nil {
+			rec = &UsageRecord{Tenant: res.Tenant.ID, Rule: r.Name, PeriodStart: start, PeriodEnd: end}
+			m.recs[k] = rec
+		}
+		switch {
+		case ch.Debit:
+			rec.Cost += ch.Cost
+		case dec.Allowed:
+			rec.Admitted++
+			rec.Cost += ch.Cost
+		default:
+			rec.Refused++
+		}
+	}
+}
+
+// Flush writes the records counted since the last flush. Records a store
+// refuses are kept and added to the next flush.
+func (m *UsageMeter) Flush(ctx context.Context) error {
+	m.mu.Lock()
+	if len(m.recs) == 0 {
+		m.mu.Unlock()
+		return nil
+	}
+	recs := make([]UsageRecord, 0, len(m.recs))
+	for _, r := range m.recs {
+		recs = append(recs, *r)
+	}
+	m.recs = map[usageKey]*UsageRecord{}
+	m.mu.Unlock()
+	err := m.store.AddUsage(ctx, recs)
+	if err != nil {
+		m.mu.Lock()
+		m.failed++
+		for _, r := range recs {
+			k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
+			if have := m.recs[k]; have != nil {
+				have.Admitted += r.Admitted
+				have.Refused += r.Refused
+				have.Cost += r.Cost
+			} else {
+				r := r
+				m.recs[k] = &r
+			}
+		}
+		m.mu.Unlock()
+	}
+	return err
+}
+
+// Close stops the meter and flushes what it holds.
+func (m *UsageMeter) Close(ctx context.Context) error {
+	m.once.Do(func() { close(m.stop) })
+	<-m.done
+	return m.Flush(ctx)
+}
