@@ -125,29 +125,14 @@ func (ps *periods) at(r *Rule, now int64) span {
 }
 
 // stepQuota is stepFixed over calendar periods. A state whose period has
-// not ended keeps its end, even if the anchor changed since.
+// not ended keeps its end, even if the anchor changed since; only a new
+// period is looked up.
 func stepQuota(r *Rule, ps *periods, s State, now, cost int64, res *Result, debit bool) State {
-	count, end := int64(0), int64(0)
-	if s.Expiry > now {
-		count, end = int64(s.Count), s.Expiry
-	} else {
+	end := s.Expiry
+	if end <= now {
 		end = ps.at(r, now).end
 	}
-	res.ResetAfter = durNs(end - now)
-	if count+cost <= r.Limit {
-		res.Allowed = true
-		res.Remaining = r.Limit - count - cost
-		if cost > 0 {
-			return State{Expiry: end, Count: uint32(count + cost)}
-		}
-		return s
-	}
-	res.Remaining = max(r.Limit-count, 0)
-	res.RetryAfter = durNs(end - now)
-	if debit {
-		return State{Expiry: end, Count: uint32(min(count+cost, MaxCount))}
-	}
-	return s
+	return stepCount(r.Limit, s, now, end, cost, res, debit)
 }
 
 // QuotaEnds returns the end of the period now falls in and of the one

@@ -10,21 +10,26 @@ package admit
 // fixed window: A = the end of the counted window (its expiry), B = count.
 func stepFixed(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
 	w := int64(r.Window)
-	end := now - now%w + w
+	return stepCount(r.Limit, s, now, now-now%w+w, cost, res, debit)
+}
+
+// stepCount counts up to limit in a period that ends at end, or at the end
+// s holds while it runs: a fixed window, or a quota's calendar period.
+func stepCount(limit int64, s State, now, end, cost int64, res *Result, debit bool) State {
 	count := int64(0)
 	if s.Expiry > now {
 		count, end = int64(s.Count), s.Expiry
 	}
 	res.ResetAfter = durNs(end - now)
-	if count+cost <= r.Limit {
+	if count+cost <= limit {
 		res.Allowed = true
-		res.Remaining = r.Limit - count - cost
+		res.Remaining = limit - count - cost
 		if cost > 0 {
 			return State{Expiry: end, Count: uint32(count + cost)}
 		}
 		return s
 	}
-	res.Remaining = max(r.Limit-count, 0)
+	res.Remaining = max(limit-count, 0)
 	res.RetryAfter = durNs(end - now)
 	if debit {
 		return State{Expiry: end, Count: uint32(min(count+cost, MaxCount))}

@@ -77,20 +77,24 @@ func (m *MemoryUsage) AddUsage(_ context.Context, recs []UsageRecord) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, r := range recs {
-		k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
-		if have := m.recs[k]; have != nil {
-			have.Admitted += r.Admitted
-			have.Refused += r.Refused
-			have.Cost += r.Cost
-			continue
-		}
-		r := r
-		m.recs[k] = &r
+		merge(m.recs, r)
 	}
 	if len(m.recs) > m.max {
 		m.trim()
 	}
 	return nil
+}
+
+// merge adds r's counts to the record of its tenant, rule and period.
+func merge(recs map[usageKey]*UsageRecord, r UsageRecord) {
+	k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
+	if have := recs[k]; have != nil {
+		have.Admitted += r.Admitted
+		have.Refused += r.Refused
+		have.Cost += r.Cost
+		return
+	}
+	recs[k] = &r
 }
 
 // trim drops expired records, then the oldest periods' until max hold.
@@ -240,15 +244,7 @@ func (m *UsageMeter) Flush(ctx context.Context) error {
 		m.mu.Lock()
 		m.failed++
 		for _, r := range recs {
-			k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
-			if have := m.recs[k]; have != nil {
-				have.Admitted += r.Admitted
-				have.Refused += r.Refused
-				have.Cost += r.Cost
-			} else {
-				r := r
-				m.recs[k] = &r
-			}
+			merge(m.recs, r)
 		}
 		m.mu.Unlock()
 	}

@@ -371,11 +371,15 @@ end
 
 -- Windows -----------------------------------------------------------------
 
-local function fixedEval(limit, wu, st, c, res, debit)
-  local endu = nu - fmod(nu, wu) + wu
+-- countEval counts up to limit in a period that ends at endu (µs), or at
+-- the end st holds while it runs (admit.stepCount). A quota's reply says
+-- the end in µs where the others say the reset and retry in ns (a year in
+-- ns does not fit a double exactly); the Go side converts.
+local function countEval(limit, endu, st, c, res, debit, quota)
   local count = 0
   if st and st[1] > nu then count, endu = st[2], st[1] end
   res.reset = (endu - nu) * 1000 - nsub
+  if quota then res.reset = endu end
   if count + c <= limit then
     res.allowed, res.remaining = 1, limit - count - c
     if c > 0 then return {endu, count + c} end
@@ -387,25 +391,16 @@ local function fixedEval(limit, wu, st, c, res, debit)
   return st
 end
 
+local function fixedEval(limit, wu, st, c, res, debit)
+  return countEval(limit, nu - fmod(nu, wu) + wu, st, c, res, debit, false)
+end
+
 -- quotaEval is fixedEval over the calendar periods the charge brings
--- (stepQuota): a state whose period has not ended keeps its end. Its reply
--- says the end in µs where the others say the reset and retry in ns (a
--- year in ns does not fit a double exactly); the Go side converts.
+-- (stepQuota): the first of the two ends after now.
 local function quotaEval(limit, st, c, res, debit)
   local endu = QEND1
   if endu <= nu then endu = QEND2 end
-  local count = 0
-  if st and st[1] > nu then count, endu = st[2], st[1] end
-  res.reset = endu
-  if count + c <= limit then
-    res.allowed, res.remaining = 1, limit - count - c
-    if c > 0 then return {endu, count + c} end
-    return st
-  end
-  res.allowed, res.remaining = 0, mmax(limit - count, 0)
-  res.retry = endu
-  if debit then return {endu, mmin(count + c, MAXCOUNT)} end
-  return st
+  return countEval(limit, endu, st, c, res, debit, true)
 end
 
 local function slidingEval(limit, wu, st, c, res, debit)
