@@ -16,7 +16,7 @@ var layers = []struct {
 	packages []string
 }{
 	{"vocabulary and basement", []string{"", "redistest", "configtest", "yamlconf"}},
-	{"helpers on the vocabulary", []string{"problem", "storetest"}},
+	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},
 	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest"}},

@@ -88,6 +88,10 @@ type Options struct {
 	// Observe, if set, is told every decision made, with its outcome and
 	// how long it took; it must not keep res or d.
 	Observe func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration)
+	// Shedding protects the service behind Handler with adaptive
+	// concurrency limits (see ShedGroup), after the rate limits admitted
+	// a request.
+	Shedding []ShedGroup
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
 }
@@ -100,6 +104,8 @@ type Limiter struct {
 	jwt     *verifier
 	actions *http.ServeMux
 	calls   sync.Pool
+	// shedding holds the started shedding groups.
+	shedding []*shedGroup
 }
 
 // actionHandler marks the handlers of the action mux: one per pattern,
@@ -188,7 +194,7 @@ func (l *Limiter) compile() error {
 		}
 		l.actions = mux
 	}
-	return nil
+	return l.compileShedding()
 }
 
 // actionMux compiles the action patterns. ServeMux panics on an invalid or
@@ -238,22 +244,30 @@ type call struct {
 
 // Handler returns next behind the limiter: a refused request is answered
 // here and never reaches next; an admitted one reaches it with the
-// RateLimit headers already set on the response.
+// RateLimit headers already set on the response, through its shedding
+// group's concurrency limit if it has one (Options.Shedding).
 func (l *Limiter) Handler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.Check(w, r) {
-			next.ServeHTTP(w, r)
+		c := l.calls.Get().(*call)
+		defer l.put(c)
+		if l.check(w, r, c) {
+			l.serveShed(w, r, c, next)
 		}
 	})
 }
 
 // Check identifies and decides r. When admitted it sets the RateLimit
 // headers on w and returns true; otherwise it answers r itself (401, 403,
-// 400, 429 or 503, as problem+json) and returns false.
+// 400, 429 or 503, as problem+json) and returns false. It does not shed:
+// shedding needs the request's whole life, which Handler has.
 func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
-	start := time.Now()
 	c := l.calls.Get().(*call)
 	defer l.put(c)
+	return l.check(w, r, c)
+}
+
+func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
+	start := time.Now()
 	p := l.opts.Policy() // one policy for identification and resolution
 	if err := l.identify(r, &c.req, p); err != nil {
 		l.fail(w, err)

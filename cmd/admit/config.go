@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -41,6 +42,7 @@ type Config struct {
 	Envoy    EnvoyConfig                  `json:"envoy"`
 	Gateway  GatewayConfig                `json:"gateway"`
 	Usage    UsageConfig                  `json:"usage"`
+	Shedding []ShedGroupConfig            `json:"shedding"`
 
 	// src keeps the positions of the decoded fields, for checks made
 	// after parsing (CheckProxyActions).
@@ -354,6 +356,17 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 			return
 		}
 		v.SetInt(x)
+	case reflect.Float64:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "want a number, got %s", yamlconf.KindName(n))
+			return
+		}
+		x, err := strconv.ParseFloat(expand(n.Value), 64)
+		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+			d.fail(n, path, "want a number, got %q", n.Value)
+			return
+		}
+		v.SetFloat(x)
 	case reflect.Bool:
 		if n.Kind != yaml.ScalarNode {
 			d.fail(n, path, "want true or false, got %s", yamlconf.KindName(n))
@@ -520,6 +533,7 @@ var httpOptionPaths = map[string]string{
 	"UserHeader":      "http.user_header",
 	"JWT.Keys":        "http.jwt.keys",
 	"Actions":         "http.actions",
+	"Shedding":        "shedding",
 }
 
 // parsePrefix parses a CIDR or a single address.

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/shed"
 )
 
 // HTTPConfig is the http section: how the middleware of admit proxy and
@@ -50,6 +52,98 @@ type JWTKeyConfig struct {
 type ActionConfig struct {
 	Match  string `json:"match"`
 	Action string `json:"action"`
+}
+
+// ShedGroupConfig is one group of the shedding section: admit proxy's
+// adaptive concurrency limit for the routes of some actions (see
+// httplimit.ShedGroup and package shed for each field).
+type ShedGroupConfig struct {
+	Name            string        `json:"name"`
+	Actions         []string      `json:"actions"`
+	Algorithm       string        `json:"algorithm"`
+	InitialLimit    int           `json:"initial_limit"`
+	MinLimit        int           `json:"min_limit"`
+	MaxLimit        int           `json:"max_limit"`
+	Tolerance       float64       `json:"tolerance"`
+	Timeout         string        `json:"timeout"`
+	CriticalReserve float64       `json:"critical_reserve"`
+	SheddableShare  float64       `json:"sheddable_share"`
+	TenantShare     float64       `json:"tenant_share"`
+	MaxQueue        int           `json:"max_queue"`
+	MaxWait         string        `json:"max_wait"`
+	Classes         ClassesConfig `json:"classes"`
+}
+
+// ClassesConfig says how a shedding group finds a request's class.
+type ClassesConfig struct {
+	Header  string            `json:"header"`
+	Actions map[string]string `json:"actions"`
+	Tiers   map[string]string `json:"tiers"`
+	Default string            `json:"default"`
+}
+
+// shedGroups turns the shedding section into middleware options.
+func shedGroups(c *Config) ([]httplimit.ShedGroup, error) {
+	var out []httplimit.ShedGroup
+	for i, g := range c.Shedding {
+		at := func(f string) string { return fmt.Sprintf("shedding[%d].%s", i, f) }
+		sg := httplimit.ShedGroup{Name: g.Name, Actions: g.Actions, ClassHeader: g.Classes.Header,
+			Limiter: shed.Options{
+				Algorithm: g.Algorithm, InitialLimit: g.InitialLimit, MinLimit: g.MinLimit, MaxLimit: g.MaxLimit,
+				Tolerance: g.Tolerance, CriticalReserve: g.CriticalReserve, SheddableShare: g.SheddableShare,
+				TenantShare: g.TenantShare, MaxQueue: g.MaxQueue,
+			}}
+		if g.Name == "" {
+			return nil, &fieldError{at("name"), "missing; it names the group in metrics"}
+		}
+		for _, d := range []struct {
+			f, v string
+			dst  *time.Duration
+		}{{"timeout", g.Timeout, &sg.Limiter.Timeout}, {"max_wait", g.MaxWait, &sg.Limiter.MaxWait}} {
+			if d.v == "" {
+				continue
+			}
+			v, err := time.ParseDuration(d.v)
+			if err != nil || v <= 0 {
+				return nil, &fieldError{at(d.f), fmt.Sprintf("%q is not a duration like 50ms", d.v)}
+			}
+			*d.dst = v
+		}
+		if err := sg.Limiter.Validate(); err != nil {
+			return nil, &fieldError{at(admit.ErrorField(err)), err.Error()}
+		}
+		class := func(f, v string) (shed.Class, error) {
+			cl, err := shed.ParseClass(v)
+			if err != nil {
+				return 0, &fieldError{at(f), err.Error()}
+			}
+			return cl, nil
+		}
+		var err error
+		if g.Classes.Default != "" {
+			if sg.Default, err = class("classes.default", g.Classes.Default); err != nil {
+				return nil, err
+			}
+		}
+		for _, m := range []struct {
+			f   string
+			src map[string]string
+			dst *map[string]shed.Class
+		}{{"classes.actions", g.Classes.Actions, &sg.Classes}, {"classes.tiers", g.Classes.Tiers, &sg.Tiers}} {
+			for k, v := range m.src {
+				cl, err := class(m.f+"."+k, v)
+				if err != nil {
+					return nil, err
+				}
+				if *m.dst == nil {
+					*m.dst = map[string]shed.Class{}
+				}
+				(*m.dst)[k] = cl
+			}
+		}
+		out = append(out, sg)
+	}
+	return out, nil
 }
 
 // fieldError is a problem with one field of the configuration, by path.
@@ -110,6 +204,11 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 		}
 		o.JWT = jwt
 	}
+	groups, err := shedGroups(c)
+	if err != nil {
+		return o, err
+	}
+	o.Shedding = groups
 	return o, nil
 }
 

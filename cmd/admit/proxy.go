@@ -20,6 +20,9 @@ user header, client IP behind server.trusted_proxies), decided against the
 configuration's rules, and forwarded to the upstream only when admitted.
 Refusals are 429 with RateLimit headers and Retry-After, and never reach
 the upstream. Streaming responses and WebSocket upgrades pass through.
+With a shedding section, admitted requests then pass an adaptive
+concurrency limit that protects the upstream: past it they wait briefly,
+then are answered 503 with Retry-After, sheddable ones first.
 
 An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
@@ -32,6 +35,7 @@ Flags:
 type proxyFlags struct {
 	backendFlags
 	upstream, listen string
+	metrics          string
 	keysOptional     bool
 }
 
@@ -42,6 +46,7 @@ func proxy(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.listen, "listen", ":8090", "listen `address`")
 	f.register(fs)
 	fs.BoolVar(&f.keysOptional, "keys-optional", false, "admit requests without an API key as anonymous (global rules only)")
+	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (the shedding groups') at this `address`'s /metrics")
 	if code, done := parseFlags(fs, proxyUsage, args, e); done {
 		return code
 	}
@@ -94,6 +99,14 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	defer lim.Close()
+	if f.metrics != "" {
+		addr, stop, err := serveMetrics(f.metrics, lim)
+		if err != nil {
+			return fmt.Errorf("--metrics: %w", err)
+		}
+		defer stop()
+		log.Info("admit proxy metrics", "listen", "http://"+addr+"/metrics")
+	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return err

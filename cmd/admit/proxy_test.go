@@ -256,3 +256,59 @@ func TestProxyRefusesUnreachableActions(t *testing.T) {
 		t.Fatalf("proxy started on an unreachable action: exit %d: %s", code, stderr.String())
 	}
 }
+
+// TestProxyShedding: admit proxy with a shedding group of one slot: while
+// the upstream holds it, the next request is answered 503 with
+// Retry-After without reaching the upstream, and --metrics says so.
+func TestProxyShedding(t *testing.T) {
+	release := make(chan struct{})
+	var reached atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer up.Close()
+	defer close(release)
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, cfg, "version: 1\nshedding:\n  - name: api\n    algorithm: aimd\n    initial_limit: 1\n    min_limit: 1\n    max_limit: 1\n    max_wait: 20ms\n")
+	metricsAddr := freeAddr(t)
+	p := startCmd(t, "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--config", cfg, "--keys-optional",
+		"--data-dir", t.TempDir(), "--metrics", metricsAddr)
+	go func() { _, _ = http.Get(p.url + "/slow") }()
+	for reached.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	resp, err := http.Get(p.url + "/fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || reached.Load() != 1 {
+		t.Fatalf("at the limit: %d, Retry-After %q, upstream reached %d times: %s", resp.StatusCode, resp.Header.Get("Retry-After"), reached.Load(), body)
+	}
+	resp, err = http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`admit_shed_limit{group="api"} 1`, `admit_shed_in_flight{group="api"} 1`,
+		`admit_shed_requests_total{class="default",group="api",result="shed"} 1`} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("metrics lack %s:\n%s", want, m)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/shed"
+)
+
+// shedCollector exports the shedding groups' state: the concurrency
+// limit, what is in flight and queued, and the requests admitted and shed
+// by class.
+type shedCollector struct {
+	stats                   func() []httplimit.ShedStat
+	limit, inFlight, queued *prometheus.Desc
+	requests                *prometheus.Desc
+}
+
+func newShedCollector(stats func() []httplimit.ShedStat) *shedCollector {
+	g := []string{"group"}
+	return &shedCollector{
+		stats:    stats,
+		limit:    prometheus.NewDesc("admit_shed_limit", "The concurrency limit of a shedding group, as it adapts.", g, nil),
+		inFlight: prometheus.NewDesc("admit_shed_in_flight", "Requests of a shedding group being served.", g, nil),
+		queued:   prometheus.NewDesc("admit_shed_queued", "Requests of a shedding group waiting for a slot.", g, nil),
+		requests: prometheus.NewDesc("admit_shed_requests_total", "Requests of a shedding group, by class and result (admitted, shed).", []string{"group", "class", "result"}, nil),
+	}
+}
+
+func (c *shedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.limit
+	ch <- c.inFlight
+	ch <- c.queued
+	ch <- c.requests
+}
+
+func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.stats() {
+		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(s.Limit), s.Group)
+		ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(s.InFlight), s.Group)
+		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(s.Queued), s.Group)
+		for _, cl := range shed.Classes() {
+			ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(s.Admitted[cl]), s.Group, cl.String(), "admitted")
+			ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(s.Shed[cl]), s.Group, cl.String(), "shed")
+		}
+	}
+}
+
+// serveMetrics serves the proxy's metrics at addr's /metrics until the
+// returned function stops it.
+func serveMetrics(addr string, lim *httplimit.Limiter) (string, func(), error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newShedCollector(lim.ShedStats))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	return ln.Addr().String(), func() { _ = hs.Close() }, nil
+}
