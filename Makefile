@@ -4,19 +4,25 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz image
+
+IMAGE       ?= localhost/admit:latest
+CONTAINER   ?= podman
+# podman keeps HEALTHCHECK only in the docker image format.
+IMAGEFLAGS  ?= $(if $(filter podman,$(CONTAINER)),--format docker,)
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## install redis-server, redis-cli and chromium when missing (the tests start their own servers and browser)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium || { \
+deps: ## install redis-server, redis-cli, chromium, podman and runc when missing (the tests start their own servers, browser and container)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium && command -v podman >/dev/null && command -v runc >/dev/null || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq redis-server redis-tools chromium >/dev/null; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools chromium podman runc >/dev/null; }
 	@redis-server --version
 	@/usr/bin/chromium --version
+	@podman --version
 
-test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium
+test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium and the container image
 	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...
 	cd e2e && $(GO) test -count=1 -timeout=5m ./...
 
@@ -67,3 +73,9 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzAdminBody -fuzztime=$(FUZZTIME) ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzForwardingHeaders -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzCheck$$ -fuzztime=$(FUZZTIME) ./httplimit
+
+image: ## build the container image (deploy/container/Containerfile) with podman, nothing pulled: IMAGE=…, CONTAINER=docker
+	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && \
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=true -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo devel)" -o "$$ctx/admit" ./cmd/admit && \
+	cp deploy/container/passwd deploy/container/group /etc/ssl/certs/ca-certificates.crt "$$ctx/" && \
+	$(CONTAINER) build -q $(IMAGEFLAGS) -t $(IMAGE) -f deploy/container/Containerfile "$$ctx"

@@ -51,6 +51,8 @@ Usage:
   admit proxy --upstream URL     a rate limiting reverse proxy (see admit proxy --help)
   admit config validate FILE...  check configuration files
   admit config example           print the built-in demo configuration
+  admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
+  admit version                  print the version, commit and Go version
   admit help                     show this help
 
 Exit codes: 0 success (check: admitted), 1 refused (check) or invalid
@@ -72,6 +74,10 @@ func run(ctx context.Context, args []string, e *env) int {
 		return proxy(ctx, args[1:], e)
 	case "config":
 		return configCmd(args[1:], e)
+	case "version", "--version":
+		return versionCmd(e)
+	case "healthcheck":
+		return healthcheck(ctx, args[1:], e)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(e.stdout, usage)
 		return 0

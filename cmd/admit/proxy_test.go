@@ -312,3 +312,20 @@ func freeAddr(t *testing.T) string {
 	defer ln.Close()
 	return ln.Addr().String()
 }
+
+// TestVersionAndHealthcheck: admit version names the Go version; admit
+// healthcheck exits 0 against a serving server and 1 against none.
+func TestVersionAndHealthcheck(t *testing.T) {
+	var out strings.Builder
+	if code := run(context.Background(), []string{"version"}, &env{stdout: &out, stderr: io.Discard, getenv: os.Getenv}); code != 0 || !strings.HasPrefix(out.String(), "admit ") || !strings.Contains(out.String(), "go1.") {
+		t.Fatalf("admit version: %d %q", code, out.String())
+	}
+	s := startServe(t, "--data-dir", t.TempDir())
+	e := &env{stdout: io.Discard, stderr: io.Discard, getenv: os.Getenv}
+	if code := run(context.Background(), []string{"healthcheck", "--url", s.url + "/healthz"}, e); code != 0 {
+		t.Fatalf("healthcheck of a serving server: %d", code)
+	}
+	if code := run(context.Background(), []string{"healthcheck", "--url", "http://" + freeAddr(t) + "/healthz"}, e); code != 1 {
+		t.Fatalf("healthcheck of nothing: %d", code)
+	}
+}
