@@ -14,10 +14,10 @@ IMAGEFLAGS  ?= $(if $(filter podman,$(CONTAINER)),--format docker,)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## install redis-server, redis-cli, chromium, podman and runc when missing (the tests start their own servers, browser and container)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium && command -v podman >/dev/null && command -v runc >/dev/null || { \
+deps: ## install redis-server, redis-cli, chromium, podman, runc and promtool when missing (the tests start their own servers, browser and container)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium && command -v podman >/dev/null && command -v runc >/dev/null && command -v promtool >/dev/null || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools chromium podman runc >/dev/null; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools chromium podman runc prometheus >/dev/null; }
 	@redis-server --version
 	@/usr/bin/chromium --version
 	@podman --version

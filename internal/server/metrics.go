@@ -87,6 +87,12 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 			latency: m.latency.WithLabelValues(e),
 		}
 	}
+	// Reload counters start at 0, so that the first failed reload is an
+	// increase an alert sees (a series born at 1 is not).
+	for _, result := range []string{"ok", "error"} {
+		m.reloads.WithLabelValues(result)
+		m.envoyReloads.WithLabelValues(result)
+	}
 	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.envoyReloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
 		m.outages, m.lastOutage,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
