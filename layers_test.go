@@ -15,7 +15,7 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"vocabulary and basement", []string{"", "redistest", "configtest", "yamlconf"}},
+	{"vocabulary and basement", []string{"", "redistest", "configtest", "yamlconf", "api"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},

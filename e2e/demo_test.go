@@ -55,9 +55,17 @@ type admitProcess struct {
 // once it serves. The test's cleanup kills it by its PID.
 func startAdmit(t *testing.T, args ...string) *admitProcess {
 	t.Helper()
+	return startAdmitEnv(t, nil, args...)
+}
+
+// startAdmitEnv is startAdmit with env added to the test's environment.
+// Later flags win, so args may replace the addresses and data directory.
+func startAdmitEnv(t *testing.T, env []string, args ...string) *admitProcess {
+	t.Helper()
 	bin := admitBinary(t)
 	args = append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data")}, args...)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -173,8 +173,6 @@ func (s *Server) record(c *call, endpoint string, start time.Time) {
 	}
 }
 
-// answer writes the decision of c: 200 or 429, its headers and its JSON.
-// waited is acquire's wait, or negative for none.
 // debt reports whether a debit left its rule over its limit, and the
 // longest wait until a request would pass again. A report that does so is
 // answered 429, as information: the debit was charged all the same.
@@ -188,6 +186,8 @@ func debt(results []admit.Result) (time.Duration, bool) {
 	return wait, over
 }
 
+// answer writes the decision of c: 200 or 429, its headers and its JSON.
+// waited is acquire's wait, or negative for none.
 func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
 	h := w.Header()
 	c.buf = httplimit.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)

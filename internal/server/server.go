@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/api"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
@@ -302,6 +303,11 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	}))
 	handle("GET", "/readyz", http.HandlerFunc(s.handleReady))
 	handle("GET", "/metrics", s.metrics.handler(reg))
+	handle("GET", "/openapi.yaml", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.Header().Set("Content-Length", strconv.Itoa(len(api.OpenAPI)))
+		_, _ = w.Write(api.OpenAPI)
+	}))
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
