@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz image
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
@@ -73,6 +73,14 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzAdminBody -fuzztime=$(FUZZTIME) ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzForwardingHeaders -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzCheck$$ -fuzztime=$(FUZZTIME) ./httplimit
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./simulate
+
+pictures: ## redraw docs/img/seed004.png (README) with admit simulate
+	$(GO) run ./cmd/admit simulate --independent --pattern 'bursts n=2 every=1s' \
+		--rule 'fixed_window limit=5 window=5s name=fixed-window' \
+		--rule 'sliding_log limit=5 window=5s name=sliding-log' \
+		--rule 'token_bucket rate=2/2s burst=5 name=token-bucket' \
+		--out docs/img/seed004.png
 
 image: ## build the container image (deploy/container/Containerfile) with podman, nothing pulled: IMAGE=…, CONTAINER=docker
 	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && \

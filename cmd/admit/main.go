@@ -49,6 +49,7 @@ Usage:
   admit serve [flags]            run the server (see admit serve --help)
   admit check [flags]            decide one request (see admit check --help)
   admit proxy --upstream URL     a rate limiting reverse proxy (see admit proxy --help)
+  admit simulate [flags]         draw what rules do to a pattern of requests (see admit simulate --help)
   admit config validate FILE...  check configuration files
   admit config example           print the built-in demo configuration
   admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
@@ -74,6 +75,8 @@ func run(ctx context.Context, args []string, e *env) int {
 		return proxy(ctx, args[1:], e)
 	case "config":
 		return configCmd(args[1:], e)
+	case "simulate":
+		return simulateCmd(ctx, args[1:], e)
 	case "version", "--version":
 		return versionCmd(e)
 	case "healthcheck":

@@ -1,0 +1,420 @@
+// Package simulate runs arrival patterns through rate limit rules with
+// Admit's own algorithms, time passed in, and draws what they do: each
+// request admitted or refused, and the state of the limit over time.
+//
+// It is what `admit simulate` and the dashboard's simulator run: the same
+// state transitions the stores use (admit.PreparedRule.StepTo, admit.Log,
+// admit.LeaseSet), so a picture shows what a server would decide.
+package simulate
+
+import (
+	"bufio"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// Event is one request: when it arrives, counted from the start of the
+// run, who sends it, and what it costs.
+type Event struct {
+	At     time.Duration
+	Tenant string
+	User   string
+	IP     string
+	Action string
+	Cost   int64
+}
+
+// Identity is who sends a pattern's requests.
+type Identity struct {
+	Tenant, User, IP, Action string
+	Cost                     int64 // 0 means 1
+}
+
+// A Pattern generates the arrival times of requests over a run.
+type Pattern struct {
+	// Kind is constant, bursts, poisson, onoff, ramp or seed004.
+	Kind string
+	// Rate: constant, poisson, onoff (while on); ramp goes From → To.
+	Rate, From, To admit.Rate
+	// Bursts: N requests at once, Every apart.
+	N     int64
+	Every time.Duration
+	// OnOff: On at Rate, then Off silent, repeated.
+	On, Off time.Duration
+	// Seed makes poisson repeatable.
+	Seed uint64
+	// Duration is how long the pattern runs; seed004 runs 20 s.
+	Duration time.Duration
+}
+
+// MaxEvents bounds what one pattern may generate, so that a typo
+// (1000000/s for a day) fails fast instead of filling memory.
+const MaxEvents = 10_000_000
+
+// ParsePattern parses a pattern as `admit simulate --pattern` takes it: a
+// kind, then key=value parameters, separated by spaces or commas:
+//
+//	constant rate=1/s
+//	bursts n=5 every=10s
+//	poisson rate=3/s seed=7
+//	onoff rate=5/s on=10s off=20s
+//	ramp from=1/s to=20/s
+//	seed004                      (one request a second for 20 s)
+//
+// duration=D sets the run's length (default 20s).
+func ParsePattern(s string) (Pattern, error) {
+	fields := strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == ',' })
+	if len(fields) == 0 {
+		return Pattern{}, errors.New("empty pattern; want e.g. \"constant rate=1/s\"")
+	}
+	p := Pattern{Kind: fields[0], Duration: 20 * time.Second, Seed: 1}
+	seen := map[string]bool{}
+	for _, f := range fields[1:] {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || v == "" {
+			return p, fmt.Errorf("pattern %q: %q is not key=value", s, f)
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "rate":
+			p.Rate, err = admit.ParseRate(v)
+		case "from":
+			p.From, err = rampRate(v)
+		case "to":
+			p.To, err = rampRate(v)
+		case "n":
+			p.N, err = strconv.ParseInt(v, 10, 64)
+			if err == nil && (p.N < 1 || p.N > 1_000_000) {
+				err = errors.New("want 1 to 1000000")
+			}
+		case "every":
+			p.Every, err = admit.ParseDuration(v)
+		case "on":
+			p.On, err = admit.ParseDuration(v)
+		case "off":
+			p.Off, err = admit.ParseDuration(v)
+		case "seed":
+			p.Seed, err = strconv.ParseUint(v, 10, 64)
+		case "duration":
+			p.Duration, err = admit.ParseDuration(v)
+		default:
+			err = errors.New("unknown parameter")
+		}
+		if err != nil {
+			return p, fmt.Errorf("pattern %q: %s: %v", s, k, err)
+		}
+	}
+	need := map[string][]string{
+		"constant": {"rate"}, "poisson": {"rate"}, "bursts": {"n", "every"},
+		"onoff": {"rate", "on", "off"}, "ramp": {"from", "to"}, "seed004": nil,
+	}
+	req, ok := need[p.Kind]
+	if !ok {
+		return p, fmt.Errorf("pattern %q: unknown kind %q; want constant, bursts, poisson, onoff, ramp or seed004", s, p.Kind)
+	}
+	for _, k := range req {
+		if !seen[k] {
+			return p, fmt.Errorf("pattern %q: %s needs %s=", s, p.Kind, k)
+		}
+	}
+	if p.Kind == "seed004" {
+		p.Rate, p.Duration = admit.Rate{N: 1, Per: time.Second}, 20*time.Second
+	}
+	if p.Duration <= 0 {
+		return p, fmt.Errorf("pattern %q: duration must be positive", s)
+	}
+	if (p.Kind == "bursts" && p.Every <= 0) || (p.Kind == "onoff" && (p.On <= 0 || p.Off < 0)) {
+		return p, fmt.Errorf("pattern %q: periods must be positive", s)
+	}
+	if n := p.expected(); n > MaxEvents {
+		return p, fmt.Errorf("pattern %q: about %.0f requests; at most %d", s, n, MaxEvents)
+	}
+	return p, nil
+}
+
+// rampRate parses a ramp's end, which may be 0/s (silence).
+func rampRate(v string) (admit.Rate, error) {
+	if n, unit, ok := strings.Cut(v, "/"); ok && n == "0" {
+		r, err := admit.ParseRate("1/" + unit)
+		return admit.Rate{Per: r.Per}, err
+	}
+	return admit.ParseRate(v)
+}
+
+// perSecond is r in requests per second.
+func perSecond(r admit.Rate) float64 {
+	if r.Per <= 0 {
+		return 0
+	}
+	return float64(r.N) / r.Per.Seconds()
+}
+
+// expected is about how many requests p generates.
+func (p Pattern) expected() float64 {
+	d := p.Duration.Seconds()
+	switch p.Kind {
+	case "bursts":
+		return float64(p.N) * (math.Floor(p.Duration.Seconds()/p.Every.Seconds()) + 1)
+	case "ramp":
+		return (perSecond(p.From) + perSecond(p.To)) / 2 * d
+	case "onoff":
+		return perSecond(p.Rate) * d * p.On.Seconds() / (p.On + p.Off).Seconds()
+	}
+	return perSecond(p.Rate) * d
+}
+
+// Events generates p's requests, all sent by id, in order of arrival.
+func (p Pattern) Events(id Identity) []Event {
+	cost := id.Cost
+	if cost == 0 {
+		cost = 1
+	}
+	ev := func(at time.Duration) Event {
+		return Event{At: at, Tenant: id.Tenant, User: id.User, IP: id.IP, Action: id.Action, Cost: cost}
+	}
+	var out []Event
+	switch p.Kind {
+	case "constant", "seed004":
+		gap := p.Rate.Interval()
+		for t := time.Duration(0); t < p.Duration; t += gap {
+			out = append(out, ev(t))
+		}
+	case "bursts":
+		for t := time.Duration(0); t < p.Duration; t += p.Every {
+			for range p.N {
+				out = append(out, ev(t))
+			}
+		}
+	case "poisson":
+		rng := rand.New(rand.NewPCG(p.Seed, 0x5eed))
+		rate := perSecond(p.Rate)
+		for t := time.Duration(0); ; {
+			t += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+			if t >= p.Duration {
+				break
+			}
+			out = append(out, ev(t))
+		}
+	case "onoff":
+		gap := p.Rate.Interval()
+		for start := time.Duration(0); start < p.Duration; start += p.On + p.Off {
+			for t := start; t < start+p.On && t < p.Duration; t += gap {
+				out = append(out, ev(t))
+			}
+		}
+	case "ramp":
+		// The rate grows linearly; the n-th request arrives when the
+		// integral of the rate reaches n.
+		a, b, d := perSecond(p.From), perSecond(p.To), p.Duration.Seconds()
+		k := (b - a) / d
+		for n := 0.0; ; n++ {
+			var s float64
+			if k == 0 {
+				s = n / a
+			} else {
+				s = (-a + math.Sqrt(a*a+2*k*n)) / k
+			}
+			if math.IsNaN(s) || s >= d {
+				break
+			}
+			out = append(out, ev(time.Duration(s*float64(time.Second))))
+		}
+	}
+	return out
+}
+
+// ReadLog reads a recorded log of requests, CSV or JSON lines (one object
+// per line), and returns its events sorted by time with At counted from
+// the first, and the first's time.
+//
+// A CSV log has a header naming its columns: time (required), and any of
+// tenant, user, ip, action, cost. A JSON line has the same fields. time is
+// an RFC 3339 time, or Unix seconds (with a fraction). onlyTenant, when
+// not empty, keeps that tenant's requests only. progress, if not nil, is
+// called with the bytes read so far now and then.
+func ReadLog(r io.Reader, onlyTenant string, progress func(read int64)) ([]Event, time.Time, error) {
+	br := bufio.NewReaderSize(&countingReader{r: r, progress: progress}, 1<<16)
+	first, err := br.Peek(1)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("the log is empty")
+	}
+	var raw []rawEvent
+	if first[0] == '{' {
+		raw, err = readJSONLines(br)
+	} else {
+		raw, err = readCSV(br)
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	if onlyTenant != "" {
+		raw = slices.DeleteFunc(raw, func(e rawEvent) bool { return e.Tenant != onlyTenant })
+	}
+	if len(raw) == 0 {
+		return nil, time.Time{}, fmt.Errorf("the log has no requests%s", map[bool]string{true: " of tenant " + strconv.Quote(onlyTenant)}[onlyTenant != ""])
+	}
+	if !slices.IsSortedFunc(raw, func(a, b rawEvent) int { return a.at.Compare(b.at) }) {
+		slices.SortStableFunc(raw, func(a, b rawEvent) int { return a.at.Compare(b.at) })
+	}
+	start := raw[0].at
+	out := make([]Event, len(raw))
+	for i, e := range raw {
+		out[i] = e.Event
+		out[i].At = e.at.Sub(start)
+	}
+	return out, start, nil
+}
+
+type rawEvent struct {
+	Event
+	at time.Time
+}
+
+type countingReader struct {
+	r        io.Reader
+	n, last  int64
+	progress func(int64)
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	if c.progress != nil && c.n-c.last >= 4<<20 {
+		c.last = c.n
+		c.progress(c.n)
+	}
+	return n, err
+}
+
+// parseTime reads an RFC 3339 time or Unix seconds.
+func parseTime(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < 0 || f > 1e11 {
+		return time.Time{}, fmt.Errorf("time %q: want an RFC 3339 time or Unix seconds", s)
+	}
+	sec, frac := math.Modf(f)
+	return time.Unix(int64(sec), int64(frac*1e9)).UTC(), nil
+}
+
+func parseCost(s string) (int64, error) {
+	if s == "" {
+		return 1, nil
+	}
+	c, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || c < 0 || c > admit.MaxCount {
+		return 0, fmt.Errorf("cost %q: want a whole number from 0 to %d", s, int64(admit.MaxCount))
+	}
+	return c, nil
+}
+
+func readCSV(r io.Reader) ([]rawEvent, error) {
+	cr := csv.NewReader(r)
+	cr.ReuseRecord = true
+	header, err := cr.Read()
+	if err != nil {
+		return nil, fmt.Errorf("log: reading the CSV header: %v", err)
+	}
+	col := map[string]int{}
+	for i, h := range header {
+		name := strings.ToLower(strings.TrimSpace(h))
+		switch name {
+		case "time", "tenant", "user", "ip", "action", "cost":
+			col[name] = i
+		default:
+			return nil, fmt.Errorf("log: column %q: want time, tenant, user, ip, action or cost", h)
+		}
+	}
+	if _, ok := col["time"]; !ok {
+		return nil, errors.New("log: the CSV header has no time column")
+	}
+	get := func(rec []string, name string) string {
+		if i, ok := col[name]; ok && i < len(rec) {
+			return rec[i]
+		}
+		return ""
+	}
+	var out []rawEvent
+	for line := 2; ; line++ {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("log: %v", err)
+		}
+		at, err := parseTime(get(rec, "time"))
+		if err == nil {
+			var cost int64
+			cost, err = parseCost(get(rec, "cost"))
+			if err == nil {
+				out = append(out, rawEvent{at: at, Event: Event{
+					Tenant: strings.Clone(get(rec, "tenant")), User: strings.Clone(get(rec, "user")),
+					IP: strings.Clone(get(rec, "ip")), Action: strings.Clone(get(rec, "action")), Cost: cost,
+				}})
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("log line %d: %v", line, err)
+		}
+		if len(out) > MaxEvents {
+			return nil, fmt.Errorf("log: more than %d requests", MaxEvents)
+		}
+	}
+}
+
+func readJSONLines(r *bufio.Reader) ([]rawEvent, error) {
+	var out []rawEvent
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for line := 1; sc.Scan(); line++ {
+		b := sc.Bytes()
+		if len(strings.TrimSpace(string(b))) == 0 {
+			continue
+		}
+		var j struct {
+			Time   json.RawMessage `json:"time"`
+			Tenant string          `json:"tenant"`
+			User   string          `json:"user"`
+			IP     string          `json:"ip"`
+			Action string          `json:"action"`
+			Cost   *int64          `json:"cost"`
+		}
+		if err := json.Unmarshal(b, &j); err != nil {
+			return nil, fmt.Errorf("log line %d: %v", line, err)
+		}
+		ts := strings.Trim(string(j.Time), `"`)
+		at, err := parseTime(ts)
+		if err != nil {
+			return nil, fmt.Errorf("log line %d: %v", line, err)
+		}
+		cost := int64(1)
+		if j.Cost != nil {
+			if cost, err = parseCost(strconv.FormatInt(*j.Cost, 10)); err != nil {
+				return nil, fmt.Errorf("log line %d: %v", line, err)
+			}
+		}
+		out = append(out, rawEvent{at: at, Event: Event{Tenant: j.Tenant, User: j.User, IP: j.IP, Action: j.Action, Cost: cost}})
+		if len(out) > MaxEvents {
+			return nil, fmt.Errorf("log: more than %d requests", MaxEvents)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("log: %v", err)
+	}
+	return out, nil
+}
