@@ -44,31 +44,7 @@ func TestOpenAPI(t *testing.T) {
 	redis.Kill()
 	ctx := context.Background()
 
-	resp, err := http.Get(p.url + "/openapi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/yaml" {
-		t.Fatalf("/openapi.yaml: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
-	loader := openapi3.NewLoader()
-	doc, err := loader.LoadFromData(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !doc.IsOpenAPI31OrLater() {
-		t.Fatalf("document version %s, want 3.1", doc.OpenAPI)
-	}
-	if err := doc.Validate(ctx); err != nil {
-		t.Fatalf("the document is not valid OpenAPI: %v", err)
-	}
-	doc.Servers = openapi3.Servers{{URL: p.url}, {URL: down.url}}
-	router, err := gorillamux.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc, router := servedSpec(t, p.url, down.url)
 
 	admin := map[string]string{"Authorization": "Bearer " + token}
 	seen := map[string][]int{} // operation → statuses answered
@@ -215,6 +191,13 @@ func TestOpenAPI(t *testing.T) {
 		{method: "GET", path: "/v1/admin/usage?tenant=t1234&format=csv", header: admin, status: 200},
 		{method: "GET", path: "/v1/admin/usage?tenant=t1234&from=yesterday", header: admin, status: 400},
 		{method: "GET", path: "/v1/admin/usage", header: admin, status: 400, malformed: true},
+		{method: "GET", path: "/v1/admin/dashboard", header: admin, status: 200},
+		{method: "GET", path: "/v1/admin/dashboard?tenant=tenant-1", header: admin, status: 200},
+		{method: "GET", path: "/v1/admin/dashboard", status: 401},
+		{method: "POST", path: "/v1/admin/simulate", header: admin, body: `{"rules":["token_bucket rate=2/2s burst=5"],"pattern":"bursts n=2 every=1s","independent":true}`, status: 200},
+		{method: "POST", path: "/v1/admin/simulate", header: admin, body: `{"tenant":"t1234","action":"search","format":"json"}`, status: 200},
+		{method: "POST", path: "/v1/admin/simulate", header: admin, body: `{"rules":["token_bucket"]}`, status: 400},
+		{method: "GET", path: "/", status: 200},
 	} {
 		do(c)
 	}
@@ -269,6 +252,39 @@ func TestOpenAPI(t *testing.T) {
 	}
 }
 
+// servedSpec reads the OpenAPI document the server at urls[0] serves,
+// checks that it is valid OpenAPI 3.1, and routes requests to urls.
+func servedSpec(t *testing.T, urls ...string) (*openapi3.T, routers.Router) {
+	t.Helper()
+	resp, err := http.Get(urls[0] + "/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/yaml" {
+		t.Fatalf("/openapi.yaml: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	doc, err := openapi3.NewLoader().LoadFromData(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !doc.IsOpenAPI31OrLater() {
+		t.Fatalf("document version %s, want 3.1", doc.OpenAPI)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		t.Fatalf("the document is not valid OpenAPI: %v", err)
+	}
+	for _, u := range urls {
+		doc.Servers = append(doc.Servers, &openapi3.Server{URL: u})
+	}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc, router
+}
+
 func operationKey(r *routers.Route) string { return r.Method + " " + r.Path }
 
 // TestOpenAPICatchesDrift shows that the check of TestOpenAPI can fail: an
@@ -276,21 +292,7 @@ func operationKey(r *routers.Route) string { return r.Method + " " + r.Path }
 func TestOpenAPICatchesDrift(t *testing.T) {
 	p := startAdmit(t)
 	ctx := context.Background()
-	resp, err := http.Get(p.url + "/openapi.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	spec, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	doc, err := openapi3.NewLoader().LoadFromData(spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc.Servers = openapi3.Servers{{URL: p.url}}
-	router, err := gorillamux.NewRouter(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, router := servedSpec(t, p.url)
 	req, _ := http.NewRequest("POST", p.url+"/v1/check", bytes.NewReader([]byte(`{"tenant":"t1234"}`)))
 	route, params, err := router.FindRoute(req)
 	if err != nil {

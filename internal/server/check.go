@@ -168,6 +168,7 @@ func (s *Server) count(out policy.Outcome, err error) {
 // record counts a decision in the metrics and the decision log.
 func (s *Server) record(c *call, endpoint string, start time.Time) {
 	s.metrics.observe(c, endpoint, time.Since(start))
+	s.activity.add(start, endpoint, c.req.User, c.req.Action, &c.res, &c.d)
 	if s.decisions != nil {
 		s.decisions.add(c, time.Now())
 	}

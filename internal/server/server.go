@@ -105,6 +105,7 @@ type Server struct {
 	maxWait time.Duration
 
 	metrics   *metrics
+	activity  *activity // the dashboard's last minutes
 	decisions *decisionLog
 	claimBase string
 	claimSeq  atomic.Uint64
@@ -127,7 +128,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
 		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
-		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage,
+		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -166,6 +167,7 @@ func New(opts Options) (*Server, error) {
 	hopts.Observe = func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration) {
 		s.count(out, nil)
 		s.metrics.observeDecision(res, d, "authz", took)
+		s.activity.add(time.Now(), "authz", "", "", res, d)
 	}
 	authz, err := httplimit.New(hopts)
 	if err != nil {
@@ -249,6 +251,9 @@ func (s *Server) ObserveGRPC(allowed bool, out policy.Outcome, err error, took t
 		em.refused.Inc()
 	}
 	em.latency.Observe(took.Seconds())
+	if err == nil {
+		s.activity.add(time.Now(), "grpc", "", "", &policy.Resolution{}, &admit.Decision{Allowed: allowed})
+	}
 }
 
 func (s *Server) routes(reg *prometheus.Registry, demo bool) {
@@ -283,6 +288,8 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	handle("GET", "/v1/admin/state", s.admin(s.handleState))
 	handle("POST", "/v1/admin/reset", s.admin(s.handleReset))
 	handle("GET", "/v1/admin/usage", s.admin(s.handleUsageRecords))
+	handle("GET", "/v1/admin/dashboard", s.admin(s.handleDashboard))
+	handle("POST", "/v1/admin/simulate", s.admin(s.handleSimulate))
 
 	if s.gateway != nil {
 		handle("PUT", "/v1/sessions", http.HandlerFunc(s.handleSessionCreate))
@@ -308,6 +315,7 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(api.OpenAPI)))
 		_, _ = w.Write(api.OpenAPI)
 	}))
+	m.HandleFunc("GET /{$}", handleDashboardPage)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
@@ -372,6 +380,12 @@ type readyAnswer struct {
 }
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
+	ans, status := s.readiness(r)
+	writeJSON(w, status, ans)
+}
+
+// readiness is what /readyz answers.
+func (s *Server) readiness(r *http.Request) (readyAnswer, int) {
 	ans := readyAnswer{Status: "ready", Store: "ok"}
 	if e := s.configErr.Load(); e != nil {
 		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
@@ -394,5 +408,5 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 			ans.Status, ans.Store, status = "unavailable", err.Error(), http.StatusServiceUnavailable
 		}
 	}
-	writeJSON(w, status, ans)
+	return ans, status
 }

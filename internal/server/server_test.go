@@ -102,7 +102,9 @@ type answer struct {
 	raw    string
 }
 
-func (h *harness) do(method, path, body string, hdr ...string) answer {
+// send makes a request with headers hdr (name, value, ...) and returns
+// the response with its body read.
+func (h *harness) send(method, path, body string, hdr ...string) (*http.Response, []byte) {
 	h.t.Helper()
 	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
 	if err != nil {
@@ -117,6 +119,12 @@ func (h *harness) do(method, path, body string, hdr ...string) answer {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
+	return resp, raw
+}
+
+func (h *harness) do(method, path, body string, hdr ...string) answer {
+	h.t.Helper()
+	resp, raw := h.send(method, path, body, hdr...)
 	a := answer{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
 	if len(raw) > 0 {
 		if err := json.Unmarshal(raw, &a.body); err != nil {
