@@ -144,9 +144,18 @@ func TestServeHotReload(t *testing.T) {
 	if got := limit(); got != 1 {
 		t.Fatalf("limit %v, want 1", got)
 	}
+	version := func() string {
+		_, m := call(t, "GET", s.url+"/v1/admin/dashboard", "")
+		return m["config"].(map[string]any)["version"].(string)
+	}
+	first := version()
 	writeConfig(t, cfg, "5")
 	s.reload <- struct{}{}
 	waitFor(t, func() bool { return limit() == 5 }, "the good edit to apply")
+	data, _ := os.ReadFile(cfg)
+	if v := version(); v == first || v != configVersion(data) {
+		t.Errorf("dashboard's config version %s after the edit (was %s), want %s", v, first, configVersion(data))
+	}
 
 	writeConfig(t, cfg, "many")
 	s.reload <- struct{}{}

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -102,6 +104,15 @@ type backend struct {
 	// check, if set, is what a reloaded configuration must also pass
 	// (admit proxy's actions).
 	check func(*Config) error
+	// loadedAs, if set, is told the content of each configuration applied
+	// after the first.
+	loadedAs func([]byte)
+}
+
+// configVersion names a configuration by its content.
+func configVersion(data []byte) string {
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:6])
 }
 
 // openBackend loads the configuration, opens the store and the catalog,
@@ -267,6 +278,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	}
 	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", cfgName, "store", st.name,
 		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
+	srv.SetConfigVersion(configVersion(b.data))
+	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
 	return b.run(ctx, server.HTTPServer(srv, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
 }
 
@@ -298,7 +311,7 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 	go func() {
 		defer close(reloadDone)
 		if config != "" {
-			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, b.check, setErr, log)
+			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, b.check, setErr, b.loadedAs, log)
 		}
 	}()
 
@@ -324,7 +337,8 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 // SIGHUP, and when reload says so. A bad file is refused; the running
 // configuration stays.
 // setErr is told the outcome of every reload.
-func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, check func(*Config) error, setErr func(error), log *slog.Logger) {
+// loadedAs, if not nil, is told the content of every configuration applied.
+func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, check func(*Config) error, setErr func(error), loadedAs func([]byte), log *slog.Logger) {
 	last := loaded
 	onReloadSignal(ctx, every, reload, func(forced bool) {
 		data, err := os.ReadFile(file)
@@ -353,6 +367,9 @@ func watchConfig(ctx context.Context, file string, every time.Duration, loaded [
 			return
 		}
 		setErr(nil)
+		if loadedAs != nil {
+			loadedAs(data)
+		}
 		log.Info("configuration reloaded", "config", file, "tenants", len(catalog.Policy().Tenants()))
 	})
 }

@@ -226,6 +226,9 @@ func (s *Server) handleDashboard(w http.ResponseWriter, r *http.Request) {
 	}
 	p := s.catalog.Policy()
 	ans.Config = map[string]any{"tenants": len(p.Tenants()), "tiers": len(p.Tiers()), "global_rules": len(p.Global())}
+	if v := s.configVersion.Load(); v != nil {
+		ans.Config["version"], ans.Config["loaded_at"] = v.Version, v.LoadedAt
+	}
 	if e := s.configErr.Load(); e != nil {
 		ans.Config["reload_error"] = *e
 	}

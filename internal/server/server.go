@@ -104,11 +104,13 @@ type Server struct {
 	health  func() StoreHealth
 	maxWait time.Duration
 
-	metrics   *metrics
-	activity  *activity // the dashboard's last minutes
-	decisions *decisionLog
-	claimBase string
-	claimSeq  atomic.Uint64
+	metrics  *metrics
+	activity *activity // the dashboard's last minutes
+	// configVersion is the configuration in use, if the caller said.
+	configVersion atomic.Pointer[configVersion]
+	decisions     *decisionLog
+	claimBase     string
+	claimSeq      atomic.Uint64
 
 	configErr atomic.Pointer[string]
 	envoyErr  atomic.Pointer[string]
@@ -217,6 +219,17 @@ func (s *Server) Close() error {
 // SetConfigError records the outcome of the latest configuration reload:
 // nil after a good one; the error, shown by /readyz, after a bad one.
 func (s *Server) SetConfigError(err error) { s.setReload(&s.configErr, s.metrics.reloads, err) }
+
+// SetConfigVersion names the configuration in use (the dashboard shows
+// it), and when it was applied.
+func (s *Server) SetConfigVersion(v string) {
+	s.configVersion.Store(&configVersion{Version: v, LoadedAt: time.Now().UTC()})
+}
+
+type configVersion struct {
+	Version  string
+	LoadedAt time.Time
+}
 
 // SetEnvoyConfigError records the outcome of the latest reload of the
 // envoyproxy/ratelimit files, as SetConfigError does for the configuration.
