@@ -24,7 +24,7 @@ deps: ## install redis-server, redis-cli, chromium, podman, runc and promtool wh
 
 test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium and the container image
 	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...
-	cd e2e && $(GO) test -count=1 -timeout=5m ./...
+	cd e2e && $(GO) test -count=1 -timeout=15m ./...
 
 lint: ## gofmt, go vet and staticcheck over both modules
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: the files above need formatting'; exit 1; }
@@ -86,4 +86,5 @@ image: ## build the container image (deploy/container/Containerfile) with podman
 	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && \
 	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=true -ldflags "-s -w -X main.version=$$(git describe --tags --always --dirty 2>/dev/null || echo devel)" -o "$$ctx/admit" ./cmd/admit && \
 	cp deploy/container/passwd deploy/container/group /etc/ssl/certs/ca-certificates.crt "$$ctx/" && \
+	mkdir "$$ctx/bin" && ln -s /admit "$$ctx/bin/ratelimit" && \
 	$(CONTAINER) build -q $(IMAGEFLAGS) -t $(IMAGE) -f deploy/container/Containerfile "$$ctx"

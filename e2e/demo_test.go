@@ -46,8 +46,9 @@ func admitBinary(t *testing.T) string {
 
 // admitProcess is a running `admit serve`.
 type admitProcess struct {
-	url string
-	cmd *exec.Cmd
+	url  string // http://host:port
+	grpc string // host:port
+	cmd  *exec.Cmd
 }
 
 // startAdmit runs `admit serve` with args on a free loopback port (the
@@ -62,8 +63,14 @@ func startAdmit(t *testing.T, args ...string) *admitProcess {
 // Later flags win, so args may replace the addresses and data directory.
 func startAdmitEnv(t *testing.T, env []string, args ...string) *admitProcess {
 	t.Helper()
-	bin := admitBinary(t)
 	args = append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data")}, args...)
+	return runAdmit(t, admitBinary(t), env, args...)
+}
+
+// runAdmit runs bin (admit, or a link to it) with args and env added to
+// the test's environment, and returns it once it logs that it serves.
+func runAdmit(t *testing.T, bin string, env []string, args ...string) *admitProcess {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
@@ -77,8 +84,8 @@ func startAdmitEnv(t *testing.T, env []string, args ...string) *admitProcess {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	serving := regexp.MustCompile(`msg="admit serving" http=(http://127\.0\.0\.1:\d+)`)
-	found := make(chan string, 1)
+	serving := regexp.MustCompile(`msg="admit serving" http=(http://127\.0\.0\.1:\d+) grpc=(127\.0\.0\.1:\d+)`)
+	found := make(chan []string, 1)
 	var logs strings.Builder
 	var mu sync.Mutex
 	go func() {
@@ -88,13 +95,13 @@ func startAdmitEnv(t *testing.T, env []string, args ...string) *admitProcess {
 			logs.WriteString(sc.Text() + "\n")
 			mu.Unlock()
 			if m := serving.FindStringSubmatch(sc.Text()); m != nil {
-				found <- m[1]
+				found <- m[1:]
 			}
 		}
 	}()
 	select {
-	case u := <-found:
-		return &admitProcess{url: u, cmd: cmd}
+	case m := <-found:
+		return &admitProcess{url: m[0], grpc: m[1], cmd: cmd}
 	case <-time.After(30 * time.Second):
 		mu.Lock()
 		defer mu.Unlock()

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -91,5 +93,44 @@ func TestContainerImage(t *testing.T) {
 	}
 	if out, err := podman(t, "healthcheck", "run", id); err != nil {
 		t.Fatalf("the image's health check: %v %s", err, out)
+	}
+
+	// As Envoy Gateway runs it: /bin/ratelimit, as its user, configured
+	// by envoyproxy/ratelimit's variables.
+	conf := t.TempDir()
+	if err := os.WriteFile(filepath.Join(conf, "rl.yaml"), []byte("domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	rl, err := podman(t, "run", "-d", "--ulimit", "nofile=8192:8192", "--ulimit", "nproc=4096:4096", "--user", "65534:65534",
+		"--entrypoint", "/bin/ratelimit", "-e", "RUNTIME_ROOT=/data", "-e", "RUNTIME_SUBDIRECTORY=ratelimit", "-e", "LOG_LEVEL=info",
+		"-v", conf+":/data/ratelimit/config:ro", "-p", fmt.Sprintf("127.0.0.1:%d:8080", port), image)
+	if err != nil {
+		t.Fatalf("podman run /bin/ratelimit: %v\n%s", err, rl)
+	}
+	t.Cleanup(func() { _, _ = podman(t, "rm", "-f", "-t", "2", rl) })
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthcheck", port))
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && string(body) == "OK" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			logs, _ := podman(t, "logs", rl)
+			t.Fatalf("/bin/ratelimit's /healthcheck did not answer OK: %v\n%s", err, logs)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A container's log is on podman logs' standard error.
+	if logs, _ := exec.Command("podman", "logs", rl).CombinedOutput(); !strings.Contains(string(logs), "envoy_domains=rl") {
+		t.Fatalf("/bin/ratelimit did not load the runtime directory:\n%s", logs)
 	}
 }

@@ -35,9 +35,9 @@ type Server struct {
 // NewServer returns a gRPC server for svc. ready, if set, is polled every
 // few seconds while serving: the health service answers NOT_SERVING while
 // it fails (the store is down), as envoyproxy/ratelimit's health check does
-// with Redis.
-func NewServer(svc *Service, ready func(context.Context) error) *Server {
-	g := grpc.NewServer(ServerOptions()...)
+// with Redis. opts are added to ServerOptions (TLS credentials, for one).
+func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.ServerOption) *Server {
+	g := grpc.NewServer(append(ServerOptions(), opts...)...)
 	h := health.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)

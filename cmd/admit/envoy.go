@@ -3,13 +3,23 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"io"
 	"log/slog"
+	"maps"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
@@ -30,7 +40,9 @@ type envoyService struct {
 
 // startEnvoy loads the envoyproxy/ratelimit files of dir (if any), then
 // serves the Envoy rate limit service on addr.
-func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server) (*envoyService, error) {
+// ready is what its health service follows; opts are more gRPC server
+// options (TLS).
+func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server, ready func(context.Context) error, opts ...grpc.ServerOption) (*envoyService, error) {
 	es := &envoyService{dir: dir, rules: b.st.check, done: make(chan error, 1)}
 	var cfg *envoyrls.Config
 	if dir != "" {
@@ -52,7 +64,7 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 		return nil, err
 	}
 	es.svc, es.ln = svc, ln
-	es.srv = envoyrls.NewServer(svc, b.st.ready)
+	es.srv = envoyrls.NewServer(svc, ready, opts...)
 	go func() { es.done <- es.srv.Serve(ln) }()
 	return es, nil
 }
@@ -119,4 +131,100 @@ func dirDigest(dir string) [sha256.Size]byte {
 	var sum [sha256.Size]byte
 	h.Sum(sum[:0])
 	return sum
+}
+
+// followXDS takes the envoyproxy/ratelimit configuration from the xDS
+// server of f until ctx ends or stop is called: each configuration
+// received is checked like the files' and applied, or refused (the server
+// is told why) with the running one kept. configured is set at the first
+// configuration applied.
+func (es *envoyService) followXDS(ctx context.Context, f *serveFlags, configured *atomic.Bool, setErr func(error), log *slog.Logger) (stop func(), err error) {
+	creds := insecure.NewCredentials()
+	if !f.xdsPlaintext {
+		tc, err := f.xdsTLS.clientConfig(f.xdsSAN)
+		if err != nil {
+			return nil, err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(f.envoyXDS, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		envoyrls.WatchXDS(ctx, envoyrls.XDSOptions{
+			Conn: conn, Node: &corev3.Node{Id: f.xdsNode}, Logger: log.With("xds", f.envoyXDS),
+			Refused: func(_ string, err error) { setErr(err) },
+			Apply: func(c *envoyrls.Config) error {
+				if es.rules != nil {
+					if err := c.Check(es.rules); err != nil {
+						return err
+					}
+				}
+				es.svc.SetConfig(c)
+				configured.Store(true)
+				setErr(nil)
+				return nil
+			},
+		})
+	}()
+	log.Info("following the envoyproxy/ratelimit configuration over xDS", "server", f.envoyXDS, "node", f.xdsNode)
+	return func() {
+		cancel()
+		<-done
+		conn.Close()
+	}, nil
+}
+
+// withHealthPath answers GET path as envoyproxy/ratelimit answers
+// /healthcheck: "OK" while /readyz is ready, its answer otherwise.
+func withHealthPath(h http.Handler, path string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path || (r.Method != http.MethodGet && r.Method != http.MethodHead) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		r2 := r.Clone(r.Context())
+		r2.URL.Path, r2.RequestURI = "/readyz", "/readyz"
+		h.ServeHTTP(rec, r2)
+		if rec.Code == http.StatusOK {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			io.WriteString(w, "OK")
+			return
+		}
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+	})
+}
+
+// metricsOf is h's /metrics, whatever path it is asked at.
+func metricsOf(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r2 := r.Clone(r.Context())
+		r2.URL.Path, r2.RequestURI = "/metrics", "/metrics"
+		h.ServeHTTP(w, r2)
+	})
+}
+
+// serveMetrics serves the metrics handler h on addr, at path, until stop.
+func serveMetrics(addr, path string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET "+path, h)
+	hs := server.HTTPServer(mux, log)
+	go hs.Serve(ln)
+	log.Info("serving metrics", "listen", "http://"+ln.Addr().String()+path)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		hs.Shutdown(ctx)
+	}, nil
 }

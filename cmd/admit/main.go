@@ -3,6 +3,7 @@
 //	admit serve            run the server (decision, admin, metrics)
 //	admit check            ask for one decision
 //	admit proxy            a rate limiting reverse proxy
+//	admit ratelimit        serve as envoyproxy/ratelimit, configured by its environment
 //	admit config validate  check configuration files
 //	admit config example   print the built-in demo configuration
 //
@@ -16,13 +17,20 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	_ "time/tzdata" // quotas' time zones on hosts and images without a zone database
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	args := os.Args[1:]
+	if filepath.Base(os.Args[0]) == "ratelimit" {
+		// Started as envoyproxy/ratelimit's binary (/bin/ratelimit, a link
+		// to admit in the image): configured as it is.
+		args = append([]string{"ratelimit"}, args...)
+	}
+	code := run(ctx, args, &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
 	stop()
 	os.Exit(code)
 }
@@ -50,6 +58,7 @@ Usage:
   admit check [flags]            decide one request (see admit check --help)
   admit proxy --upstream URL     a rate limiting reverse proxy (see admit proxy --help)
   admit simulate [flags]         draw what rules do to a pattern of requests (see admit simulate --help)
+  admit ratelimit                run as envoyproxy/ratelimit, configured by its environment variables
   admit config validate FILE...  check configuration files
   admit config example           print the built-in demo configuration
   admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
@@ -77,6 +86,8 @@ func run(ctx context.Context, args []string, e *env) int {
 		return configCmd(args[1:], e)
 	case "simulate":
 		return simulateCmd(ctx, args[1:], e)
+	case "ratelimit":
+		return ratelimitCmd(ctx, args[1:], e)
 	case "version", "--version":
 		return versionCmd(e)
 	case "healthcheck":

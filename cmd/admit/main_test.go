@@ -46,10 +46,16 @@ func startServe(t *testing.T, args ...string) *running {
 // ends.
 func startCmd(t *testing.T, args ...string) *running {
 	t.Helper()
+	return startCmdEnv(t, nil, args...)
+}
+
+// startCmdEnv is startCmd with the environment variables of environ.
+func startCmdEnv(t *testing.T, environ map[string]string, args ...string) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{}), reloadEnvoy: make(chan struct{})}
-	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(string) string { return "" },
+	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(k string) string { return environ[k] },
 		listening: func(a string) { addr <- a }, reload: r.reload, reloadEnvoy: r.reloadEnvoy,
 		listeningGRPC: func(a string) { r.grpc = a }} // before listening: read after it
 	done := make(chan int, 1)

@@ -75,7 +75,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	b, err := openBackend(ctx, f.config, f.store, f.dataDir, log)
+	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		return err
 	}
@@ -100,12 +100,11 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	}
 	defer lim.Close()
 	if f.metrics != "" {
-		addr, stop, err := serveMetrics(f.metrics, lim)
+		stop, err := serveMetrics(f.metrics, "/metrics", shedMetrics(lim), log)
 		if err != nil {
 			return fmt.Errorf("--metrics: %w", err)
 		}
 		defer stop()
-		log.Info("admit proxy metrics", "listen", "http://"+addr+"/metrics")
 	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {

@@ -16,8 +16,12 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
@@ -46,6 +50,9 @@ Flags:
 type backendFlags struct {
 	config, store, dataDir string
 	reloadEvery            time.Duration
+	// empty, without config, starts with no tenants rather than the demo
+	// configuration (admit ratelimit).
+	empty bool
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
@@ -58,6 +65,23 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 type serveFlags struct {
 	backendFlags
 	http, grpc, decisionLog, envoyConfig string
+	// grpcTLS serves gRPC over TLS; with a CA, mutual TLS, and with
+	// grpcClientSAN, only clients whose certificate names it.
+	grpcTLS       tlsFiles
+	grpcClientSAN string
+	// envoyXDS is the address of an xDS server to take envoyproxy/
+	// ratelimit's configuration from (instead of envoyConfig).
+	envoyXDS, xdsNode, xdsSAN string
+	xdsTLS                    tlsFiles
+	xdsPlaintext              bool
+	// waitForXDS holds readiness until the first xDS configuration.
+	waitForXDS bool
+	// metrics, if set, also serves /metrics on that address, at
+	// metricsPath.
+	metrics, metricsPath string
+	// healthPath, if set, also answers readiness at that path, plain "OK"
+	// as envoyproxy/ratelimit's /healthcheck does.
+	healthPath string
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -67,6 +91,18 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.http, "http", "", "HTTP listen `address` (default :8080, or server.http)")
 	fs.StringVar(&f.grpc, "grpc", "", "gRPC listen `address` for the Envoy rate limit service (default :8081, or server.grpc)")
 	fs.StringVar(&f.envoyConfig, "envoy-config", "", "`directory` of envoyproxy/ratelimit YAML files (*.yaml) for the gRPC service, reloaded when they change (default envoy.config_dir)")
+	fs.StringVar(&f.grpcTLS.cert, "grpc-tls-cert", "", "serve gRPC over TLS with this certificate `file` (PEM; reloaded when it changes)")
+	fs.StringVar(&f.grpcTLS.key, "grpc-tls-key", "", "the gRPC certificate's key `file` (PEM)")
+	fs.StringVar(&f.grpcTLS.ca, "grpc-tls-ca", "", "CA bundle `file`: gRPC clients must show a certificate it signed (mutual TLS)")
+	fs.StringVar(&f.grpcClientSAN, "grpc-tls-client-san", "", "with --grpc-tls-ca, accept only client certificates that name `SAN`")
+	fs.StringVar(&f.envoyXDS, "envoy-xds", "", "take envoyproxy/ratelimit's configuration from the xDS server at `host:port` (RateLimitConfig resources, state of the world, as Envoy Gateway serves them)")
+	fs.StringVar(&f.xdsNode, "envoy-xds-node", "envoy-ratelimit", "node `ID` to give the xDS server")
+	fs.StringVar(&f.xdsTLS.cert, "envoy-xds-tls-cert", "", "client certificate `file` for the xDS server (PEM)")
+	fs.StringVar(&f.xdsTLS.key, "envoy-xds-tls-key", "", "the xDS client certificate's key `file` (PEM)")
+	fs.StringVar(&f.xdsTLS.ca, "envoy-xds-tls-ca", "", "CA bundle `file` to check the xDS server with (default: the system's)")
+	fs.StringVar(&f.xdsSAN, "envoy-xds-tls-san", "", "the `name` the xDS server's certificate must have (default: the host of --envoy-xds)")
+	fs.BoolVar(&f.xdsPlaintext, "envoy-xds-plaintext", false, "reach the xDS server without TLS")
+	fs.StringVar(&f.metrics, "metrics", "", "also serve /metrics on this `address`")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
@@ -78,6 +114,9 @@ func serve(ctx context.Context, args []string, e *env) int {
 	}
 	return 0
 }
+
+// emptyConfig is a configuration without tenants, rules or settings.
+var emptyConfig = []byte("version: 1\n")
 
 // loadServeConfig loads the --config file, or the demo configuration.
 func loadServeConfig(file string) (*Config, []byte, error) {
@@ -117,12 +156,16 @@ func configVersion(data []byte) string {
 
 // openBackend loads the configuration, opens the store and the catalog,
 // and follows the shared catalog's changes until ctx ends.
-func openBackend(ctx context.Context, config, storeURL, dataDir string, log *slog.Logger) (*backend, error) {
-	cfg, data, err := loadServeConfig(config)
+func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backend, error) {
+	cfg, data, err := loadServeConfig(f.config)
+	if f.config == "" && f.empty {
+		data = emptyConfig
+		cfg, err = ParseConfig("(empty configuration)", data)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the configuration is invalid, not starting:\n%w", err)
 	}
-	st, err := openStore(ctx, storeURL, cfg, dataDir, log)
+	st, err := openStore(ctx, f.store, cfg, f.dataDir, log)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +228,7 @@ func (b *backend) close() {
 }
 
 func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
-	b, err := openBackend(ctx, f.config, f.store, f.dataDir, log)
+	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		return err
 	}
@@ -239,10 +282,26 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 			log.Warn("shutdown: WebSocket connections still open", "err", err)
 		}
 	}()
+	envoyDir := first(f.envoyConfig, cfg.Envoy.ConfigDir)
+	if envoyDir != "" && f.envoyXDS != "" {
+		return errors.New("envoyproxy/ratelimit files (--envoy-config or envoy.config_dir) and --envoy-xds: pick one")
+	}
+	ready, configured := st.ready, new(atomic.Bool)
+	if f.envoyXDS != "" && f.waitForXDS {
+		ready = func(ctx context.Context) error {
+			if !configured.Load() {
+				return errors.New("waiting for the first configuration from the xDS server")
+			}
+			if st.ready == nil {
+				return nil
+			}
+			return st.ready(ctx)
+		}
+	}
 	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
-		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Health: st.health,
+		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage,
 	})
@@ -250,8 +309,15 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return err
 	}
 	defer srv.Close()
-	envoyDir := first(f.envoyConfig, cfg.Envoy.ConfigDir)
-	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv)
+	var grpcOpts []grpc.ServerOption
+	if f.grpcTLS.set() {
+		tc, err := f.grpcTLS.serverConfig(f.grpcClientSAN)
+		if err != nil {
+			return fmt.Errorf("gRPC: %w", err)
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, ready, grpcOpts...)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
@@ -259,10 +325,28 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if e.listeningGRPC != nil {
 		e.listeningGRPC(es.ln.Addr().String())
 	}
-	if envoyDir != "" {
-		watchCtx, stopWatch := context.WithCancel(ctx)
-		defer stopWatch()
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	switch {
+	case envoyDir != "":
 		go es.watch(watchCtx, f.reloadEvery, e.reloadEnvoy, srv.SetEnvoyConfigError, log)
+	case f.envoyXDS != "":
+		stopXDS, err := es.followXDS(watchCtx, f, configured, srv.SetEnvoyConfigError, log)
+		if err != nil {
+			return fmt.Errorf("xDS: %w", err)
+		}
+		defer stopXDS()
+	}
+	var handler http.Handler = srv
+	if f.healthPath != "" {
+		handler = withHealthPath(srv, f.healthPath)
+	}
+	if f.metrics != "" {
+		stopMetrics, err := serveMetrics(f.metrics, first(f.metricsPath, "/metrics"), metricsOf(srv), log)
+		if err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+		defer stopMetrics()
 	}
 
 	ln, err := net.Listen("tcp", httpAddr)
@@ -273,14 +357,16 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		log.Warn("no admin token (ADMIT_ADMIN_TOKEN): the admin API answers loopback clients only")
 	}
 	cfgName := f.config
-	if cfgName == "" {
+	if cfgName == "" && f.empty {
+		cfgName = "none"
+	} else if cfgName == "" {
 		cfgName = "built-in demo"
 	}
 	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", cfgName, "store", st.name,
 		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
 	srv.SetConfigVersion(configVersion(b.data))
 	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
-	return b.run(ctx, server.HTTPServer(srv, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
+	return b.run(ctx, server.HTTPServer(handler, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
 }
 
 // gatewayOptions are the WebSocket gateway's options from the gateway

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"net"
 	"net/http"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -51,18 +49,9 @@ func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// serveMetrics serves the proxy's metrics at addr's /metrics until the
-// returned function stops it.
-func serveMetrics(addr string, lim *httplimit.Limiter) (string, func(), error) {
+// shedMetrics is the proxy's /metrics handler.
+func shedMetrics(lim *httplimit.Limiter) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newShedCollector(lim.ShedStats))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, err
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { _ = hs.Serve(ln) }()
-	return ln.Addr().String(), func() { _ = hs.Close() }, nil
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

@@ -70,7 +70,7 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 			Name: "admit_config_reloads_total", Help: "Configuration reloads, by result (ok, error).",
 		}, []string{"result"}),
 		envoyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "admit_envoy_config_reloads_total", Help: "Reloads of the envoyproxy/ratelimit files (--envoy-config), by result (ok, error).",
+			Name: "admit_envoy_config_reloads_total", Help: "Reloads of the envoyproxy/ratelimit configuration (--envoy-config files, or a version from --envoy-xds), by result (ok, error).",
 		}, []string{"result"}),
 		storeErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_errors_total", Help: "Decisions the store could not answer."}),
 		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),

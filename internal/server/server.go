@@ -404,7 +404,7 @@ func (s *Server) readiness(r *http.Request) (readyAnswer, int) {
 		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
 	}
 	if e := s.envoyErr.Load(); e != nil {
-		ans.EnvoyError = "the last reload of the envoyproxy/ratelimit files was refused, the previous ones are in use: " + *e
+		ans.EnvoyError = "the last envoyproxy/ratelimit configuration (files or xDS version) was refused, the previous one is in use: " + *e
 	}
 	status := http.StatusOK
 	if s.health != nil {

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+const ratelimitUsage = `Usage: admit ratelimit
+
+Runs admit serve configured as envoyproxy/ratelimit is: by its environment
+variables, so that Admit replaces it where a platform starts it (Envoy
+Gateway runs /bin/ratelimit with these variables; the image links
+/bin/ratelimit to admit, and admit started under the name "ratelimit" runs
+this command).
+
+  PORT, HOST                      HTTP: /healthcheck, the API, /metrics (8080)
+  GRPC_PORT, GRPC_HOST            the rate limit service (8081)
+  GRPC_SERVER_USE_TLS             serve gRPC over TLS with GRPC_SERVER_TLS_CERT
+                                  and GRPC_SERVER_TLS_KEY; with
+                                  GRPC_SERVER_TLS_CA_CERT, mutual TLS (clients
+                                  named GRPC_CLIENT_TLS_SAN, if set)
+  CONFIG_TYPE                     FILE: the YAML files of RUNTIME_ROOT/
+                                  RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY;
+                                  GRPC_XDS_SOTW: RateLimitConfig resources from
+                                  CONFIG_GRPC_XDS_SERVER_URL as node
+                                  CONFIG_GRPC_XDS_NODE_ID, over TLS when
+                                  CONFIG_GRPC_XDS_SERVER_USE_TLS (client
+                                  certificate CONFIG_GRPC_XDS_CLIENT_TLS_CERT
+                                  and _KEY, CA CONFIG_GRPC_XDS_SERVER_TLS_CACERT,
+                                  name CONFIG_GRPC_XDS_SERVER_TLS_SAN)
+  FORCE_START_WITHOUT_INITIAL_CONFIG
+                                  false: not ready until the first xDS
+                                  configuration
+  BACKEND_TYPE                    redis (memcache is refused)
+  REDIS_TYPE, REDIS_URL, REDIS_AUTH
+                                  SINGLE host:port, SENTINEL master,host:port,...
+                                  or CLUSTER host:port,...; REDIS_AUTH is the
+                                  password or user:password. Without REDIS_URL,
+                                  the memory store (one server)
+  USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH
+                                  also serve Admit's /metrics there
+  LOG_LEVEL, LOG_FORMAT           debug, info, warn, error; text or json
+  ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
+                                  timeouts); default none
+  ADMIT_ADMIN_TOKEN               the admin API's token
+
+Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
+caches, pipelining, statsd, jitter, the debug port) are accepted and not
+used. What Admit cannot do the same way is refused at start with the
+variable's name: unix sockets, Redis TLS, a separate per-second Redis,
+memcache.
+`
+
+// ratelimitCmd runs serve configured by envoyproxy/ratelimit's
+// environment.
+func ratelimitCmd(ctx context.Context, args []string, e *env) int {
+	if len(args) > 0 {
+		if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+			fmt.Fprint(e.stdout, ratelimitUsage)
+			return 0
+		}
+		fmt.Fprintf(e.stderr, "admit ratelimit takes no arguments; it is configured by environment variables\n\n%s", ratelimitUsage)
+		return 2
+	}
+	f, log, err := ratelimitFlags(e.getenv, e.stderr)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "admit ratelimit: %v\n", err)
+		return 2
+	}
+	if err := runServer(ctx, f, e, log); err != nil {
+		log.Error("admit ratelimit: " + err.Error())
+		return 2
+	}
+	return 0
+}
+
+// ratelimitFlags turns envoyproxy/ratelimit's environment into serve's
+// settings.
+func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, *slog.Logger, error) {
+	get := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	boolean := func(name string, def bool) (bool, error) {
+		v := getenv(name)
+		if v == "" {
+			return def, nil
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, fmt.Errorf("%s=%q: want true or false", name, v)
+		}
+		return b, nil
+	}
+	log, err := ratelimitLogger(get("LOG_LEVEL", "warn"), get("LOG_FORMAT", "text"), stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	f := &serveFlags{healthPath: "/healthcheck", xdsNode: getenv("CONFIG_GRPC_XDS_NODE_ID")}
+	f.empty, f.config, f.dataDir = true, getenv("ADMIT_CONFIG"), get("ADMIT_DATA_DIR", "./admit-data")
+	f.reloadEvery = time.Second
+	f.http = net.JoinHostPort(get("HOST", "0.0.0.0"), get("PORT", "8080"))
+	f.grpc = net.JoinHostPort(get("GRPC_HOST", "0.0.0.0"), get("GRPC_PORT", "8081"))
+
+	if useTLS, err := boolean("GRPC_SERVER_USE_TLS", false); err != nil {
+		return nil, nil, err
+	} else if useTLS {
+		f.grpcTLS.cert, f.grpcTLS.key, f.grpcTLS.ca = getenv("GRPC_SERVER_TLS_CERT"), getenv("GRPC_SERVER_TLS_KEY"), getenv("GRPC_SERVER_TLS_CA_CERT")
+		f.grpcClientSAN = getenv("GRPC_CLIENT_TLS_SAN")
+		if f.grpcTLS.cert == "" || f.grpcTLS.key == "" {
+			return nil, nil, fmt.Errorf("GRPC_SERVER_USE_TLS needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
+		}
+	}
+
+	switch ct := strings.ToUpper(get("CONFIG_TYPE", "FILE")); ct {
+	case "FILE":
+		f.envoyConfig = filepath.Join(get("RUNTIME_ROOT", "/srv/runtime_data/current"), getenv("RUNTIME_SUBDIRECTORY"), get("RUNTIME_APPDIRECTORY", "config"))
+	case "GRPC_XDS_SOTW":
+		f.envoyXDS = getenv("CONFIG_GRPC_XDS_SERVER_URL")
+		if f.envoyXDS == "" {
+			return nil, nil, fmt.Errorf("CONFIG_TYPE=GRPC_XDS_SOTW needs CONFIG_GRPC_XDS_SERVER_URL")
+		}
+		useTLS, err := boolean("CONFIG_GRPC_XDS_SERVER_USE_TLS", false)
+		if err != nil {
+			return nil, nil, err
+		}
+		f.xdsPlaintext = !useTLS
+		f.xdsTLS.cert, f.xdsTLS.key, f.xdsTLS.ca = getenv("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"), getenv("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"), getenv("CONFIG_GRPC_XDS_SERVER_TLS_CACERT")
+		f.xdsSAN = getenv("CONFIG_GRPC_XDS_SERVER_TLS_SAN")
+		force, err := boolean("FORCE_START_WITHOUT_INITIAL_CONFIG", false)
+		if err != nil {
+			return nil, nil, err
+		}
+		f.waitForXDS = !force
+	default:
+		return nil, nil, fmt.Errorf("CONFIG_TYPE=%q: want FILE or GRPC_XDS_SOTW", ct)
+	}
+
+	if bt := strings.ToLower(get("BACKEND_TYPE", "redis")); bt != "redis" {
+		return nil, nil, fmt.Errorf("BACKEND_TYPE=%q: Admit keeps its counters in Redis (or in memory, without REDIS_URL)", bt)
+	}
+	for _, name := range []string{"REDIS_TLS", "REDIS_PERSECOND"} {
+		if on, err := boolean(name, false); err != nil {
+			return nil, nil, err
+		} else if on {
+			return nil, nil, fmt.Errorf("%s=true is not supported", name)
+		}
+	}
+	if st := strings.ToLower(get("REDIS_SOCKET_TYPE", "tcp")); st != "tcp" {
+		return nil, nil, fmt.Errorf("REDIS_SOCKET_TYPE=%q: only tcp is supported", st)
+	}
+	if f.store, err = ratelimitStoreURL(getenv("REDIS_TYPE"), getenv("REDIS_URL"), getenv("REDIS_AUTH")); err != nil {
+		return nil, nil, err
+	}
+
+	if on, err := boolean("USE_PROMETHEUS", false); err != nil {
+		return nil, nil, err
+	} else if on {
+		f.metrics, f.metricsPath = get("PROMETHEUS_ADDR", ":9090"), get("PROMETHEUS_PATH", "/metrics")
+	}
+	return f, log, nil
+}
+
+// ratelimitStoreURL is the --store URL of envoyproxy/ratelimit's Redis
+// settings: "memory" without a URL.
+func ratelimitStoreURL(kind, addrs, auth string) (string, error) {
+	if addrs == "" {
+		return "memory", nil
+	}
+	if strings.Contains(addrs, "://") {
+		return addrs, nil // already a store URL
+	}
+	user := ""
+	if auth != "" {
+		if name, pass, ok := strings.Cut(auth, ":"); ok {
+			user = url.UserPassword(name, pass).String() + "@"
+		} else {
+			user = url.UserPassword("", auth).String() + "@"
+		}
+	}
+	switch strings.ToUpper(kind) {
+	case "", "SINGLE":
+		if strings.Contains(addrs, ",") {
+			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SINGLE takes one host:port", addrs)
+		}
+		return "redis://" + user + addrs, nil
+	case "SENTINEL":
+		master, sentinels, ok := strings.Cut(addrs, ",")
+		if !ok || master == "" || sentinels == "" {
+			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SENTINEL wants master-name,host:port[,host:port...]", addrs)
+		}
+		return "redis+sentinel://" + user + master + "@" + sentinels, nil
+	case "CLUSTER":
+		return "redis+cluster://" + user + addrs, nil
+	}
+	return "", fmt.Errorf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", kind)
+}
+
+// ratelimitLogger logs at LOG_LEVEL in LOG_FORMAT.
+func ratelimitLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	switch strings.ToLower(level) {
+	case "trace", "debug":
+		lv = slog.LevelDebug
+	case "info":
+		lv = slog.LevelInfo
+	case "warn", "warning":
+		lv = slog.LevelWarn
+	case "error", "fatal", "panic":
+		lv = slog.LevelError
+	default:
+		return nil, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("LOG_FORMAT=%q: want text or json", format)
+}

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
+)
+
+func TestRatelimitEnvironment(t *testing.T) {
+	for name, tc := range map[string]struct {
+		env                       map[string]string
+		http, grpc, store, config string
+		xds                       string
+		wait, plaintext           bool
+		metrics                   string
+	}{
+		"defaults": {env: nil, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config"},
+		"files and a single Redis": {
+			env:  map[string]string{"PORT": "9000", "GRPC_PORT": "9001", "HOST": "127.0.0.1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "p@ss", "USE_PROMETHEUS": "true"},
+			http: "127.0.0.1:9000", grpc: "0.0.0.0:9001", store: "redis://:p%40ss@redis:6379", config: "/data/ratelimit/config", metrics: ":9090",
+		},
+		"Envoy Gateway: xDS, Sentinel": {
+			env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
+				"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_AUTH": "u:pw", "PROMETHEUS_ADDR": ":19001", "USE_PROMETHEUS": "1"},
+			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "redis+sentinel://u:pw@mymaster@s1:26379,s2:26379", xds: "eg:18001", wait: true, metrics: ":19001",
+		},
+		"xDS in plain text, started without a configuration": {
+			env:  map[string]string{"CONFIG_TYPE": "grpc_xds_sotw", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "a:7000,b:7000"},
+			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "redis+cluster://a:7000,b:7000", xds: "eg:18001", plaintext: true,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, _, err := ratelimitFlags(func(k string) string { return tc.env[k] }, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.http != tc.http || f.grpc != tc.grpc || f.store != tc.store || f.envoyConfig != tc.config || f.envoyXDS != tc.xds ||
+				f.waitForXDS != tc.wait || (tc.xds != "" && f.xdsPlaintext != tc.plaintext) || f.metrics != tc.metrics || f.healthPath != "/healthcheck" || !f.empty {
+				t.Fatalf("got http %s grpc %s store %s config %s xds %s wait %v plaintext %v metrics %s", f.http, f.grpc, f.store, f.envoyConfig, f.envoyXDS, f.waitForXDS, f.xdsPlaintext, f.metrics)
+			}
+		})
+	}
+}
+
+func TestRatelimitEnvironmentRefused(t *testing.T) {
+	for env, want := range map[string]string{
+		"BACKEND_TYPE=memcache":                  "BACKEND_TYPE",
+		"REDIS_TLS=true":                         "REDIS_TLS=true is not supported",
+		"REDIS_PERSECOND=true":                   "REDIS_PERSECOND",
+		"REDIS_SOCKET_TYPE=unix":                 "REDIS_SOCKET_TYPE",
+		"REDIS_TYPE=SENTINEL REDIS_URL=s1:1":     "master-name",
+		"REDIS_TYPE=other REDIS_URL=a:1":         "REDIS_TYPE",
+		"REDIS_URL=a:1,b:1":                      "SINGLE takes one",
+		"CONFIG_TYPE=K8S":                        "CONFIG_TYPE",
+		"CONFIG_TYPE=GRPC_XDS_SOTW":              "CONFIG_GRPC_XDS_SERVER_URL",
+		"GRPC_SERVER_USE_TLS=true":               "GRPC_SERVER_TLS_CERT",
+		"GRPC_SERVER_USE_TLS=yes-please":         "want true or false",
+		"LOG_LEVEL=loud":                         "LOG_LEVEL",
+		"LOG_FORMAT=xml":                         "LOG_FORMAT",
+		"USE_PROMETHEUS=maybe":                   "USE_PROMETHEUS",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?": "",
+	} {
+		vars := map[string]string{}
+		for _, kv := range strings.Fields(env) {
+			k, v, _ := strings.Cut(kv, "=")
+			vars[k] = v
+		}
+		_, _, err := ratelimitFlags(func(k string) string { return vars[k] }, io.Discard)
+		if want == "" {
+			// Only read with xDS, as envoyproxy/ratelimit does.
+			if err != nil {
+				t.Errorf("%s: %v", env, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want an error with %q", env, err, want)
+		}
+	}
+	// Through the command: exit 2, the reason on stderr.
+	var stderr strings.Builder
+	code := run(context.Background(), []string{"ratelimit"}, &env{stdout: io.Discard, stderr: &stderr, getenv: func(k string) string {
+		return map[string]string{"BACKEND_TYPE": "memcache"}[k]
+	}})
+	if code != 2 || !strings.Contains(stderr.String(), "BACKEND_TYPE") {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+}
+
+// TestRatelimitWaitsForXDS runs admit ratelimit on an xDS server that has
+// no configuration yet, without FORCE_START_WITHOUT_INITIAL_CONFIG: not
+// ready until the first version arrives, then deciding by it.
+func TestRatelimitWaitsForXDS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapshots := cachev3.NewSnapshotCache(true, cachev3.IDHash{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	g := grpc.NewServer()
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(g, serverv3.NewServer(ctx, snapshots, nil))
+	go g.Serve(ln)
+	t.Cleanup(func() { cancel(); g.Stop() })
+
+	r := startCmdEnv(t, map[string]string{
+		"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": ln.Addr().String(), "CONFIG_GRPC_XDS_NODE_ID": "rl",
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir(),
+	}, "ratelimit")
+	health := func() int {
+		resp, err := http.Get(r.url + "/healthcheck")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := health(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/healthcheck before any configuration: %d", code)
+	}
+	snap, err := cachev3.NewSnapshot("1", map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: {&rlsconfv3.RateLimitConfig{
+		Name: "rl", Domain: "rl", Descriptors: []*rlsconfv3.RateLimitDescriptor{{Key: "foo", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_DAY, RequestsPerUnit: 1}}},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snapshots.SetSnapshot(context.Background(), "rl", snap); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); health() != http.StatusOK; {
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready 10 s after the first configuration: %s", r.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c := rlsClient(t, r.grpc)
+	for _, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := shouldRateLimit(t, c, "rl", "foo", "x").OverallCode; got != want {
+			t.Fatalf("%v, want %v", got, want)
+		}
+	}
+}
+
+// TestRatelimitFiles runs admit ratelimit on envoyproxy/ratelimit's
+// runtime directory layout.
+func TestRatelimitFiles(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
+	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}, "ratelimit")
+	c := rlsClient(t, r.grpc)
+	for _, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := shouldRateLimit(t, c, "rl", "foo", "x").OverallCode; got != want {
+			t.Fatalf("%v, want %v", got, want)
+		}
+	}
+	// The admit catalog is empty: no demo tenants.
+	if code, _ := call(t, "POST", r.url+"/v1/check", `{"tenant":"t1234","action":"invoke-doc-summary-ai"}`); code == http.StatusOK {
+		t.Fatalf("a demo tenant's check answered %d", code)
+	}
+}
+
+// writeCert writes a self-signed certificate for name to dir, as
+// name.crt and name.key.
+func writeCert(t *testing.T, dir, name string, serial int64) (cert, key string) {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kd, _ := x509.MarshalECPrivateKey(k)
+	cert, key = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	writeFile(t, cert, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	writeFile(t, key, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kd})))
+	return cert, key
+}
+
+// TestTLSFilesReload checks that renewed files are used once looked at
+// again, and that files that cannot be read keep the last good ones.
+func TestTLSFilesReload(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeCert(t, dir, "one", 1)
+	f := &tlsFiles{cert: cert, key: key, ca: cert}
+	t0 := time.Now()
+	serial := func(now time.Time) int64 {
+		t.Helper()
+		pair, pool, err := f.load(now)
+		if err != nil || pool == nil {
+			t.Fatal(err)
+		}
+		leaf, err := x509.ParseCertificate(pair.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf.SerialNumber.Int64()
+	}
+	if s := serial(t0); s != 1 {
+		t.Fatalf("serial %d", s)
+	}
+	// Renewed in place (a Secret's rotation writes new files).
+	os.Remove(cert)
+	os.Remove(key)
+	writeCert(t, dir, "one", 2)
+	if s := serial(t0.Add(time.Second)); s != 1 {
+		t.Fatalf("looked at again before %v: serial %d", tlsRecheck, s)
+	}
+	if s := serial(t0.Add(tlsRecheck + time.Second)); s != 2 {
+		t.Fatalf("after %v: serial %d, want the renewed 2", tlsRecheck, s)
+	}
+	// Half-written: the key is garbage; the last good pair stays.
+	writeFile(t, key, "not a key")
+	if s := serial(t0.Add(3 * tlsRecheck)); s != 2 {
+		t.Fatalf("with a broken key: serial %d", s)
+	}
+	// Without any good files there is no configuration.
+	if _, err := (&tlsFiles{cert: cert, key: key}).serverConfig(""); err == nil {
+		t.Fatal("a broken key made a server configuration")
+	}
+	if _, err := (&tlsFiles{cert: cert}).serverConfig(""); err == nil {
+		t.Fatal("a certificate without its key made a server configuration")
+	}
+}
+
+func TestRequireSAN(t *testing.T) {
+	dir := t.TempDir()
+	cert, _ := writeCert(t, dir, "envoy", 1)
+	pair, err := tls.LoadX509KeyPair(cert, filepath.Join(dir, "envoy.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(pair.Certificate[0])
+	chains := [][]*x509.Certificate{{leaf}}
+	if err := requireSAN("envoy")(nil, chains); err != nil {
+		t.Fatal(err)
+	}
+	if err := requireSAN("other")(nil, chains); err == nil {
+		t.Fatal("a certificate for envoy passed as other")
+	}
+}
