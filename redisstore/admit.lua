@@ -77,7 +77,7 @@ local RULES, COSTS, TTLS, DEBITS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- Redis allocations, and one grown entry by entry costs one per doubling.
 -- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
 -- cut to its size at once; OUTK is how much of the reply is written.
-local RES, NEXTS, DIRTY, NOKEYS, ZEROS, OUTK
+local RES, NEXTS, DIRTY, FASTRES, NOKEYS, ZEROS, OUTK
 -- NUMS maps the texts of 0..4095 to their numbers: tonumber goes through
 -- strtod, which costs a batch more than its arithmetic does, and heads,
 -- rule numbers and costs are small. MS keeps the texts of expiries in ms
@@ -293,7 +293,7 @@ end
 -- (f == 0), and the arithmetic needs none of the helpers above. It
 -- decides exactly as bucketEval does, which the conformance suite checks
 -- for both stores. It returns the state to keep, then allowed, remaining,
--- reset and retry: values, not a result table, for decideBuckets. A
+-- reset and retry: values, not a result table, for decideFast. A
 -- debit that does not fit is charged all the same, into a debt of at most
 -- one burst (bucket.eval); what it then reports is step's to say.
 local function bucketWhole(b, st, c, debit)
@@ -832,40 +832,55 @@ local function decide(out)
   return reply(out, results, 0)
 end
 
--- decideBuckets is decide for the usual decision — token buckets and gcra
--- only, each key once, no dry run, no lease — the one most batches are
--- made of, with less: no pcall (its setjmp and frame cost more than the
--- decision's arithmetic), no result tables, the reply written as it goes.
--- What it cannot take it leaves to decide, having written nothing but
--- reply values past OUTK, which decide writes over: a refusal (which
--- reports what the other charges hold), a key holding something else
--- than a bucket (decide fails it, in its pcall), a repeated key. It
--- returns whether it decided.
-local function decideBuckets(out)
-  local k, nexts = OUTK + 1, NEXTS
+-- decideFast is decide for the usual decision — token buckets, gcra,
+-- fixed and sliding windows, each key once, no debit, no dry run, no
+-- lease — the one most batches are made of, with less: no pcall (its
+-- setjmp and frame cost more than the decision's arithmetic), no result
+-- tables, the reply written as it goes. What it cannot take it leaves to
+-- decide, having written nothing but reply values past OUTK, which decide
+-- writes over: a refusal (which reports what the other charges hold), a
+-- key holding something else than the rule's state (decide fails it, in
+-- its pcall), a repeated key. It returns whether it decided.
+local function decideFast(out)
+  local k, nexts, res = OUTK + 1, NEXTS, FASTRES
   for i = 1, n do
     local key = KEYS[KEYBASE + i]
     for j = 1, i - 1 do
       if KEYS[KEYBASE + j] == key then return false end
     end
+    local R = RULES[i]
+    local alg = R.alg
+    -- A fixed window's state is two numbers (16 bytes), the others' three.
+    local size = 24
+    if alg == 3 then size = 16 end
     local st = loaded[key]
     if st == nil then
       local v = rpcall('GET', key)
       if v == false then st = false
-      elseif type(v) ~= 'string' or #v ~= 24 then return false
+      elseif type(v) ~= 'string' or #v ~= size then return false
+      elseif size == 16 then st = {sunpack('<dd', v)}
       else st = {sunpack('<ddd', v)} end
       loaded[key] = st
-    elseif st and #st ~= 3 then
+    elseif st and #st ~= size / 8 then
       return false -- a rule of another algorithm had this key in this call
     end
-    local R = RULES[i]
-    local b = R.b or bucketParams(R)
     local nx, al, rem, reset, retry
-    if b.r == 0 and (not st or st[3] == 0) then
-      nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i], false)
+    if alg <= 2 then
+      local b = R.b or bucketParams(R)
+      if b.r == 0 and (not st or st[3] == 0) then
+        nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i], false)
+      else
+        res.retry = 0
+        nx = bucketEval(b, st or nil, COSTS[i], res, false)
+        al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
+      end
     else
-      local res = {retry = 0}
-      nx = bucketEval(b, st or nil, COSTS[i], res, false)
+      res.retry = 0
+      if alg == 3 then
+        nx = fixedEval(R[5], R[6], st or nil, COSTS[i], res, false)
+      else
+        nx = slidingEval(R[5], R[6], st or nil, COSTS[i], res, false)
+      end
       al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
     end
     if al == 0 and not R.shadow then return false end
@@ -875,7 +890,12 @@ local function decideBuckets(out)
   end
   for i = 1, n do
     local key, nx = KEYS[KEYBASE + i], nexts[i]
-    if nx ~= (loaded[key] or nil) then putBucket(key, RULES[i].b, nx) end
+    if nx ~= (loaded[key] or nil) then
+      local R = RULES[i]
+      if R.alg <= 2 then putBucket(key, R.b, nx)
+      elseif R.alg == 3 then put(key, nx, (nx[1] - nu) * 1000 - nsub, 2)
+      else put(key, nx, (nx[1] - nu) * 1000 - nsub, 3) end
+    end
   end
   out[k] = 1
   OUTK = k + 4 * n + 1
@@ -1070,14 +1090,14 @@ local function batch()
       REFUSED = sfind(f, 'x', 1, true) ~= nil
     end
     a = a + 1
-    local buckets = not rec and not DRY and not REFUSED
+    local fast = not rec and not DRY and not REFUSED
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       local cost, debit = NUMS[c] or tonumber(c), false
-      if not cost then cost, debit, buckets = tonumber(ssub(c, 2)), true, false end
+      if not cost then cost, debit, fast = tonumber(ssub(c, 2)), true, false end
       RULES[i], COSTS[i], TTLS[i], DEBITS[i] = R, cost, R.ttl, debit
       a = a + 2
-      if R.alg > 2 then buckets = false end
+      if R.alg > 4 then fast = false end
       if R.alg == 7 then
         local t = ARGV[a]
         if t ~= '' then TTLS[i] = tonumber(t) end
@@ -1095,7 +1115,7 @@ local function batch()
     -- reply says -1 where allowed goes, and Redis's log says why.
     local k0 = OUTK
     local ok, err = true, nil
-    if not (buckets and decideBuckets(out)) then ok, err = pcall(decide, out) end
+    if not (fast and decideFast(out)) then ok, err = pcall(decide, out) end
     if not ok then
       if type(err) == 'table' then err = err.err end
       redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
@@ -1154,7 +1174,7 @@ local function run(keys, args)
   if not fmod then
     fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
       sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
-    RES, NEXTS, DIRTY, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, 0
+    RES, NEXTS, DIRTY, FASTRES, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, {}, 0
     for i = 1, 7000 do ZEROS[i] = 0 end
     for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
     RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}

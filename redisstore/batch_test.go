@@ -209,7 +209,7 @@ func TestBatchedHierarchyExact(t *testing.T) {
 // TestBatchContainsAFailedDecision: a decision whose key holds another
 // type, or a string not the size of its algorithm's state (a rule that
 // changed its algorithm keeps its key), fails alone; the decisions batched
-// with it are decided. Both leave the usual path (decideBuckets, no pcall)
+// with it are decided. Both leave the usual path (decideFast, no pcall)
 // for decide's.
 func TestBatchContainsAFailedDecision(t *testing.T) {
 	srv := redistest.Start(t)
