@@ -88,6 +88,61 @@ func ParseFailureMode(s string) (FailureMode, error) {
 	return 0, Errorf(CodeInvalid, "unknown on_error %q (want open, closed or local)", s)
 }
 
+// Distribution says how servers sharing a store decide a rule's charges.
+// The zero Distribution is Exact.
+type Distribution uint8
+
+const (
+	// Exact decides every charge in the shared store: the limit and every
+	// reported remaining are exact across servers.
+	Exact Distribution = iota
+	// Leased lets each server withdraw allowances (batches of tokens or
+	// window counts) from the shared state and decide from them locally.
+	// Nothing is ever admitted beyond the limit, since an allowance is
+	// withdrawn before it is used; what servers hold unused is admitted
+	// by none until it is returned or expires. A store that is not shared
+	// (the memory store) decides leased rules exactly. Token buckets, GCRA,
+	// fixed and sliding windows and quotas can be leased (see
+	// Algorithm.Leasable).
+	Leased
+)
+
+var distributionNames = [...]string{Exact: "exact", Leased: "leased"}
+
+// String returns "exact" or "leased".
+func (d Distribution) String() string {
+	if int(d) < len(distributionNames) {
+		return distributionNames[d]
+	}
+	return "invalid"
+}
+
+// ParseDistribution parses "exact", "leased" or "" (exact).
+func ParseDistribution(s string) (Distribution, error) {
+	if s == "" {
+		return Exact, nil
+	}
+	for d, name := range distributionNames {
+		if name == s {
+			return Distribution(d), nil
+		}
+	}
+	return 0, Errorf(CodeInvalid, "unknown distribution %q (want exact or leased)", s)
+}
+
+// Leasable reports whether a rule of algorithm a can have its capacity
+// leased in allowances: a count of units that any server may spend where
+// and when it likes within the allowance's life. The sliding log (whose
+// entries are times), combinations (two buckets whose order matters) and
+// concurrency (slots that are held, not spent) cannot.
+func (a Algorithm) Leasable() bool {
+	switch a {
+	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:
+		return true
+	}
+	return false
+}
+
 // Limits on what one rule may hold.
 const (
 	// MaxSlidingLogLimit caps a sliding log's limit: the log keeps one
@@ -168,6 +223,9 @@ type Rule struct {
 	Shadow bool
 	// OnError overrides the deployment's failure mode for this rule.
 	OnError FailureMode
+	// Distribution says whether servers sharing the store decide this
+	// rule exactly (the default) or from leased allowances.
+	Distribution Distribution
 
 	prepared unsafe.Pointer // *PreparedRule; see Prepare
 }
@@ -178,6 +236,12 @@ type Rule struct {
 func (r *Rule) Validate() error {
 	if r == nil {
 		return Errorf(CodeInvalid, "rule is nil")
+	}
+	switch {
+	case r.Distribution > Leased:
+		return r.fail("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
+	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
+		return r.fail("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, Combination:

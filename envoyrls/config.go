@@ -571,7 +571,7 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 // rateLimit parses a rate_limit block.
 func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit {
 	f := p.mapping(n, "rate_limit", "unit", "requests_per_unit", "unit_multiplier", "unlimited",
-		"name", "replaces", "algorithm", "burst")
+		"name", "replaces", "algorithm", "burst", "distribution")
 	if f == nil {
 		return nil
 	}
@@ -634,6 +634,18 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 	if hasBurst && algo != admit.TokenBucket && algo != admit.GCRA {
 		p.fail(f["burst"], "burst applies to token_bucket and gcra only")
 	}
+	dist := admit.Exact
+	if dn := f["distribution"]; dn != nil {
+		d, err := admit.ParseDistribution(p.str(dn))
+		switch {
+		case err != nil:
+			p.fail(dn, "distribution %q: want exact or leased", dn.Value)
+		case d == admit.Leased && !algo.Leasable():
+			p.fail(dn, "algorithm %s cannot be leased; fixed_window, sliding_window, token_bucket and gcra can", algo)
+		default:
+			dist = d
+		}
+	}
 	if l.Unlimited || !validUnit || l.RequestsPerUnit == 0 {
 		return l
 	}
@@ -652,7 +664,7 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 	}
 	// A quota limit is decided as a shadow one (it never refuses on its
 	// own); the service applies quota_mode's rule to the statuses.
-	r := &admit.Rule{Name: name, Algorithm: algo, Shadow: shadow || quota}
+	r := &admit.Rule{Name: name, Algorithm: algo, Shadow: shadow || quota, Distribution: dist}
 	switch algo {
 	case admit.TokenBucket, admit.GCRA:
 		r.Rate = admit.Rate{N: int64(l.RequestsPerUnit), Per: window}

@@ -158,3 +158,23 @@ descriptors:
 		t.Error("an unknown domain matched")
 	}
 }
+
+func TestDistribution(t *testing.T) {
+	c, err := Parse(File{Name: "d.yaml", Data: []byte(`
+domain: d
+descriptors:
+  - key: leased
+    rate_limit: {unit: second, requests_per_unit: 10, distribution: leased}
+  - key: exact
+    rate_limit: {unit: second, requests_per_unit: 10}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]admit.Distribution{"leased": admit.Leased, "exact": admit.Exact} {
+		m := c.Lookup("d", []Entry{{Key: key}})
+		if m.Limit == nil || m.Limit.Rule().Distribution != want {
+			t.Errorf("%s: %+v, want distribution %v", key, m.Limit, want)
+		}
+	}
+}

@@ -121,6 +121,9 @@ func (r *Rule) Spec() RuleSpec {
 		s.Shadow = &t
 	}
 	s.OnError = r.OnError.String()
+	if r.Distribution != admit.Exact {
+		s.Distribution = r.Distribution.String()
+	}
 	return s
 }
 
@@ -472,6 +475,7 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 		base.Shadow = o.Shadow
 	}
 	set(&base.OnError, o.OnError)
+	set(&base.Distribution, o.Distribution)
 	return base
 }
 
@@ -582,6 +586,9 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	r.Shadow = shadow || (rs.Shadow != nil && *rs.Shadow)
 	if r.OnError, err = admit.ParseFailureMode(rs.OnError); err != nil {
 		c.fail(path+".on_error", "%v", err)
+	}
+	if r.Distribution, err = admit.ParseDistribution(rs.Distribution); err != nil {
+		c.fail(path+".distribution", "%v", err)
 	}
 	if len(c.errs) > before {
 		return nil

@@ -29,7 +29,7 @@ type Spec struct {
 //
 // In a tenant's overrides, a RuleSpec names a rule of the tenant's tier and
 // sets only the parameters to replace (rate, burst, initial, floor, limit,
-// window, max, lease_ttl, shadow, on_error).
+// window, max, lease_ttl, shadow, on_error, distribution).
 type RuleSpec struct {
 	Name      string   `json:"name"`
 	Scope     string   `json:"scope,omitempty"`
@@ -58,6 +58,9 @@ type RuleSpec struct {
 
 	Shadow  *bool  `json:"shadow,omitempty"`
 	OnError string `json:"on_error,omitempty"`
+	// Distribution is "exact" (the default) or "leased": see
+	// admit.Distribution.
+	Distribution string `json:"distribution,omitempty"`
 }
 
 // TierSpec is a tier: its rules and the gateway settings of seed 001.

@@ -1,7 +1,7 @@
-#!lua name=admit_v4
+#!lua name=admit_v5
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v4 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v5 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -42,6 +42,8 @@
 --   concurrency: a sorted set of "<lease>#<i>" scored by expiry in µs.
 
 local STRIDE = 15
+-- A withdrawal takes at most 1/SHARE of what a key has left (see withdraw).
+local SHARE = 8
 local MAXCOUNT = 4000000000 -- admit.MaxCount: a window counts debits up to it
 local TWO53 = 9007199254740992
 local SPLIT = 2097152 -- 2^21
@@ -1045,6 +1047,29 @@ local function undo()
   return reply(out, results, 0)
 end
 
+-- withdraw takes an allowance for a leased rule (redisstore/leased.go):
+-- of the one charge's cost, as much as fits in 1/SHARE of what the key
+-- has left, so that the last units of a limit go one by one to whichever
+-- server asks, and the servers asking for more get less the less there
+-- is. It replies as decide does, the charge as if its cost had been the
+-- amount granted (0 when none was: what a peek sees), and that amount
+-- where a lease's expiry goes.
+local function withdraw(out)
+  local want, k0 = COSTS[1], OUTK
+  COSTS[1] = 0
+  decide(out)
+  local g = mmin(want, floor(out[k0 + 3] / SHARE))
+  if g >= 1 then
+    OUTK, COSTS[1] = k0, g
+    decide(out)
+    if out[k0 + 1] ~= 1 then g = 0 end
+  else
+    g = 0
+  end
+  out[OUTK] = g
+  return out
+end
+
 -- strided sets up the N charges of a call laid out in strides (ops r and
 -- u; see ARGV above).
 local function strided()
@@ -1066,7 +1091,7 @@ end
 -- stride joined with commas (cost and how unused, the lease TTL the
 -- rule's own); then M decisions, each: a head, N, its number of charges,
 -- or "N:flags:lease" where flags holds d for a dry run, x for a decision
--- refused already, and r when a lease record key follows its charge keys; then per charge the rule's number
+-- refused already, w for a withdrawal (N is 1; see withdraw), and r when a lease record key follows its charge keys; then per charge the rule's number
 -- (1..R), the cost (d and the cost for a debit), for a quota the ends
 -- of its period and the next in µs and, for a concurrency rule only, the lease TTL in µs
 -- or '' for the rule's. KEYS: each decision's charge keys and record key,
@@ -1082,15 +1107,16 @@ local function batch()
   for _ = 1, m do
     local h = ARGV[a]
     local rec = false
+    local w = false
     n, DRY, REFUSED, LEASE = NUMS[h] or tonumber(h), false, false, ''
     if not n then
       local c, f, l = smatch(h, '^(%d+):(%a*):(.*)$')
       n, LEASE = tonumber(c), l
       DRY, rec = sfind(f, 'd', 1, true) ~= nil, sfind(f, 'r', 1, true) ~= nil
-      REFUSED = sfind(f, 'x', 1, true) ~= nil
+      REFUSED, w = sfind(f, 'x', 1, true) ~= nil, sfind(f, 'w', 1, true) ~= nil
     end
     a = a + 1
-    local fast = not rec and not DRY and not REFUSED
+    local fast = not rec and not DRY and not REFUSED and not w
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       local cost, debit = NUMS[c] or tonumber(c), false
@@ -1115,7 +1141,8 @@ local function batch()
     -- reply says -1 where allowed goes, and Redis's log says why.
     local k0 = OUTK
     local ok, err = true, nil
-    if not (fast and decideFast(out)) then ok, err = pcall(decide, out) end
+    if w then ok, err = pcall(withdraw, out)
+    elseif not (fast and decideFast(out)) then ok, err = pcall(decide, out) end
     if not ok then
       if type(err) == 'table' then err = err.err end
       redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
@@ -1204,4 +1231,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v4', run)
+redis.register_function('admit_v5', run)

@@ -84,29 +84,37 @@ func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
 	}
 	ras := make([]*ruleArgs, len(charges))
 	for i := range charges {
-		c := &charges[i]
-		if c.Rule == nil {
-			return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
-		}
-		ras[i] = argsOf(c.Rule)
-		if err := ras[i].err; err != nil {
+		var err error
+		if ras[i], err = checkCharge(i, &charges[i], reserve); err != nil {
 			return nil, err
-		}
-		check := c.Rule.CheckCost
-		if c.Debit {
-			check = c.Rule.CheckDebit
-		}
-		if err := check(c.Cost); err != nil {
-			return nil, err
-		}
-		if reserve && c.Debit {
-			return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
-		}
-		if reserve && !c.Rule.Algorithm.Reservable() {
-			return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
 		}
 	}
 	return ras, nil
+}
+
+// checkCharge checks charge i, c, and returns the arguments of its rule.
+func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
+	if c.Rule == nil {
+		return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
+	}
+	ra := argsOf(c.Rule)
+	if ra.err != nil {
+		return nil, ra.err
+	}
+	check := c.Rule.CheckCost
+	if c.Debit {
+		check = c.Rule.CheckDebit
+	}
+	if err := check(c.Cost); err != nil {
+		return nil, err
+	}
+	if reserve && c.Debit {
+		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
+	}
+	if reserve && !c.Rule.Algorithm.Reservable() {
+		return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
+	}
+	return ra, nil
 }
 
 // reply is one decision's part of the reply of a decide or undo call
@@ -178,8 +186,18 @@ func hasLeases(charges []admit.Charge, g group) bool {
 	return false
 }
 
-// Decide implements admit.Store.
+// Decide implements admit.Store. Decisions with a leased charge go
+// through allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if anyLeasable(charges) {
+		return s.decideLeased(ctx, charges, d)
+	}
+	return s.decideExact(ctx, charges, d)
+}
+
+// decideExact decides charges in Redis, group by group.
+func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	s.decisions.Add(1)
 	d.Reset()
 	ras, err := validate(charges, false)
 	if err != nil {
@@ -316,6 +334,7 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	s.forget(charges)
 	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
 		err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
 			return client.Do(ctx, client.B().Del().Key(g.keys...).Build()).Error()

@@ -1,5 +1,7 @@
 package redisstore
 
+import "time"
+
 // HoldBatches makes the decisions s is asked for outside Cluster queue
 // until release, which sends the queue as one batch (up to maxBatch) and
 // returns once it is answered.
@@ -24,3 +26,26 @@ func Queued(s *Store) int {
 	defer b.mu.Unlock()
 	return len(b.queue)
 }
+
+// Held returns the units s holds of key's allowance and whether a
+// withdrawal for it is in flight.
+func Held(s *Store, key string) (units int64, fetching bool) {
+	s.leased.mu.RLock()
+	p := s.leased.m[key]
+	s.leased.mu.RUnlock()
+	if p == nil {
+		return 0, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.avail, p.fetch != nil
+}
+
+// Sweep runs s's sweep of its allowances at now.
+func Sweep(s *Store, now time.Time) { s.sweep(now) }
+
+// Consts of leased allowances.
+const (
+	LeaseIdle  = leaseIdle
+	BucketHold = bucketHold
+)

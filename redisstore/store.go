@@ -88,6 +88,11 @@ type Store struct {
 	breaker breaker
 
 	calls, failures, undoFailures atomic.Int64
+	decisions, localDecisions     atomic.Int64
+	withdrawals                   atomic.Int64 // withdrawal calls
+	withdrawn, refunded           atomic.Int64 // units of allowances
+	expired, lost                 atomic.Int64
+	leased                        allowances // see leased.go
 	closeOnce                     sync.Once
 	connMu                        sync.Mutex    // orders a lazy connect with Close
 	closed                        chan struct{} // closed by Close
@@ -223,6 +228,7 @@ func (s *Store) connect(cfg Config) {
 // Close closes the connection if the store opened it. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.returnAll()
 		s.connMu.Lock()
 		defer s.connMu.Unlock()
 		close(s.closed)
@@ -301,13 +307,25 @@ type Health struct {
 	Calls        int64  // calls to Redis
 	Failures     int64  // calls that failed or timed out
 	UndoFailures int64  // Cluster decisions whose give-back failed
+	Decisions    int64  // decisions asked for (Decide)
+	// Leased allowances (see admit.Leased): decisions made from them
+	// without a call, withdrawal calls, and units withdrawn, given back,
+	// expired unused and lost (a give-back that failed).
+	LocalDecisions int64
+	Withdrawals    int64
+	Withdrawn      int64
+	Refunded       int64
+	Expired        int64
+	Lost           int64
 }
 
 // Health returns the store's current state.
 func (s *Store) Health() Health {
 	return Health{
 		Breaker: s.breaker.state(time.Now()), Calls: s.calls.Load(), Failures: s.failures.Load(),
-		UndoFailures: s.undoFailures.Load(),
+		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
+		Withdrawals: s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
+		Expired: s.expired.Load(), Lost: s.lost.Load(),
 	}
 }
 

@@ -333,3 +333,30 @@ func TestNoCharges(t *testing.T) {
 		t.Fatalf("reserve nothing: %+v %v", r, err)
 	}
 }
+
+// TestConformanceLeased runs the timelines with every leasable rule
+// leased, on one server: whatever it withdraws it holds alone.
+func TestConformanceLeased(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	var mu sync.Mutex
+	var stores []*redisstore.Store
+	newStore := factory(s.Client())
+	t.Run("timelines", func(t *testing.T) {
+		storetest.RunTimelinesOf(t, func(t *testing.T, clock func() time.Time) admit.Store {
+			st := newStore(t, clock).(*redisstore.Store)
+			mu.Lock()
+			stores = append(stores, st)
+			mu.Unlock()
+			return st
+		}, storetest.Leased(storetest.Timelines()))
+	})
+	var h redisstore.Health
+	for _, st := range stores {
+		x := st.Health()
+		h.Decisions += x.Decisions
+		h.LocalDecisions += x.LocalDecisions
+		h.Withdrawals += x.Withdrawals
+	}
+	t.Logf("%d decisions, %d local, %d withdrawals", h.Decisions, h.LocalDecisions, h.Withdrawals)
+}

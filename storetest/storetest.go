@@ -25,7 +25,12 @@ func Run(t *testing.T, newStore Factory) {
 
 // RunTimelines runs every timeline, each against a new store.
 func RunTimelines(t *testing.T, newStore Factory) {
-	for _, tl := range Timelines() {
+	RunTimelinesOf(t, newStore, Timelines())
+}
+
+// RunTimelinesOf runs the timelines tls, each against a new store.
+func RunTimelinesOf(t *testing.T, newStore Factory, tls []Timeline) {
+	for _, tl := range tls {
 		t.Run(tl.Name, func(t *testing.T) {
 			t.Parallel()
 			clock := NewClock()
@@ -84,6 +89,30 @@ type Timeline struct {
 	Name    string
 	Charges []admit.Charge
 	Steps   []Step
+}
+
+// Leased returns the timelines tls with every rule that can be leased
+// (admit.Algorithm.Leasable) made leased, and the others as they are.
+func Leased(tls []Timeline) []Timeline {
+	out := make([]Timeline, len(tls))
+	for i, tl := range tls {
+		leased := map[*admit.Rule]*admit.Rule{}
+		tl.Charges = slices.Clone(tl.Charges)
+		for j := range tl.Charges {
+			r := tl.Charges[j].Rule
+			if r == nil || !r.Algorithm.Leasable() {
+				continue
+			}
+			if leased[r] == nil {
+				l := *r
+				l.Distribution = admit.Leased
+				leased[r] = &l
+			}
+			tl.Charges[j].Rule = leased[r]
+		}
+		out[i] = tl
+	}
+	return out
 }
 
 // D returns a pointer to d, for the optional fields of Step.

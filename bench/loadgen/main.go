@@ -38,8 +38,10 @@ func main() {
 	tenants := flag.Int("tenants", 100, "tenants")
 	users := flag.Int("users", 10000, "users, spread over the tenants")
 	storeURL := flag.String("store", "memory", "store: memory, or a redis:// URL (see admit serve --store)")
+	userBurst := flag.Int64("user-burst", 50, "the user bucket's burst; its rate is twice that per second")
+	distribution := flag.String("distribution", "exact", "distribution of every rule: exact or leased (allowances; a redis store only)")
 	flag.Parse()
-	if err := run(*callers, *duration, *rounds, *tenants, *users, *storeURL); err != nil {
+	if err := run(*callers, *duration, *rounds, *tenants, *users, *storeURL, *distribution, *userBurst); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		os.Exit(1)
 	}
@@ -60,7 +62,7 @@ func run1(url string, callers int, d time.Duration, bodies [][]byte) load.HTTPRe
 	})
 }
 
-func run(callers int, d time.Duration, rounds, tenants, users int, storeURL string) error {
+func run(callers int, d time.Duration, rounds, tenants, users int, storeURL, distribution string, userBurst int64) error {
 	var store admit.Store = memstore.New(nil)
 	if storeURL != "memory" {
 		r, err := redisstore.Open(context.Background(), storeURL, nil)
@@ -70,7 +72,25 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL stri
 		store = r
 	}
 	defer store.Close()
-	cat, err := policy.NewCatalog(context.Background(), load.Spec(tenants, nil), nil)
+	spec := load.Spec(tenants, nil)
+	for _, tier := range spec.Tiers {
+		for i := range tier.Rules {
+			if tier.Rules[i].Name == "user-requests" {
+				tier.Rules[i].Burst, tier.Rules[i].Rate = &userBurst, fmt.Sprintf("%d/s", 2*userBurst)
+			}
+		}
+	}
+	if distribution != "exact" {
+		for i := range spec.Global {
+			spec.Global[i].Distribution = distribution
+		}
+		for _, tier := range spec.Tiers {
+			for i := range tier.Rules {
+				tier.Rules[i].Distribution = distribution
+			}
+		}
+	}
+	cat, err := policy.NewCatalog(context.Background(), spec, nil)
 	if err != nil {
 		return err
 	}
@@ -97,11 +117,16 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL stri
 	run1(admitURL, callers, d/3, bodies) // warm up connections, buckets and the allocator
 	run1(nothingURL, callers, d/3, bodies)
 
-	fmt.Printf("store=%s callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", storeURL, callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
+	fmt.Printf("user bucket %d/s, burst %d\n", 2*userBurst, userBurst)
+	fmt.Printf("store=%s distribution=%s callers=%d duration=%v rounds=%d tenants=%d users=%d GOMAXPROCS=%s\n", storeURL, distribution, callers, d, rounds, tenants, users, os.Getenv("GOMAXPROCS"))
 	med := load.Rounds(rounds, []load.Target{
 		{Name: "nothing", Run: func() load.HTTPResult { return run1(nothingURL, callers, d, bodies) }},
 		{Name: "check", Run: func() load.HTTPResult { return run1(admitURL, callers, d, bodies) }},
 	})
 	fmt.Printf("median: check %.0f/s, nothing %.0f/s, ratio %.2f\n", med["check"], med["nothing"], med["check"]/med["nothing"])
+	if r, ok := store.(*redisstore.Store); ok {
+		h := r.Health()
+		fmt.Printf("redis calls %d for %d decisions (%.4f per decision), %d local\n", h.Calls, h.Decisions, float64(h.Calls)/float64(h.Decisions), h.LocalDecisions)
+	}
 	return nil
 }

@@ -51,15 +51,34 @@ func main() {
 	duration := flag.Duration("duration", 3*time.Second, "length of one measured round")
 	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
 	charge := flag.String("charge", "all", "Admit's charging mode for the domain: all (its default) or each (envoyproxy/ratelimit's)")
+	distribution := flag.String("distribution", "exact", "Admit's distribution of both limits: exact (its default) or leased (allowances)")
+	users := flag.Int("users", load.RLSUsers, "users the requests spread over (at most 10,000): fewer make hotter keys")
 	flag.Parse()
+	if *distribution != "exact" && *distribution != "leased" {
+		fmt.Fprintln(os.Stderr, "rlspeer: -distribution: want exact or leased")
+		os.Exit(2)
+	}
+	if *users < 1 || *users > load.RLSUsers {
+		fmt.Fprintln(os.Stderr, "rlspeer: -users: want 1 to 10000")
+		os.Exit(2)
+	}
 	if *charge != "all" && *charge != "each" {
 		fmt.Fprintln(os.Stderr, "rlspeer: -charge: want all or each")
 		os.Exit(2)
 	}
-	if err := run(*callers, *conns, *duration, *rounds, *charge); err != nil {
+	if err := run(*callers, *conns, *duration, *rounds, *charge, *distribution, *users); err != nil {
 		fmt.Fprintln(os.Stderr, "rlspeer:", err)
 		os.Exit(1)
 	}
+}
+
+// admitLimits is the benchmark's configuration as Admit reads it: with
+// distribution leased, both limits say so (Admit's extension).
+func admitLimits(distribution string) string {
+	if distribution == "exact" {
+		return load.RLSConfig
+	}
+	return strings.ReplaceAll(load.RLSConfig, "}", ", distribution: leased}")
 }
 
 // proc is a process this command started.
@@ -160,7 +179,7 @@ type row struct {
 	failed                  int64
 }
 
-func run(callers, conns int, d time.Duration, rounds int, charge string) error {
+func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users int) error {
 	dir, err := os.MkdirTemp("", "rlspeer-")
 	if err != nil {
 		return err
@@ -183,7 +202,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 	if err := os.MkdirAll(admitConf, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+load.RLSConfig), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+admitLimits(distribution)), 0o644); err != nil {
 		return err
 	}
 
@@ -236,7 +255,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 		return err
 	}
 
-	reqs := load.RLSRequests("bench", false)
+	reqs := load.RLSRequests("bench", false)[:users]
 	measure := func(p *proc, addr string) (row, error) {
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
 		for i := range clients {
@@ -270,8 +289,8 @@ func run(callers, conns int, d time.Duration, rounds int, charge string) error {
 		}, nil
 	}
 
-	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, %d rounds of %v, one redis-server\n",
-		callers, conns, load.RLSTenants, load.RLSUsers, charge, rounds, d)
+	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, distribution: %s, %d rounds of %v, one redis-server\n",
+		callers, conns, min(load.RLSTenants, users), users, charge, distribution, rounds, d)
 	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "errors")
 	targets := []struct {
 		name string

@@ -54,7 +54,7 @@ for _ in $(seq 11); do
   fi
 done
 if [ "$SC" = 3 ]; then RULES=(3 11 156 "$R1" "$R2" "$R3"); else RULES=(1 11 68 "$R1"); fi
-CMD=(FCALL admit_v4 "${#KEYS[@]}" "${KEYS[@]}" b "" "" "${RULES[@]}" "${ARGS[@]}")
+CMD=(FCALL admit_v5 "${#KEYS[@]}" "${KEYS[@]}" b "" "" "${RULES[@]}" "${ARGS[@]}")
 redis-benchmark -p "$PORT" -n 200 -c 1 -r 10000 "${CMD[@]}" >/dev/null
 callgrind_control -z "$VP" >/dev/null 2>&1
 redis-benchmark -p "$PORT" -n "$N" -c 1 -r 10000 "${CMD[@]}" >/dev/null

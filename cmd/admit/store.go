@@ -89,7 +89,11 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		ready: r.Ping,
 		health: func() server.StoreHealth {
 			h := r.Health()
-			return server.StoreHealth{Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures}
+			return server.StoreHealth{
+				Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures,
+				Decisions: h.Decisions, LocalDecisions: h.LocalDecisions, Withdrawals: h.Withdrawals,
+				Withdrawn: h.Withdrawn, Refunded: h.Refunded, Expired: h.Expired, Lost: h.Lost,
+			}
 		},
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),

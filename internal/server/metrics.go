@@ -136,6 +136,13 @@ func (m *metrics) registerHealth(reg *prometheus.Registry, health func() StoreHe
 		counterFunc("admit_store_calls_total", "Calls to the remote store.", health, func(h StoreHealth) int64 { return h.Calls }),
 		counterFunc("admit_store_call_failures_total", "Calls to the remote store that failed or timed out.", health, func(h StoreHealth) int64 { return h.Failures }),
 		counterFunc("admit_store_undo_failures_total", "Cluster decisions over two slots whose give-back failed.", health, func(h StoreHealth) int64 { return h.UndoFailures }),
+		counterFunc("admit_store_decisions_total", "Decisions asked of the remote store.", health, func(h StoreHealth) int64 { return h.Decisions }),
+		counterFunc("admit_store_local_decisions_total", "Decisions made from leased allowances, without a call.", health, func(h StoreHealth) int64 { return h.LocalDecisions }),
+		counterFunc("admit_store_withdrawals_total", "Calls withdrawing leased allowances.", health, func(h StoreHealth) int64 { return h.Withdrawals }),
+		counterFunc("admit_store_allowance_withdrawn_units_total", "Units withdrawn in leased allowances.", health, func(h StoreHealth) int64 { return h.Withdrawn }),
+		counterFunc("admit_store_allowance_refunded_units_total", "Units of leased allowances given back unused.", health, func(h StoreHealth) int64 { return h.Refunded }),
+		counterFunc("admit_store_allowance_expired_units_total", "Units of leased allowances whose period ended unused.", health, func(h StoreHealth) int64 { return h.Expired }),
+		counterFunc("admit_store_allowance_lost_units_total", "Units of leased allowances a failed give-back lost.", health, func(h StoreHealth) int64 { return h.Lost }),
 	)
 }
 

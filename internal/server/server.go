@@ -42,6 +42,11 @@ type StoreStats struct {
 type StoreHealth struct {
 	Breaker                       string // closed, open or half-open
 	Calls, Failures, UndoFailures int64
+	// Decisions asked of the store, those decided from leased allowances
+	// without a call, withdrawal calls, and allowance units withdrawn,
+	// given back, expired unused and lost.
+	Decisions, LocalDecisions, Withdrawals int64
+	Withdrawn, Refunded, Expired, Lost     int64
 }
 
 // Options configure a Server. Store and Catalog are required; the zero

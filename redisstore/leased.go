@@ -1,0 +1,603 @@
+package redisstore
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// Leased allowances. A rule with Distribution admit.Leased is decided from
+// allowances: units a server has withdrawn from the key's state in Redis
+// (a charge like any other, made by one atomic call) and spends locally,
+// without a round trip, until they run out or expire. Since every unit is
+// withdrawn before it admits anything, the servers together never admit
+// more than the exact limit would; what they hold unused is admitted by
+// none until it is returned or expires, which bounds the under-admission.
+// docs/architecture.md ("Leased allowances") has the proof of both bounds.
+//
+// A decision is local only if every charge is leased and covered by the
+// allowance in hand. Otherwise the server withdraws for the charges short
+// of units (one withdrawal per key in flight; other callers wait for it)
+// and tries again, and if that is not enough either — the key is near its
+// limit, or cold — it decides the request exactly in Redis, all or
+// nothing as always.
+//
+// How much a withdrawal asks for follows the key's local demand: what the
+// server spent since its last withdrawal, scaled to leaseHorizon. Redis
+// grants at most 1/8 of what the key has left (admit.lua, withdraw), so
+// batches shrink as the limit nears and the last 7 units are decided
+// exactly, one request at a time, by whichever server asks. A new
+// withdrawal is made when the allowance falls below half of the last
+// grant, before it runs out, so callers rarely wait.
+//
+// An allowance lives as long as what it was withdrawn from: a fixed
+// window's or quota's units until the period ends, a sliding window's
+// until the current window ends (after which they count in the previous
+// window, weighted less, so spending them cannot pass the limit), a
+// bucket's tokens for bucketHold. Times are the local clock's, started
+// before the withdrawal was sent: an allowance ends locally no later than
+// in Redis. Units unused when a key goes idle (leaseIdle) or the store is
+// closed are given back; units a bucket held when they expire are given
+// back too (a window's are worthless then). A server that dies loses what
+// it held: never spent twice, only not spent.
+const (
+	// leaseHorizon is how long an allowance should last at the key's
+	// current demand.
+	leaseHorizon = 250 * time.Millisecond
+	// minLease is the smallest withdrawal worth a call: a key whose
+	// demand would ask for less is decided exactly.
+	minLease = 4
+	// maxLease bounds one withdrawal.
+	maxLease = 1 << 20
+	// bucketHold is how long a bucket's tokens may be spent after they
+	// were withdrawn.
+	bucketHold = time.Second
+	// leaseIdle is how long a key goes unused before its allowance is
+	// given back.
+	leaseIdle = time.Second
+	// leaseForget is how long an empty allowance is kept, with its
+	// demand and refusal, after its last use.
+	leaseForget = 10 * time.Second
+	// sweepEvery is how often expired and idle allowances are swept.
+	sweepEvery = 250 * time.Millisecond
+)
+
+// shareOf mirrors admit.lua's SHARE: a withdrawal takes at most 1/shareOf
+// of what the key has left.
+const shareOf = 8
+
+// decideWithdraw is the how of a withdrawal job (admit.lua, withdraw).
+const decideWithdraw = "w"
+
+// allowance is what one server holds of one leased key.
+type allowance struct {
+	rule           *admit.Rule
+	ra             *ruleArgs
+	key, tag, rkey string
+
+	mu     sync.Mutex
+	avail  int64     // units in hand
+	until  time.Time // when they expire (local clock)
+	gen    uint64    // bumped when avail is replaced, not added to
+	period int64     // the end of the window or quota period avail is of (µs, Redis time)
+	takenU int64     // Redis time of the last grant, µs and ns: a refund
+	takenN int64     // gives back into its window
+	grant  int64     // the last grant, for the low-water mark
+	shared int64     // what the key had left in Redis at the last reply
+	reset  time.Time // when the key resets, as of the last reply
+	exact  bool      // too little left in Redis to withdraw: decide exactly
+	fetch  *fetch    // the withdrawal in flight
+
+	refusedUntil time.Time    // refuse locally a cost of at least refusedCost
+	refusedCost  int64        // until then, as Redis last refused it
+	refusal      admit.Result // that refusal
+	used         int64        // units spent since
+	since        time.Time    // the last withdrawal
+	lastUse      time.Time
+}
+
+// fetch is a withdrawal in flight; done is closed when it has landed.
+type fetch struct {
+	done chan struct{}
+	err  error
+}
+
+// allowances are a store's allowances by charge key.
+type allowances struct {
+	mu       sync.RWMutex
+	m        map[string]*allowance
+	sweeping bool
+}
+
+// leasable reports whether charge c could be decided from an allowance:
+// a leased rule, a positive cost, no debit.
+func leasable(c *admit.Charge) bool {
+	return c.Rule != nil && c.Rule.Distribution == admit.Leased && c.Rule.Algorithm.Leasable() && c.Cost > 0 && !c.Debit
+}
+
+// anyLeasable reports whether a decision of charges goes through
+// allowances: one charge at least is leasable and none is a dry run.
+func anyLeasable(charges []admit.Charge) bool {
+	if len(charges) == 0 || len(charges) > admit.MaxCharges {
+		return false
+	}
+	any := false
+	for i := range charges {
+		if charges[i].DryRun {
+			return false
+		}
+		any = any || leasable(&charges[i])
+	}
+	return any
+}
+
+// now is the store's clock, with a monotonic reading unless a test set
+// one.
+func (s *Store) now() time.Time {
+	if s.clock != nil {
+		return s.clock()
+	}
+	return time.Now()
+}
+
+// allowanceOf returns the allowance of c's key, made on first use or when
+// the key's rule changed (the old one's units are given back).
+func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
+	a := &s.leased
+	a.mu.RLock()
+	p := a.m[c.Key]
+	a.mu.RUnlock()
+	if p != nil && p.rule == c.Rule {
+		return p
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if p = a.m[c.Key]; p != nil && p.rule == c.Rule {
+		return p
+	}
+	if p != nil {
+		go s.refund(p)
+	}
+	tag := tagOf(c)
+	p = &allowance{rule: c.Rule, ra: argsOf(c.Rule), key: c.Key, tag: tag, rkey: s.redisKey(tag, c.Key), since: now, lastUse: now}
+	if a.m == nil {
+		a.m = make(map[string]*allowance)
+	}
+	a.m[c.Key] = p
+	if !a.sweeping {
+		a.sweeping = true
+		go s.sweepLoop()
+	}
+	return p
+}
+
+// decideLeased decides charges (anyLeasable): the leasable ones covered
+// by their allowances are taken from them; the others, if any, are
+// decided exactly in Redis, and if that refuses, what was taken is put
+// back, so the decision stays all or nothing. A charge short of units
+// first gets a withdrawal, which the callers of its key wait for.
+func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if err := admit.CheckDebits(charges); err != nil {
+		return err
+	}
+	for i := range charges {
+		if _, err := checkCharge(i, &charges[i], false); err != nil {
+			return err
+		}
+	}
+	now := s.now()
+	var pools [admit.MaxCharges]*allowance
+	ps := pools[:len(charges)]
+	for i := range charges {
+		if leasable(&charges[i]) {
+			ps[i] = s.allowanceOf(&charges[i], now)
+		}
+	}
+	all := uint64(1)<<len(charges) - 1
+	var taken uint64
+	var gens generations
+	for try := 0; ; try++ {
+		var refused bool
+		taken, refused = s.takeLocal(charges, ps, &gens, now, d)
+		if refused || taken == all {
+			s.decisions.Add(1)
+			s.localDecisions.Add(1)
+			d.Summarize()
+			return nil
+		}
+		if try == 1 {
+			break
+		}
+		// Withdraw for each charge short of units, and wait.
+		var waits [admit.MaxCharges]*fetch
+		n := 0
+		for i, p := range ps {
+			if p == nil || taken&(1<<i) != 0 {
+				continue
+			}
+			if f := p.fetchFor(s, charges[i].Cost, now); f != nil {
+				waits[n] = f
+				n++
+			}
+		}
+		if n == 0 {
+			break
+		}
+		s.putBack(charges, ps, &gens, taken)
+		for _, f := range waits[:n] {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", ctx.Err())
+			}
+			if f.err != nil {
+				return f.err
+			}
+		}
+		now = s.now()
+	}
+	err := s.decideRest(ctx, charges, ps, taken, now, d)
+	if err != nil || !d.Allowed {
+		s.putBack(charges, ps, &gens, taken)
+	}
+	return err
+}
+
+// decideRest decides exactly in Redis the charges not in taken, and
+// fills d with their results and the taken ones'.
+func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*allowance, taken uint64, now time.Time, d *admit.Decision) error {
+	var rest [admit.MaxCharges]admit.Charge
+	var at [admit.MaxCharges]int
+	n := 0
+	for i := range charges {
+		if taken&(1<<i) == 0 {
+			rest[n], at[n] = charges[i], i
+			n++
+		}
+	}
+	sub := decisions.Get().(*admit.Decision)
+	defer decisions.Put(sub)
+	if err := s.decideExact(ctx, rest[:n], sub); err != nil {
+		return err
+	}
+	// A charge of a key charged twice was refused for both costs: no
+	// refusal of one cost may be learned from it.
+	dup := false
+	for i := range ps {
+		dup = dup || ps[i] != nil && slices.Contains(ps[:i], ps[i])
+	}
+	for k, i := range at[:n] {
+		d.Results[i] = sub.Results[k]
+		if p := ps[i]; p != nil {
+			p.learn(&charges[i], &sub.Results[k], now, !dup)
+		}
+	}
+	d.Lease = sub.Lease
+	d.Summarize()
+	return nil
+}
+
+// decisions recycles the Decisions of decideRest.
+var decisions = sync.Pool{New: func() any { return new(admit.Decision) }}
+
+// generations holds, per charge taken from an allowance, the allowance's
+// generation then, so that a unit is put back only where it came from.
+type generations [admit.MaxCharges]uint64
+
+// takeLocal takes from their allowances ps the leasable charges they
+// cover, and returns which it took, with their results in d; or, if one
+// was refused by Redis for at least its cost until after now, takes
+// nothing and returns refused, d holding the refusal.
+func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generations, now time.Time, d *admit.Decision) (taken uint64, refused bool) {
+	d.Reset()
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
+	for i, p := range ps {
+		if p == nil {
+			continue
+		}
+		c, r := &charges[i], &d.Results[i]
+		p.mu.Lock()
+		switch {
+		case p.avail >= c.Cost && now.Before(p.until):
+			p.avail -= c.Cost
+			p.used += c.Cost
+			p.lastUse = now
+			gens[i] = p.gen
+			*r = p.result(now, true)
+			if p.avail < p.grant/2 && !p.exact && p.fetch == nil {
+				p.startFetch(s, 0, now)
+			}
+			taken |= 1 << i
+		case now.Before(p.refusedUntil) && c.Cost >= p.refusedCost && !p.rule.Shadow:
+			*r = p.refusal
+			r.Remaining = 0
+			r.RetryAfter = p.refusedUntil.Sub(now)
+			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
+			refused = true
+		}
+		p.mu.Unlock()
+		if refused {
+			s.putBack(charges, ps, gens, taken)
+			for j, q := range ps { // the others report what they hold
+				if j == i {
+					continue
+				}
+				if q == nil {
+					d.Results[j] = admit.Result{Rule: charges[j].Rule.Name, Shadow: charges[j].Rule.Shadow, Debit: charges[j].Debit, Limit: charges[j].Rule.Capacity()}
+					continue
+				}
+				q.mu.Lock()
+				d.Results[j] = q.result(now, q.avail >= charges[j].Cost && now.Before(q.until))
+				q.mu.Unlock()
+			}
+			return 0, true
+		}
+	}
+	return taken, false
+}
+
+// result is what p reports for a charge decided from it. p.mu is held.
+func (p *allowance) result(now time.Time, allowed bool) admit.Result {
+	return admit.Result{
+		Rule: p.rule.Name, Allowed: allowed, Shadow: p.rule.Shadow, Limit: p.rule.Capacity(),
+		Remaining: p.avail + p.shared, ResetAfter: max(p.reset.Sub(now), 0),
+	}
+}
+
+// putBack returns to their allowances the charges in taken, unless an
+// allowance was replaced meanwhile (its units expired): then they are
+// lost, which only admits less.
+func (s *Store) putBack(charges []admit.Charge, ps []*allowance, gens *generations, taken uint64) {
+	for i, p := range ps {
+		if taken&(1<<i) == 0 {
+			continue
+		}
+		p.mu.Lock()
+		if p.gen == gens[i] {
+			p.avail += charges[i].Cost
+			p.used -= charges[i].Cost
+		}
+		p.mu.Unlock()
+	}
+}
+
+// fetchFor returns the withdrawal that should cover cost in p, started
+// if need be, or nil when p covers cost already or must be decided
+// exactly: it is near its limit, or too cold to be worth a withdrawal.
+func (p *allowance) fetchFor(s *Store, cost int64, now time.Time) *fetch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fetch != nil {
+		return p.fetch
+	}
+	if p.exact || (p.avail >= cost && now.Before(p.until)) || now.Before(p.refusedUntil) {
+		return nil
+	}
+	if p.want(now) < minLease {
+		return nil
+	}
+	return p.startFetch(s, cost, now)
+}
+
+// want is how much a withdrawal at now should ask for, from the demand
+// since the last one. p.mu is held.
+func (p *allowance) want(now time.Time) int64 {
+	elapsed := max(now.Sub(p.since), 10*time.Millisecond)
+	return min(int64(float64(p.used)*float64(leaseHorizon)/float64(elapsed)), maxLease)
+}
+
+// startFetch starts a withdrawal for p of its demand plus need. p.mu is
+// held.
+func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
+	f := &fetch{done: make(chan struct{})}
+	p.fetch = f
+	want := min(max(p.want(now), minLease)+need, maxLease)
+	p.used, p.since = 0, now
+	go s.withdraw(p, f, want)
+	return f
+}
+
+// withdraw asks Redis for want units of p and adds what it grants.
+func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	sent := s.now()
+	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want}}
+	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
+	v, err := s.decideCall(p.tag, s.newJob(ctx, charges[:], []*ruleArgs{p.ra}, g, decideWithdraw, "", ""))
+	if err == nil && len(v.v) != 6 {
+		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))
+	}
+	s.withdrawals.Add(1)
+	p.mu.Lock()
+	p.fetch = nil
+	if err != nil {
+		f.err = err
+		p.mu.Unlock()
+		close(f.done)
+		return
+	}
+	granted, left := v.v[5], v.v[2]
+	resetIn := s.replyReset(p.rule, v, v.v[3])
+	if granted > 0 {
+		until, period := s.allowanceEnd(p.rule, v, sent)
+		if p.avail == 0 || !sent.Before(p.until) || period != p.period {
+			// Nothing in hand, or units of a period that has ended (a
+			// grant from a later period lands only after it has): the
+			// grant replaces them.
+			s.expired.Add(p.avail)
+			p.avail, p.until, p.period = granted, until, period
+			p.gen++
+		} else {
+			p.avail += granted
+			p.until = minTime(p.until, until)
+		}
+		p.takenU, p.takenN = v.nu, v.nsub
+		s.withdrawn.Add(granted)
+	}
+	p.grant = granted
+	p.shared = left
+	p.reset = sent.Add(resetIn)
+	p.exact = left < shareOf
+	p.mu.Unlock()
+	close(f.done)
+}
+
+// replyReset returns the reset time a reply reports for a charge of r,
+// whose reply values x[3] (reset) says.
+func (s *Store) replyReset(r *admit.Rule, v reply, reset int64) time.Duration {
+	if r.Algorithm == admit.Quota {
+		return time.Duration(reset*1000 - (v.nu*1000 + v.nsub))
+	}
+	return time.Duration(reset)
+}
+
+// allowanceEnd returns when units of r withdrawn in the call of reply v,
+// sent at sent, stop being spendable, and the end of the period they
+// were withdrawn from in Redis's time (µs; 0 for a bucket).
+func (s *Store) allowanceEnd(r *admit.Rule, v reply, sent time.Time) (time.Time, int64) {
+	var endu int64
+	switch r.Algorithm {
+	case admit.FixedWindow:
+		endu = v.nu + (v.v[3]+v.nsub)/1000
+	case admit.Quota:
+		endu = v.v[3]
+	case admit.SlidingWindow:
+		wu := r.Window.Microseconds()
+		endu = v.nu - v.nu%wu + wu
+	default:
+		return sent.Add(bucketHold), 0
+	}
+	return sent.Add(time.Duration(endu*1000 - (v.nu*1000 + v.nsub))), endu
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// learn updates p from the exact decision res of charge c, and, if
+// refusals says so, learns when a refusal of c's cost ends.
+func (p *allowance) learn(c *admit.Charge, res *admit.Result, now time.Time, refusals bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.lastUse = now
+	p.used += c.Cost
+	p.shared = res.Remaining
+	p.reset = now.Add(res.ResetAfter)
+	if res.Remaining >= shareOf {
+		p.exact = false
+	}
+	if refusals && !res.Allowed && !res.Shadow && res.RetryAfter > 0 {
+		p.refusedUntil, p.refusedCost, p.refusal = now.Add(res.RetryAfter), c.Cost, *res
+	}
+}
+
+// sweepLoop sweeps the store's allowances until it is closed.
+func (s *Store) sweepLoop() {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-t.C:
+			s.sweep(s.now())
+		}
+	}
+}
+
+// sweep gives back the units of keys idle for leaseIdle, lets expire the
+// units of ended periods (giving back a bucket's), and forgets allowances
+// unused for leaseForget.
+func (s *Store) sweep(now time.Time) {
+	var back []*allowance
+	s.leased.mu.Lock()
+	for k, p := range s.leased.m {
+		p.mu.Lock()
+		switch {
+		case p.avail > 0 && !now.Before(p.until):
+			if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
+				back = append(back, p)
+			} else {
+				s.expired.Add(p.avail)
+				p.avail = 0
+				p.gen++
+			}
+		case p.avail > 0 && now.Sub(p.lastUse) >= leaseIdle:
+			back = append(back, p)
+		case p.avail == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
+			delete(s.leased.m, k)
+		}
+		p.mu.Unlock()
+	}
+	s.leased.mu.Unlock()
+	for _, p := range back {
+		s.refund(p)
+	}
+}
+
+// refund gives back the units p holds.
+func (s *Store) refund(p *allowance) {
+	p.mu.Lock()
+	n, tu, tn := p.avail, p.takenU, p.takenN
+	p.avail = 0
+	p.gen++
+	p.mu.Unlock()
+	if n <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	charges := []admit.Charge{{Key: p.key, Rule: p.rule, Cost: n}}
+	gd := groupDone{
+		g:     group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}},
+		reply: groupReply{nu: tu, nsub: tn, hows: []string{"0"}},
+	}
+	if _, err := s.run(ctx, s.undoCall(charges, gd, "")); err != nil {
+		s.lost.Add(n)
+		return
+	}
+	s.refunded.Add(n)
+}
+
+// returnAll gives back every allowance, as the store closes.
+func (s *Store) returnAll() {
+	s.leased.mu.Lock()
+	ps := make([]*allowance, 0, len(s.leased.m))
+	for _, p := range s.leased.m {
+		ps = append(ps, p)
+	}
+	s.leased.m = nil
+	s.leased.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.refund(p)
+		}()
+	}
+	wg.Wait()
+}
+
+// forget drops the allowances of charges' keys, which Reset cleared in
+// Redis: their units were withdrawn from a state that is gone.
+func (s *Store) forget(charges []admit.Charge) {
+	s.leased.mu.Lock()
+	defer s.leased.mu.Unlock()
+	for i := range charges {
+		if p := s.leased.m[charges[i].Key]; p != nil {
+			p.mu.Lock()
+			p.avail, p.exact, p.refusedUntil = 0, false, time.Time{}
+			p.gen++
+			p.mu.Unlock()
+			delete(s.leased.m, charges[i].Key)
+		}
+	}
+}
