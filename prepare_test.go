@@ -1,6 +1,7 @@
 package admit_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -74,4 +75,46 @@ func BenchmarkKeyHash(b *testing.B) {
 			_ = c.KeyHash()
 		}
 	})
+}
+
+// TestMaxCost: a rule's MaxCost bounds checks and debits alike, with an
+// error about the cost; a prepared rule whose MaxCost changes is bounded
+// by the new one.
+func TestMaxCost(t *testing.T) {
+	r := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(100), Burst: 1000}
+	for _, cost := range []int64{1000, 1_000_000} { // no MaxCost: debits of any cost
+		if err := r.CheckDebit(cost); err != nil {
+			t.Fatalf("debit %d without MaxCost: %v", cost, err)
+		}
+	}
+	if err := r.CheckCost(1001); admit.ErrorField(err) != "cost" {
+		t.Fatalf("check 1001 of burst 1000: %v, want an error about the cost", err)
+	}
+	r.MaxCost = 50
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, check := range []func(int64) error{r.CheckCost, r.CheckDebit, p.CheckCost} {
+		if err := check(50); err != nil {
+			t.Errorf("cost 50 with MaxCost 50: %v", err)
+		}
+		err := check(51)
+		if !errors.Is(err, admit.ErrInvalid) || admit.ErrorField(err) != "cost" || !strings.Contains(err.Error(), "max_cost 50") {
+			t.Errorf("cost 51 with MaxCost 50: %v, want invalid, about cost, naming max_cost 50", err)
+		}
+	}
+	r.MaxCost = 60 // changed after Prepare: the preparation follows
+	if p, err = r.Prepare(); err != nil || p.CheckCost(60) != nil {
+		t.Errorf("MaxCost raised to 60 after Prepare: %v, %v", err, p.CheckCost(60))
+	}
+	for _, bad := range []int64{-1, admit.MaxCost + 1} {
+		r.MaxCost = bad
+		if err := r.Validate(); admit.ErrorField(err) != "max_cost" {
+			t.Errorf("MaxCost %d: %v, want an error about max_cost", bad, err)
+		}
+	}
 }

@@ -34,6 +34,7 @@ type ruleParams struct {
 	rate, floor      Rate
 	burst, initial   int64
 	limit, max       int64
+	maxCost          int64
 	window, leaseTTL time.Duration
 	period           Period
 	location         *time.Location
@@ -43,7 +44,7 @@ type ruleParams struct {
 func (r *Rule) params() ruleParams {
 	return ruleParams{
 		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
-		limit: r.Limit, max: r.Max, window: r.Window, leaseTTL: r.LeaseTTL,
+		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, window: r.Window, leaseTTL: r.LeaseTTL,
 		period: r.Period, location: r.Location, anchor: r.Anchor,
 	}
 }
@@ -53,7 +54,7 @@ func (r *Rule) params() ruleParams {
 // field by field: this runs on every decision.
 func (p *PreparedRule) holds(r *Rule) bool {
 	q := &p.params
-	if p.rule != r || r.Algorithm != q.algorithm {
+	if p.rule != r || r.Algorithm != q.algorithm || r.MaxCost != q.maxCost {
 		return false
 	}
 	switch r.Algorithm {
@@ -109,9 +110,9 @@ func (r *Rule) Prepare() (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.Capacity()}
-	if r.Algorithm == Combination {
-		p.most = max(r.Burst, r.Floor.N)
+	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.MostAtOnce()}
+	if r.MaxCost > 0 {
+		p.most = min(p.most, r.MaxCost)
 	}
 	atomic.StorePointer(&r.prepared, unsafe.Pointer(p))
 	return p, nil

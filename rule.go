@@ -219,6 +219,14 @@ type Rule struct {
 	Location *time.Location // quota; nil means UTC
 	Anchor   time.Time      // quota; the zero Time means the calendar's (see PeriodAt)
 
+	// MaxCost bounds the cost of one charge of the rule, debits included:
+	// a larger cost is a request error. Zero bounds checks only by what
+	// the rule can admit at once (see CheckCost) and debits only by the
+	// package's MaxCost. A policy that serves untrusted callers sets it,
+	// since a debit is never refused and one debit of any size would
+	// otherwise empty a bucket that other callers share.
+	MaxCost int64
+
 	// Shadow rules are decided and reported but never refuse a request.
 	Shadow bool
 	// OnError overrides the deployment's failure mode for this rule.
@@ -242,6 +250,9 @@ func (r *Rule) Validate() error {
 		return r.fail("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
 	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
 		return r.fail("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
+	}
+	if r.MaxCost < 0 || r.MaxCost > MaxCost {
+		return r.fail("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, Combination:
@@ -342,30 +353,54 @@ func (r *Rule) Capacity() int64 {
 }
 
 // CheckCost reports whether a request may charge cost to r: cost must be
-// from 0 to MaxCost, and no more than the most the rule could ever admit at
-// once — a larger cost is a request error, never a silent refusal.
+// from 0 to MaxCost, no more than r.MaxCost when it is set, and no more
+// than the most the rule could ever admit at once (see MostAtOnce) — a
+// larger cost is a request error, never a silent refusal.
 func (r *Rule) CheckCost(cost int64) error {
-	if cost < 0 || cost > MaxCost {
-		return Errorf(CodeInvalid, "cost %d: must be from 0 to %d", cost, int64(MaxCost))
+	if err := r.checkMaxCost(cost); err != nil {
+		return err
 	}
-	most := r.Capacity()
-	if r.Algorithm == Combination {
-		most = max(r.Burst, r.Floor.N)
-	}
-	if cost > most {
-		return Errorf(CodeInvalid, "cost %d is more than rule %q can ever admit at once (%d)", cost, r.Name, most)
+	if most := r.MostAtOnce(); cost > most {
+		return r.costError(cost, "is more than rule %q can ever admit at once (%d)", r.Name, most)
 	}
 	return nil
 }
 
+// MostAtOnce returns the largest cost one request could ever be admitted
+// at: the capacity, or the larger of a combination's two buckets.
+func (r *Rule) MostAtOnce() int64 {
+	if r.Algorithm == Combination {
+		return max(r.Burst, r.Floor.N)
+	}
+	return r.Capacity()
+}
+
+// checkMaxCost checks cost against the package's bound and r.MaxCost.
+func (r *Rule) checkMaxCost(cost int64) error {
+	if cost < 0 || cost > MaxCost {
+		return r.costError(cost, "must be from 0 to %d", int64(MaxCost))
+	}
+	if r.MaxCost > 0 && cost > r.MaxCost {
+		return r.costError(cost, "is more than rule %q takes in one charge (max_cost %d)", r.Name, r.MaxCost)
+	}
+	return nil
+}
+
+// costError is an invalid cost, about the field "cost".
+func (r *Rule) costError(cost int64, format string, args ...any) error {
+	e := Errorf(CodeInvalid, "cost %d "+format, append([]any{cost}, args...)...)
+	e.Field = "cost"
+	return e
+}
+
 // CheckDebit reports whether r takes a debit of cost (see Charge.Debit):
 // token buckets, GCRA and fixed and sliding windows do, of any cost from
-// 0 to MaxCost. A combination (which half would owe?), a sliding log (one
-// entry per unit, which a debt would grow without bound) and concurrency
-// (a lease is not a cost) do not.
+// 0 to MaxCost, and to r.MaxCost when it is set. A combination (which
+// half would owe?), a sliding log (one entry per unit, which a debt would
+// grow without bound) and concurrency (a lease is not a cost) do not.
 func (r *Rule) CheckDebit(cost int64) error {
-	if cost < 0 || cost > MaxCost {
-		return Errorf(CodeInvalid, "cost %d: must be from 0 to %d", cost, int64(MaxCost))
+	if err := r.checkMaxCost(cost); err != nil {
+		return err
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:

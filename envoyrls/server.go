@@ -22,7 +22,8 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 const MaxMessageSize = 1 << 20
 
 // Server serves a Service over gRPC, with the standard health service
-// (grpc.health.v1) and server reflection. Create it with NewServer.
+// (grpc.health.v1) and, on request, server reflection. Create it with
+// NewServer.
 type Server struct {
 	grpc      *grpc.Server
 	health    *health.Server
@@ -41,9 +42,13 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 	h := health.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
-	reflection.Register(g)
 	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second}
 }
+
+// EnableReflection serves gRPC server reflection, so that tools such as
+// grpcurl need no .proto files. It is off by default: it tells anyone who
+// reaches the port what the server offers. Call it before Serve.
+func (s *Server) EnableReflection() { reflection.Register(s.grpc) }
 
 // ServerOptions returns the options NewServer creates its gRPC server
 // with; benchmarks build their ceiling server with them too, so that both

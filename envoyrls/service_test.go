@@ -86,7 +86,8 @@ type env struct {
 
 // start serves a Service over real gRPC on a loopback port, with a memory
 // store on a manual clock (one hour into storetest.Epoch, a day boundary).
-func start(t *testing.T, opts Options, store admit.Store) *env {
+// setup runs on the server before it serves.
+func start(t *testing.T, opts Options, store admit.Store, setup ...func(*Server)) *env {
 	t.Helper()
 	clock := storetest.NewClock()
 	clock.Set(time.Hour)
@@ -109,6 +110,9 @@ func start(t *testing.T, opts Options, store admit.Store) *env {
 		t.Fatal(err)
 	}
 	srv := NewServer(svc, nil)
+	for _, f := range setup {
+		f(srv)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -485,7 +489,21 @@ func TestConcurrentExactBound(t *testing.T) {
 }
 
 func TestHealthAndReflection(t *testing.T) {
-	e := start(t, Options{}, nil)
+	// Reflection is off unless asked for: it tells anyone who reaches
+	// the port what the server offers.
+	closed := start(t, Options{}, nil)
+	stream, err := reflectionpb.NewServerReflectionClient(closed.conn).ServerReflectionInfo(context.Background())
+	if err == nil {
+		err = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+	}
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("reflection without EnableReflection: %v, want Unimplemented", err)
+	}
+
+	e := start(t, Options{}, nil, (*Server).EnableReflection)
 	h := healthpb.NewHealthClient(e.conn)
 	for _, svc := range []string{"", ServiceName} {
 		resp, err := h.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
@@ -493,7 +511,7 @@ func TestHealthAndReflection(t *testing.T) {
 			t.Fatalf("health %q: %v %v", svc, resp, err)
 		}
 	}
-	stream, err := reflectionpb.NewServerReflectionClient(e.conn).ServerReflectionInfo(context.Background())
+	stream, err = reflectionpb.NewServerReflectionClient(e.conn).ServerReflectionInfo(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ tiers:
       tenant_per_minute: 100000
       session_per_minute: 100000
       messages_per_minute: 100000
+      tenant_sessions: 100000
       session_ttl: 1s
 tenants:
   open: {tier: t}

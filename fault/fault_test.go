@@ -128,6 +128,9 @@ func (l *lockedBuffer) Write(p []byte) (int, error) {
 
 func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
 
+// adminToken is the admin token of the admit processes the tests start.
+const adminToken = "fault-admin-token"
+
 // proc is an admit process the test started; it is stopped by PID when the
 // test ends.
 type proc struct {
@@ -154,6 +157,7 @@ func startAdmit(t *testing.T, listen string, args ...string) *proc {
 	t.Helper()
 	p := &proc{url: "http://" + listen, output: &lockedBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(admitBin, args...)
+	p.cmd.Env = append(os.Environ(), "ADMIT_ADMIN_TOKEN="+adminToken)
 	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
@@ -250,6 +254,10 @@ func (d *deployment) post(path, method, body, key string) (int, string) {
 	req, _ := http.NewRequest(method, d.serve.url+path, strings.NewReader(body))
 	if key != "" {
 		req.Header.Set("X-API-Key", key)
+	}
+	if strings.HasPrefix(path, "/v1/admin/") {
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -260,7 +260,7 @@ func (d *Decider) RenewLease(ctx context.Context, id string) (admit.Lease, error
 	case strings.HasPrefix(id, unheldLease):
 		ms, _, ok := strings.Cut(id[len(unheldLease):], "-")
 		n, err := strconv.ParseInt(ms, 10, 64)
-		if !ok || err != nil || n <= 0 {
+		if !ok || err != nil || n <= 0 || n > admit.MaxRatePeriod.Milliseconds() {
 			return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
 		}
 		return admit.Lease{ID: id, ExpiresAt: time.Now().Add(time.Duration(n) * time.Millisecond)}, nil

@@ -116,6 +116,7 @@ func (r *Rule) Spec() RuleSpec {
 	default:
 		s.Limit, s.Window = n(r.Limit), r.Window.String()
 	}
+	s.MaxCost = n(r.MaxCost)
 	if r.Shadow {
 		t := true
 		s.Shadow = &t
@@ -137,6 +138,10 @@ type Gateway struct {
 	SessionPerMinute      int64         // new connections of a session per minute
 	SessionTTL            time.Duration // idle time after which a session expires
 	MessagesPerMinute     int64         // messages of a tenant per minute
+	// TenantSessions bounds a tenant's live sessions, so that one tenant
+	// cannot fill the store every tenant's sessions live in. Default:
+	// twice TenantConnections, at least 10.
+	TenantSessions int64
 }
 
 // MarshalJSON implements json.Marshaler.
@@ -148,7 +153,8 @@ func (g Gateway) MarshalJSON() ([]byte, error) {
 		SessionPerMinute      int64  `json:"session_per_minute"`
 		SessionTTL            string `json:"session_ttl"`
 		MessagesPerMinute     int64  `json:"messages_per_minute"`
-	}{g.TenantConnections, g.ConnectionsPerSession, g.TenantPerMinute, g.SessionPerMinute, g.SessionTTL.String(), g.MessagesPerMinute})
+		TenantSessions        int64  `json:"tenant_sessions"`
+	}{g.TenantConnections, g.ConnectionsPerSession, g.TenantPerMinute, g.SessionPerMinute, g.SessionTTL.String(), g.MessagesPerMinute, g.TenantSessions})
 }
 
 // DefaultGateway is the gateway of a tier that declares none: the smallest
@@ -156,6 +162,7 @@ func (g Gateway) MarshalJSON() ([]byte, error) {
 var DefaultGateway = Gateway{
 	TenantConnections: 10, ConnectionsPerSession: 2, TenantPerMinute: 60,
 	SessionPerMinute: 5, SessionTTL: 200 * time.Second, MessagesPerMinute: 60,
+	TenantSessions: 20,
 }
 
 // Tier is a compiled tier.
@@ -468,6 +475,7 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 	set(&base.Window, o.Window)
 	setN(&base.Max, o.Max)
 	set(&base.LeaseTTL, o.LeaseTTL)
+	setN(&base.MaxCost, o.MaxCost)
 	set(&base.Period, o.Period)
 	set(&base.TimeZone, o.TimeZone)
 	set(&base.Anchor, o.Anchor)
@@ -578,7 +586,10 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		}
 		return *p
 	}
-	r.Burst, r.Limit, r.Max = deref(rs.Burst), deref(rs.Limit), deref(rs.Max)
+	r.Burst, r.Limit, r.Max, r.MaxCost = deref(rs.Burst), deref(rs.Limit), deref(rs.Max), deref(rs.MaxCost)
+	if rs.MaxCost != nil && *rs.MaxCost < 1 {
+		c.fail(path+".max_cost", "must be at least 1")
+	}
 	if rs.Initial != nil && want["initial"] {
 		v := *rs.Initial
 		r.Initial = &v
@@ -600,6 +611,12 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		}
 		c.fail(path+"."+field, "%v", err)
 		return nil
+	}
+	if r.MaxCost == 0 {
+		// One charge, a debit above all, takes at most what the rule
+		// holds: a debit is never refused, so an unbounded one would let
+		// any caller empty a bucket in one request.
+		r.MaxCost = r.Capacity()
 	}
 	r.bucket = r.Name
 	if tier != "" {
@@ -664,6 +681,7 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 		{"tenant_per_minute", g.TenantPerMinute, admit.MaxCount, &out.TenantPerMinute},
 		{"session_per_minute", g.SessionPerMinute, admit.MaxCount, &out.SessionPerMinute},
 		{"messages_per_minute", g.MessagesPerMinute, admit.MaxCount, &out.MessagesPerMinute},
+		{"tenant_sessions", g.TenantSessions, admit.MaxConcurrency, &out.TenantSessions},
 	} {
 		switch {
 		case f.v == 0:
@@ -683,6 +701,9 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 		default:
 			out.SessionTTL = d
 		}
+	}
+	if g.TenantSessions == 0 {
+		out.TenantSessions = min(admit.MaxConcurrency, max(10, 2*out.TenantConnections))
 	}
 	return out
 }

@@ -44,7 +44,20 @@ type Request struct {
 	// not charged.
 	Debit bool
 	Kind  Kind
-	// LeaseTTL overrides the lease TTL of concurrency charges.
+	// Untrusted says that a caller Admit does not trust named the
+	// request's values: no credential, or a tenant's API key, rather
+	// than the platform's own code, a service token or a front end that
+	// established them itself (the client address of forward-auth, the
+	// proxy and the middleware). An untrusted request reaches no key that
+	// other tenants share with what it chose: rules whose buckets all
+	// tenants share (scope global, and global rules keyed by ip or an
+	// attribute) are not charged its ip and attribute values, nor its
+	// debits. Its checks of a shared bucket are bounded, like every
+	// charge, by the rule's max_cost and by the tenant's own rules, which
+	// a decision charges all or nothing.
+	Untrusted bool
+	// LeaseTTL shortens the lease TTL of concurrency charges; it never
+	// lengthens it past a rule's lease_ttl.
 	LeaseTTL time.Duration
 
 	auth authenticated // see AuthenticateRequest
@@ -168,12 +181,19 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	if k.Subject == "" && r.Scope != ScopeGlobal && r.Scope != ScopeTenant {
 		return // the request does not carry the rule's scope
 	}
+	if req.Untrusted && k.Tenant == "" && r.Scope != ScopeAPIKey && (req.Debit || r.Scope != ScopeGlobal) {
+		// A bucket every tenant shares, keyed by a value the caller
+		// chose or charged a debit that is never refused: one tenant
+		// could exhaust it for all (see Request.Untrusted).
+		return
+	}
 	if r.PerAction {
 		k.Action = req.Action
 	}
 	res.buf = k.Append(res.buf[:0])
 	res.Charges = append(res.Charges, admit.Charge{
-		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, Debit: req.Debit, LeaseTTL: req.LeaseTTL,
+		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, Debit: req.Debit,
+		LeaseTTL: min(req.LeaseTTL, r.LeaseTTLOrDefault()),
 	})
 	// Hashed here, while the key is hot, once for every store that reads
 	// the charge (the decision, a local fallback, a retry).

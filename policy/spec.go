@@ -29,7 +29,7 @@ type Spec struct {
 //
 // In a tenant's overrides, a RuleSpec names a rule of the tenant's tier and
 // sets only the parameters to replace (rate, burst, initial, floor, limit,
-// window, max, lease_ttl, shadow, on_error, distribution).
+// window, max, lease_ttl, max_cost, shadow, on_error, distribution).
 type RuleSpec struct {
 	Name      string   `json:"name"`
 	Scope     string   `json:"scope,omitempty"`
@@ -56,6 +56,11 @@ type RuleSpec struct {
 	TimeZone string `json:"time_zone,omitempty"`
 	Anchor   string `json:"anchor,omitempty"`
 
+	// MaxCost bounds the cost of one check, debit or report charged to
+	// the rule (a larger one is refused as invalid); by default the
+	// rule's capacity: its burst, limit or max.
+	MaxCost *int64 `json:"max_cost,omitempty"`
+
 	Shadow  *bool  `json:"shadow,omitempty"`
 	OnError string `json:"on_error,omitempty"`
 	// Distribution is "exact" (the default) or "leased": see
@@ -78,6 +83,7 @@ type GatewaySpec struct {
 	SessionPerMinute      int64  `json:"session_per_minute,omitempty"`
 	SessionTTL            string `json:"session_ttl,omitempty"`
 	MessagesPerMinute     int64  `json:"messages_per_minute,omitempty"`
+	TenantSessions        int64  `json:"tenant_sessions,omitempty"`
 }
 
 // TenantSpec is a tenant: its tier, the overrides of that tier's rules and

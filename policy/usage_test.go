@@ -52,7 +52,7 @@ func (f *failing) AddUsage(ctx context.Context, recs []policy.UsageRecord) error
 func TestUsageMeter(t *testing.T) {
 	p, err := policy.Compile(&policy.Spec{
 		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
-			{Name: "ai", Scope: "tenant", Algorithm: "quota", Limit: ptr(3), Period: "month"},
+			{Name: "ai", Scope: "tenant", Algorithm: "quota", Limit: ptr(3), Period: "month", MaxCost: ptr(10)},
 			{Name: "rps", Scope: "tenant", Algorithm: "token_bucket", Rate: "100/s", Burst: ptr(100)},
 		}}},
 		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "free"}},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,17 +23,55 @@ func newID() string {
 // that holds part of it: "<random>.<tag>[.<tag>]".
 func joinID(id string, tags []string) string { return id + "." + strings.Join(tags, ".") }
 
-func splitID(id string) (string, []string, bool) {
-	parts := strings.Split(id, ".")
-	if len(parts) < 2 || len(parts[0]) != 24 {
+// splitID parses an ID that joinID made, and refuses any other: a random
+// part of 24 lower-case hex digits, then at most maxTags distinct tags
+// (16 lower-case hex digits, or "g" for the global group, which decisions
+// put last). Renewing, releasing or cancelling costs Redis two commands a
+// tag, so an ID that a client made up must not name more tags than a
+// decision of this store could have issued: one on a standalone server or
+// Sentinel, where every charge is in one group, and one per charge in
+// Cluster.
+func splitID(id string, maxTags int) (string, []string, bool) {
+	const rawLen, tagLen = 24, 16
+	if len(id) < rawLen+2 || len(id) > rawLen+maxTags*(tagLen+1) || !isHex(id[:rawLen]) || id[rawLen] != '.' {
 		return "", nil, false
 	}
-	for _, t := range parts[1:] {
-		if t != "g" && len(t) != 16 {
+	tags := strings.Split(id[rawLen+1:], ".")
+	if len(tags) > maxTags {
+		return "", nil, false
+	}
+	for i, t := range tags {
+		switch {
+		case t == "g" && i == len(tags)-1:
+		case len(t) == tagLen && isHex(t):
+		default:
+			return "", nil, false
+		}
+		if slices.Contains(tags[:i], t) {
 			return "", nil, false
 		}
 	}
-	return parts[0], parts[1:], true
+	return id[:rawLen], tags, true
+}
+
+// isHex reports whether s is lower-case hex digits only, as newID and
+// tagOf write them.
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// maxTags is the most groups a decision of s can hold a lease or a
+// reservation in.
+func (s *Store) maxTags() int {
+	if s.cluster {
+		return admit.MaxCharges
+	}
+	return 1
 }
 
 func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
@@ -128,7 +167,7 @@ func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) 
 
 // CancelReservation implements admit.Store.
 func (s *Store) CancelReservation(ctx context.Context, id string) error {
-	raw, tags, ok := splitID(id)
+	raw, tags, ok := splitID(id, s.maxTags())
 	if !ok {
 		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
 	}
@@ -171,7 +210,7 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 }
 
 func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
-	raw, tags, ok := splitID(id)
+	raw, tags, ok := splitID(id, s.maxTags())
 	if !ok {
 		return false, 0, nil
 	}

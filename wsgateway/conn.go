@@ -3,7 +3,6 @@ package wsgateway
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,7 +22,10 @@ type conn struct {
 	id, tenant, session string
 	msgKey              string // the bucket of the tenant's messages_per_minute
 	lease               string // "" when admitted without a store (failed open)
-	unsubscribe         func()
+	// sessionLease is the session's tenant_sessions slot, renewed while
+	// the connection lives and once when it ends.
+	sessionLease string
+	unsubscribe  func()
 
 	ctx    context.Context // ends when the connection closes
 	cancel context.CancelFunc
@@ -97,14 +99,13 @@ func (c *conn) cleanup() {
 	if c.unsubscribe != nil {
 		c.unsubscribe()
 	}
-	if c.lease != "" {
+	c.g.releaseSlot(c.lease, c.tenant)
+	if c.sessionLease != "" {
+		// The session may live on for its TTL after its last activity,
+		// which was before now: its slot from now on.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := c.g.decider.ReleaseLease(ctx, c.lease)
+		c.g.renewSlot(ctx, c.sessionLease, c.tenant)
 		cancel()
-		if err != nil && !errors.Is(err, admit.ErrNotFound) {
-			// The store reclaims the slot after the lease TTL.
-			c.g.log.Warn("gateway: releasing a connection's slot", "tenant", c.tenant, "err", err)
-		}
 	}
 	c.g.mu.Lock()
 	_, ok := c.g.conns[c]

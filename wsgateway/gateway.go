@@ -62,7 +62,22 @@ const (
 	LimitTenantPerMinute       = "tenant_per_minute"
 	LimitSessionPerMinute      = "session_per_minute"
 	LimitMessagesPerMinute     = "messages_per_minute"
+	LimitTenantSessions        = "tenant_sessions"
 )
+
+// A LimitError is a session refused by its tenant's tenant_sessions: the
+// tenant holds as many live sessions as its tier allows. It is a refusal,
+// answered 429 with Retry-After, not a failure.
+type LimitError struct {
+	Limit string // LimitTenantSessions
+	Max   int64
+	// RetryAfter is when a session would expire if none were used again.
+	RetryAfter time.Duration
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("session refused by %s: the tenant has %d live sessions, its limit; delete one or let one expire", e.Limit, e.Max)
+}
 
 // Options configure a Gateway. Store and Policy are required; the zero
 // value of every other field is a documented default.
@@ -271,6 +286,7 @@ type limits struct {
 	gw       policy.Gateway
 	connect  [4]*policy.Rule // in the order of Stats.Refused
 	messages [1]*policy.Rule // a slice's backing array, for Resolution.Rules
+	sessions [1]*policy.Rule // tenant_sessions: a lease per live session
 }
 
 func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
@@ -292,7 +308,11 @@ func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
 		conc(LimitConnectionsPerSession, gw.ConnectionsPerSession),
 		perMinute(LimitTenantPerMinute, gw.TenantPerMinute),
 		perMinute(LimitSessionPerMinute, gw.SessionPerMinute),
-	}, messages: [1]*policy.Rule{perMinute(LimitMessagesPerMinute, gw.MessagesPerMinute)}}
+	}, messages: [1]*policy.Rule{perMinute(LimitMessagesPerMinute, gw.MessagesPerMinute)},
+		// A session's slot lives as long as the session would without
+		// activity; the gateway renews it while the session is in use.
+		sessions: [1]*policy.Rule{rule(LimitTenantSessions, admit.Rule{Algorithm: admit.Concurrency, Max: max(1, gw.TenantSessions), LeaseTTL: gw.SessionTTL})},
+	}
 	l.connect[1].Scope, l.connect[3].Scope = "session", "session"
 	v, _ := g.limits.LoadOrStore(gw, l)
 	return v.(*limits)
@@ -323,29 +343,74 @@ func (g *Gateway) tenantOf(id string) (*policy.Policy, *policy.Tenant, *limits, 
 
 // CreateSession creates a session of tenant with a new unguessable id (192
 // random bits) that expires after the tier's session_ttl without activity.
-// An unknown tenant is admit.ErrPermission (unless the policy has a
-// default tier). Whether the caller may act for the tenant (API keys) is
-// the caller's to check.
+// The session holds a slot of its tenant's tenant_sessions limit until it
+// is deleted or expires; a tenant at its limit is refused with a
+// *LimitError. An unknown tenant is admit.ErrPermission (unless the policy
+// has a default tier). Whether the caller may act for the tenant (API
+// keys) is the caller's to check.
 func (g *Gateway) CreateSession(ctx context.Context, tenant string) (Session, error) {
-	_, _, l, err := g.tenantOf(tenant)
+	p, t, l, err := g.tenantOf(tenant)
 	if err != nil {
 		return Session{}, err
 	}
+	charge := [1]admit.Charge{{Key: key(l.sessions[0], tenant, "", "ws:session"), Rule: &l.sessions[0].Rule, Cost: 1}}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.sessions[:]}
+	var dec admit.Decision
+	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
+		return Session{}, err
+	}
+	if !dec.Allowed {
+		return Session{}, &LimitError{Limit: LimitTenantSessions, Max: l.sessions[0].Max, RetryAfter: dec.RetryAfter}
+	}
 	var b [24]byte
 	_, _ = rand.Read(b[:])
-	return g.sessions.Create(ctx, Session{Tenant: tenant, ID: base64.RawURLEncoding.EncodeToString(b[:])}, l.gw.SessionTTL)
+	s, err := g.sessions.Create(ctx, Session{Tenant: tenant, ID: base64.RawURLEncoding.EncodeToString(b[:]), Lease: dec.Lease.ID}, l.gw.SessionTTL)
+	if err != nil {
+		g.releaseSlot(dec.Lease.ID, tenant)
+	}
+	return s, err
 }
 
-// DeleteSession deletes a session of tenant and closes its connections
-// (CloseSessionDeleted), on every server sharing the Sessions. A session
-// that does not exist is admit.ErrNotFound; one of another tenant is
-// admit.ErrPermission.
+// DeleteSession deletes a session of tenant, closes its connections
+// (CloseSessionDeleted) on every server sharing the Sessions and frees its
+// tenant_sessions slot. A session that does not exist is
+// admit.ErrNotFound; one of another tenant is admit.ErrPermission.
 func (g *Gateway) DeleteSession(ctx context.Context, tenant, id string) error {
 	s, err := g.session(ctx, tenant, id)
 	if err != nil {
 		return err
 	}
-	return g.sessions.Delete(ctx, s.ID)
+	if err := g.sessions.Delete(ctx, s.ID); err != nil {
+		return err
+	}
+	g.releaseSlot(s.Lease, tenant)
+	return nil
+}
+
+// releaseSlot frees a lease the gateway held; one the store no longer has
+// is gone already.
+func (g *Gateway) releaseSlot(lease, tenant string) {
+	if lease == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := g.decider.ReleaseLease(ctx, lease)
+	cancel()
+	if err != nil && !errors.Is(err, admit.ErrNotFound) {
+		// The store reclaims the slot after the lease TTL.
+		g.log.Warn("gateway: releasing a slot", "tenant", tenant, "err", err)
+	}
+}
+
+// renewSlot keeps a session's tenant_sessions slot for another session
+// TTL, from a connection's activity.
+func (g *Gateway) renewSlot(ctx context.Context, lease, tenant string) {
+	if lease == "" {
+		return
+	}
+	if _, err := g.decider.RenewLease(ctx, lease); err != nil && !errors.Is(err, admit.ErrNotFound) {
+		g.log.Warn("gateway: renewing a session's slot", "tenant", tenant, "err", err)
+	}
 }
 
 // session returns the session id if it belongs to tenant.
@@ -493,6 +558,8 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 		return
 	}
 	c.setDeadline(s.ExpiresAt)
+	c.sessionLease = s.Lease
+	g.renewSlot(ctx, s.Lease, tenant)
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.origins})
 	if err != nil {
 		g.stats.rejected.Add(1)

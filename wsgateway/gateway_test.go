@@ -3,6 +3,7 @@ package wsgateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -670,11 +671,42 @@ func TestCloseReleasesEverything(t *testing.T) {
 	if code := <-done; code != websocket.StatusGoingAway {
 		t.Errorf("close code %d, want 1001", code)
 	}
-	if h.g.Stats().Connections != 0 || h.store.Stats().Leases != 0 {
-		t.Errorf("after Close: %+v, %d leases", h.g.Stats(), h.store.Stats().Leases)
+	// The session outlives the server and keeps its tenant_sessions
+	// slot; the connection's slot is gone.
+	if h.g.Stats().Connections != 0 || h.store.Stats().Leases != 1 {
+		t.Errorf("after Close: %+v, %d leases, want 1 (the session's)", h.g.Stats(), h.store.Stats().Leases)
 	}
 	_, r := h.dial("t1", s, nil)
 	if r == nil || r.status != http.StatusServiceUnavailable {
 		t.Errorf("after Close: %+v", r)
 	}
+}
+
+// TestTenantSessions: a tenant holds at most tenant_sessions live sessions,
+// so that one tenant cannot fill the store every tenant's sessions live
+// in; deleting a session or letting it expire frees its slot, and another
+// tenant is never refused for the first one's sessions.
+func TestTenantSessions(t *testing.T) {
+	two := roomy
+	two.TenantSessions = 2
+	two.SessionTTL = "1m"
+	h := newHarness(t, two, roomy, nil)
+	ctx := context.Background()
+	a := h.session("t1")
+	h.session("t1")
+	_, err := h.g.CreateSession(ctx, "t1")
+	var le *wsgateway.LimitError
+	if !errors.As(err, &le) || le.Limit != wsgateway.LimitTenantSessions || le.Max != 2 || le.RetryAfter <= 0 || le.RetryAfter > time.Minute {
+		t.Fatalf("a third session of t1: %v, want a tenant_sessions refusal with a retry within the TTL", err)
+	}
+	h.session("t2") // another tenant of the same tier has its own slots
+	if err := h.g.DeleteSession(ctx, "t1", a); err != nil {
+		t.Fatal(err)
+	}
+	h.session("t1") // the deleted session's slot
+	if _, err := h.g.CreateSession(ctx, "t1"); !errors.As(err, &le) {
+		t.Fatalf("t1 at its limit again: %v", err)
+	}
+	h.clock.Set(time.Minute) // every session expires unused
+	h.session("t1")
 }

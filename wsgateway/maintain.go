@@ -80,11 +80,25 @@ func (g *Gateway) expire(conns []*conn, now time.Time) {
 	}
 }
 
-// renew extends the leases of the connections, a few at a time. A lease
-// the store no longer has means the slot may have gone to someone else:
-// the connection is closed (CloseSlotLost). A store that does not answer
-// leaves the connections be; the next round tries again.
+// renew extends the leases of the connections, a few at a time, and the
+// tenant_sessions slots of their sessions. A connection lease the store no
+// longer has means the slot may have gone to someone else: the connection
+// is closed (CloseSlotLost). A store that does not answer leaves the
+// connections be; the next round tries again.
 func (g *Gateway) renew(conns []*conn) {
+	seen := map[string]bool{}
+	var one []*conn // a connection of each session
+	for _, c := range conns {
+		if c.sessionLease != "" && !seen[c.sessionLease] {
+			seen[c.sessionLease] = true
+			one = append(one, c)
+		}
+	}
+	g.each(one, func(c *conn) {
+		ctx, cancel := context.WithTimeout(g.ctx, g.leaseTTL/3)
+		g.renewSlot(ctx, c.sessionLease, c.tenant)
+		cancel()
+	})
 	g.each(conns, func(c *conn) {
 		if c.lease == "" {
 			return

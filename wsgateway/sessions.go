@@ -15,6 +15,10 @@ type Session struct {
 	Tenant    string    `json:"tenant"`
 	ID        string    `json:"session_id"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// Lease is the slot the session holds in its tenant's
+	// tenant_sessions limit, kept with the session so that any server
+	// renews and releases it; "" when it holds none.
+	Lease string `json:"-"`
 }
 
 // Event is what the subscribers of a session receive, in the order the
@@ -38,8 +42,9 @@ type Event struct {
 //
 // A session that does not exist or has expired is admit.ErrNotFound.
 type Sessions interface {
-	// Create stores a new session s (its ID chosen by the caller) that
-	// expires after ttl without activity; the answer carries its deadline.
+	// Create stores a new session s (its ID and Lease chosen by the
+	// caller) that expires after ttl without activity; the answer carries
+	// its deadline. Get, Touch and Create answer the session's Lease.
 	Create(ctx context.Context, s Session, ttl time.Duration) (Session, error)
 	// Get returns the session with the given id, whatever its tenant.
 	Get(ctx context.Context, id string) (Session, error)

@@ -111,7 +111,12 @@ type EnvoyConfig struct {
 type ServerConfig struct {
 	HTTP           string   `json:"http"`
 	GRPC           string   `json:"grpc"`
-	AdminToken     string   `json:"admin_token"`
+	AdminToken string `json:"admin_token"`
+	// ServiceTokens are the bearer tokens of the platform's own backends,
+	// which act for any tenant and name the ip and attributes of keys
+	// that all tenants share (docs/security.md); ADMIT_SERVICE_TOKEN adds
+	// one.
+	ServiceTokens  []string `json:"service_tokens"`
 	TrustedProxies []string `json:"trusted_proxies"`
 	// DecisionLog, when set, is a file that receives one JSON line per
 	// decision ("-" for standard output).

@@ -40,9 +40,9 @@ type envoyService struct {
 
 // startEnvoy loads the envoyproxy/ratelimit files of dir (if any), then
 // serves the Envoy rate limit service on addr.
-// ready is what its health service follows; opts are more gRPC server
-// options (TLS).
-func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server, ready func(context.Context) error, opts ...grpc.ServerOption) (*envoyService, error) {
+// ready is what its health service follows; reflection serves gRPC server
+// reflection; opts are more gRPC server options (TLS).
+func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server, ready func(context.Context) error, reflection bool, opts ...grpc.ServerOption) (*envoyService, error) {
 	es := &envoyService{dir: dir, rules: b.st.check, done: make(chan error, 1)}
 	var cfg *envoyrls.Config
 	if dir != "" {
@@ -65,6 +65,9 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 	}
 	es.svc, es.ln = svc, ln
 	es.srv = envoyrls.NewServer(svc, ready, opts...)
+	if reflection {
+		es.srv.EnableReflection()
+	}
 	go func() { es.done <- es.srv.Serve(ln) }()
 	return es, nil
 }

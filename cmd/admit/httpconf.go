@@ -10,6 +10,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/shed"
 )
 
@@ -26,6 +27,11 @@ type HTTPConfig struct {
 	Actions    []ActionConfig `json:"actions"`
 	// RetryJitter spreads Retry-After (default 1s; 0s disables).
 	RetryJitter string `json:"retry_jitter"`
+	// ForwardAuth names the proxy that asks /v1/authz: traefik, caddy,
+	// nginx, haproxy or envoy (default). /v1/authz reads the original
+	// method and URI from that proxy's headers only, and only when it
+	// comes from server.trusted_proxies.
+	ForwardAuth string `json:"forward_auth"`
 }
 
 // JWTConfig is the http.jwt section.
@@ -168,6 +174,9 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 		o.ForwardedHeader = httplimit.Forwarded
 	default:
 		return o, &fieldError{"http.forwarded_header", fmt.Sprintf("%q: want x-forwarded-for or forwarded", h.ForwardedHeader)}
+	}
+	if _, ok := server.ForwardAuthProxies[h.ForwardAuth]; !ok {
+		return o, &fieldError{"http.forward_auth", fmt.Sprintf("%q: want traefik, caddy, nginx, haproxy or envoy", h.ForwardAuth)}
 	}
 	o.UserHeader = h.UserHeader
 	if h.RetryJitter != "" {

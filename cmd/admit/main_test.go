@@ -55,7 +55,13 @@ func startCmdEnv(t *testing.T, environ map[string]string, args ...string) *runni
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	r := &running{stderr: &lockedBuffer{}, reload: make(chan struct{}), reloadEnvoy: make(chan struct{})}
-	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: func(k string) string { return environ[k] },
+	getenv := func(k string) string {
+		if v, ok := environ[k]; ok || k != "ADMIT_ADMIN_TOKEN" {
+			return v
+		}
+		return testAdminToken // the admin API is closed without one
+	}
+	e := &env{stdout: io.Discard, stderr: r.stderr, getenv: getenv,
 		listening: func(a string) { addr <- a }, reload: r.reload, reloadEnvoy: r.reloadEnvoy,
 		listeningGRPC: func(a string) { r.grpc = a }} // before listening: read after it
 	done := make(chan int, 1)
@@ -79,9 +85,16 @@ func startCmdEnv(t *testing.T, environ map[string]string, args ...string) *runni
 	return r
 }
 
+// testAdminToken is the admin token of the servers tests start, unless
+// they set ADMIT_ADMIN_TOKEN themselves.
+const testAdminToken = "test-admin-token"
+
+// call makes a request and decodes its JSON answer. Admin API requests
+// carry testAdminToken, as JSON.
 func call(t *testing.T, method, url, body string) (int, map[string]any) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	asAdmin(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -91,6 +104,16 @@ func call(t *testing.T, method, url, body string) (int, map[string]any) {
 	raw, _ := io.ReadAll(resp.Body)
 	_ = json.Unmarshal(raw, &m)
 	return resp.StatusCode, m
+}
+
+// asAdmin gives an admin API request the test servers' admin token.
+func asAdmin(req *http.Request) {
+	if strings.HasPrefix(req.URL.Path, "/v1/admin/") {
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
+		if req.Method != http.MethodGet {
+			req.Header.Set("Content-Type", "application/json")
+		}
+	}
 }
 
 const smallConfig = `version: 1

@@ -147,7 +147,7 @@ func TestEnvoyChargeEachRedis(t *testing.T) {
 	// The HTTP API's debits, on the same Redis: the default tier's rules
 	// are the demo's; a report past a bucket's burst refuses the next check.
 	spec := filepath.Join(t.TempDir(), "admit.yaml")
-	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: token_bucket, rate: 10/hour, burst: 10}\ntenants:\n  t1: {tier: free}\n")
+	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: token_bucket, rate: 10/hour, burst: 10, max_cost: 20}\ntenants:\n  t1: {tier: free}\n")
 	h := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
 	if code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1","cost":0}`); code != 200 {
 		t.Fatalf("check before the work: %d", code)
@@ -170,7 +170,7 @@ func TestUsageRecordsRedis(t *testing.T) {
 	srv := redistest.Start(t)
 	url := "redis://" + srv.Addr
 	spec := filepath.Join(t.TempDir(), "admit.yaml")
-	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: quota, limit: 5, period: month}\ntenants:\n  t1: {tier: free}\n")
+	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: ai, scope: tenant, algorithm: quota, limit: 5, period: month, max_cost: 100}\ntenants:\n  t1: {tier: free}\n")
 	a := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
 	b := startServe(t, "--store", url, "--data-dir", t.TempDir(), "--config", spec)
 	statuses := map[int]int{}
@@ -205,6 +205,7 @@ func TestUsageRecordsRedis(t *testing.T) {
 		t.Fatalf("record %v", r)
 	}
 	req, _ := http.NewRequest("GET", c.url+"/v1/admin/usage?tenant=t1", nil)
+	asAdmin(req)
 	req.Header.Set("Accept", "text/csv")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

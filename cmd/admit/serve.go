@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,7 +37,10 @@ HTTP address, and the Envoy rate limit service (gRPC) on another; with
 files, reloaded like the configuration. Without --config it runs the built-in demo configuration
 (admit config example prints it). Flags override the file. The admin token
 comes from the configuration's server.admin_token or ADMIT_ADMIN_TOKEN;
-without one the admin API answers loopback clients only.
+without one the admin API is closed, unless --admin-loopback opens it to
+clients on this host that reach it directly. Service tokens (the
+platform's own backends, which act for any tenant) come from
+server.service_tokens and ADMIT_SERVICE_TOKEN. See docs/security.md.
 
 The configuration file is reloaded when it changes (checked every
 --reload-interval) and on SIGHUP; a file with errors is refused, the running
@@ -82,6 +86,11 @@ type serveFlags struct {
 	// healthPath, if set, also answers readiness at that path, plain "OK"
 	// as envoyproxy/ratelimit's /healthcheck does.
 	healthPath string
+	// adminLoopback opens the admin API without a token to loopback
+	// clients that reach the server directly.
+	adminLoopback bool
+	// grpcReflection serves gRPC server reflection.
+	grpcReflection bool
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -103,6 +112,8 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.xdsSAN, "envoy-xds-tls-san", "", "the `name` the xDS server's certificate must have (default: the host of --envoy-xds)")
 	fs.BoolVar(&f.xdsPlaintext, "envoy-xds-plaintext", false, "reach the xDS server without TLS")
 	fs.StringVar(&f.metrics, "metrics", "", "also serve /metrics on this `address`")
+	fs.BoolVar(&f.adminLoopback, "admin-loopback", false, "open the admin API without a token to clients on this host that reach it directly (not through a proxy, TLS terminator or sidecar on the host, nor from a web page)")
+	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
@@ -237,6 +248,10 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	httpAddr := first(f.http, cfg.Server.HTTP, ":8080")
 	grpcAddr := first(f.grpc, cfg.Server.GRPC, ":8081")
 	token := first(cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
+	serviceTokens := cfg.Server.ServiceTokens
+	if t := e.getenv("ADMIT_SERVICE_TOKEN"); t != "" {
+		serviceTokens = append(slices.Clone(serviceTokens), t)
+	}
 	var decisionLog io.Writer
 	switch dl := first(f.decisionLog, cfg.Server.DecisionLog); dl {
 	case "":
@@ -299,7 +314,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		}
 	}
 	srv, err := server.New(server.Options{
-		Store: st.store, Catalog: catalog, AdminToken: token, Logger: log,
+		Store: st.store, Catalog: catalog, AdminToken: token, AdminLoopback: f.adminLoopback,
+		ServiceTokens: serviceTokens, ForwardAuth: cfg.HTTP.ForwardAuth, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
@@ -317,7 +333,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, ready, grpcOpts...)
+	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, ready, f.grpcReflection, grpcOpts...)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
@@ -353,8 +369,11 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	if token == "" {
-		log.Warn("no admin token (ADMIT_ADMIN_TOKEN): the admin API answers loopback clients only")
+	switch {
+	case f.adminLoopback:
+		log.Warn("--admin-loopback: the admin API answers, without a token, any client on this host that connects to it directly; never use it where a proxy, TLS terminator or sidecar on this host forwards other clients")
+	case token == "":
+		log.Warn("no admin token (ADMIT_ADMIN_TOKEN or server.admin_token): the admin API is closed; set a token, or start with --admin-loopback on a host of your own")
 	}
 	cfgName := f.config
 	if cfgName == "" && f.empty {

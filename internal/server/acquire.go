@@ -24,7 +24,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "acquire", err)
 		return
 	}
-	if body.MaxWaitMS < 0 || time.Duration(body.MaxWaitMS)*time.Millisecond > s.maxWait {
+	if body.MaxWaitMS < 0 || body.MaxWaitMS > s.maxWait.Milliseconds() {
 		s.fail(w, r, "acquire", admit.Errorf(admit.CodeInvalid, "max_wait_ms %d: must be from 0 to %d", body.MaxWaitMS, s.maxWait.Milliseconds()))
 		return
 	}

@@ -6,21 +6,18 @@ import (
 	"strings"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
 )
 
-// handleAuthz is the forward-auth endpoint (Traefik forwardAuth, nginx
-// auth_request, Envoy ext_authz over HTTP). It rebuilds the original
-// request from what the proxy forwards and decides it as the middleware
-// would: 200 with RateLimit headers, or 429 (401 for an unknown key).
-//
-// The original method and URI come from X-Forwarded-Method and
-// X-Forwarded-Uri (Traefik), X-Original-Method and X-Original-URI (the
-// usual nginx set-up) or, for Envoy, from the request itself: its method,
-// and its path past /v1/authz (Envoy's path_prefix). ?deny_status=403 makes
-// refusals 403 instead of 429, for nginx, which treats any status of the
-// subrequest other than 2xx, 401 and 403 as an error.
+// handleAuthz is the forward-auth endpoint (Traefik forwardAuth, Caddy
+// forward_auth, nginx auth_request, HAProxy, Envoy ext_authz over HTTP). It
+// rebuilds the original request (originalRequest) and decides it as the
+// middleware would: 200 with RateLimit headers, or 429 (401 for an unknown
+// key). ?deny_status=403 makes refusals 403 instead of 429, for nginx, which
+// treats any status of the subrequest other than 2xx, 401 and 403 as an
+// error.
 func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
-	orig, err := originalRequest(r)
+	orig, err := s.originalRequest(r)
 	if err != nil {
 		s.fail(w, r, "authz", err)
 		return
@@ -39,12 +36,37 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 	writeBody(w, http.StatusOK, []byte("{\"allowed\":true}\n"))
 }
 
+// ForwardAuthProxies are the proxies whose headers /v1/authz can read the
+// original request from (Options.ForwardAuth), and the headers each sets:
+// method, URI and host. "envoy" (and "") read none: Envoy sends the
+// original method, and the original path under its path_prefix.
+var ForwardAuthProxies = map[string][3]string{
+	"":        {},
+	"envoy":   {},
+	"traefik": {"X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Host"},
+	"caddy":   {"X-Forwarded-Method", "X-Forwarded-Uri", "X-Forwarded-Host"},
+	"nginx":   {"X-Original-Method", "X-Original-Uri", "X-Original-Host"},
+	"haproxy": {"X-Original-Method", "X-Original-Uri", "X-Original-Host"},
+}
+
 // originalRequest returns the request a proxy asks about. It shares r's
 // headers (the credentials and forwarding headers) and peer address, so
 // that forwarding headers are believed only if the proxy is trusted.
-func originalRequest(r *http.Request) (*http.Request, error) {
-	method := first(r.Header.Get("X-Forwarded-Method"), r.Header.Get("X-Original-Method"), r.Method)
-	uri := first(r.Header.Get("X-Forwarded-Uri"), r.Header.Get("X-Original-Uri"))
+//
+// The original method, URI and host come from the headers of the one proxy
+// the server is configured for (Options.ForwardAuth), and only when the
+// peer is a trusted proxy: every proxy passes the client's own headers on
+// to the auth request, and sets only its own, so a header of another
+// proxy's set, or any from a peer that is not a proxy, is whatever the
+// client chose. Otherwise the request speaks for itself: its method, and
+// its path past /v1/authz, as Envoy sends them.
+func (s *Server) originalRequest(r *http.Request) (*http.Request, error) {
+	method, uri, host := r.Method, "", r.Host
+	if names := s.forwardAuth; names[0] != "" && s.trustedProxies.Contains(httplimit.PeerIP(r)) {
+		method = first(r.Header.Get(names[0]), method)
+		uri = r.Header.Get(names[1])
+		host = first(r.Header.Get(names[2]), host)
+	}
 	if uri == "" {
 		uri = strings.TrimPrefix(r.URL.RequestURI(), "/v1/authz")
 		if uri == "" || uri[0] == '?' {
@@ -65,7 +87,7 @@ func originalRequest(r *http.Request) (*http.Request, error) {
 	if err != nil {
 		return nil, errInvalid("the original request: %v", err)
 	}
-	o.Header, o.Host, o.RemoteAddr, o.RequestURI = r.Header, first(r.Header.Get("X-Forwarded-Host"), r.Host), r.RemoteAddr, uri
+	o.Header, o.Host, o.RemoteAddr, o.RequestURI = r.Header, host, r.RemoteAddr, uri
 	return o, nil
 }
 

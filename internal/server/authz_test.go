@@ -54,10 +54,15 @@ func trustLoopback(t *testing.T) func(*Options) {
 	}
 }
 
+// behind names the proxy in front of /v1/authz (Options.ForwardAuth).
+func behind(proxy string) func(*Options) {
+	return func(o *Options) { o.ForwardAuth = proxy }
+}
+
 // TestAuthzTraefik: the original request in X-Forwarded-*, the client in
 // X-Forwarded-For of a trusted proxy.
 func TestAuthzTraefik(t *testing.T) {
-	h := start(t, authzSpec(), "", trustLoopback(t))
+	h := start(t, authzSpec(), "", trustLoopback(t), behind("traefik"))
 	client := func(ip string) []string {
 		return []string{"X-Forwarded-Method", "GET", "X-Forwarded-Uri", "/page?x=1", "X-Forwarded-For", "6.6.6.6, " + ip}
 	}
@@ -114,15 +119,75 @@ func TestAuthzEnvoyAndKeys(t *testing.T) {
 	if code, _, _ := post("/v1/authz/files/b.txt", "X-API-Key", "not-a-key"); code != 401 {
 		t.Fatalf("unknown key: %d", code)
 	}
-	if code, _, body := authz(t, h.url+"/v1/authz", "X-Forwarded-Uri", "no-slash"); code != 400 {
+	if code, _, body := authz(t, h.url+"/v1/authz", "X-Forwarded-Uri", "no-slash"); code != 200 {
+		t.Fatalf("X-Forwarded-Uri to a server behind Envoy, which sends none: %d %s", code, body)
+	}
+	traefik := start(t, authzSpec(), "", trustLoopback(t), behind("traefik"))
+	if code, _, body := authz(t, traefik.url+"/v1/authz", "X-Forwarded-Uri", "no-slash"); code != 400 {
 		t.Fatalf("bad X-Forwarded-Uri: %d %s", code, body)
 	}
-	if code, _, body := authz(t, h.url+"/v1/authz", "X-Forwarded-Method", "GE T"); code != 400 {
+	if code, _, body := authz(t, traefik.url+"/v1/authz", "X-Forwarded-Method", "GE T"); code != 400 {
 		t.Fatalf("bad X-Forwarded-Method: %d %s", code, body)
 	}
 	// The decisions show in the metrics.
 	_, _, metrics := authz(t, h.url+"/metrics")
 	if !strings.Contains(metrics, `admit_requests_total{endpoint="authz",result="refused"}`) {
 		t.Fatal("authz decisions are not in /metrics")
+	}
+}
+
+// TestAuthzReadsOnlyItsProxysHeaders: the original method and URI come
+// from the headers of the proxy the server is configured for, and only
+// from a trusted peer. Every proxy passes the client's own headers through
+// to the auth request and sets only its own set, so a client behind nginx
+// that adds X-Forwarded-Uri: /static/a.css must still be decided as the
+// POST /login it made.
+func TestAuthzReadsOnlyItsProxysHeaders(t *testing.T) {
+	spec := authzSpec()
+	spec.Global = append(spec.Global, policy.RuleSpec{Name: "logins", Scope: "ip", Actions: []string{"upload"},
+		Algorithm: "fixed_window", Limit: n(1), Window: "1h"})
+	spoof := []string{"X-Forwarded-Method", "GET", "X-Forwarded-Uri", "/static/a.css", "X-Original-Method", "GET", "X-Original-URI", "/static/a.css"}
+	for _, tc := range []struct {
+		proxy   string
+		trusted bool
+		honest  []string // how the proxy names POST /files/x
+	}{
+		{"nginx", true, []string{"X-Original-Method", "POST", "X-Original-URI", "/files/x"}},
+		{"haproxy", true, []string{"X-Original-Method", "POST", "X-Original-URI", "/files/x"}},
+		{"traefik", true, []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/files/x"}},
+		{"caddy", true, []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", "/files/x"}},
+		{"envoy", true, nil},
+		{"nginx", false, nil}, // an untrusted peer's headers are not read
+	} {
+		opts := []func(*Options){behind(tc.proxy), trustLoopback(t)}
+		if !tc.trusted {
+			opts = []func(*Options){behind(tc.proxy), func(o *Options) {
+				o.HTTP.Actions = []httplimit.Action{{Pattern: "POST /files/", Name: "upload"}}
+			}}
+		}
+		h := start(t, spec, "", opts...)
+		path := "/v1/authz"
+		if tc.honest == nil {
+			path = "/v1/authz/files/x" // the original request is the request itself
+		}
+		// The proxy's own headers win over a client's spoofed ones,
+		// which a real proxy passes along; here the client's come
+		// first and the proxy's set replaces them, as proxy_set_header
+		// does.
+		hdr := append(append([]string{"X-Forwarded-For", "198.51.100.9"}, spoof...), tc.honest...)
+		req, _ := http.NewRequest("POST", h.url+path, nil)
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		for i, want := range []int{200, 429, 429} {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("%s (trusted %v): request %d with spoofed original headers: %d, want %d (decided as POST /files/x)", tc.proxy, tc.trusted, i, resp.StatusCode, want)
+			}
+		}
 	}
 }

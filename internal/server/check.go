@@ -56,8 +56,9 @@ func putCall(c *call) {
 
 // request fills c.req from a decoded body and the request's credentials,
 // authenticates it (policy.AuthenticateRequest: the key in the body's api_key,
-// X-API-Key or Authorization: Bearer; the admin token makes the caller
-// trusted) and resolves it (Resolve checks the bounds of every field).
+// X-API-Key or Authorization: Bearer; a service or admin token makes the
+// caller trusted, and without one the request is untrusted) and resolves it
+// (Resolve checks the bounds of every field).
 func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Policy, kind policy.Kind, ttl time.Duration) error {
 	c.req = policy.Request{
 		Tenant: b.Tenant, User: b.User, Action: b.Action, IP: b.IP, APIKey: b.APIKey,
@@ -67,23 +68,25 @@ func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Po
 	if b.Cost != nil {
 		c.req.Cost = *b.Cost
 	}
-	admin := s.isAdmin(r)
+	trusted := s.callerOf(r).trusted()
+	c.req.Untrusted = !trusted
 	if c.req.APIKey == "" {
-		c.req.APIKey = s.presentedKey(r, admin)
+		c.req.APIKey = s.presentedKey(r, trusted)
 	}
-	if err := p.AuthenticateRequest(&c.req, admin); err != nil {
+	if err := p.AuthenticateRequest(&c.req, trusted); err != nil {
 		return err
 	}
 	return p.Resolve(&c.req, &c.res)
 }
 
 // presentedKey returns the API key r carries in X-API-Key, or in
-// Authorization: Bearer unless that holds the admin token.
-func (s *Server) presentedKey(r *http.Request, admin bool) string {
+// Authorization: Bearer unless that holds a service or the admin token
+// (trusted).
+func (s *Server) presentedKey(r *http.Request, trusted bool) string {
 	if k := r.Header.Get("X-API-Key"); k != "" {
 		return k
 	}
-	if k, ok := httplimit.Bearer(r); ok && !admin {
+	if k, ok := httplimit.Bearer(r); ok && !trusted {
 		return k
 	}
 	return ""

@@ -39,11 +39,13 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "lease", err)
 		return
 	}
-	ttl := time.Duration(body.TTLMS) * time.Millisecond
-	if body.TTLMS < 0 || ttl > admit.MaxRatePeriod {
-		s.fail(w, r, "lease", admit.Errorf(admit.CodeInvalid, "ttl_ms %d: must be from 0 (the rule's TTL) to %d", body.TTLMS, admit.MaxRatePeriod.Milliseconds()))
+	if body.TTLMS < 0 || body.TTLMS > admit.MaxRatePeriod.Milliseconds() {
+		e := admit.Errorf(admit.CodeInvalid, "ttl_ms %d: must be from 0 (the rule's lease_ttl) to %d; a longer one is cut to the rule's lease_ttl", body.TTLMS, admit.MaxRatePeriod.Milliseconds())
+		e.Field = "ttl_ms"
+		s.fail(w, r, "lease", e)
 		return
 	}
+	ttl := time.Duration(body.TTLMS) * time.Millisecond
 	cr := checkRequest{
 		Tenant: body.Tenant, User: body.User, Action: body.Resource, Cost: body.Cost,
 		IP: body.IP, APIKey: body.APIKey, Session: body.Session, Attributes: body.Attributes,

@@ -11,13 +11,12 @@ package server
 import (
 	"context"
 	"crypto/rand"
-	"crypto/subtle"
+	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -54,9 +53,22 @@ type StoreHealth struct {
 type Options struct {
 	Store   admit.Store
 	Catalog *policy.Catalog
-	// AdminToken guards the admin API. Empty: the admin API answers only
-	// clients connecting from a loopback address.
+	// AdminToken opens the admin API to callers that present it
+	// (Authorization: Bearer). It is also a service token. Empty: the
+	// admin API is closed, unless AdminLoopback.
 	AdminToken string
+	// AdminLoopback opens the admin API without a token to clients on
+	// this host that reach it directly: from 127.0.0.1 or ::1, not a
+	// trusted proxy, with no forwarding header, a loopback Host, not
+	// from another site's page, and changes sent as JSON. Never set it
+	// where a proxy, TLS terminator or sidecar on the host connects from
+	// loopback on behalf of others.
+	AdminLoopback bool
+	// ServiceTokens are the credentials of the platform's own backends:
+	// a caller that presents one (Authorization: Bearer) may act for any
+	// tenant and name the ip and attributes of keys that all tenants
+	// share, but not use the admin API.
+	ServiceTokens []string
 	// Logger receives the server's logs; default slog.Default().
 	Logger *slog.Logger
 	// DecisionLog, if set, receives one JSON line per decision.
@@ -92,6 +104,11 @@ type Options struct {
 	// Demo serves the seed-001 sample client page at /demo/ (with the
 	// gateway).
 	Demo bool
+	// ForwardAuth names the proxy in front of /v1/authz, whose headers
+	// carry the original method, URI and host (see ForwardAuthProxies):
+	// "traefik", "caddy", "nginx", "haproxy", or "envoy" (the default),
+	// which reads the request's own method and path.
+	ForwardAuth string
 	// HTTP configures how /v1/authz identifies the original request:
 	// trusted proxies, user header, JWT, actions, Retry-After jitter. Its
 	// Store, Decider, Policy, Observe and Logger are the server's.
@@ -103,7 +120,13 @@ type Options struct {
 type Server struct {
 	store   admit.Store
 	catalog *policy.Catalog
-	token   []byte
+	// adminHash is the admin token's SHA-256, nil without one;
+	// serviceHashes the service tokens'.
+	adminHash      *[sha256.Size]byte
+	serviceHashes  [][sha256.Size]byte
+	adminLoopback  bool
+	trustedProxies httplimit.Proxies
+	forwardAuth    [3]string // the headers of the original method, URI, host
 	log     *slog.Logger
 	ready   func(ctx context.Context) error
 	health  func() StoreHealth
@@ -133,12 +156,27 @@ type Server struct {
 // of opts.HTTP is wrong.
 func New(opts Options) (*Server, error) {
 	s := &Server{
-		store: opts.Store, catalog: opts.Catalog, token: []byte(opts.AdminToken),
+		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
+		trustedProxies: opts.HTTP.TrustedProxies,
 		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	fa, ok := ForwardAuthProxies[opts.ForwardAuth]
+	if !ok {
+		return nil, fmt.Errorf("server: forward-auth proxy %q: want traefik, caddy, nginx, haproxy or envoy", opts.ForwardAuth)
+	}
+	s.forwardAuth = fa
+	if opts.AdminToken != "" {
+		h := hashToken(opts.AdminToken)
+		s.adminHash = &h
+	}
+	for _, t := range opts.ServiceTokens {
+		if t != "" {
+			s.serviceHashes = append(s.serviceHashes, hashToken(t))
+		}
 	}
 	if s.maxWait <= 0 {
 		s.maxWait = time.Minute
@@ -338,39 +376,6 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	s.mux = m
-}
-
-// admin guards an admin handler: with a token configured, the request must
-// carry it as a bearer token; without one, only loopback clients may call.
-func (s *Server) admin(h http.HandlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if len(s.token) == 0 {
-			if !loopback(r.RemoteAddr) {
-				writeProblem(w, http.StatusForbidden, "the admin API answers only loopback clients when ADMIT_ADMIN_TOKEN is not set")
-				return
-			}
-		} else if !s.isAdmin(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="admit admin"`)
-			writeProblem(w, http.StatusUnauthorized, "the admin API needs Authorization: Bearer <admin token>")
-			return
-		}
-		h(w, r)
-	})
-}
-
-// isAdmin reports whether r carries the admin token.
-func (s *Server) isAdmin(r *http.Request) bool {
-	tok, ok := httplimit.Bearer(r)
-	return ok && len(s.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), s.token) == 1
-}
-
-func loopback(remote string) bool {
-	host, _, err := net.SplitHostPort(remote)
-	if err != nil {
-		host = remote
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
 }
 
 // storeChanged logs an outage once when decisions first find the store

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 )
@@ -23,6 +25,11 @@ func n(v int64) *int64 { return &v }
 
 func tb(name, scope string, actions []string, rate string, burst int64) policy.RuleSpec {
 	return policy.RuleSpec{Name: name, Scope: scope, Actions: actions, Algorithm: "token_bucket", Rate: rate, Burst: n(burst)}
+}
+
+func withMaxCost(r policy.RuleSpec, most int64) policy.RuleSpec {
+	r.MaxCost = &most
+	return r
 }
 
 func testSpec() *policy.Spec {
@@ -39,8 +46,8 @@ func testSpec() *policy.Spec {
 				{Name: "logins", Scope: "ip", Actions: []string{"login"}, Algorithm: "sliding_log", Limit: n(1), Window: "1h"},
 			}},
 			"big": {Rules: []policy.RuleSpec{
-				tb("user-req", "user", nil, "1/min", 5),
-				tb("docs", "tenant", []string{"doc"}, "1/min", 3),
+				withMaxCost(tb("user-req", "user", nil, "1/min", 5), 10),
+				withMaxCost(tb("docs", "tenant", []string{"doc"}, "1/min", 3), 10),
 			}},
 		},
 		Tenants: map[string]policy.TenantSpec{
@@ -80,7 +87,9 @@ func start(t testing.TB, spec *policy.Spec, token string, opts ...func(*Options)
 		t.Fatal(err)
 	}
 	h := &harness{t: t, store: store, catalog: cat, log: &syncBuffer{}}
-	o := Options{Store: store, Catalog: cat, AdminToken: token, DecisionLog: h.log, MaxWait: 2 * time.Second,
+	// Without a token, the tests reach the admin API as a client on this
+	// host (TestAdminAuth tests the guard itself).
+	o := Options{Store: store, Catalog: cat, AdminToken: token, AdminLoopback: token == "", DecisionLog: h.log, MaxWait: 2 * time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Stats:  func() StoreStats { st := store.Stats(); return StoreStats{Keys: st.Keys} }}
 	for _, f := range opts {
@@ -109,6 +118,9 @@ func (h *harness) send(method, path, body string, hdr ...string) (*http.Response
 	req, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
 	if err != nil {
 		h.t.Fatal(err)
+	}
+	if method != "GET" {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
@@ -186,10 +198,11 @@ func TestCheckAdmitsThenRefuses(t *testing.T) {
 // are refused until the debt is repaid; rules that take no debits are not
 // charged.
 func TestReport(t *testing.T) {
-	h := start(t, testSpec(), "")
-	// Tier big: user-req burst 5, docs burst 3 (1/min each), global 100.
-	// The report is charged, and answered 429 as information: it left
-	// rules over their limits, which refuse until the next 4 minutes.
+	h := start(t, testSpec(), "", func(o *Options) { o.ServiceTokens = []string{"backend"} })
+	// Tier big: user-req burst 5, docs burst 3 (1/min each, max_cost
+	// 10), global 100. The report is charged, and answered 429 as
+	// information: it left rules over their limits, which refuse until
+	// the next 4 minutes.
 	a := h.do("POST", "/v1/report", `{"tenant":"t2","user":"u1","action":"doc","cost":7}`)
 	h.want(a, 429, "report")
 	if a.body["allowed"] != true || a.body["remaining"] != float64(0) || a.header.Get("Retry-After") != "240" {
@@ -200,8 +213,11 @@ func TestReport(t *testing.T) {
 		m := r.(map[string]any)
 		fits[m["name"].(string)] = m["allowed"]
 	}
-	if fits["global"] != true || fits["user-req"] != false || fits["docs"] != false {
-		t.Errorf("what each debit fitted: %v", fits)
+	// The global bucket, which every tenant shares, takes no debit from
+	// a caller without a service token: a debit is never refused, so one
+	// tenant could keep it empty for all.
+	if _, charged := fits["global"]; charged || fits["user-req"] != false || fits["docs"] != false {
+		t.Errorf("what each debit fitted: %v, want user-req and docs over, global not charged", fits)
 	}
 	// docs owes 4 of 3 (capped at one burst of debt: 3): a request of 1
 	// waits for 4 tokens, 4 minutes.
@@ -213,15 +229,21 @@ func TestReport(t *testing.T) {
 	// "debit": true on a check is the same.
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","user":"u3","debit":true}`), 200, "debit on check")
 
-	// A sliding log takes no debits: a report of a login is charged to
-	// the global bucket only, and the login still passes.
-	a = h.do("POST", "/v1/report", `{"tenant":"t1","ip":"192.0.2.1","action":"login","cost":5}`)
+	// A sliding log takes no debits: a platform backend's report of a
+	// login is charged to the global bucket only, and the login still
+	// passes.
+	a = h.do("POST", "/v1/report", `{"tenant":"t1","ip":"192.0.2.1","action":"login","cost":5}`, "Authorization", "Bearer backend")
 	h.want(a, 200, "report of a login") // within the global bucket
 	if rules := a.body["rules"].([]any); len(rules) != 1 || rules[0].(map[string]any)["name"] != "global" {
 		t.Errorf("a report of a login charged %v", rules)
 	}
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1","ip":"192.0.2.1","action":"login"}`), 200, "login after its report")
 
+	a = h.do("POST", "/v1/report", `{"tenant":"t2","user":"u9","cost":11}`)
+	h.want(a, 400, "report past the rules' max_cost")
+	if !strings.Contains(a.raw, "max_cost 10") {
+		t.Errorf("report past max_cost: %s, want the bound named", a.raw)
+	}
 	h.want(h.do("POST", "/v1/report", `{"tenant":"t2","cost":1000000001}`), 400, "report past MaxCost")
 	h.want(h.do("POST", "/v1/report", `{"tenant":"t2"}`), 400, "report without a cost")
 }
@@ -418,18 +440,66 @@ func TestAdminAuth(t *testing.T) {
 	// The admin token lets a trusted caller check for a keyed tenant.
 	h.want(h.do("POST", "/v1/check", `{"tenant":"keyed"}`, "Authorization", "Bearer s3cret"), 200, "admin checks for keyed")
 
-	// Without a token, only loopback clients reach the admin API.
-	open := start(t, testSpec(), "")
+	// The admin token is also a service token, but a service token opens
+	// no admin route.
+	svc := start(t, testSpec(), "s3cret", func(o *Options) { o.ServiceTokens = []string{"backend"} })
+	h.want(svc.do("POST", "/v1/check", `{"tenant":"keyed"}`, "Authorization", "Bearer backend"), 200, "service checks for keyed")
+	h.want(svc.do("GET", "/v1/admin/tenants", "", "Authorization", "Bearer backend"), 401, "service token on the admin API")
+
+	// A body that is not JSON is refused before it is read, even with
+	// the token.
+	h.want(h.do("POST", "/v1/admin/reset", `{"tenant":"t1"}`, "Authorization", "Bearer s3cret", "Content-Type", "text/plain"), 415, "text/plain body")
+	h.want(h.do("POST", "/v1/admin/reset", `{"tenant":"t1"}`, "Authorization", "Bearer s3cret", "Content-Type", "application/json; charset=utf-8"), 200, "JSON with a charset")
+
+	// Without a token the admin API is closed, from loopback too.
+	closed := start(t, testSpec(), "", func(o *Options) { o.AdminLoopback = false })
+	a = closed.do("GET", "/v1/admin/tiers", "")
+	h.want(a, 401, "no token, no --admin-loopback")
+	if !strings.Contains(a.raw, "--admin-loopback") {
+		t.Errorf("the refusal does not say how to open the admin API: %s", a.raw)
+	}
+
+	// With AdminLoopback, only a client on this host that reaches the
+	// server directly gets in: not a proxy, sidecar or TLS terminator on
+	// the host, nor a page in a browser on it.
+	open := start(t, testSpec(), "", func(o *Options) {
+		o.HTTP.TrustedProxies, _ = httplimit.ParseProxies([]string{"127.0.0.2"})
+	})
 	for _, tc := range []struct {
-		remote string
-		status int
-	}{{"127.0.0.1:5000", 200}, {"[::1]:5000", 200}, {"10.1.2.3:5000", 403}, {"[2001:db8::1]:80", 403}} {
-		req := httptest.NewRequest("GET", "/v1/admin/tiers", nil)
-		req.RemoteAddr = tc.remote
+		what, method, remote, host string
+		hdr                        []string
+		status                     int
+	}{
+		{"127.0.0.1", "GET", "127.0.0.1:5000", "127.0.0.1:8080", nil, 200},
+		{"::1", "GET", "[::1]:5000", "[::1]:8080", nil, 200},
+		{"localhost", "GET", "127.0.0.1:5000", "localhost:8080", nil, 200},
+		{"another host", "GET", "10.1.2.3:5000", "127.0.0.1:8080", nil, 403},
+		{"another host over IPv6", "GET", "[2001:db8::1]:80", "[::1]:8080", nil, 403},
+		{"Istio's sidecar", "GET", "127.0.0.6:5000", "127.0.0.1:8080", nil, 403},
+		{"a trusted proxy", "GET", "127.0.0.2:5000", "127.0.0.1:8080", nil, 403},
+		{"a forwarded request", "GET", "127.0.0.1:5000", "127.0.0.1:8080", []string{"X-Forwarded-For", "203.0.113.1"}, 403},
+		{"an Envoy request", "GET", "127.0.0.1:5000", "127.0.0.1:8080", []string{"X-Envoy-Internal", "true"}, 403},
+		{"a Forwarded request", "GET", "127.0.0.1:5000", "127.0.0.1:8080", []string{"Forwarded", "for=203.0.113.1"}, 403},
+		{"DNS rebinding", "GET", "127.0.0.1:5000", "evil.example:8080", nil, 403},
+		{"another site's page", "POST", "127.0.0.1:5000", "127.0.0.1:8080", []string{"Sec-Fetch-Site", "cross-site", "Content-Type", "application/json"}, 403},
+		{"another origin", "POST", "127.0.0.1:5000", "127.0.0.1:8080", []string{"Origin", "http://evil.example", "Content-Type", "application/json"}, 403},
+		{"a no-cors text/plain POST", "POST", "127.0.0.1:5000", "127.0.0.1:8080", []string{"Content-Type", "text/plain;charset=UTF-8"}, 415},
+		{"a POST without a type", "POST", "127.0.0.1:5000", "127.0.0.1:8080", nil, 415},
+		{"the dashboard's own POST", "POST", "127.0.0.1:5000", "127.0.0.1:8080", []string{"Origin", "http://127.0.0.1:8080", "Sec-Fetch-Site", "same-origin", "Content-Type", "application/json"}, 201},
+	} {
+		path := "/v1/admin/tiers"
+		if tc.method == "POST" {
+			path = "/v1/admin/tenants/t1/api-keys"
+		}
+		req := httptest.NewRequest(tc.method, path, nil)
+		req.RemoteAddr, req.Host = tc.remote, tc.host
+		for i := 0; i+1 < len(tc.hdr); i += 2 {
+			req.Header.Set(tc.hdr[i], tc.hdr[i+1])
+		}
 		rec := httptest.NewRecorder()
 		open.srv.ServeHTTP(rec, req)
 		if rec.Code != tc.status {
-			t.Errorf("admin from %s without a token: %d, want %d", tc.remote, rec.Code, tc.status)
+			t.Errorf("admin without a token, %s: %d, want %d: %s", tc.what, rec.Code, tc.status, rec.Body)
 		}
 	}
 }
@@ -622,4 +692,67 @@ func FuzzAdminBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSharedKeysUntrusted: a caller without a service token reaches no
+// key that other tenants share with a value it chose — an ip it names for
+// a global per-ip rule, a debit of the global bucket — and holds a lease
+// no longer than its rule's lease_ttl; the platform's backend, with a
+// service token, names what it likes.
+func TestSharedKeysUntrusted(t *testing.T) {
+	spec := &policy.Spec{
+		Global: []policy.RuleSpec{
+			tb("global", "global", nil, "1/h", 100),
+			{Name: "logins-per-ip", Scope: "ip", Actions: []string{"login"}, Algorithm: "fixed_window", Limit: n(2), Window: "1h"},
+			{Name: "global-exports", Scope: "global", Actions: []string{"export"}, Algorithm: "concurrency", Max: n(5), LeaseTTL: "30s"},
+		},
+		Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{tb("tenant", "tenant", nil, "1/h", 50)}}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}, "victim": {Tier: "t"}},
+	}
+	h := start(t, spec, "", func(o *Options) { o.ServiceTokens = []string{"backend"} })
+	backend := []string{"Authorization", "Bearer backend"}
+	login := `{"tenant":"%s","action":"login","ip":"203.0.113.9"}`
+
+	// acme names the victim's address: its own rules are charged, the
+	// per-ip rule every tenant shares is not.
+	for range 5 {
+		a := h.do("POST", "/v1/check", fmt.Sprintf(login, "acme"))
+		h.want(a, 200, "acme's login naming another's ip")
+		for _, r := range a.body["rules"].([]any) {
+			if name := r.(map[string]any)["name"]; name == "logins-per-ip" {
+				t.Fatalf("an untrusted caller's ip reached logins-per-ip: %s", a.raw)
+			}
+		}
+	}
+	// A debit of a million: refused above max_cost; within it, the
+	// global bucket is not debited.
+	h.want(h.do("POST", "/v1/report", `{"tenant":"acme","cost":1000000}`), 400, "a debit of a million")
+	a := h.do("POST", "/v1/report", `{"tenant":"acme","cost":50}`)
+	h.want(a, 429, "a debit within max_cost, leaving acme over its own limit")
+	if rules := a.body["rules"].([]any); len(rules) != 1 || rules[0].(map[string]any)["name"] != "tenant" {
+		t.Errorf("an untrusted debit charged %v, want acme's own bucket only", rules)
+	}
+	// The victim's logins from that address, decided by the platform's
+	// backend, find the shared buckets untouched.
+	for i, want := range []int{200, 200, 429} {
+		a := h.do("POST", "/v1/check", fmt.Sprintf(login, "victim"), backend...)
+		h.want(a, want, fmt.Sprintf("victim's login %d through the backend", i))
+		if i == 0 {
+			for _, r := range a.body["rules"].([]any) {
+				m := r.(map[string]any)
+				if m["name"] == "global" && m["remaining"].(float64) < 90 {
+					t.Errorf("the global bucket holds %v after acme's calls, want at least 90 of 100", m["remaining"])
+				}
+			}
+		}
+	}
+
+	// A lease asked for a year lasts the rule's lease_ttl.
+	a = h.do("POST", "/v1/leases", `{"tenant":"acme","resource":"export","ttl_ms":31536000000}`)
+	h.want(a, 201, "a lease of a year")
+	exp, err := time.Parse(time.RFC3339Nano, a.body["expires_at"].(string))
+	if err != nil || time.Until(exp) > 31*time.Second {
+		t.Errorf("a lease asked for a year expires at %v (%v), want within the rule's 30s", a.body["expires_at"], err)
+	}
+	h.want(h.do("POST", "/v1/leases", `{"tenant":"acme","resource":"export","ttl_ms":9223372036854775807}`), 400, "a TTL that overflows")
 }

@@ -2,13 +2,18 @@ package server
 
 import (
 	"embed"
+	"errors"
 	"io/fs"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
 )
 
@@ -32,6 +37,13 @@ func (s *Server) handleSessionCreate(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sess, err := s.gateway.CreateSession(r.Context(), body.Tenant)
+	var limit *wsgateway.LimitError
+	if errors.As(err, &limit) {
+		retry := httplimit.CeilDiv(limit.RetryAfter, time.Millisecond)
+		w.Header().Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(limit.RetryAfter), 10))
+		problem.WriteDetails(w, problem.Details{Status: http.StatusTooManyRequests, DeniedBy: limit.Limit, RetryAfterMS: &retry, Detail: err.Error()})
+		return
+	}
 	if err != nil {
 		s.fail(w, r, "session", err)
 		return
@@ -57,10 +69,11 @@ func (s *Server) handleSessionDelete(w http.ResponseWriter, r *http.Request) {
 
 // mayActFor checks that the caller may manage tenant's sessions, by the
 // one authentication rule (policy.Authenticate): a key that is present must
-// be one of tenant's; a tenant with API keys needs one, or the admin token.
+// be one of tenant's; a tenant with API keys needs one, or a service or the
+// admin token.
 func (s *Server) mayActFor(r *http.Request, tenant string) error {
-	admin := s.isAdmin(r)
-	_, err := s.catalog.Policy().Authenticate(policy.Credentials{Tenant: tenant, APIKey: s.presentedKey(r, admin), Trusted: admin})
+	trusted := s.callerOf(r).trusted()
+	_, err := s.catalog.Policy().Authenticate(policy.Credentials{Tenant: tenant, APIKey: s.presentedKey(r, trusted), Trusted: trusted})
 	return err
 }
 

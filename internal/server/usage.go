@@ -34,14 +34,14 @@ type usageView struct {
 
 // handleUsage is GET /v1/usage?tenant=&user=&action=: every rule that
 // applies to such a request, read at cost 0 (nothing is charged). A tenant
-// reads its own with its API key (the one authentication rule), an admin
-// any tenant's.
+// reads its own with its API key (the one authentication rule), a service
+// or the admin any tenant's.
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	admin := s.isAdmin(r)
+	trusted := s.callerOf(r).trusted()
 	req := policy.Request{
 		Tenant: q.Get("tenant"), User: q.Get("user"), Action: q.Get("action"), IP: q.Get("ip"),
-		Session: q.Get("session"), APIKey: s.presentedKey(r, admin),
+		Session: q.Get("session"), APIKey: s.presentedKey(r, trusted),
 	}
 	if req.Tenant == "" {
 		e := admit.Errorf(admit.CodeInvalid, "tenant is required")
@@ -50,7 +50,7 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := s.catalog.Policy()
-	if err := p.AuthenticateRequest(&req, admin); err != nil {
+	if err := p.AuthenticateRequest(&req, trusted); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -97,23 +97,23 @@ var (
 	sessCreate = rueidis.NewLuaScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'seq', 0)
+redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'seq', 0, 'lease', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])`)
 
 	sessGet = rueidis.NewLuaScript(`
-local tenant = redis.call('HGET', KEYS[1], 'tenant')
-if not tenant then return false end
+local s = redis.call('HMGET', KEYS[1], 'tenant', 'lease')
+if not s[1] then return false end
 local t = redis.call('TIME')
-return {tenant, t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1])}`)
+return {s[1], t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1]), s[2] or ''}`)
 
 	sessTouch = rueidis.NewLuaScript(`
-local tenant = redis.call('HGET', KEYS[1], 'tenant')
-if not tenant then return false end
+local s = redis.call('HMGET', KEYS[1], 'tenant', 'lease')
+if not s[1] then return false end
 local t = redis.call('TIME')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return {tenant, t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1])}`)
+return {s[1], t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1]), s[2] or ''}`)
 
 	sessSubscribe = rueidis.NewLuaScript(`
 local ttl = redis.call('PTTL', KEYS[1])
@@ -173,7 +173,7 @@ func ms(d time.Duration) string { return strconv.FormatInt(max(1, d.Milliseconds
 
 // Create implements wsgateway.Sessions.
 func (ss *Sessions) Create(ctx context.Context, s wsgateway.Session, ttl time.Duration) (wsgateway.Session, error) {
-	res, err := ss.exec(ctx, sessCreate, s.ID, s.Tenant, ms(ttl))
+	res, err := ss.exec(ctx, sessCreate, s.ID, s.Tenant, ms(ttl), s.Lease)
 	if err != nil {
 		return wsgateway.Session{}, err
 	}
@@ -188,24 +188,27 @@ func (ss *Sessions) Create(ctx context.Context, s wsgateway.Session, ttl time.Du
 	return s, nil
 }
 
-// session decodes a {tenant, expires ms} reply.
+// session decodes a {tenant, expires ms, lease} reply.
 func session(op, id string, res rueidis.RedisResult) (wsgateway.Session, error) {
 	v, err := res.ToArray()
 	if err != nil {
 		return wsgateway.Session{}, sessionErr(op, id, err)
 	}
-	var tenant string
+	var tenant, lease string
 	var exp int64
-	if len(v) == 2 {
+	if len(v) == 3 {
 		tenant, err = v[0].ToString()
 		if err == nil {
 			exp, err = v[1].AsInt64()
 		}
+		if err == nil {
+			lease, err = v[2].ToString()
+		}
 	}
-	if len(v) != 2 || err != nil {
+	if len(v) != 3 || err != nil {
 		return wsgateway.Session{}, fmt.Errorf("redissessions: %s session %q: an unexpected reply %v", op, id, v)
 	}
-	return wsgateway.Session{Tenant: tenant, ID: id, ExpiresAt: time.UnixMilli(exp)}, nil
+	return wsgateway.Session{Tenant: tenant, ID: id, ExpiresAt: time.UnixMilli(exp), Lease: lease}, nil
 }
 
 // Get implements wsgateway.Sessions.
