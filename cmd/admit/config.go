@@ -109,8 +109,8 @@ type EnvoyConfig struct {
 
 // ServerConfig is the server section.
 type ServerConfig struct {
-	HTTP           string   `json:"http"`
-	GRPC           string   `json:"grpc"`
+	HTTP       string `json:"http"`
+	GRPC       string `json:"grpc"`
 	AdminToken string `json:"admin_token"`
 	// ServiceTokens are the bearer tokens of the platform's own backends,
 	// which act for any tenant and name the ip and attributes of keys

@@ -127,10 +127,10 @@ type Server struct {
 	adminLoopback  bool
 	trustedProxies httplimit.Proxies
 	forwardAuth    [3]string // the headers of the original method, URI, host
-	log     *slog.Logger
-	ready   func(ctx context.Context) error
-	health  func() StoreHealth
-	maxWait time.Duration
+	log            *slog.Logger
+	ready          func(ctx context.Context) error
+	health         func() StoreHealth
+	maxWait        time.Duration
 
 	metrics  *metrics
 	activity *activity // the dashboard's last minutes
@@ -158,7 +158,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
 		trustedProxies: opts.HTTP.TrustedProxies,
-		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
+		log:            opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
