@@ -215,7 +215,10 @@ func (s *Store) probe() {
 // a master that is gone or read-only after a failover, a server at its
 // maxmemory that takes no more writes.
 func isTransient(msg string) bool {
-	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY", "OOM"} {
+	// WRONGPASS, NOAUTH and NOPERM: the ACL changed under a running
+	// server; until it is mended, the store is as good as down, and the
+	// rules' on_error decides.
+	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY", "OOM", "WRONGPASS", "NOAUTH", "NOPERM"} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}

@@ -47,6 +47,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,7 +164,14 @@ func Open(ctx context.Context, url string, opts *Options) (*Store, error) {
 
 // Dial connects to the deployment cfg describes and checks that it answers.
 func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
-	client, err := rueidis.NewClient(cfg.clientOption())
+	co, err := cfg.clientOption()
+	if err != nil {
+		return nil, err
+	}
+	client, err := rueidis.NewClient(co)
+	if refusedCredentials(err) {
+		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", cfg, err)
+	}
 	if err != nil {
 		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 	}
@@ -184,8 +192,12 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 // at first and then every 500 ms, and fails its calls with CodeUnavailable
 // until it has it.
 func DialLazy(cfg Config, opts *Options) (*Store, error) {
+	co, err := cfg.clientOption()
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Mode == Standalone {
-		client, err := rueidis.NewClient(cfg.clientOption())
+		client, err := rueidis.NewClient(co)
 		if client == nil {
 			return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 		}
@@ -195,16 +207,16 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 	}
 	s := newStore(cfg.Mode == Cluster, string(cfg.Mode), opts)
 	s.own = true
-	go s.connect(cfg)
+	go s.connect(co)
 	return s, nil
 }
 
 // connect makes the client of a lazily dialed store, trying again until it
 // succeeds or the store is closed.
-func (s *Store) connect(cfg Config) {
+func (s *Store) connect(co rueidis.ClientOption) {
 	wait := 100 * time.Millisecond
 	for {
-		client, err := rueidis.NewClient(cfg.clientOption())
+		client, err := rueidis.NewClient(co)
 		if err == nil {
 			s.connMu.Lock()
 			defer s.connMu.Unlock()
@@ -295,10 +307,24 @@ func (s *Store) Ping(ctx context.Context) error {
 	}
 	for addr, c := range nodes {
 		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
+			if refusedCredentials(err) {
+				// Waiting will not mend it: a configuration error.
+				return admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", addr, err)
+			}
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
 		}
 	}
 	return nil
+}
+
+// refusedCredentials reports whether err is Redis refusing the username
+// or password.
+func refusedCredentials(err error) bool {
+	if re, ok := rueidis.IsRedisErr(err); ok {
+		msg := re.Error()
+		return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
+	}
+	return false
 }
 
 // Health is the store's state for readiness checks and metrics.

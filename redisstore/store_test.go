@@ -77,8 +77,15 @@ func TestParseURL(t *testing.T) {
 		{"redis://a:1,b:2", "store URL \"redis://a:1,b:2\": a standalone server has one address"},
 		{"redis://h:99999", "store URL \"redis://h:99999\": address \"h:99999\": port"},
 		{"redis://h/x", "store URL \"redis://h/x\": database \"x\""},
-		{"redis://u:hidden@h:1/99", "store URL \"redis://u:***@h:1/99\": database"},
+		{"redis://u:hidden@h:1/99", "store URL \"redis://***@h:1/99\": database"},
 		{"redis://", "store URL \"redis://\": no address"},
+		// A password alone, with no colon, is hidden too.
+		{"redis://s3cret@h:1/99", "store URL \"redis://***@h:1/99\": database"},
+		{"redis+sentinel://u:pw@mymaster@h1:1/x", "store URL \"redis+sentinel://***@mymaster@h1:1/x\": database"},
+		{"rediss://u:pw@h:6380/1?tls_ca_file=/ca.pem", "{Mode:standalone Addrs:[h:6380] MasterName: DB:1 Username:u Password:pw}"},
+		{"rediss+cluster://a:1?tls_server_name=redis.example", "{Mode:cluster Addrs:[a:1] MasterName: DB:0 Username: Password:}"},
+		{"redis://h:1?tls_ca_file=/ca.pem", "store URL \"redis://h:1?tls_ca_file=/ca.pem\": query parameters are TLS settings"},
+		{"rediss://pw@h:1?tls_bogus=1", "store URL \"rediss://***@h:1?tls_bogus=1\": unknown query parameter"},
 	} {
 		c, err := redisstore.ParseURL(tc.url)
 		got := fmt.Sprintf("{Mode:%s Addrs:%v MasterName:%s DB:%d Username:%s Password:%s}", c.Mode, c.Addrs, c.MasterName, c.DB, c.Username, c.Password)

@@ -1,8 +1,12 @@
 package redisstore
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
@@ -27,8 +31,74 @@ type Config struct {
 	Addrs      []string // host:port of the server, the sentinels or cluster nodes
 	MasterName string   // Sentinel only
 	DB         int      // standalone and Sentinel only
-	Username   string
-	Password   string
+	// Username names an ACL user (Redis 6+); empty is the default user.
+	Username string
+	Password string
+	// TLS, if set, reaches every server (sentinels and cluster nodes
+	// too) over TLS.
+	TLS *TLS
+}
+
+// TLS says how to reach Redis over TLS, as managed services with
+// encryption in transit (ElastiCache, Redis Cloud, Azure Cache) require.
+// The zero value checks the server's certificate against the system's
+// roots and the name it is dialled by.
+type TLS struct {
+	// CAFile is a PEM bundle to check the server's certificate with,
+	// instead of the system's roots.
+	CAFile string
+	// CertFile and KeyFile are a client certificate and its key (PEM),
+	// for servers that ask for one (tls-auth-clients).
+	CertFile, KeyFile string
+	// ServerName is the name the certificate must have; default the
+	// host each server is dialled by.
+	ServerName string
+	// SkipHostnameVerification checks the certificate's chain but not
+	// its name, for deployments whose certificates name no address the
+	// clients dial (envoyproxy/ratelimit's
+	// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION).
+	SkipHostnameVerification bool
+}
+
+// config builds the tls.Config t describes, reading its files.
+func (t *TLS) config() (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CA: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("TLS CA %s: no PEM certificate in it", t.CAFile)
+		}
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, fmt.Errorf("TLS client certificate: give both the certificate and its key")
+	}
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	}
+	if t.SkipHostnameVerification {
+		roots := c.RootCAs
+		c.InsecureSkipVerify = true // the chain is checked below, the name is not
+		c.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return fmt.Errorf("redisstore: the server sent no certificate")
+			}
+			inter := x509.NewCertPool()
+			for _, ic := range cs.PeerCertificates[1:] {
+				inter.AddCert(ic)
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter})
+			return err
+		}
+	}
+	return c, nil
 }
 
 // ParseURL parses a --store URL:
@@ -37,10 +107,15 @@ type Config struct {
 //	redis+sentinel://[user:password@]master@host:port,host:port[/db]
 //	redis+cluster://[user:password@]host:port,host:port,host:port
 //
-// The port defaults to 6379 (26379 for sentinels).
+// The port defaults to 6379 (26379 for sentinels). The schemes rediss,
+// rediss+sentinel and rediss+cluster reach every server over TLS, with the
+// query parameters tls_ca_file, tls_cert_file, tls_key_file,
+// tls_server_name and tls_skip_hostname_verification=true (see TLS):
+//
+//	rediss://admit:secret@redis.example:6380/0?tls_ca_file=/etc/admit/ca.pem
 func ParseURL(s string) (Config, error) {
 	bad := func(format string, args ...any) (Config, error) {
-		return Config{}, admit.Errorf(admit.CodeInvalid, "store URL %q: "+format, append([]any{redact(s)}, args...)...)
+		return Config{}, admit.Errorf(admit.CodeInvalid, "store URL %q: "+format, append([]any{Redact(s)}, args...)...)
 	}
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
@@ -48,7 +123,12 @@ func ParseURL(s string) (Config, error) {
 	}
 	var c Config
 	defPort := "6379"
-	switch scheme {
+	base, secure := strings.CutPrefix(scheme, "rediss")
+	if secure {
+		base = "redis" + base
+		c.TLS = &TLS{}
+	}
+	switch base {
 	case "redis":
 		c.Mode = Standalone
 	case "redis+sentinel":
@@ -56,7 +136,38 @@ func ParseURL(s string) (Config, error) {
 	case "redis+cluster":
 		c.Mode = Cluster
 	default:
-		return bad("scheme %q: want redis, redis+sentinel or redis+cluster", scheme)
+		return bad("scheme %q: want redis, redis+sentinel or redis+cluster (rediss… for TLS)", scheme)
+	}
+	rest, query, hasQuery := strings.Cut(rest, "?")
+	if hasQuery {
+		if c.TLS == nil {
+			return bad("query parameters are TLS settings: use rediss://")
+		}
+		q, err := url.ParseQuery(query)
+		if err != nil {
+			return bad("query: %v", err)
+		}
+		for k, v := range q {
+			val := v[len(v)-1]
+			switch k {
+			case "tls_ca_file":
+				c.TLS.CAFile = val
+			case "tls_cert_file":
+				c.TLS.CertFile = val
+			case "tls_key_file":
+				c.TLS.KeyFile = val
+			case "tls_server_name":
+				c.TLS.ServerName = val
+			case "tls_skip_hostname_verification":
+				b, err := strconv.ParseBool(val)
+				if err != nil {
+					return bad("tls_skip_hostname_verification=%q: want true or false", val)
+				}
+				c.TLS.SkipHostnameVerification = b
+			default:
+				return bad("unknown query parameter %q (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, tls_skip_hostname_verification)", k)
+			}
+		}
 	}
 	hosts, path, _ := strings.Cut(rest, "/")
 	if at := strings.LastIndexByte(hosts, '@'); at >= 0 {
@@ -119,15 +230,40 @@ func ParseURL(s string) (Config, error) {
 	return c, nil
 }
 
-// redact hides a URL's password in error messages.
-func redact(s string) string {
+// Redact returns a store URL with its credentials, if any, replaced by
+// "***", for logs and error messages: everything before the hosts' "@",
+// whether a user and password or a password alone, but a Sentinel
+// master's name.
+func Redact(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
-	at := strings.IndexByte(rest, '@')
-	colon := strings.IndexByte(rest, ':')
-	if !ok || at < 0 || colon < 0 || colon > at {
+	if !ok {
+		if strings.Contains(s, "@") {
+			return "***"
+		}
 		return s
 	}
-	return scheme + "://" + rest[:colon] + ":***" + rest[at:]
+	authority, tail := rest, ""
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		authority, tail = rest[:i], rest[i:]
+	}
+	at := strings.LastIndexByte(authority, '@')
+	if at < 0 {
+		return s
+	}
+	cred, hosts := authority[:at], authority[at+1:]
+	master := ""
+	if strings.HasSuffix(scheme, "+sentinel") {
+		// the last @-part before the hosts is the master's name
+		if i := strings.LastIndexByte(cred, '@'); i >= 0 {
+			cred, master = cred[:i], cred[i+1:]+"@"
+		} else {
+			cred, master = "", cred+"@"
+		}
+	}
+	if cred != "" {
+		cred = "***@"
+	}
+	return scheme + "://" + cred + master + hosts + tail
 }
 
 // String describes c without its password.
@@ -136,11 +272,25 @@ func (c Config) String() string {
 	if c.MasterName != "" {
 		s += " master " + c.MasterName
 	}
+	if c.TLS != nil {
+		s += " (TLS)"
+	}
+	if c.Username != "" {
+		s += " as " + c.Username
+	}
 	return s
 }
 
-func (c Config) clientOption() rueidis.ClientOption {
+func (c Config) clientOption() (rueidis.ClientOption, error) {
+	var tc *tls.Config
+	if c.TLS != nil {
+		var err error
+		if tc, err = c.TLS.config(); err != nil {
+			return rueidis.ClientOption{}, admit.Errorf(admit.CodeInvalid, "redisstore: %v", err)
+		}
+	}
 	o := rueidis.ClientOption{
+		TLSConfig:    tc,
 		InitAddress:  c.Addrs,
 		Username:     c.Username,
 		Password:     c.Password,
@@ -154,7 +304,7 @@ func (c Config) clientOption() rueidis.ClientOption {
 	case Standalone:
 		o.ForceSingleClient = true
 	case Sentinel:
-		o.Sentinel = rueidis.SentinelOption{MasterSet: c.MasterName, Username: c.Username, Password: c.Password}
+		o.Sentinel = rueidis.SentinelOption{MasterSet: c.MasterName, Username: c.Username, Password: c.Password, TLSConfig: tc}
 	}
-	return o
+	return o, nil
 }

@@ -24,7 +24,11 @@ import (
 type Server struct {
 	Addr string
 	Port int
-	dir  string
+	// TLSAddr and TLSPort are where a server started with StartTLS (or
+	// StartSentinelTLS) serves TLS; "" and 0 otherwise.
+	TLSAddr string
+	TLSPort int
+	dir     string
 	conf string // a config file to start with, for sentinels
 	args []string
 	cmd  *exec.Cmd

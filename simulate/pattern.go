@@ -161,6 +161,10 @@ func perSecond(r admit.Rate) float64 {
 	return float64(r.N) / r.Per.Seconds()
 }
 
+// Expected returns about how many requests Events generates (a Poisson
+// pattern's mean), without generating them.
+func (p Pattern) Expected() float64 { return p.expected() }
+
 // expected is about how many requests p generates.
 func (p Pattern) expected() float64 {
 	d := p.Duration.Seconds()

@@ -135,11 +135,27 @@ type StoreConfig struct {
 	MaxKeys   int64       `json:"max_keys"`
 }
 
+// RedisTLSConfig is the store.redis.tls section (see redisstore.TLS).
+type RedisTLSConfig struct {
+	Enabled                  bool   `json:"enabled"`
+	CAFile                   string `json:"ca_file"`
+	CertFile                 string `json:"cert_file"`
+	KeyFile                  string `json:"key_file"`
+	ServerName               string `json:"server_name"`
+	SkipHostnameVerification bool   `json:"skip_hostname_verification"`
+}
+
 // RedisConfig is the store.redis section.
 type RedisConfig struct {
 	Mode       string   `json:"mode"`
 	Addrs      []string `json:"addrs"`
 	MasterName string   `json:"master_name"`
+	// Username and Password authenticate to Redis (an ACL user, or the
+	// default user's password alone); ${VAR} keeps them out of the file.
+	Username string `json:"username"`
+	Password string `json:"password"`
+	// TLS reaches every server over TLS.
+	TLS *RedisTLSConfig `json:"tls"`
 	Timeout    string   `json:"timeout"`
 }
 
@@ -465,6 +481,12 @@ func (d *decoder) check(c *Config) {
 	case "", "standalone", "sentinel", "cluster":
 	default:
 		d.failAt("store.redis.mode", "%q: want standalone, sentinel or cluster", c.Store.Redis.Mode)
+	}
+	if t := c.Store.Redis.TLS; t != nil && !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.SkipHostnameVerification) {
+		d.failAt("store.redis.tls", "TLS settings without enabled: true")
+	}
+	if t := c.Store.Redis.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
+		d.failAt("store.redis.tls", "cert_file and key_file go together")
 	}
 	if c.Store.Redis.Timeout != "" {
 		if t, err := time.ParseDuration(c.Store.Redis.Timeout); err != nil || t <= 0 {

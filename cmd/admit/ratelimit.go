@@ -45,6 +45,12 @@ this command).
                                   or CLUSTER host:port,...; REDIS_AUTH is the
                                   password or user:password. Without REDIS_URL,
                                   the memory store (one server)
+  REDIS_TLS                       reach Redis over TLS, checked with
+                                  REDIS_TLS_CACERT (default the system's roots),
+                                  with the client certificate
+                                  REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY,
+                                  and without the name check when
+                                  REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
   USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH
                                   also serve Admit's /metrics there
   LOG_LEVEL, LOG_FORMAT           debug, info, warn, error; text or json
@@ -55,8 +61,7 @@ this command).
 Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
 caches, pipelining, statsd, jitter, the debug port) are accepted and not
 used. What Admit cannot do the same way is refused at start with the
-variable's name: unix sockets, Redis TLS, a separate per-second Redis,
-memcache.
+variable's name: unix sockets, a separate per-second Redis, memcache.
 `
 
 // ratelimitCmd runs serve configured by envoyproxy/ratelimit's
@@ -149,18 +154,30 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	if bt := strings.ToLower(get("BACKEND_TYPE", "redis")); bt != "redis" {
 		return nil, nil, fmt.Errorf("BACKEND_TYPE=%q: Admit keeps its counters in Redis (or in memory, without REDIS_URL)", bt)
 	}
-	for _, name := range []string{"REDIS_TLS", "REDIS_PERSECOND"} {
-		if on, err := boolean(name, false); err != nil {
-			return nil, nil, err
-		} else if on {
-			return nil, nil, fmt.Errorf("%s=true is not supported", name)
-		}
+	if on, err := boolean("REDIS_PERSECOND", false); err != nil {
+		return nil, nil, err
+	} else if on {
+		return nil, nil, fmt.Errorf("REDIS_PERSECOND=true is not supported: Admit keeps every limit in one Redis")
+	}
+	redisTLS, err := boolean("REDIS_TLS", false)
+	if err != nil {
+		return nil, nil, err
+	}
+	skipHostname, err := boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)
+	if err != nil {
+		return nil, nil, err
 	}
 	if st := strings.ToLower(get("REDIS_SOCKET_TYPE", "tcp")); st != "tcp" {
 		return nil, nil, fmt.Errorf("REDIS_SOCKET_TYPE=%q: only tcp is supported", st)
 	}
 	if f.store, err = ratelimitStoreURL(getenv("REDIS_TYPE"), getenv("REDIS_URL"), getenv("REDIS_AUTH")); err != nil {
 		return nil, nil, err
+	}
+	if redisTLS && f.store != "memory" {
+		f.store = withTLS(f.store, url.Values{
+			"tls_ca_file": {getenv("REDIS_TLS_CACERT")}, "tls_cert_file": {getenv("REDIS_TLS_CLIENT_CERT")},
+			"tls_key_file": {getenv("REDIS_TLS_CLIENT_KEY")}, "tls_skip_hostname_verification": {strconv.FormatBool(skipHostname)},
+		})
 	}
 
 	if on, err := boolean("USE_PROMETHEUS", false); err != nil {
@@ -204,6 +221,21 @@ func ratelimitStoreURL(kind, addrs, auth string) (string, error) {
 		return "redis+cluster://" + user + addrs, nil
 	}
 	return "", fmt.Errorf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", kind)
+}
+
+// withTLS turns a redis… store URL into its rediss… form with the TLS
+// settings of q that are set.
+func withTLS(store string, q url.Values) string {
+	for k, v := range q {
+		if v[0] == "" || v[0] == "false" {
+			delete(q, k)
+		}
+	}
+	store = "rediss" + strings.TrimPrefix(store, "redis")
+	if len(q) > 0 {
+		store += "?" + q.Encode()
+	}
+	return store
 }
 
 // ratelimitLogger logs at LOG_LEVEL in LOG_FORMAT.

@@ -47,6 +47,12 @@ func TestRatelimitEnvironment(t *testing.T) {
 				"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_AUTH": "u:pw", "PROMETHEUS_ADDR": ":19001", "USE_PROMETHEUS": "1"},
 			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "redis+sentinel://u:pw@mymaster@s1:26379,s2:26379", xds: "eg:18001", wait: true, metrics: ":19001",
 		},
+		"Redis over TLS with a client certificate": {
+			env: map[string]string{"REDIS_URL": "redis.example:6380", "REDIS_AUTH": "admit:pw", "REDIS_TLS": "true", "REDIS_TLS_CACERT": "/ca.pem",
+				"REDIS_TLS_CLIENT_CERT": "/c.pem", "REDIS_TLS_CLIENT_KEY": "/k.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION": "true"},
+			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", config: "/srv/runtime_data/current/config",
+			store: "rediss://admit:pw@redis.example:6380?tls_ca_file=%2Fca.pem&tls_cert_file=%2Fc.pem&tls_key_file=%2Fk.pem&tls_skip_hostname_verification=true",
+		},
 		"xDS in plain text, started without a configuration": {
 			env:  map[string]string{"CONFIG_TYPE": "grpc_xds_sotw", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "FORCE_START_WITHOUT_INITIAL_CONFIG": "true", "REDIS_TYPE": "CLUSTER", "REDIS_URL": "a:7000,b:7000"},
 			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "redis+cluster://a:7000,b:7000", xds: "eg:18001", plaintext: true,
@@ -68,7 +74,7 @@ func TestRatelimitEnvironment(t *testing.T) {
 func TestRatelimitEnvironmentRefused(t *testing.T) {
 	for env, want := range map[string]string{
 		"BACKEND_TYPE=memcache":                  "BACKEND_TYPE",
-		"REDIS_TLS=true":                         "REDIS_TLS=true is not supported",
+		"REDIS_TLS=sure":                         "REDIS_TLS",
 		"REDIS_PERSECOND=true":                   "REDIS_PERSECOND",
 		"REDIS_SOCKET_TYPE=unix":                 "REDIS_SOCKET_TYPE",
 		"REDIS_TYPE=SENTINEL REDIS_URL=s1:1":     "master-name",

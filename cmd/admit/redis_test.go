@@ -221,3 +221,70 @@ func TestUsageRecordsRedis(t *testing.T) {
 		t.Fatalf("no tenant: %d", code)
 	}
 }
+
+// TestServeRedisTLS: admit serve reaches Redis over TLS as an ACL user,
+// from the store section of its configuration (the password from the
+// environment), and admit ratelimit does from envoyproxy/ratelimit's
+// REDIS_TLS variables; both decide, and the password is in no log line.
+func TestServeRedisTLS(t *testing.T) {
+	f := redistest.NewTLSFiles(t)
+	srv := redistest.StartTLS(t, f, "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-@scripting",
+		"--user", "admit", "on", ">tls-s3cret", "~*", "&*", "+@all")
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, fmt.Sprintf(`version: 1
+store:
+  backend: redis
+  redis:
+    addrs: [%q]
+    username: admit
+    password: ${REDIS_PASSWORD}
+    tls: {enabled: true, ca_file: %q, cert_file: %q, key_file: %q}
+tiers:
+  free:
+    rules:
+      - {name: r, scope: tenant, algorithm: fixed_window, limit: 2, window: 1h}
+tenants:
+  t1: {tier: free}
+`, srv.TLSAddr, f.CA, f.ClientCert, f.ClientKey))
+	t.Setenv("REDIS_PASSWORD", "tls-s3cret") // ${VAR} in a configuration reads the process's environment
+	s := startServe(t, "--config", spec, "--data-dir", t.TempDir())
+	for i, want := range []int{200, 200, 429} {
+		if code, body := call(t, "POST", s.url+"/v1/check", `{"tenant":"t1"}`); code != want {
+			t.Fatalf("check %d over TLS: %d %v\n%s", i, code, body, s.stderr)
+		}
+	}
+	if code, body := call(t, "GET", s.url+"/readyz", ""); code != 200 {
+		t.Fatalf("readyz: %d %v", code, body)
+	}
+
+	root := t.TempDir()
+	dir := filepath.Join(root, "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
+	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0",
+		"ADMIT_DATA_DIR": t.TempDir(), "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": srv.TLSAddr, "REDIS_AUTH": "admit:tls-s3cret",
+		"REDIS_TLS": "true", "REDIS_TLS_CACERT": f.CA, "REDIS_TLS_CLIENT_CERT": f.ClientCert, "REDIS_TLS_CLIENT_KEY": f.ClientKey, "LOG_LEVEL": "info"}, "ratelimit")
+	c := rlsClient(t, r.grpc)
+	for _, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
+		if got := shouldRateLimit(t, c, "rl", "foo", "x").OverallCode; got != want {
+			t.Fatalf("admit ratelimit over TLS: %v, want %v", got, want)
+		}
+	}
+	for _, out := range []string{s.stderr.String(), r.stderr.String()} {
+		if strings.Contains(out, "tls-s3cret") {
+			t.Errorf("the Redis password is in the log:\n%s", out)
+		}
+	}
+	// A wrong password: refused at start, the password not in the error.
+	var stderr strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second) // a server that started anyway stops
+	defer cancel()
+	code := run(ctx, []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir(),
+		"--store", "rediss://admit:wrong-s3cret@" + srv.TLSAddr + "?tls_ca_file=" + f.CA + "&tls_cert_file=" + f.ClientCert + "&tls_key_file=" + f.ClientKey},
+		&env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }})
+	if code != 2 || strings.Contains(stderr.String(), "wrong-s3cret") {
+		t.Errorf("a wrong password: exit %d, output %s", code, stderr.String())
+	}
+}

@@ -109,13 +109,17 @@ func redisConfig(url string, cfg *Config) (redisstore.Config, bool, error) {
 		return redisstore.Config{}, false, nil
 	case url != "":
 		if !strings.HasPrefix(url, "redis") {
-			return redisstore.Config{}, false, fmt.Errorf("--store %q: want memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p", url)
+			return redisstore.Config{}, false, fmt.Errorf("--store %q: want memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (rediss… for TLS)", redisstore.Redact(url))
 		}
 		c, err := redisstore.ParseURL(url)
 		return c, true, err
 	}
 	r := cfg.Store.Redis
-	c := redisstore.Config{Mode: redisstore.Mode(first(r.Mode, "standalone")), Addrs: r.Addrs, MasterName: r.MasterName}
+	c := redisstore.Config{Mode: redisstore.Mode(first(r.Mode, "standalone")), Addrs: r.Addrs, MasterName: r.MasterName,
+		Username: r.Username, Password: r.Password}
+	if t := r.TLS; t != nil && t.Enabled {
+		c.TLS = &redisstore.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile, ServerName: t.ServerName, SkipHostnameVerification: t.SkipHostnameVerification}
+	}
 	if len(c.Addrs) == 0 {
 		c.Addrs = []string{"127.0.0.1:6379"}
 	}

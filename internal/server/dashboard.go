@@ -248,8 +248,17 @@ type simulateRequest struct {
 	Format      string   `json:"format"` // svg (default), png or json
 }
 
-// maxSimulated bounds the requests one simulation may run on the server.
-const maxSimulated = 200_000
+// Bounds on what one simulation may cost the server: requests run, lanes
+// drawn (each a picture of its own, about 1 MB before encoding), and
+// simulations at once.
+const (
+	maxSimulated      = 200_000
+	maxSimulatedRules = 8
+	maxSimulations    = 2
+)
+
+// simulating holds a place for each simulation running.
+var simulating = make(chan struct{}, maxSimulations)
 
 // handleSimulate serves POST /v1/admin/simulate: admit simulate's picture
 // (or summary) of rules, or of a tenant's rules in the running catalog.
@@ -263,6 +272,10 @@ func (s *Server) handleSimulate(w http.ResponseWriter, r *http.Request) {
 		e := admit.Errorf(admit.CodeInvalid, format, args...)
 		e.Field = field
 		s.writeError(w, r, e)
+	}
+	if len(b.Rules) > maxSimulatedRules {
+		invalid("rules", "%d rules; the server draws at most %d (admit simulate draws more)", len(b.Rules), maxSimulatedRules)
+		return
 	}
 	var specs []policy.RuleSpec
 	for _, spec := range b.Rules {
@@ -293,12 +306,28 @@ func (s *Server) handleSimulate(w http.ResponseWriter, r *http.Request) {
 		invalid("rules", "no rules: give rules or a tenant")
 		return
 	}
+	if len(rules) > maxSimulatedRules {
+		invalid("rules", "%d rules with the tenant's; the server draws at most %d (admit simulate draws more)", len(rules), maxSimulatedRules)
+		return
+	}
 	if b.Pattern == "" {
 		b.Pattern = "seed004"
 	}
 	p, err := simulate.ParsePattern(b.Pattern)
 	if err != nil {
 		invalid("pattern", "%v", err)
+		return
+	}
+	if n := p.Expected(); n > maxSimulated {
+		invalid("pattern", "about %.0f requests; the server simulates at most %d (admit simulate runs more)", n, maxSimulated)
+		return
+	}
+	select {
+	case simulating <- struct{}{}:
+		defer func() { <-simulating }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusServiceUnavailable, "the server is already running its most simulations at once; try again")
 		return
 	}
 	ev := p.Events(simulate.Identity{Tenant: b.Tenant, User: "user", Action: b.Action})

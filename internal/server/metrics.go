@@ -178,6 +178,21 @@ func (m *metrics) counters(p *policy.Policy) *ruleCounters {
 	return rc
 }
 
+// defaultTierLabel is the tenant label of every tenant the catalog does
+// not know (a default tier's): their ids come from requests, and a label
+// per id would let any caller create series without bound.
+const defaultTierLabel = "_default_tier"
+
+// tenantLabel is t's value of the tenant label: its id if the catalog
+// holds it (the admin API and the configuration bound those), else
+// defaultTierLabel.
+func tenantLabel(t *policy.Tenant) string {
+	if t.Source == "default" {
+		return defaultTierLabel
+	}
+	return t.ID
+}
+
 func (m *metrics) observe(c *call, endpoint string, took time.Duration) {
 	m.observeDecision(&c.res, &c.d, endpoint, took)
 }
@@ -193,7 +208,7 @@ func (m *metrics) observeDecision(res *policy.Resolution, d *admit.Decision, end
 	}
 	em.latency.Observe(took.Seconds())
 	if m.tenants != nil && res.Tenant != nil {
-		m.tenants.WithLabelValues(res.Tenant.ID, result).Inc()
+		m.tenants.WithLabelValues(tenantLabel(res.Tenant), result).Inc()
 	}
 	if len(res.Rules) == 0 {
 		return // admitted without charges

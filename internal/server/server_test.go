@@ -756,3 +756,22 @@ func TestSharedKeysUntrusted(t *testing.T) {
 	}
 	h.want(h.do("POST", "/v1/leases", `{"tenant":"acme","resource":"export","ttl_ms":9223372036854775807}`), 400, "a TTL that overflows")
 }
+
+// TestTenantMetricsBounded: the tenant label names the catalog's tenants;
+// tenants of the default tier, whose ids come from requests, share one
+// label, so that no caller can make series without bound.
+func TestTenantMetricsBounded(t *testing.T) {
+	spec := testSpec()
+	spec.UnknownTenant = "small"
+	h := start(t, spec, "", func(o *Options) { o.TenantMetrics = true })
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t1"}`), 200, "a catalog tenant")
+	for i := range 100 {
+		h.want(h.do("POST", "/v1/check", fmt.Sprintf(`{"tenant":"made-up-%d"}`, i)), 200, "a default-tier tenant")
+	}
+	_, raw := h.send("GET", "/metrics", "")
+	series := regexp.MustCompile(`(?m)^admit_tenant_decisions_total\{.*$`).FindAllString(string(raw), -1)
+	if len(series) != 2 || !strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="_default_tier"} 100`) ||
+		!strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="t1"} 1`) {
+		t.Errorf("tenant series after 101 tenants: %q", series)
+	}
+}
