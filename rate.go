@@ -70,10 +70,15 @@ func parsePeriod(u string) (time.Duration, error) {
 // "1d12h"). The result must be positive.
 func ParseDuration(s string) (time.Duration, error) {
 	var days time.Duration
+	whole := s
 	if i := strings.IndexByte(s, 'd'); i > 0 {
 		n, err := strconv.ParseInt(s[:i], 10, 32)
 		if err != nil || n < 0 {
 			return 0, Errorf(CodeInvalid, "unit %q: days must be a whole number", s)
+		}
+		// Checked before the product, which would wrap around.
+		if n > int64(MaxRatePeriod/(24*time.Hour)) {
+			return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, MaxRatePeriod)
 		}
 		days, s = time.Duration(n)*24*time.Hour, s[i+1:]
 		if s == "" {
@@ -84,8 +89,8 @@ func ParseDuration(s string) (time.Duration, error) {
 	if err != nil {
 		return 0, Errorf(CodeInvalid, "unit %q is not s, min, h, d or a duration such as 30s", s)
 	}
-	if d > MaxRatePeriod || days > MaxRatePeriod {
-		return 0, Errorf(CodeInvalid, "duration %q is longer than %v", s, MaxRatePeriod)
+	if d > MaxRatePeriod || d+days > MaxRatePeriod {
+		return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, MaxRatePeriod)
 	}
 	d += days
 	if d <= 0 {

@@ -29,7 +29,8 @@ func TestParseRate(t *testing.T) {
 			t.Errorf("ParseRate(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	for _, s := range []string{"", "10", "/s", "x/s", "10/", "10/y", "0/s", "-1/s", "10/0s", "10/-1s", "2000000000/s", "1/400d", "1/dd"} {
+	for _, s := range []string{"", "10", "/s", "x/s", "10/", "10/y", "0/s", "-1/s", "10/0s", "10/-1s", "2000000000/s", "1/400d", "1/dd",
+		"1/213504d", "1/2147483647d", "1/366d1h"} { // days × 24 h once wrapped around: 213504d was 25 minutes
 		if r, err := ParseRate(s); err == nil {
 			t.Errorf("ParseRate(%q) = %v, want an error", s, r)
 		}
@@ -37,7 +38,7 @@ func TestParseRate(t *testing.T) {
 }
 
 func FuzzParseRate(f *testing.F) {
-	for _, s := range []string{"100/s", "5/30s", "1/d", "3/1h30m", "7/2d", "1/0d", "9/9999999999h"} {
+	for _, s := range []string{"100/s", "5/30s", "1/d", "3/1h30m", "7/2d", "1/0d", "9/9999999999h", "1/213504d"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -56,4 +57,18 @@ func FuzzParseRate(f *testing.F) {
 			t.Fatalf("ParseRate(%q) = %v; its String %q parses as %v, %v", s, r, r.String(), back, err)
 		}
 	})
+}
+
+// TestParseDurationBounds: a duration is at most MaxRatePeriod however it
+// is written; a count of days that would overflow int64 nanoseconds is
+// refused, not wrapped around into minutes.
+func TestParseDurationBounds(t *testing.T) {
+	for _, s := range []string{"213504d", "106752d", "2147483647d", "367d", "366d1ns", "365d25h"} {
+		if d, err := ParseDuration(s); err == nil {
+			t.Errorf("ParseDuration(%q) = %v, want an error", s, d)
+		}
+	}
+	if d, err := ParseDuration("366d"); err != nil || d != MaxRatePeriod {
+		t.Errorf("ParseDuration(366d) = %v, %v; want %v", d, err, MaxRatePeriod)
+	}
 }

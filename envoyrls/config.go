@@ -276,7 +276,7 @@ func LoadDir(dir string) (*Config, error) {
 	files := make([]File, 0, len(names))
 	var errs yamlconf.Errors
 	for _, name := range names {
-		data, err := os.ReadFile(name)
+		data, err := yamlconf.ReadFile(name, MaxFileSize)
 		if err != nil {
 			errs = append(errs, yamlconf.Error{File: name, Msg: err.Error()})
 			continue
@@ -650,7 +650,9 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 		return l
 	}
 	window := l.Window()
-	if window > admit.MaxRatePeriod {
+	if u := l.Unit.Duration(); u > 0 && int64(l.UnitMultiplier) > int64(admit.MaxRatePeriod/u) || window > admit.MaxRatePeriod {
+		// The first test before the product, which wraps around: a
+		// year × 585 is not 21 days.
 		p.fail(orNode(f["unit_multiplier"], n), "a period of %d × %s is longer than %v", l.UnitMultiplier, l.Unit, admit.MaxRatePeriod)
 		return l
 	}

@@ -128,21 +128,28 @@ func (v *verifier) verify(token string) (claims, error) {
 	return c, nil
 }
 
-// key picks the verification key for a token: one of the token's own
-// algorithm, and of its kid when the key names one.
+// key picks the verification keys for a token: those of the token's own
+// algorithm, and of its kid when the key names one. The token is valid if
+// any of them verifies it, so that keys without kids (an old and a new one
+// while a signing key rotates, say) are all tried, not only the first.
 func (v *verifier) key(t *jwt.Token) (any, error) {
 	alg, _ := t.Header["alg"].(string)
 	kid, _ := t.Header["kid"].(string)
+	var set jwt.VerificationKeySet
 	for _, k := range v.cfg.Keys {
 		if k.Alg != alg || (k.ID != "" && k.ID != kid) {
 			continue
 		}
 		if k.Alg == "HS256" {
-			return k.Secret, nil
+			set.Keys = append(set.Keys, k.Secret)
+		} else {
+			set.Keys = append(set.Keys, k.Public)
 		}
-		return k.Public, nil
 	}
-	return nil, fmt.Errorf("no key for alg %q kid %q", alg, kid)
+	if len(set.Keys) == 0 {
+		return nil, fmt.Errorf("no key for alg %q kid %q", alg, kid)
+	}
+	return set, nil
 }
 
 // claimString returns a claim as text: a string, or an integer id. An

@@ -465,6 +465,27 @@ func TestJWT(t *testing.T) {
 	if w := f.do("GET", "/x", "198.51.100.201:1", "Authorization", "Bearer "+tokA); w.Code != 200 || f.seen.Load().Tenant != "a" {
 		t.Fatalf("token of keyed tenant a: %d", w.Code)
 	}
+	// Two keys of one algorithm without kids, as while a signing key
+	// rotates: a token of either verifies, not only of the first.
+	cfg := keys.config(now)
+	cfg.Keys = append([]JWTKey{{Alg: "RS256", Public: &otherRSA.PublicKey}}, cfg.Keys...)
+	rot := newFixture(t, Options{JWT: cfg})
+	for i, key := range []*rsa.PrivateKey{otherRSA, keys.rsa} {
+		if w := rot.do("GET", "/x", "198.51.100.21"+strconv.Itoa(i)+":1", "Authorization", "Bearer "+sign(jwt.SigningMethodRS256, key, claims(nil), "")); w.Code != 200 {
+			t.Errorf("RS256 token of key %d of 2 without kids: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	if w := rot.do("GET", "/x", "198.51.100.219:1", "Authorization", "Bearer "+sign(jwt.SigningMethodRS256, mustRSA(t), claims(nil), "")); w.Code != 401 {
+		t.Errorf("RS256 token of a third key: %d", w.Code)
+	}
+}
+
+func mustRSA(t *testing.T) *rsa.PrivateKey {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
 
 func tamper(tok string) string {

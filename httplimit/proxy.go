@@ -1,11 +1,13 @@
 package httplimit
 
 import (
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/admitdev/admit/problem"
 )
@@ -51,4 +53,35 @@ func ReverseProxy(upstream *url.URL, trusted Proxies, header string, log *slog.L
 			problem.Write(w, http.StatusBadGateway, "the upstream did not answer: "+err.Error())
 		},
 	}
+}
+
+// BodyTimeout returns next with a bound on how slowly request bodies may
+// arrive: each read of a body must get data within idle, or the read
+// fails and the request with it, as nginx's client_body_timeout does. A
+// server without a read timeout (a proxy, whose streams last as long as
+// they last) would otherwise hold a connection, and one to its upstream,
+// for as long as a client dribbles a body a byte at a time. A body that
+// keeps coming, however long, is not cut. idle ≤ 0 returns next.
+func BodyTimeout(next http.Handler, idle time.Duration) http.Handler {
+	if idle <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// idleBody moves the connection's read deadline before every read.
+type idleBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // not every transport can; then the body is unbounded
+	return b.ReadCloser.Read(p)
 }

@@ -309,6 +309,38 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
 	return key, nil
 }
 
+// APIKeyID names an API key by the hash it is kept as (hex SHA-256): the
+// first 12 hex digits, which say nothing of the key and let an operator
+// revoke it.
+func APIKeyID(hash string) string { return hash[:min(len(hash), 12)] }
+
+// RevokeAPIKey removes the API key of tenant id whose APIKeyID is keyID:
+// from the next request on, on every server, it is an unknown key (401).
+// A key that does not exist is admit.ErrNotFound; the tenant's last key is
+// admit.ErrConflict, since a tenant without keys needs none.
+func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
+	_, err := c.apply(ctx, func(ch *Changes) error {
+		t := c.cur.Load().tenants[id]
+		if t == nil {
+			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
+		}
+		i := slices.IndexFunc(t.Spec.APIKeysSHA256, func(h string) bool { return len(keyID) == 12 && APIKeyID(h) == keyID })
+		if i < 0 {
+			return admit.Errorf(admit.CodeNotFound, "tenant %q has no API key %.64q", id, keyID)
+		}
+		if len(t.Spec.APIKeysSHA256) == 1 {
+			// A tenant without keys takes requests without one: revoking
+			// the last key would open the tenant to anyone.
+			return admit.Errorf(admit.CodeConflict, "key %s is tenant %q's last: create another first (a tenant without keys needs none)", keyID, id)
+		}
+		spec := t.Spec
+		spec.APIKeysSHA256 = slices.Delete(slices.Clone(spec.APIKeysSHA256), i, i+1)
+		ch.Tenants[id] = &TenantChange{TenantSpec: spec}
+		return nil
+	})
+	return err
+}
+
 // PutTier creates or replaces a tier. Tenants of the tier get its new rules
 // with their next request.
 func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tier, error) {

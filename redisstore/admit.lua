@@ -517,6 +517,21 @@ local function logCommit(key, wu, c)
   return nceil
 end
 
+-- leaseSlots calls f with the members of lease id's slots first..last of
+-- a concurrency key ("<id>#<j>"), at most 1000 at a time: a command takes
+-- its arguments from a Lua table with unpack, which refuses more than 8000
+-- values, and a lease may hold up to 100,000 slots. Refusing in the middle
+-- of a commit would leave its earlier writes behind.
+local function leaseSlots(id, first, last, f)
+  local j = first
+  while j <= last do
+    local m = {}
+    for k = j, mmin(last, j + 999) do m[#m + 1] = id .. '#' .. k end
+    f(m)
+    j = j + 1000
+  end
+end
+
 -- logUndo removes c units recorded at us, newest first.
 local function logUndo(key, us, c)
   local m = rcall('HMGET', key, 'h', 't', 'n')
@@ -783,13 +798,12 @@ local function decide(out)
             local e = nceil + ttl
             rcall('ZREMRANGEBYSCORE', key, '-inf', I(nu))
             local have = counts[key] or 0
-            local args = {}
-            for j = 1, cost do
-              args[#args + 1] = I(e)
-              args[#args + 1] = lease .. '#' .. (have + j)
-            end
+            leaseSlots(lease, have + 1, have + cost, function(m)
+              local args = {}
+              for j = 1, #m do args[2 * j - 1], args[2 * j] = I(e), m[j] end
+              rcall('ZADD', key, unpack(args))
+            end)
             counts[key] = have + cost
-            rcall('ZADD', key, unpack(args))
             local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
             rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
             rcall('HSET', REC, key, pack('<dd', ttl, counts[key]))
@@ -1027,7 +1041,7 @@ local function undo()
         local v = rcall('HGET', REC, key)
         if v then
           local _, count = sunpack('<dd', v)
-          for j = 1, count do rcall('ZREM', key, lease .. '#' .. j) end
+          leaseSlots(lease, 1, count, function(m) rcall('ZREM', key, unpack(m)) end)
           rcall('HDEL', REC, key)
         end
       end
@@ -1166,18 +1180,24 @@ local function leaseOp(renew)
     local v = rcall('HGET', rec, key)
     if v then
       local ttl, count = sunpack('<dd', v)
-      for j = 1, count do
-        local m = id .. '#' .. j
-        local e = rcall('ZSCORE', key, m)
-        if e and tonumber(e) > nu then
+      leaseSlots(id, 1, count, function(m)
+        local scores = rcall('ZMSCORE', key, unpack(m))
+        local live = {}
+        for j = 1, #m do
+          local e = scores[j]
+          if e and tonumber(e) > nu then
+            live[#live + 1], live[#live + 2] = I(nceil + ttl), m[j]
+          end
+        end
+        if #live > 0 then
           held = true
           if renew then
-            rcall('ZADD', key, 'XX', I(nceil + ttl), m)
+            rcall('ZADD', key, 'XX', unpack(live))
             expiry = mmax(expiry, nceil + ttl)
           end
         end
-        if not renew then rcall('ZREM', key, m) end
-      end
+        if not renew then rcall('ZREM', key, unpack(m)) end
+      end)
       local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
       if last[2] and tonumber(last[2]) > nu then
         rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))

@@ -7,6 +7,8 @@ package yamlconf
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -78,4 +80,34 @@ func KindName(n *yaml.Node) string {
 		return "an alias"
 	}
 	return fmt.Sprintf("%q", n.Value)
+}
+
+// ReadFile reads a configuration file of at most max bytes. It reads no
+// more than that whatever is there, and only from a regular file: a file
+// that grows while it is read, or a name (a symbolic link, say) for
+// /dev/zero or a pipe, is refused rather than read without end.
+func ReadFile(name string, max int64) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file (%v)", name, st.Mode().Type())
+	}
+	if st.Size() > max {
+		return nil, fmt.Errorf("%d bytes; at most %d", st.Size(), max)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > max {
+		return nil, fmt.Errorf("more than %d bytes; at most %d", max, max)
+	}
+	return data, nil
 }

@@ -2,6 +2,9 @@ package yamlconf_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -49,6 +52,33 @@ func TestKindName(t *testing.T) {
 	for i, want := range []string{"a mapping", "a list", `"text"`, `"1"`, "an alias"} {
 		if got := yamlconf.KindName(m[2*i+1]); got != want {
 			t.Errorf("%s: %s, want %s", m[2*i].Value, got, want)
+		}
+	}
+}
+
+// TestReadFileBounded: a configuration file is read up to its bound and
+// only from a regular file, so that a *.yaml name for /dev/zero in a
+// watched directory cannot make a server read without end.
+func TestReadFileBounded(t *testing.T) {
+	dir := t.TempDir()
+	ok := filepath.Join(dir, "ok.yaml")
+	big := filepath.Join(dir, "big.yaml")
+	zero := filepath.Join(dir, "zero.yaml")
+	if err := os.WriteFile(ok, []byte("version: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(big, make([]byte, 1025), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := yamlconf.ReadFile(ok, 1024); err != nil || string(b) != "version: 1\n" {
+		t.Fatalf("a small file: %q %v", b, err)
+	}
+	for name, want := range map[string]string{big: "at most 1024", zero: "not a regular file", filepath.Join(dir, "none.yaml"): "no such file"} {
+		if _, err := yamlconf.ReadFile(name, 1024); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error with %q", filepath.Base(name), err, want)
 		}
 	}
 }

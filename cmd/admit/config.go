@@ -178,7 +178,7 @@ const MaxConfigSize = 4 << 20
 
 // LoadConfig reads, decodes and validates a configuration file.
 func LoadConfig(file string) (*Config, error) {
-	data, err := os.ReadFile(file)
+	data, err := yamlconf.ReadFile(file, MaxConfigSize)
 	if err != nil {
 		return nil, yamlconf.Errors{{File: file, Msg: err.Error()}}
 	}

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 // envoyService is the running Envoy rate limit service and what reloads its
@@ -122,7 +122,7 @@ func dirDigest(dir string) [sha256.Size]byte {
 	names, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	sort.Strings(names)
 	for _, n := range names {
-		data, err := os.ReadFile(n)
+		data, err := yamlconf.ReadFile(n, envoyrls.MaxFileSize)
 		h.Write([]byte(n))
 		h.Write([]byte{0})
 		if err != nil {

@@ -4,7 +4,6 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/shed"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 // HTTPConfig is the http section: how the middleware of admit proxy and
@@ -238,7 +238,7 @@ func jwtKey(k JWTKeyConfig) (httplimit.JWTKey, error) {
 		if k.PublicKey != "" {
 			return key, fmt.Errorf("public_key and public_key_file: give one")
 		}
-		b, err := os.ReadFile(k.PublicKeyFile)
+		b, err := yamlconf.ReadFile(k.PublicKeyFile, 1<<20)
 		if err != nil {
 			return key, err
 		}

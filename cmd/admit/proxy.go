@@ -37,6 +37,7 @@ type proxyFlags struct {
 	upstream, listen string
 	metrics          string
 	keysOptional     bool
+	bodyTimeout      time.Duration
 }
 
 func proxy(ctx context.Context, args []string, e *env) int {
@@ -47,6 +48,7 @@ func proxy(ctx context.Context, args []string, e *env) int {
 	f.register(fs)
 	fs.BoolVar(&f.keysOptional, "keys-optional", false, "admit requests without an API key as anonymous (global rules only)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (the shedding groups') at this `address`'s /metrics")
+	fs.DurationVar(&f.bodyTimeout, "body-timeout", 30*time.Second, "the longest a request body may go without sending data (0: no bound)")
 	if code, done := parseFlags(fs, proxyUsage, args, e); done {
 		return code
 	}
@@ -111,9 +113,10 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	hs := &http.Server{
-		Handler: lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log)),
+		Handler: httplimit.BodyTimeout(lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log)), f.bodyTimeout),
 		// No read or write deadline: streams and WebSockets last as long
-		// as they last. Headers must arrive promptly.
+		// as they last. Headers must arrive promptly, bodies without
+		// pauses longer than --body-timeout.
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

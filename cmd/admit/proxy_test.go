@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -327,5 +328,50 @@ func TestVersionAndHealthcheck(t *testing.T) {
 	}
 	if code := run(context.Background(), []string{"healthcheck", "--url", "http://" + freeAddr(t) + "/healthz"}, e); code != 1 {
 		t.Fatalf("healthcheck of nothing: %d", code)
+	}
+}
+
+// TestProxySlowBody: a client that sends a body's first bytes and then
+// nothing is cut off after --body-timeout, not held (with a connection to
+// the upstream) for as long as it likes; a body that keeps coming passes.
+func TestProxySlowBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d %v", n, err)
+	}))
+	defer up.Close()
+	p := startCmd(t, "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--keys-optional", "--data-dir", t.TempDir(), "--body-timeout", "1s")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(p.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\nfirst bytes"); err != nil {
+		t.Fatal(err)
+	}
+	// The client stalls for far longer than the timeout: the proxy must
+	// answer or close before this deadline.
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	start := time.Now()
+	resp, _ := io.ReadAll(conn)
+	if time.Since(start) >= 20*time.Second {
+		t.Fatalf("a stalled body held the connection for 20s: %q", resp)
+	}
+	// A body sent in pieces without pausing passes whole.
+	pr, pw := io.Pipe()
+	go func() {
+		for range 5 {
+			_, _ = pw.Write(make([]byte, 1000))
+		}
+		pw.Close()
+	}()
+	r, err := http.Post(p.url+"/upload", "application/octet-stream", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if r.StatusCode != 200 || string(b) != "5000 <nil>" {
+		t.Fatalf("a steady body: %d %q", r.StatusCode, b)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/wsgateway"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 const serveUsage = `Usage: admit serve [flags]
@@ -135,9 +136,9 @@ func loadServeConfig(file string) (*Config, []byte, error) {
 		cfg, err := ParseConfig("(built-in demo configuration)", demoConfig)
 		return cfg, demoConfig, err
 	}
-	data, err := os.ReadFile(file)
+	data, err := yamlconf.ReadFile(file, MaxConfigSize)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, yamlconf.Errors{{File: file, Msg: err.Error()}}
 	}
 	cfg, err := ParseConfig(file, data)
 	return cfg, data, err
@@ -446,7 +447,7 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, check func(*Config) error, setErr func(error), loadedAs func([]byte), log *slog.Logger) {
 	last := loaded
 	onReloadSignal(ctx, every, reload, func(forced bool) {
-		data, err := os.ReadFile(file)
+		data, err := yamlconf.ReadFile(file, MaxConfigSize)
 		if err != nil {
 			if forced || last != nil { // log a vanished file once, not every tick
 				log.Error("configuration reload refused; keeping the running configuration", "err", err)

@@ -15,7 +15,9 @@ type tenantView struct {
 	Tier      string            `json:"tier"`
 	Overrides []policy.RuleSpec `json:"overrides"`
 	APIKeys   int               `json:"api_keys"`
-	Source    string            `json:"source"`
+	// APIKeyIDs name the keys for DELETE …/api-keys/{key id}.
+	APIKeyIDs []string `json:"api_key_ids"`
+	Source    string   `json:"source"`
 	// Rules are the tenant's effective rules: its tier's, overrides applied.
 	Rules []policy.RuleSpec `json:"rules"`
 }
@@ -27,6 +29,10 @@ func viewTenant(t *policy.Tenant) tenantView {
 	}
 	if v.Overrides == nil {
 		v.Overrides = []policy.RuleSpec{}
+	}
+	v.APIKeyIDs = make([]string, len(t.Spec.APIKeysSHA256))
+	for i, h := range t.Spec.APIKeysSHA256 {
+		v.APIKeyIDs[i] = policy.APIKeyID(h)
 	}
 	for i, r := range t.Rules {
 		v.Rules[i] = r.Spec()
@@ -109,9 +115,21 @@ func (s *Server) handleAPIKeyCreate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	s.log.Info("API key created", "tenant", r.PathValue("id")) // never the key
+	id := policy.APIKeyID(policy.HashKey(key))
+	s.log.Info("API key created", "tenant", r.PathValue("id"), "key_id", id) // never the key
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusCreated, map[string]string{"api_key": key, "tenant": r.PathValue("id")})
+	writeJSON(w, http.StatusCreated, map[string]string{"api_key": key, "key_id": id, "tenant": r.PathValue("id")})
+}
+
+// handleAPIKeyRevoke serves DELETE /v1/admin/tenants/{id}/api-keys/{key}:
+// the key (named by its key_id) is refused from the next request on.
+func (s *Server) handleAPIKeyRevoke(w http.ResponseWriter, r *http.Request) {
+	if err := s.catalog.RevokeAPIKey(r.Context(), r.PathValue("id"), r.PathValue("key")); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.log.Info("API key revoked", "tenant", r.PathValue("id"), "key_id", r.PathValue("key"))
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Server) handleTiers(w http.ResponseWriter, r *http.Request) {

@@ -338,6 +338,7 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 	handle("PUT", "/v1/admin/tenants/{id}", s.admin(s.handleTenantPut))
 	handle("DELETE", "/v1/admin/tenants/{id}", s.admin(s.handleTenantDelete))
 	handle("POST", "/v1/admin/tenants/{id}/api-keys", s.admin(s.handleAPIKeyCreate))
+	handle("DELETE", "/v1/admin/tenants/{id}/api-keys/{key}", s.admin(s.handleAPIKeyRevoke))
 	handle("GET", "/v1/admin/tiers", s.admin(s.handleTiers))
 	handle("GET", "/v1/admin/tiers/{name}", s.admin(s.handleTierGet))
 	handle("PUT", "/v1/admin/tiers/{name}", s.admin(s.handleTierPut))

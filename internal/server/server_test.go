@@ -355,6 +355,27 @@ func TestAPIKeys(t *testing.T) {
 		t.Error("the admin API shows a key after creating it")
 	}
 	h.want(h.do("POST", "/v1/admin/tenants/ghost/api-keys", ""), 404, "key for unknown tenant")
+
+	// Revoking one key leaves the others; the revoked one is unknown.
+	a = h.do("POST", "/v1/admin/tenants/t1/api-keys", "")
+	h.want(a, 201, "a second key")
+	second, secondID := a.body["api_key"].(string), a.body["key_id"].(string)
+	if ids := h.do("GET", "/v1/admin/tenants/t1", "").body["api_key_ids"].([]any); len(ids) != 2 || ids[1] != secondID {
+		t.Fatalf("key ids %v, want 2 ending with %s", ids, secondID)
+	}
+	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+secondID, ""), 204, "revoke the second key")
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t1"}`, "X-API-Key", second), 401, "the revoked key")
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t1"}`, "X-API-Key", key), 200, "the key not revoked")
+	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+secondID, ""), 404, "revoke twice")
+	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/abc", ""), 404, "a key id that names nothing")
+	// The last key stays: without keys a tenant would need none.
+	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+policy.APIKeyID(policy.HashKey(key)), ""), 409, "revoke the last key")
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t1"}`), 401, "t1 after refusing to revoke its last key")
+	// A key from the configuration can be revoked too.
+	h.want(h.do("POST", "/v1/admin/tenants/keyed/api-keys", ""), 201, "a second key for keyed")
+	id := policy.APIKeyID(policy.HashKey("secret-key"))
+	h.want(h.do("DELETE", "/v1/admin/tenants/keyed/api-keys/"+id, ""), 204, "revoke a configured key")
+	h.want(h.do("POST", "/v1/check", body, "X-API-Key", "secret-key"), 401, "the revoked configured key")
 }
 
 func TestLeases(t *testing.T) {
