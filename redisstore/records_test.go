@@ -24,7 +24,7 @@ func TestSplitIDRefusesForgedIDs(t *testing.T) {
 		{raw + ".g", 1, 1},
 		{raw + "." + tag1 + ".g", admit.MaxCharges, 2},
 		{raw + "." + tag1 + "." + tag2 + ".g", admit.MaxCharges, 3},
-		{raw + "." + tag1 + ".g", 1, -1},                     // two tags on a standalone server
+		{raw + "." + tag1 + ".g", 1, -1},                      // two tags on a standalone server
 		{raw + ".g.g", admit.MaxCharges, -1},                  // a repeated tag
 		{raw + "." + tag1 + "." + tag1, admit.MaxCharges, -1}, // a repeated tag
 		{raw + ".g." + tag1, admit.MaxCharges, -1},            // the global group comes last

@@ -29,10 +29,10 @@ type Server struct {
 	TLSAddr string
 	TLSPort int
 	dir     string
-	conf string // a config file to start with, for sentinels
-	args []string
-	cmd  *exec.Cmd
-	done chan struct{}
+	conf    string // a config file to start with, for sentinels
+	args    []string
+	cmd     *exec.Cmd
+	done    chan struct{}
 }
 
 func binary(tb testing.TB, name string) string {

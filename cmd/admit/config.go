@@ -155,8 +155,8 @@ type RedisConfig struct {
 	Username string `json:"username"`
 	Password string `json:"password"`
 	// TLS reaches every server over TLS.
-	TLS *RedisTLSConfig `json:"tls"`
-	Timeout    string   `json:"timeout"`
+	TLS     *RedisTLSConfig `json:"tls"`
+	Timeout string          `json:"timeout"`
 }
 
 // DefaultsConfig is the defaults section.

@@ -123,7 +123,7 @@ func TestDashboardAPI(t *testing.T) {
 		`{}`:                                   "no rules",
 		`{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=1000000/s duration=1h"}`: "at most",
 		// 3.6 M requests: refused from the pattern, before they are built.
-		`{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=1000/s duration=1h"}`: "at most 200000",
+		`{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=1000/s duration=1h"}`:                  "at most 200000",
 		`{"rules":[` + strings.Repeat(`"fixed_window limit=1 window=1s",`, 8) + `"fixed_window limit=1 window=1s"]}`: "at most 8",
 	} {
 		a := h.do("POST", "/v1/admin/simulate", body, admin...)
