@@ -150,6 +150,12 @@ const (
 	MaxSlidingLogLimit = 10_000
 	// MaxConcurrency caps a concurrency rule's max, for the same reason.
 	MaxConcurrency = 100_000
+	// MaxLeaseCost caps the slots one lease takes. A shared store keeps
+	// a slot per unit of cost (Redis: a member of a sorted set each), so
+	// taking, renewing and releasing a lease costs the store in
+	// proportion: 60,000 slots held Redis for 130 ms, stalling every
+	// tenant's decisions.
+	MaxLeaseCost = 1000
 	// maxSpan bounds burst × interval of a bucket, so that a bucket's
 	// theoretical arrival time stays far from the int64 nanosecond horizon.
 	maxSpan = 100 * 366 * 24 * time.Hour
@@ -361,16 +367,23 @@ func (r *Rule) CheckCost(cost int64) error {
 		return err
 	}
 	if most := r.MostAtOnce(); cost > most {
+		if r.Algorithm == Concurrency && most == MaxLeaseCost {
+			return r.costError(cost, "is more slots than one lease takes (%d)", most)
+		}
 		return r.costError(cost, "is more than rule %q can ever admit at once (%d)", r.Name, most)
 	}
 	return nil
 }
 
 // MostAtOnce returns the largest cost one request could ever be admitted
-// at: the capacity, or the larger of a combination's two buckets.
+// at: the capacity, the larger of a combination's two buckets, or for
+// concurrency the slots one lease may take (at most MaxLeaseCost).
 func (r *Rule) MostAtOnce() int64 {
-	if r.Algorithm == Combination {
+	switch r.Algorithm {
+	case Combination:
 		return max(r.Burst, r.Floor.N)
+	case Concurrency:
+		return min(r.Max, MaxLeaseCost)
 	}
 	return r.Capacity()
 }

@@ -62,42 +62,8 @@ func startMemory(t *testing.T, cfg string) *proc {
 	t.Helper()
 	httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
 	p := startAdmit(t, httpAddr, "serve", "--config", cfg, "--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", grpcAddr)
-	p.grpc = grpcAddr
+	p.GRPC = grpcAddr
 	return p
-}
-
-// rssKB reads a process's resident set from /proc.
-func rssKB(t *testing.T, p *proc) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
-}
-
-// metric reads one unlabelled sample from p's /metrics.
-func metric(t *testing.T, p *proc, name string) float64 {
-	t.Helper()
-	m := metrics(t, p)
-	i := strings.Index(m, "\n"+name+" ")
-	if i < 0 {
-		t.Fatalf("no metric %s", name)
-	}
-	line := m[i+len(name)+2:]
-	line = line[:strings.IndexByte(line, '\n')]
-	v, err := strconv.ParseFloat(line, 64)
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return v
 }
 
 // TestKeyFlood: 2 M random keys against max_keys 500,000 through the gRPC
@@ -107,7 +73,7 @@ func metric(t *testing.T, p *proc, name string) float64 {
 func TestKeyFlood(t *testing.T) {
 	const maxKeys, total, perRequest = 500_000, 2_000_000, 31
 	p := startMemory(t, churnConfig(t, maxKeys, 100_000))
-	conn, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(p.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,11 +107,11 @@ func TestKeyFlood(t *testing.T) {
 	}
 	start := time.Now()
 	flood(600_000) // past the cap
-	full := rssKB(t, p)
+	full := p.RSSKB(t)
 	flood(total - 600_000)
-	end := rssKB(t, p)
-	keys := metric(t, p, "admit_store_keys")
-	evicted := metric(t, p, "admit_store_evictions_total")
+	end := p.RSSKB(t)
+	keys := p.Metric(t, "admit_store_keys")
+	evicted := p.Metric(t, "admit_store_evictions_total")
 	t.Logf("%d keys in %v: %v live, %v evicted; RSS %d MB at the cap, %d MB after", total, time.Since(start).Round(time.Millisecond), keys, evicted, full/1024, end/1024)
 	// The cap is kept per shard, ceil(max_keys / shards) each
 	// (memstore.Options.MaxKeys): a few hundred over at most.
@@ -166,7 +132,7 @@ func TestKeyFlood(t *testing.T) {
 func TestWebSocketChurn(t *testing.T) {
 	p := startMemory(t, churnConfig(t, 100_000, 100_000))
 	session := func() string {
-		resp, err := client.Do(mustRequest("PUT", p.url+"/v1/sessions", `{"tenant":"open"}`))
+		resp, err := client.Do(mustRequest("PUT", p.URL+"/v1/sessions", `{"tenant":"open"}`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -187,7 +153,7 @@ func TestWebSocketChurn(t *testing.T) {
 				defer wg.Done()
 				for range n / 8 {
 					// Sessions expire after a second: one per cycle batch.
-					url := "ws" + strings.TrimPrefix(p.url, "http") + "/v1/ws?tenant=open&session=" + session()
+					url := "ws" + strings.TrimPrefix(p.URL, "http") + "/v1/ws?tenant=open&session=" + session()
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					c, _, err := websocket.Dial(ctx, url, nil)
 					if err != nil {
@@ -208,8 +174,8 @@ func TestWebSocketChurn(t *testing.T) {
 	settled := func() (goroutines, heap float64) {
 		var g, h float64
 		waitFor(5*time.Second, func() bool {
-			g, h = metric(t, p, "go_goroutines"), metric(t, p, "go_memstats_heap_inuse_bytes")
-			return metric(t, p, "admit_gateway_connections") == 0 && metric(t, p, "admit_store_leases") == 0
+			g, h = p.Metric(t, "go_goroutines"), p.Metric(t, "go_memstats_heap_inuse_bytes")
+			return p.Metric(t, "admit_gateway_connections") == 0 && p.Metric(t, "admit_store_leases") == 0
 		})
 		return g, h
 	}
@@ -218,7 +184,7 @@ func TestWebSocketChurn(t *testing.T) {
 	start := time.Now()
 	cycle(10_000)
 	g1, h1 := settled()
-	conns, leases := metric(t, p, "admit_gateway_connections"), metric(t, p, "admit_store_leases")
+	conns, leases := p.Metric(t, "admit_gateway_connections"), p.Metric(t, "admit_store_leases")
 	t.Logf("10,000 cycles in %v; goroutines %v → %v, heap in use %.1f → %.1f MB", time.Since(start).Round(time.Millisecond), g0, g1, h0/1e6, h1/1e6)
 	if conns != 0 || leases != 0 {
 		t.Errorf("after the churn: %v connections, %v leases", conns, leases)
@@ -240,7 +206,7 @@ func TestWebSocketChurn(t *testing.T) {
 func TestSessionFlood(t *testing.T) {
 	const maxSessions = 5000
 	p := startMemory(t, churnConfig(t, 100_000, maxSessions))
-	before := rssKB(t, p)
+	before := p.RSSKB(t)
 	var mu sync.Mutex
 	codes := map[int]int{}
 	var wg sync.WaitGroup
@@ -249,7 +215,7 @@ func TestSessionFlood(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range 2500 {
-				resp, err := client.Do(mustRequest("PUT", p.url+"/v1/sessions", fmt.Sprintf(`{"tenant":"new-%d-%d"}`, w, i)))
+				resp, err := client.Do(mustRequest("PUT", p.URL+"/v1/sessions", fmt.Sprintf(`{"tenant":"new-%d-%d"}`, w, i)))
 				if err != nil {
 					t.Error(err)
 					return
@@ -262,7 +228,7 @@ func TestSessionFlood(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	after := rssKB(t, p)
+	after := p.RSSKB(t)
 	t.Logf("20,000 session creations of new tenants: %v; RSS %d → %d MB", codes, before/1024, after/1024)
 	if codes[201] < maxSessions || codes[201]+codes[503] != 20_000 {
 		t.Errorf("answers %v: want at least %d created and the rest 503", codes, maxSessions)
@@ -272,7 +238,7 @@ func TestSessionFlood(t *testing.T) {
 	}
 	// They expire (session_ttl 1s); new ones are taken again.
 	time.Sleep(1200 * time.Millisecond)
-	resp, err := client.Do(mustRequest("PUT", p.url+"/v1/sessions", `{"tenant":"late"}`))
+	resp, err := client.Do(mustRequest("PUT", p.URL+"/v1/sessions", `{"tenant":"late"}`))
 	if err != nil {
 		t.Fatal(err)
 	}

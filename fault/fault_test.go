@@ -1,23 +1,17 @@
 package fault
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/proctest"
 	"github.com/admitdev/admit/redistest"
 )
 
@@ -46,11 +41,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	admitBin = filepath.Join(dir, "admit")
-	build := exec.Command("go", "build", "-o", admitBin, "github.com/admitdev/admit/cmd/admit")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building admit:", err)
+	if admitBin, err = proctest.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	code := m.Run()
@@ -114,93 +106,24 @@ tenants:
 	return path
 }
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
 // adminToken is the admin token of the admit processes the tests start.
 const adminToken = "fault-admin-token"
 
-// proc is an admit process the test started; it is stopped by PID when the
-// test ends.
-type proc struct {
-	cmd    *exec.Cmd
-	url    string
-	grpc   string
-	output *lockedBuffer
-	done   chan struct{}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+// proc is an admit process a test started.
+type proc = proctest.Proc
 
 // startAdmit runs the admit binary with args and waits until it answers
 // HTTP on listen.
 func startAdmit(t *testing.T, listen string, args ...string) *proc {
 	t.Helper()
-	p := &proc{url: "http://" + listen, output: &lockedBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(admitBin, args...)
-	p.cmd.Env = append(os.Environ(), "ADMIT_ADMIN_TOKEN="+adminToken)
-	p.cmd.Stdout, p.cmd.Stderr = p.output, p.output
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.done) }()
-	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
-		if t.Failed() {
-			t.Logf("%s output:\n%s", args[0], lastLines(p.output.String(), 30))
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		select {
-		case <-p.done:
-			t.Fatalf("admit %s exited: %s", args[0], p.output)
-		default:
-		}
-		if resp, err := http.Get(p.url + "/healthz"); err == nil {
-			resp.Body.Close() // the proxy answers it too, if only with 401
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admit %s did not answer within 15s: %s", args[0], p.output)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return proctest.Start(t, admitBin, listen, []string{"ADMIT_ADMIN_TOKEN=" + adminToken}, args...)
 }
 
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+var (
+	freeAddr = proctest.FreeAddr
+	waitFor  = proctest.WaitFor
+	client   = proctest.Client
+)
 
 // deployment is one admit serve and one admit proxy on one Redis.
 type deployment struct {
@@ -219,7 +142,7 @@ func deploy(t *testing.T, store, mode string, running bool) *deployment {
 	grpcAddr, httpAddr := freeAddr(t), freeAddr(t)
 	d.serve = startAdmit(t, httpAddr, "serve", "--config", cfg, "--store", store, "--data-dir", t.TempDir(),
 		"--grpc", grpcAddr, "--http", httpAddr)
-	d.serve.grpc = grpcAddr
+	d.serve.GRPC = grpcAddr
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "upstream")
 	}))
@@ -247,11 +170,10 @@ func deploy(t *testing.T, store, mode string, running bool) *deployment {
 	return d
 }
 
-var client = &http.Client{Timeout: 5 * time.Second}
 
 // post sends an HTTP request to admit serve and returns its status and body.
 func (d *deployment) post(path, method, body, key string) (int, string) {
-	req, _ := http.NewRequest(method, d.serve.url+path, strings.NewReader(body))
+	req, _ := http.NewRequest(method, d.serve.URL+path, strings.NewReader(body))
 	if key != "" {
 		req.Header.Set("X-API-Key", key)
 	}
@@ -316,13 +238,13 @@ var frontEnds = []frontEnd{
 		return httpOutcome(code)
 	}},
 	{"GET /v1/authz", func(d *deployment) string {
-		req, _ := http.NewRequest("GET", d.serve.url+"/v1/authz/echo", nil)
+		req, _ := http.NewRequest("GET", d.serve.URL+"/v1/authz/echo", nil)
 		req.Header.Set("X-API-Key", "acme-key")
 		req.Header.Set("X-User-Id", d.user())
 		return do(d.t, req)
 	}},
 	{"admit proxy", func(d *deployment) string {
-		req, _ := http.NewRequest("GET", d.proxy.url+"/echo", nil)
+		req, _ := http.NewRequest("GET", d.proxy.URL+"/echo", nil)
 		req.Header.Set("X-API-Key", "acme-key")
 		return do(d.t, req)
 	}},
@@ -360,7 +282,7 @@ var frontEnds = []frontEnd{
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		url := "ws" + strings.TrimPrefix(d.serve.url, "http") + "/v1/ws?tenant=open&session=" + d.session
+		url := "ws" + strings.TrimPrefix(d.serve.URL, "http") + "/v1/ws?tenant=open&session=" + d.session
 		c, resp, err := websocket.Dial(ctx, url, nil)
 		if err != nil {
 			if resp == nil {
@@ -642,7 +564,7 @@ func (d *deployment) afterFault(prepared, lost bool, get func(key string) (strin
 		d.post("/v1/leases/"+id, "DELETE", "", "")
 	}
 	// No connection slot held: every WebSocket closed.
-	if !waitFor(2*time.Second, func() bool { return strings.Contains(metrics(t, d.serve), "\nadmit_gateway_connections 0\n") }) {
+	if !waitFor(2*time.Second, func() bool { return strings.Contains(d.serve.Metrics(t), "\nadmit_gateway_connections 0\n") }) {
 		t.Error("admit_gateway_connections is not 0 after the fault")
 	}
 	// The catalog is kept: the admin change made before the fault holds,
@@ -660,12 +582,12 @@ func (d *deployment) afterFault(prepared, lost bool, get func(key string) (strin
 	}
 	// Nothing panicked, and the outage was logged once each way.
 	for _, p := range []*proc{d.serve, d.proxy} {
-		out := p.output.String()
+		out := p.Output.String()
 		if strings.Contains(out, "panic") {
-			t.Errorf("a panic:\n%s", lastLines(out, 40))
+			t.Errorf("a panic:\n%s", proctest.LastLines(out, 40))
 		}
 	}
-	out := d.serve.output.String()
+	out := d.serve.Output.String()
 	if n := strings.Count(out, "the store is unavailable"); n > 1 {
 		t.Errorf("the outage was logged %d times", n)
 	}
@@ -680,29 +602,4 @@ func report(t *testing.T, what string, v any) {
 	t.Logf("report\t%s\t%s\t%v", t.Name(), what, v)
 }
 
-func waitFor(within time.Duration, ok func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
-}
 
-func metrics(t *testing.T, p *proc) string {
-	resp, err := client.Get(p.url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		b.WriteString(sc.Text())
-		b.WriteByte('\n')
-	}
-	return "\n" + b.String()
-}

@@ -518,17 +518,18 @@ local function logCommit(key, wu, c)
 end
 
 -- leaseSlots calls f with the members of lease id's slots first..last of
--- a concurrency key ("<id>#<j>"), at most 1000 at a time: a command takes
+-- a concurrency key ("<id>#<j>"), at most 250 at a time: a command takes
 -- its arguments from a Lua table with unpack, which refuses more than 8000
--- values, and a lease may hold up to 100,000 slots. Refusing in the middle
--- of a commit would leave its earlier writes behind.
+-- values. A lease takes at most 1000 slots (admit.MaxLeaseCost), but
+-- several charges of one key add up; refusing in the middle of a commit
+-- would leave its earlier writes behind.
 local function leaseSlots(id, first, last, f)
   local j = first
   while j <= last do
     local m = {}
-    for k = j, mmin(last, j + 999) do m[#m + 1] = id .. '#' .. k end
+    for k = j, mmin(last, j + 249) do m[#m + 1] = id .. '#' .. k end
     f(m)
-    j = j + 1000
+    j = j + 250
   end
 end
 

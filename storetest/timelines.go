@@ -93,7 +93,7 @@ func Timelines() []Timeline {
 		r.Floor, r.Rate, r.Burst = admit.PerSecond(2), admit.PerSecond(1), 3
 	})
 	conc := leaseRule("conc", 2, 10*time.Second)
-	wide := leaseRule("wide", admit.MaxConcurrency, 10*time.Second)
+	wide := leaseRule("wide", 3000, 10*time.Second)
 	slow := bucketRule("slow", admit.GCRA, admit.PerSecond(1), 1)
 	perMinute := admit.Rate{N: 1, Per: time.Minute}
 	user := bucketRule("user", admit.TokenBucket, perMinute, 2)
@@ -285,21 +285,24 @@ func Timelines() []Timeline {
 		},
 		{
 			// Leases of many slots at once — more than a Redis command
-			// takes arguments from a Lua table in one go — are taken,
-			// renewed and released whole, and a refusal takes none.
+			// takes in one go from a Lua table — are taken, renewed and
+			// released whole, a refusal takes none, and one lease takes
+			// at most admit.MaxLeaseCost slots.
 			Name:    "concurrency/wide_leases",
 			Charges: []admit.Charge{key("t10w", "u", wide)},
 			Steps: []Step{
-				named(reset(ok(0, 60_000, 40_000), 10*time.Second), "A"),
-				named(ok(time.Second, 39_999, 1), "B"),
-				no(2*time.Second, 2, 8*time.Second, 1),
+				named(reset(ok(0, 1000, 2000), 10*time.Second), "A"),
+				named(ok(time.Second, 1000, 1000), "B"),
+				named(ok(time.Second, 999, 1), "C"),
+				no(2*time.Second, 2, 8*time.Second, 1), // A would expire first
 				{At: 3 * time.Second, Op: Renew, Name: "A", Reset: D(10 * time.Second)},
 				no(4*time.Second, 2, 7*time.Second, 1), // B expires at 11s, A at 13s
 				{At: 5 * time.Second, Op: Release, Name: "A"},
-				ok(5*time.Second, 60_001, 0),
+				named(ok(5*time.Second, 1000, 1), "D"),
 				{At: 6 * time.Second, Op: Release, Name: "B"},
 				{At: 6 * time.Second, Op: Release, Name: "B", Err: admit.ErrNotFound},
-				ok(6*time.Second, 1, 39_998),
+				ok(6*time.Second, 1, 1000),
+				{At: 6 * time.Second, Cost: admit.MaxLeaseCost + 1, Err: admit.ErrInvalid},
 			},
 		},
 		{

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/server"
 )
 
 const proxyUsage = `Usage: admit proxy --upstream URL [flags]
@@ -118,6 +119,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		// as they last. Headers must arrive promptly, bodies without
 		// pauses longer than --body-timeout.
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    server.MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}

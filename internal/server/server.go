@@ -226,6 +226,11 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// MaxHeaderBytes bounds a request's line and headers (net/http's default
+// is 1 MB): no request to Admit needs more, and a path or header that
+// size only makes work (431 Request Header Fields Too Large).
+const MaxHeaderBytes = 64 << 10
+
 // HTTPServer returns the net/http server admit serve runs h on: timeouts
 // that bound slow clients, with room for /v1/acquire's longest wait. The
 // benchmarks serve their ceiling handler with it too, so that both sides of
@@ -233,6 +238,7 @@ func New(opts Options) (*Server, error) {
 func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	hs := &http.Server{
 		Handler:           h,
+		MaxHeaderBytes:    MaxHeaderBytes,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      90 * time.Second, // /v1/acquire may wait up to a minute

@@ -1,0 +1,441 @@
+package attack
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/proctest"
+	"github.com/admitdev/admit/redistest"
+)
+
+// admitBin is the admit binary TestMain builds.
+var admitBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "admit-attack-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if admitBin, err = proctest.Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const (
+	adminToken   = "attack-admin-token"
+	serviceToken = "attack-service-token"
+)
+
+// suiteConfig: tenants acme (the attacker) and victim, each with an API
+// key, of tier free; a global bucket every tenant shares, a per-IP login
+// limit across tenants and a global concurrency limit; unknown tenants get
+// tier free (the demo's laxest setting), and the tenant metric label is
+// on.
+var suiteConfig = `version: 1
+server:
+  service_tokens: ["` + serviceToken + `"]
+  tenant_metrics: true
+defaults:
+  unknown_tenant: free
+global:
+  - {name: global-requests, scope: global, algorithm: token_bucket, rate: 1/h, burst: 1000}
+  - {name: logins-per-ip, scope: ip, actions: [login], algorithm: fixed_window, limit: 2, window: 1h}
+  - {name: global-exports, scope: global, actions: [export], algorithm: concurrency, max: 10, lease_ttl: 30s}
+tiers:
+  free:
+    rules:
+      - {name: tenant-requests, scope: tenant, algorithm: token_bucket, rate: 1/h, burst: 200}
+      - {name: exports, scope: tenant, actions: [export], algorithm: concurrency, max: 2, lease_ttl: 30s}
+    gateway:
+      tenant_sessions: 5
+tenants:
+  acme: {tier: free, api_keys_sha256: ["` + policy.HashKey("acme-key") + `"]}
+  victim: {tier: free, api_keys_sha256: ["` + policy.HashKey("victim-key") + `"]}
+`
+
+func writeFile(t *testing.T, name, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// server is an admit serve process.
+type server struct {
+	*proctest.Proc
+	t *testing.T
+}
+
+// serve starts admit serve with the suite's configuration (or cfg) and
+// args, the admin token in its environment unless noToken.
+func serve(t *testing.T, cfg string, noToken bool, args ...string) *server {
+	t.Helper()
+	if cfg == "" {
+		cfg = suiteConfig
+	}
+	httpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
+	env := []string{"ADMIT_ADMIN_TOKEN=" + adminToken}
+	if noToken {
+		env = []string{"ADMIT_ADMIN_TOKEN="}
+	}
+	args = append([]string{"serve", "--config", writeFile(t, "admit.yaml", cfg), "--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", grpcAddr}, args...)
+	p := proctest.Start(t, admitBin, httpAddr, env, args...)
+	p.GRPC = grpcAddr
+	return &server{Proc: p, t: t}
+}
+
+// answer is an HTTP answer, its JSON body decoded when it has one.
+type answer struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+// do sends a request with headers (name, value, …) and reads the answer.
+func (s *server) do(method, path, body string, headers ...string) answer {
+	s.t.Helper()
+	req, err := http.NewRequest(method, s.URL+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := proctest.Client.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %.80s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	a := answer{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
+	_ = json.Unmarshal(raw, &a.body)
+	return a
+}
+
+var (
+	admin   = []string{"Authorization", "Bearer " + adminToken}
+	service = []string{"Authorization", "Bearer " + serviceToken}
+	acme    = []string{"X-API-Key", "acme-key"}
+)
+
+// report logs a figure of the suite, as docs/security.md quotes it.
+func report(t *testing.T, what string, v any) {
+	t.Logf("report\t%s\t%s\t%v", t.Name(), what, v)
+}
+
+// commandCalls returns how many times the Redis at addr ran each of
+// names since it started (INFO commandstats).
+func commandCalls(t *testing.T, addr string, names ...string) int64 {
+	t.Helper()
+	info, err := redistest.Command(addr, "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\n") {
+		for _, name := range names {
+			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
+			if ok {
+				v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+				n += v
+			}
+		}
+	}
+	return n
+}
+
+// TestLeaseIDAmplification: a lease id is a capability anyone may present
+// without a credential, and renewing or releasing costs Redis two commands
+// per group the id names. A made-up id (100,000 ".g" tags once made
+// 200,001 Redis commands from one request) costs Redis nothing; a real
+// one costs two.
+func TestLeaseIDAmplification(t *testing.T) {
+	srv := redistest.Start(t)
+	s := serve(t, "", false, "--store", "redis://"+srv.Addr)
+	raw := strings.Repeat("0", 24)
+	lease := []string{"hkeys", "fcall"}
+	before := commandCalls(t, srv.Addr, lease...)
+	for _, tc := range []struct {
+		what, id string
+		status   int
+	}{
+		{"100,000 tags (a 200 KB path)", raw + strings.Repeat(".g", 100_000), http.StatusRequestHeaderFieldsTooLarge},
+		{"20,000 tags (40 KB)", raw + strings.Repeat(".g", 20_000), http.StatusNotFound},
+		{"two tags on a standalone server", raw + ".0123456789abcdef.g", http.StatusNotFound},
+		{"a repeated tag", raw + ".g.g", http.StatusNotFound},
+		{"a tag of another form", raw + ".ZZZZZZZZZZZZZZZZ", http.StatusNotFound},
+	} {
+		for _, method := range []string{"DELETE", "PUT"} {
+			if a := s.do(method, "/v1/leases/"+tc.id, ""); a.status != tc.status {
+				t.Errorf("%s %s: %d, want %d: %.200s", method, tc.what, a.status, tc.status, a.raw)
+			}
+		}
+	}
+	forged := commandCalls(t, srv.Addr, lease...) - before
+	report(t, "Redis commands for 10 requests with made-up lease ids", forged)
+	if forged != 0 {
+		t.Errorf("made-up lease ids cost Redis %d commands, want 0", forged)
+	}
+	// A real lease: taken by acme, released at a cost of 2 commands.
+	a := s.do("POST", "/v1/leases", `{"resource":"export"}`, acme...)
+	if a.status != http.StatusCreated {
+		t.Fatalf("a lease: %d %s", a.status, a.raw)
+	}
+	before = commandCalls(t, srv.Addr, lease...)
+	if a := s.do("DELETE", "/v1/leases/"+a.body["lease_id"].(string), ""); a.status != http.StatusNoContent {
+		t.Fatalf("release: %d %s", a.status, a.raw)
+	}
+	real := commandCalls(t, srv.Addr, lease...) - before
+	report(t, "Redis commands to release a real lease", real)
+	if real != 2 {
+		t.Errorf("releasing a lease cost %d commands, want 2 (HKEYS, FCALL)", real)
+	}
+}
+
+// TestSharedBucketsHoldAgainstATenant: with its own API key, tenant acme
+// names the victim's address for the per-IP login limit every tenant
+// shares, debits the global bucket a million at a time and asks for a
+// lease of a year. None of it reaches the victim: the platform's backend
+// (a service token) finds the victim's logins and the global bucket as
+// they were.
+func TestSharedBucketsHoldAgainstATenant(t *testing.T) {
+	s := serve(t, "", false)
+	for range 5 {
+		if a := s.do("POST", "/v1/check", `{"action":"login","ip":"203.0.113.9"}`, acme...); a.status != 200 {
+			t.Fatalf("acme's login naming the victim's ip: %d %s", a.status, a.raw)
+		}
+	}
+	if a := s.do("POST", "/v1/report", `{"cost":1000000}`, acme...); a.status != 400 || !strings.Contains(a.raw, "max_cost") {
+		t.Errorf("a debit of a million: %d %s, want 400 naming max_cost", a.status, a.raw)
+	}
+	for range 10 {
+		s.do("POST", "/v1/report", `{"cost":200}`, acme...) // the most its own bucket takes, ten times
+	}
+	state := s.do("GET", "/v1/admin/state?tenant=victim", "", admin...)
+	level := -1.0
+	for _, b := range state.body["buckets"].([]any) {
+		if m := b.(map[string]any); m["name"] == "global-requests" {
+			level = m["remaining"].(float64)
+		}
+	}
+	report(t, "the global bucket after acme's attack (of 1000)", level)
+	if level < 990 {
+		t.Errorf("the global bucket holds %v of 1000 after acme's debits, want it untouched but for acme's 5 checks", level)
+	}
+	admitted := 0
+	for range 3 {
+		if a := s.do("POST", "/v1/check", `{"tenant":"victim","action":"login","ip":"203.0.113.9"}`, service...); a.status == 200 {
+			admitted++
+		}
+	}
+	report(t, "victim's logins from the named address admitted (limit 2)", admitted)
+	if admitted != 2 {
+		t.Errorf("the victim's logins through the backend: %d admitted, want the limit, 2", admitted)
+	}
+	a := s.do("POST", "/v1/leases", `{"resource":"export","ttl_ms":31536000000}`, acme...)
+	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(a.body["expires_at"]))
+	report(t, "a lease asked for a year lasts", time.Until(exp).Round(time.Second))
+	if a.status != 201 || time.Until(exp) > 31*time.Second {
+		t.Errorf("a lease of a year: %d, expires in %v, want the rule's 30s", a.status, time.Until(exp))
+	}
+	held := 1
+	for range 10 {
+		if a := s.do("POST", "/v1/leases", `{"resource":"export"}`, acme...); a.status == 201 {
+			held++
+		}
+	}
+	report(t, "global export slots acme holds (of 10)", held)
+	if held != 2 {
+		t.Errorf("acme holds %d of the 10 global export slots, want its own max, 2", held)
+	}
+}
+
+// TestSessionsPerTenant: one tenant creating sessions as fast as it can
+// gets its tier's tenant_sessions, and another tenant still gets its own.
+func TestSessionsPerTenant(t *testing.T) {
+	s := serve(t, "", false)
+	created := 0
+	for range 50 {
+		if a := s.do("PUT", "/v1/sessions", `{"tenant":"acme"}`, acme...); a.status == 201 {
+			created++
+		} else if a.status != 429 || a.header.Get("Retry-After") == "" {
+			t.Fatalf("a session past the cap: %d %s", a.status, a.raw)
+		}
+	}
+	report(t, "sessions acme created of 50 asked (tenant_sessions 5)", created)
+	if created != 5 {
+		t.Errorf("acme created %d sessions, want 5", created)
+	}
+	if a := s.do("PUT", "/v1/sessions", `{"tenant":"victim"}`, "X-API-Key", "victim-key"); a.status != 201 {
+		t.Errorf("the victim's session: %d %s", a.status, a.raw)
+	}
+}
+
+// TestAdminAPIWithoutToken: without a token the admin API is closed, even
+// to loopback; opened to loopback by --admin-loopback, it still refuses
+// what a proxy or sidecar on the host forwards and what a web page makes a
+// browser send — and none of those requests changed anything.
+func TestAdminAPIWithoutToken(t *testing.T) {
+	closed := serve(t, "", true)
+	if a := closed.do("POST", "/v1/admin/tenants/acme/api-keys", "{}"); a.status != 401 {
+		t.Errorf("no token, no flag: %d, want 401", a.status)
+	}
+	s := serve(t, "", true, "--admin-loopback")
+	for _, tc := range []struct {
+		what    string
+		headers []string
+		status  int
+	}{
+		{"a TLS terminator's forwarded request", []string{"Content-Type", "application/json", "X-Forwarded-For", "198.51.100.7"}, 403},
+		{"an Envoy sidecar's request", []string{"Content-Type", "application/json", "X-Envoy-Expected-Rq-Timeout-Ms", "15000"}, 403},
+		{"a no-cors text/plain POST from a page", []string{"Content-Type", "text/plain;charset=UTF-8", "Origin", "http://evil.example", "Sec-Fetch-Site", "cross-site"}, 403},
+		{"a text/plain POST", []string{"Content-Type", "text/plain"}, 415},
+		{"DNS rebinding", []string{"Content-Type", "application/json", "Host", "evil.example"}, 403},
+	} {
+		req, _ := http.NewRequest("POST", s.URL+"/v1/admin/tenants/acme/api-keys", strings.NewReader("{}"))
+		for i := 0; i+1 < len(tc.headers); i += 2 {
+			if tc.headers[i] == "Host" {
+				req.Host = tc.headers[i+1]
+				continue
+			}
+			req.Header.Set(tc.headers[i], tc.headers[i+1])
+		}
+		resp, err := proctest.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d, want %d", tc.what, resp.StatusCode, tc.status)
+		}
+	}
+	a := s.do("GET", "/v1/admin/tenants/acme", "")
+	report(t, "acme's API keys after the refused requests (of 1)", a.body["api_keys"])
+	if a.status != 200 || a.body["api_keys"] != float64(1) {
+		t.Errorf("acme after the attempts: %d %s, want its one key", a.status, a.raw)
+	}
+}
+
+// TestSimulateBounded: the simulator draws a picture of each rule, and a
+// pattern may ask for millions of requests: both are refused before any
+// work, so that a flood of such requests leaves the server's memory as it
+// was.
+func TestSimulateBounded(t *testing.T) {
+	s := serve(t, "", false)
+	rules := `"` + strings.Repeat(`fixed_window limit=1 window=1s","`, 8) + `fixed_window limit=1 window=1s"`
+	before := s.RSSKB(t)
+	for range 20 {
+		if a := s.do("POST", "/v1/admin/simulate", `{"rules":[`+rules+`]}`, admin...); a.status != 400 {
+			t.Fatalf("9 rules: %d %s", a.status, a.raw)
+		}
+		if a := s.do("POST", "/v1/admin/simulate", `{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=2700/s duration=1h"}`, admin...); a.status != 400 {
+			t.Fatalf("9.7 M requests: %d %s", a.status, a.raw)
+		}
+	}
+	grew := s.RSSKB(t) - before
+	report(t, "RSS growth after 40 refused simulations (kB)", grew)
+	if grew > 16<<10 {
+		t.Errorf("RSS grew by %d kB for refused simulations", grew)
+	}
+}
+
+// TestTenantMetricsBounded: with server.tenant_metrics, a thousand tenant
+// names that no catalog holds (a default tier takes them) create no
+// series of their own.
+func TestTenantMetricsBounded(t *testing.T) {
+	s := serve(t, "", false)
+	for i := range 1000 {
+		s.do("POST", "/v1/check", fmt.Sprintf(`{"tenant":"invented-%d"}`, i))
+	}
+	series := strings.Count(s.Metrics(t), "\nadmit_tenant_decisions_total{")
+	report(t, "tenant series after 1,000 invented tenants", series)
+	if series > 2 {
+		t.Errorf("%d tenant series after 1,000 invented tenants, want at most 2 (_default_tier × allowed, refused)", series)
+	}
+}
+
+// TestSecretsNeverPrinted: a Redis password is in no log line and no
+// error, whatever the URL's form; neither are the admin and service
+// tokens.
+func TestSecretsNeverPrinted(t *testing.T) {
+	for url, mentions := range map[string]string{
+		"redis://pw-s3cret@127.0.0.1:1":              "127.0.0.1:1", // serves, deciding by on_error
+		"redis://user:pw-s3cret@127.0.0.1:1/0":       "127.0.0.1:1",
+		"redis+sentinel://:pw-s3cret@m@127.0.0.1:1":  "127.0.0.1:1",
+		"memcached://user:pw-s3cret@h":               "memcached://***@h", // refused
+		"redis://pw-s3cret@h:99999":                  "redis://***@h:99999",
+		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none": "/none",
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		out, _ := runAdmit(ctx, "serve", "--config", writeFile(t, "admit.yaml", suiteConfig), "--data-dir", t.TempDir(),
+			"--http", proctest.FreeAddr(t), "--grpc", proctest.FreeAddr(t), "--store", url)
+		cancel()
+		if !strings.Contains(out, mentions) || strings.Contains(out, "s3cret") || strings.Contains(out, adminToken) || strings.Contains(out, serviceToken) {
+			t.Errorf("--store %s: want the output to name %q and no secret:\n%s", url, mentions, out)
+		}
+	}
+}
+
+// TestDurationsDoNotWrap: a window or period too long for int64
+// nanoseconds is refused with its line, never wrapped around into
+// minutes.
+func TestDurationsDoNotWrap(t *testing.T) {
+	cfg := writeFile(t, "admit.yaml", "version: 1\ntiers:\n  free:\n    rules:\n      - {name: m, scope: tenant, algorithm: fixed_window, limit: 10, window: 213504d}\n")
+	out, code := runAdmit(context.Background(), "config", "validate", cfg)
+	if code != 1 || !strings.Contains(out, ":5:") || !strings.Contains(out, "longer than") {
+		t.Errorf("a window of 213504d: exit %d: %s", code, out)
+	}
+}
+
+// runAdmit runs the admit binary until it exits, or until it logs that it
+// is serving (then it is stopped) or ctx ends, and returns its output and
+// exit code.
+func runAdmit(ctx context.Context, args ...string) (string, int) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cmd := execCommand(ctx, args...)
+	out := &proctest.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		return err.Error(), -1
+	}
+	done := make(chan struct{})
+	go func() {
+		for !strings.Contains(out.String(), "admit serving") {
+			select {
+			case <-done:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+	}()
+	err := cmd.Wait()
+	close(done)
+	code := 0
+	if err != nil {
+		code = cmd.ProcessState.ExitCode()
+	}
+	return out.String(), code
+}
