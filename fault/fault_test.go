@@ -170,7 +170,6 @@ func deploy(t *testing.T, store, mode string, running bool) *deployment {
 	return d
 }
 
-
 // post sends an HTTP request to admit serve and returns its status and body.
 func (d *deployment) post(path, method, body, key string) (int, string) {
 	req, _ := http.NewRequest(method, d.serve.URL+path, strings.NewReader(body))
@@ -601,5 +600,3 @@ func report(t *testing.T, what string, v any) {
 	}
 	t.Logf("report\t%s\t%s\t%v", t.Name(), what, v)
 }
-
-
