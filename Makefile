@@ -14,13 +14,15 @@ IMAGEFLAGS  ?= $(if $(filter podman,$(CONTAINER)),--format docker,)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-deps: ## install redis-server, redis-cli, chromium, podman, runc and promtool when missing (the tests start their own servers, browser and container)
-	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium && command -v podman >/dev/null && command -v runc >/dev/null && command -v promtool >/dev/null || { \
+deps: ## install redis-server, redis-cli, chromium, podman, runc, promtool, nginx, caddy, haproxy and ip when missing (the tests start their own servers, browser, proxies and container)
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null && test -x /usr/bin/chromium && command -v podman >/dev/null && command -v runc >/dev/null && command -v promtool >/dev/null \
+		&& test -x /usr/sbin/nginx && command -v caddy >/dev/null && test -x /usr/sbin/haproxy && test -x /usr/sbin/ip || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools chromium podman runc prometheus >/dev/null; }
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server redis-tools chromium podman runc prometheus nginx caddy haproxy iproute2 >/dev/null; }
 	@redis-server --version
 	@/usr/bin/chromium --version
 	@podman --version
+	@/usr/sbin/nginx -v 2>&1; caddy version; /usr/sbin/haproxy -v | head -1
 
 test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium and the container image
 	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...

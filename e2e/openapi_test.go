@@ -40,7 +40,7 @@ func TestOpenAPI(t *testing.T) {
 	p := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=" + token})
 	// A second server on a Redis that is stopped: the answers of an outage.
 	redis := redistest.Start(t)
-	down := startAdmit(t, "--store", "redis://"+redis.Addr)
+	down := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=" + token}, "--store", "redis://"+redis.Addr)
 	redis.Kill()
 	ctx := context.Background()
 
@@ -137,7 +137,7 @@ func TestOpenAPI(t *testing.T) {
 
 		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"x","cost":1}`, status: 200},
 		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"x"}`, status: 400, malformed: true},
-		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"invoke-doc-summary-ai","cost":500}`, status: 429},
+		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"invoke-doc-summary-ai","cost":90}`, status: 429},
 
 		{method: "POST", path: "/v1/acquire", body: `{"tenant":"t1234","max_wait_ms":100}`, status: 200},
 		{method: "POST", path: "/v1/acquire", body: `{"tenant":"t1234","max_wait_ms":999999}`, status: 400, malformed: true},
@@ -175,6 +175,7 @@ func TestOpenAPI(t *testing.T) {
 		{method: "PUT", path: "/v1/admin/tenants/newco", header: admin, body: `{"tier":1}`, status: 400, malformed: true},
 		{method: "POST", path: "/v1/admin/tenants/newco/api-keys", header: admin, status: 201},
 		{method: "POST", path: "/v1/admin/tenants/ghost/api-keys", header: admin, status: 404},
+		{method: "DELETE", path: "/v1/admin/tenants/newco/api-keys/000000000000", header: admin, status: 404},
 		{method: "DELETE", path: "/v1/admin/tenants/newco", header: admin, status: 204},
 		{method: "DELETE", path: "/v1/admin/tenants/newco", header: admin, status: 404},
 		{method: "GET", path: "/v1/admin/tiers", header: admin, status: 200},
@@ -214,6 +215,12 @@ func TestOpenAPI(t *testing.T) {
 	do(apiCall{method: "DELETE", path: "/v1/leases/" + url.PathEscape(id), status: 204})
 	do(apiCall{method: "DELETE", path: "/v1/leases/" + url.PathEscape(id), status: 404})
 
+	// API keys revoked one by one, never the last.
+	keys := apiCall{method: "POST", path: "/v1/admin/tenants/tenant-3/api-keys", header: admin, status: 201}
+	first, second := field(do(keys), "key_id"), field(do(keys), "key_id")
+	do(apiCall{method: "DELETE", path: "/v1/admin/tenants/tenant-3/api-keys/" + first, header: admin, status: 204})
+	do(apiCall{method: "DELETE", path: "/v1/admin/tenants/tenant-3/api-keys/" + second, header: admin, status: 409})
+
 	// Sessions and the WebSocket upgrade.
 	session := field(do(apiCall{method: "PUT", path: "/v1/sessions", body: `{"tenant":"t1234"}`, status: 201}), "session_id")
 	q := "?tenant=t1234&session=" + url.QueryEscape(session)
@@ -227,7 +234,7 @@ func TestOpenAPI(t *testing.T) {
 	// on_error), saying so.
 	doAt(down.url, apiCall{method: "POST", path: "/v1/check", body: `{"tenant":"t1234"}`, status: 200})
 	doAt(down.url, apiCall{method: "GET", path: "/readyz", status: 503})
-	doAt(down.url, apiCall{method: "GET", path: "/v1/admin/state?tenant=t1234", status: 503})
+	doAt(down.url, apiCall{method: "GET", path: "/v1/admin/state?tenant=t1234", header: admin, status: 503})
 
 	// Every operation was called, and answered with success and with an
 	// error where the document has one.

@@ -134,14 +134,20 @@ func (s *Server) look(ctx context.Context, c *call, levels bool) error {
 }
 
 // acquirePolling decides, and while refused waits as long as the refusal
-// says before deciding again, until maxWait is spent.
+// says before deciding again, until maxWait is spent. A refusal that says
+// to come back at once (capacity others keep taking) would make one
+// request thousands of decisions: each round waits at least twice as long
+// as the last, from 5 ms up to a second, so that a minute's wait costs the
+// store at most about 70 decisions.
 func (s *Server) acquirePolling(ctx context.Context, c *call, maxWait time.Duration) error {
 	deadline := time.Now().Add(maxWait)
+	least := 5 * time.Millisecond
 	for {
 		if err := s.decide(ctx, c); err != nil {
 			return err
 		}
-		wait := max(c.d.RetryAfter, time.Millisecond)
+		wait := max(c.d.RetryAfter, least)
+		least = min(2*least, time.Second)
 		if c.d.Allowed || c.req.DryRun || time.Now().Add(wait).After(deadline) {
 			return nil
 		}

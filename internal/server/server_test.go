@@ -13,9 +13,11 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
@@ -794,5 +796,41 @@ func TestTenantMetricsBounded(t *testing.T) {
 	if len(series) != 2 || !strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="_default_tier"} 100`) ||
 		!strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="t1"} 1`) {
 		t.Errorf("tenant series after 101 tenants: %q", series)
+	}
+}
+
+// grudging refuses every decision and says to come back at once, as a
+// key whose freed capacity others keep taking does; it counts decisions.
+type grudging struct {
+	*memstore.Store
+	decisions atomic.Int64
+}
+
+func (g *grudging) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	g.decisions.Add(1)
+	d.Reset()
+	for _, c := range charges {
+		d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Limit: c.Rule.Capacity()})
+	}
+	d.Summarize()
+	return nil
+}
+
+// TestAcquirePollsBounded: /v1/acquire on a rule it cannot book (a
+// sliding log) polls the store, and a refusal that says "now" does not
+// make it poll without pause: each round waits at least twice the last
+// (from 5 ms to 1 s), so a two-second wait is at most a dozen decisions.
+func TestAcquirePollsBounded(t *testing.T) {
+	spec := &policy.Spec{
+		Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{{Name: "log", Scope: "tenant", Algorithm: "sliding_log", Limit: n(1), Window: "1h"}}}},
+		Tenants: map[string]policy.TenantSpec{"t1": {Tier: "t"}},
+	}
+	g := &grudging{Store: memstore.New(nil)}
+	defer g.Store.Close()
+	h := start(t, spec, "", func(o *Options) { o.Store = g })
+	a := h.do("POST", "/v1/acquire", `{"tenant":"t1","max_wait_ms":2000}`)
+	h.want(a, 429, "acquire of a key never free")
+	if n := g.decisions.Load(); n < 2 || n > 12 {
+		t.Errorf("a 2 s acquire made %d decisions, want from 2 to 12", n)
 	}
 }
