@@ -21,20 +21,7 @@ import (
 // admitBin is the admit binary TestMain builds.
 var admitBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "admit-attack-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	if admitBin, err = proctest.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.Main(m, &admitBin) }
 
 const (
 	adminToken   = "attack-admin-token"

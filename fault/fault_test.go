@@ -3,7 +3,6 @@ package fault
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -35,20 +34,7 @@ const redisTimeout = 100 * time.Millisecond
 // admitBin is the admit binary TestMain builds.
 var admitBin string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "admit-fault-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	if admitBin, err = proctest.Build(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.Main(m, &admitBin) }
 
 // config is the suite's configuration: tenant open (no API keys) and acme
 // (API key acme-key) of tier t: a user bucket of 4 that refills in an

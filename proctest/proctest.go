@@ -22,8 +22,25 @@ import (
 	"time"
 )
 
-// Build builds the admit command into dir and returns its path: a
-// TestMain calls it once.
+// Main is a TestMain: it builds the admit command into a temporary
+// directory, sets *bin to its path, runs the tests and exits with their
+// code.
+func Main(m *testing.M, bin *string) {
+	dir, err := os.MkdirTemp("", "admit-proctest-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if *bin, err = Build(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// Build builds the admit command into dir and returns its path.
 func Build(dir string) (string, error) {
 	bin := filepath.Join(dir, "admit")
 	build := exec.Command("go", "build", "-o", bin, "github.com/admitdev/admit/cmd/admit")

@@ -77,6 +77,7 @@ func check(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&req.APIKey, "api-key", "", "the client's API `key`")
 	fs.BoolVar(&req.DryRun, "dry-run", false, "decide without charging")
 	serverURL := fs.String("server", "", "ask the server at `URL` (like http://127.0.0.1:8080)")
+	token := fs.String("token", "", "a service (or the admin) `token`, to ask as the platform's backend: for any tenant, with the --ip of rules all tenants share (default $ADMIT_SERVICE_TOKEN)")
 	config := fs.String("config", "", "evaluate this configuration `file` locally (default: the built-in demo)")
 	asJSON := fs.Bool("json", false, "print the decision as JSON")
 	if code, done := parseFlags(fs, checkUsage, args, e); done {
@@ -87,7 +88,7 @@ func check(ctx context.Context, args []string, e *env) int {
 	var raw []byte
 	var err error
 	if *serverURL != "" {
-		status, raw, err = askServer(ctx, *serverURL, body)
+		status, raw, err = askServer(ctx, *serverURL, first(*token, e.getenv("ADMIT_SERVICE_TOKEN")), body)
 	} else {
 		status, raw, err = askLocally(ctx, *config, body)
 	}
@@ -119,8 +120,9 @@ func check(ctx context.Context, args []string, e *env) int {
 	return 0
 }
 
-// askServer posts a check body to a server's /v1/check.
-func askServer(ctx context.Context, url string, body []byte) (int, []byte, error) {
+// askServer posts a check body to a server's /v1/check, with token (if
+// any) as a bearer token.
+func askServer(ctx context.Context, url, token string, body []byte) (int, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(url, "/")+"/v1/check", bytes.NewReader(body))
@@ -128,6 +130,9 @@ func askServer(ctx context.Context, url string, body []byte) (int, []byte, error
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, nil, err
@@ -139,7 +144,9 @@ func askServer(ctx context.Context, url string, body []byte) (int, []byte, error
 
 // askLocally answers a check body with the server's own handler, in
 // process, on the configuration file (or the demo) and a fresh memory
-// store: the same resolution, decision and answer a server would give.
+// store: the same resolution, decision and answer a server would give to
+// the platform's own backend (a service token), since whoever runs it has
+// the file.
 func askLocally(ctx context.Context, file string, body []byte) (int, []byte, error) {
 	cfg, _, err := loadServeConfig(file)
 	if err != nil {
@@ -151,13 +158,16 @@ func askLocally(ctx context.Context, file string, body []byte) (int, []byte, err
 	}
 	store := memstore.New(nil)
 	defer store.Close()
-	srv, err := server.New(server.Options{Store: store, Catalog: catalog, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	const local = "admit-check-local"
+	srv, err := server.New(server.Options{Store: store, Catalog: catalog, ServiceTokens: []string{local}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		return 0, nil, err
 	}
 	defer srv.Close()
 	rec := httptest.NewRecorder()
-	srv.ServeHTTP(rec, httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/check", bytes.NewReader(body)))
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/check", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+local)
+	srv.ServeHTTP(rec, req)
 	return rec.Code, rec.Body.Bytes(), nil
 }
 

@@ -12,19 +12,12 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/proctest"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+// lockedBuffer collects a command's output; it is safe for concurrent use.
+type lockedBuffer = proctest.Buffer
 
 // running is an `admit serve` started in-process on a free loopback port.
 type running struct {
@@ -255,6 +248,21 @@ func TestCheckCommand(t *testing.T) {
 	}
 	if code, _ := cmd("check", "--config", cfg, "--tenant", "t1", "--cost", "2"); code != 2 {
 		t.Errorf("cost over the burst: exit %d", code)
+	}
+
+	// The demo's login limit counts client addresses across tenants: a
+	// check without a token does not charge it the --ip it names, one with
+	// a service token does, and a local check (whoever has the file) does.
+	demo := startCmdEnv(t, map[string]string{"ADMIT_SERVICE_TOKEN": "check-backend"}, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir())
+	login := []string{"check", "--server", demo.url, "--tenant", "acme", "--action", "login", "--ip", "203.0.113.9"}
+	if _, out := cmd(login...); strings.Contains(out, "logins-per-ip") {
+		t.Errorf("a check without a token charged logins-per-ip: %s", out)
+	}
+	if _, out := cmd(append(login, "--token", "check-backend")...); !strings.Contains(out, "logins-per-ip") {
+		t.Errorf("a check with the service token did not charge logins-per-ip: %s", out)
+	}
+	if _, out := cmd("check", "--tenant", "acme", "--action", "login", "--ip", "203.0.113.9"); !strings.Contains(out, "logins-per-ip") {
+		t.Errorf("a local check did not charge logins-per-ip: %s", out)
 	}
 }
 

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/proctest"
 )
 
 func n(v int64) *int64 { return &v }
@@ -69,17 +69,8 @@ type harness struct {
 	log     *syncBuffer
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+// syncBuffer collects logs; it is safe for concurrent use.
+type syncBuffer = proctest.Buffer
 
 func start(t testing.TB, spec *policy.Spec, token string, opts ...func(*Options)) *harness {
 	t.Helper()
