@@ -19,10 +19,15 @@ import (
 
 // leasedConfig is one global rule, leased: every request of tenant t1 is
 // charged to one hot key. The bucket refills by one token every five
-// minutes, so that over a test its bound is its burst (plus one).
+// minutes, so that over a test its bound is its burst (plus one). The
+// store's timeout is 2 s, not the default 50 ms: these tests count
+// admissions, not latency, and on a loaded machine a call past 50 ms
+// would answer 503 (on_error: closed).
 const leasedConfig = `version: 1
 store:
   on_error: closed
+  redis:
+    timeout: 2s
 global:
   - name: hot
     scope: global
