@@ -15,14 +15,14 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"vocabulary and basement", []string{"", "redistest", "configtest", "yamlconf", "api"}},
+	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},
 	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},
-	{"uses of the whole", []string{"examples/*", "fault"}},
+	{"uses of the whole", []string{"examples/*", "fault", "attack"}},
 }
 
 const module = "github.com/admitdev/admit"
