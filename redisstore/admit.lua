@@ -1,7 +1,7 @@
-#!lua name=admit_v5
+#!lua name=admit_v6
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v5 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v6 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -32,8 +32,10 @@
 -- it ends (put, flush), however many of its decisions charged it.
 --
 -- State encodings (struct.pack, little-endian doubles):
---   token bucket, gcra: U W F, the theoretical arrival time U µs + W ns +
---     F/n ns; combination: the burst bucket's U W F, then the floor's.
+--   token bucket, gcra: U W F X, the theoretical arrival time U µs + W ns
+--     + F/n ns, and until when (µs) the key was set to live (see flush;
+--     admit_v5 wrote U W F); combination: the burst bucket's U W F, then
+--     the floor's.
 --   fixed window, quota: E C (window or period end in µs, count).
 --   sliding window: A B C (current window's end + one window, in µs; the
 --     current and the previous window's counts).
@@ -62,7 +64,7 @@ local fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
 
 -- The state of the call being run. The library's functions are defined
 -- once, when it is loaded; each call sets these first (see run below).
-local KEYS, ARGV, nu, nsub, nceil, n, loaded
+local KEYS, ARGV, nu, nsub, nceil, n
 -- The decision being run: its N charges' RULES, COSTS, lease TTLS (µs),
 -- which are DEBITS (charged whether they fit or not; see admit.Charge)
 -- and, for undo, which of a combination's HALVES each charged; whether it
@@ -76,30 +78,31 @@ local KEYS, ARGV, nu, nsub, nceil, n, loaded
 local ENDS1, ENDS2, QEND1, QEND2
 local RULES, COSTS, TTLS, DEBITS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- Scratch tables, made once and reused: every table a call makes costs
--- Redis allocations, and one grown entry by entry costs one per doubling.
--- NOKEYS is always empty; ZEROS is a run of zeros from which a reply is
--- cut to its size at once; OUTK is how much of the reply is written.
-local RES, NEXTS, DIRTY, FASTRES, NOKEYS, ZEROS, OUTK
--- NUMS maps the texts of 0..4095 to their numbers: tonumber goes through
--- strtod, which costs a batch more than its arithmetic does, and heads,
--- rule numbers and costs are small. MS keeps the texts of expiries in ms
--- already written (redis.call would print a number with %.17g, dearer
--- still); it is emptied when it grows large.
-local NUMS, MS, nms
-
--- clear empties a scratch table, keeping its room.
-local function clear(t)
-  for k in pairs(t) do t[k] = nil end
-end
-
--- sized returns a table of k zeros (to be overwritten), made in one go.
-local function sized(k)
-  if k > 7000 then return {} end -- unpack's limit; grown as it is written
-  return {unpack(ZEROS, 1, k)}
-end
--- Writes are kept until the call ends, one per key: a batch of decisions
--- that charge the same tenant or global bucket writes it once.
-local writes, wlen, worder
+-- Redis allocations, and garbage collection. NOKEYS is always empty; OUT
+-- is a batch's reply, ended by a nil (Redis reads a reply up to the first
+-- nil); OUTK is how much of the reply is written.
+--
+-- What the library keeps between calls is kept small: Redis runs a step
+-- of Lua's collector every 50 calls, and a step walks the heap. A heap of
+-- 20,000 strings cost 34,000 instructions a call, more than a decision.
+local RES, NEXTS, DIRTY, NOKEYS, OUT, OUTK
+-- decideFast's: each charge's next state (its first three numbers), and
+-- the size of each algorithm's state in bytes.
+local NXA, NXB, NXC, SIZE, KIND
+-- Each key a call reads or writes has a slot, 1..nslot, in the order the
+-- call first touches it. SLOT maps a key to its slot; it is kept from call
+-- to call (emptied when it passes 256 keys: see above) because adding a
+-- key to a Lua table costs more than the look-up, and a slot is the key's
+-- only while SKEY says so. Per slot: ST the state, as a table (false: the
+-- key is absent; nil: not read yet), SHAS what the value read said of the
+-- key's expiry (a window's end, or until when a bucket's key lives; see
+-- flush), SW the expiry to write, in ns (nil: nothing to write) and SK
+-- the state's kind (see put).
+local SLOT, nslotkeys, SKEY, ST, SHAS, SW, SK, nslot
+-- NUMS maps the texts of 0..63 to their numbers: tonumber is a C call,
+-- which costs more than a table look-up, and heads, rule numbers and
+-- costs are mostly small.
+local NUMS
 
 -- I formats an integer argument: Redis would print large numbers with an
 -- exponent, which integer arguments do not accept.
@@ -186,7 +189,7 @@ local function ruleText(text)
   local f = {}
   for v in sgmatch(text, '[^,]+') do f[#f + 1] = v end
   R = ruleOf(f, 1)
-  if nrules >= 10000 then rules, nrules = {}, 0 end
+  if nrules >= 256 then rules, nrules = {}, 0 end
   rules[text], nrules = R, nrules + 1
   return R
 end
@@ -287,7 +290,7 @@ end
 local function encode(a, f)
   local t = a + nsub
   local w = t - floor(t / 1000) * 1000
-  return {nu + (t - w) / 1000, w, f}
+  return {nu + (t - w) / 1000, w, f, 0} -- the fourth is flush's
 end
 
 -- bucketWhole is bucketEval for the usual bucket, whose token takes a
@@ -585,17 +588,46 @@ local function charge(i)
   return R, R.alg, COSTS[i], R.shadow
 end
 
+-- slotOf returns key's slot in this call.
+local function slotOf(key)
+  local s = SLOT[key]
+  if s and s <= nslot and SKEY[s] == key then return s end
+  if not s then
+    if nslotkeys >= 256 then SLOT, nslotkeys = {}, 0 end
+    nslotkeys = nslotkeys + 1
+  end
+  nslot = nslot + 1
+  s = nslot
+  SLOT[key], SKEY[s], ST[s], SHAS[s], SW[s], SK[s] = s, key, nil, nil, nil, nil
+  return s
+end
+
+-- decodeState returns the state value v holds for a rule of algorithm
+-- alg, as a table, and records in slot s the expiry the key has in Redis
+-- (see flush). It fails, as struct.unpack does, on a value of another
+-- size.
+local function decodeState(s, alg, v)
+  local st
+  if alg == 1 or alg == 2 then
+    if #v == 24 then st = {sunpack('<ddd', v)} st[4] = 0 -- admit_v5's, expiry unknown
+    else st = {sunpack('<dddd', v)} end
+    SHAS[s] = st[4]
+  elseif alg == 6 then st = {sunpack('<dddddd', v)}
+  elseif alg == 3 or alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
+  else st = {sunpack('<ddd', v)} SHAS[s] = st[1] end
+  SK[s] = KIND[alg]
+  return st
+end
+
 -- load returns the stored state of a counter key as a table, or nil.
 local function load(key, alg)
-  local st = loaded[key]
+  local s = slotOf(key)
+  local st = ST[s]
   if st ~= nil then return st or nil end
   local v = rcall('GET', key)
-  if not v then loaded[key] = false return nil end
-  if alg == 1 or alg == 2 then st = {sunpack('<ddd', v)}
-  elseif alg == 6 then st = {sunpack('<dddddd', v)}
-  elseif alg == 3 or alg == 8 then st = {sunpack('<dd', v)}
-  else st = {sunpack('<ddd', v)} end
-  loaded[key] = st
+  if not v then ST[s] = false return nil end
+  st = decodeState(s, alg, v)
+  ST[s] = st
   return st
 end
 
@@ -651,46 +683,68 @@ local function step(R, alg, st, c, res, debit)
   return {a[1], a[2], a[3], z[1], z[2], z[3]}, how
 end
 
--- put writes a key's state, which matters for ttl ns more, or deletes it
--- when it no longer does.
--- put keeps a key's state st, k numbers long, which matters for ttl ns
--- more (deleted when it no longer does); flush writes it when the call
--- ends, packed once however many decisions of a batch changed it.
+-- put keeps a key's state st, of kind k (2 or 3: a window's numbers, 4: a
+-- bucket's, 6: a combination's), which matters for ttl ns more (deleted
+-- when it no longer does); flush writes it when the call ends, packed
+-- once however many decisions of a batch changed it.
 local function put(key, st, ttl, k)
-  if writes[key] == nil then worder[#worder + 1] = key end
-  writes[key], wlen[key] = ttl, k
-  loaded[key] = st
+  local s = slotOf(key)
+  SW[s], SK[s], ST[s] = ttl, k, st
 end
 
 local function packState(st, k)
-  if k == 3 then return pack('<ddd', st[1], st[2], st[3])
-  elseif k == 2 then return pack('<dd', st[1], st[2]) end
+  if k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
+  elseif k == 2 then return pack('<dd', st[1], st[2])
+  elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
   return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
 end
 
--- flush makes the writes put kept: each key's last state with its expiry
--- in ms, or DEL.
+-- px returns a relative expiry in ms, ttl ns rounded up: a number, which
+-- redis.call prints as an integer (below 2^53, with no exponent).
+local function px(ttl)
+  return mceil(ttl / 1000000)
+end
+
+-- flush makes the writes put kept: each key's last state, or DEL. Setting
+-- an expiry costs Redis as much as the rest of a SET (it is rewritten to
+-- an absolute one for replication), so a key keeps the one it has when
+-- that one is still right. A window's expiry is its end, st[1], which
+-- changes only when a new window starts. A bucket's changes with every
+-- charge, so it is set with room to spare — as far again as it needs,
+-- between 1 s and 60 s, an idle key living that much longer — and the
+-- bucket keeps, as its fourth number, until when (µs): a later write
+-- needing no more keeps it.
 local function flush()
-  for i = 1, #worder do
-    local key = worder[i]
-    local ttl = writes[key]
-    if ttl > 0 then
-      local ms = mceil(ttl / 1000000)
-      local px = MS[ms]
-      if not px then
-        if nms >= 10000 then MS, nms = {}, 0 end
-        px, nms = I(ms), nms + 1
-        MS[ms] = px
-      end
-      rcall('SET', key, packState(loaded[key], wlen[key]), 'PX', px)
-    else
+  for s = 1, nslot do
+    local ttl = SW[s]
+    local key, k, st = SKEY[s], SK[s], ST[s]
+    if not ttl then
+      -- unchanged
+    elseif ttl <= 0 then
       rcall('DEL', key)
+    elseif k == 4 then
+      local has = SHAS[s]
+      if has and (has - nu) * 1000 - nsub >= ttl then
+        st[4] = has
+        rcall('SET', key, packState(st, 4), 'KEEPTTL')
+      else
+        local room = mmin(mmax(ttl, 1000000000), 60000000000)
+        local x = nceil + mceil((ttl + room) / 1000)
+        st[4] = x
+        -- One ms more: Redis counts the expiry from its own clock, read
+        -- a little before TIME was.
+        rcall('SET', key, packState(st, 4), 'PX', px((x - nu) * 1000 + 1000000))
+      end
+    elseif k ~= 6 and SHAS[s] == st[1] then
+      rcall('SET', key, packState(st, k), 'KEEPTTL')
+    else
+      rcall('SET', key, packState(st, k), 'PX', px(ttl))
     end
   end
 end
 
 local function putBucket(key, b, st)
-  put(key, st, bucketExpiry(b, st), 3)
+  put(key, st, bucketExpiry(b, st), 4)
 end
 
 local function store(key, R, alg, st)
@@ -850,68 +904,137 @@ local function decide(out)
 end
 
 -- decideFast is decide for the usual decision — token buckets, gcra,
--- fixed and sliding windows, each key once, no debit, no dry run, no
--- lease — the one most batches are made of, with less: no pcall (its
--- setjmp and frame cost more than the decision's arithmetic), no result
--- tables, the reply written as it goes. What it cannot take it leaves to
--- decide, having written nothing but reply values past OUTK, which decide
--- writes over: a refusal (which reports what the other charges hold), a
--- key holding something else than the rule's state (decide fails it, in
--- its pcall), a repeated key. It returns whether it decided.
+-- fixed and sliding windows, quotas, each key once, no debit, no dry run,
+-- no lease — the one most batches are made of, with less: no pcall (its
+-- setjmp and frame cost more than the decision's arithmetic), no tables
+-- but the one a key's state is read into, changed in place, the reply
+-- written as it goes. What it cannot take it leaves to decide, having
+-- written nothing but reply values past OUTK, which decide writes over: a
+-- refusal (which reports what the other charges hold), a key holding
+-- something else than the rule's state (decide fails it, in its pcall), a
+-- repeated key, a bucket whose token takes a fraction of a nanosecond. It
+-- returns whether it decided.
 local function decideFast(out)
-  local k, nexts, res = OUTK + 1, NEXTS, FASTRES
+  local k = OUTK + 1
   for i = 1, n do
     local key = KEYS[KEYBASE + i]
     for j = 1, i - 1 do
       if KEYS[KEYBASE + j] == key then return false end
     end
     local R = RULES[i]
-    local alg = R.alg
-    -- A fixed window's state is two numbers (16 bytes), the others' three.
-    local size = 24
-    if alg == 3 then size = 16 end
-    local st = loaded[key]
+    local alg, c = R.alg, COSTS[i]
+    -- A fixed window's or a quota's state is two numbers (16 bytes), a
+    -- sliding window's three, a bucket's four.
+    local s = slotOf(key)
+    local st = ST[s]
     if st == nil then
       local v = rpcall('GET', key)
       if v == false then st = false
-      elseif type(v) ~= 'string' or #v ~= size then return false
-      elseif size == 16 then st = {sunpack('<dd', v)}
-      else st = {sunpack('<ddd', v)} end
-      loaded[key] = st
-    elseif st and #st ~= size / 8 then
+      elseif type(v) ~= 'string' or #v ~= SIZE[alg] then return false
+      else st = decodeState(s, alg, v) end
+      ST[s] = st
+    elseif st and SK[s] ~= KIND[alg] then
       return false -- a rule of another algorithm had this key in this call
     end
-    local nx, al, rem, reset, retry
+    local al, rem, reset, retry, nx1, nx2, nx3
     if alg <= 2 then
       local b = R.b or bucketParams(R)
-      if b.r == 0 and (not st or st[3] == 0) then
-        nx, al, rem, reset, retry = bucketWhole(b, st or nil, COSTS[i], false)
-      else
-        res.retry = 0
-        nx = bucketEval(b, st or nil, COSTS[i], res, false)
-        al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
+      local q, burst = b.q, b.burst
+      if b.r ~= 0 or (st and st[3] ~= 0) then return false end
+      -- bucketWhole, without its tables: times are whole ns from now.
+      local ta, fresh = 0, true
+      if st then
+        ta = (st[1] - nu) * 1000 + st[2] - nsub
+        fresh = ta + b.remember <= 0
       end
+      if fresh then ta = (burst - b.initial) * q end
+      -- A new bucket that starts below its burst is recorded even
+      -- when nothing is charged.
+      nx1 = false
+      if fresh and b.initial < burst then nx1 = ta end
+      if ta < 0 then ta = 0 end
+      local ha, na = burst * q, ta + c * q
+      if na <= ha then
+        local left = ha - na
+        al, rem, reset, retry = 1, (left - fmod(left, q)) / q, na, 0
+        if c > 0 then nx1 = na end
+      elseif R.shadow then
+        local left = mmax(ha - ta, 0)
+        al, rem, reset, retry = 0, (left - fmod(left, q)) / q, ta, na - ha
+      else
+        return false
+      end
+    elseif alg == 4 then
+      -- slidingEval, without its tables.
+      local limit, wu = R[5], R[6]
+      local startu = nu - fmod(nu, wu)
+      local endu = startu + wu
+      local cur, prev = 0, 0
+      if st and st[1] > nu then
+        local stateEnd = st[1] - wu
+        if stateEnd == endu then cur, prev = st[2], st[3]
+        elseif stateEnd == startu then prev = st[2]
+        elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
+      end
+      local w = wu * 1000
+      local left = mmax((endu - nu) * 1000 - nsub, 0)
+      local weight, exact = muldiv(prev, left, w)
+      if not exact then weight = weight + 1 end
+      local room = limit - cur - c
+      -- A refusal, in shadow or not, is decide's to report.
+      if room < 0 or weight > room then return false end
+      al, rem, retry = 1, limit - weight - cur - c, 0
+      if cur + c > 0 then reset = (endu + wu - nu) * 1000 - nsub
+      elseif prev > 0 then reset = (endu - nu) * 1000 - nsub
+      else reset = 0 end
+      nx1 = false
+      if c > 0 then nx1, nx2, nx3 = endu + wu, cur + c, prev end
     else
-      res.retry = 0
+      -- countEval, without its tables: a fixed window, or a quota's
+      -- calendar period (whose reply says its end in µs).
+      local limit, endu = R[5], 0
       if alg == 3 then
-        nx = fixedEval(R[5], R[6], st or nil, COSTS[i], res, false)
+        local wu = R[6]
+        endu = nu - fmod(nu, wu) + wu
       else
-        nx = slidingEval(R[5], R[6], st or nil, COSTS[i], res, false)
+        endu = ENDS1[i]
+        if endu <= nu then endu = ENDS2[i] end
       end
-      al, rem, reset, retry = res.allowed, res.remaining, res.reset, res.retry
+      local count = 0
+      if st and st[1] > nu then count, endu = st[2], st[1] end
+      reset = (endu - nu) * 1000 - nsub
+      if alg == 8 then reset = endu end
+      if count + c > limit then return false end
+      al, rem, retry = 1, limit - count - c, 0
+      nx1 = false
+      if c > 0 then nx1, nx2 = endu, count + c end
     end
-    if al == 0 and not R.shadow then return false end
-    nexts[i] = nx
+    NXA[i], NXB[i], NXC[i] = nx1, nx2, nx3
     local o = k + 4 * i - 3
     out[o], out[o + 1], out[o + 2], out[o + 3] = al, rem, reset, retry
   end
+  -- Every charge fits (or refuses in shadow): commit, in place.
   for i = 1, n do
-    local key, nx = KEYS[KEYBASE + i], nexts[i]
-    if nx ~= (loaded[key] or nil) then
-      local R = RULES[i]
-      if R.alg <= 2 then putBucket(key, R.b, nx)
-      elseif R.alg == 3 then put(key, nx, (nx[1] - nu) * 1000 - nsub, 2)
-      else put(key, nx, (nx[1] - nu) * 1000 - nsub, 3) end
+    local a = NXA[i]
+    if a then
+      local key, R = KEYS[KEYBASE + i], RULES[i]
+      local alg = R.alg
+      local st = ST[SLOT[key]]
+      if alg <= 2 then
+        local t = a + nsub
+        local w = fmod(t, 1000)
+        if not st then st = {0, 0, 0, 0} end
+        st[1], st[2], st[3] = nu + (t - w) / 1000, w, 0
+        put(key, st, a + R.b.remember, 4)
+      elseif alg == 4 then
+        if not st then st = {0, 0, 0} end
+        st[1], st[2], st[3] = a, NXB[i], NXC[i]
+        put(key, st, (a - nu) * 1000 - nsub, 3)
+      else
+        if not st then st = {0, 0} end
+        st[1], st[2] = a, NXB[i]
+        put(key, st, (a - nu) * 1000 - nsub, 2)
+      end
     end
   end
   out[k] = 1
@@ -1057,7 +1180,7 @@ local function undo()
     end
   end
   evaluate(results, nexts, dirty, true, nil, dup)
-  local out = sized(4 + 4 * n)
+  local out = {}
   out[1], out[2], OUTK = nu, nsub, 2
   return reply(out, results, 0)
 end
@@ -1116,7 +1239,8 @@ local function batch()
   local rs = {}
   for r = 1, nr do rs[r] = ruleText(ARGV[6 + r]) end
   local a = 7 + nr
-  local out = sized(tonumber(ARGV[6]))
+  if OUT[1025] ~= nil then OUT = {} end -- not kept large
+  local out = OUT
   out[1], out[2] = nu, nsub
   OUTK, KEYBASE = 2, 0
   for _ = 1, m do
@@ -1138,7 +1262,7 @@ local function batch()
       if not cost then cost, debit, fast = tonumber(ssub(c, 2)), true, false end
       RULES[i], COSTS[i], TTLS[i], DEBITS[i] = R, cost, R.ttl, debit
       a = a + 2
-      if R.alg > 4 then fast = false end
+      if R.alg > 4 and R.alg ~= 8 then fast = false end
       if R.alg == 7 then
         local t = ARGV[a]
         if t ~= '' then TTLS[i] = tonumber(t) end
@@ -1167,6 +1291,7 @@ local function batch()
     KEYBASE = KEYBASE + n
     if rec then KEYBASE = KEYBASE + 1 end
   end
+  out[OUTK + 1] = nil
   return out
 end
 
@@ -1216,18 +1341,23 @@ local function leaseOp(renew)
   return {nu, nsub, 0, 0}
 end
 
+-- setup makes the library's locals at its first call.
+local function setup()
+  fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
+    sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
+  RES, NEXTS, DIRTY, NOKEYS, OUT, NUMS = {}, {}, {}, {}, {}, {}
+  NXA, NXB, NXC = {}, {}, {}
+  SLOT, nslotkeys, SKEY, ST, SHAS, SW, SK = {}, 0, {}, {}, {}, {}, {}
+  KIND = {4, 4, 2, 3, 0, 6, 0, 2}
+  SIZE = {32, 32, 16, 24, 0, 0, 0, 16}
+  for i = 0, 63 do NUMS[sformat('%d', i)] = i end
+  RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
+end
+
 -- run is the library's one function: FCALL admit numkeys keys… args….
 local function run(keys, args)
   KEYS, ARGV = keys, args
-  if not fmod then
-    fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
-      sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
-    RES, NEXTS, DIRTY, FASTRES, NOKEYS, ZEROS, NUMS, MS, nms = {}, {}, {}, {}, {}, {}, {}, {}, 0
-    for i = 1, 7000 do ZEROS[i] = 0 end
-    for i = 0, 4095 do NUMS[sformat('%d', i)] = i end
-    RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
-    loaded, writes, wlen, worder = {}, {}, {}, {}
-  end
+  if not fmod then setup() end
   if ARGV[2] == '' then
     local t = rcall('TIME')
     nu, nsub = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
@@ -1238,7 +1368,7 @@ local function run(keys, args)
   nceil = nu
   if nsub > 0 then nceil = nu + 1 end
   n = 0
-  clear(loaded) clear(writes) clear(wlen) clear(worder)
+  nslot = 0
   OUTK = 0
   local op, out = ARGV[1], nil
   if op == 'b' then out = batch()
@@ -1252,4 +1382,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v5', run)
+redis.register_function('admit_v6', run)

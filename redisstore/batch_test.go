@@ -26,7 +26,7 @@ func TestBatchMatchesMemstore(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := storetest.NewClock()
 	clock.Set(1500 * time.Microsecond)
-	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "batch:"})
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "batch:", ExactRefusals: true})
 	ms := memstore.New(&memstore.Options{Clock: clock.Now})
 	defer ms.Close()
 
@@ -154,7 +154,7 @@ func equalDecisions(a, b admit.Decision) bool {
 func TestBatchedHierarchyExact(t *testing.T) {
 	srv := redistest.Start(t)
 	clock := storetest.NewClock()
-	s := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "hier:"})
+	s := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "hier:", ExactRefusals: true})
 	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 50}
 	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.GCRA, Rate: admit.PerSecond(1), Burst: 300}
 	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 1000}

@@ -131,8 +131,8 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // can share a deployment during an upgrade (the states they keep are the
 // same). admit_v2 added batches (op "b"); admit_v3 the flag x, a
 // decision another Cluster group refused; admit_v4 debits (a cost "dN");
-// admit_v5 withdrawals for leased rules (the flag w).
-const FunctionName = "admit_v5"
+// admit_v6 withdrawals for leased rules (the flag w).
+const FunctionName = "admit_v6"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The

@@ -208,6 +208,10 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		d.Allowed = true // nothing limits the request, as in memstore
 		return nil
 	}
+	now := s.now()
+	if !dry && s.refuseLocally(charges, now, d) {
+		return nil
+	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	groups := s.groups(charges, s.cluster)
 	leaseID := ""
@@ -251,6 +255,7 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		if err := s.giveBack(ctx, charges, ras, d, groups, done, refused, leaseID); err != nil {
 			return err
 		}
+		s.learnRefusals(charges, d, now)
 	} else if len(leaseTags) > 0 {
 		d.Lease.ID = joinID(leaseID, leaseTags)
 	}
@@ -335,6 +340,7 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	s.forget(charges)
+	s.forgetRefusals(charges)
 	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
 		err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
 			return client.Do(ctx, client.B().Del().Key(g.keys...).Build()).Error()

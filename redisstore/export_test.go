@@ -49,3 +49,18 @@ const (
 	LeaseIdle  = leaseIdle
 	BucketHold = bucketHold
 )
+
+// SetMaxRefusals sets the bound of the refusals a store remembers, and
+// returns a function that restores it.
+func SetMaxRefusals(n int) func() {
+	old := maxRefusals
+	maxRefusals = n
+	return func() { maxRefusals = old }
+}
+
+// Refusals returns how many refusals s remembers.
+func Refusals(s *Store) int {
+	s.refused.mu.RLock()
+	defer s.refused.mu.RUnlock()
+	return len(s.refused.m)
+}

@@ -46,7 +46,7 @@ func servers(t *testing.T, url, prefix string, n int, clock func() time.Time) []
 	t.Helper()
 	ss := make([]*redisstore.Store, n)
 	for i := range ss {
-		s, err := redisstore.Open(context.Background(), url, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
+		s, err := redisstore.Open(context.Background(), url, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix, ExactRefusals: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -75,6 +75,13 @@ type Options struct {
 	// Clock, if set, replaces Redis TIME as the clock. Tests use it; in
 	// production every server must read the same clock, Redis's.
 	Clock func() time.Time
+	// ExactRefusals sends every decision to Redis. By default a decision
+	// that charges a key Redis refused, at least the refused cost, until
+	// the time Redis said the key could admit it, is refused locally,
+	// reporting the refusing charge only (the others' Remaining is what
+	// Redis holds, unknown here). Set it to report every charge of every
+	// refusal as the memory store does.
+	ExactRefusals bool
 }
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
@@ -87,9 +94,13 @@ type Store struct {
 	timeout time.Duration
 	clock   func() time.Time
 	breaker breaker
+	// exactRefusals: see Options.ExactRefusals.
+	exactRefusals bool
 
 	calls, failures, undoFailures atomic.Int64
 	decisions, localDecisions     atomic.Int64
+	localRefusals                 atomic.Int64 // local decisions that were refusals (see refusals.go)
+	refused                       refusals
 	withdrawals                   atomic.Int64 // withdrawal calls
 	withdrawn, refunded           atomic.Int64 // units of allowances
 	expired, lost                 atomic.Int64
@@ -141,14 +152,15 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 		o.BreakerCooldown = time.Second
 	}
 	return &Store{
-		cluster:  cluster,
-		mode:     mode,
-		batchers: batchersFor(cluster),
-		prefix:   o.Prefix,
-		timeout:  o.Timeout,
-		clock:    o.Clock,
-		breaker:  breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
-		closed:   make(chan struct{}),
+		cluster:       cluster,
+		mode:          mode,
+		batchers:      batchersFor(cluster),
+		prefix:        o.Prefix,
+		timeout:       o.Timeout,
+		clock:         o.Clock,
+		exactRefusals: o.ExactRefusals,
+		breaker:       breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
+		closed:        make(chan struct{}),
 	}
 }
 
@@ -334,10 +346,13 @@ type Health struct {
 	Failures     int64  // calls that failed or timed out
 	UndoFailures int64  // Cluster decisions whose give-back failed
 	Decisions    int64  // decisions asked for (Decide)
-	// Leased allowances (see admit.Leased): decisions made from them
-	// without a call, withdrawal calls, and units withdrawn, given back,
-	// expired unused and lost (a give-back that failed).
+	// Decisions made without a call: from leased allowances (see
+	// admit.Leased), or refused until a time Redis gave (LocalRefusals,
+	// counted in LocalDecisions too). Then, for leased allowances,
+	// withdrawal calls, and units withdrawn, given back, expired unused
+	// and lost (a give-back that failed).
 	LocalDecisions int64
+	LocalRefusals  int64
 	Withdrawals    int64
 	Withdrawn      int64
 	Refunded       int64
@@ -350,7 +365,8 @@ func (s *Store) Health() Health {
 	return Health{
 		Breaker: s.breaker.state(time.Now()), Calls: s.calls.Load(), Failures: s.failures.Load(),
 		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
-		Withdrawals: s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
+		LocalRefusals: s.localRefusals.Load(),
+		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
 		Expired: s.expired.Load(), Lost: s.lost.Load(),
 	}
 }

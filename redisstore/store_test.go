@@ -26,7 +26,7 @@ var prefixes atomic.Int64
 func factory(client rueidis.Client) storetest.Factory {
 	return func(t *testing.T, clock func() time.Time) admit.Store {
 		s := redisstore.New(client, &redisstore.Options{
-			Clock: clock, Timeout: 10 * time.Second,
+			Clock: clock, Timeout: 10 * time.Second, ExactRefusals: true, // the timelines check every charge of a refusal
 			Prefix: "test" + strconv.FormatInt(prefixes.Add(1), 10) + ":",
 		})
 		t.Cleanup(func() { s.Close() })

@@ -91,7 +91,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 			h := r.Health()
 			return server.StoreHealth{
 				Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures,
-				Decisions: h.Decisions, LocalDecisions: h.LocalDecisions, Withdrawals: h.Withdrawals,
+				Decisions: h.Decisions, LocalDecisions: h.LocalDecisions, LocalRefusals: h.LocalRefusals, Withdrawals: h.Withdrawals,
 				Withdrawn: h.Withdrawn, Refunded: h.Refunded, Expired: h.Expired, Lost: h.Lost,
 			}
 		},

@@ -41,11 +41,12 @@ type StoreStats struct {
 type StoreHealth struct {
 	Breaker                       string // closed, open or half-open
 	Calls, Failures, UndoFailures int64
-	// Decisions asked of the store, those decided from leased allowances
-	// without a call, withdrawal calls, and allowance units withdrawn,
-	// given back, expired unused and lost.
-	Decisions, LocalDecisions, Withdrawals int64
-	Withdrawn, Refunded, Expired, Lost     int64
+	// Decisions asked of the store, those decided without a call (from
+	// leased allowances, or refused until a time the store was given),
+	// those of them that were refusals, withdrawal calls, and allowance
+	// units withdrawn, given back, expired unused and lost.
+	Decisions, LocalDecisions, LocalRefusals, Withdrawals int64
+	Withdrawn, Refunded, Expired, Lost                    int64
 }
 
 // Options configure a Server. Store and Catalog are required; the zero

@@ -1,0 +1,161 @@
+package redisstore
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// Local refusals. When Redis refuses a charge, its reply says how long
+// until the key could admit that cost: the window's end, the next token,
+// the oldest log entry's expiry, the first lease's. Until then nothing the
+// other servers do can make it admit sooner — they can only charge it
+// more — so a decision that charges the key at least that cost under the
+// same rule is refused here, with no call: a key under attack costs Redis
+// one call per period of refusal per server, not one per request. What
+// could end a refusal early is capacity coming back: a reservation
+// cancelled, a lease released, a Cluster decision given back, a key reset
+// (which forgets its refusals here), a rule changed (a new rule is
+// another rule). Then the refusal stands until its time, which only
+// admits less, and never more, than the exact limit; docs/architecture.md
+// ("Refused locally") has the argument.
+//
+// Concurrency keys are not refused locally: their capacity comes back
+// whenever a lease is released, which is how they are meant to be used.
+// A decision with a debit or a dry run is always sent: a debit is applied
+// whatever the others decide, and a dry run asks what Redis holds.
+
+// maxRefusals bounds the refusals a store remembers: one entry per
+// refused key, a few hundred bytes, so at most a few tens of MB however
+// many keys an attacker drives over their limits. Past it, expired
+// entries are dropped, and new ones are not kept until there is room.
+var maxRefusals = 1 << 16 // a variable for the tests
+
+// refusal is what a store knows of a key Redis refused.
+type refusal struct {
+	rule   *admit.Rule
+	cost   int64     // the smallest cost refused until then
+	until  time.Time // local clock, from before the call was sent
+	result admit.Result
+}
+
+// refusals are a store's refusals by charge key.
+type refusals struct {
+	n  atomic.Int64 // len(m), read without the lock on every decision
+	mu sync.RWMutex
+	m  map[string]refusal
+}
+
+// refuseLocally reports whether a refusal known at now refuses charges,
+// and if so fills d as a refusal by that charge. The other charges report
+// their rules and limits, undecided: what they hold is in Redis.
+func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.Decision) bool {
+	rs := &s.refused
+	if s.exactRefusals || rs.n.Load() == 0 {
+		return false
+	}
+	for i := range charges {
+		if charges[i].Debit || charges[i].DryRun {
+			return false
+		}
+	}
+	rs.mu.RLock()
+	by, r := -1, refusal{}
+	for i := range charges {
+		c := &charges[i]
+		if c.Cost <= 0 || c.Rule.Shadow {
+			continue
+		}
+		if e, ok := rs.m[c.Key]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
+			by, r = i, e
+			break
+		}
+	}
+	rs.mu.RUnlock()
+	if by < 0 {
+		return false
+	}
+	d.Reset()
+	d.Results = d.Results[:0]
+	for i := range charges {
+		c := &charges[i]
+		res := admit.Result{Rule: c.Rule.Name, Shadow: c.Rule.Shadow, Limit: c.Rule.Capacity()}
+		if i == by {
+			res = r.result
+			res.Remaining = 0
+			res.RetryAfter = r.until.Sub(now)
+			res.ResetAfter = max(res.ResetAfter-r.result.RetryAfter+res.RetryAfter, res.RetryAfter)
+		}
+		d.Results = append(d.Results, res)
+	}
+	d.Summarize()
+	s.decisions.Add(1)
+	s.localDecisions.Add(1)
+	s.localRefusals.Add(1)
+	return true
+}
+
+// learnRefusals remembers the refusals of d, the decision of charges
+// Redis made for a call sent at sent.
+func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent time.Time) {
+	rs := &s.refused
+	if s.exactRefusals {
+		return
+	}
+	var learn [admit.MaxCharges]bool
+	any := false
+	for i := range charges {
+		c, res := &charges[i], &d.Results[i]
+		if res.Allowed || res.Shadow || c.Debit || c.DryRun || c.Cost <= 0 || res.RetryAfter <= 0 || c.Rule.Algorithm == admit.Concurrency {
+			continue
+		}
+		// A key charged twice was refused for both costs together: no
+		// refusal of one of them may be learned from it.
+		dup := false
+		for j := range charges {
+			dup = dup || j != i && charges[j].Key == c.Key
+		}
+		learn[i] = !dup
+		any = any || !dup
+	}
+	if !any {
+		return
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.m == nil {
+		rs.m = make(map[string]refusal)
+	}
+	if len(rs.m) >= maxRefusals {
+		for k, e := range rs.m {
+			if !sent.Before(e.until) {
+				delete(rs.m, k)
+			}
+		}
+	}
+	for i := range charges {
+		if !learn[i] {
+			continue
+		}
+		c := &charges[i]
+		if _, ok := rs.m[c.Key]; !ok && len(rs.m) >= maxRefusals {
+			continue
+		}
+		rs.m[c.Key] = refusal{rule: c.Rule, cost: c.Cost, until: sent.Add(d.Results[i].RetryAfter), result: d.Results[i]}
+	}
+	rs.n.Store(int64(len(rs.m)))
+}
+
+// forgetRefusals drops the refusals of charges' keys, as Reset clears
+// them in Redis.
+func (s *Store) forgetRefusals(charges []admit.Charge) {
+	rs := &s.refused
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for i := range charges {
+		delete(rs.m, charges[i].Key)
+	}
+	rs.n.Store(int64(len(rs.m)))
+}
