@@ -408,7 +408,10 @@ local function quotaEval(limit, st, c, res, debit)
   return countEval(limit, endu, st, c, res, debit, true)
 end
 
-local function slidingEval(limit, wu, st, c, res, debit)
+-- slidingCounts returns a sliding window's counts at now from its state
+-- st: the current and the previous window's, the current window's end
+-- (µs), and the previous window's weight, prev*left/w rounded up.
+local function slidingCounts(wu, st)
   local startu = nu - fmod(nu, wu)
   local endu = startu + wu
   local cur, prev = 0, 0
@@ -418,12 +421,15 @@ local function slidingEval(limit, wu, st, c, res, debit)
     elseif stateEnd == startu then prev = st[2]
     elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
   end
-  local w = wu * 1000
   local left = mmax((endu - nu) * 1000 - nsub, 0)
-  -- prev*left/w, rounded up: the previous window's weight, in units.
-  local q, exact = muldiv(prev, left, w)
-  local weight = q
-  if not exact then weight = q + 1 end
+  local weight, exact = muldiv(prev, left, wu * 1000)
+  if not exact then weight = weight + 1 end
+  return cur, prev, endu, weight
+end
+
+local function slidingEval(limit, wu, st, c, res, debit)
+  local cur, prev, endu, weight = slidingCounts(wu, st)
+  local w = wu * 1000
   local room = limit - cur - c
   local admitted = room >= 0 and weight <= room
   local after = cur
@@ -967,19 +973,7 @@ local function decideFast(out)
     elseif alg == 4 then
       -- slidingEval, without its tables.
       local limit, wu = R[5], R[6]
-      local startu = nu - fmod(nu, wu)
-      local endu = startu + wu
-      local cur, prev = 0, 0
-      if st and st[1] > nu then
-        local stateEnd = st[1] - wu
-        if stateEnd == endu then cur, prev = st[2], st[3]
-        elseif stateEnd == startu then prev = st[2]
-        elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
-      end
-      local w = wu * 1000
-      local left = mmax((endu - nu) * 1000 - nsub, 0)
-      local weight, exact = muldiv(prev, left, w)
-      if not exact then weight = weight + 1 end
+      local cur, prev, endu, weight = slidingCounts(wu, st)
       local room = limit - cur - c
       -- A refusal, in shadow or not, is decide's to report.
       if room < 0 or weight > room then return false end
