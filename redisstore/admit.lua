@@ -1,7 +1,7 @@
-#!lua name=admit_v6
+#!lua name=admit_v7
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v6 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v7 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -46,6 +46,9 @@
 local STRIDE = 15
 -- A withdrawal takes at most 1/SHARE of what a key has left (see withdraw).
 local SHARE = 8
+-- A bucket's withdrawal may book its refill this far ahead, in ns (see
+-- book; redisstore/leased.go's bookAhead).
+local BOOKAHEAD = 250000000
 local MAXCOUNT = 4000000000 -- admit.MaxCount: a window counts debits up to it
 local TWO53 = 9007199254740992
 local SPLIT = 2097152 -- 2^21
@@ -1179,16 +1182,55 @@ local function undo()
   return reply(out, results, 0)
 end
 
+-- book is withdraw for a token bucket or gcra: it grants tokens the
+-- bucket does not have yet, booking its refill up to BOOKAHEAD ns ahead
+-- (the bucket goes into debt, as a reservation puts it), so that a key
+-- under sustained demand is leased in batches rather than one token at a
+-- time. Of the tokens that room holds it grants at most half, so that
+-- other servers asking get a share, and nothing when it holds fewer than
+-- 2 × SHARE: a small bucket is decided exactly. The reply is decide's for a look at
+-- the key, with the grant where a lease's expiry goes and, in place of
+-- the charge's retry, in how many ns (ceiled; <= 0: already) the first
+-- token granted is due: the others follow one per token's span, and the
+-- server spends none before it is due (redisstore/leased.go).
+local function book(out, want, k0)
+  local R, alg = charge(1)
+  decide(out)
+  local key = KEYS[KEYBASE + 1]
+  local b = bucketParams(R)
+  local st = load(key, alg)
+  local ta, tf
+  if st then ta, tf = decode(b, st[1], st[2], st[3]) else ta, tf = decode(b) end
+  if less(ta, tf, 0, 0) then ta, tf = 0, 0 end
+  local ha, hf = span(b, b.burst)
+  local ra, rf = sub(b, ha + BOOKAHEAD, hf, ta, tf)
+  local room = tokens(b, ra, rf)
+  local g = mmin(want, room - floor(room / 2))
+  if room < 2 * SHARE then g = 0 end
+  if g < 1 then
+    out[OUTK] = 0
+    return out
+  end
+  local na, nf = add(b, ta, tf, span(b, g))
+  store(key, R, alg, encode(na, nf))
+  local xa, xf = add(b, ta, tf, span(b, 1))
+  out[k0 + 5] = ceil(sub(b, xa, xf, ha, hf))
+  out[OUTK] = g
+  return out
+end
+
 -- withdraw takes an allowance for a leased rule (redisstore/leased.go):
 -- of the one charge's cost, as much as fits in 1/SHARE of what the key
 -- has left, so that the last units of a limit go one by one to whichever
 -- server asks, and the servers asking for more get less the less there
 -- is. It replies as decide does, the charge as if its cost had been the
 -- amount granted (0 when none was: what a peek sees), and that amount
--- where a lease's expiry goes.
+-- where a lease's expiry goes. A bucket's is book's.
 local function withdraw(out)
   local want, k0 = COSTS[1], OUTK
   COSTS[1] = 0
+  local alg = RULES[1].alg
+  if alg == 1 or alg == 2 then return book(out, want, k0) end
   decide(out)
   local g = mmin(want, floor(out[k0 + 3] / SHARE))
   if g >= 1 then
@@ -1376,4 +1418,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v6', run)
+redis.register_function('admit_v7', run)

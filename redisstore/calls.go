@@ -131,8 +131,10 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // can share a deployment during an upgrade (the states they keep are the
 // same). admit_v2 added batches (op "b"); admit_v3 the flag x, a
 // decision another Cluster group refused; admit_v4 debits (a cost "dN");
-// admit_v6 withdrawals for leased rules (the flag w).
-const FunctionName = "admit_v6"
+// admit_v6 withdrawals for leased rules (the flag w); admit_v7 a
+// bucket's withdrawal that books its refill ahead, which a server of an
+// earlier version would take for tokens in hand.
+const FunctionName = "admit_v7"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The

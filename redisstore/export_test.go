@@ -27,8 +27,8 @@ func Queued(s *Store) int {
 	return len(b.queue)
 }
 
-// Held returns the units s holds of key's allowance and whether a
-// withdrawal for it is in flight.
+// Held returns the units s holds of key's allowance, due or booked, and
+// whether a withdrawal for it is in flight.
 func Held(s *Store, key string) (units int64, fetching bool) {
 	s.leased.mu.RLock()
 	p := s.leased.m[key]
@@ -38,7 +38,7 @@ func Held(s *Store, key string) (units int64, fetching bool) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.avail, p.fetch != nil
+	return p.avail + p.future, p.fetch != nil
 }
 
 // Sweep runs s's sweep of its allowances at now.

@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -33,6 +35,17 @@ import (
 // withdrawal is made when the allowance falls below half of the last
 // grant, before it runs out, so callers rarely wait.
 //
+// A token bucket (or GCRA) near empty has nothing to share, and under
+// sustained demand it stays there: a withdrawal then books the refill to
+// come, up to bookAhead ahead, putting the bucket into debt in Redis as a
+// reservation does, and the server spends each token it was granted no
+// earlier than Redis said the token is due (counted from when the reply
+// arrived, which is after Redis decided). Until a token is due, a request
+// that the tokens booked would cover is refused locally, with the time
+// it is due as its retry. So the servers of a hot key make a call per
+// batch of its refill, not per request, and together admit no more than
+// the bucket would.
+//
 // An allowance lives as long as what it was withdrawn from: a fixed
 // window's or quota's units until the period ends, a sliding window's
 // until the current window ends (after which they count in the previous
@@ -63,6 +76,9 @@ const (
 	leaseForget = 10 * time.Second
 	// sweepEvery is how often expired and idle allowances are swept.
 	sweepEvery = 250 * time.Millisecond
+	// bookAhead mirrors admit.lua's BOOKAHEAD: how far ahead of its
+	// refill a bucket's withdrawal may book.
+	bookAhead = 250 * time.Millisecond
 )
 
 // shareOf mirrors admit.lua's SHARE: a withdrawal takes at most 1/shareOf
@@ -80,6 +96,8 @@ type allowance struct {
 
 	mu     sync.Mutex
 	avail  int64     // units in hand
+	future int64     // a bucket's units booked, not yet due
+	due    time.Time // when the first of them is due (local clock)
 	until  time.Time // when they expire (local clock)
 	gen    uint64    // bumped when avail is replaced, not added to
 	period int64     // the end of the window or quota period avail is of (µs, Redis time)
@@ -300,6 +318,7 @@ func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generat
 		}
 		c, r := &charges[i], &d.Results[i]
 		p.mu.Lock()
+		p.release(now)
 		switch {
 		case p.avail >= c.Cost && now.Before(p.until):
 			p.avail -= c.Cost
@@ -307,10 +326,23 @@ func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generat
 			p.lastUse = now
 			gens[i] = p.gen
 			*r = p.result(now, true)
-			if p.avail < p.grant/2 && !p.exact && p.fetch == nil {
+			if p.avail+p.future < p.grant/2 && !p.exact && p.fetch == nil {
 				p.startFetch(s, 0, now)
 			}
 			taken |= 1 << i
+		case p.avail+p.future >= c.Cost && now.Before(p.until) && !p.rule.Shadow:
+			// Booked, not due yet: what this server may admit of the key
+			// until then is in hand, and the rest of the refill is booked
+			// by others or beyond reach.
+			p.used += c.Cost
+			p.lastUse = now
+			*r = p.result(now, false)
+			r.RetryAfter = p.dueIn(c.Cost-p.avail, now)
+			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
+			if p.avail+p.future < p.grant/2 && !p.exact && p.fetch == nil {
+				p.startFetch(s, 0, now)
+			}
+			refused = true
 		case now.Before(p.refusedUntil) && c.Cost >= p.refusedCost && !p.rule.Shadow:
 			*r = p.refusal
 			r.Remaining = 0
@@ -373,7 +405,7 @@ func (p *allowance) fetchFor(s *Store, cost int64, now time.Time) *fetch {
 	if p.fetch != nil {
 		return p.fetch
 	}
-	if p.exact || (p.avail >= cost && now.Before(p.until)) || now.Before(p.refusedUntil) {
+	if p.exact || (p.avail+p.future >= cost && now.Before(p.until)) || now.Before(p.refusedUntil) {
 		return nil
 	}
 	if p.want(now) < minLease {
@@ -408,6 +440,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want}}
 	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
 	v, err := s.decideCall(p.tag, s.newJob(ctx, charges[:], []*ruleArgs{p.ra}, g, decideWithdraw, "", ""))
+	recv := s.now()
 	if err == nil && len(v.v) != 6 {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))
 	}
@@ -422,12 +455,19 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	}
 	granted, left := v.v[5], v.v[2]
 	resetIn := s.replyReset(p.rule, v, v.v[3])
-	if granted > 0 {
+	if p.books() {
+		p.book(granted, recv.Add(time.Duration(v.v[4])), sent)
+		p.takenU, p.takenN = v.nu, v.nsub
+		left = max(left-granted, 0)
+		s.withdrawn.Add(granted)
+	} else if granted > 0 {
 		until, period := s.allowanceEnd(p.rule, v, sent)
-		if p.avail == 0 || !sent.Before(p.until) || period != p.period {
-			// Nothing in hand, or units of a period that has ended (a
-			// grant from a later period lands only after it has): the
-			// grant replaces them.
+		if !sent.Before(p.until) || period != p.period {
+			// Units of a period that has ended (a grant from a later
+			// period lands only after it has): the grant replaces them,
+			// and units taken from them are not put back. Units of the
+			// same period are added to, even when none is in hand: a
+			// caller may be about to put one back.
 			s.expired.Add(p.avail)
 			p.avail, p.until, p.period = granted, until, period
 			p.gen++
@@ -442,8 +482,92 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	p.shared = left
 	p.reset = sent.Add(resetIn)
 	p.exact = left < shareOf
+	if p.books() {
+		p.exact = granted == 0
+	}
 	p.mu.Unlock()
 	close(f.done)
+}
+
+// books reports whether p's withdrawals book the refill of a bucket.
+func (p *allowance) books() bool {
+	return p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA
+}
+
+// book adds to p the n units of a withdrawal sent at sent, the first
+// due at first, the others one per token's span after it. Units booked
+// earlier come first: the new ones are due after them, and never before
+// their own time, so the schedule of both starts at the later of the
+// old one's and the new one's moved back by the old units' span. p.mu is
+// held.
+func (p *allowance) book(n int64, first, sent time.Time) {
+	if !sent.Before(p.until) && p.avail+p.future > 0 {
+		// Expired before the sweep saw it: the sweep gives back what is
+		// in hand; none of it may be spent now.
+		p.avail, p.future = 0, 0
+		p.gen++
+	}
+	if n <= 0 {
+		return
+	}
+	if p.future > 0 {
+		first = maxTime(p.due, first.Add(-spanOf(p.rule.Rate, p.future)))
+	}
+	p.future += n
+	p.due = first
+	p.until = sent.Add(bucketHold)
+}
+
+// release moves to avail the booked units due by now. p.mu is held.
+func (p *allowance) release(now time.Time) {
+	if p.future == 0 || now.Before(p.due) {
+		return
+	}
+	k := min(tokensIn(p.rule.Rate, now.Sub(p.due))+1, p.future)
+	p.avail += k
+	p.future -= k
+	p.due = p.due.Add(spanOf(p.rule.Rate, k))
+}
+
+// dueIn returns how long from now until n more booked units are due.
+// p.mu is held, and release has run.
+func (p *allowance) dueIn(n int64, now time.Time) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return max(p.due.Add(spanOf(p.rule.Rate, n-1)).Sub(now), 0)
+}
+
+// tokensIn returns how many tokens of rate r refill in d >= 0, rounded
+// down (saturated at math.MaxInt64).
+func tokensIn(r admit.Rate, d time.Duration) int64 {
+	hi, lo := bits.Mul64(uint64(d), uint64(r.N))
+	if hi >= uint64(r.Per) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(r.Per))
+	return int64(min(q, math.MaxInt64))
+}
+
+// spanOf returns how long n >= 0 tokens of rate r take to refill,
+// rounded up (saturated at math.MaxInt64).
+func spanOf(r admit.Rate, n int64) time.Duration {
+	hi, lo := bits.Mul64(uint64(n), uint64(r.Per))
+	if hi >= uint64(r.N) {
+		return math.MaxInt64
+	}
+	q, rem := bits.Div64(hi, lo, uint64(r.N))
+	if rem > 0 {
+		q++
+	}
+	return time.Duration(min(q, math.MaxInt64))
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // replyReset returns the reset time a reply reports for a charge of r,
@@ -495,6 +619,11 @@ func (p *allowance) learn(c *admit.Charge, res *admit.Result, now time.Time, ref
 	}
 	if refusals && !res.Allowed && !res.Shadow && res.RetryAfter > 0 {
 		p.refusedUntil, p.refusedCost, p.refusal = now.Add(res.RetryAfter), c.Cost, *res
+		// When the refusal ends the bucket has refilled: room to book
+		// again, if the rule's bucket is big enough to be booked at all.
+		if p.books() && p.rule.Burst+tokensIn(p.rule.Rate, bookAhead) >= 2*shareOf {
+			p.exact = false
+		}
 	}
 }
 
@@ -521,7 +650,7 @@ func (s *Store) sweep(now time.Time) {
 	for k, p := range s.leased.m {
 		p.mu.Lock()
 		switch {
-		case p.avail > 0 && !now.Before(p.until):
+		case p.avail+p.future > 0 && !now.Before(p.until):
 			if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
 				back = append(back, p)
 			} else {
@@ -529,9 +658,9 @@ func (s *Store) sweep(now time.Time) {
 				p.avail = 0
 				p.gen++
 			}
-		case p.avail > 0 && now.Sub(p.lastUse) >= leaseIdle:
+		case p.avail+p.future > 0 && now.Sub(p.lastUse) >= leaseIdle:
 			back = append(back, p)
-		case p.avail == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
+		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
 			delete(s.leased.m, k)
 		}
 		p.mu.Unlock()
@@ -545,8 +674,8 @@ func (s *Store) sweep(now time.Time) {
 // refund gives back the units p holds.
 func (s *Store) refund(p *allowance) {
 	p.mu.Lock()
-	n, tu, tn := p.avail, p.takenU, p.takenN
-	p.avail = 0
+	n, tu, tn := p.avail+p.future, p.takenU, p.takenN
+	p.avail, p.future = 0, 0
 	p.gen++
 	p.mu.Unlock()
 	if n <= 0 {
@@ -594,7 +723,7 @@ func (s *Store) forget(charges []admit.Charge) {
 	for i := range charges {
 		if p := s.leased.m[charges[i].Key]; p != nil {
 			p.mu.Lock()
-			p.avail, p.exact, p.refusedUntil = 0, false, time.Time{}
+			p.avail, p.future, p.exact, p.refusedUntil = 0, 0, false, time.Time{}
 			p.gen++
 			p.mu.Unlock()
 			delete(s.leased.m, charges[i].Key)

@@ -450,3 +450,75 @@ func TestLeasedClose(t *testing.T) {
 		t.Errorf("after closing Redis has %d left, want %d", got, 1000-admitted)
 	}
 }
+
+// TestLeasedBooking: two servers share a bucket of 1,000/s burst 100 that
+// their callers ask three times its rate of, on a clock stepped a
+// millisecond at a time (Redis's with it) for 2 s. The servers book its
+// refill ahead: at every step they have admitted no more than the bucket
+// holds (burst + rate × elapsed), by the end at least 90 % of it, with
+// at most one Redis call per 10 decisions, and each server a share.
+func TestLeasedBooking(t *testing.T) {
+	srv := redistest.Start(t)
+	for _, tc := range []struct {
+		a    admit.Algorithm
+		rate int64
+	}{
+		{admit.TokenBucket, 1000},
+		{admit.GCRA, 1000},
+		{admit.TokenBucket, 997}, // a token every 1,003,009.03 ns
+	} {
+		t.Run(tc.a.String()+"/"+itoa(tc.rate), func(t *testing.T) {
+			const burst, steps = 100, 2000
+			rate := tc.rate
+			clock := storetest.NewClock()
+			ss := servers(t, "redis://"+srv.Addr, newPrefix(), 2, clock.Now)
+			rule := &admit.Rule{Name: "hot", Algorithm: tc.a, Rate: admit.PerSecond(rate), Burst: burst, Distribution: admit.Leased}
+			key := hotKey("booking")
+			charges := []admit.Charge{{Key: key, Rule: rule, Cost: 1}}
+			var per [2]int64
+			var decisions int64
+			var d admit.Decision
+			for step := range steps {
+				elapsed := time.Duration(step) * time.Millisecond
+				clock.Set(elapsed)
+				// 3 a millisecond in all: 2 on one server, 1 on the other,
+				// turn about.
+				for k := range 3 {
+					i := (step + k) % 2
+					if err := ss[i].Decide(context.Background(), charges, &d); err != nil {
+						t.Fatal(err)
+					}
+					decisions++
+					if d.Allowed {
+						per[i]++
+					} else if d.RetryAfter <= 0 {
+						t.Fatalf("step %d: refused with retry-after %v", step, d.RetryAfter)
+					}
+					// Withdrawals land before the clock moves on.
+					settle(t, ss[i], key)
+				}
+				if bound := burst + rate*int64(elapsed)/int64(time.Second); per[0]+per[1] > bound {
+					t.Fatalf("at %v: admitted %d (%v), more than the bucket's %d", elapsed, per[0]+per[1], per, bound)
+				}
+			}
+			var calls int64
+			for _, s := range ss {
+				calls += s.Health().Calls
+			}
+			admitted := per[0] + per[1]
+			bound := burst + rate*(steps-1)/1000
+			t.Logf("%d decisions, %d admitted %v of %d, %d calls", decisions, admitted, per, bound, calls)
+			if admitted < bound*9/10 {
+				t.Errorf("admitted %d of %d, want at least 90 %%", admitted, bound)
+			}
+			if calls*10 > decisions {
+				t.Errorf("%d calls for %d decisions, want at most 1 per 10", calls, decisions)
+			}
+			for i, n := range per {
+				if n < admitted/4 {
+					t.Errorf("server %d admitted %d of %d: booking shares the refill, want a quarter at least", i, n, admitted)
+				}
+			}
+		})
+	}
+}

@@ -13,6 +13,13 @@
 //
 //	cd bench && go run ./rlspeer -callers 64 -duration 3s -rounds 3
 //
+// With -memory N it measures instead what a live key costs Redis: for
+// each target in turn, on an emptied redis-server, N requests of N
+// distinct users (hourly windows, so that none expires meanwhile), then
+// redis-server's used_memory (INFO memory) grown, per key it holds.
+//
+//	cd bench && go run ./rlspeer -memory 1000000
+//
 // Everything listens on 127.0.0.1; the processes it starts are stopped by
 // PID when it ends, and it ends by itself after rounds × 3 × duration.
 package main
@@ -53,6 +60,7 @@ func main() {
 	charge := flag.String("charge", "all", "Admit's charging mode for the domain: all (its default) or each (envoyproxy/ratelimit's)")
 	distribution := flag.String("distribution", "exact", "Admit's distribution of both limits: exact (its default) or leased (allowances)")
 	users := flag.Int("users", load.RLSUsers, "users the requests spread over (at most 10,000): fewer make hotter keys")
+	memory := flag.Int("memory", 0, "measure Redis memory per live key over this many distinct users instead")
 	flag.Parse()
 	if *distribution != "exact" && *distribution != "leased" {
 		fmt.Fprintln(os.Stderr, "rlspeer: -distribution: want exact or leased")
@@ -66,7 +74,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rlspeer: -charge: want all or each")
 		os.Exit(2)
 	}
-	if err := run(*callers, *conns, *duration, *rounds, *charge, *distribution, *users); err != nil {
+	if *memory < 0 || *memory > 10_000_000 {
+		fmt.Fprintln(os.Stderr, "rlspeer: -memory: want 0 to 10000000")
+		os.Exit(2)
+	}
+	if err := run(*callers, *conns, *duration, *rounds, *charge, *distribution, *users, *memory); err != nil {
 		fmt.Fprintln(os.Stderr, "rlspeer:", err)
 		os.Exit(1)
 	}
@@ -74,11 +86,11 @@ func main() {
 
 // admitLimits is the benchmark's configuration as Admit reads it: with
 // distribution leased, both limits say so (Admit's extension).
-func admitLimits(distribution string) string {
+func admitLimits(conf, distribution string) string {
 	if distribution == "exact" {
-		return load.RLSConfig
+		return conf
 	}
-	return strings.ReplaceAll(load.RLSConfig, "}", ", distribution: leased}")
+	return strings.ReplaceAll(conf, "}", ", distribution: leased}")
 }
 
 // proc is a process this command started.
@@ -179,7 +191,7 @@ type row struct {
 	failed                  int64
 }
 
-func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users int) error {
+func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users, memory int) error {
 	dir, err := os.MkdirTemp("", "rlspeer-")
 	if err != nil {
 		return err
@@ -193,7 +205,11 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(load.RLSConfig), 0o644); err != nil {
+	conf := load.RLSConfig
+	if memory > 0 {
+		conf = strings.ReplaceAll(conf, "unit: second", "unit: hour")
+	}
+	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(conf), 0o644); err != nil {
 		return err
 	}
 	// Admit reads the same file, but for its charge: line, which the
@@ -202,7 +218,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	if err := os.MkdirAll(admitConf, 0o755); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+admitLimits(distribution)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+admitLimits(conf, distribution)), 0o644); err != nil {
 		return err
 	}
 
@@ -255,6 +271,14 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		return err
 	}
 
+	targets := []struct {
+		name string
+		p    *proc
+		addr string
+	}{{"envoyproxy/ratelimit", upstream, upstreamAddr}, {"admit", admit, admitAddr}}
+	if memory > 0 {
+		return measureMemory(redisAddr, targets[0].addr, targets[1].addr, memory, callers)
+	}
 	reqs := load.RLSRequests("bench", false)[:users]
 	measure := func(p *proc, addr string) (row, error) {
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
@@ -292,11 +316,6 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, distribution: %s, %d rounds of %v, one redis-server\n",
 		callers, conns, min(load.RLSTenants, users), users, charge, distribution, rounds, d)
 	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "errors")
-	targets := []struct {
-		name string
-		p    *proc
-		addr string
-	}{{"envoyproxy/ratelimit", upstream, upstreamAddr}, {"admit", admit, admitAddr}}
 	all := map[string][]row{}
 	for i := range rounds {
 		for _, t := range targets {

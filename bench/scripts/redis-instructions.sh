@@ -9,7 +9,8 @@
 # and prints the instructions per call and per decision.
 #
 # ALG picks the rule: bucket (token bucket, default), gcra, fixed, sliding,
-# quota, log (sliding log) or concurrency. Limits are large enough that
+# quota, log (sliding log) or concurrency; or peer, which counts instead
+# envoyproxy/ratelimit's two commands per descriptor (INCRBY, EXPIRE). Limits are large enough that
 # nothing is refused. Each charge's key is one of KEYSPACE (default 1000)
 # keys, drawn at random, so that after the warm-up (W batches, default
 # 2000) most keys exist, as they do for a live tenant's users; SCOPES=3
@@ -32,8 +33,26 @@ OUT=$(mktemp)
 valgrind --tool=callgrind --callgrind-out-file="$OUT" "${RS:-redis-server}" \
   --port "$PORT" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
 VP=$!
-trap 'kill "$VP" 2>/dev/null || true; [ -n "${KEEP:-}" ] && cp "$OUT" "$KEEP"; rm -f "$OUT"' EXIT
+trap 'kill "$VP" 2>/dev/null || true; [ -n "${KEEP:-}" ] && cp "$OUT" "$KEEP"; rm -f "$OUT"*' EXIT
 for _ in $(seq 100); do redis-cli -p "$PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
+if [ "${ALG:-}" = peer ]; then
+  # envoyproxy/ratelimit's commands for one descriptor of a fixed window,
+  # INCRBY then EXPIRE, each pipelined 44 deep (4 commands × 11
+  # decisions) on one of KEYSPACE keys named as it names them.
+  K="bench_tenant_tenant-1_user_user-__rand_int___1795618800"
+  redis-benchmark -p "$PORT" -n "$W" -c 1 -P 44 -r "$KEYSPACE" INCRBY "$K" 1 >/dev/null
+  for cmd in "INCRBY $K 1" "EXPIRE $K 3600"; do
+    callgrind_control -z "$VP" >/dev/null 2>&1
+    # shellcheck disable=SC2086 # the command's words
+    redis-benchmark -p "$PORT" -n "$((N * 44))" -c 1 -P 44 -r "$KEYSPACE" $cmd >/dev/null
+    callgrind_control -d "$VP" >/dev/null 2>&1
+    sleep 1
+    F=$(ls -t "$OUT".* | head -1)
+    IR=$(grep -E '^(summary|totals):' "$F" | head -1 | awk '{print $2}')
+    echo "peer ${cmd%% *}: instructions/command=$((IR / N / 44))"
+  done
+  exit 0
+fi
 redis-cli -p "$PORT" -x FUNCTION LOAD REPLACE <"$LIB" >/dev/null
 # Rules as batches send them (see ruleArgs in redisstore/args.go): the
 # algorithm, then cost, shadow, lease TTL (µs), how, then the parameters.

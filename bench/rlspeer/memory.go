@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/admitdev/admit/bench/load"
+	"github.com/admitdev/admit/redistest"
+)
+
+// measureMemory sends n requests of n distinct users (in load.RLSTenants
+// tenants) to each target in turn, on a redis-server emptied before each,
+// and prints how much used_memory grew per key Redis then holds.
+func measureMemory(redisAddr, upstreamAddr, admitAddr string, n, callers int) error {
+	fmt.Printf("rlspeer -memory: %d distinct users in %d tenants, 2 descriptors per request (hourly windows), one redis-server emptied before each target\n", n, load.RLSTenants)
+	fmt.Printf("%-22s %10s %14s %14s %12s\n", "target", "keys", "used_memory +", "bytes/key", "requests/s")
+	results := map[string]float64{}
+	for _, t := range []struct{ name, addr string }{{"envoyproxy/ratelimit", upstreamAddr}, {"admit", admitAddr}} {
+		if _, err := redistest.Command(redisAddr, "FLUSHALL"); err != nil {
+			return err
+		}
+		before, err := usedMemory(redisAddr)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := sendDistinct(t.addr, n, callers); err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
+		}
+		elapsed := time.Since(start)
+		after, err := usedMemory(redisAddr)
+		if err != nil {
+			return err
+		}
+		v, err := redistest.Command(redisAddr, "DBSIZE")
+		if err != nil {
+			return err
+		}
+		keys, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || keys == 0 {
+			return fmt.Errorf("DBSIZE: %q", v)
+		}
+		per := float64(after-before) / float64(keys)
+		results[t.name] = per
+		sample, err := redistest.Command(redisAddr, "RANDOMKEY")
+		if err != nil {
+			return err
+		}
+		value, err := redistest.Command(redisAddr, "GET", sample)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-22s %10d %14d %14.1f %12.0f   e.g. %q = %q\n", t.name, keys, after-before, per, float64(n)/elapsed.Seconds(), sample, value)
+	}
+	fmt.Printf("bytes per live key, admit ÷ envoyproxy/ratelimit: %.2f\n", results["admit"]/results["envoyproxy/ratelimit"])
+	return nil
+}
+
+// sendDistinct sends one request per user 0..n-1 to the rate limit
+// service at addr from callers goroutines, and fails on any answer but OK.
+func sendDistinct(addr string, n, callers int) error {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	c := rlsv3.NewRateLimitServiceClient(cc)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				u := next.Add(1) - 1
+				if u >= int64(n) {
+					return
+				}
+				entry := func(k, v string) *rlext.RateLimitDescriptor_Entry {
+					return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v}
+				}
+				t := entry("tenant", "tenant-"+strconv.FormatInt(u%load.RLSTenants, 10))
+				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{
+					{Entries: []*rlext.RateLimitDescriptor_Entry{t}},
+					{Entries: []*rlext.RateLimitDescriptor_Entry{t, entry("user", "user-"+strconv.FormatInt(u, 10))}},
+				}}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				resp, err := c.ShouldRateLimit(ctx, req)
+				cancel()
+				if err == nil && resp.OverallCode != rlsv3.RateLimitResponse_OK {
+					err = fmt.Errorf("user %d: %v", u, resp.OverallCode)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// usedMemory returns redis-server's used_memory.
+func usedMemory(addr string) (int64, error) {
+	v, err := redistest.Command(addr, "INFO", "memory")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(v, "\r\n") {
+		if x, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			return strconv.ParseInt(x, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("INFO memory has no used_memory")
+}
