@@ -128,7 +128,16 @@ type allowances struct {
 	mu       sync.RWMutex
 	m        map[string]*allowance
 	sweeping bool
+
+	// Withdrawals in flight, which Close waits for before it gives every
+	// allowance back: a grant landing after that would be lost.
+	fetchMu sync.Mutex
+	closing bool
+	fetches sync.WaitGroup
 }
+
+// errClosing answers the callers of a withdrawal asked of a closing store.
+var errClosing = admit.Errorf(admit.CodeUnavailable, "redisstore: the store is closing")
 
 // leasable reports whether charge c could be decided from an allowance:
 // a leased rule, a positive cost, no debit.
@@ -425,6 +434,16 @@ func (p *allowance) want(now time.Time) int64 {
 // held.
 func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 	f := &fetch{done: make(chan struct{})}
+	a := &s.leased
+	a.fetchMu.Lock()
+	if a.closing {
+		a.fetchMu.Unlock()
+		f.err = errClosing
+		close(f.done)
+		return f
+	}
+	a.fetches.Add(1)
+	a.fetchMu.Unlock()
 	p.fetch = f
 	want := min(max(p.want(now), minLease)+need, maxLease)
 	p.used, p.since = 0, now
@@ -434,6 +453,7 @@ func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 
 // withdraw asks Redis for want units of p and adds what it grants.
 func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
+	defer s.leased.fetches.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	sent := s.now()
@@ -695,8 +715,13 @@ func (s *Store) refund(p *allowance) {
 	s.refunded.Add(n)
 }
 
-// returnAll gives back every allowance, as the store closes.
+// returnAll gives back every allowance, as the store closes, once the
+// withdrawals in flight have landed; no other starts.
 func (s *Store) returnAll() {
+	s.leased.fetchMu.Lock()
+	s.leased.closing = true
+	s.leased.fetchMu.Unlock()
+	s.leased.fetches.Wait()
 	s.leased.mu.Lock()
 	ps := make([]*allowance, 0, len(s.leased.m))
 	for _, p := range s.leased.m {
