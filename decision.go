@@ -74,11 +74,16 @@ type Decision struct {
 	// Lease is set when the decision admitted concurrency charges: they are
 	// held under this one lease until it is released or expires.
 	Lease Lease
+
+	// A Limiter's charges and key bytes, kept for the next decision into
+	// this Decision (see Limiter.Decide).
+	charges []Charge
+	key     []byte
 }
 
 // Reset clears d for reuse, keeping the backing array of d.Results.
 func (d *Decision) Reset() {
-	*d = Decision{Results: d.Results[:0]}
+	*d = Decision{Results: d.Results[:0], charges: d.charges, key: d.key}
 }
 
 // Summarize sets d's top-level fields from d.Results. Stores call it after

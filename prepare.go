@@ -39,12 +39,17 @@ func TenantHash(key string) (uint64, bool) {
 	if tenant == "" {
 		return 0, false
 	}
+	return tenantHash(tenant), true
+}
+
+// tenantHash is TenantHash of a key whose tenant is tenant: FNV-1a.
+func tenantHash(tenant string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(tenant); i++ {
 		h ^= uint64(tenant[i])
 		h *= 1099511628211
 	}
-	return h, true
+	return h
 }
 
 // preparedKey is what Prepare computed of a charge's key. It holds while

@@ -7,6 +7,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"runtime"
 	"strconv"
@@ -122,6 +123,51 @@ func (w *admitWorker) allow3(u int) bool { return w.decide(w.three[3*u : 3*u+3])
 func (w *admitWorker) allowKey(key string) bool {
 	c := [1]admit.Charge{{Key: key, Rule: w.rule, Cost: 1}}
 	return w.decide(c[:])
+}
+
+// --- Admit's front door: admit.Limiter, a Who per decision ---
+
+// limiterHarness decides through admit.Limiter as a program would: the
+// user's (and tenant's) name in a Who on every decision, one Decision per
+// worker reused.
+type limiterHarness struct {
+	k          *keys
+	s          *memstore.Store
+	one, three *admit.Limiter
+}
+
+type limiterWorker struct {
+	*limiterHarness
+	d admit.Decision
+}
+
+func newAdmitLimiter(k *keys) limiter {
+	s := memstore.New(&memstore.Options{SweepInterval: time.Hour})
+	limit := func(i int) admit.Limit {
+		return admit.Bucket(strconv.Itoa(i), admit.PerSecond(scopes[i].perSecond), scopes[i].burst)
+	}
+	one, err1 := admit.NewLimiter(s, limit(0).Per(admit.PerUser))
+	three, err2 := admit.NewLimiter(s, limit(0).Per(admit.PerUser), limit(1).Per(admit.PerTenant), limit(2))
+	if err := errors.Join(err1, err2); err != nil {
+		panic(err)
+	}
+	return &limiterHarness{k: k, s: s, one: one, three: three}
+}
+
+func (h *limiterHarness) worker() worker  { return &limiterWorker{limiterHarness: h} }
+func (h *limiterHarness) liveKeys() int64 { return h.s.Stats().Keys }
+func (h *limiterHarness) close()          { h.s.Close() }
+
+func (w *limiterWorker) allow(u int) bool { return w.allowKey(w.k.users[u]) }
+
+func (w *limiterWorker) allow3(u int) bool {
+	_ = w.three.Decide(context.Background(), admit.Who{Tenant: w.k.tenants[u%tenants], User: w.k.users[u]}, 1, &w.d)
+	return w.d.Allowed
+}
+
+func (w *limiterWorker) allowKey(key string) bool {
+	_ = w.one.Decide(context.Background(), admit.Who{User: key}, 1, &w.d)
+	return w.d.Allowed
 }
 
 // --- golang.org/x/time/rate in a 256-shard map ---
@@ -253,6 +299,7 @@ var impls = []struct {
 	make func(*keys) limiter
 }{
 	{"admit", newAdmit},
+	{"admit-limiter", newAdmitLimiter},
 	{"xrate", newXrate},
 	{"golimiter", newGoLimiter},
 	{"ulule", newUlule},

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"iter"
 	"math"
 	"net/http"
 	"strconv"
@@ -17,7 +18,60 @@ import (
 // and results are index by index, as in policy.Resolution and
 // admit.Decision.
 func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	for r, res := range policy.RuleResults(rules, results) {
+	return appendPolicy(b, policyRules(rules, results))
+}
+
+// AppendLimit appends the RateLimit field value of a decision: per
+// non-shadow charge, the remaining quota r and the seconds t until it is
+// whole again.
+func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
+	return appendLimit(b, policyRules(rules, results))
+}
+
+// SetHeaders sets the RateLimit-Policy and RateLimit fields of a decision
+// on h (neither when no charge is reported), and returns buf for reuse.
+func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit.Result) []byte {
+	return setHeaders(h, buf, policyRules(rules, results))
+}
+
+// setLimiterHeaders is SetHeaders for a decision of an admit.Limiter,
+// whose rules are its limits'.
+func setLimiterHeaders(h http.Header, buf []byte, rules []*admit.Rule, results []admit.Result) []byte {
+	return setHeaders(h, buf, func(yield func(*admit.Rule, *admit.Result) bool) {
+		for i := range min(len(rules), len(results)) {
+			if !yield(rules[i], &results[i]) {
+				return
+			}
+		}
+	})
+}
+
+// ruleResults yields a decision's charges: each one's rule and result.
+type ruleResults = iter.Seq2[*admit.Rule, *admit.Result]
+
+func policyRules(rules []*policy.Rule, results []admit.Result) ruleResults {
+	return func(yield func(*admit.Rule, *admit.Result) bool) {
+		for r, res := range policy.RuleResults(rules, results) {
+			if !yield(&r.Rule, res) {
+				return
+			}
+		}
+	}
+}
+
+func setHeaders(h http.Header, buf []byte, charges ruleResults) []byte {
+	buf = appendPolicy(buf[:0], charges)
+	if len(buf) == 0 {
+		return buf
+	}
+	h.Set("RateLimit-Policy", string(buf))
+	buf = appendLimit(buf[:0], charges)
+	h.Set("RateLimit", string(buf))
+	return buf
+}
+
+func appendPolicy(b []byte, charges ruleResults) []byte {
+	for r, res := range charges {
 		if r.Shadow {
 			continue
 		}
@@ -28,7 +82,7 @@ func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte
 		b = append(b, r.Name...)
 		b = append(b, `";q=`...)
 		b = strconv.AppendInt(b, res.Limit, 10)
-		if w := window(&r.Rule); w > 0 {
+		if w := window(r); w > 0 {
 			b = append(b, ";w="...)
 			b = strconv.AppendInt(b, w, 10)
 		}
@@ -36,11 +90,8 @@ func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte
 	return b
 }
 
-// AppendLimit appends the RateLimit field value of a decision: per
-// non-shadow charge, the remaining quota r and the seconds t until it is
-// whole again.
-func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	for r, res := range policy.RuleResults(rules, results) {
+func appendLimit(b []byte, charges ruleResults) []byte {
+	for r, res := range charges {
 		if r.Shadow {
 			continue
 		}
@@ -55,19 +106,6 @@ func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte 
 		b = strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
 	}
 	return b
-}
-
-// SetHeaders sets the RateLimit-Policy and RateLimit fields of a decision
-// on h (neither when no charge is reported), and returns buf for reuse.
-func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	buf = AppendPolicy(buf[:0], rules, results)
-	if len(buf) == 0 {
-		return buf
-	}
-	h.Set("RateLimit-Policy", string(buf))
-	buf = AppendLimit(buf[:0], rules, results)
-	h.Set("RateLimit", string(buf))
-	return buf
 }
 
 // window returns the seconds over which a rule grants its quota: the time a

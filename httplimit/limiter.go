@@ -19,14 +19,12 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/problem"
 )
 
 // Action maps requests to an action name.
@@ -285,17 +283,11 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 	if l.opts.Observe != nil {
 		l.opts.Observe(&c.res, &c.d, out, time.Since(start))
 	}
-	h := w.Header()
-	c.buf = SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
+	c.buf = SetHeaders(w.Header(), c.buf, c.res.Rules, c.d.Results)
 	if c.d.Allowed {
 		return true
 	}
-	h.Set("Retry-After", strconv.FormatInt(l.retryAfter(c.d.RetryAfter), 10))
-	retry := CeilDiv(c.d.RetryAfter, time.Millisecond)
-	problem.WriteDetails(w, problem.Details{
-		Status: http.StatusTooManyRequests, RetryAfterMS: &retry, DeniedBy: c.d.DeniedBy,
-		Detail: "rate limited by " + strconv.Quote(c.d.DeniedBy) + "; retry after " + strconv.FormatInt(retry, 10) + " ms",
-	})
+	writeRefusal(w, &c.d, l.retryAfter(c.d.RetryAfter))
 	return false
 }
 
@@ -318,17 +310,8 @@ func (l *Limiter) retryAfter(wait time.Duration) int64 {
 var errUnauthenticated = admit.Errorf(admit.CodeUnauthenticated, "an API key is required: present one in X-API-Key or Authorization: Bearer")
 
 func (l *Limiter) fail(w http.ResponseWriter, err error) {
-	status := problem.Status(err)
-	detail := err.Error()
-	switch status {
-	case http.StatusServiceUnavailable:
-		// A rule fails closed and its store is down: try again soon.
-		w.Header().Set("Retry-After", strconv.FormatInt(l.retryAfter(time.Second), 10))
-	case http.StatusInternalServerError:
-		l.opts.Logger.Error("httplimit: internal error", "err", err)
-		detail = "internal error"
-	}
-	problem.Write(w, status, detail)
+	// A rule fails closed and its store is down: try again soon.
+	writeError(w, err, l.retryAfter(time.Second), l.opts.Logger)
 }
 
 // Identify fills req with what r says of its sender, as far as it is

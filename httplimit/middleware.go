@@ -1,0 +1,132 @@
+package httplimit
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/problem"
+)
+
+// Middleware returns middleware that decides every request against l, for
+// the Who that who finds in it, before the next handler sees it. It answers
+// as admit proxy does: an admitted request goes on with the RateLimit and
+// RateLimit-Policy headers set; a refused one gets 429 Too Many Requests
+// with Retry-After and a problem+json body naming the limit; a store that
+// fails a rule that fails closed gets 503 with Retry-After.
+//
+// An error from who refuses the request: with the status its admit error
+// code maps to (admit.CodeUnauthenticated: 401, admit.CodePermission:
+// 403), 400 for any other error, its message as the problem's detail. A
+// Who that lacks a scope some limit is per is refused the same way (400),
+// never let through unlimited.
+//
+// A handler may charge a cost it learns while working with Debit. The
+// concurrency slots an admitted request holds are released when the next
+// handler returns.
+func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			wh, err := who(r)
+			if err != nil {
+				writeError(w, whoError(err), 1, slog.Default())
+				return
+			}
+			st := states.Get().(*requestState)
+			defer states.Put(st)
+			if err := l.Decide(r.Context(), wh, 1, &st.d); err != nil {
+				writeError(w, err, 1, slog.Default())
+				return
+			}
+			st.buf = setLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
+			if !st.d.Allowed {
+				writeRefusal(w, &st.d, st.d.RetryAfterSeconds())
+				return
+			}
+			if st.d.Lease.ID != "" {
+				// An unreleased lease expires: the error is not the
+				// client's to see.
+				defer func() { _ = l.Release(context.WithoutCancel(r.Context()), &st.d) }()
+			}
+			// The context holds a target of its own, not st: st goes back
+			// to the pool when this returns, and a goroutine of the handler
+			// may call Debit later.
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), debitKey{}, &debitTarget{l, wh})))
+		})
+	}
+}
+
+// Debit charges n ≥ 1 to the limits of the Middleware r passed through,
+// for r's own Who: a cost the handler learned while working (tokens an LLM
+// call took, bytes sent). It is applied whether it fits or not (see
+// admit.Limiter.Debit); its error is the store's, or says that r did not
+// come through Middleware.
+func Debit(r *http.Request, n int64) error {
+	t, ok := r.Context().Value(debitKey{}).(*debitTarget)
+	if !ok {
+		return admit.Errorf(admit.CodeInvalid, "httplimit.Debit: the request did not come through httplimit.Middleware")
+	}
+	_, err := t.l.Debit(r.Context(), t.who, n)
+	return err
+}
+
+// debitTarget is what Debit charges: the limiter and Who of a request.
+type debitTarget struct {
+	l   *admit.Limiter
+	who admit.Who
+}
+
+type debitKey struct{}
+
+// requestState is what Middleware reuses across requests: a decision and
+// the headers' buffer.
+type requestState struct {
+	d   admit.Decision
+	buf []byte
+}
+
+var states = sync.Pool{New: func() any { return new(requestState) }}
+
+// whoError is the error a request is refused with when who failed: its own
+// when it is an admit error, else an invalid request.
+func whoError(err error) error {
+	var e *admit.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return admit.Errorf(admit.CodeInvalid, "%v", err)
+}
+
+// writeRefusal answers a refused decision: 429, Retry-After (seconds, as
+// retryAfter says) and a problem naming the limit that refused and when to
+// come back, in milliseconds.
+func writeRefusal(w http.ResponseWriter, d *admit.Decision, retryAfter int64) {
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+	retry := CeilDiv(d.RetryAfter, time.Millisecond)
+	problem.WriteDetails(w, problem.Details{
+		Status: http.StatusTooManyRequests, RetryAfterMS: &retry, DeniedBy: d.DeniedBy,
+		Detail: "rate limited by " + strconv.Quote(d.DeniedBy) + "; retry after " + strconv.FormatInt(retry, 10) + " ms",
+	})
+}
+
+// writeError answers a request that could not be decided, as problem+json
+// with the status its error code maps to. An unavailable store (a rule
+// that fails closed) also gets retryAfter seconds; an internal error is
+// logged to log and not shown.
+func writeError(w http.ResponseWriter, err error, retryAfter int64, log *slog.Logger) {
+	status := problem.Status(err)
+	detail := err.Error()
+	switch status {
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+	case http.StatusInternalServerError:
+		log.Error("httplimit: internal error", "err", err)
+		detail = "internal error"
+	}
+	problem.Write(w, status, detail)
+}

@@ -1,0 +1,258 @@
+package httplimit_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
+)
+
+func newStore(t *testing.T) *memstore.Store {
+	t.Helper()
+	s := memstore.New(&memstore.Options{Clock: storetest.NewClock().Now})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// byHeader identifies a request by its X-Tenant and X-User headers and
+// its path as the action.
+func byHeader(r *http.Request) (admit.Who, error) {
+	return admit.Who{Tenant: r.Header.Get("X-Tenant"), User: r.Header.Get("X-User"), Action: r.URL.Path}, nil
+}
+
+func get(h http.Handler, path, tenant, user string) *httptest.ResponseRecorder {
+	r := httptest.NewRequest(http.MethodGet, path, nil)
+	if tenant != "" {
+		r.Header.Set("X-Tenant", tenant)
+	}
+	if user != "" {
+		r.Header.Set("X-User", user)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+// The first case of the front door: a tenant × action bucket of 10/s,
+// burst 20, in front of a handler.
+func TestMiddleware(t *testing.T) {
+	l, err := admit.NewLimiter(newStore(t), admit.Bucket("docs", admit.PerSecond(10), 20).Per(admit.PerTenant, admit.PerAction))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int64
+	h := httplimit.Middleware(l, byHeader)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		served.Add(1)
+	}))
+	for i := range 20 {
+		if w := get(h, "/summary", "acme", ""); w.Code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	w := get(h, "/summary", "acme", "")
+	if w.Code != http.StatusTooManyRequests || served.Load() != 20 {
+		t.Fatalf("21st: %d, %d served; want 429 and 20", w.Code, served.Load())
+	}
+	if got := w.Header().Get("Retry-After"); got != "1" {
+		t.Errorf("Retry-After %q, want 1 (100 ms rounded up)", got)
+	}
+	if got := w.Header().Get("RateLimit"); got != `"docs";r=0;t=2` {
+		t.Errorf("RateLimit %q", got)
+	}
+	if got := w.Header().Get("RateLimit-Policy"); got != `"docs";q=20;w=2` {
+		t.Errorf("RateLimit-Policy %q", got)
+	}
+	var p struct {
+		Status       int    `json:"status"`
+		DeniedBy     string `json:"denied_by"`
+		RetryAfterMS int64  `json:"retry_after_ms"`
+	}
+	if ct := w.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Status != 429 || p.DeniedBy != "docs" || p.RetryAfterMS != 100 {
+		t.Errorf("body %s: %+v %v", w.Body, p, err)
+	}
+	// Another action and another tenant have buckets of their own.
+	if w := get(h, "/export", "acme", ""); w.Code != http.StatusOK {
+		t.Errorf("another action: %d", w.Code)
+	}
+	if w := get(h, "/summary", "globex", ""); w.Code != http.StatusOK {
+		t.Errorf("another tenant: %d", w.Code)
+	}
+}
+
+// A request whose Who lacks what a limit is per is refused, never served
+// unlimited; an error of who's own picks the status by its code.
+func TestMiddlewareRefusesUnidentified(t *testing.T) {
+	l, err := admit.NewLimiter(newStore(t), admit.Bucket("user", admit.PerSecond(1), 100).Per(admit.PerTenant, admit.PerUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var served atomic.Int64
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) })
+	h := httplimit.Middleware(l, byHeader)(next)
+	for _, tc := range []struct{ tenant, user string }{{"", "alice"}, {"acme", ""}, {"", ""}} {
+		w := get(h, "/", tc.tenant, tc.user)
+		if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "has no") {
+			t.Errorf("tenant %q user %q: %d %s, want 400", tc.tenant, tc.user, w.Code, w.Body)
+		}
+	}
+	if w := get(h, "/", "acme", strings.Repeat("u", admit.MaxWhoLen+1)); w.Code != http.StatusBadRequest {
+		t.Errorf("a user name too long for a key: %d", w.Code)
+	}
+	if served.Load() != 0 {
+		t.Fatalf("%d unidentified requests served", served.Load())
+	}
+	unauth := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) {
+		return admit.Who{}, admit.Errorf(admit.CodeUnauthenticated, "no API key")
+	})(next)
+	if w := get(unauth, "/", "acme", "alice"); w.Code != http.StatusUnauthorized || !strings.Contains(w.Body.String(), "no API key") {
+		t.Errorf("who's unauthenticated error: %d %s", w.Code, w.Body)
+	}
+	plain := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) { return admit.Who{}, errors.New("bad token") })(next)
+	if w := get(plain, "/", "acme", "alice"); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "bad token") {
+		t.Errorf("who's plain error: %d %s", w.Code, w.Body)
+	}
+}
+
+// Middleware answers a refusal as the policy-driven Limiter (what admit
+// proxy serves) does: the same status, headers and body.
+func TestMiddlewareAnswersAsTheProxy(t *testing.T) {
+	p, err := policy.Compile(&policy.Spec{
+		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
+			{Name: "tenant", Scope: "tenant", Algorithm: "token_bucket", Rate: "10/s", Burst: ptr(int64(3))},
+		}}},
+		UnknownTenant: "free",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := httplimit.New(httplimit.Options{
+		Store:  newStore(t),
+		Policy: func() *policy.Policy { return p },
+		Identify: func(r *http.Request, req *policy.Request) error {
+			req.Tenant = r.Header.Get("X-Tenant")
+			return nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	l, err := admit.NewLimiter(newStore(t), admit.Bucket("tenant", admit.PerSecond(10), 3).Per(admit.PerTenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	handlers := map[string]http.Handler{"proxy": proxy.Handler(ok), "middleware": httplimit.Middleware(l, byHeader)(ok)}
+	answers := map[string][]string{}
+	for name, h := range handlers {
+		for range 4 {
+			w := get(h, "/", "acme", "")
+			res := w.Result()
+			body, _ := io.ReadAll(res.Body)
+			answers[name] = append(answers[name], strings.Join([]string{
+				res.Status, res.Header.Get("Content-Type"), res.Header.Get("Retry-After"),
+				res.Header.Get("RateLimit"), res.Header.Get("RateLimit-Policy"), string(body),
+			}, "\n"))
+		}
+	}
+	for i := range answers["proxy"] {
+		if answers["proxy"][i] != answers["middleware"][i] {
+			t.Errorf("request %d:\nproxy:\n%s\nmiddleware:\n%s", i+1, answers["proxy"][i], answers["middleware"][i])
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A handler learns its cost while working and debits it for the request's
+// own Who; the next request of that Who meets the debt, another tenant's
+// does not.
+func TestMiddlewareDebit(t *testing.T) {
+	l, err := admit.NewLimiter(newStore(t), admit.Bucket("tokens", admit.PerSecond(100), 1000).Per(admit.PerTenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := httplimit.Middleware(l, byHeader)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := httplimit.Debit(r, 1500); err != nil {
+			t.Errorf("Debit: %v", err)
+		}
+	}))
+	if w := get(h, "/", "acme", ""); w.Code != http.StatusOK {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if w := get(h, "/", "acme", ""); w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "6" {
+		t.Errorf("after a debit of 1,500 (1 + 1,500 of 1,000): %d, Retry-After %q; want 429 and 6", w.Code, w.Header().Get("Retry-After"))
+	}
+	if w := get(h, "/", "globex", ""); w.Code != http.StatusOK {
+		t.Errorf("another tenant: %d", w.Code)
+	}
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	if err := httplimit.Debit(r, 1); err == nil {
+		t.Error("Debit on a request that did not come through Middleware: no error")
+	}
+}
+
+// The concurrency slots of a request are held while its handler runs and
+// released when it returns.
+func TestMiddlewareConcurrency(t *testing.T) {
+	l, err := admit.NewLimiter(newStore(t), admit.Concurrent("in-flight", 1).Per(admit.PerTenant))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inner http.Handler
+	var nested *httptest.ResponseRecorder
+	outer := httplimit.Middleware(l, byHeader)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A second request of the tenant while this one runs.
+		nested = get(inner, "/", "acme", "")
+	}))
+	inner = outer
+	if w := get(outer, "/", "acme", ""); w.Code != http.StatusOK {
+		t.Fatalf("outer: %d", w.Code)
+	}
+	if nested == nil || nested.Code != http.StatusTooManyRequests {
+		t.Fatalf("the request made while the first ran: %v, want 429", nested)
+	}
+	d, err := l.Peek(context.Background(), admit.Who{Tenant: "acme"})
+	if err != nil || !d.Allowed || d.Results[0].Remaining != 1 {
+		t.Errorf("after both returned: %+v %v, want the slot free", d, err)
+	}
+}
+
+// Retry-After and the decision's wait agree once the time has passed: a
+// refused client that waits as told is admitted.
+func TestMiddlewareRetryAfterHolds(t *testing.T) {
+	clock := storetest.NewClock()
+	s := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer s.Close()
+	l, err := admit.NewLimiter(s, admit.Window("minute", 2, time.Minute).Per(admit.PerUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := httplimit.Middleware(l, byHeader)(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	clock.Set(20 * time.Second)
+	get(h, "/", "", "alice")
+	get(h, "/", "", "alice")
+	w := get(h, "/", "", "alice")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") != "40" {
+		t.Fatalf("third in the window: %d, Retry-After %q; want 429 and 40", w.Code, w.Header().Get("Retry-After"))
+	}
+	clock.Set(60 * time.Second)
+	if w := get(h, "/", "", "alice"); w.Code != http.StatusOK {
+		t.Errorf("after waiting 40 s: %d", w.Code)
+	}
+}

@@ -1,0 +1,454 @@
+package admit
+
+import (
+	"context"
+	"hash/maphash"
+	"strconv"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Who is what a caller knows of a request: the scopes a Limit can be kept
+// per. A field a limit of the Limiter is per must be set; the others are
+// ignored.
+type Who struct {
+	Tenant, User, Action, IP string
+}
+
+// MaxWhoLen bounds each field of a Who, in bytes: the fields become keys in
+// the store, and a caller may take them from what clients send.
+const MaxWhoLen = 256
+
+// The scopes Limit.Per takes.
+const (
+	PerTenant = "tenant"
+	PerUser   = "user"
+	PerAction = "action"
+	PerIP     = "ip"
+)
+
+// scope bits, in the order a key lists them.
+const (
+	perTenant uint8 = 1 << iota
+	perUser
+	perAction
+	perIP
+)
+
+var scopeNames = [...]string{PerTenant, PerUser, PerAction, PerIP}
+
+// Limit is one limit of a Limiter: a rule, and the scopes it is kept per.
+// Make one with Bucket, GCRABucket, Window, Sliding, CalendarQuota or
+// Concurrent; a Limit kept per no scope is one limit for everyone.
+type Limit struct {
+	rule Rule
+	per  uint8
+	err  error
+}
+
+// Bucket is a token bucket: it holds up to burst tokens, refilled at rate r;
+// a request of cost n is admitted when n tokens are there.
+func Bucket(name string, r Rate, burst int64) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: TokenBucket, Rate: r, Burst: burst}}
+}
+
+// GCRABucket decides as Bucket does, kept as GCRA keeps it: one theoretical
+// arrival time per key.
+func GCRABucket(name string, r Rate, burst int64) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: GCRA, Rate: r, Burst: burst}}
+}
+
+// Window admits up to limit per window of the given length, windows aligned
+// to the Unix epoch (a fixed window).
+func Window(name string, limit int64, length time.Duration) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: FixedWindow, Limit: limit, Window: length}}
+}
+
+// Sliding admits up to limit in any window of the given length, as the
+// sliding window counter estimates it: the current window's count plus the
+// previous one's, weighted by how much of it is still inside.
+func Sliding(name string, limit int64, length time.Duration) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: SlidingWindow, Limit: limit, Window: length}}
+}
+
+// CalendarQuota admits up to limit per calendar period (a day, week, month
+// or year) in loc's time; nil means UTC.
+func CalendarQuota(name string, limit int64, p Period, loc *time.Location) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: Quota, Limit: limit, Period: p, Location: loc}}
+}
+
+// Concurrent admits up to max requests at once. An admitted Decision holds
+// a lease on the slots it took, which Limiter.Release frees; a lease not
+// released expires after DefaultLeaseTTL.
+func Concurrent(name string, max int64) Limit {
+	return Limit{rule: Rule{Name: name, Algorithm: Concurrency, Max: max}}
+}
+
+// Per returns l kept per the given scopes (PerTenant, PerUser, PerAction,
+// PerIP): one state per distinct value. Per(PerUser) keeps one per user ID
+// whatever the tenant; Per(PerTenant, PerUser) one per user of each
+// tenant.
+func (l Limit) Per(scopes ...string) Limit {
+	for _, s := range scopes {
+		bit := uint8(0)
+		for i, name := range scopeNames {
+			if s == name {
+				bit = 1 << i
+			}
+		}
+		if bit == 0 {
+			e := Errorf(CodeInvalid, "limit %q: Per(%q): want %q, %q, %q or %q", l.rule.Name, s, PerTenant, PerUser, PerAction, PerIP)
+			e.Field = "per"
+			l.err = e
+			continue
+		}
+		l.per |= bit
+	}
+	return l
+}
+
+// Leased returns l decided from allowances each server withdraws from a
+// shared store in batches (Distribution Leased): far fewer calls to the
+// store for a hot key, at the price of units held by one server being
+// unavailable to the others for a moment. It changes nothing on a store of
+// one process.
+func (l Limit) Leased() Limit {
+	l.rule.Distribution = Leased
+	return l
+}
+
+// Shadow returns l decided and reported, never refusing: a limit being
+// tried out.
+func (l Limit) Shadow() Limit {
+	l.rule.Shadow = true
+	return l
+}
+
+// maxLimitName bounds a limit's name, which is part of every key of it.
+const maxLimitName = 128
+
+// keyPrefix starts every key a Limiter makes, so that its keys and those
+// of policies or of callers of Store.Decide never meet in a store.
+const keyPrefix = "per:"
+
+// Limiter decides requests against its limits, all or nothing, in a Store:
+// a request is admitted only if every limit admits it, and then every one
+// is charged. Its limits never share state with each other. It is safe for
+// concurrent use.
+type Limiter struct {
+	store  Store
+	rules  []*Rule
+	pers   []uint8
+	debits bool // some limit takes debits
+	seed   maphash.Seed
+	keys   [keyCacheSize]atomic.Pointer[cachedKey]
+}
+
+// keyCacheSize is how many recent keys a Limiter keeps, with their
+// hashes, so that deciding for a known Who makes no key: a fixed array,
+// which a caller sending endless new names can only cycle through.
+const keyCacheSize = 1 << 13
+
+type cachedKey struct {
+	key      string
+	prepared preparedKey
+}
+
+// NewLimiter returns a Limiter deciding limits in s. It checks every limit
+// now: a limit's parameters, its scopes, and that no two limits share a
+// name (each name keeps its own state).
+func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
+	if s == nil {
+		return nil, Errorf(CodeInvalid, "admit.NewLimiter: the store is nil; use memstore.New(nil) for one process")
+	}
+	if len(limits) == 0 {
+		return nil, Errorf(CodeInvalid, "admit.NewLimiter: no limits; a Limiter with none would admit everything")
+	}
+	if len(limits) > MaxCharges {
+		return nil, Errorf(CodeInvalid, "admit.NewLimiter: %d limits, at most %d", len(limits), MaxCharges)
+	}
+	l := &Limiter{store: s, seed: maphash.MakeSeed()}
+	seen := make(map[string]bool, len(limits))
+	for i := range limits {
+		lim := &limits[i]
+		if lim.err != nil {
+			return nil, lim.err
+		}
+		name := lim.rule.Name
+		switch {
+		case name == "":
+			e := Errorf(CodeInvalid, "limit %d has no name; the name keeps its state apart from the others'", i+1)
+			e.Field = "name"
+			return nil, e
+		case len(name) > maxLimitName:
+			e := Errorf(CodeInvalid, "limit %q: name of %d bytes, at most %d", name[:32]+"…", len(name), maxLimitName)
+			e.Field = "name"
+			return nil, e
+		case seen[name]:
+			e := Errorf(CodeInvalid, "two limits are named %q; limits never share state, so give each its own name", name)
+			e.Field = "name"
+			return nil, e
+		}
+		seen[name] = true
+		r := lim.rule // a copy the Limiter owns
+		if err := r.Validate(); err != nil {
+			return nil, err
+		}
+		l.rules = append(l.rules, &r)
+		l.pers = append(l.pers, lim.per)
+		l.debits = l.debits || r.CheckDebit(1) == nil
+	}
+	return l, nil
+}
+
+// Rules returns the rules of l's limits, in the order NewLimiter was given
+// them, which is the order of a Decision's Results. They are l's: read
+// them, never change them.
+func (l *Limiter) Rules() []*Rule { return l.rules }
+
+// Allow decides a request of cost 1 from w.
+func (l *Limiter) Allow(ctx context.Context, w Who) (Decision, error) {
+	var d Decision
+	err := l.Decide(ctx, w, 1, &d)
+	return d, err
+}
+
+// AllowN decides a request of cost n ≥ 1 from w.
+func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (Decision, error) {
+	var d Decision
+	err := l.Decide(ctx, w, n, &d)
+	return d, err
+}
+
+// Peek reports what a request of cost 1 from w would find, charging
+// nothing.
+func (l *Limiter) Peek(ctx context.Context, w Who) (Decision, error) {
+	var d Decision
+	err := l.decide(ctx, w, 0, false, &d)
+	return d, err
+}
+
+// Debit charges n ≥ 1, known only after the work (tokens an LLM call
+// took, bytes sent), to every limit of l that takes debits — all but
+// Concurrent ones — whether it fits or not: a limit goes into debt, and
+// later requests are refused until it is repaid. The Decision says whether
+// it fitted.
+func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (Decision, error) {
+	var d Decision
+	if n < 1 {
+		return d, costError("Debit", n)
+	}
+	if !l.debits {
+		e := Errorf(CodeInvalid, "admit.Limiter.Debit: none of the limiter's limits takes debits (concurrency limits count requests in flight, not costs)")
+		e.Field = "debit"
+		return d, e
+	}
+	err := l.decide(ctx, w, n, true, &d)
+	return d, err
+}
+
+// Decide is AllowN writing its decision into d, whose Results it reuses:
+// a caller that keeps d makes no allocation per decision on the memory
+// store.
+func (l *Limiter) Decide(ctx context.Context, w Who, n int64, d *Decision) error {
+	if n < 1 {
+		d.Reset()
+		return costError("AllowN", n)
+	}
+	return l.decide(ctx, w, n, false, d)
+}
+
+// Release frees the concurrency slots an admitted decision holds, if any.
+func (l *Limiter) Release(ctx context.Context, d *Decision) error {
+	if d.Lease.ID == "" {
+		return nil
+	}
+	err := l.store.ReleaseLease(ctx, d.Lease.ID)
+	d.Lease = Lease{}
+	return err
+}
+
+func costError(method string, n int64) error {
+	e := Errorf(CodeInvalid, "admit.Limiter.%s: cost %d; want 1 or more (Peek charges nothing)", method, n)
+	e.Field = "cost"
+	return e
+}
+
+func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *Decision) error {
+	// The charges and the key's bytes live in d, which a caller reuses,
+	// so that a decision allocates nothing once d has them: the charges
+	// escape to the heap, passed to a Store.
+	if cap(d.charges) < len(l.rules) {
+		d.charges = make([]Charge, len(l.rules))
+	}
+	charges := d.charges[:len(l.rules)]
+	n := 0
+	for i, r := range l.rules {
+		if debit && r.CheckDebit(1) != nil {
+			continue
+		}
+		c := &charges[n]
+		if err := l.charge(c, d, i, &w); err != nil {
+			d.Reset()
+			return err
+		}
+		c.Rule, c.Cost, c.Debit = r, cost, debit
+		n++
+	}
+	return l.store.Decide(ctx, charges[:n], d)
+}
+
+// charge sets c's key (and its prepared hashes) for limit i and w, from the
+// cache when w was seen lately.
+func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
+	per := l.pers[i]
+	var subject, tenant, action string
+	if per&perTenant != 0 {
+		if err := whoField(l.rules[i], "tenant", w.Tenant); err != nil {
+			return err
+		}
+		tenant = w.Tenant
+	}
+	if per&perAction != 0 {
+		if err := whoField(l.rules[i], "action", w.Action); err != nil {
+			return err
+		}
+		action = w.Action
+	}
+	b := d.key[:0]
+	switch per & (perUser | perIP) {
+	case perUser:
+		if err := whoField(l.rules[i], "user", w.User); err != nil {
+			return err
+		}
+		subject = w.User
+	case perIP:
+		if err := whoField(l.rules[i], "ip", w.IP); err != nil {
+			return err
+		}
+		subject = w.IP
+	case perUser | perIP:
+		if err := whoField(l.rules[i], "user", w.User); err != nil {
+			return err
+		}
+		if err := whoField(l.rules[i], "ip", w.IP); err != nil {
+			return err
+		}
+	}
+	b = l.appendKey(b, per, tenant, subject, action, l.rules[i].Name, w)
+	d.key = b
+	h := maphash.Bytes(l.seed, b)
+	// A key may sit in any of the 4 slots of its set (one cache line).
+	set := l.keys[h&(keyCacheSize-1)&^3:][:4]
+	for i := range set {
+		if e := set[i].Load(); e != nil && e.key == string(b) {
+			c.Key, c.prepared = e.key, e.prepared
+			return nil
+		}
+	}
+	key := string(b)
+	e := &cachedKey{key: key}
+	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: KeyHash(key)}
+	if tenant != "" {
+		e.prepared.tenant, e.prepared.hasTenant = tenantHash(tenant), true
+	}
+	victim := &set[(h>>32)&3]
+	for i := range set {
+		if set[i].Load() == nil {
+			victim = &set[i]
+			break
+		}
+	}
+	victim.Store(e)
+	c.Key, c.prepared = e.key, e.prepared
+	return nil
+}
+
+// appendKey appends the key of a limit kept per the scopes per: a Key
+// (see Key.String) whose Scope is keyPrefix and the scopes, joined by "+".
+func (l *Limiter) appendKey(b []byte, per uint8, tenant, subject, action, name string, w *Who) []byte {
+	scope, n := len(keyPrefix), 0
+	for i, s := range scopeNames {
+		if per&(1<<i) != 0 {
+			scope += len(s)
+			n++
+		}
+	}
+	if n > 1 {
+		scope += n - 1
+	}
+	b = strconv.AppendInt(b, int64(scope), 10)
+	b = append(b, ':')
+	b = append(b, keyPrefix...)
+	n = 0
+	for i, s := range scopeNames {
+		if per&(1<<i) != 0 {
+			if n > 0 {
+				b = append(b, '+')
+			}
+			b = append(b, s...)
+			n++
+		}
+	}
+	b = appendField(b, tenant)
+	if per&(perUser|perIP) == perUser|perIP {
+		// Both in the subject, each length-prefixed, so that no user and
+		// IP pair reads as another.
+		size := digits(len(w.User)) + 1 + len(w.User) + digits(len(w.IP)) + 1 + len(w.IP)
+		b = strconv.AppendInt(b, int64(size), 10)
+		b = append(b, ':')
+		b = appendField(b, w.User)
+		b = appendField(b, w.IP)
+	} else {
+		b = appendField(b, subject)
+	}
+	b = appendField(b, action)
+	return appendField(b, name)
+}
+
+// digits returns how many decimal digits n ≥ 0 has.
+func digits(n int) int {
+	d := 1
+	for n >= 10 {
+		n /= 10
+		d++
+	}
+	return d
+}
+
+func appendField(b []byte, f string) []byte {
+	b = strconv.AppendInt(b, int64(len(f)), 10)
+	b = append(b, ':')
+	return append(b, f...)
+}
+
+// whoField reports a scope value that a limit of rule r needs and w lacks,
+// or that is too long to be a key.
+func whoField(r *Rule, field, v string) error {
+	switch {
+	case v == "":
+		e := Errorf(CodeInvalid, "limit %q is per %s and the request's Who has no %s", r.Name, field, field)
+		e.Field = field
+		return e
+	case len(v) > MaxWhoLen:
+		e := Errorf(CodeInvalid, "the request's %s is %d bytes long, at most %d", field, len(v), MaxWhoLen)
+		e.Field = field
+		return e
+	}
+	return nil
+}
+
+// RetryAfterSeconds returns how long a refused request should wait, in
+// whole seconds rounded up and at least 1, as Retry-After takes it (a
+// client told 0 would retry at once); 0 for an admitted one.
+func (d *Decision) RetryAfterSeconds() int64 {
+	if d.Allowed {
+		return 0
+	}
+	s := int64(d.RetryAfter / time.Second)
+	if d.RetryAfter%time.Second > 0 {
+		s++
+	}
+	return max(s, 1)
+}

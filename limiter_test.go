@@ -1,0 +1,343 @@
+package admit_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/storetest"
+)
+
+// recorder is a Store that admits everything and keeps the charges of the
+// last decision, for tests of what a Limiter asks.
+type recorder struct {
+	admit.Store
+	charges []admit.Charge
+}
+
+func (r *recorder) Decide(_ context.Context, charges []admit.Charge, d *admit.Decision) error {
+	r.charges = append(r.charges[:0], charges...)
+	d.Reset()
+	for _, c := range charges {
+		d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Allowed: true})
+	}
+	d.Summarize()
+	return nil
+}
+
+func newLimiter(t *testing.T, s admit.Store, limits ...admit.Limit) *admit.Limiter {
+	t.Helper()
+	l, err := admit.NewLimiter(s, limits...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func clockStore(t *testing.T) (*memstore.Store, *storetest.Clock) {
+	clock := storetest.NewClock()
+	s := memstore.New(&memstore.Options{Clock: clock.Now})
+	t.Cleanup(func() { s.Close() })
+	return s, clock
+}
+
+func TestLimiterKeys(t *testing.T) {
+	rec := &recorder{}
+	l := newLimiter(t, rec,
+		admit.Bucket("global", admit.PerSecond(10), 10),
+		admit.Bucket("tenant", admit.PerSecond(10), 10).Per(admit.PerTenant),
+		admit.Window("user-action", 5, time.Minute).Per(admit.PerAction, admit.PerUser, admit.PerTenant),
+		admit.Sliding("ip", 5, time.Minute).Per(admit.PerIP),
+		admit.Bucket("user-ip", admit.PerSecond(1), 1).Per(admit.PerUser, admit.PerIP),
+	)
+	who := admit.Who{Tenant: "acme", User: "alice", Action: "export", IP: "192.0.2.1"}
+	if _, err := l.Allow(context.Background(), who); err != nil {
+		t.Fatal(err)
+	}
+	want := []admit.Key{
+		{Scope: "per:", Rule: "global"},
+		{Scope: "per:tenant", Tenant: "acme", Rule: "tenant"},
+		{Scope: "per:tenant+user+action", Tenant: "acme", Subject: "alice", Action: "export", Rule: "user-action"},
+		{Scope: "per:ip", Subject: "192.0.2.1", Rule: "ip"},
+		{Scope: "per:user+ip", Subject: "5:alice9:192.0.2.1", Rule: "user-ip"},
+	}
+	if len(rec.charges) != len(want) {
+		t.Fatalf("%d charges, want %d", len(rec.charges), len(want))
+	}
+	for i, c := range rec.charges {
+		k, err := admit.ParseKey(c.Key)
+		if err != nil {
+			t.Fatalf("charge %d: key %q: %v", i, c.Key, err)
+		}
+		if k != want[i] {
+			t.Errorf("charge %d: key %+v, want %+v", i, k, want[i])
+		}
+		if c.Cost != 1 || c.Rule.Name != want[i].Rule || c.Debit {
+			t.Errorf("charge %d: %+v", i, c)
+		}
+		// The prepared hashes a store reads must be the key's own.
+		if h := c.KeyHash(); h != admit.KeyHash(c.Key) {
+			t.Errorf("charge %d: prepared key hash %x, want %x", i, h, admit.KeyHash(c.Key))
+		}
+		th, ok := c.TenantHash()
+		wh, wok := admit.TenantHash(c.Key)
+		if th != wh || ok != wok {
+			t.Errorf("charge %d: prepared tenant hash %x %v, want %x %v", i, th, ok, wh, wok)
+		}
+	}
+	// A user and IP pair that would read as another if the two were
+	// simply joined.
+	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a:1", Action: "x", IP: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	first := rec.charges[4].Key
+	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a", Action: "x", IP: "1:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if rec.charges[4].Key == first {
+		t.Errorf("two user and IP pairs share the key %q", first)
+	}
+}
+
+func TestNewLimiterRefuses(t *testing.T) {
+	s, _ := clockStore(t)
+	ok := admit.Bucket("user", admit.PerSecond(1), 1).Per(admit.PerUser)
+	for _, tc := range []struct {
+		name   string
+		store  admit.Store
+		limits []admit.Limit
+		field  string
+		says   string
+	}{
+		{"nil store", nil, []admit.Limit{ok}, "", "memstore.New"},
+		{"no limits", s, nil, "", "no limits"},
+		{"shared name", s, []admit.Limit{ok, admit.Window("user", 1, time.Second)}, "name", "never share state"},
+		{"no name", s, []admit.Limit{admit.Bucket("", admit.PerSecond(1), 1)}, "name", "no name"},
+		{"unknown scope", s, []admit.Limit{ok.Per("users")}, "per", `"users"`},
+		{"no burst", s, []admit.Limit{admit.Bucket("b", admit.PerSecond(1), 0)}, "burst", "burst"},
+		{"no rate", s, []admit.Limit{admit.Bucket("b", admit.Rate{}, 1)}, "rate", "rate"},
+		{"no window", s, []admit.Limit{admit.Window("w", 1, 0)}, "window", "window"},
+		{"long name", s, []admit.Limit{admit.Bucket(strings.Repeat("n", 200), admit.PerSecond(1), 1)}, "name", "at most 128"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := admit.NewLimiter(tc.store, tc.limits...)
+			if err == nil || l != nil {
+				t.Fatalf("NewLimiter = %v, %v; want an error", l, err)
+			}
+			if admit.ErrorCode(err) != admit.CodeInvalid || admit.ErrorField(err) != tc.field || !strings.Contains(err.Error(), tc.says) {
+				t.Errorf("error %q (code %v, field %q), want code invalid, field %q, saying %q", err, admit.ErrorCode(err), admit.ErrorField(err), tc.field, tc.says)
+			}
+		})
+	}
+}
+
+// A Who that lacks a scope some limit is per is an error, never an
+// unlimited request, and nothing is charged for it.
+func TestLimiterMissingScope(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("global", admit.PerSecond(1), 1),
+		admit.Bucket("user", admit.PerSecond(1), 5).Per(admit.PerTenant, admit.PerUser),
+	)
+	ctx := context.Background()
+	for _, who := range []admit.Who{{User: "alice"}, {Tenant: "acme"}, {}} {
+		d, err := l.Allow(ctx, who)
+		if err == nil || d.Allowed {
+			t.Fatalf("Allow(%+v) = %+v, %v; want an error", who, d, err)
+		}
+		if admit.ErrorCode(err) != admit.CodeInvalid {
+			t.Errorf("Allow(%+v): code %v, want invalid", who, admit.ErrorCode(err))
+		}
+	}
+	long := admit.Who{Tenant: "acme", User: strings.Repeat("u", admit.MaxWhoLen+1)}
+	if _, err := l.Allow(ctx, long); admit.ErrorField(err) != "user" {
+		t.Errorf("a user of %d bytes: %v, want an error about the user", admit.MaxWhoLen+1, err)
+	}
+	// The global bucket's one token is still there.
+	if d, err := l.Allow(ctx, admit.Who{Tenant: "acme", User: "alice"}); err != nil || !d.Allowed {
+		t.Fatalf("a complete Who after refused ones: %+v, %v", d, err)
+	}
+}
+
+// The seed's hierarchy through the front door: all or nothing, each limit
+// its own state.
+func TestLimiterAllOrNothing(t *testing.T) {
+	s, clock := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("user", admit.PerSecond(1), 2).Per(admit.PerTenant, admit.PerUser),
+		admit.Bucket("tenant", admit.PerSecond(1), 3).Per(admit.PerTenant),
+	)
+	ctx := context.Background()
+	alice, bob := admit.Who{Tenant: "acme", User: "alice"}, admit.Who{Tenant: "acme", User: "bob"}
+	var got []string
+	for _, w := range []admit.Who{alice, alice, alice, bob, bob} {
+		d, err := l.Allow(ctx, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, w.User+":"+strconv.FormatBool(d.Allowed)+":"+d.DeniedBy)
+	}
+	want := "alice:true: alice:true: alice:false:user bob:true: bob:false:tenant"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	// Bob's refusal by the tenant charged his own bucket nothing: a second
+	// later it is full again (2), and the tenant has refilled one token.
+	clock.Set(time.Second)
+	d, err := l.Peek(ctx, bob)
+	if err != nil || !d.Allowed || d.Results[0].Remaining != 2 || d.Results[1].Remaining != 1 {
+		t.Fatalf("peek at bob after 1s: %+v %v; want admitted, 2 left for bob and 1 for the tenant", d, err)
+	}
+	if d, _ := l.Peek(ctx, bob); d.Results[0].Remaining != 2 {
+		t.Errorf("a peek charged something: %+v", d.Results)
+	}
+	if d, err := l.AllowN(ctx, bob, 2); err != nil || d.Allowed || d.DeniedBy != "tenant" {
+		t.Errorf("AllowN 2 with 1 left for the tenant: %+v %v", d, err)
+	}
+	for _, n := range []int64{0, -1} {
+		if _, err := l.AllowN(ctx, bob, n); admit.ErrorField(err) != "cost" {
+			t.Errorf("AllowN(%d): %v, want an error about the cost", n, err)
+		}
+	}
+}
+
+// Two limits of one Limiter keyed by the same scopes keep their own state:
+// a day's window is not drained by a second's bucket.
+func TestLimiterLimitsNeverShare(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("second", admit.PerSecond(10), 10).Per(admit.PerUser),
+		admit.Window("day", 1000, 24*time.Hour).Per(admit.PerUser),
+	)
+	w := admit.Who{User: "alice"}
+	for range 10 {
+		if d, err := l.Allow(context.Background(), w); err != nil || !d.Allowed {
+			t.Fatal(d, err)
+		}
+	}
+	d, err := l.Allow(context.Background(), w)
+	if err != nil || d.Allowed || d.DeniedBy != "second" {
+		t.Fatalf("11th: %+v %v, want refused by the bucket", d, err)
+	}
+	if day := d.Results[1]; day.Remaining != 990 || day.ResetAfter < time.Hour {
+		t.Errorf("the day's window: %+v, want 990 left and a reset hours away", day)
+	}
+}
+
+func TestLimiterDebit(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("tokens", admit.PerSecond(100), 1000).Per(admit.PerTenant),
+		admit.Concurrent("in-flight", 2).Per(admit.PerTenant),
+	)
+	ctx := context.Background()
+	w := admit.Who{Tenant: "acme"}
+	d, err := l.Allow(ctx, w)
+	if err != nil || !d.Allowed || d.Lease.ID == "" {
+		t.Fatalf("allow: %+v %v, want admitted with a lease", d, err)
+	}
+	// The work took 1,500 tokens: more than the 999 the bucket holds.
+	debit, err := l.Debit(ctx, w, 1500)
+	if err != nil || len(debit.Results) != 1 || debit.Results[0].Allowed {
+		t.Fatalf("debit: %+v %v, want one result, not fitted", debit, err)
+	}
+	if err := l.Release(ctx, &d); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Allow(ctx, w)
+	if err != nil || next.Allowed || next.DeniedBy != "tokens" || next.RetryAfter != 5020*time.Millisecond {
+		t.Fatalf("after the debit: %+v %v, want refused by tokens for 5.02s (502 tokens at 100/s)", next, err)
+	}
+	if got := next.RetryAfterSeconds(); got != 6 {
+		t.Errorf("RetryAfterSeconds = %d, want 6 (5.02 s rounded up)", got)
+	}
+	if _, err := l.Debit(ctx, w, 0); admit.ErrorField(err) != "cost" {
+		t.Errorf("Debit(0): %v", err)
+	}
+	only := newLimiter(t, s, admit.Concurrent("jobs", 1))
+	if _, err := only.Debit(ctx, w, 1); admit.ErrorField(err) != "debit" {
+		t.Errorf("Debit on concurrency alone: %v, want an error about debits", err)
+	}
+}
+
+func TestLimiterConcurrent(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s, admit.Concurrent("jobs", 1).Per(admit.PerUser))
+	ctx := context.Background()
+	w := admit.Who{User: "alice"}
+	first, _ := l.Allow(ctx, w)
+	second, _ := l.Allow(ctx, w)
+	if !first.Allowed || second.Allowed {
+		t.Fatalf("max 1: first %v, second %v", first.Allowed, second.Allowed)
+	}
+	if err := l.Release(ctx, &first); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, &first); err != nil {
+		t.Errorf("releasing twice: %v, want nil (the decision holds nothing any more)", err)
+	}
+	if third, _ := l.Allow(ctx, w); !third.Allowed {
+		t.Error("after the release: refused")
+	}
+}
+
+// More users than the Limiter's key cache holds: each still has a state
+// of its own, the cache's slots replaced over and over.
+func TestLimiterManyKeys(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s, admit.Bucket("user", admit.PerSecond(1), 1).Per(admit.PerUser))
+	ctx := context.Background()
+	var d admit.Decision
+	for round, want := range []bool{true, false} {
+		for u := range 20_000 {
+			if err := l.Decide(ctx, admit.Who{User: strconv.Itoa(u)}, 1, &d); err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed != want {
+				t.Fatalf("round %d, user %d: allowed %v", round, u, d.Allowed)
+			}
+		}
+	}
+}
+
+func TestLimiterZeroAllocations(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("user", admit.PerSecond(1_000_000), 1_000_000).Per(admit.PerTenant, admit.PerUser),
+		admit.Bucket("tenant", admit.PerSecond(1_000_000), 1_000_000).Per(admit.PerTenant),
+		admit.Bucket("global", admit.PerSecond(1_000_000), 1_000_000),
+	)
+	ctx := context.Background()
+	w := admit.Who{Tenant: "acme", User: "alice"}
+	var d admit.Decision
+	if err := l.Decide(ctx, w, 1, &d); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = l.Decide(ctx, w, 1, &d) }); n != 0 {
+		t.Errorf("%v allocations per decision of a known Who, want 0", n)
+	}
+}
+
+func TestRetryAfterSeconds(t *testing.T) {
+	for _, tc := range []struct {
+		allowed bool
+		retry   time.Duration
+		want    int64
+	}{
+		{true, 0, 0},
+		{false, 0, 1},
+		{false, time.Millisecond, 1},
+		{false, time.Second, 1},
+		{false, time.Second + 1, 2},
+		{false, 90 * time.Second, 90},
+	} {
+		d := admit.Decision{Allowed: tc.allowed, RetryAfter: tc.retry}
+		if got := d.RetryAfterSeconds(); got != tc.want {
+			t.Errorf("%+v: %d, want %d", d, got, tc.want)
+		}
+	}
+}
