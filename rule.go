@@ -60,7 +60,7 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // The zero FailureMode defers to the deployment's default.
 type FailureMode uint8
 
-// The failure modes of DESIGN §4.
+// The failure modes: what a rule decides when its store fails.
 const (
 	FailDefault FailureMode = iota // use the configured default
 	FailOpen                       // admit, and count it
@@ -163,8 +163,8 @@ const (
 	DefaultLeaseTTL = 30 * time.Second
 	// RememberFull is how long a store keeps a full token bucket whose
 	// initial balance is below its burst. Such a bucket can never look like
-	// a new one again, so it is forgotten this long after it filled up, as
-	// seed 003's records expire a day after their last use.
+	// a new one again, so it is forgotten this long after it filled up: a
+	// day after its last use.
 	RememberFull = 24 * time.Hour
 )
 

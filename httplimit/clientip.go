@@ -275,11 +275,11 @@ var identityHeaders = []string{
 	"x-api-key", "authorization",
 }
 
-// StripUnderscoreVariants removes from h every header whose name, with
+// stripUnderscoreVariants removes from h every header whose name, with
 // underscores read as hyphens, is one of the forwarding or credential
 // headers, or one of extra (the configured user header, say), while
 // keeping the hyphenated originals.
-func StripUnderscoreVariants(h http.Header, extra ...string) {
+func stripUnderscoreVariants(h http.Header, extra ...string) {
 	for name := range h {
 		if !strings.Contains(name, "_") {
 			continue

@@ -132,7 +132,7 @@ func TestStripUnderscoreVariants(t *testing.T) {
 	for _, k := range []string{"X_Forwarded_For", "x_forwarded_for", "X_Real_Ip", "X_Api_Key", "X_User", "Forwarded", "X-Forwarded-For", "X_Other_Thing"} {
 		h[k] = []string{"v"}
 	}
-	StripUnderscoreVariants(h, "X-User")
+	stripUnderscoreVariants(h, "X-User")
 	var kept []string
 	for k := range h {
 		kept = append(kept, k)

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -283,7 +284,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 	if l.opts.Observe != nil {
 		l.opts.Observe(&c.res, &c.d, out, time.Since(start))
 	}
-	c.buf = SetHeaders(w.Header(), c.buf, c.res.Rules, c.d.Results)
+	c.buf = httpx.SetHeaders(w.Header(), c.buf, c.res.Rules, c.d.Results)
 	if c.d.Allowed {
 		return true
 	}
@@ -302,7 +303,7 @@ func (l *Limiter) retryAfter(wait time.Duration) int64 {
 	if j := l.opts.RetryJitter; j > 0 {
 		wait += time.Duration(rand.Int64N(int64(j) + 1))
 	}
-	return RetrySeconds(wait)
+	return httpx.RetrySeconds(wait)
 }
 
 // errUnauthenticated answers 401 when Options.RequireKey is set and no
@@ -318,13 +319,13 @@ func (l *Limiter) fail(w http.ResponseWriter, err error) {
 // believed: tenant and API key from the key, user from a verified JWT or
 // (from a trusted proxy) the user header, client IP, action; cost 1. It
 // also removes the underscore spellings of identity headers from r (see
-// StripUnderscoreVariants). The errors are those Check answers with.
+// stripUnderscoreVariants). The errors are those Check answers with.
 func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
 	return l.identify(r, req, l.opts.Policy())
 }
 
 func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
-	StripUnderscoreVariants(r.Header, l.opts.UserHeader)
+	stripUnderscoreVariants(r.Header, l.opts.UserHeader)
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()

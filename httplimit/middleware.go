@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/problem"
 )
 
@@ -43,7 +44,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 				writeError(w, err, 1, slog.Default())
 				return
 			}
-			st.buf = setLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
+			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
 			if !st.d.Allowed {
 				writeRefusal(w, &st.d, st.d.RetryAfterSeconds())
 				return
@@ -107,7 +108,7 @@ func whoError(err error) error {
 // come back, in milliseconds.
 func writeRefusal(w http.ResponseWriter, d *admit.Decision, retryAfter int64) {
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
-	retry := CeilDiv(d.RetryAfter, time.Millisecond)
+	retry := httpx.CeilDiv(d.RetryAfter, time.Millisecond)
 	problem.WriteDetails(w, problem.Details{
 		Status: http.StatusTooManyRequests, RetryAfterMS: &retry, DeniedBy: d.DeniedBy,
 		Detail: "rate limited by " + strconv.Quote(d.DeniedBy) + "; retry after " + strconv.FormatInt(retry, 10) + " ms",

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/shed"
 )
@@ -124,7 +125,7 @@ func (l *Limiter) serveShed(w http.ResponseWriter, r *http.Request, c *call, nex
 			return // the client went away while waiting
 		}
 		w.Header().Set("Retry-After", strconv.FormatInt(l.retryAfter(s.RetryAfter), 10))
-		retry := CeilDiv(s.RetryAfter, time.Millisecond)
+		retry := httpx.CeilDiv(s.RetryAfter, time.Millisecond)
 		problem.WriteDetails(w, problem.Details{
 			Status: http.StatusServiceUnavailable, RetryAfterMS: &retry,
 			Detail: "the service is at its concurrency limit (" + g.Name + "); " + s.Class.String() + " requests are shed first",

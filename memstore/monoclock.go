@@ -6,6 +6,7 @@
 // one: monoNow returns the wall time at the package's start plus the monotonic
 // time since, so it never jumps when the wall clock is stepped, which is
 // what a rate limiter wants anyway.
+
 package memstore
 
 import (

@@ -128,7 +128,7 @@ func (r *Rule) Spec() RuleSpec {
 	return s
 }
 
-// Gateway holds a tier's WebSocket gateway limits (seed 001).
+// Gateway holds a tier's WebSocket gateway limits.
 // In JSON it has the configuration's field names, session_ttl as a
 // duration like "200s".
 type Gateway struct {
@@ -157,8 +157,9 @@ func (g Gateway) MarshalJSON() ([]byte, error) {
 	}{g.TenantConnections, g.ConnectionsPerSession, g.TenantPerMinute, g.SessionPerMinute, g.SessionTTL.String(), g.MessagesPerMinute, g.TenantSessions})
 }
 
-// DefaultGateway is the gateway of a tier that declares none: the smallest
-// of seed 001's sample tenants.
+// DefaultGateway is the gateway of a tier that declares none: 10
+// connections per tenant, 2 per session, 60 new connections a minute per
+// tenant and 5 per session, 60 messages a minute, sessions of 200 s.
 var DefaultGateway = Gateway{
 	TenantConnections: 10, ConnectionsPerSession: 2, TenantPerMinute: 60,
 	SessionPerMinute: 5, SessionTTL: 200 * time.Second, MessagesPerMinute: 60,

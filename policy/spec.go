@@ -68,13 +68,13 @@ type RuleSpec struct {
 	Distribution string `json:"distribution,omitempty"`
 }
 
-// TierSpec is a tier: its rules and the gateway settings of seed 001.
+// TierSpec is a tier: its rules and its WebSocket gateway settings.
 type TierSpec struct {
 	Rules   []RuleSpec   `json:"rules,omitempty"`
 	Gateway *GatewaySpec `json:"gateway,omitempty"`
 }
 
-// GatewaySpec holds a tier's WebSocket gateway settings (seed 001). Zero
+// GatewaySpec holds a tier's WebSocket gateway settings. Zero
 // values take the defaults documented on Gateway.
 type GatewaySpec struct {
 	TenantConnections     int64  `json:"tenant_connections,omitempty"`

@@ -18,7 +18,8 @@ import (
 // Mode is how a Redis deployment is reached.
 type Mode string
 
-// The modes of DESIGN §7 (store.redis.mode).
+// The modes of a Redis deployment, as the configuration's
+// store.redis.mode names them.
 const (
 	Standalone Mode = "standalone"
 	Sentinel   Mode = "sentinel"

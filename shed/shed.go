@@ -1,5 +1,5 @@
 // Package shed protects a service from more load than it can take: load
-// shedding, as seed 004 ends. Rate limits say how much a client may ask;
+// shedding. Rate limits say how much a client may ask;
 // they cannot say how much the service can serve, which moves with its
 // dependencies, its deploys and its neighbours. A Limiter measures it: it
 // lets requests through up to a concurrency limit that it adjusts from the

@@ -307,7 +307,7 @@ func PNG(w io.Writer, r *Result, size Size) error {
 	return err
 }
 
-// GIF writes r as an animation, like seed 004's: frames frames, each
+// GIF writes r as an animation of frames frames, each
 // showing the run up to a later instant, the last held for 3 s.
 func GIF(w io.Writer, r *Result, size Size, frames int) error {
 	if frames < 2 {

@@ -274,7 +274,7 @@ func testWindowBounds(t *testing.T, s admit.Store) {
 	}
 }
 
-// hierarchyCharges returns seed 002's charges for user u of tenant acme:
+// hierarchyCharges returns the three-scope charges of user u of tenant acme:
 // its user bucket, the tenant's and the global one (its own slot in
 // Cluster).
 func hierarchyCharges(u int, user, tenant, global *admit.Rule) []admit.Charge {
@@ -285,7 +285,7 @@ func hierarchyCharges(u int, user, tenant, global *admit.Rule) []admit.Charge {
 	}
 }
 
-// testHierarchyBound runs seed 002's shape: users of one tenant share the
+// testHierarchyBound runs the three-scope shape: users of one tenant share the
 // tenant's bucket; no user passes its own bound and the users together
 // never pass the tenant's.
 func testHierarchyBound(t *testing.T, s admit.Store) {

@@ -1,4 +1,4 @@
-// Package wsgateway is Admit's WebSocket gateway (seed 001): sessions,
+// Package wsgateway is Admit's WebSocket gateway: sessions,
 // connections admitted against per-tenant and per-session limits,
 // per-tenant message limits, and messages processed in order through a
 // silo route (one queue and worker per tenant) or a pool route (one shared

@@ -28,7 +28,7 @@ import (
 	"github.com/admitdev/admit/yamlconf"
 )
 
-// Config is the YAML configuration file (DESIGN §7). Field names are the
+// Config is the YAML configuration file. Field names are the
 // contract; see docs/configuration.md for every field and its default.
 type Config struct {
 	Version  int                          `json:"version"`

@@ -1,14 +1,18 @@
 // Command admit is Admit's server and command line.
 //
-//	admit serve            run the server (decision, admin, metrics)
-//	admit check            ask for one decision
-//	admit proxy            a rate limiting reverse proxy
-//	admit ratelimit        serve as envoyproxy/ratelimit, configured by its environment
-//	admit config validate  check configuration files
-//	admit config example   print the built-in demo configuration
+//	admit serve                    run the server (decisions, admin API, Envoy service, gateway, metrics)
+//	admit check                    decide one request
+//	admit proxy --upstream URL     a rate limiting reverse proxy
+//	admit simulate                 draw what rules do to a pattern of requests
+//	admit ratelimit                run as envoyproxy/ratelimit, configured by its environment variables
+//	admit config validate FILE...  check configuration files
+//	admit config example           print the built-in demo configuration
+//	admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
+//	admit version                  print the version, commit and Go version
+//	admit help                     show this help
 //
-// Exit codes: 0 success (for check: admitted), 1 refused or invalid (check:
-// refused; config validate: a file has errors), 2 usage or runtime error.
+// Exit codes: 0 success (check: admitted), 1 refused (check) or invalid
+// (config validate), 2 usage or runtime error.
 package main
 
 import (

@@ -1,4 +1,5 @@
-// Command hierarchy runs seed 002's three-scope limit on the embedded
+// Command hierarchy runs a three-scope limit (user, tenant, global, all or
+// nothing) with the Charge-level API on the embedded
 // memory store: users of one tenant hammer it for a second, and the program
 // prints how many requests each scope let through.
 //

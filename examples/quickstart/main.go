@@ -1,3 +1,5 @@
+// Command quickstart decides a request of user alice of tenant acme
+// against her own limit and her tenant's, all or nothing.
 package main
 
 import (

@@ -21,7 +21,8 @@ import (
 //     policy.Request.Untrusted);
 //   - a service token (Options.ServiceTokens) is the platform's own
 //     backends: it acts for any tenant and names any user, ip and
-//     attribute, as seed 000's producers decide for every tenant;
+//     attribute, as the services that produce requests for every tenant
+//     do;
 //   - the admin token is a service token that also opens the admin API.
 //
 // Tokens are compared by their SHA-256, in constant time.

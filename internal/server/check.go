@@ -9,6 +9,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -194,7 +195,7 @@ func debt(results []admit.Result) (time.Duration, bool) {
 // waited is acquire's wait, or negative for none.
 func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
 	h := w.Header()
-	c.buf = httplimit.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
+	c.buf = httpx.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
 	status := http.StatusOK
 	retry, over := c.d.RetryAfter, !c.d.Allowed
 	if !over {
@@ -202,7 +203,7 @@ func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
 	}
 	if over {
 		status = http.StatusTooManyRequests
-		h.Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(retry), 10))
+		h.Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(retry), 10))
 	}
 	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
 	c.buf = appendDecision(c.buf[:0], c, c.claim, waited)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -14,7 +14,7 @@ import (
 // rather than encoding/json: they are on the hot path, and their shape is
 // fixed.
 
-func ms(d time.Duration) int64 { return httplimit.CeilDiv(d, time.Millisecond) }
+func ms(d time.Duration) int64 { return httpx.CeilDiv(d, time.Millisecond) }
 
 // appendDecision appends the JSON answer of a decision.
 func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byte {

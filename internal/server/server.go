@@ -1,5 +1,5 @@
 // Package server is Admit's HTTP API: decisions, leases, the admin API,
-// health, readiness and metrics (DESIGN §6), over net/http.
+// health, readiness and metrics, over net/http (docs/api.md).
 //
 // A Server decides against one admit.Store and resolves requests against
 // the current Policy of one policy.Catalog. Both are safe for concurrent

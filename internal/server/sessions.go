@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
@@ -39,8 +39,8 @@ func (s *Server) handleSessionCreate(w http.ResponseWriter, r *http.Request) {
 	sess, err := s.gateway.CreateSession(r.Context(), body.Tenant)
 	var limit *wsgateway.LimitError
 	if errors.As(err, &limit) {
-		retry := httplimit.CeilDiv(limit.RetryAfter, time.Millisecond)
-		w.Header().Set("Retry-After", strconv.FormatInt(httplimit.RetrySeconds(limit.RetryAfter), 10))
+		retry := httpx.CeilDiv(limit.RetryAfter, time.Millisecond)
+		w.Header().Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(limit.RetryAfter), 10))
 		problem.WriteDetails(w, problem.Details{Status: http.StatusTooManyRequests, DeniedBy: limit.Limit, RetryAfterMS: &retry, Detail: err.Error()})
 		return
 	}

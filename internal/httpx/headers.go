@@ -1,4 +1,7 @@
-package httplimit
+// Package httpx holds what Admit's HTTP front ends (httplimit and the
+// server) answer alike: the RateLimit and RateLimit-Policy fields
+// (draft-ietf-httpapi-ratelimit-headers) and Retry-After's rounding.
+package httpx
 
 import (
 	"iter"
@@ -34,9 +37,9 @@ func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit
 	return setHeaders(h, buf, policyRules(rules, results))
 }
 
-// setLimiterHeaders is SetHeaders for a decision of an admit.Limiter,
+// SetLimiterHeaders is SetHeaders for a decision of an admit.Limiter,
 // whose rules are its limits'.
-func setLimiterHeaders(h http.Header, buf []byte, rules []*admit.Rule, results []admit.Result) []byte {
+func SetLimiterHeaders(h http.Header, buf []byte, rules []*admit.Rule, results []admit.Result) []byte {
 	return setHeaders(h, buf, func(yield func(*admit.Rule, *admit.Result) bool) {
 		for i := range min(len(rules), len(results)) {
 			if !yield(rules[i], &results[i]) {
