@@ -1,18 +1,54 @@
-// Package admit is the vocabulary of the Admit rate limiter: rates, rules
-// and their algorithms, charges, decisions, leases, reservations and the
-// Store interface that keeps bucket state.
+// Package admit is a rate limiter for multi-tenant services: limits per
+// tenant, user, action or client IP, decided all or nothing, in one
+// process (memstore) or shared by many through Redis (redisstore).
 //
-// A request resolves to a list of charges — one bucket key, the rule that
-// governs it, and a cost — and a Store decides them together: either every
+// # Limiting requests
+//
+// A Limiter decides requests against its limits. Each Limit is an
+// algorithm — Bucket (token bucket), GCRABucket, Window (fixed window),
+// Sliding (sliding window), CalendarQuota, Concurrent — kept Per the scopes
+// of a Who: PerTenant, PerUser, PerAction, PerIP, or none for one limit
+// shared by everyone.
+//
+//	limiter, err := admit.NewLimiter(memstore.New(nil),
+//		admit.Bucket("user", admit.PerSecond(100), 50).Per(admit.PerTenant, admit.PerUser),
+//		admit.Bucket("tenant", admit.PerSecond(1000), 200).Per(admit.PerTenant),
+//	)
+//	d, err := limiter.Allow(ctx, admit.Who{Tenant: "acme", User: "alice"})
+//	if !d.Allowed { /* refused by d.DeniedBy; retry after d.RetryAfter */ }
+//
+// A request is admitted only if every limit admits it, and then each is
+// charged; a refused request charges none, so a user refused by its own
+// limit costs its tenant nothing. A Who that lacks a scope some limit is
+// per is an error, never an unlimited request. AllowN takes a cost, Peek
+// charges nothing, Debit charges a cost known only after the work (it
+// goes into debt rather than refuse), and Decide reuses a Decision so that
+// a decision allocates nothing. httplimit.Middleware puts a Limiter in
+// front of net/http handlers.
+//
+// Errors are *Error values with a Code (ErrorCode) and, where one is at
+// fault, the field (ErrorField): the edge maps them to HTTP and gRPC
+// statuses.
+//
+// # Charges and stores
+//
+// Underneath, a request is a list of charges — a key, the Rule that governs
+// it and a cost — and a Store decides them together: either every
 // non-shadow charge admits the request and every admitting charge is
-// charged, or nothing is charged. That is how hierarchical limits (user →
-// tenant → global) stay exact.
+// charged, or nothing is. Policies (package policy), the HTTP server, the
+// proxy and the Envoy service work at this level, with keys they build
+// (Key) and rules from configuration; so can a program that needs
+// reservations, leases by ID or resets (Store).
 //
-// The algorithms are pure transitions (Step, Log.Eval, LeaseSet.Eval) with
-// the time passed in as Unix nanoseconds, in integer arithmetic with no
-// float and no drift: the memory store, the Redis store's scripts and the
-// simulator share one definition and one set of test vectors.
+// # For store implementations
 //
-// This package imports no store, network or configuration library; those
-// live in subpackages (memstore, storetest) and later in the server.
+// The algorithms are pure transitions (Step, StepTo, StepReserve,
+// StepCancel, Log, LeaseSet) with the time passed in as Unix nanoseconds,
+// in integer arithmetic with no float and no drift: the memory store, the
+// Redis store's function and the simulator share one definition and one
+// set of test vectors. PreparedRule, RuleCache, KeyHash, TenantHash and
+// CheckDebits are what a store derives once and reuses; storetest is the
+// conformance suite every store runs.
+//
+// This package imports no store, network or configuration library.
 package admit

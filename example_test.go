@@ -63,3 +63,34 @@ func ExampleStore_reserve() {
 	// claim 20 at once: true
 	// reserve 3 more: ok true wait 18s
 }
+
+// A Limiter in two statements: a user's limit inside its tenant's, decided
+// all or nothing.
+func ExampleLimiter() {
+	store := memstore.New(&memstore.Options{Clock: storetest.NewClock().Now}) // memstore.New(nil) outside tests
+	defer store.Close()
+	limiter, err := admit.NewLimiter(store,
+		admit.Bucket("user", admit.PerSecond(1), 2).Per(admit.PerTenant, admit.PerUser),
+		admit.Bucket("tenant", admit.PerSecond(10), 3).Per(admit.PerTenant),
+	)
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	for _, user := range []string{"alice", "alice", "alice", "bob", "bob"} {
+		d, err := limiter.Allow(ctx, admit.Who{Tenant: "acme", User: user})
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(user, d.Allowed, d.DeniedBy, d.RetryAfterSeconds())
+	}
+	_, err = limiter.Allow(ctx, admit.Who{User: "carol"})
+	fmt.Println(err)
+	// Output:
+	// alice true  0
+	// alice true  0
+	// alice false user 1
+	// bob true  0
+	// bob false tenant 1
+	// limit "user" is per tenant and the request's Who has no tenant
+}

@@ -56,9 +56,20 @@ const (
 	decideRefused = "x"
 )
 
-// newJob prepares the decision of the charges of g, in the way how says;
-// ras holds the arguments of every charge's rule.
-func (s *Store) newJob(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, g group, how, lease, rec string) *job {
+// jobSpec is what a job decides: the charges of group g of a decision, in
+// the way how says, for the lease (and its record key rec) that
+// concurrency charges take; ras holds the arguments of every charge's rule.
+type jobSpec struct {
+	charges    []admit.Charge
+	ras        []*ruleArgs
+	g          group
+	how        string
+	lease, rec string
+}
+
+// newJob prepares the decision js describes.
+func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
+	charges, ras, g, how, lease, rec := js.charges, js.ras, js.g, js.how, js.lease, js.rec
 	j := &job{ctx: ctx, keys: g.keys, rules: ras, args: make([]string, 1, 1+3*len(g.idx))}
 	if len(g.idx) < len(charges) { // one of several groups
 		j.rules = make([]*ruleArgs, len(g.idx))

@@ -230,7 +230,7 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		if dry {
 			how = decideDry
 		}
-		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, how, leaseID, rec))
+		v, err := s.decideCall(g.tag, s.newJob(ctx, jobSpec{charges: charges, ras: ras, g: g, how: how, lease: leaseID, rec: rec}))
 		if err != nil {
 			s.undo(charges, done, leaseID)
 			return err
@@ -252,7 +252,8 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 	}
 	if refused >= 0 {
 		d.Lease = admit.Lease{}
-		if err := s.giveBack(ctx, charges, ras, d, groups, done, refused, leaseID); err != nil {
+		x := exactCall{charges: charges, ras: ras, d: d, groups: groups, done: done, leaseID: leaseID}
+		if err := s.giveBack(ctx, &x, refused); err != nil {
 			return err
 		}
 		s.learnRefusals(charges, d, now)
@@ -275,12 +276,24 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-// giveBack finishes a Cluster decision that group refused after the groups
-// in done were charged: they are given back and report what they hold, and
-// the groups after the refusing one, never asked, report as the charges
-// of a refused decision do, charging nothing.
-func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*ruleArgs, d *admit.Decision, groups []group, done []groupDone, refused int, leaseID string) error {
-	for _, gd := range done {
+// exactCall is a decision decided in Redis group by group (in Cluster,
+// a group per slot), as far as it went: the groups in done were charged.
+type exactCall struct {
+	charges []admit.Charge
+	ras     []*ruleArgs
+	d       *admit.Decision
+	groups  []group
+	done    []groupDone
+	leaseID string
+}
+
+// giveBack finishes a Cluster decision x that group refused after the
+// groups in x.done were charged: they are given back and report what they
+// hold, and the groups after the refusing one, never asked, report as the
+// charges of a refused decision do, charging nothing.
+func (s *Store) giveBack(ctx context.Context, x *exactCall, refused int) error {
+	charges, d, leaseID := x.charges, x.d, x.leaseID
+	for _, gd := range x.done {
 		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
 		if err != nil {
 			s.undoFailures.Add(1)
@@ -290,8 +303,8 @@ func (s *Store) giveBack(ctx context.Context, charges []admit.Charge, ras []*rul
 			return err
 		}
 	}
-	for _, g := range groups[refused+1:] {
-		v, err := s.decideCall(g.tag, s.newJob(ctx, charges, ras, g, decideRefused, "", ""))
+	for _, g := range x.groups[refused+1:] {
+		v, err := s.decideCall(g.tag, s.newJob(ctx, jobSpec{charges: charges, ras: x.ras, g: g, how: decideRefused}))
 		if err != nil {
 			return err
 		}
@@ -358,5 +371,5 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 // take no lease.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
 	ras, _ := validate(charges, false)
-	return s.batchArgs([]*job{s.newJob(context.Background(), charges, ras, s.groups(charges, false)[0], decideCharge, "", "")})
+	return s.batchArgs([]*job{s.newJob(context.Background(), jobSpec{charges: charges, ras: ras, g: s.groups(charges, false)[0], how: decideCharge})})
 }

@@ -459,7 +459,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	sent := s.now()
 	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want}}
 	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
-	v, err := s.decideCall(p.tag, s.newJob(ctx, charges[:], []*ruleArgs{p.ra}, g, decideWithdraw, "", ""))
+	v, err := s.decideCall(p.tag, s.newJob(ctx, jobSpec{charges: charges[:], ras: []*ruleArgs{p.ra}, g: g, how: decideWithdraw}))
 	recv := s.now()
 	if err == nil && len(v.v) != 6 {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))

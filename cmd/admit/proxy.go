@@ -125,5 +125,5 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	}
 	log.Info("admit proxy serving", "listen", "http://"+ln.Addr().String(), "upstream", upstream.String(),
 		"store", b.st.name, "keys_required", opts.RequireKey)
-	return b.run(ctx, hs, ln, f.config, f.reloadEvery, e, func(error) {}, log)
+	return b.run(ctx, hs, ln, e, reloading{file: f.config, every: f.reloadEvery, setErr: func(error) {}, log: log})
 }

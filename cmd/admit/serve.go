@@ -386,7 +386,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
 	srv.SetConfigVersion(configVersion(b.data))
 	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
-	return b.run(ctx, server.HTTPServer(handler, log), ln, f.config, f.reloadEvery, e, srv.SetConfigError, log)
+	return b.run(ctx, server.HTTPServer(handler, log), ln, e, reloading{file: f.config, every: f.reloadEvery, setErr: srv.SetConfigError, log: log})
 }
 
 // gatewayOptions are the WebSocket gateway's options from the gateway
@@ -404,9 +404,19 @@ func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, 
 	}
 }
 
+// reloading says where a server's configuration file is, how often it is
+// read for changes, and who hears of them.
+type reloading struct {
+	file   string        // "" for none: nothing to reload
+	every  time.Duration // how often the file is read
+	setErr func(error)   // told the outcome of every reload
+	log    *slog.Logger
+}
+
 // run serves hs on ln until ctx ends, reloading the configuration file (if
 // any) meanwhile, then drains the connections.
-func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, config string, every time.Duration, e *env, setErr func(error), log *slog.Logger) error {
+func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, e *env, rl reloading) error {
+	log := rl.log
 	if e.listening != nil {
 		e.listening(ln.Addr().String())
 	}
@@ -416,8 +426,8 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 	reloadCtx, stopReload := context.WithCancel(ctx)
 	go func() {
 		defer close(reloadDone)
-		if config != "" {
-			watchConfig(reloadCtx, config, every, b.data, e.reload, b.catalog, b.check, setErr, b.loadedAs, log)
+		if rl.file != "" {
+			b.watchConfig(reloadCtx, rl, e.reload)
 		}
 	}()
 
@@ -439,14 +449,14 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, con
 	return nil
 }
 
-// watchConfig reloads the configuration file when its content changes, on
-// SIGHUP, and when reload says so. A bad file is refused; the running
-// configuration stays.
-// setErr is told the outcome of every reload.
-// loadedAs, if not nil, is told the content of every configuration applied.
-func watchConfig(ctx context.Context, file string, every time.Duration, loaded []byte, reload <-chan struct{}, catalog *policy.Catalog, check func(*Config) error, setErr func(error), loadedAs func([]byte), log *slog.Logger) {
-	last := loaded
-	onReloadSignal(ctx, every, reload, func(forced bool) {
+// watchConfig reloads b's configuration file when its content changes, on
+// SIGHUP, and when reload says so, into b's catalog. A bad file is
+// refused; the running configuration stays. b.loadedAs, if not nil, is told
+// the content of every configuration applied.
+func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan struct{}) {
+	file, setErr, log, catalog := rl.file, rl.setErr, rl.log, b.catalog
+	last := b.data
+	onReloadSignal(ctx, rl.every, reload, func(forced bool) {
 		data, err := yamlconf.ReadFile(file, MaxConfigSize)
 		if err != nil {
 			if forced || last != nil { // log a vanished file once, not every tick
@@ -461,8 +471,8 @@ func watchConfig(ctx context.Context, file string, every time.Duration, loaded [
 		}
 		last = data
 		cfg, err := ParseConfig(file, data)
-		if err == nil && check != nil {
-			err = check(cfg)
+		if err == nil && b.check != nil {
+			err = b.check(cfg)
 		}
 		if err == nil {
 			err = catalog.SetBase(cfg.Spec())
@@ -473,8 +483,8 @@ func watchConfig(ctx context.Context, file string, every time.Duration, loaded [
 			return
 		}
 		setErr(nil)
-		if loadedAs != nil {
-			loadedAs(data)
+		if b.loadedAs != nil {
+			b.loadedAs(data)
 		}
 		log.Info("configuration reloaded", "config", file, "tenants", len(catalog.Policy().Tenants()))
 	})

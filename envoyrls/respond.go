@@ -1,0 +1,276 @@
+package envoyrls
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// respond writes into resp each descriptor's status, the overall code, and
+// the headers and metadata the options ask for.
+func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitRequest, c *call, out policy.Outcome, quotas int) {
+	now := s.opts.Now()
+	best, bestRemaining := -1, int64(math.MaxInt64)
+	var violations []int
+	for i := range c.descs {
+		st, over := s.status(c, &c.descs[i], out, now)
+		if l := c.descs[i].limit; over && l != nil && l.Quota {
+			violations = append(violations, i)
+		}
+		resp.Statuses[i] = st
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if st.CurrentLimit != nil && int64(st.LimitRemaining) < bestRemaining {
+			best, bestRemaining = i, int64(st.LimitRemaining)
+		}
+	}
+	if quotas > 0 && len(violations) == quotas {
+		// Every quota descriptor is over: the request is.
+		for _, i := range violations {
+			resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if s.opts.ResponseHeaders && best >= 0 {
+		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses, best)
+	}
+	if s.opts.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, violations, quotas > 0)
+	}
+}
+
+// dynamicMetadata is the response's dynamic metadata, in the shape
+// envoyproxy/ratelimit gives it.
+func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, quota bool) *structpb.Struct {
+	descs := make([]*structpb.Value, 0, len(req.GetDescriptors()))
+	for _, d := range req.GetDescriptors() {
+		entries := make([]*structpb.Value, len(d.GetEntries()))
+		for i, e := range d.GetEntries() {
+			entries[i] = structpb.NewStringValue(e.GetKey() + "=" + e.GetValue())
+		}
+		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
+		if l := d.GetLimit(); l != nil {
+			f["limit"] = structpb.NewStringValue(l.String())
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))
+		}
+		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
+	}
+	f := map[string]*structpb.Value{
+		"domain":           structpb.NewStringValue(req.GetDomain()),
+		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: descs}),
+		"quotaModeEnabled": structpb.NewBoolValue(quota),
+	}
+	if h := req.GetHitsAddend(); h != 0 {
+		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
+	}
+	if len(violations) > 0 {
+		vs := make([]*structpb.Value, len(violations))
+		for i, v := range violations {
+			vs[i] = structpb.NewNumberValue(float64(v))
+		}
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
+	}
+	return &structpb.Struct{Fields: f}
+}
+
+// status builds one descriptor's status from the decision, and says
+// whether the descriptor is over its limit, refusing or not (a shadow or
+// quota limit does not refuse).
+func (s *Service) status(c *call, st *descState, out policy.Outcome, now time.Time) (*rlsv3.RateLimitResponse_DescriptorStatus, bool) {
+	ok := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	switch st.kind {
+	case kindNone:
+		return ok, false
+	case kindUnlimited:
+		ok.LimitRemaining = math.MaxUint32
+		return ok, false
+	case kindRefuseAll:
+		l := st.limit
+		w := l.Window()
+		code := rlsv3.RateLimitResponse_OVER_LIMIT
+		if l.Shadow || l.Quota {
+			code = rlsv3.RateLimitResponse_OK
+		}
+		return &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code: code, CurrentLimit: currentLimit(l.Name, 0, l.Unit, l.UnitMultiplier),
+			DurationUntilReset: wholeSeconds(w - time.Duration(now.UnixNano())%w),
+		}, true
+	}
+	if out == policy.FailedOpen || len(c.dec.Results) != len(c.all.Charges) {
+		return ok, false // admitted without a decision: the store is down and the rules fail open
+	}
+	// As admit.Decision summarizes: the refusing charge that asks for the
+	// longest wait, or when admitted the one with the fewest remaining.
+	best, refused, over := -1, false, false
+	for _, j := range c.refs[st.from:st.to] {
+		r := &c.dec.Results[j]
+		shadow := c.all.Charges[j].Rule.Shadow
+		over = over || !r.Allowed || c.never[j]
+		if (!r.Allowed || c.never[j]) && !shadow {
+			if !refused || r.RetryAfter > c.dec.Results[best].RetryAfter {
+				best = j
+			}
+			refused = true
+			continue
+		}
+		if !refused && (best < 0 || !shadow && (c.all.Charges[best].Rule.Shadow || r.Remaining < c.dec.Results[best].Remaining)) {
+			best = j
+		}
+	}
+	r := &c.dec.Results[best]
+	rule := c.all.Charges[best].Rule
+	ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if st.limit != nil {
+		l := st.limit
+		ds.CurrentLimit = currentLimit(l.Name, l.RequestsPerUnit, l.Unit, l.UnitMultiplier)
+	} else {
+		rpu, unit, mult := quota(rule)
+		ds.CurrentLimit = currentLimit(rule.Name, rpu, unit, mult)
+	}
+	reset := r.ResetAfter
+	if refused {
+		ds.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		if r.RetryAfter > 0 {
+			reset = r.RetryAfter
+		}
+	} else {
+		remaining := r.Remaining
+		if c.dry && !over {
+			// A dry run reports what would remain after the request;
+			// nothing was charged, so what remains is that and its cost.
+			for _, j := range c.refs[st.from:st.to] {
+				if &c.dec.Results[j] == r {
+					remaining += c.all.Charges[j].Cost
+				}
+			}
+		}
+		ds.LimitRemaining = uint32(min(max(remaining, 0), math.MaxUint32))
+	}
+	ds.DurationUntilReset = wholeSeconds(reset)
+	return ds, over
+}
+
+// wholeSeconds is d rounded up to whole seconds, as envoyproxy/ratelimit
+// sends duration_until_reset (never earlier than the reset).
+func wholeSeconds(d time.Duration) *durationpb.Duration {
+	return &durationpb.Duration{Seconds: int64((max(d, 0) + time.Second - 1) / time.Second)}
+}
+
+func currentLimit(name string, rpu uint32, unit Unit, mult uint32) *rlsv3.RateLimitResponse_RateLimit {
+	l := &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: rpu, Unit: protoUnit(unit)}
+	if mult > 1 {
+		l.UnitMultiplier = wrapperspb.UInt32(mult)
+	}
+	return l
+}
+
+// quota expresses an Admit rule as requests per unit: a window's limit per
+// window, a bucket's burst per the time it takes to refill from empty, in
+// the largest unit that divides that period.
+func quota(r *admit.Rule) (uint32, Unit, uint32) {
+	var n int64
+	var per time.Duration
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA, admit.Combination:
+		n = r.Capacity()
+		// Burst × Per / N, in floating point: the product may pass 2^63.
+		per = time.Duration(float64(r.Burst) * float64(r.Rate.Per) / float64(r.Rate.N))
+	default: // windows; concurrency rules never decide requests
+		n, per = r.Limit, r.Window
+	}
+	n = min(n, math.MaxUint32)
+	for u := Year; u > Second; u-- {
+		if d := u.Duration(); per >= d && per%d == 0 {
+			return uint32(n), u, uint32(min(int64(per/d), math.MaxUint32))
+		}
+	}
+	secs := max(1, (per+time.Second-1)/time.Second)
+	return uint32(n), Second, uint32(min(int64(secs), math.MaxUint32))
+}
+
+// rateLimitHeaders returns the X-RateLimit fields of draft 03 as Envoy
+// writes them: the limit and remaining count of the status closest to its
+// limit (best), and every limit's quota policy.
+func rateLimitHeaders(sts []*rlsv3.RateLimitResponse_DescriptorStatus, best int) []*corev3.HeaderValue {
+	b := sts[best]
+	limit := strconv.AppendUint(nil, uint64(b.CurrentLimit.RequestsPerUnit), 10)
+	for _, st := range sts {
+		l := st.GetCurrentLimit()
+		if l == nil {
+			continue
+		}
+		w := unitSeconds(l)
+		if w == 0 {
+			continue
+		}
+		limit = append(limit, ", "...)
+		limit = strconv.AppendUint(limit, uint64(l.RequestsPerUnit), 10)
+		limit = append(limit, ";w="...)
+		limit = strconv.AppendInt(limit, w, 10)
+		if l.Name != "" {
+			limit = append(limit, `;name="`...)
+			limit = append(limit, l.Name...)
+			limit = append(limit, '"')
+		}
+	}
+	reset := int64(0)
+	if d := b.GetDurationUntilReset(); d != nil {
+		reset = d.GetSeconds()
+		if d.GetNanos() > 0 {
+			reset++ // whole seconds, never earlier than the reset
+		}
+	}
+	return []*corev3.HeaderValue{
+		{Key: "x-ratelimit-limit", Value: string(limit)},
+		{Key: "x-ratelimit-remaining", Value: strconv.FormatUint(uint64(b.LimitRemaining), 10)},
+		{Key: "x-ratelimit-reset", Value: strconv.FormatInt(reset, 10)},
+	}
+}
+
+// unitSeconds returns a limit's period in seconds.
+func unitSeconds(l *rlsv3.RateLimitResponse_RateLimit) int64 {
+	u := fromProtoUnit(l.Unit)
+	mult := int64(1)
+	if m := l.GetUnitMultiplier(); m != nil && m.GetValue() > 0 {
+		mult = int64(m.GetValue())
+	}
+	return int64(u.Duration()/time.Second) * mult
+}
+
+// protoUnits maps Unit to the protocol's unit, whose numbering differs
+// (WEEK came last).
+var protoUnits = [...]rlsv3.RateLimitResponse_RateLimit_Unit{
+	rlsv3.RateLimitResponse_RateLimit_UNKNOWN, rlsv3.RateLimitResponse_RateLimit_SECOND,
+	rlsv3.RateLimitResponse_RateLimit_MINUTE, rlsv3.RateLimitResponse_RateLimit_HOUR,
+	rlsv3.RateLimitResponse_RateLimit_DAY, rlsv3.RateLimitResponse_RateLimit_WEEK,
+	rlsv3.RateLimitResponse_RateLimit_MONTH, rlsv3.RateLimitResponse_RateLimit_YEAR,
+}
+
+func protoUnit(u Unit) rlsv3.RateLimitResponse_RateLimit_Unit {
+	if int(u) < len(protoUnits) {
+		return protoUnits[u]
+	}
+	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN
+}
+
+// fromProtoUnit is protoUnit's inverse; UnitUnknown for other values.
+func fromProtoUnit(p rlsv3.RateLimitResponse_RateLimit_Unit) Unit {
+	for u, q := range protoUnits {
+		if q == p {
+			return Unit(u)
+		}
+	}
+	return UnitUnknown
+}

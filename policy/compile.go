@@ -1,0 +1,572 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// FieldError is one problem in a Spec: the path of the field, in the
+// configuration's terms ("tiers.free.rules[2].rate"), and what is wrong.
+type FieldError struct {
+	Path string
+	Msg  string
+}
+
+func (e FieldError) Error() string { return e.Path + ": " + e.Msg }
+
+// Errors lists every problem Compile found, in a stable order.
+type Errors []FieldError
+
+func (e Errors) Error() string {
+	parts := make([]string, len(e))
+	for i, fe := range e {
+		parts[i] = fe.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Compile validates spec and compiles it. The error, when there is one, is
+// an *admit.Error with CodeInvalid wrapping an Errors that lists every
+// problem found.
+func Compile(spec *Spec) (*Policy, error) {
+	c := compiler{p: &Policy{
+		tiers: map[string]*Tier{}, tenants: map[string]*Tenant{}, byKey: map[string]*Tenant{},
+		spec: *spec,
+	}}
+	c.compile(spec)
+	if len(c.errs) > 0 {
+		return nil, &admit.Error{Code: admit.CodeInvalid, Message: c.errs.Error(), Err: c.errs}
+	}
+	return c.p, nil
+}
+
+type compiler struct {
+	p    *Policy
+	errs Errors
+}
+
+func (c *compiler) fail(path, format string, args ...any) {
+	c.errs = append(c.errs, FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (c *compiler) compile(spec *Spec) {
+	p := c.p
+	var err error
+	if p.onError, err = admit.ParseFailureMode(spec.OnError); err != nil {
+		c.fail("on_error", "%v", err)
+	}
+	if len(spec.Global) > MaxGlobalRules {
+		c.fail("global", "%d rules; at most %d", len(spec.Global), MaxGlobalRules)
+	}
+	globalNames := map[string]bool{}
+	for i := range spec.Global {
+		path := fmt.Sprintf("global[%d]", i)
+		if r := c.rule(path, &spec.Global[i], "", spec.Shadow); r != nil {
+			if globalNames[r.Name] {
+				c.fail(path+".name", "rule %q is defined twice", r.Name)
+			}
+			globalNames[r.Name] = true
+			p.global = append(p.global, r)
+		}
+	}
+	for _, name := range sortedKeys(spec.Tiers) {
+		path := "tiers." + name
+		if err := checkName(name); err != nil {
+			c.fail(path, "tier name: %v", err)
+			continue
+		}
+		ts := spec.Tiers[name]
+		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts}
+		if len(ts.Rules) > MaxRulesPerTier {
+			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), MaxRulesPerTier)
+		}
+		names := map[string]bool{}
+		for i := range ts.Rules {
+			rp := fmt.Sprintf("%s.rules[%d]", path, i)
+			r := c.rule(rp, &ts.Rules[i], name, spec.Shadow)
+			if r == nil {
+				continue
+			}
+			switch {
+			case names[r.Name]:
+				c.fail(rp+".name", "rule %q is defined twice in tier %q", r.Name, name)
+			case globalNames[r.Name]:
+				c.fail(rp+".name", "rule %q is also a global rule; rule names must differ", r.Name)
+			}
+			names[r.Name] = true
+			t.Rules = append(t.Rules, r)
+		}
+		p.tiers[name] = t
+	}
+	switch u := spec.UnknownTenant; {
+	case u == "" || u == "deny":
+	case p.tiers[u] != nil:
+		p.fallback = p.tiers[u]
+	default:
+		c.fail("unknown_tenant", "%q is neither deny nor a tier (tiers: %s)", u, strings.Join(sortedKeys(spec.Tiers), ", "))
+	}
+	for _, id := range sortedKeys(spec.Tenants) {
+		ts := spec.Tenants[id]
+		if t := c.tenant("tenants."+id, id, &ts, spec.Shadow); t != nil {
+			p.tenants[id] = t
+			for _, h := range t.Spec.APIKeysSHA256 {
+				if other := p.byKey[h]; other != nil {
+					c.fail("tenants."+id+".api_keys_sha256", "key hash %.12s… is also a key of tenant %q", h, other.ID)
+				}
+				p.byKey[h] = t
+			}
+		}
+	}
+}
+
+// tenant compiles a tenant, applying its overrides to its tier's rules.
+func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant {
+	if err := checkName(id); err != nil {
+		c.fail(path, "tenant id: %v", err)
+		return nil
+	}
+	tier := c.p.tiers[ts.Tier]
+	if tier == nil {
+		if ts.Tier == "" {
+			c.fail(path+".tier", "missing; every tenant names its tier")
+		} else {
+			c.fail(path+".tier", "unknown tier %q (tiers: %s)", ts.Tier, strings.Join(sortedKeys(c.p.spec.Tiers), ", "))
+		}
+		return nil
+	}
+	if len(ts.APIKeysSHA256) > MaxAPIKeys {
+		c.fail(path+".api_keys_sha256", "%d keys; at most %d", len(ts.APIKeysSHA256), MaxAPIKeys)
+	}
+	for i, h := range ts.APIKeysSHA256 {
+		if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size || strings.ToLower(h) != h {
+			c.fail(fmt.Sprintf("%s.api_keys_sha256[%d]", path, i), "not a lower-case hex SHA-256 (64 hex digits)")
+		}
+	}
+	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts}
+	overridden := map[string]bool{}
+	cloned := false // t.Rules is still the tier's slice until an override lands
+	for i := range ts.Overrides {
+		op := fmt.Sprintf("%s.overrides[%d]", path, i)
+		o := &ts.Overrides[i]
+		k := slices.IndexFunc(tier.Spec.Rules, func(r RuleSpec) bool { return r.Name == o.Name })
+		if k < 0 {
+			c.fail(op+".name", "tier %q has no rule %q", tier.Name, o.Name)
+			continue
+		}
+		if overridden[o.Name] {
+			c.fail(op+".name", "rule %q is overridden twice", o.Name)
+			continue
+		}
+		overridden[o.Name] = true
+		if o.Scope != "" || o.Actions != nil || o.PerAction || o.Algorithm != "" {
+			c.fail(op, "an override replaces parameters only; scope, actions, per_action and algorithm come from the tier")
+			continue
+		}
+		merged := mergeOverride(tier.Spec.Rules[k], *o)
+		if r := c.rule(op, &merged, tier.Name, shadow); r != nil {
+			if !cloned {
+				t.Rules, cloned = slices.Clone(tier.Rules), true
+			}
+			idx := slices.IndexFunc(t.Rules, func(x *Rule) bool { return x.Name == o.Name })
+			if idx >= 0 {
+				t.Rules[idx] = r
+			}
+		}
+	}
+	if ts.BillingAnchor != "" {
+		day, err := time.Parse(time.DateOnly, ts.BillingAnchor)
+		if err != nil {
+			c.fail(path+".billing_anchor", "%q: want a date such as 2026-01-15", ts.BillingAnchor)
+			return t
+		}
+		// The tenant's own copy of each quota anchored on billing: its
+		// periods start on the anchor's day, at midnight in the quota's
+		// zone.
+		for i, r := range t.Rules {
+			if !r.billing {
+				continue
+			}
+			if !cloned {
+				t.Rules, cloned = slices.Clone(tier.Rules), true
+			}
+			own := *r
+			own.Anchor = time.Date(day.Year(), day.Month(), day.Day(), 0, 0, 0, 0, r.Location)
+			own.ID = len(c.p.rules)
+			c.p.rules = append(c.p.rules, &own)
+			t.Rules[i] = &own
+		}
+	}
+	return t
+}
+
+// mergeOverride returns base with the parameters o sets replaced.
+func mergeOverride(base, o RuleSpec) RuleSpec {
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	setN := func(dst **int64, v *int64) {
+		if v != nil {
+			*dst = v
+		}
+	}
+	set(&base.Rate, o.Rate)
+	setN(&base.Burst, o.Burst)
+	setN(&base.Initial, o.Initial)
+	set(&base.Floor, o.Floor)
+	setN(&base.Limit, o.Limit)
+	set(&base.Window, o.Window)
+	setN(&base.Max, o.Max)
+	set(&base.LeaseTTL, o.LeaseTTL)
+	setN(&base.MaxCost, o.MaxCost)
+	set(&base.Period, o.Period)
+	set(&base.TimeZone, o.TimeZone)
+	set(&base.Anchor, o.Anchor)
+	if o.Shadow != nil {
+		base.Shadow = o.Shadow
+	}
+	set(&base.OnError, o.OnError)
+	set(&base.Distribution, o.Distribution)
+	return base
+}
+
+// rule compiles one rule, reporting its problems under path. It returns nil
+// if the rule is invalid.
+func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Rule {
+	before := len(c.errs)
+	r := &Rule{Rule: admit.Rule{Name: rs.Name}, Scope: rs.Scope, PerAction: rs.PerAction, Tier: tier}
+	if err := checkName(rs.Name); err != nil {
+		c.fail(path+".name", "%v", err)
+	}
+	if msg := checkScope(rs.Scope); msg != "" {
+		c.fail(path+".scope", "%s", msg)
+	}
+	r.attribute, _ = strings.CutPrefix(rs.Scope, ScopeAttribute)
+	if len(rs.Actions) > MaxActions {
+		c.fail(path+".actions", "%d actions; at most %d", len(rs.Actions), MaxActions)
+	}
+	r.allActions = len(rs.Actions) == 0
+	for i, a := range rs.Actions {
+		switch {
+		case a == "*":
+			r.allActions = true
+		case a == "" || len(a) > MaxNameLen:
+			c.fail(fmt.Sprintf("%s.actions[%d]", path, i), "an action is 1 to %d bytes", MaxNameLen)
+		default:
+			r.actions = append(r.actions, a)
+		}
+	}
+	if r.allActions {
+		r.actions = nil
+	}
+	alg, err := admit.ParseAlgorithm(rs.Algorithm)
+	if rs.Algorithm == "" {
+		c.fail(path+".algorithm", "missing (token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination, concurrency or quota)")
+		return nil
+	} else if err != nil {
+		c.fail(path+".algorithm", "%v", err)
+		return nil
+	}
+	r.Algorithm = alg
+
+	// Parameters: required ones must be present, foreign ones absent, so
+	// that a typo like "limit" on a token bucket is not silently ignored.
+	want := map[string]bool{}
+	switch alg {
+	case admit.TokenBucket:
+		want = map[string]bool{"rate": true, "burst": true, "initial": true}
+	case admit.GCRA:
+		want = map[string]bool{"rate": true, "burst": true}
+	case admit.Combination:
+		want = map[string]bool{"rate": true, "burst": true, "initial": true, "floor": true}
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+		want = map[string]bool{"limit": true, "window": true}
+	case admit.Concurrency:
+		want = map[string]bool{"max": true, "lease_ttl": true}
+	case admit.Quota:
+		want = map[string]bool{"limit": true, "period": true, "time_zone": true, "anchor": true}
+	}
+	present := map[string]bool{
+		"rate": rs.Rate != "", "burst": rs.Burst != nil, "initial": rs.Initial != nil, "floor": rs.Floor != "",
+		"limit": rs.Limit != nil, "window": rs.Window != "", "max": rs.Max != nil, "lease_ttl": rs.LeaseTTL != "",
+		"period": rs.Period != "", "time_zone": rs.TimeZone != "", "anchor": rs.Anchor != "",
+	}
+	optional := map[string]bool{"initial": true, "lease_ttl": true, "time_zone": true, "anchor": true}
+	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl", "period", "time_zone", "anchor"} {
+		switch {
+		case present[f] && !want[f]:
+			c.fail(path+"."+f, "not a parameter of %s", alg)
+		case !present[f] && want[f] && !optional[f]:
+			c.fail(path+"."+f, "missing; %s needs it", alg)
+		}
+	}
+	if rs.Rate != "" && want["rate"] {
+		if r.Rate, err = admit.ParseRate(rs.Rate); err != nil {
+			c.fail(path+".rate", "%v", err)
+		}
+	}
+	if rs.Floor != "" && want["floor"] {
+		if r.Floor, err = admit.ParseRate(rs.Floor); err != nil {
+			c.fail(path+".floor", "%v", err)
+		}
+	}
+	if rs.Window != "" && want["window"] {
+		if r.Window, err = admit.ParseDuration(rs.Window); err != nil {
+			c.fail(path+".window", "%v", err)
+		}
+	}
+	if rs.LeaseTTL != "" && want["lease_ttl"] {
+		if r.LeaseTTL, err = admit.ParseDuration(rs.LeaseTTL); err != nil {
+			c.fail(path+".lease_ttl", "%v", err)
+		}
+	}
+	if alg == admit.Quota {
+		c.quota(path, rs, r)
+	}
+	deref := func(p *int64) int64 {
+		if p == nil {
+			return 0
+		}
+		return *p
+	}
+	r.Burst, r.Limit, r.Max, r.MaxCost = deref(rs.Burst), deref(rs.Limit), deref(rs.Max), deref(rs.MaxCost)
+	if rs.MaxCost != nil && *rs.MaxCost < 1 {
+		c.fail(path+".max_cost", "must be at least 1")
+	}
+	if rs.Initial != nil && want["initial"] {
+		v := *rs.Initial
+		r.Initial = &v
+	}
+	r.Shadow = shadow || (rs.Shadow != nil && *rs.Shadow)
+	if r.OnError, err = admit.ParseFailureMode(rs.OnError); err != nil {
+		c.fail(path+".on_error", "%v", err)
+	}
+	if r.Distribution, err = admit.ParseDistribution(rs.Distribution); err != nil {
+		c.fail(path+".distribution", "%v", err)
+	}
+	if len(c.errs) > before {
+		return nil
+	}
+	if err := r.Rule.Validate(); err != nil {
+		field := admit.ErrorField(err)
+		if field == "" {
+			field = "algorithm"
+		}
+		c.fail(path+"."+field, "%v", err)
+		return nil
+	}
+	if r.MaxCost == 0 {
+		// One charge, a debit above all, takes at most what the rule
+		// holds: a debit is never refused, so an unbounded one would let
+		// any caller empty a bucket in one request.
+		r.MaxCost = r.Capacity()
+	}
+	r.bucket = r.Name
+	if tier != "" {
+		r.bucket = tier + "/" + r.Name // "/" appears in no name
+	}
+	r.ID = len(c.p.rules)
+	c.p.rules = append(c.p.rules, r)
+	return r
+}
+
+// quota compiles a quota's period, time zone and anchor into r.
+func (c *compiler) quota(path string, rs *RuleSpec, r *Rule) {
+	var err error
+	if rs.Period != "" {
+		if r.Period, err = admit.ParsePeriod(rs.Period); err != nil {
+			c.fail(path+".period", "%v", err)
+		}
+	}
+	r.Location = time.UTC
+	if rs.TimeZone != "" {
+		if r.Location, err = time.LoadLocation(rs.TimeZone); err != nil || rs.TimeZone == "Local" {
+			c.fail(path+".time_zone", "unknown time zone %q; want an IANA name such as Europe/Paris or UTC", rs.TimeZone)
+			r.Location = time.UTC
+		}
+	}
+	switch rs.Anchor {
+	case "", "calendar":
+	case "billing":
+		r.billing = true
+	default:
+		if r.Anchor, err = parseAnchor(rs.Anchor, r.Location); err != nil {
+			c.fail(path+".anchor", "%v", err)
+		}
+	}
+}
+
+// parseAnchor reads an anchor: a date (midnight in loc) or an RFC 3339
+// time.
+func parseAnchor(s string, loc *time.Location) (time.Time, error) {
+	if t, err := time.ParseInLocation(time.DateOnly, s, loc); err == nil {
+		return t, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t.Truncate(time.Second), nil
+	}
+	return time.Time{}, fmt.Errorf("anchor %q: want calendar, billing, a date such as 2026-01-15 or an RFC 3339 time", s)
+}
+
+func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
+	out := DefaultGateway
+	if g == nil {
+		return out
+	}
+	// Live connections are concurrency leases, bounded as such.
+	for _, f := range []struct {
+		name   string
+		v, max int64
+		dst    *int64
+	}{
+		{"tenant_connections", g.TenantConnections, admit.MaxConcurrency, &out.TenantConnections},
+		{"connections_per_session", g.ConnectionsPerSession, admit.MaxConcurrency, &out.ConnectionsPerSession},
+		{"tenant_per_minute", g.TenantPerMinute, admit.MaxCount, &out.TenantPerMinute},
+		{"session_per_minute", g.SessionPerMinute, admit.MaxCount, &out.SessionPerMinute},
+		{"messages_per_minute", g.MessagesPerMinute, admit.MaxCount, &out.MessagesPerMinute},
+		{"tenant_sessions", g.TenantSessions, admit.MaxConcurrency, &out.TenantSessions},
+	} {
+		switch {
+		case f.v == 0:
+		case f.v < 0 || f.v > f.max:
+			c.fail(path+"."+f.name, "must be from 1 to %d", f.max)
+		default:
+			*f.dst = f.v
+		}
+	}
+	if g.SessionTTL != "" {
+		d, err := admit.ParseDuration(g.SessionTTL)
+		switch {
+		case err != nil:
+			c.fail(path+".session_ttl", "%v", err)
+		case d < time.Second || d > admit.MaxRatePeriod:
+			c.fail(path+".session_ttl", "must be from 1s to %v", admit.MaxRatePeriod)
+		default:
+			out.SessionTTL = d
+		}
+	}
+	if g.TenantSessions == 0 {
+		out.TenantSessions = min(admit.MaxConcurrency, max(10, 2*out.TenantConnections))
+	}
+	return out
+}
+
+// checkName accepts tenant ids, tier and rule names: 1 to MaxNameLen bytes
+// of letters, digits and . _ : @ -, so that names are safe in URL paths,
+// header parameters, metrics labels and logs.
+func checkName(s string) error {
+	if s == "" || len(s) > MaxNameLen {
+		return fmt.Errorf("%q: must be 1 to %d bytes", s, MaxNameLen)
+	}
+	for i := 0; i < len(s); i++ {
+		if !nameByte(s[i]) {
+			return fmt.Errorf("%q: only letters, digits and . _ : @ - are allowed", s)
+		}
+	}
+	return nil
+}
+
+// nameError is checkName as an admit error (CodeInvalid).
+func nameError(s string) error {
+	if err := checkName(s); err != nil {
+		return admit.Errorf(admit.CodeInvalid, "%v", err)
+	}
+	return nil
+}
+
+func nameByte(b byte) bool {
+	return 'a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' ||
+		b == '.' || b == '_' || b == ':' || b == '@' || b == '-'
+}
+
+// checkScope says what is wrong with a rule's scope, "" if nothing.
+func checkScope(scope string) string {
+	const known = "global, tenant, user, api_key, ip, session, or attribute:NAME for a request attribute"
+	if slices.Contains(scopes, scope) {
+		return ""
+	}
+	if name, ok := strings.CutPrefix(scope, ScopeAttribute); ok {
+		if !validAttribute(name) {
+			return fmt.Sprintf("%q: an attribute name is 1 to 64 lower-case letters, digits, _ and -", scope)
+		}
+		return ""
+	}
+	if scope == "" {
+		return "missing (" + known + ")"
+	}
+	msg := fmt.Sprintf("%q is not a scope (%s)", scope, known)
+	if s := Suggest(scope, scopes); s != "" {
+		msg += fmt.Sprintf("; did you mean %q?", s)
+	} else if validAttribute(scope) {
+		msg += fmt.Sprintf("; a request attribute is declared as %q", ScopeAttribute+scope)
+	}
+	return msg
+}
+
+// Suggest returns the candidate closest to s when s is close enough to be
+// a typo of it (an edit distance of at most a third of the candidate's
+// length, or the same letters in another case), "" otherwise: the "did you
+// mean" of configuration errors.
+func Suggest(s string, candidates []string) string {
+	best, bestD := "", -1
+	for _, c := range candidates {
+		if strings.EqualFold(s, c) {
+			return c
+		}
+		if d := editDistance(s, c); d <= max(1, len(c)/3) && (bestD < 0 || d < bestD) {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			sub := prev[j-1]
+			if a[i-1] != b[j-1] {
+				sub++
+			}
+			cur[j] = min(sub, prev[j]+1, cur[j-1]+1)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
+func validAttribute(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !('a' <= b && b <= 'z' || '0' <= b && b <= '9' || b == '_' || b == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
