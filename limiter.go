@@ -151,6 +151,7 @@ type Limiter struct {
 const keyCacheSize = 1 << 13
 
 type cachedKey struct {
+	who      whoKey
 	key      string
 	prepared preparedKey
 }
@@ -302,61 +303,55 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *
 // charge sets c's key (and its prepared hashes) for limit i and w, from the
 // cache when w was seen lately.
 func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
-	per := l.pers[i]
-	var subject, tenant, action string
+	per, r := l.pers[i], l.rules[i]
+	// The Who's fields this limit is per, and nothing else: what its key
+	// is made of, and what the cache is looked up by, so that a decision
+	// for a known Who builds no key at all.
+	k := whoKey{limit: i}
 	if per&perTenant != 0 {
-		if err := whoField(l.rules[i], "tenant", w.Tenant); err != nil {
+		k.tenant = w.Tenant
+		if err := whoField(r, "tenant", k.tenant); err != nil {
 			return err
 		}
-		tenant = w.Tenant
+	}
+	if per&perUser != 0 {
+		k.user = w.User
+		if err := whoField(r, "user", k.user); err != nil {
+			return err
+		}
 	}
 	if per&perAction != 0 {
-		if err := whoField(l.rules[i], "action", w.Action); err != nil {
-			return err
-		}
-		action = w.Action
-	}
-	b := d.key[:0]
-	switch per & (perUser | perIP) {
-	case perUser:
-		if err := whoField(l.rules[i], "user", w.User); err != nil {
-			return err
-		}
-		subject = w.User
-	case perIP:
-		if err := whoField(l.rules[i], "ip", w.IP); err != nil {
-			return err
-		}
-		subject = w.IP
-	case perUser | perIP:
-		if err := whoField(l.rules[i], "user", w.User); err != nil {
-			return err
-		}
-		if err := whoField(l.rules[i], "ip", w.IP); err != nil {
+		k.action = w.Action
+		if err := whoField(r, "action", k.action); err != nil {
 			return err
 		}
 	}
-	b = l.appendKey(b, per, tenant, subject, action, l.rules[i].Name, w)
-	d.key = b
-	h := maphash.Bytes(l.seed, b)
+	if per&perIP != 0 {
+		k.ip = w.IP
+		if err := whoField(r, "ip", k.ip); err != nil {
+			return err
+		}
+	}
+	h := l.hashWho(&k)
 	// A key may sit in any of the 4 slots of its set (one cache line).
 	set := l.keys[h&(keyCacheSize-1)&^3:][:4]
-	for i := range set {
-		if e := set[i].Load(); e != nil && e.key == string(b) {
+	for j := range set {
+		if e := set[j].Load(); e != nil && e.who == k {
 			c.Key, c.prepared = e.key, e.prepared
 			return nil
 		}
 	}
-	key := string(b)
-	e := &cachedKey{key: key}
+	d.key = l.appendKey(d.key[:0], per, &k, r.Name)
+	key := string(d.key)
+	e := &cachedKey{who: k, key: key}
 	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: KeyHash(key)}
-	if tenant != "" {
-		e.prepared.tenant, e.prepared.hasTenant = tenantHash(tenant), true
+	if k.tenant != "" {
+		e.prepared.tenant, e.prepared.hasTenant = tenantHash(k.tenant), true
 	}
 	victim := &set[(h>>32)&3]
-	for i := range set {
-		if set[i].Load() == nil {
-			victim = &set[i]
+	for j := range set {
+		if set[j].Load() == nil {
+			victim = &set[j]
 			break
 		}
 	}
@@ -365,9 +360,30 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 	return nil
 }
 
+// hashWho hashes k for the key cache: the fields a limit is per, each
+// hashed alone and mixed in (hashing the struct whole costs more, its
+// empty fields included).
+func (l *Limiter) hashWho(k *whoKey) uint64 {
+	h := uint64(k.limit+1) * 0x9e3779b97f4a7c15
+	for _, f := range [...]string{k.tenant, k.user, k.action, k.ip} {
+		if f != "" {
+			h = (h ^ maphash.String(l.seed, f)) * 0xff51afd7ed558ccd
+			h ^= h >> 33
+		}
+	}
+	return h
+}
+
+// whoKey is what a charge of limit number limit is keyed by: the fields of
+// a Who the limit is per, the others empty.
+type whoKey struct {
+	limit                    int
+	tenant, user, action, ip string
+}
+
 // appendKey appends the key of a limit kept per the scopes per: a Key
 // (see Key.String) whose Scope is keyPrefix and the scopes, joined by "+".
-func (l *Limiter) appendKey(b []byte, per uint8, tenant, subject, action, name string, w *Who) []byte {
+func (l *Limiter) appendKey(b []byte, per uint8, k *whoKey, name string) []byte {
 	scope, n := len(keyPrefix), 0
 	for i, s := range scopeNames {
 		if per&(1<<i) != 0 {
@@ -391,19 +407,19 @@ func (l *Limiter) appendKey(b []byte, per uint8, tenant, subject, action, name s
 			n++
 		}
 	}
-	b = appendField(b, tenant)
+	b = appendField(b, k.tenant)
 	if per&(perUser|perIP) == perUser|perIP {
 		// Both in the subject, each length-prefixed, so that no user and
 		// IP pair reads as another.
-		size := digits(len(w.User)) + 1 + len(w.User) + digits(len(w.IP)) + 1 + len(w.IP)
+		size := digits(len(k.user)) + 1 + len(k.user) + digits(len(k.ip)) + 1 + len(k.ip)
 		b = strconv.AppendInt(b, int64(size), 10)
 		b = append(b, ':')
-		b = appendField(b, w.User)
-		b = appendField(b, w.IP)
+		b = appendField(b, k.user)
+		b = appendField(b, k.ip)
 	} else {
-		b = appendField(b, subject)
+		b = appendField(b, k.user+k.ip) // one of them, or neither
 	}
-	b = appendField(b, action)
+	b = appendField(b, k.action)
 	return appendField(b, name)
 }
 
