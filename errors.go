@@ -53,6 +53,9 @@ var (
 	ErrUnavailable     = &Error{Code: CodeUnavailable, Message: "store unavailable"}
 	ErrPermission      = &Error{Code: CodePermission, Message: "permission denied"}
 	ErrUnauthenticated = &Error{Code: CodeUnauthenticated, Message: "unauthenticated"}
+	// ErrEmptyKey refuses a charge whose key is empty: every request
+	// charged so would share one state.
+	ErrEmptyKey = &Error{Code: CodeInvalid, Field: "key", Message: "a charge has an empty key, which every caller would share; build keys with admit.Key"}
 )
 
 // Error is the error type of Admit's packages. It carries a Code, a message

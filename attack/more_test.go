@@ -114,10 +114,23 @@ func TestReflectionOff(t *testing.T) {
 
 // TestSlowBodies: clients that send a body's first bytes and then nothing
 // hold neither admit proxy's connections nor the upstream's past
-// --body-timeout.
+// --body-timeout: neither when their requests are admitted and forwarded,
+// nor when they are refused before the body is read (no rule applies to an
+// anonymous request: 401), where the server must close the connection
+// rather than wait, without a deadline, for a body no one will read.
 func TestSlowBodies(t *testing.T) {
-	var open atomic.Int64
+	for _, tc := range []struct{ name, config string }{
+		{"admitted", "version: 1\nglobal:\n  - {name: all, scope: global, algorithm: token_bucket, rate: 1/s, burst: 1000}\n"},
+		{"refused", "version: 1\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { slowBodies(t, tc.config, tc.name == "admitted") })
+	}
+}
+
+func slowBodies(t *testing.T, config string, forwarded bool) {
+	var open, seen atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Add(1)
 		open.Add(1)
 		defer open.Add(-1)
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -125,7 +138,7 @@ func TestSlowBodies(t *testing.T) {
 	defer up.Close()
 	listen := proctest.FreeAddr(t)
 	p := proctest.Start(t, admitBin, listen, nil, "proxy", "--listen", listen, "--upstream", up.URL, "--keys-optional",
-		"--data-dir", t.TempDir(), "--body-timeout", "1s", "--config", writeFile(t, "admit.yaml", "version: 1\n"))
+		"--data-dir", t.TempDir(), "--body-timeout", "1s", "--config", writeFile(t, "admit.yaml", config))
 	const clients = 50
 	var wg sync.WaitGroup
 	var held atomic.Int64
@@ -152,6 +165,10 @@ func TestSlowBodies(t *testing.T) {
 	report(t, "upstream requests still open after", open.Load())
 	if held.Load() != 0 || open.Load() != 0 {
 		t.Errorf("%d client connections held for 20s, %d upstream requests open", held.Load(), open.Load())
+	}
+	// (The start-up probe, admitted, reaches the upstream too.)
+	if forwarded && seen.Load() < clients || !forwarded && seen.Load() != 0 {
+		t.Errorf("%d requests reached the upstream, of %d; forwarded: %v", seen.Load(), clients, forwarded)
 	}
 }
 

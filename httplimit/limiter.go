@@ -71,9 +71,16 @@ type Options struct {
 	// only rules for all actions apply to them.
 	Actions []Action
 	// RequireKey refuses requests without a credential (an API key, or a
-	// verified JWT when JWT is set) with 401. Otherwise they are
-	// anonymous: charged the global rules only (per IP, say).
+	// verified JWT when JWT is set) or a tenant or key named by Identify,
+	// with 401. Otherwise they are anonymous: charged the global rules only
+	// (per IP, say), and refused with 401 when no global rule applies to
+	// them, never passed unlimited (unless PassUnlimited).
 	RequireKey bool
+	// PassUnlimited admits an anonymous request that no global rule
+	// applies to, unlimited, where it would be refused with 401. The
+	// forward-auth endpoint sets it: its contract is to answer for every
+	// request a proxy asks about, public paths included.
+	PassUnlimited bool
 	// RetryJitter spreads the Retry-After of refusals by up to this much,
 	// so that refused clients do not all return in the same second; never
 	// earlier than the true retry time. Default 1s; negative disables.
@@ -276,6 +283,11 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 		l.fail(w, err)
 		return false
 	}
+	if len(c.res.Charges) == 0 && c.req.Tenant == "" && !l.opts.PassUnlimited {
+		// Unidentified, and no global rule applies: never unlimited.
+		l.fail(w, errUnlimited)
+		return false
+	}
 	out, err := l.decider.Decide(r.Context(), &c.res, &c.d)
 	if err != nil {
 		l.fail(w, err)
@@ -309,6 +321,10 @@ func (l *Limiter) retryAfter(wait time.Duration) int64 {
 // errUnauthenticated answers 401 when Options.RequireKey is set and no
 // credential came.
 var errUnauthenticated = admit.Errorf(admit.CodeUnauthenticated, "an API key is required: present one in X-API-Key or Authorization: Bearer")
+
+// errUnlimited answers 401 a request that names no tenant when no global
+// rule applies to it: passing it would pass it unlimited.
+var errUnlimited = admit.Errorf(admit.CodeUnauthenticated, "the request names no tenant and no global rule limits it: present an API key in X-API-Key or Authorization: Bearer")
 
 func (l *Limiter) fail(w http.ResponseWriter, err error) {
 	// A rule fails closed and its store is down: try again soon.
@@ -367,7 +383,9 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 			return err
 		}
 	}
-	if l.opts.RequireKey && !credited {
+	// A tenant or key the Identify hook named identifies the request as
+	// well as a credential does: the hook is the application's own code.
+	if l.opts.RequireKey && !credited && req.Tenant == "" && req.APIKey == "" {
 		return errUnauthenticated
 	}
 	// Again after the hook, which may have named a tenant or a key.

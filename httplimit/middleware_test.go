@@ -131,15 +131,7 @@ func TestMiddlewareRefusesUnidentified(t *testing.T) {
 // Middleware answers a refusal as the policy-driven Limiter (what admit
 // proxy serves) does: the same status, headers and body.
 func TestMiddlewareAnswersAsTheProxy(t *testing.T) {
-	p, err := policy.Compile(&policy.Spec{
-		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
-			{Name: "tenant", Scope: "tenant", Algorithm: "token_bucket", Rate: "10/s", Burst: ptr(int64(3))},
-		}}},
-		UnknownTenant: "free",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := tenantPolicy(t)
 	proxy, err := httplimit.New(httplimit.Options{
 		Store:  newStore(t),
 		Policy: func() *policy.Policy { return p },
@@ -178,6 +170,22 @@ func TestMiddlewareAnswersAsTheProxy(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// tenantPolicy: one rule, a bucket of 10/s burst 3 per tenant; every
+// tenant is of its tier.
+func tenantPolicy(t *testing.T) *policy.Policy {
+	t.Helper()
+	p, err := policy.Compile(&policy.Spec{
+		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
+			{Name: "tenant", Scope: "tenant", Algorithm: "token_bucket", Rate: "10/s", Burst: ptr(int64(3))},
+		}}},
+		UnknownTenant: "free",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // A handler learns its cost while working and debits it for the request's
 // own Who; the next request of that Who meets the debt, another tenant's
@@ -254,5 +262,45 @@ func TestMiddlewareRetryAfterHolds(t *testing.T) {
 	clock.Set(60 * time.Second)
 	if w := get(h, "/", "", "alice"); w.Code != http.StatusOK {
 		t.Errorf("after waiting 40 s: %d", w.Code)
+	}
+}
+
+// The policy-driven Limiter: a request that names no tenant, where no
+// global rule applies, is refused, never served unlimited; and RequireKey
+// accepts a request whose tenant the Identify hook named.
+func TestPolicyLimiterUnidentified(t *testing.T) {
+	p := tenantPolicy(t)
+	for _, requireKey := range []bool{false, true} {
+		lim, err := httplimit.New(httplimit.Options{
+			Store: newStore(t), Policy: func() *policy.Policy { return p }, RequireKey: requireKey,
+			Identify: func(r *http.Request, req *policy.Request) error {
+				req.Tenant = r.Header.Get("X-Tenant")
+				return nil
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lim.Close()
+		var served atomic.Int64
+		h := lim.Handler(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served.Add(1) }))
+		for range 3 {
+			if w := get(h, "/", "", ""); w.Code != http.StatusUnauthorized {
+				t.Errorf("RequireKey %v, no tenant: %d %s, want 401", requireKey, w.Code, w.Body)
+			}
+		}
+		for i := range 4 {
+			w := get(h, "/", "acme", "")
+			want := http.StatusOK
+			if i == 3 {
+				want = http.StatusTooManyRequests
+			}
+			if w.Code != want {
+				t.Errorf("RequireKey %v, tenant named by Identify, request %d: %d %s, want %d", requireKey, i+1, w.Code, w.Body, want)
+			}
+		}
+		if served.Load() != 3 {
+			t.Errorf("RequireKey %v: %d served, want the tenant's 3", requireKey, served.Load())
+		}
 	}
 }

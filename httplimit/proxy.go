@@ -68,7 +68,13 @@ func BodyTimeout(next http.Handler, idle time.Duration) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
-			r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle}
+			// A copy of r: the server must still see its own body, to
+			// close a connection whose refused request left a large body
+			// unread rather than read it first, without a deadline.
+			r2 := new(http.Request)
+			*r2 = *r
+			r2.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle}
+			r = r2
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -38,6 +38,9 @@ func validate(charges []admit.Charge, rules []*admit.PreparedRule) ([]*admit.Pre
 }
 
 func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
+	if c.Key == "" {
+		return nil, admit.ErrEmptyKey
+	}
 	p, err := c.Rule.Prepare()
 	if err != nil {
 		return nil, err

@@ -176,3 +176,18 @@ func BenchmarkDecideSerial(b *testing.B) {
 		_ = s.Decide(context.Background(), charges[i], &d)
 	}
 }
+
+// An empty key would be one state every caller shares: an error, never a
+// decision.
+func TestEmptyKey(t *testing.T) {
+	s := memstore.New(nil)
+	defer s.Close()
+	rule := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 1}
+	for _, charges := range [][]admit.Charge{{{Rule: rule, Cost: 1}}, {{Key: "k", Rule: rule, Cost: 1}, {Rule: rule, Cost: 1}}} {
+		var d admit.Decision
+		err := s.Decide(context.Background(), charges, &d)
+		if admit.ErrorCode(err) != admit.CodeInvalid || admit.ErrorField(err) != "key" || d.Allowed {
+			t.Errorf("%d charges, one with an empty key: %v, allowed %v", len(charges), err, d.Allowed)
+		}
+	}
+}

@@ -97,6 +97,9 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	if c.Rule == nil {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
 	}
+	if c.Key == "" {
+		return nil, admit.ErrEmptyKey
+	}
 	ra := argsOf(c.Rule)
 	if ra.err != nil {
 		return nil, ra.err

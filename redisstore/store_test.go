@@ -367,3 +367,16 @@ func TestConformanceLeased(t *testing.T) {
 	}
 	t.Logf("%d decisions, %d local, %d withdrawals", h.Decisions, h.LocalDecisions, h.Withdrawals)
 }
+
+// An empty key would be one state every caller shares: an error, never a
+// decision, as in memstore.
+func TestEmptyKey(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	rule := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 1}
+	var d admit.Decision
+	err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}, {Rule: rule, Cost: 1}}, &d)
+	if admit.ErrorCode(err) != admit.CodeInvalid || admit.ErrorField(err) != "key" || d.Allowed {
+		t.Errorf("a charge with an empty key: %v, allowed %v", err, d.Allowed)
+	}
+}

@@ -210,6 +210,7 @@ func New(opts Options) (*Server, error) {
 	s.claimBase = hex.EncodeToString(b[:]) + "-"
 	hopts := opts.HTTP
 	hopts.Store, hopts.Decider, hopts.Policy, hopts.Logger = opts.Store, s.decider, s.catalog.Policy, s.log
+	hopts.PassUnlimited = true // forward-auth admits anonymous requests (docs/api.md)
 	hopts.Observe = func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration) {
 		s.count(out, nil)
 		s.metrics.observeDecision(res, d, "authz", took)
