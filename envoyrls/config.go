@@ -124,16 +124,35 @@ func (l *Limit) Window() time.Duration {
 // for concurrent use.
 type Config struct {
 	domains map[string]*level
-	each    map[string]bool // domains whose files say charge: each
+	charge  map[string]Charge // what each domain's file says of charge
 	files   []string
 }
 
-// ChargesEach reports whether domain counts every descriptor's hits on
-// its own, as envoyproxy/ratelimit does (charge: each): every counter is
-// charged whether it is over its limit or not, and a request refused by
-// one descriptor still counts the others. By default (charge: all) a
-// request's counters are charged all together or not at all.
-func (c *Config) ChargesEach(domain string) bool { return c != nil && c.each[domain] }
+// Charge is how a domain counts its descriptors' hits.
+type Charge uint8
+
+const (
+	// ChargeDefault: the file says nothing; the service's default
+	// applies (Options.Charge).
+	ChargeDefault Charge = iota
+	// ChargeAll: a request's counters are all charged or none is
+	// (charge: all), Admit's guarantee.
+	ChargeAll
+	// ChargeEach: every descriptor's hits are counted on their own, past
+	// the limit too, as envoyproxy/ratelimit counts them (charge: each).
+	ChargeEach
+)
+
+// ChargeOf returns what domain's file says of charge.
+func (c *Config) ChargeOf(domain string) Charge {
+	if c == nil {
+		return ChargeDefault
+	}
+	return c.charge[domain]
+}
+
+// ChargesEach reports whether domain's file says charge: each.
+func (c *Config) ChargesEach(domain string) bool { return c.ChargeOf(domain) == ChargeEach }
 
 // Domains returns the names of the configured domains, sorted.
 func (c *Config) Domains() []string {

@@ -67,14 +67,14 @@ type File struct {
 // reported, each with its file, line and column; the error is then a
 // yamlconf.Errors.
 func Parse(files ...File) (*Config, error) {
-	c := &Config{domains: map[string]*level{}, each: map[string]bool{}}
+	c := &Config{domains: map[string]*level{}, charge: map[string]Charge{}}
 	p := parser{cfg: c}
 	domainFile := map[string]string{}
 	for _, f := range files {
 		p.file = f.Name
 		c.files = append(c.files, f.Name)
 		before := len(p.errs)
-		domain, root, pos, each := p.parseFile(f.Data)
+		domain, root, pos, charge := p.parseFile(f.Data)
 		if len(p.errs) > before || root == nil {
 			continue
 		}
@@ -84,7 +84,7 @@ func Parse(files ...File) (*Config, error) {
 		}
 		domainFile[domain] = f.Name
 		c.domains[domain] = root
-		c.each[domain] = each
+		c.charge[domain] = charge
 	}
 	if len(p.errs) > 0 {
 		return nil, p.errs
@@ -105,49 +105,51 @@ func (p *parser) fail(n *yaml.Node, format string, args ...any) {
 
 // parseFile parses one file: its domain, its descriptor tree, the
 // position of its domain field and whether it says charge: each.
-func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, bool) {
+func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 	if len(data) > MaxFileSize {
 		p.fail(nil, "%d bytes; at most %d", len(data), MaxFileSize)
-		return "", nil, nil, false
+		return "", nil, nil, ChargeDefault
 	}
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
 			p.fail(nil, "config file cannot have empty domain")
-			return "", nil, nil, false
+			return "", nil, nil, ChargeDefault
 		}
 		p.yamlError(err)
-		return "", nil, nil, false
+		return "", nil, nil, ChargeDefault
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		p.fail(&extra, "a second YAML document; a configuration file is one document")
-		return "", nil, nil, false
+		return "", nil, nil, ChargeDefault
 	}
 	root := doc.Content[0]
 	fields := p.mapping(root, "the file", "domain", "descriptors", "charge")
 	if fields == nil {
-		return "", nil, nil, false
+		return "", nil, nil, ChargeDefault
 	}
 	dn := fields["domain"]
 	domain := p.str(dn)
 	if dn == nil || domain == "" {
 		p.fail(orNode(dn, root), "config file cannot have empty domain")
-		return "", nil, nil, false
+		return "", nil, nil, ChargeDefault
 	}
 	p.each = false
+	charge := ChargeDefault
 	if cn := fields["charge"]; cn != nil {
 		switch v := p.str(cn); v {
 		case "all":
+			charge = ChargeAll
 		case "each":
-			p.each = true
+			p.each, charge = true, ChargeEach
 		default:
 			p.fail(cn, "charge: want all (a request's counters all charged or none, the default) or each (every descriptor counted on its own, as envoyproxy/ratelimit does), not '%s'", v)
 		}
 	}
 	top := p.descriptors(fields["descriptors"], domain+".", 1)
-	return domain, top, dn, p.each
+	return domain, top, dn, charge
 }
 
 // yamlError reports a YAML syntax error with its line.

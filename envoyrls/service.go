@@ -65,6 +65,10 @@ type Options struct {
 	// (draft-polli-ratelimit-headers-03, as Envoy's own filter writes
 	// them) to response_headers_to_add.
 	ResponseHeaders bool
+	// Charge is how a domain whose file does not say counts its hits:
+	// ChargeAll (the default, also for ChargeDefault) or ChargeEach, as
+	// envoyproxy/ratelimit counts.
+	Charge Charge
 	// Observe, if set, is told every request answered.
 	Observe func(Event)
 	// Now reads the clock for the resets of limits that refuse everything;
@@ -186,7 +190,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	}
 	configured := cfg.HasDomain(domain)
 	catalog := p != nil && domain == s.opts.CatalogDomain && !configured
-	c.each = configured && cfg.ChargesEach(domain)
+	c.each = configured && s.chargesEach(cfg, domain)
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
 	if !catalog && !configured {
@@ -239,7 +243,9 @@ func (c *call) prepareCounting() (quotas int) {
 	}
 	if c.each {
 		for i := range c.all.Charges {
-			c.all.Charges[i].Debit = true
+			// A rule that cannot count past its limit (an Admit
+			// extension: sliding_log) stays all or nothing.
+			c.all.Charges[i].Debit = c.all.Charges[i].Rule.CheckDebit(1) == nil
 		}
 	} else if quotas == 1 {
 		c.strictQuota()
@@ -268,6 +274,15 @@ func (s *Service) decideCharges(ctx context.Context, c *call, quotas int) (polic
 		return out, err
 	}
 	return s.run(ctx, c, false)
+}
+
+// chargesEach reports whether domain counts every descriptor on its own:
+// as its file says, else as the service's default.
+func (s *Service) chargesEach(cfg *Config, domain string) bool {
+	if ch := cfg.ChargeOf(domain); ch != ChargeDefault {
+		return ch == ChargeEach
+	}
+	return s.opts.Charge == ChargeEach
 }
 
 // run decides c's charges, as a dry run when dry says.

@@ -266,3 +266,59 @@ func TestRefusedRequestRemaining(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamCountingByDefault: with Options.Charge = ChargeEach (what
+// admit ratelimit sets), a file with no charge: line counts as
+// envoyproxy/ratelimit does, in the scenarios where Admit's all or nothing
+// answers differently; a file that says charge: all keeps it.
+func TestUpstreamCountingByDefault(t *testing.T) {
+	const rules = `
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: regular
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+	e := start(t, Options{Charge: ChargeEach, Config: parse(t, "domain: d\n"+rules)}, nil)
+	// Shadow mode: hits past a shadow limit are counted (upstream's counter
+	// at 28 of 20), the request admitted.
+	e.ask(t, "d", 0, hitsOf(desc("shadow", "s"), 8))
+	if r := e.ask(t, "d", 0, hitsOf(desc("shadow", "s"), 20)); r.OverallCode != ok {
+		t.Fatalf("shadow, 20 more on 8 of 20: %v", r)
+	}
+	if r := e.ask(t, "d", 0, hitsOf(desc("shadow", "s"), 0)); r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("shadow after 28 hits of 20: remaining %d, want 0 (counted)", r.Statuses[0].LimitRemaining)
+	}
+	// A regular descriptor under its limit beside a quota descriptor over
+	// its own: over, and the regular one counted all the same.
+	e.ask(t, "d", 0, desc("quota", "q"))
+	if r := e.ask(t, "d", 0, desc("regular", "r"), desc("quota", "q")); r.OverallCode != over || r.Statuses[0].LimitRemaining != 4 {
+		t.Fatalf("regular beside a quota over: %v, want over, 4 of 5 left", r)
+	}
+	// Check, then debit, on 2 a minute: the 4th check is refused.
+	var checks []rlsv3.RateLimitResponse_Code
+	for range 4 {
+		checks = append(checks, e.ask(t, "d", 0, hitsOf(desc("tokens", "t"), 0)).OverallCode)
+		e.ask(t, "d", 0, hitsOf(desc("tokens", "t"), 1))
+	}
+	if !same(checks, []rlsv3.RateLimitResponse_Code{ok, ok, ok, over}) {
+		t.Errorf("checks between debits: %v, want ok ok ok over", checks)
+	}
+
+	// The file's own line wins over the service's default.
+	all := start(t, Options{Charge: ChargeEach, Config: parse(t, "domain: d\ncharge: all\n"+rules)}, nil)
+	checks = checks[:0]
+	for range 4 {
+		checks = append(checks, all.ask(t, "d", 0, hitsOf(desc("tokens", "t"), 0)).OverallCode)
+		all.ask(t, "d", 0, hitsOf(desc("tokens", "t"), 1))
+	}
+	if !same(checks, []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok}) {
+		t.Errorf("charge: all, checks between hits: %v, want all ok (a refused hit is not counted)", checks)
+	}
+}

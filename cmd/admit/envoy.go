@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -38,11 +39,21 @@ type envoyService struct {
 	done  chan error
 }
 
-// startEnvoy loads the envoyproxy/ratelimit files of dir (if any), then
-// serves the Envoy rate limit service on addr.
-// ready is what its health service follows; reflection serves gRPC server
-// reflection; opts are more gRPC server options (TLS).
-func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.Server, ready func(context.Context) error, reflection bool, opts ...grpc.ServerOption) (*envoyService, error) {
+// envoyServing is how the Envoy rate limit service is served.
+type envoyServing struct {
+	addr       string
+	dir        string          // envoyproxy/ratelimit files, if any
+	charge     envoyrls.Charge // how domains whose file does not say count
+	ready      func(context.Context) error
+	reflection bool                // serve gRPC server reflection
+	opts       []grpc.ServerOption // more options (TLS)
+}
+
+// startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
+// serves the Envoy rate limit service on sv.addr, its health service
+// following sv.ready.
+func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Server) (*envoyService, error) {
+	addr, dir, ready, reflection, opts := sv.addr, sv.dir, sv.ready, sv.reflection, sv.opts
 	es := &envoyService{dir: dir, rules: b.st.check, done: make(chan error, 1)}
 	var cfg *envoyrls.Config
 	if dir != "" {
@@ -54,7 +65,7 @@ func startEnvoy(addr, dir string, b *backend, dec *policy.Decider, srv *server.S
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
-		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
+		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata, Charge: sv.charge, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
 	})
 	if err != nil {
 		return nil, err
@@ -230,4 +241,15 @@ func serveMetrics(addr, path string, h http.Handler, log *slog.Logger) (stop fun
 		defer cancel()
 		hs.Shutdown(ctx)
 	}, nil
+}
+
+// parseCharge parses --envoy-charge (and ADMIT_CHARGE).
+func parseCharge(s string) (envoyrls.Charge, error) {
+	switch s {
+	case "all":
+		return envoyrls.ChargeAll, nil
+	case "each":
+		return envoyrls.ChargeEach, nil
+	}
+	return 0, fmt.Errorf("--envoy-charge %q: want all (a request's counters all charged or none) or each (every descriptor counted on its own, as envoyproxy/ratelimit does)", s)
 }

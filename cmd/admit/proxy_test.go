@@ -274,13 +274,18 @@ func TestProxyShedding(t *testing.T) {
 	defer up.Close()
 	defer close(release)
 	cfg := filepath.Join(t.TempDir(), "admit.yaml")
-	writeFile(t, cfg, "version: 1\nshedding:\n  - name: api\n    algorithm: aimd\n    initial_limit: 1\n    min_limit: 1\n    max_limit: 1\n    max_wait: 20ms\n")
+	// A global rule that never refuses: with none, an anonymous request
+	// would be refused (no rule would limit it) before shedding.
+	writeFile(t, cfg, "version: 1\nglobal:\n  - {name: all, scope: global, algorithm: token_bucket, rate: 1/s, burst: 1000}\n"+
+		"shedding:\n  - name: api\n    algorithm: aimd\n    initial_limit: 1\n    min_limit: 1\n    max_limit: 1\n    max_wait: 20ms\n")
 	metricsAddr := freeAddr(t)
 	p := startCmd(t, "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--config", cfg, "--keys-optional",
 		"--data-dir", t.TempDir(), "--metrics", metricsAddr)
 	go func() { _, _ = http.Get(p.url + "/slow") }()
-	for reached.Load() == 0 {
-		time.Sleep(time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); reached.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow request never reached the upstream")
+		}
 	}
 	resp, err := http.Get(p.url + "/fast")
 	if err != nil {

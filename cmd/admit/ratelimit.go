@@ -57,6 +57,11 @@ this command).
   ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
                                   timeouts); default none
   ADMIT_ADMIN_TOKEN               the admin API's token
+  ADMIT_CHARGE                    each (the default): every descriptor's hits
+                                  counted on its own, past its limit too, as
+                                  envoyproxy/ratelimit counts; all: a request's
+                                  counters all charged or none (admit serve's
+                                  default); a file's charge: line wins
 
 Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
 caches, pipelining, statsd, jitter, the debug port) are accepted and not
@@ -114,6 +119,12 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	f := &serveFlags{healthPath: "/healthcheck", xdsNode: getenv("CONFIG_GRPC_XDS_NODE_ID")}
 	f.empty, f.config, f.dataDir = true, getenv("ADMIT_CONFIG"), get("ADMIT_DATA_DIR", "./admit-data")
 	f.reloadEvery = time.Second
+	// Counted as envoyproxy/ratelimit counts, unless asked for Admit's
+	// all or nothing; a file's own charge: line wins.
+	f.envoyCharge = get("ADMIT_CHARGE", "each")
+	if _, err := parseCharge(f.envoyCharge); err != nil {
+		return nil, nil, fmt.Errorf("ADMIT_CHARGE=%q: want each (as envoyproxy/ratelimit counts, the default) or all (a request's counters all charged or none)", f.envoyCharge)
+	}
 	f.http = net.JoinHostPort(get("HOST", "0.0.0.0"), get("PORT", "8080"))
 	f.grpc = net.JoinHostPort(get("GRPC_HOST", "0.0.0.0"), get("GRPC_PORT", "8081"))
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,10 +16,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -27,6 +30,7 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 func TestRatelimitEnvironment(t *testing.T) {
@@ -36,8 +40,10 @@ func TestRatelimitEnvironment(t *testing.T) {
 		xds                       string
 		wait, plaintext           bool
 		metrics                   string
+		charge                    string // default each
 	}{
-		"defaults": {env: nil, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config"},
+		"defaults":                 {env: nil, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config"},
+		"all or nothing asked for": {env: map[string]string{"ADMIT_CHARGE": "all"}, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config", charge: "all"},
 		"files and a single Redis": {
 			env:  map[string]string{"PORT": "9000", "GRPC_PORT": "9001", "HOST": "127.0.0.1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "p@ss", "USE_PROMETHEUS": "true"},
 			http: "127.0.0.1:9000", grpc: "0.0.0.0:9001", store: "redis://:p%40ss@redis:6379", config: "/data/ratelimit/config", metrics: ":9090",
@@ -64,7 +70,8 @@ func TestRatelimitEnvironment(t *testing.T) {
 				t.Fatal(err)
 			}
 			if f.http != tc.http || f.grpc != tc.grpc || f.store != tc.store || f.envoyConfig != tc.config || f.envoyXDS != tc.xds ||
-				f.waitForXDS != tc.wait || (tc.xds != "" && f.xdsPlaintext != tc.plaintext) || f.metrics != tc.metrics || f.healthPath != "/healthcheck" || !f.empty {
+				f.waitForXDS != tc.wait || (tc.xds != "" && f.xdsPlaintext != tc.plaintext) || f.metrics != tc.metrics || f.healthPath != "/healthcheck" || !f.empty ||
+				f.envoyCharge != cmp.Or(tc.charge, "each") {
 				t.Fatalf("got http %s grpc %s store %s config %s xds %s wait %v plaintext %v metrics %s", f.http, f.grpc, f.store, f.envoyConfig, f.envoyXDS, f.waitForXDS, f.xdsPlaintext, f.metrics)
 			}
 		})
@@ -88,6 +95,7 @@ func TestRatelimitEnvironmentRefused(t *testing.T) {
 		"LOG_FORMAT=xml":                         "LOG_FORMAT",
 		"USE_PROMETHEUS=maybe":                   "USE_PROMETHEUS",
 		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?": "",
+		"ADMIT_CHARGE=some":                      "ADMIT_CHARGE",
 	} {
 		vars := map[string]string{}
 		for _, kv := range strings.Fields(env) {
@@ -177,7 +185,8 @@ func TestRatelimitFiles(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n")
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n"+
+		"  - key: tokens\n    rate_limit: {unit: day, requests_per_unit: 2}\n")
 	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
 		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}, "ratelimit")
 	c := rlsClient(t, r.grpc)
@@ -185,6 +194,26 @@ func TestRatelimitFiles(t *testing.T) {
 		if got := shouldRateLimit(t, c, "rl", "foo", "x").OverallCode; got != want {
 			t.Fatalf("%v, want %v", got, want)
 		}
+	}
+	// Counted as envoyproxy/ratelimit counts (ADMIT_CHARGE defaults to
+	// each): checks (hits_addend 0) between hits of 1 on 2 a day, the
+	// hits counted past the limit, so the 4th check is refused.
+	var checks []rlsv3.RateLimitResponse_Code
+	for range 4 {
+		for _, hits := range []uint64{0, 1} {
+			// The descriptor's own hits_addend: the request's 0 means 1.
+			tokens := []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "tokens", Value: "t"}}, HitsAddend: wrapperspb.UInt64(hits)}}
+			resp, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: tokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hits == 0 {
+				checks = append(checks, resp.OverallCode)
+			}
+		}
+	}
+	if ok, over := rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT; !slices.Equal(checks, []rlsv3.RateLimitResponse_Code{ok, ok, ok, over}) {
+		t.Errorf("checks between hits: %v, want OK OK OK OVER_LIMIT, as envoyproxy/ratelimit answers", checks)
 	}
 	// The admit catalog is empty: no demo tenants.
 	if code, _ := call(t, "POST", r.url+"/v1/check", `{"tenant":"t1234","action":"invoke-doc-summary-ai"}`); code == http.StatusOK {

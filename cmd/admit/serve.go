@@ -70,6 +70,9 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 type serveFlags struct {
 	backendFlags
 	http, grpc, decisionLog, envoyConfig string
+	// envoyCharge is how envoyproxy/ratelimit domains whose file does not
+	// say count their hits: all (all or nothing) or each (as upstream).
+	envoyCharge string
 	// grpcTLS serves gRPC over TLS; with a CA, mutual TLS, and with
 	// grpcClientSAN, only clients whose certificate names it.
 	grpcTLS       tlsFiles
@@ -105,6 +108,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.grpcTLS.key, "grpc-tls-key", "", "the gRPC certificate's key `file` (PEM)")
 	fs.StringVar(&f.grpcTLS.ca, "grpc-tls-ca", "", "CA bundle `file`: gRPC clients must show a certificate it signed (mutual TLS)")
 	fs.StringVar(&f.grpcClientSAN, "grpc-tls-client-san", "", "with --grpc-tls-ca, accept only client certificates that name `SAN`")
+	fs.StringVar(&f.envoyCharge, "envoy-charge", "all", "how envoyproxy/ratelimit domains whose file has no charge: line count hits: `all` (a request's counters all charged or none) or each (every descriptor counted on its own, past its limit too, as envoyproxy/ratelimit counts)")
 	fs.StringVar(&f.envoyXDS, "envoy-xds", "", "take envoyproxy/ratelimit's configuration from the xDS server at `host:port` (RateLimitConfig resources, state of the world, as Envoy Gateway serves them)")
 	fs.StringVar(&f.xdsNode, "envoy-xds-node", "envoy-ratelimit", "node `ID` to give the xDS server")
 	fs.StringVar(&f.xdsTLS.cert, "envoy-xds-tls-cert", "", "client certificate `file` for the xDS server (PEM)")
@@ -334,7 +338,11 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		}
 		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	es, err := startEnvoy(grpcAddr, envoyDir, b, dec, srv, ready, f.grpcReflection, grpcOpts...)
+	charge, err := parseCharge(f.envoyCharge)
+	if err != nil {
+		return err
+	}
+	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
