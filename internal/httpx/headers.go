@@ -74,26 +74,29 @@ func setHeaders(h http.Header, buf []byte, charges ruleResults) []byte {
 }
 
 func appendPolicy(b []byte, charges ruleResults) []byte {
-	for r, res := range charges {
-		if r.Shadow {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = append(b, '"')
-		b = append(b, r.Name...)
-		b = append(b, `";q=`...)
+	return appendItems(b, charges, func(b []byte, r *admit.Rule, res *admit.Result) []byte {
+		b = append(b, ";q="...)
 		b = strconv.AppendInt(b, res.Limit, 10)
 		if w := window(r); w > 0 {
 			b = append(b, ";w="...)
 			b = strconv.AppendInt(b, w, 10)
 		}
-	}
-	return b
+		return b
+	})
 }
 
 func appendLimit(b []byte, charges ruleResults) []byte {
+	return appendItems(b, charges, func(b []byte, _ *admit.Rule, res *admit.Result) []byte {
+		b = append(b, ";r="...)
+		b = strconv.AppendInt(b, max(0, res.Remaining), 10)
+		b = append(b, ";t="...)
+		return strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
+	})
+}
+
+// appendItems appends one list item per non-shadow charge: its rule's name,
+// quoted, then what params appends.
+func appendItems(b []byte, charges ruleResults, params func([]byte, *admit.Rule, *admit.Result) []byte) []byte {
 	for r, res := range charges {
 		if r.Shadow {
 			continue
@@ -103,10 +106,8 @@ func appendLimit(b []byte, charges ruleResults) []byte {
 		}
 		b = append(b, '"')
 		b = append(b, r.Name...)
-		b = append(b, `";r=`...)
-		b = strconv.AppendInt(b, max(0, res.Remaining), 10)
-		b = append(b, ";t="...)
-		b = strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
+		b = append(b, '"')
+		b = params(b, r, res)
 	}
 	return b
 }
