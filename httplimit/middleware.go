@@ -19,7 +19,9 @@ import (
 // as admit proxy does: an admitted request goes on with the RateLimit and
 // RateLimit-Policy headers set; a refused one gets 429 Too Many Requests
 // with Retry-After and a problem+json body naming the limit; a store that
-// fails a rule that fails closed gets 503 with Retry-After.
+// fails a rule that fails closed gets 503 with Retry-After. Retry-After
+// is the wait itself, rounded up to whole seconds (admit proxy adds a
+// random share of a second, Options.RetryJitter).
 //
 // An error from who refuses the request: with the status its admit error
 // code maps to (admit.CodeUnauthenticated: 401, admit.CodePermission:

@@ -135,6 +135,9 @@ func TestMiddlewareAnswersAsTheProxy(t *testing.T) {
 	proxy, err := httplimit.New(httplimit.Options{
 		Store:  newStore(t),
 		Policy: func() *policy.Policy { return p },
+		// The proxy spreads Retry-After by a random second; Middleware
+		// says the wait itself.
+		RetryJitter: -1,
 		Identify: func(r *http.Request, req *policy.Request) error {
 			req.Tenant = r.Header.Get("X-Tenant")
 			return nil

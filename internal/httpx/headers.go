@@ -4,7 +4,6 @@
 package httpx
 
 import (
-	"iter"
 	"math"
 	"net/http"
 	"strconv"
@@ -21,83 +20,50 @@ import (
 // and results are index by index, as in policy.Resolution and
 // admit.Decision.
 func AppendPolicy(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	return appendPolicy(b, policyRules(rules, results))
+	return appendItems(b, rules, policyRule, results, policyParams)
 }
 
 // AppendLimit appends the RateLimit field value of a decision: per
 // non-shadow charge, the remaining quota r and the seconds t until it is
 // whole again.
 func AppendLimit(b []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	return appendLimit(b, policyRules(rules, results))
+	return appendItems(b, rules, policyRule, results, limitParams)
 }
 
 // SetHeaders sets the RateLimit-Policy and RateLimit fields of a decision
 // on h (neither when no charge is reported), and returns buf for reuse.
 func SetHeaders(h http.Header, buf []byte, rules []*policy.Rule, results []admit.Result) []byte {
-	return setHeaders(h, buf, policyRules(rules, results))
+	return setHeaders(h, buf, rules, policyRule, results)
 }
 
 // SetLimiterHeaders is SetHeaders for a decision of an admit.Limiter,
 // whose rules are its limits'.
 func SetLimiterHeaders(h http.Header, buf []byte, rules []*admit.Rule, results []admit.Result) []byte {
-	return setHeaders(h, buf, func(yield func(*admit.Rule, *admit.Result) bool) {
-		for i := range min(len(rules), len(results)) {
-			if !yield(rules[i], &results[i]) {
-				return
-			}
-		}
-	})
+	return setHeaders(h, buf, rules, sameRule, results)
 }
 
-// ruleResults yields a decision's charges: each one's rule and result.
-type ruleResults = iter.Seq2[*admit.Rule, *admit.Result]
+// The rules of a decision come as policy rules or as admit rules; these
+// read the admit rule of either. Plain functions, not closures, so that
+// writing the fields allocates nothing but the fields' strings.
+func policyRule(r *policy.Rule) *admit.Rule { return &r.Rule }
+func sameRule(r *admit.Rule) *admit.Rule    { return r }
 
-func policyRules(rules []*policy.Rule, results []admit.Result) ruleResults {
-	return func(yield func(*admit.Rule, *admit.Result) bool) {
-		for r, res := range policy.RuleResults(rules, results) {
-			if !yield(&r.Rule, res) {
-				return
-			}
-		}
-	}
-}
-
-func setHeaders(h http.Header, buf []byte, charges ruleResults) []byte {
-	buf = appendPolicy(buf[:0], charges)
+func setHeaders[R any](h http.Header, buf []byte, rules []R, rule func(R) *admit.Rule, results []admit.Result) []byte {
+	buf = appendItems(buf[:0], rules, rule, results, policyParams)
 	if len(buf) == 0 {
 		return buf
 	}
 	h.Set("RateLimit-Policy", string(buf))
-	buf = appendLimit(buf[:0], charges)
+	buf = appendItems(buf[:0], rules, rule, results, limitParams)
 	h.Set("RateLimit", string(buf))
 	return buf
 }
 
-func appendPolicy(b []byte, charges ruleResults) []byte {
-	return appendItems(b, charges, func(b []byte, r *admit.Rule, res *admit.Result) []byte {
-		b = append(b, ";q="...)
-		b = strconv.AppendInt(b, res.Limit, 10)
-		if w := window(r); w > 0 {
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, w, 10)
-		}
-		return b
-	})
-}
-
-func appendLimit(b []byte, charges ruleResults) []byte {
-	return appendItems(b, charges, func(b []byte, _ *admit.Rule, res *admit.Result) []byte {
-		b = append(b, ";r="...)
-		b = strconv.AppendInt(b, max(0, res.Remaining), 10)
-		b = append(b, ";t="...)
-		return strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
-	})
-}
-
 // appendItems appends one list item per non-shadow charge: its rule's name,
 // quoted, then what params appends.
-func appendItems(b []byte, charges ruleResults, params func([]byte, *admit.Rule, *admit.Result) []byte) []byte {
-	for r, res := range charges {
+func appendItems[R any](b []byte, rules []R, rule func(R) *admit.Rule, results []admit.Result, params func([]byte, *admit.Rule, *admit.Result) []byte) []byte {
+	for i := range min(len(rules), len(results)) {
+		r := rule(rules[i])
 		if r.Shadow {
 			continue
 		}
@@ -107,9 +73,30 @@ func appendItems(b []byte, charges ruleResults, params func([]byte, *admit.Rule,
 		b = append(b, '"')
 		b = append(b, r.Name...)
 		b = append(b, '"')
-		b = params(b, r, res)
+		b = params(b, r, &results[i])
 	}
 	return b
+}
+
+// policyParams are a RateLimit-Policy item's parameters: the quota and,
+// for rate limits, the window.
+func policyParams(b []byte, r *admit.Rule, res *admit.Result) []byte {
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, res.Limit, 10)
+	if w := window(r); w > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, w, 10)
+	}
+	return b
+}
+
+// limitParams are a RateLimit item's parameters: what remains, and when
+// it is whole again.
+func limitParams(b []byte, _ *admit.Rule, res *admit.Result) []byte {
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, max(0, res.Remaining), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, CeilDiv(res.ResetAfter, time.Second), 10)
 }
 
 // window returns the seconds over which a rule grants its quota: the time a
