@@ -83,7 +83,10 @@ type Decision struct {
 
 // Reset clears d for reuse, keeping the backing array of d.Results.
 func (d *Decision) Reset() {
-	*d = Decision{Results: d.Results[:0], charges: d.charges, key: d.key}
+	// Field by field: the Limiter's buffers stay, untouched.
+	d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.DeniedBy = false, 0, 0, 0, 0, ""
+	d.Results = d.Results[:0]
+	d.Lease = Lease{}
 }
 
 // Summarize sets d's top-level fields from d.Results. Stores call it after
