@@ -155,7 +155,9 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 // yamlError reports a YAML syntax error with its line.
 func (p *parser) yamlError(err error) {
 	e := yamlconf.SyntaxError(p.file, err)
-	e.Msg = "error loading config file: " + e.Msg
+	// In envoyproxy/ratelimit's words, the parser's message whole; the
+	// line is also where the error's position goes.
+	e.Msg = "error loading config file: " + err.Error()
 	p.errs = append(p.errs, e)
 }
 
@@ -270,7 +272,7 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 	}
 	for _, dn := range n.Content {
 		if dn.Kind != yaml.MappingNode {
-			p.fail(dn, "config error, yaml file contains list of type other than map: %s", yamlconf.KindName(dn))
+			p.fail(dn, "config error, yaml file contains list of type other than map: %s", plainValue(dn))
 			continue
 		}
 		// metadata (envoyproxy/ratelimit, April 2026) is data for the
@@ -458,4 +460,25 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 		l.strict.Shadow = shadow
 	}
 	return l
+}
+
+// plainValue writes a node as envoyproxy/ratelimit's messages print what
+// it decoded (Go's %v): a scalar's text, a list's items in brackets, a
+// mapping's pairs after "map".
+func plainValue(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		items := make([]string, len(n.Content))
+		for i, c := range n.Content {
+			items[i] = plainValue(c)
+		}
+		return "[" + strings.Join(items, " ") + "]"
+	case yaml.MappingNode:
+		pairs := make([]string, 0, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			pairs = append(pairs, plainValue(n.Content[i])+":"+plainValue(n.Content[i+1]))
+		}
+		return "map[" + strings.Join(pairs, " ") + "]"
+	}
+	return n.Value
 }

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -320,5 +321,26 @@ descriptors:
 	}
 	if !same(checks, []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok}) {
 		t.Errorf("charge: all, checks between hits: %v, want all ok (a refused hit is not counted)", checks)
+	}
+}
+
+// TestUpstreamConfigErrors: broken files are refused in
+// envoyproxy/ratelimit's words (its config_impl.go; yaml.v2 gives the
+// same syntax message as yaml.v3 here), Admit adding the
+// file, line and column before them.
+func TestUpstreamConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"bad YAML", "domain: d\ndescriptors: [\n", "error loading config file: yaml: line 2: did not find expected node content"},
+		{"a list of scalars", "domain: d\ndescriptors:\n  - a\n  - [b, c]\n", "config error, yaml file contains list of type other than map: a"},
+		{"a list in the list", "domain: d\ndescriptors:\n  - [b, c]\n", "config error, yaml file contains list of type other than map: [b c]"},
+		{"no domain", "descriptors: []\n", "config file cannot have empty domain"},
+		{"an unknown key", "domain: d\nbogus: 1\n", "config error, unknown key 'bogus'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse(File{Name: "rl.yaml", Data: []byte(tc.yaml)})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "rl.yaml:") {
+				t.Errorf("got %v\nwant the file named and %q", err, tc.want)
+			}
+		})
 	}
 }
