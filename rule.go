@@ -184,6 +184,7 @@ const (
 //     as one theoretical arrival time.
 //   - FixedWindow: Limit, Window. A counter per window aligned to the Unix
 //     epoch. ResetAfter and RetryAfter are the time to the window's end.
+//     When Window changes, the window now in progress counts from zero.
 //   - SlidingWindow: Limit, Window. The sliding window counter: the current
 //     window's count plus the previous window's count weighted by the part
 //     of it still inside the sliding window. RetryAfter is exact for that

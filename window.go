@@ -10,7 +10,14 @@ package admit
 // fixed window: A = the end of the counted window (its expiry), B = count.
 func stepFixed(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
 	w := int64(r.Window)
-	return stepCount(r.Limit, s, now, now-now%w+w, cost, res, debit)
+	end := now - now%w + w
+	if s.Expiry != end {
+		// A count is the window's it was made in: after the rule's window
+		// changes, the window now counts from zero, as in a store that
+		// keeps each window's count under a name of its own.
+		s = State{}
+	}
+	return stepCount(r.Limit, s, now, end, cost, res, debit)
 }
 
 // stepCount counts up to limit in a period that ends at end, or at the end

@@ -1,7 +1,7 @@
-#!lua name=admit_v7
+#!lua name=admit_v8
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v7 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v8 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -20,7 +20,7 @@
 -- Arguments (ARGV), but for op b (see batch below):
 --   1 op: b decide a batch of decisions, r reserve, u undo (give back a
 --     committed decision), c cancel a reservation, n renew a lease,
---     l release a lease
+--     l release a lease, x reset (forget what the charges' keys hold)
 --   2 now in microseconds, or '' for Redis TIME; 3 the nanoseconds beyond
 --   4, 5 op-specific; 6 lease or reservation id; 7 number of charges N
 --   8.. N charges of STRIDE arguments: algorithm, cost, shadow, lease TTL
@@ -36,7 +36,14 @@
 --     + F/n ns, and until when (µs) the key was set to live (see flush;
 --     admit_v5 wrote U W F); combination: the burst bucket's U W F, then
 --     the floor's.
---   fixed window, quota: E C (window or period end in µs, count).
+--   fixed window: a count, an integer, in a key of its own for each
+--     window: the counter's key, '@' and the window's end in µs (see
+--     countKey), expiring at that end. Redis adds to it natively
+--     (INCRBY), and a new window needs no reset. admit_v7 kept E C (the
+--     end in µs, the count) in the counter's key itself; see legacyCount.
+--   quota: E C (period end in µs, count): a period keeps its end when
+--     the rule's anchor changes, which a key named for the period could
+--     not.
 --   sliding window: A B C (current window's end + one window, in µs; the
 --     current and the previous window's counts).
 --   sliding log: a hash used as a queue: h (oldest seq), t (next seq),
@@ -89,9 +96,15 @@ local RULES, COSTS, TTLS, DEBITS, HALVES, DRY, REFUSED, LEASE, REC, KEYBASE
 -- of Lua's collector every 50 calls, and a step walks the heap. A heap of
 -- 20,000 strings cost 34,000 instructions a call, more than a decision.
 local RES, NEXTS, DIRTY, NOKEYS, OUT, OUTK
+-- windows' rules of the call, by number.
+local RS
 -- decideFast's: each charge's next state (its first three numbers), and
 -- the size of each algorithm's state in bytes.
 local NXA, NXB, NXC, SIZE, KIND
+-- decideFast's counts: which charges are windows' or quotas' counts
+-- (ISC), and of those counted, the count's key, whether the call made it
+-- and what it added, to take back.
+local ISC, CKEY, MADE, ADDED
 -- Each key a call reads or writes has a slot, 1..nslot, in the order the
 -- call first touches it. SLOT maps a key to its slot; it is kept from call
 -- to call (emptied when it passes 256 keys: see above) because adding a
@@ -110,6 +123,59 @@ local NUMS
 -- I formats an integer argument: Redis would print large numbers with an
 -- exponent, which integer arguments do not accept.
 local function I(x) return sformat('%d', x) end
+
+-- countKey returns the key of the count that key keeps for the window
+-- ending at endu (µs). No other key of the store's can be named so: a
+-- counter's key ends with a length-prefixed field. The suffix of the
+-- last window asked for is kept: a batch's windows mostly end together.
+local lastEnd, lastSuffix = 0, ''
+local function countKey(key, endu)
+  if endu ~= lastEnd then lastEnd, lastSuffix = endu, '@' .. sformat('%d', endu) end
+  return key .. lastSuffix
+end
+
+-- expireIn returns in how many ms, rounded up, a count's key for the
+-- period ending at endu expires: relative, as the clock may be one the
+-- store was given rather than Redis's.
+local function expireIn(endu)
+  return sformat('%d', mceil(((endu - nu) * 1000 - nsub) / 1000000))
+end
+
+-- LEGACYU: windows this long (µs) or shorter do not look for an admit_v7
+-- state when their count is missing (see legacyCount).
+local LEGACYU = 60000000
+
+-- legacyCount returns what the admit_v7 state in key counts for the
+-- window of wu µs ending at endu, or 0: so that an upgrade does not
+-- restart a window longer than a minute in the middle. A shorter window
+-- restarts at most once, as it would after a failover.
+local function legacyCount(key, wu, endu)
+  if wu <= LEGACYU then return 0 end
+  local v = rpcall('GET', key)
+  if type(v) ~= 'string' or #v ~= 16 then return 0 end
+  local e, c = sunpack('<dd', v)
+  if e ~= endu then return 0 end
+  return c
+end
+
+-- loadCount returns the state of key's count for the window of wu µs
+-- ending at endu, {endu, count}, or nil.
+local function loadCount(key, wu, endu)
+  local v = rcall('GET', countKey(key, endu))
+  if not v then
+    local c = legacyCount(key, wu, endu)
+    if c > 0 then return {endu, c} end
+    return nil
+  end
+  local c = tonumber(v)
+  if not c then error('admit: ' .. key .. ' holds no count') end
+  return {endu, c}
+end
+
+-- putCount writes a count's state.
+local function putCount(key, st)
+  rcall('SET', countKey(key, st[1]), I(st[2]), 'PX', expireIn(st[1]))
+end
 
 -- Exact arithmetic --------------------------------------------------------
 
@@ -411,6 +477,11 @@ local function quotaEval(limit, st, c, res, debit)
   return countEval(limit, endu, st, c, res, debit, true)
 end
 
+-- windowEnd returns the end (µs) of the window of wu µs now is in.
+local function windowEnd(wu)
+  return nu - fmod(nu, wu) + wu
+end
+
 -- slidingCounts returns a sliding window's counts at now from its state
 -- st: the current and the previous window's, the current window's end
 -- (µs), and the previous window's weight, prev*left/w rounded up.
@@ -622,7 +693,7 @@ local function decodeState(s, alg, v)
     else st = {sunpack('<dddd', v)} end
     SHAS[s] = st[4]
   elseif alg == 6 then st = {sunpack('<dddddd', v)}
-  elseif alg == 3 or alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
+  elseif alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
   else st = {sunpack('<ddd', v)} SHAS[s] = st[1] end
   SK[s] = KIND[alg]
   return st
@@ -692,7 +763,8 @@ local function step(R, alg, st, c, res, debit)
   return {a[1], a[2], a[3], z[1], z[2], z[3]}, how
 end
 
--- put keeps a key's state st, of kind k (2 or 3: a window's numbers, 4: a
+-- put keeps a key's state st, of kind k (2: a quota's numbers, 3: a
+-- sliding window's, 4: a
 -- bucket's, 6: a combination's), which matters for ttl ns more (deleted
 -- when it no longer does); flush writes it when the call ends, packed
 -- once however many decisions of a batch changed it.
@@ -760,7 +832,9 @@ local function store(key, R, alg, st)
   if alg == 1 or alg == 2 then return putBucket(key, bucketParams(R), st) end
   if alg == 6 then
     put(key, st, mmax(bucketExpiry(bucketParams(R), st), bucketExpiry(floorParams(R), {st[4], st[5], st[6]})), 6)
-  elseif alg == 3 or alg == 8 then
+  elseif alg == 3 then
+    putCount(key, st)
+  elseif alg == 8 then
     put(key, st, (st[1] - nu) * 1000 - nsub, 2)
   else
     put(key, st, (st[1] - nu) * 1000 - nsub, 3)
@@ -791,9 +865,13 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
           concEval(key, R[5], R[6], c, p, res)
         end
       else
-        local st = chain[key]
-        if st == nil then st = load(key, alg) or false end
         if alg == 8 then QEND1, QEND2 = ENDS1[i], ENDS2[i] end
+        local st = chain[key]
+        if st == nil and alg == 3 then
+          st = loadCount(key, R[6], windowEnd(R[6])) or false
+        elseif st == nil then
+          st = load(key, alg) or false
+        end
         local next, how = step(R, alg, st or nil, c, res, DEBITS[i])
         res.how = how
         nexts[i] = next
@@ -913,18 +991,22 @@ local function decide(out)
 end
 
 -- decideFast is decide for the usual decision — token buckets, gcra,
--- fixed and sliding windows, quotas, each key once, no debit, no dry run,
--- no lease — the one most batches are made of, with less: no pcall (its
--- setjmp and frame cost more than the decision's arithmetic), no tables
--- but the one a key's state is read into, changed in place, the reply
--- written as it goes. What it cannot take it leaves to decide, having
--- written nothing but reply values past OUTK, which decide writes over: a
--- refusal (which reports what the other charges hold), a key holding
--- something else than the rule's state (decide fails it, in its pcall), a
--- repeated key, a bucket whose token takes a fraction of a nanosecond. It
--- returns whether it decided.
+-- fixed and sliding windows, quotas, each key once, no dry run, no lease,
+-- no debit but of fixed windows — the one most batches are made of, with
+-- less: no pcall (its setjmp and frame cost more than the decision's
+-- arithmetic), no tables but the one a key's state is read into, changed
+-- in place, the reply written as it goes. A fixed window's count is
+-- never read: Redis adds the cost to it (INCRBY), and a count that went
+-- over is taken back before the call ends, so no one ever sees it.
+-- What decideFast cannot take it leaves to decide, having changed nothing
+-- and written nothing but reply values past OUTK, which decide writes
+-- over: a refusal (which reports what the other charges hold), a key
+-- holding something else than the rule's state (decide fails it, in its
+-- pcall), a repeated key, a look at cost 0, a bucket whose token takes a
+-- fraction of a nanosecond. It returns whether it decided.
 local function decideFast(out)
   local k = OUTK + 1
+  local counts = false
   for i = 1, n do
     local key = KEYS[KEYBASE + i]
     for j = 1, i - 1 do
@@ -932,83 +1014,126 @@ local function decideFast(out)
     end
     local R = RULES[i]
     local alg, c = R.alg, COSTS[i]
-    -- A fixed window's or a quota's state is two numbers (16 bytes), a
-    -- sliding window's three, a bucket's four.
-    local s = slotOf(key)
-    local st = ST[s]
-    if st == nil then
-      local v = rpcall('GET', key)
-      if v == false then st = false
-      elseif type(v) ~= 'string' or #v ~= SIZE[alg] then return false
-      else st = decodeState(s, alg, v) end
-      ST[s] = st
-    elseif st and SK[s] ~= KIND[alg] then
-      return false -- a rule of another algorithm had this key in this call
-    end
-    local al, rem, reset, retry, nx1, nx2, nx3
-    if alg <= 2 then
-      local b = R.b or bucketParams(R)
-      local q, burst = b.q, b.burst
-      if b.r ~= 0 or (st and st[3] ~= 0) then return false end
-      -- bucketWhole, without its tables: times are whole ns from now.
-      local ta, fresh = 0, true
-      if st then
-        ta = (st[1] - nu) * 1000 + st[2] - nsub
-        fresh = ta + b.remember <= 0
-      end
-      if fresh then ta = (burst - b.initial) * q end
-      -- A new bucket that starts below its burst is recorded even
-      -- when nothing is charged.
-      nx1 = false
-      if fresh and b.initial < burst then nx1 = ta end
-      if ta < 0 then ta = 0 end
-      local ha, na = burst * q, ta + c * q
-      if na <= ha then
-        local left = ha - na
-        al, rem, reset, retry = 1, (left - fmod(left, q)) / q, na, 0
-        if c > 0 then nx1 = na end
-      elseif R.shadow then
-        local left = mmax(ha - ta, 0)
-        al, rem, reset, retry = 0, (left - fmod(left, q)) / q, ta, na - ha
-      else
-        return false
-      end
-    elseif alg == 4 then
-      -- slidingEval, without its tables.
-      local limit, wu = R[5], R[6]
-      local cur, prev, endu, weight = slidingCounts(wu, st)
-      local room = limit - cur - c
-      -- A refusal, in shadow or not, is decide's to report.
-      if room < 0 or weight > room then return false end
-      al, rem, retry = 1, limit - weight - cur - c, 0
-      if cur + c > 0 then reset = (endu + wu - nu) * 1000 - nsub
-      elseif prev > 0 then reset = (endu - nu) * 1000 - nsub
-      else reset = 0 end
-      nx1 = false
-      if c > 0 then nx1, nx2, nx3 = endu + wu, cur + c, prev end
+    if alg == 3 then
+      -- Counted below, once every other charge is known to fit.
+      if c == 0 then return false end
+      ISC[i], NXA[i], NXB[i], counts = true, false, windowEnd(R[6]), true
     else
-      -- countEval, without its tables: a fixed window, or a quota's
-      -- calendar period (whose reply says its end in µs).
-      local limit, endu = R[5], 0
-      if alg == 3 then
-        local wu = R[6]
-        endu = nu - fmod(nu, wu) + wu
-      else
-        endu = ENDS1[i]
-        if endu <= nu then endu = ENDS2[i] end
+      ISC[i] = false
+      -- A bucket's state is four numbers (32 bytes), a sliding window's
+      -- three, a quota's two.
+      local s = slotOf(key)
+      local st = ST[s]
+      if st == nil then
+        local v = rpcall('GET', key)
+        if v == false then st = false
+        elseif type(v) ~= 'string' or #v ~= SIZE[alg] then return false
+        else st = decodeState(s, alg, v) end
+        ST[s] = st
+      elseif st and SK[s] ~= KIND[alg] then
+        return false -- a rule of another algorithm had this key in this call
       end
-      local count = 0
-      if st and st[1] > nu then count, endu = st[2], st[1] end
-      reset = (endu - nu) * 1000 - nsub
-      if alg == 8 then reset = endu end
-      if count + c > limit then return false end
-      al, rem, retry = 1, limit - count - c, 0
-      nx1 = false
-      if c > 0 then nx1, nx2 = endu, count + c end
+      local al, rem, reset, retry, nx1, nx2, nx3
+      if alg <= 2 then
+        local b = R.b or bucketParams(R)
+        local q, burst = b.q, b.burst
+        if b.r ~= 0 or (st and st[3] ~= 0) then return false end
+        -- bucketWhole, without its tables: times are whole ns from now.
+        local ta, fresh = 0, true
+        if st then
+          ta = (st[1] - nu) * 1000 + st[2] - nsub
+          fresh = ta + b.remember <= 0
+        end
+        if fresh then ta = (burst - b.initial) * q end
+        -- A new bucket that starts below its burst is recorded even
+        -- when nothing is charged.
+        nx1 = false
+        if fresh and b.initial < burst then nx1 = ta end
+        if ta < 0 then ta = 0 end
+        local ha, na = burst * q, ta + c * q
+        if na <= ha then
+          local left = ha - na
+          al, rem, reset, retry = 1, (left - fmod(left, q)) / q, na, 0
+          if c > 0 then nx1 = na end
+        elseif R.shadow then
+          local left = mmax(ha - ta, 0)
+          al, rem, reset, retry = 0, (left - fmod(left, q)) / q, ta, na - ha
+        else
+          return false
+        end
+      elseif alg == 4 then
+        -- slidingEval, without its tables.
+        local limit, wu = R[5], R[6]
+        local cur, prev, endu, weight = slidingCounts(wu, st)
+        local room = limit - cur - c
+        -- A refusal, in shadow or not, is decide's to report.
+        if room < 0 or weight > room then return false end
+        al, rem, retry = 1, limit - weight - cur - c, 0
+        if cur + c > 0 then reset = (endu + wu - nu) * 1000 - nsub
+        elseif prev > 0 then reset = (endu - nu) * 1000 - nsub
+        else reset = 0 end
+        nx1 = false
+        if c > 0 then nx1, nx2, nx3 = endu + wu, cur + c, prev end
+      else
+        -- countEval, without its tables: a quota's calendar period, whose
+        -- reply says its end in µs.
+        local limit, endu = R[5], ENDS1[i]
+        if endu <= nu then endu = ENDS2[i] end
+        local count = 0
+        if st and st[1] > nu then count, endu = st[2], st[1] end
+        if count + c > limit then return false end
+        al, rem, reset, retry = 1, limit - count - c, endu, 0
+        nx1 = false
+        if c > 0 then nx1, nx2 = endu, count + c end
+      end
+      NXA[i], NXB[i], NXC[i] = nx1, nx2, nx3
+      local o = k + 4 * i - 3
+      out[o], out[o + 1], out[o + 2], out[o + 3] = al, rem, reset, retry
     end
-    NXA[i], NXB[i], NXC[i] = nx1, nx2, nx3
-    local o = k + 4 * i - 3
-    out[o], out[o + 1], out[o + 2], out[o + 3] = al, rem, reset, retry
+  end
+  -- Every other charge fits: count. A count that goes over (but a
+  -- debit's, which counts anyway) takes back what the decision counted.
+  if counts then
+    for i = 1, n do
+      if ISC[i] then
+        local key, R, c, endu = KEYS[KEYBASE + i], RULES[i], COSTS[i], NXB[i]
+        local limit = R[5]
+        local ck = countKey(key, endu)
+        local cnt = rpcall('INCRBY', ck, c)
+        local made = cnt == c
+        if made then
+          local old = legacyCount(key, R[6], endu)
+          if old > 0 then cnt, made = rcall('INCRBY', ck, old), false end
+          rcall('PEXPIRE', ck, expireIn(endu))
+        end
+        if type(cnt) ~= 'number' or (cnt > limit and not DEBITS[i]) then
+          if made then rcall('DEL', ck)
+          elseif type(cnt) == 'number' then rcall('DECRBY', ck, c) end
+          for j = i - 1, 1, -1 do
+            if ISC[j] then
+              if MADE[j] then rcall('DEL', CKEY[j]) else rcall('DECRBY', CKEY[j], ADDED[j]) end
+            end
+          end
+          return false
+        end
+        local added = c
+        if cnt > MAXCOUNT then
+          -- A debit counts up to MAXCOUNT, as admit.stepCount does.
+          added = c - (cnt - MAXCOUNT)
+          rcall('SET', ck, I(MAXCOUNT), 'KEEPTTL')
+          cnt = MAXCOUNT
+        end
+        CKEY[i], MADE[i], ADDED[i] = ck, made, added
+        local reset = (endu - nu) * 1000 - nsub
+        local o = k + 4 * i - 3
+        if cnt <= limit then
+          out[o], out[o + 1], out[o + 2], out[o + 3] = 1, limit - cnt, reset, 0
+        else
+          -- A debit over the limit reports what a cost of 1 meets after it.
+          out[o], out[o + 1], out[o + 2], out[o + 3] = 0, 0, reset, reset
+        end
+      end
+    end
   end
   -- Every charge fits (or refuses in shadow): commit, in place.
   for i = 1, n do
@@ -1145,15 +1270,20 @@ local function undo()
       elseif alg == 8 then
         local st = load(key, alg)
         if st and st[1] > nu then store(key, R, alg, {st[1], mmax(st[2] - cost, 0)}) end
-      elseif alg == 3 or alg == 4 then
+      elseif alg == 3 then
+        -- To the window the decision was committed in, if it has not
+        -- ended.
+        local endu = cu - fmod(cu, R[6]) + R[6]
+        local st = endu > nu and loadCount(key, R[6], endu)
+        if st then putCount(key, {endu, mmax(st[2] - cost, 0)}) end
+      elseif alg == 4 then
         local st = load(key, alg)
         local wu = R[6]
         local endu = cu - fmod(cu, wu) + wu
         if st and st[1] > nu then
           local s = {st[1], st[2], st[3]}
-          if alg == 3 and s[1] == endu then s[2] = mmax(s[2] - cost, 0)
-          elseif alg == 4 and s[1] == endu + wu then s[2] = mmax(s[2] - cost, 0)
-          elseif alg == 4 and s[1] == endu + 2 * wu then s[3] = mmax(s[3] - cost, 0) end
+          if s[1] == endu + wu then s[2] = mmax(s[2] - cost, 0)
+          elseif s[1] == endu + 2 * wu then s[3] = mmax(s[3] - cost, 0) end
           store(key, R, alg, s)
         end
       elseif alg == 5 then
@@ -1295,7 +1425,11 @@ local function batch()
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       local cost, debit = NUMS[c] or tonumber(c), false
-      if not cost then cost, debit, fast = tonumber(ssub(c, 2)), true, false end
+      if not cost then
+        -- A fixed window's debit is decideFast's too.
+        cost, debit = tonumber(ssub(c, 2)), true
+        if R.alg ~= 3 then fast = false end
+      end
       RULES[i], COSTS[i], TTLS[i], DEBITS[i] = R, cost, R.ttl, debit
       a = a + 2
       if R.alg > 4 and R.alg ~= 8 then fast = false end
@@ -1328,6 +1462,100 @@ local function batch()
     if rec then KEYBASE = KEYBASE + 1 end
   end
   out[OUTK + 1] = nil
+  return out
+end
+
+-- windows is batch for a batch of decisions whose charges are all fixed
+-- windows', with no flags: the usual request of envoyproxy/ratelimit's
+-- configurations, at the least cost. ARGV is batch's. Each charge is
+-- counted by INCRBY at once, in order; a decision that a count refuses
+-- takes back what it counted, and is then decided by decide, to report
+-- its refusal as batch would. The reply is shorter than batch's, as each
+-- value of a reply costs Redis about as much as an INCRBY: now (µs, ns),
+-- then for each decision either its charges' counts once it has counted
+-- (each >= 1: the Go side works out the rest, as countEval would), or -2
+-- and batch's reply for the decision, or -1 when it failed.
+local function windows()
+  local nr, m = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local rs = RS
+  for r = 1, nr do rs[r] = ruleText(ARGV[6 + r]) end
+  local a = 7 + nr
+  if OUT[1025] ~= nil then OUT = {} end -- not kept large
+  local out = OUT
+  out[1], out[2] = nu, nsub
+  local k, kb = 2, 0
+  for _ = 1, m do
+    local h = ARGV[a]
+    local nc = NUMS[h] or tonumber(h)
+    local a0 = a + 1
+    a = a0 + 2 * nc
+    local k0 = k
+    local refused = false
+    local i = 0
+    while i < nc do
+      i = i + 1
+      local x = a0 + 2 * i - 2
+      local R, cs = rs[NUMS[ARGV[x]] or tonumber(ARGV[x])], ARGV[x + 1]
+      local c, debit = NUMS[cs] or tonumber(cs), false
+      if not c then c, debit = tonumber(ssub(cs, 2)), true end
+      local wu, limit = R[6], R[5]
+      local endu = nu - fmod(nu, wu) + wu
+      local ck, cnt, made = nil, false, false
+      if c > 0 then
+        ck = countKey(KEYS[kb + i], endu)
+        cnt = rpcall('INCRBY', ck, c)
+        made = cnt == c
+        if made then
+          local old = legacyCount(KEYS[kb + i], wu, endu)
+          if old > 0 then cnt, made = rcall('INCRBY', ck, old), false end
+          rcall('PEXPIRE', ck, expireIn(endu))
+        end
+      end
+      -- A look (cost 0) is decide's too.
+      if type(cnt) ~= 'number' or (cnt > limit and not debit) then
+        -- Taken back, this one and those before it, last first (a key
+        -- counted twice was made by the first); decide reports.
+        if made then rcall('DEL', ck)
+        elseif type(cnt) == 'number' then rcall('DECRBY', ck, c) end
+        for j = i - 1, 1, -1 do
+          if MADE[j] then rcall('DEL', CKEY[j]) else rcall('DECRBY', CKEY[j], ADDED[j]) end
+        end
+        refused = true
+        break
+      end
+      local added = c
+      if cnt > MAXCOUNT then
+        added = c - (cnt - MAXCOUNT)
+        rcall('SET', ck, I(MAXCOUNT), 'KEEPTTL')
+        cnt = MAXCOUNT
+      end
+      CKEY[i], MADE[i], ADDED[i] = ck, made, added
+      k = k + 1
+      out[k] = cnt
+    end
+    if refused then
+      n, DRY, REFUSED, LEASE, REC, KEYBASE = nc, false, false, '', nil, kb
+      for j = 1, nc do
+        local x = a0 + 2 * j - 2
+        local R, cs = rs[NUMS[ARGV[x]] or tonumber(ARGV[x])], ARGV[x + 1]
+        local c, debit = NUMS[cs] or tonumber(cs), false
+        if not c then c, debit = tonumber(ssub(cs, 2)), true end
+        RULES[j], COSTS[j], TTLS[j], DEBITS[j] = R, c, R.ttl, debit
+      end
+      out[k0 + 1] = -2
+      OUTK = k0 + 1
+      local ok, err = pcall(decide, out)
+      k = OUTK
+      if not ok then
+        if type(err) == 'table' then err = err.err end
+        redis.log(redis.LOG_WARNING, 'admit: a decision failed: ' .. tostring(err))
+        out[k0 + 1] = -1
+        k = k0 + 1
+      end
+    end
+    kb = kb + nc
+  end
+  out[k + 1] = nil
   return out
 end
 
@@ -1377,15 +1605,28 @@ local function leaseOp(renew)
   return {nu, nsub, 0, 0}
 end
 
+-- reset forgets what each charge's key holds: the key, and a window's
+-- count now (an earlier window's is never read again).
+local function reset()
+  for i = 1, n do
+    local R, alg = charge(i)
+    local key = KEYS[i]
+    rcall('DEL', key)
+    if alg == 3 then rcall('DEL', countKey(key, windowEnd(R[6]))) end
+  end
+  return {nu, nsub}
+end
+
 -- setup makes the library's locals at its first call.
 local function setup()
   fmod, floor, pack, sunpack, mmax, mmin, mceil, sformat, smatch, sfind,
     sgmatch, ssub, tconcat, rcall, rpcall, tonumber, tostring, unpack, pairs, pcall, type = builtins()
-  RES, NEXTS, DIRTY, NOKEYS, OUT, NUMS = {}, {}, {}, {}, {}, {}
+  RES, NEXTS, DIRTY, NOKEYS, OUT, NUMS, RS = {}, {}, {}, {}, {}, {}, {}
   NXA, NXB, NXC = {}, {}, {}
+  ISC, CKEY, MADE, ADDED = {}, {}, {}, {}
   SLOT, nslotkeys, SKEY, ST, SHAS, SW, SK = {}, 0, {}, {}, {}, {}, {}
-  KIND = {4, 4, 2, 3, 0, 6, 0, 2}
-  SIZE = {32, 32, 16, 24, 0, 0, 0, 16}
+  KIND = {4, 4, 0, 3, 0, 6, 0, 2}
+  SIZE = {32, 32, 0, 24, 0, 0, 0, 16}
   for i = 0, 63 do NUMS[sformat('%d', i)] = i end
   RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
 end
@@ -1407,9 +1648,11 @@ local function run(keys, args)
   nslot = 0
   OUTK = 0
   local op, out = ARGV[1], nil
-  if op == 'b' then out = batch()
+  if op == 'w' then out = windows()
+  elseif op == 'b' then out = batch()
   elseif op == 'r' then strided() out = reserve()
   elseif op == 'u' then strided() out = undo()
+  elseif op == 'x' then strided() out = reset()
   elseif op == 'c' then out = cancel()
   elseif op == 'n' then out = leaseOp(true)
   elseif op == 'l' then out = leaseOp(false)
@@ -1418,4 +1661,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v7', run)
+redis.register_function('admit_v8', run)

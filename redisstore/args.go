@@ -27,7 +27,11 @@ type ruleArgs struct {
 	text  string // fixed joined with commas, as a batch sends it
 	lease bool   // a concurrency rule: its charges send their lease TTL
 	quota bool   // a quota: its charges send the ends of its periods
-	err   error
+	// A fixed window: its limit and its window in µs, for the short
+	// replies of a batch of windows (see counted).
+	window        bool
+	limit, widthU int64
+	err           error
 }
 
 // CheckRule reports whether the Redis store can decide r exactly: r must be
@@ -92,6 +96,8 @@ func argsOf(r *admit.Rule) *ruleArgs {
 			a.text = strings.Join(a.fixed[:], ",")
 			a.lease = r.Algorithm == admit.Concurrency
 			a.quota = r.Algorithm == admit.Quota
+			a.window = r.Algorithm == admit.FixedWindow
+			a.limit, a.widthU = r.Limit, r.Window.Microseconds()
 		}
 		return a
 	})

@@ -43,9 +43,12 @@ type job struct {
 	keys  []string
 	rules []*ruleArgs
 	args  []string
-	done  chan struct{} // closed when reply or err is set; nil when its caller sends it
-	reply reply
-	err   error
+	// windows: every charge is a fixed window's, and the job has no flags,
+	// so that it may go in a batch of windows (op "w").
+	windows bool
+	done    chan struct{} // closed when reply or err is set; nil when its caller sends it
+	reply   reply
+	err     error
 }
 
 // How a job decides: as asked, as a dry run, or as a decision another
@@ -78,7 +81,8 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 		}
 	}
 	j.args[0] = itoa(int64(len(g.idx)))
-	if how != decideCharge || lease != "" || rec != "" {
+	j.windows = how == decideCharge && lease == "" && rec == ""
+	if !j.windows {
 		flags := how
 		if rec != "" {
 			j.keys = append(j.keys, rec)
@@ -88,6 +92,7 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 	}
 	for k, i := range g.idx {
 		ch, r := &charges[i], j.rules[k]
+		j.windows = j.windows && r.window
 		cost := itoa(ch.Cost)
 		if ch.Debit {
 			cost = "d" + cost
@@ -229,8 +234,11 @@ func (s *Store) send(batch []*job) {
 	}
 	keys, args := s.batchArgs(batch)
 	v, err := s.run(context.Background(), call{keys: keys, args: args})
-	if err == nil && len(v) != replyLen(batch) {
+	if err == nil && args[0] == "b" && len(v) != replyLen(batch) {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), replyLen(batch))
+	}
+	if err == nil && len(v) < 2 {
+		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values", len(batch), len(v))
 	}
 	if err != nil {
 		for _, j := range batch {
@@ -243,14 +251,51 @@ func (s *Store) send(batch []*job) {
 	for _, j := range batch {
 		n := len(j.rules)
 		k := 2 + 4*n
-		if v[0] == -1 {
+		switch {
+		case args[0] == "w" && len(v) >= n && n > 0 && v[0] >= 0:
+			j.reply = reply{nu: nu, nsub: nsub, v: counted(j.rules, v[:n], nu, nsub)}
+			k = n
+		case args[0] == "w" && len(v) > 0 && v[0] == -2:
+			v = v[1:]
+			if len(v) < k {
+				k = len(v)
+				j.err = admit.Errorf(admit.CodeInternal, "redisstore: a batch of windows replied too few values")
+			} else {
+				j.reply = reply{nu: nu, nsub: nsub, v: v[:k:k]}
+			}
+		case len(v) > 0 && v[0] == -1:
 			j.err = admit.Errorf(admit.CodeInternal, "redisstore: script: a command failed deciding in Redis (the Redis log says which)")
-		} else {
+			if args[0] == "w" {
+				k = 1
+			}
+		case len(v) < k:
+			k = len(v)
+			j.err = admit.Errorf(admit.CodeInternal, "redisstore: a batch replied too few values")
+		default:
 			j.reply = reply{nu: nu, nsub: nsub, v: v[:k:k]}
 		}
 		v = v[k:]
 		j.finish()
 	}
+}
+
+// counted returns the reply of a decision of a batch of windows that
+// counted, in a batch's form: from each charge's count after the
+// decision, what the script's countEval would have said of it.
+func counted(rules []*ruleArgs, counts []int64, nu, nsub int64) []int64 {
+	v := make([]int64, 2+4*len(rules))
+	v[0] = 1
+	for k, r := range rules {
+		endu := nu - nu%r.widthU + r.widthU
+		reset := (endu-nu)*1000 - nsub
+		x := v[1+4*k:]
+		if c := counts[k]; c <= r.limit {
+			x[0], x[1], x[2], x[3] = 1, r.limit-c, reset, 0
+		} else { // a debit past the limit: what a cost of 1 meets after it
+			x[0], x[1], x[2], x[3] = 0, 0, reset, reset
+		}
+	}
+	return v
 }
 
 // replyLen is the length of the reply to batch: now (two values), then
@@ -292,6 +337,9 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 	keys = make([]string, 0, nkeys)
 	args = make([]string, 6, nargs+len(rules))
 	args[0] = "b"
+	if !slices.ContainsFunc(batch, func(j *job) bool { return !j.windows }) {
+		args[0] = "w"
+	}
 	args[1], args[2] = s.nowArgs()
 	args[3], args[4], args[5] = itoa(int64(len(rules))), itoa(int64(len(batch))), itoa(int64(replyLen(batch)))
 	for _, r := range rules {

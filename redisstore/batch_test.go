@@ -2,6 +2,8 @@ package redisstore_test
 
 import (
 	"context"
+	"encoding/binary"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -259,6 +261,119 @@ func TestBatchContainsAFailedDecision(t *testing.T) {
 			t.Errorf("%s tenant: %+v, %v; want an internal error", tn, got[i], errs[i])
 		case !bad && (errs[i] != nil || !got[i].Allowed || got[i].Results[0].Remaining != 4):
 			t.Errorf("tenant %s: %+v, %v; want admitted, 4 left", tn, got[i], errs[i])
+		}
+	}
+}
+
+// TestWindowBatchMatchesMemstore queues decisions made only of fixed
+// windows — what a batch of windows (op "w") decides by INCRBY — into one
+// batch: admitted, refused with the charges before the refusing one
+// counted and taken back, debits past the limit, a key charged twice, a
+// look at cost 0, and a shadow rule over its limit; each must be decided
+// exactly as the memory store decides the same sequence one at a time.
+func TestWindowBatchMatchesMemstore(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	clock.Set(90 * time.Second)
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "wb:", ExactRefusals: true})
+	ms := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer ms.Close()
+
+	user := &admit.Rule{Name: "user", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute}
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.FixedWindow, Limit: 5, Window: time.Second}
+	shadow := &admit.Rule{Name: "shadow", Algorithm: admit.FixedWindow, Limit: 1, Window: time.Hour, Shadow: true}
+	ch := func(subject string, r *admit.Rule, cost int64) admit.Charge {
+		return admit.Charge{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: subject, Rule: r.Name}.String(), Rule: r, Cost: cost}
+	}
+	tn := func(cost int64) admit.Charge {
+		return admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: "acme", Rule: tenant.Name}.String(), Rule: tenant, Cost: cost}
+	}
+	debit := func(c admit.Charge) admit.Charge { c.Debit = true; return c }
+	decisions := [][]admit.Charge{
+		{ch("u1", user, 1), tn(1)},
+		{ch("u1", user, 2), tn(2)},
+		{ch("u2", user, 1), tn(2)},                                // the tenant refuses: u2 is taken back
+		{ch("u2", user, 1), tn(1)},                                // the tenant's last one
+		{ch("u1", user, 1), tn(0)},                                // u1 is full; the tenant looks
+		{debit(ch("u3", user, 5)), tn(0)},                         // a debit past the limit
+		{ch("u3", user, 1)},                                       // refused by the debit
+		{ch("u4", user, 1), ch("u4", user, 2), ch("u4", user, 1)}, // one key thrice: the third does not fit
+		{ch("u5", user, 1), ch("u5", shadow, 1)},
+		{ch("u5", user, 1), ch("u5", shadow, 1)}, // the shadow rule over its limit refuses nothing
+	}
+	if _, args := rs.Command(decisions[0]); args[0] != "w" {
+		t.Fatalf("a decision of windows is sent as op %q, want a batch of windows (w)", args[0])
+	}
+	want := make([]admit.Decision, len(decisions))
+	for i, c := range decisions {
+		if err := ms.Decide(context.Background(), c, &want[i]); err != nil {
+			t.Fatalf("memstore decision %d: %v", i, err)
+		}
+	}
+	got, errs := decideInOneBatch(rs, decisions)
+	for i := range decisions {
+		if errs[i] != nil {
+			t.Errorf("decision %d: %v", i, errs[i])
+		} else if !equalDecisions(got[i], want[i]) {
+			t.Errorf("decision %d:\n batch    %+v\n memstore %+v", i, got[i], want[i])
+		}
+	}
+	// A window's count lives in a key named for the window, as an integer
+	// that expires with it.
+	c := dial(t, "redis://"+srv.Addr).Client()
+	nowU := clock.Now().UnixMicro()
+	end := nowU - nowU%time.Minute.Microseconds() + time.Minute.Microseconds()
+	key := "wb:{" + redisstore.TagOf(ch("u1", user, 1)) + "}" + ch("u1", user, 1).Key + "@" + strconv.FormatInt(end, 10)
+	if v, err := c.Do(context.Background(), c.B().Get().Key(key).Build()).ToString(); err != nil || v != "3" {
+		t.Errorf("GET %s = %q, %v; want 3", key, v, err)
+	}
+	if ms, err := c.Do(context.Background(), c.B().Pttl().Key(key).Build()).AsInt64(); err != nil || ms <= 0 || ms > (end-nowU+999)/1000 {
+		t.Errorf("PTTL %s = %d, %v; want the rest of its window", key, ms, err)
+	}
+}
+
+// TestWindowCarriesAdmitV7Count: a window longer than a minute that an
+// admit_v7 server counted in (its state in the counter's key: the
+// window's end in µs and the count, little-endian doubles) goes on from
+// that count after the upgrade, on both paths (a batch of windows, and a
+// decision of other algorithms too); a minute window starts afresh.
+func TestWindowCarriesAdmitV7Count(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "v7:"})
+	c := dial(t, "redis://"+srv.Addr).Client()
+	hour := &admit.Rule{Name: "hour", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Hour}
+	minute := &admit.Rule{Name: "minute", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Minute}
+	bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 100}
+	nowU := clock.Now().UnixMicro()
+	v7 := func(subject string, r *admit.Rule, count float64) admit.Charge {
+		ch := admit.Charge{Key: admit.Key{Scope: "user", Subject: subject, Rule: r.Name}.String(), Rule: r, Cost: 1}
+		w := r.Window.Microseconds()
+		var b [16]byte
+		binary.LittleEndian.PutUint64(b[:8], math.Float64bits(float64(nowU-nowU%w+w)))
+		binary.LittleEndian.PutUint64(b[8:], math.Float64bits(count))
+		key := "v7:{" + redisstore.TagOf(ch) + "}" + ch.Key
+		if err := c.Do(context.Background(), c.B().Set().Key(key).Value(string(b[:])).Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		return ch
+	}
+	bk := admit.Charge{Key: admit.Key{Scope: "user", Subject: "b", Rule: bucket.Name}.String(), Rule: bucket, Cost: 1}
+	for _, tc := range []struct {
+		name    string
+		charges []admit.Charge
+		want    int64 // the window's remaining after one more
+	}{
+		{"hour, batch of windows", []admit.Charge{v7("a", hour, 7)}, 2},
+		{"hour, beside a bucket", []admit.Charge{v7("b", hour, 7), bk}, 2},
+		{"minute", []admit.Charge{v7("c", minute, 7)}, 9},
+	} {
+		var d admit.Decision
+		if err := rs.Decide(context.Background(), tc.charges, &d); err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Results[0].Remaining != tc.want {
+			t.Errorf("%s: allowed %v, remaining %d; want admitted with %d left", tc.name, d.Allowed, d.Results[0].Remaining, tc.want)
 		}
 	}
 }

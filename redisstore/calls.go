@@ -133,8 +133,13 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // decision another Cluster group refused; admit_v4 debits (a cost "dN");
 // admit_v6 withdrawals for leased rules (the flag w); admit_v7 a
 // bucket's withdrawal that books its refill ahead, which a server of an
-// earlier version would take for tokens in hand.
-const FunctionName = "admit_v7"
+// earlier version would take for tokens in hand; admit_v8 keeps a
+// window's or a quota's count as an integer in a key of its own per
+// period (counted by INCRBY), and op x, reset. admit_v8 carries the
+// count an admit_v7 state holds for a quota's period, or a window longer
+// than a minute, over into its own key; while servers of both versions
+// run, they count those apart.
+const FunctionName = "admit_v8"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The

@@ -5,8 +5,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/redis/rueidis"
-
 	"github.com/admitdev/admit"
 )
 
@@ -357,11 +355,19 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	s.forget(charges)
 	s.forgetRefusals(charges)
-	for _, g := range s.groups(charges, s.cluster) { // a multi-key DEL stays within a slot
-		err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
-			return client.Do(ctx, client.B().Del().Key(g.keys...).Build()).Error()
-		})
-		if err != nil {
+	if _, err := validate(charges, false); err != nil {
+		return err
+	}
+	// A window's count is kept in a key named for the window, which only
+	// the script knows from Redis's clock; a call stays within a slot.
+	for _, g := range s.groups(charges, s.cluster) {
+		c := s.newCall("x", "", "", "", charges, g, "")
+		for k, i := range g.idx {
+			if charges[i].Rule.Algorithm == admit.Quota {
+				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
+			}
+		}
+		if _, err := s.run(ctx, c); err != nil {
 			return err
 		}
 	}

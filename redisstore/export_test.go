@@ -1,6 +1,10 @@
 package redisstore
 
-import "time"
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
 
 // HoldBatches makes the decisions s is asked for outside Cluster queue
 // until release, which sends the queue as one batch (up to maxBatch) and
@@ -64,3 +68,6 @@ func Refusals(s *Store) int {
 	defer s.refused.mu.RUnlock()
 	return len(s.refused.m)
 }
+
+// TagOf returns the hash tag of c's Redis keys.
+func TagOf(c admit.Charge) string { return tagOf(&c) }

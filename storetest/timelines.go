@@ -215,6 +215,22 @@ func Timelines() []Timeline {
 			},
 		},
 		{
+			// A rule's window grows from a minute to an hour: the hour in
+			// progress counts from zero.
+			Name: "fixed_window/window_changes",
+			Charges: []admit.Charge{
+				key("t6", "resized", windowRule("resized", admit.FixedWindow, 3, time.Minute)),
+				key("t6", "resized", windowRule("resized", admit.FixedWindow, 3, time.Hour)),
+			},
+			Steps: []Step{
+				use(ok(0, 3, 0), 0),
+				use(no(10*time.Second, 1, 50*time.Second, 0), 0),
+				use(reset(ok(10*time.Second, 1, 2), time.Hour-10*time.Second), 1),
+				use(ok(20*time.Second, 2, 0), 1),
+				use(no(30*time.Second, 1, time.Hour-30*time.Second, 0), 1),
+			},
+		},
+		{
 			Name:    "sliding_window/weighted",
 			Charges: []admit.Charge{key("t7", "u", sliding)},
 			Steps: []Step{

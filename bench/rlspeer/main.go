@@ -187,8 +187,11 @@ func ready(addr string, p *proc) error {
 // row is one target's round.
 type row struct {
 	rate, serverUS, redisUS float64
-	p50, p99                time.Duration
-	failed                  int64
+	// Redis's commands per decision and their time (INFO commandstats);
+	// a function's commands count in its FCALL's.
+	calls, commandUS float64
+	p50, p99         time.Duration
+	failed           int64
 }
 
 func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users, memory int) error {
@@ -292,6 +295,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		}
 		s0, err1 := p.cpu()
 		r0, err2 := redis.cpu()
+		cs0, err5 := commandStats(redisAddr)
 		var failed atomic.Int64
 		res := load.Run(callers, d, func(i int) bool {
 			resp, err := clients[i%conns].ShouldRateLimit(context.Background(), reqs[i%len(reqs)])
@@ -303,19 +307,22 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		})
 		s1, err3 := p.cpu()
 		r1, err4 := redis.cpu()
-		if err := errors.Join(err1, err2, err3, err4); err != nil {
+		cs1, err6 := commandStats(redisAddr)
+		if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 			return row{}, err
 		}
 		n := float64(len(res.Lat))
+		calls, usec := commandsRun(cs0, cs1)
 		return row{
 			rate: res.Rate(), p50: res.Pct(0.50), p99: res.Pct(0.99), failed: failed.Load(),
 			serverUS: float64((s1 - s0).Microseconds()) / n, redisUS: float64((r1 - r0).Microseconds()) / n,
+			calls: float64(calls) / n, commandUS: float64(usec) / n,
 		}, nil
 	}
 
 	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, distribution: %s, %d rounds of %v, one redis-server\n",
 		callers, conns, min(load.RLSTenants, users), users, charge, distribution, rounds, d)
-	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "errors")
+	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %12s %12s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "cmd µs/dec", "cmds/dec", "errors")
 	all := map[string][]row{}
 	for i := range rounds {
 		for _, t := range targets {
@@ -324,8 +331,8 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 				return err
 			}
 			all[t.name] = append(all[t.name], r)
-			fmt.Printf("%-6d %-22s %12.0f %10v %10v %14.1f %14.1f %7d\n", i+1, t.name, r.rate,
-				r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.serverUS, r.redisUS, r.failed)
+			fmt.Printf("%-6d %-22s %12.0f %10v %10v %14.1f %14.1f %12.2f %12.3f %7d\n", i+1, t.name, r.rate,
+				r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.serverUS, r.redisUS, r.commandUS, r.calls, r.failed)
 		}
 	}
 	median := func(name string, f func(row) float64) float64 {
@@ -346,6 +353,8 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		{"p99 µs", func(r row) float64 { return float64(r.p99.Microseconds()) }},
 		{"server CPU µs/decision", func(r row) float64 { return r.serverUS }},
 		{"redis CPU µs/decision", func(r row) float64 { return r.redisUS }},
+		{"redis command µs/dec.", func(r row) float64 { return r.commandUS }},
+		{"redis commands/dec.", func(r row) float64 { return r.calls }},
 	} {
 		a, u := median("admit", m.f), median("envoyproxy/ratelimit", m.f)
 		fmt.Printf("  %-24s admit %12.1f  envoyproxy/ratelimit %12.1f  ratio %.2f\n", m.what, a, u, a/u)

@@ -126,3 +126,52 @@ func usedMemory(addr string) (int64, error) {
 	}
 	return 0, fmt.Errorf("INFO memory has no used_memory")
 }
+
+// commandStats returns, per command, how many calls redis-server has run
+// since its start and the µs they took, by INFO commandstats: the time
+// Redis spends running commands, without reading, parsing and replying.
+func commandStats(addr string) (map[string][2]int64, error) {
+	v, err := redistest.Command(addr, "INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	stats := map[string][2]int64{}
+	for line := range strings.SplitSeq(v, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		name, ok2 := strings.CutPrefix(name, "cmdstat_")
+		if !ok || !ok2 {
+			continue
+		}
+		var st [2]int64
+		for f := range strings.SplitSeq(fields, ",") {
+			k, val, _ := strings.Cut(f, "=")
+			n, _ := strconv.ParseInt(val, 10, 64)
+			switch k {
+			case "calls":
+				st[0] = n
+			case "usec":
+				st[1] = n
+			}
+		}
+		stats[name] = st
+	}
+	return stats, nil
+}
+
+// commandsRun returns the commands clients sent between two commandStats
+// and their µs. Redis counts the commands a function runs as well as the
+// FCALL that ran them: when FCALLs ran, they alone are the clients'.
+func commandsRun(before, after map[string][2]int64) (calls, usec int64) {
+	only := ""
+	if after["fcall"][0] > before["fcall"][0] {
+		only = "fcall"
+	}
+	for name, a := range after {
+		if name == "info" || only != "" && name != only {
+			continue
+		}
+		calls += a[0] - before[name][0]
+		usec += a[1] - before[name][1]
+	}
+	return calls, usec
+}

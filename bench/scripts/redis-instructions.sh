@@ -28,6 +28,7 @@ N=${3:-1000}
 PORT=${PORT:-16600}
 KEYSPACE=${KEYSPACE:-1000}
 W=${W:-2000}
+OP=${OP:-b}
 FN=$(head -1 "$LIB" | sed -n 's/^#!lua name=//p')
 OUT=$(mktemp)
 valgrind --tool=callgrind --callgrind-out-file="$OUT" "${RS:-redis-server}" \
@@ -100,7 +101,7 @@ for d in $(seq 11); do
 done
 ARGS=("${ARGS[@]//\'\'/}")
 if [ "$SC" = 3 ]; then RULES=(3 11 156 "$R1" "$R2" "$R3"); else RULES=(1 11 68 "$R1"); fi
-CMD=(FCALL "$FN" "${#KEYS[@]}" "${KEYS[@]}" b "" "" "${RULES[@]}" "${ARGS[@]}")
+CMD=(FCALL "$FN" "${#KEYS[@]}" "${KEYS[@]}" "$OP" "" "" "${RULES[@]}" "${ARGS[@]}")
 redis-benchmark -p "$PORT" -n "$W" -c 1 -r "$KEYSPACE" "${CMD[@]}" >/dev/null
 callgrind_control -z "$VP" >/dev/null 2>&1
 redis-benchmark -p "$PORT" -n "$N" -c 1 -r "$KEYSPACE" "${CMD[@]}" >/dev/null
