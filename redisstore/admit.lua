@@ -172,6 +172,44 @@ local function loadCount(key, wu, endu)
   return {endu, c}
 end
 
+-- countCharge adds c to key's count for the window of wu µs ending at
+-- endu, by INCRBY, and returns the count's key, the count (or Redis's
+-- error, as a table) and whether it made the key.
+local function countCharge(key, wu, endu, c)
+  local ck = countKey(key, endu)
+  local cnt = rpcall('INCRBY', ck, c)
+  local made = cnt == c
+  if made then
+    local old = legacyCount(key, wu, endu)
+    if old > 0 then cnt, made = rcall('INCRBY', ck, old), false end
+    rcall('PEXPIRE', ck, expireIn(endu))
+  end
+  return ck, cnt, made
+end
+
+-- capCount takes a debit's count cnt of charge i in ck back to MAXCOUNT,
+-- as admit.stepCount does, and records what the charge then added, for
+-- takeBack. It returns the count.
+local function capCount(i, ck, cnt, c)
+  ADDED[i] = c - (cnt - MAXCOUNT)
+  rcall('SET', ck, I(MAXCOUNT), 'KEEPTTL')
+  return MAXCOUNT
+end
+
+-- takeBack takes back charge i's count (ck, cnt as countCharge returned
+-- them, at cost c), then those of the charges before it recorded in
+-- CKEY, MADE and ADDED (of those only says, if set), last first: a key counted twice
+-- was made by the first.
+local function takeBack(i, ck, cnt, c, made, only)
+  if made then rcall('DEL', ck)
+  elseif type(cnt) == 'number' then rcall('DECRBY', ck, c) end
+  for j = i - 1, 1, -1 do
+    if not only or only[j] then
+      if MADE[j] then rcall('DEL', CKEY[j]) else rcall('DECRBY', CKEY[j], ADDED[j]) end
+    end
+  end
+end
+
 -- putCount writes a count's state.
 local function putCount(key, st)
   rcall('SET', countKey(key, st[1]), I(st[2]), 'PX', expireIn(st[1]))
@@ -1096,34 +1134,15 @@ local function decideFast(out)
   if counts then
     for i = 1, n do
       if ISC[i] then
-        local key, R, c, endu = KEYS[KEYBASE + i], RULES[i], COSTS[i], NXB[i]
+        local R, c, endu = RULES[i], COSTS[i], NXB[i]
         local limit = R[5]
-        local ck = countKey(key, endu)
-        local cnt = rpcall('INCRBY', ck, c)
-        local made = cnt == c
-        if made then
-          local old = legacyCount(key, R[6], endu)
-          if old > 0 then cnt, made = rcall('INCRBY', ck, old), false end
-          rcall('PEXPIRE', ck, expireIn(endu))
-        end
+        local ck, cnt, made = countCharge(KEYS[KEYBASE + i], R[6], endu, c)
         if type(cnt) ~= 'number' or (cnt > limit and not DEBITS[i]) then
-          if made then rcall('DEL', ck)
-          elseif type(cnt) == 'number' then rcall('DECRBY', ck, c) end
-          for j = i - 1, 1, -1 do
-            if ISC[j] then
-              if MADE[j] then rcall('DEL', CKEY[j]) else rcall('DECRBY', CKEY[j], ADDED[j]) end
-            end
-          end
+          takeBack(i, ck, cnt, c, made, ISC)
           return false
         end
-        local added = c
-        if cnt > MAXCOUNT then
-          -- A debit counts up to MAXCOUNT, as admit.stepCount does.
-          added = c - (cnt - MAXCOUNT)
-          rcall('SET', ck, I(MAXCOUNT), 'KEEPTTL')
-          cnt = MAXCOUNT
-        end
-        CKEY[i], MADE[i], ADDED[i] = ck, made, added
+        CKEY[i], MADE[i], ADDED[i] = ck, made, c
+        if cnt > MAXCOUNT then cnt = capCount(i, ck, cnt, c) end
         local reset = (endu - nu) * 1000 - nsub
         local o = k + 4 * i - 3
         if cnt <= limit then
@@ -1501,35 +1520,16 @@ local function windows()
       local wu, limit = R[6], R[5]
       local endu = nu - fmod(nu, wu) + wu
       local ck, cnt, made = nil, false, false
-      if c > 0 then
-        ck = countKey(KEYS[kb + i], endu)
-        cnt = rpcall('INCRBY', ck, c)
-        made = cnt == c
-        if made then
-          local old = legacyCount(KEYS[kb + i], wu, endu)
-          if old > 0 then cnt, made = rcall('INCRBY', ck, old), false end
-          rcall('PEXPIRE', ck, expireIn(endu))
-        end
-      end
+      if c > 0 then ck, cnt, made = countCharge(KEYS[kb + i], wu, endu, c) end
       -- A look (cost 0) is decide's too.
       if type(cnt) ~= 'number' or (cnt > limit and not debit) then
-        -- Taken back, this one and those before it, last first (a key
-        -- counted twice was made by the first); decide reports.
-        if made then rcall('DEL', ck)
-        elseif type(cnt) == 'number' then rcall('DECRBY', ck, c) end
-        for j = i - 1, 1, -1 do
-          if MADE[j] then rcall('DEL', CKEY[j]) else rcall('DECRBY', CKEY[j], ADDED[j]) end
-        end
+        -- Taken back, this one and those before it; decide reports.
+        takeBack(i, ck, cnt, c, made)
         refused = true
         break
       end
-      local added = c
-      if cnt > MAXCOUNT then
-        added = c - (cnt - MAXCOUNT)
-        rcall('SET', ck, I(MAXCOUNT), 'KEEPTTL')
-        cnt = MAXCOUNT
-      end
-      CKEY[i], MADE[i], ADDED[i] = ck, made, added
+      CKEY[i], MADE[i], ADDED[i] = ck, made, c
+      if cnt > MAXCOUNT then cnt = capCount(i, ck, cnt, c) end
       k = k + 1
       out[k] = cnt
     end

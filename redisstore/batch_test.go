@@ -25,12 +25,7 @@ import (
 // decisions — into one batch, and checks that each is decided exactly as
 // the memory store decides the same sequence one at a time.
 func TestBatchMatchesMemstore(t *testing.T) {
-	srv := redistest.Start(t)
-	clock := storetest.NewClock()
-	clock.Set(1500 * time.Microsecond)
-	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "batch:", ExactRefusals: true})
-	ms := memstore.New(&memstore.Options{Clock: clock.Now})
-	defer ms.Close()
+	rs, ms, _, _ := redisBesideMemstore(t, "batch:", 1500*time.Microsecond)
 
 	tb := func(name string, rate admit.Rate, burst int64) *admit.Rule {
 		return &admit.Rule{Name: name, Algorithm: admit.TokenBucket, Rate: rate, Burst: burst}
@@ -114,6 +109,20 @@ func TestBatchMatchesMemstore(t *testing.T) {
 	if err := rs.Decide(context.Background(), []admit.Charge{ch("d", "u", conc, 1)}, &d); err != nil || !d.Allowed {
 		t.Errorf("after a release: %+v, %v; want admitted", d, err)
 	}
+}
+
+// redisBesideMemstore starts a redis-server and returns a Redis store on
+// it (keys prefixed by prefix, refusals asked of Redis) and a memory
+// store, both on one stopped clock set to at, and the server.
+func redisBesideMemstore(t *testing.T, prefix string, at time.Duration) (*redisstore.Store, *memstore.Store, *storetest.Clock, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	clock.Set(at)
+	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: prefix, ExactRefusals: true})
+	ms := memstore.New(&memstore.Options{Clock: clock.Now})
+	t.Cleanup(func() { ms.Close() })
+	return rs, ms, clock, srv
 }
 
 // decideInOneBatch decides every list of charges on rs, queued in order
@@ -272,12 +281,7 @@ func TestBatchContainsAFailedDecision(t *testing.T) {
 // look at cost 0, and a shadow rule over its limit; each must be decided
 // exactly as the memory store decides the same sequence one at a time.
 func TestWindowBatchMatchesMemstore(t *testing.T) {
-	srv := redistest.Start(t)
-	clock := storetest.NewClock()
-	clock.Set(90 * time.Second)
-	rs := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "wb:", ExactRefusals: true})
-	ms := memstore.New(&memstore.Options{Clock: clock.Now})
-	defer ms.Close()
+	rs, ms, clock, srv := redisBesideMemstore(t, "wb:", 90*time.Second)
 
 	user := &admit.Rule{Name: "user", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute}
 	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.FixedWindow, Limit: 5, Window: time.Second}
