@@ -63,6 +63,10 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	return nil
 }
 
+// overrideFullKey is the FullKey of a limit a request's descriptor brings
+// (a limit override); its statistics are named from the descriptor.
+const overrideFullKey = "limit-override"
+
 // hits returns a descriptor's cost: its own hits_addend if set (0 asks
 // without counting), else the request's, where 0 means 1. never is set when
 // the cost is more than any charge may carry.
@@ -289,7 +293,7 @@ func (s *Service) override(o *rlext.RateLimitDescriptor_RateLimitOverride) (*Lim
 	if !ok {
 		return nil, errors.New("unit " + k.unit.String() + " is not a rate limit unit")
 	}
-	l = &Limit{FullKey: "limit-override", RequestsPerUnit: k.rpu, Unit: unit, UnitMultiplier: k.mult}
+	l = &Limit{FullKey: overrideFullKey, RequestsPerUnit: k.rpu, Unit: unit, UnitMultiplier: k.mult}
 	if l.Window() > admit.MaxRatePeriod {
 		return nil, errors.New("the period is longer than " + admit.MaxRatePeriod.String())
 	}

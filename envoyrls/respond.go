@@ -23,6 +23,9 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 	var violations []int
 	for i := range c.descs {
 		st, over := s.status(c, &c.descs[i], out, now)
+		if s.opts.Stats != nil {
+			s.countStats(req, c, i, out)
+		}
 		if l := c.descs[i].limit; over && l != nil && l.Quota {
 			violations = append(violations, i)
 		}

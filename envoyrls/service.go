@@ -71,6 +71,9 @@ type Options struct {
 	Charge Charge
 	// Observe, if set, is told every request answered.
 	Observe func(Event)
+	// Stats, if set, counts what envoyproxy/ratelimit's statistics count,
+	// under its names.
+	Stats *UpstreamStats
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
@@ -164,6 +167,16 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	c := s.calls.Get().(*call)
 	resp, out, err := s.decide(ctx, req, c)
 	s.calls.Put(c)
+	if st := s.opts.Stats; st != nil {
+		st.call(time.Since(start))
+		// The store failed, whether or not the rules fail open or decide
+		// locally then.
+		if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable || err == nil && out != policy.Stored {
+			st.Add("ratelimit.service.call.should_rate_limit.redis_error", 1)
+		} else if err != nil {
+			st.Add("ratelimit.service.call.should_rate_limit.service_error", 1)
+		}
+	}
 	if s.opts.Observe != nil {
 		ev := Event{Outcome: out, Err: err, Took: time.Since(start)}
 		ev.Allowed = err == nil && resp.OverallCode == rlsv3.RateLimitResponse_OK
@@ -198,6 +211,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 		// OK status without a limit for every descriptor.
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		}
+		if s.opts.Stats != nil {
+			s.opts.Stats.Add("ratelimit.service.rate_limit."+domain+".domain_not_found", uint64(len(ds)))
 		}
 		return resp, policy.Stored, nil
 	}

@@ -656,7 +656,8 @@ func TestStoreDown(t *testing.T) {
 			}
 			var events []Event
 			var mu sync.Mutex
-			e := start(t, Options{Policy: func() *policy.Policy { return p }, Observe: func(ev Event) {
+			stats := NewUpstreamStats(0.8)
+			e := start(t, Options{Policy: func() *policy.Policy { return p }, Stats: stats, Observe: func(ev Event) {
 				mu.Lock()
 				events = append(events, ev)
 				mu.Unlock()
@@ -673,6 +674,12 @@ func TestStoreDown(t *testing.T) {
 			defer mu.Unlock()
 			if len(events) != 3 {
 				t.Fatalf("%d events", len(events))
+			}
+			// envoyproxy/ratelimit's statistics count each failure of Redis.
+			if errs := slices.IndexFunc(stats.Counters(), func(c UpstreamCounter) bool {
+				return c.Name == "ratelimit.service.call.should_rate_limit.redis_error" && c.Value == 3
+			}); errs < 0 {
+				t.Errorf("statistics %v: want 3 redis_error", stats.Counters())
 			}
 			switch tc.onError {
 			case "open":

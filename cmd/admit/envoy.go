@@ -36,7 +36,16 @@ type envoyService struct {
 	ln    net.Listener
 	dir   string
 	rules func(*admit.Rule) error // the store's check of a rule, if any
+	stats *envoyrls.UpstreamStats // envoyproxy/ratelimit's statistics, if kept
 	done  chan error
+}
+
+// loaded counts a load of the configuration in envoyproxy/ratelimit's
+// statistics, if they are kept.
+func (es *envoyService) loaded(err error) {
+	if es.stats != nil {
+		es.stats.ConfigLoaded(err)
+	}
 }
 
 // envoyServing is how the Envoy rate limit service is served.
@@ -47,6 +56,7 @@ type envoyServing struct {
 	ready      func(context.Context) error
 	reflection bool                // serve gRPC server reflection
 	opts       []grpc.ServerOption // more options (TLS)
+	stats      *envoyrls.UpstreamStats
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
@@ -54,18 +64,20 @@ type envoyServing struct {
 // following sv.ready.
 func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Server) (*envoyService, error) {
 	addr, dir, ready, reflection, opts := sv.addr, sv.dir, sv.ready, sv.reflection, sv.opts
-	es := &envoyService{dir: dir, rules: b.st.check, done: make(chan error, 1)}
+	es := &envoyService{dir: dir, rules: b.st.check, stats: sv.stats, done: make(chan error, 1)}
 	var cfg *envoyrls.Config
 	if dir != "" {
 		c, err := es.load()
 		if err != nil {
 			return nil, err
 		}
+		es.loaded(nil)
 		cfg = c
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
 		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata, Charge: sv.charge, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
+		Stats: sv.stats,
 	})
 	if err != nil {
 		return nil, err
@@ -115,6 +127,7 @@ func (es *envoyService) watch(ctx context.Context, every time.Duration, reload <
 		}
 		last = d
 		c, err := es.load()
+		es.loaded(err)
 		if err != nil {
 			log.Error("envoy configuration reload refused; keeping the running one", "dir", es.dir, "err", strings.ReplaceAll(err.Error(), "\n", "; "))
 			setErr(err)
@@ -171,7 +184,7 @@ func (es *envoyService) followXDS(ctx context.Context, f *serveFlags, configured
 		defer close(done)
 		envoyrls.WatchXDS(ctx, envoyrls.XDSOptions{
 			Conn: conn, Node: &corev3.Node{Id: f.xdsNode}, Logger: log.With("xds", f.envoyXDS),
-			Refused: func(_ string, err error) { setErr(err) },
+			Refused: func(_ string, err error) { es.loaded(err); setErr(err) },
 			Apply: func(c *envoyrls.Config) error {
 				if es.rules != nil {
 					if err := c.Check(es.rules); err != nil {
@@ -179,6 +192,7 @@ func (es *envoyService) followXDS(ctx context.Context, f *serveFlags, configured
 					}
 				}
 				es.svc.SetConfig(c)
+				es.loaded(nil)
 				configured.Store(true)
 				setErr(nil)
 				return nil

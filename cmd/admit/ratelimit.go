@@ -51,8 +51,15 @@ this command).
                                   REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY,
                                   and without the name check when
                                   REDIS_TLS_SKIP_HOSTNAME_VERIFICATION
+  USE_STATSD, STATSD_HOST, STATSD_PORT, STATS_FLUSH_INTERVAL
+                                  envoyproxy/ratelimit's statistics, under its
+                                  names, to statsd over TCP (true,
+                                  localhost:8125, every 10s: its defaults)
   USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH
-                                  also serve Admit's /metrics there
+                                  instead, envoyproxy/ratelimit's statistics,
+                                  named as its Prometheus mode names them, and
+                                  Admit's own metrics, served there
+  NEAR_LIMIT_RATIO                what near_limit counts (0.8)
   LOG_LEVEL, LOG_FORMAT           debug, info, warn, error; text or json
   ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
                                   timeouts); default none
@@ -64,8 +71,8 @@ this command).
                                   default); a file's charge: line wins
 
 Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
-caches, pipelining, statsd, jitter, the debug port) are accepted and not
-used. What Admit cannot do the same way is refused at start with the
+caches, pipelining, jitter, the debug port) are accepted and not used.
+PROMETHEUS_MAPPER_YAML is not used: the metrics keep its default mapping. What Admit cannot do the same way is refused at start with the
 variable's name: unix sockets, a separate per-second Redis, memcache.
 `
 
@@ -191,12 +198,53 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 		})
 	}
 
-	if on, err := boolean("USE_PROMETHEUS", false); err != nil {
+	if err := ratelimitStats(f, get, boolean); err != nil {
 		return nil, nil, err
-	} else if on {
-		f.metrics, f.metricsPath = get("PROMETHEUS_ADDR", ":9090"), get("PROMETHEUS_PATH", "/metrics")
 	}
 	return f, log, nil
+}
+
+// ratelimitStats sets where envoyproxy/ratelimit's statistics go, from
+// its settings: statsd over TCP (its default), or Prometheus, which also
+// serves Admit's own metrics.
+func ratelimitStats(f *serveFlags, get func(name, def string) string, boolean func(name string, def bool) (bool, error)) error {
+	statsd, err := boolean("USE_STATSD", true)
+	if err != nil {
+		return err
+	}
+	prom, err := boolean("USE_PROMETHEUS", false)
+	if err != nil {
+		return err
+	}
+	dog, err := boolean("USE_DOG_STATSD", false)
+	if err != nil {
+		return err
+	}
+	switch {
+	case dog:
+		return fmt.Errorf("USE_DOG_STATSD=true is not supported: use USE_STATSD (statsd over TCP) or USE_PROMETHEUS")
+	case statsd && prom:
+		return fmt.Errorf("USE_STATSD and USE_PROMETHEUS are both true: set one of them (as envoyproxy/ratelimit asks)")
+	}
+	u := &f.upstreamStats
+	if u.nearLimit, err = strconv.ParseFloat(get("NEAR_LIMIT_RATIO", "0.8"), 64); err != nil || u.nearLimit < 0 || u.nearLimit > 1 {
+		return fmt.Errorf("NEAR_LIMIT_RATIO=%q: want a number from 0 to 1", get("NEAR_LIMIT_RATIO", ""))
+	}
+	if statsd {
+		port, err := strconv.Atoi(get("STATSD_PORT", "8125"))
+		if err != nil || port <= 0 || port > 65535 {
+			return fmt.Errorf("STATSD_PORT=%q: want a port number", get("STATSD_PORT", ""))
+		}
+		u.statsd = net.JoinHostPort(get("STATSD_HOST", "localhost"), strconv.Itoa(port))
+		if u.every, err = time.ParseDuration(get("STATS_FLUSH_INTERVAL", "10s")); err != nil || u.every <= 0 {
+			return fmt.Errorf("STATS_FLUSH_INTERVAL=%q: want a duration such as 10s", get("STATS_FLUSH_INTERVAL", ""))
+		}
+	}
+	if prom {
+		u.prometheus = true
+		f.metrics, f.metricsPath = get("PROMETHEUS_ADDR", ":9090"), get("PROMETHEUS_PATH", "/metrics")
+	}
+	return nil
 }
 
 // ratelimitStoreURL is the --store URL of envoyproxy/ratelimit's Redis

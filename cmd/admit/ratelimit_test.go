@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"crypto/ecdsa"
@@ -11,12 +12,14 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
+	"maps"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,12 +48,12 @@ func TestRatelimitEnvironment(t *testing.T) {
 		"defaults":                 {env: nil, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config"},
 		"all or nothing asked for": {env: map[string]string{"ADMIT_CHARGE": "all"}, http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "memory", config: "/srv/runtime_data/current/config", charge: "all"},
 		"files and a single Redis": {
-			env:  map[string]string{"PORT": "9000", "GRPC_PORT": "9001", "HOST": "127.0.0.1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "p@ss", "USE_PROMETHEUS": "true"},
+			env:  map[string]string{"PORT": "9000", "GRPC_PORT": "9001", "HOST": "127.0.0.1", "RUNTIME_ROOT": "/data", "RUNTIME_SUBDIRECTORY": "ratelimit", "REDIS_SOCKET_TYPE": "tcp", "REDIS_URL": "redis:6379", "REDIS_AUTH": "p@ss", "USE_STATSD": "false", "USE_PROMETHEUS": "true"},
 			http: "127.0.0.1:9000", grpc: "0.0.0.0:9001", store: "redis://:p%40ss@redis:6379", config: "/data/ratelimit/config", metrics: ":9090",
 		},
 		"Envoy Gateway: xDS, Sentinel": {
 			env: map[string]string{"CONFIG_TYPE": "GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL": "eg:18001", "CONFIG_GRPC_XDS_SERVER_USE_TLS": "true",
-				"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_AUTH": "u:pw", "PROMETHEUS_ADDR": ":19001", "USE_PROMETHEUS": "1"},
+				"REDIS_TYPE": "sentinel", "REDIS_URL": "mymaster,s1:26379,s2:26379", "REDIS_AUTH": "u:pw", "PROMETHEUS_ADDR": ":19001", "USE_STATSD": "0", "USE_PROMETHEUS": "1"},
 			http: "0.0.0.0:8080", grpc: "0.0.0.0:8081", store: "redis+sentinel://u:pw@mymaster@s1:26379,s2:26379", xds: "eg:18001", wait: true, metrics: ":19001",
 		},
 		"Redis over TLS with a client certificate": {
@@ -74,6 +77,15 @@ func TestRatelimitEnvironment(t *testing.T) {
 				f.envoyCharge != cmp.Or(tc.charge, "each") {
 				t.Fatalf("got http %s grpc %s store %s config %s xds %s wait %v plaintext %v metrics %s", f.http, f.grpc, f.store, f.envoyConfig, f.envoyXDS, f.waitForXDS, f.xdsPlaintext, f.metrics)
 			}
+			// envoyproxy/ratelimit's statistics: to statsd at its defaults,
+			// unless Prometheus is asked for.
+			want := upstreamStatsFlags{statsd: "localhost:8125", every: 10 * time.Second, nearLimit: 0.8}
+			if tc.metrics != "" {
+				want = upstreamStatsFlags{prometheus: true, nearLimit: 0.8}
+			}
+			if f.upstreamStats != want {
+				t.Errorf("statistics %+v, want %+v", f.upstreamStats, want)
+			}
 		})
 	}
 }
@@ -94,6 +106,11 @@ func TestRatelimitEnvironmentRefused(t *testing.T) {
 		"LOG_LEVEL=loud":                         "LOG_LEVEL",
 		"LOG_FORMAT=xml":                         "LOG_FORMAT",
 		"USE_PROMETHEUS=maybe":                   "USE_PROMETHEUS",
+		"USE_PROMETHEUS=true":                    "set one of them",
+		"USE_DOG_STATSD=true":                    "USE_DOG_STATSD",
+		"STATSD_PORT=none":                       "STATSD_PORT",
+		"STATS_FLUSH_INTERVAL=soon":              "STATS_FLUSH_INTERVAL",
+		"NEAR_LIMIT_RATIO=2":                     "NEAR_LIMIT_RATIO",
 		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?": "",
 		"ADMIT_CHARGE=some":                      "ADMIT_CHARGE",
 	} {
@@ -304,4 +321,106 @@ func TestRequireSAN(t *testing.T) {
 	if err := requireSAN("other")(nil, chains); err == nil {
 		t.Fatal("a certificate for envoy passed as other")
 	}
+}
+
+// TestRatelimitStatistics: admit ratelimit reports envoyproxy/ratelimit's
+// statistics as its settings ask, under its names: to a statsd server over
+// TCP (a listener the test starts), and, with USE_PROMETHEUS, on the
+// metrics it serves beside Admit's own (a scrape). Three hits on a limit
+// of 2: two within it (the second near it, past 0.8 × 2), one over.
+func TestRatelimitStatistics(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 2}\n")
+	environ := func(more ...string) map[string]string {
+		m := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
+			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}
+		for i := 0; i < len(more); i += 2 {
+			m[more[i]] = more[i+1]
+		}
+		return m
+	}
+	hit := func(r *running) {
+		c := rlsClient(t, r.grpc)
+		for range 3 {
+			shouldRateLimit(t, c, "rl", "tenant", "t1")
+		}
+		shouldRateLimit(t, c, "nobody", "tenant", "t1")
+	}
+	want := map[string]uint64{
+		"ratelimit.service.config_load_success":                1,
+		"ratelimit.service.rate_limit.rl.tenant.total_hits":    3,
+		"ratelimit.service.rate_limit.rl.tenant.within_limit":  2,
+		"ratelimit.service.rate_limit.rl.tenant.near_limit":    1,
+		"ratelimit.service.rate_limit.rl.tenant.over_limit":    1,
+		"ratelimit.service.rate_limit.nobody.domain_not_found": 1,
+		"ratelimit_server.ShouldRateLimit.total_requests":      4,
+	}
+
+	t.Run("statsd", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		_, port, _ := net.SplitHostPort(ln.Addr().String())
+		r := startCmdEnv(t, environ("STATSD_HOST", "127.0.0.1", "STATSD_PORT", port, "STATS_FLUSH_INTERVAL", "50ms"), "ratelimit")
+		hit(r)
+		got := map[string]uint64{}
+		times := 0
+		_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
+		conn, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		lines := bufio.NewScanner(conn)
+		for !maps.Equal(got, want) || times < 4 {
+			if !lines.Scan() {
+				t.Fatalf("statsd: %v; got %v and %d response times, want %v and 4", lines.Err(), got, times, want)
+			}
+			name, rest, _ := strings.Cut(lines.Text(), ":")
+			v, kind, _ := strings.Cut(rest, "|")
+			n, err := strconv.ParseUint(v, 10, 64)
+			switch {
+			case err != nil:
+				t.Fatalf("statsd line %q", lines.Text())
+			case kind == "c":
+				got[name] += n
+			case kind == "ms" && name == "ratelimit_server.ShouldRateLimit.response_time":
+				times++
+			default:
+				t.Fatalf("statsd line %q", lines.Text())
+			}
+		}
+	})
+
+	t.Run("prometheus", func(t *testing.T) {
+		addr := freeAddr(t)
+		r := startCmdEnv(t, environ("USE_STATSD", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", addr, "PROMETHEUS_PATH", "/stats"), "ratelimit")
+		hit(r)
+		_, body := get(t, "http://"+addr+"/stats")
+		for _, line := range []string{
+			`ratelimit_service_config_load_success 1`,
+			`ratelimit_service_rate_limit_total_hits{domain="rl",key1="tenant"} 3`,
+			`ratelimit_service_rate_limit_within_limit{domain="rl",key1="tenant"} 2`,
+			`ratelimit_service_rate_limit_near_limit{domain="rl",key1="tenant"} 1`,
+			`ratelimit_service_rate_limit_over_limit{domain="rl",key1="tenant"} 1`,
+			`ratelimit_service_rate_limit_nobody_domain_not_found 1`,
+			`ratelimit_service_total_requests{grpc_method="ShouldRateLimit"} 4`,
+			`ratelimit_service_response_time_seconds_count{grpc_method="ShouldRateLimit"} 4`,
+			`admit_requests_total{endpoint="grpc",result="allowed"} 3`,
+		} {
+			if !strings.Contains(body, "\n"+line+"\n") {
+				t.Errorf("the scrape has no line %q", line)
+			}
+		}
+		if t.Failed() {
+			t.Log(body)
+		}
+	})
 }

@@ -24,6 +24,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/wsgateway"
@@ -95,6 +98,9 @@ type serveFlags struct {
 	adminLoopback bool
 	// grpcReflection serves gRPC server reflection.
 	grpcReflection bool
+	// upstreamStats keeps envoyproxy/ratelimit's statistics (admit
+	// ratelimit sets it from its environment).
+	upstreamStats upstreamStatsFlags
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -318,13 +324,27 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 			return st.ready(ctx)
 		}
 	}
+	var upstreamStats *envoyrls.UpstreamStats
+	var registry *prometheus.Registry
+	if u := f.upstreamStats; u.on() {
+		upstreamStats = envoyrls.NewUpstreamStats(u.nearLimit)
+		if u.prometheus {
+			registry = prometheus.NewRegistry()
+			registry.MustRegister(newUpstreamCollector(upstreamStats))
+		}
+		if u.statsd != "" {
+			statsCtx, stopStats := context.WithCancel(ctx)
+			defer stopStats()
+			go sendStatsd(statsCtx, u.statsd, u.every, upstreamStats, log)
+		}
+	}
 	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, AdminLoopback: f.adminLoopback,
 		ServiceTokens: serviceTokens, ForwardAuth: cfg.HTTP.ForwardAuth, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
-		Usage: st.usage,
+		Usage: st.usage, Registry: registry,
 	})
 	if err != nil {
 		return err
@@ -342,7 +362,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts}, b, dec, srv)
+	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}

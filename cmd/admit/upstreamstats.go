@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/admitdev/admit/envoyrls"
+)
+
+// upstreamStatsFlags say where envoyproxy/ratelimit's statistics go, as
+// its settings say: to a statsd server over TCP (USE_STATSD, the
+// default of envoyproxy/ratelimit), or onto the Prometheus metrics
+// (USE_PROMETHEUS) under the names its default mapping gives them.
+type upstreamStatsFlags struct {
+	statsd     string        // host:port, if set
+	every      time.Duration // between two flushes to statsd
+	prometheus bool
+	nearLimit  float64 // NEAR_LIMIT_RATIO
+}
+
+func (u upstreamStatsFlags) on() bool { return u.statsd != "" || u.prometheus }
+
+// sendStatsd sends stats to the statsd server at addr over TCP every
+// interval until ctx ends, as envoyproxy/ratelimit's statsd sink does:
+// each counter's increase since the last flush as "name:n|c", each call's
+// response time as "ratelimit_server.ShouldRateLimit.response_time:ms|ms".
+// A flush the server does not take is dropped, and the connection made
+// again at the next.
+func sendStatsd(ctx context.Context, addr string, every time.Duration, stats *envoyrls.UpstreamStats, log *slog.Logger) {
+	var conn net.Conn
+	last := map[string]uint64{}
+	failing := false
+	flush := func() {
+		var b bytes.Buffer
+		for _, c := range stats.Counters() {
+			if d := c.Value - last[c.Name]; d > 0 {
+				b.WriteString(c.Name)
+				b.WriteByte(':')
+				b.WriteString(strconv.FormatUint(d, 10))
+				b.WriteString("|c\n")
+			}
+			last[c.Name] = c.Value
+		}
+		for _, t := range stats.TakeResponseTimes() {
+			b.WriteString("ratelimit_server.ShouldRateLimit.response_time:")
+			b.WriteString(strconv.FormatInt(t.Milliseconds(), 10))
+			b.WriteString("|ms\n")
+		}
+		if b.Len() == 0 {
+			return
+		}
+		var err error
+		if conn == nil {
+			conn, err = net.DialTimeout("tcp", addr, time.Second)
+		}
+		if err == nil {
+			_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
+			_, err = conn.Write(b.Bytes())
+		}
+		if err != nil {
+			if conn != nil {
+				conn.Close()
+				conn = nil
+			}
+			if !failing {
+				log.Warn("statsd: statistics dropped until the server takes them", "addr", addr, "err", err)
+			}
+			failing = true
+			return
+		}
+		failing = false
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			flush()
+			if conn != nil {
+				conn.Close()
+			}
+			return
+		case <-t.C:
+			flush()
+		}
+	}
+}
+
+// upstreamCollector exposes stats as envoyproxy/ratelimit's Prometheus
+// mode names them (its statsd names through its default mapping): a
+// limit's counters as ratelimit_service_rate_limit_<stat> with the labels
+// domain, key1 and, for a limit two levels down or deeper, key2; the
+// should_rate_limit errors as ratelimit_service_should_rate_limit_error
+// by err_type; calls as ratelimit_service_total_requests and
+// ratelimit_service_response_time_seconds by grpc_method; any other
+// counter under its statsd name with every character but letters, digits
+// and '_' made '_'.
+type upstreamCollector struct {
+	stats *envoyrls.UpstreamStats
+	times *prometheus.HistogramVec
+}
+
+func newUpstreamCollector(stats *envoyrls.UpstreamStats) *upstreamCollector {
+	return &upstreamCollector{stats: stats, times: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ratelimit_service_response_time_seconds", Help: "ShouldRateLimit's response times, as envoyproxy/ratelimit reports them.",
+	}, []string{"grpc_method"})}
+}
+
+// Describe describes nothing: the metrics are as many as the counters.
+func (u *upstreamCollector) Describe(chan<- *prometheus.Desc) {}
+
+// Collect implements prometheus.Collector.
+func (u *upstreamCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range u.stats.TakeResponseTimes() {
+		u.times.WithLabelValues("ShouldRateLimit").Observe(t.Seconds())
+	}
+	u.times.Collect(ch)
+	for _, c := range u.stats.Counters() {
+		name, labels, values := upstreamMetric(c.Name)
+		desc := prometheus.NewDesc(name, "envoyproxy/ratelimit's "+c.Name+".", labels, nil)
+		if m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(c.Value), values...); err == nil {
+			ch <- m
+		}
+	}
+}
+
+// upstreamStat are the statistics of a limit that carry labels.
+var upstreamStat = map[string]bool{"total_hits": true, "over_limit": true, "near_limit": true, "within_limit": true, "shadow_mode": true}
+
+// upstreamMetric returns the Prometheus name and labels of a statsd name.
+func upstreamMetric(statsd string) (name string, labels, values []string) {
+	if rest, ok := strings.CutPrefix(statsd, "ratelimit.service.rate_limit."); ok {
+		i := strings.LastIndexByte(rest, '.')
+		if parts := strings.Split(rest[:max(i, 0)], "."); i > 0 && upstreamStat[rest[i+1:]] && len(parts) >= 2 {
+			labels, values = []string{"domain", "key1"}, parts[:2]
+			if len(parts) >= 3 {
+				labels, values = append(labels, "key2"), parts[:3]
+			}
+			return "ratelimit_service_rate_limit_" + rest[i+1:], labels, values
+		}
+	}
+	if err, ok := strings.CutPrefix(statsd, "ratelimit.service.call.should_rate_limit."); ok {
+		return "ratelimit_service_should_rate_limit_error", []string{"err_type"}, []string{err}
+	}
+	if rest, ok := strings.CutPrefix(statsd, "ratelimit_server."); ok {
+		if method, ok := strings.CutSuffix(rest, ".total_requests"); ok {
+			return "ratelimit_service_total_requests", []string{"grpc_method"}, []string{method}
+		}
+	}
+	b := []byte(statsd)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
+			b[i] = '_'
+		}
+	}
+	return string(b), nil, nil
+}
