@@ -124,7 +124,8 @@ func (u *upstreamCollector) Collect(ch chan<- prometheus.Metric) {
 	u.times.Collect(ch)
 	for _, c := range u.stats.Counters() {
 		name, labels, values := upstreamMetric(c.Name)
-		desc := prometheus.NewDesc(name, "envoyproxy/ratelimit's "+c.Name+".", labels, nil)
+		// One help text per name: a family's metrics must agree on it.
+		desc := prometheus.NewDesc(name, "envoyproxy/ratelimit's statistic "+name+", under the name its Prometheus mode gives it.", labels, nil)
 		if m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(c.Value), values...); err == nil {
 			ch <- m
 		}

@@ -1,0 +1,345 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/admitdev/admit/redistest"
+)
+
+// The scenarios of envoyproxy/ratelimit's own tests (main of 2026-01-22:
+// test/integration/integration_test.go, test/redis/fixed_cache_impl_test.go,
+// test/service/ratelimit_test.go), written from what they check and
+// replayed against admit ratelimit: each request's overall code, each
+// descriptor's code, limit and remaining, and the statistics. Where
+// upstream's test mocks a counter at some value, the replay brings it
+// there with hits of its own and checks what changes.
+
+// replayFiles are the configurations the scenarios use, with the limits
+// of upstream's test configurations (hours or days where its unit test
+// mocks the time, so that no window ends during a replay).
+var replayFiles = map[string]string{
+	"basic.yaml": `domain: basic
+descriptors:
+  - key: key1
+    rate_limit: {unit: second, requests_per_unit: 50}
+  - key: one_per_minute
+    rate_limit: {unit: minute, requests_per_unit: 1}
+`,
+	"another.yaml": `domain: another
+descriptors:
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 10}
+`,
+	"cache.yaml": `domain: cache
+descriptors:
+  - key: key4
+    rate_limit: {unit: hour, requests_per_unit: 15}
+  - key: key5
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: key6
+    rate_limit: {unit: hour, requests_per_unit: 8}
+  - key: key7
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: key8
+    rate_limit: {unit: hour, requests_per_unit: 20}
+  - key: key9
+    rate_limit: {unit: hour, requests_per_unit: 15}
+`,
+	"service.yaml": `domain: service
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: regular
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+`,
+}
+
+// replayStep is one request and what upstream answers and counts.
+type replayStep struct {
+	domain string
+	hits   uint32
+	descs  [][]string // each descriptor's keys and values
+	over   bool       // the overall code is OVER_LIMIT
+	// want is each descriptor's status: "OK" or "OVER", the limit as
+	// "20/MINUTE" ("" for none), and the remaining.
+	want []string
+	// stats are counters' values after the request (ratelimit.service.
+	// rate_limit.<key>.<stat>, the prefix left out).
+	stats map[string]uint64
+}
+
+type replayScenario struct {
+	name, from string
+	steps      []replayStep
+}
+
+func st(code, limit string, remaining int) string {
+	return fmt.Sprintf("%s %s %d", code, limit, remaining)
+}
+
+// replayScenarios returns the scenarios; every random value of upstream's
+// tests is a value of their own here.
+func replayScenarios() []replayScenario {
+	var sc []replayScenario
+	sc = append(sc, replayScenario{name: "no limit for an unknown domain", from: "integration testBasicBaseConfig", steps: []replayStep{
+		{domain: "foo", hits: 1, descs: [][]string{{"hello", "world"}}, want: []string{st("OK", "", 0)}},
+	}})
+	sc = append(sc, replayScenario{name: "a first hit", from: "integration testBasicBaseConfig", steps: []replayStep{
+		{domain: "basic", hits: 1, descs: [][]string{{"key1", "foo"}}, want: []string{st("OK", "50/SECOND", 49)},
+			stats: map[string]uint64{"basic.key1.total_hits": 1}},
+	}})
+	over := replayScenario{name: "25 hits on 20 a minute", from: "integration testBasicBaseConfig"}
+	for i := range 25 {
+		s := replayStep{domain: "another", hits: 1, descs: [][]string{{"key2", "r1"}}, want: []string{st("OK", "20/MINUTE", 20-(i+1))},
+			stats: map[string]uint64{"another.key2.total_hits": uint64(i + 1)}}
+		if i >= 20 {
+			s.over, s.want[0] = true, st("OVER", "20/MINUTE", 0)
+			s.stats["another.key2.over_limit"] = uint64(i - 19)
+		}
+		over.steps = append(over.steps, s)
+	}
+	sc = append(sc, over)
+	two := replayScenario{name: "two limits, the second over after 10", from: "integration testBasicBaseConfig"}
+	for i := range 15 {
+		s := replayStep{domain: "another", hits: 1, descs: [][]string{{"key2", "r2"}, {"key3", "r2"}},
+			want:  []string{st("OK", "20/MINUTE", 20-(i+1)), st("OK", "10/HOUR", 10-(i+1))},
+			stats: map[string]uint64{"another.key3.total_hits": uint64(i + 1)}}
+		if i >= 10 {
+			s.over, s.want[1] = true, st("OVER", "10/HOUR", 0)
+			s.stats["another.key3.over_limit"] = uint64(i - 9)
+		}
+		two.steps = append(two.steps, s)
+	}
+	sc = append(sc, two)
+	// TestNearLimit: counters brought to a value, then the hits whose
+	// statistics the test checks (near: past 0.8 of the limit).
+	near := func(key, limit string, pre int, hits uint32, want string, stats map[string]uint64) replayScenario {
+		r := replayScenario{name: fmt.Sprintf("%s: %d hits on a counter at %d of %s", key, hits, pre, limit), from: "redis TestNearLimit"}
+		if stats != nil {
+			stats["cache."+key+".total_hits"] = uint64(pre) + uint64(hits)
+		}
+		for range pre {
+			r.steps = append(r.steps, replayStep{domain: "cache", hits: 1, descs: [][]string{{key, "v"}}})
+		}
+		r.steps = append(r.steps, replayStep{domain: "cache", hits: hits, descs: [][]string{{key, "v"}}, over: strings.HasPrefix(want, "OVER"), want: []string{want}, stats: stats})
+		return r
+	}
+	sc = append(sc,
+		near("key4", "15", 10, 1, st("OK", "15/HOUR", 4), map[string]uint64{"cache.key4.within_limit": 11, "cache.key4.near_limit": 0}),
+		near("key5", "20", 2, 3, st("OK", "20/HOUR", 15), map[string]uint64{"cache.key5.within_limit": 5, "cache.key5.near_limit": 0}),
+		near("key6", "8", 5, 2, st("OK", "8/HOUR", 1), map[string]uint64{"cache.key6.within_limit": 7, "cache.key6.near_limit": 1}),
+		near("key7", "20", 16, 3, st("OK", "20/HOUR", 1), map[string]uint64{"cache.key7.within_limit": 19, "cache.key7.near_limit": 3}),
+		near("key8", "20", 19, 3, st("OVER", "20/HOUR", 0), map[string]uint64{"cache.key8.over_limit": 2, "cache.key8.near_limit": 4}),
+	)
+	// TestNearLimit, counting on from 11: 13, then 16, of 15.
+	k9 := near("key9", "15", 10, 1, st("OK", "15/HOUR", 4), nil)
+	k9.name = "key9: near, then over 15"
+	k9.steps = append(k9.steps,
+		replayStep{domain: "cache", hits: 2, descs: [][]string{{"key9", "v"}}, want: []string{st("OK", "15/HOUR", 2)}, stats: map[string]uint64{"cache.key9.near_limit": 1}},
+		replayStep{domain: "cache", hits: 3, descs: [][]string{{"key9", "v"}}, over: true, want: []string{st("OVER", "15/HOUR", 0)},
+			stats: map[string]uint64{"cache.key9.near_limit": 3, "cache.key9.over_limit": 1, "cache.key9.within_limit": 13, "cache.key9.total_hits": 16}},
+	)
+	sc = append(sc, k9)
+	// Shadow mode: over its limit, the descriptor and the request are OK,
+	// and the hits over it counted in shadow_mode.
+	sc = append(sc, replayScenario{name: "a shadow rule over its limit", from: "service TestRuleShadowMode", steps: []replayStep{
+		{domain: "service", hits: 1, descs: [][]string{{"shadow", "s"}}, want: []string{st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"shadow", "s"}}, want: []string{st("OK", "1/HOUR", 0)},
+			stats: map[string]uint64{"service.shadow.over_limit": 1, "service.shadow.shadow_mode": 1}},
+	}})
+	sc = append(sc, replayScenario{name: "a shadow rule and a regular one, both over", from: "service TestMixedRuleShadowMode", steps: []replayStep{
+		{domain: "service", hits: 1, descs: [][]string{{"shadow", "m"}, {"regular", "m"}}, want: []string{st("OK", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"shadow", "m"}, {"regular", "m"}}, over: true, want: []string{st("OK", "1/HOUR", 0), st("OVER", "1/HOUR", 0)},
+			stats: map[string]uint64{"service.shadow.shadow_mode": 2, "service.regular.over_limit": 1}},
+	}})
+	sc = append(sc, replayScenario{name: "unlimited", from: "service TestUnlimited", steps: []replayStep{
+		{domain: "service", hits: 1, descs: [][]string{{"free", "f"}}, want: []string{st("OK", "", 4294967295)}},
+	}})
+	return sc
+}
+
+// replayDifferences are the mismatches each store and counting mode is
+// known to have, as docs/envoy.md lists them: a request of several hits
+// that takes a counter past its limit counts them all over (charge:
+// each); with charge: all, a limit under its own beside one over is not
+// counted (as upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT), and on
+// Redis, a request refused without asking Redis (a key it refused is
+// remembered until it can admit again) reports its other descriptors over
+// their limits, with nothing remaining.
+var replayDifferences = map[string][]string{
+	"memory/each": {
+		"key8: 3 hits on a counter at 19 of 20 step 20: cache.key8.near_limit = 3, upstream 4",
+		"key8: 3 hits on a counter at 19 of 20 step 20: cache.key8.over_limit = 3, upstream 2",
+		"key9: near, then over 15 step 13: cache.key9.near_limit = 1, upstream 3",
+		"key9: near, then over 15 step 13: cache.key9.over_limit = 3, upstream 1",
+	},
+}
+
+func init() {
+	replayDifferences["redis/each"] = replayDifferences["memory/each"]
+	for _, store := range []string{"memory", "redis"} {
+		var all []string
+		for i := 10; i < 15; i++ {
+			got := st("OK", "20/MINUTE", 10)
+			if store == "redis" && i > 10 {
+				got = st("OVER", "20/MINUTE", 0)
+			}
+			all = append(all, fmt.Sprintf("two limits, the second over after 10 step %d: descriptor 0 %s, upstream %s", i+1, got, st("OK", "20/MINUTE", 20-(i+1))))
+		}
+		replayDifferences[store+"/all"] = all
+	}
+}
+
+// TestUpstreamReplay replays the scenarios on admit ratelimit, on the
+// memory store and on Redis, counting as upstream counts (the default)
+// and all or nothing (ADMIT_CHARGE=all), and checks that the mismatches
+// are exactly the ones docs/envoy.md lists.
+func TestUpstreamReplay(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range replayFiles {
+		writeFile(t, filepath.Join(dir, name), data)
+	}
+	for _, store := range []string{"memory", "redis"} {
+		for _, charge := range []string{"each", "all"} {
+			t.Run(store+"/"+charge, func(t *testing.T) {
+				metrics := freeAddr(t)
+				env := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "ADMIT_CHARGE": charge,
+					"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir(),
+					"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": metrics}
+				if store == "redis" {
+					env["REDIS_URL"] = redistest.Start(t).Addr
+				}
+				r := startCmdEnv(t, env, "ratelimit")
+				c := rlsClient(t, r.grpc)
+				var diffs []string
+				checks := 0
+				for _, sc := range replayScenarios() {
+					awayFromWindowEnds()
+					for i, s := range sc.steps {
+						got := replayRequest(t, c, s)
+						where := fmt.Sprintf("%s step %d", sc.name, i+1)
+						if s.want != nil {
+							checks++
+							if got.over != s.over {
+								diffs = append(diffs, fmt.Sprintf("%s: over %v, upstream %v", where, got.over, s.over))
+							}
+							for k, w := range s.want {
+								if got.statuses[k] != w {
+									diffs = append(diffs, fmt.Sprintf("%s: descriptor %d %s, upstream %s", where, k, got.statuses[k], w))
+								}
+							}
+						}
+						if s.stats != nil {
+							stats := scrapeUpstream(t, metrics)
+							for _, name := range slices.Sorted(maps.Keys(s.stats)) {
+								checks++
+								if v := stats[name]; v != s.stats[name] {
+									diffs = append(diffs, fmt.Sprintf("%s: %s = %d, upstream %d", where, name, v, s.stats[name]))
+								}
+							}
+						}
+					}
+				}
+				want := slices.Clone(replayDifferences[store+"/"+charge])
+				slices.Sort(diffs)
+				slices.Sort(want)
+				t.Logf("%d checks, %d differ", checks, len(diffs))
+				if !slices.Equal(diffs, want) {
+					t.Errorf("differences from envoyproxy/ratelimit:\n%s\nwant those docs/envoy.md lists:\n%s", strings.Join(diffs, "\n"), strings.Join(want, "\n"))
+				}
+			})
+		}
+	}
+}
+
+type replayAnswer struct {
+	over     bool
+	statuses []string
+}
+
+func replayRequest(t *testing.T, c rlsv3.RateLimitServiceClient, s replayStep) replayAnswer {
+	t.Helper()
+	req := &rlsv3.RateLimitRequest{Domain: s.domain, HitsAddend: s.hits}
+	for _, kv := range s.descs {
+		d := &rlext.RateLimitDescriptor{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			d.Entries = append(d.Entries, &rlext.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	resp, err := c.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := replayAnswer{over: resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT}
+	for _, ds := range resp.Statuses {
+		code, limit := "OK", ""
+		if ds.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+			code = "OVER"
+		}
+		if l := ds.CurrentLimit; l != nil {
+			limit = fmt.Sprintf("%d/%s", l.RequestsPerUnit, l.Unit)
+		}
+		a.statuses = append(a.statuses, st(code, limit, int(ds.LimitRemaining)))
+	}
+	return a
+}
+
+// scrapeUpstream reads envoyproxy/ratelimit's per-limit statistics from
+// the Prometheus metrics at addr, by their statsd names without the
+// ratelimit.service.rate_limit. prefix.
+func scrapeUpstream(t *testing.T, addr string) map[string]uint64 {
+	t.Helper()
+	_, body := get(t, "http://"+addr+"/metrics")
+	stats := map[string]uint64{}
+	lines := bufio.NewScanner(strings.NewReader(body))
+	for lines.Scan() {
+		stat, rest, ok := strings.Cut(strings.TrimPrefix(lines.Text(), "ratelimit_service_rate_limit_"), "{")
+		if !ok || len(rest) == len(lines.Text()) || !strings.HasPrefix(lines.Text(), "ratelimit_service_rate_limit_") {
+			continue
+		}
+		labels, value, _ := strings.Cut(rest, "} ")
+		var key []string
+		for _, l := range strings.Split(labels, ",") {
+			_, v, _ := strings.Cut(l, "=")
+			key = append(key, strings.Trim(v, `"`))
+		}
+		n, err := strconv.ParseUint(value, 10, 64)
+		if err != nil {
+			t.Fatalf("metric line %q", lines.Text())
+		}
+		stats[strings.Join(key, ".")+"."+stat] = n
+	}
+	return stats
+}
+
+// awayFromWindowEnds waits, when a minute ends within the next 5 s,
+// until it has, so that no window of the scenario that follows ends
+// while it runs.
+func awayFromWindowEnds() {
+	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < 5*time.Second {
+		time.Sleep(left + 10*time.Millisecond)
+	}
+}
