@@ -28,6 +28,11 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 		}
 		if l := c.descs[i].limit; over && l != nil && l.Quota {
 			violations = append(violations, i)
+			if c.each {
+				// As envoyproxy/ratelimit answers a quota over its limit:
+				// reported (here and in the metadata), never refusing.
+				st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit, LimitRemaining: st.LimitRemaining}
+			}
 		}
 		resp.Statuses[i] = st
 		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
@@ -37,8 +42,9 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 			best, bestRemaining = i, int64(st.LimitRemaining)
 		}
 	}
-	if quotas > 0 && len(violations) == quotas {
-		// Every quota descriptor is over: the request is.
+	if quotas > 0 && len(violations) == quotas && !c.each {
+		// Every quota descriptor is over: the request is (Admit's
+		// quota mode, with charge: all).
 		for _, i := range violations {
 			resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}

@@ -297,10 +297,17 @@ descriptors:
 		t.Errorf("shadow after 28 hits of 20: remaining %d, want 0 (counted)", r.Statuses[0].LimitRemaining)
 	}
 	// A regular descriptor under its limit beside a quota descriptor over
-	// its own: over, and the regular one counted all the same.
+	// its own: the quota is reported (OK, nothing left, no reset), the
+	// request admitted and the regular one counted, as the pinned
+	// envoyproxy/ratelimit answers (a run of it: OK, OK/4, OK/0).
 	e.ask(t, "d", 0, desc("quota", "q"))
-	if r := e.ask(t, "d", 0, desc("regular", "r"), desc("quota", "q")); r.OverallCode != over || r.Statuses[0].LimitRemaining != 4 {
-		t.Fatalf("regular beside a quota over: %v, want over, 4 of 5 left", r)
+	r := e.ask(t, "d", 0, desc("regular", "r"), desc("quota", "q"))
+	if q := r.Statuses[1]; r.OverallCode != ok || r.Statuses[0].LimitRemaining != 4 || q.Code != ok || q.LimitRemaining != 0 || q.DurationUntilReset != nil || q.CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("regular beside a quota over: %v, want OK, 4 of 5 left, the quota OK with none left", r)
+	}
+	// Every quota over: still OK.
+	if r := e.ask(t, "d", 0, desc("quota", "q")); r.OverallCode != ok {
+		t.Fatalf("a quota alone over its limit: %v, want OK", r)
 	}
 	// Check, then debit, on 2 a minute: the 4th check is refused.
 	var checks []rlsv3.RateLimitResponse_Code

@@ -69,6 +69,12 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: free
     rate_limit: {unlimited: true}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: q2
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
 `,
 }
 
@@ -170,6 +176,17 @@ func replayScenarios() []replayScenario {
 		{domain: "service", hits: 1, descs: [][]string{{"shadow", "m"}, {"regular", "m"}}, over: true, want: []string{st("OK", "1/HOUR", 0), st("OVER", "1/HOUR", 0)},
 			stats: map[string]uint64{"service.shadow.shadow_mode": 2, "service.regular.over_limit": 1}},
 	}})
+	// Quota mode: a quota over its limit is reported, OK, and refuses
+	// nothing, alone, beside another quota, or beside a regular limit,
+	// which decides (the pinned upstream binary answers so too).
+	sc = append(sc, replayScenario{name: "quota mode", from: "service TestServicePerDescriptorQuotaMode, TestServiceQuotaModeOnly", steps: []replayStep{
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, over: true, want: []string{st("OVER", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"q2", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}, {"q2", "a"}}, want: []string{st("OK", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+	}})
 	sc = append(sc, replayScenario{name: "unlimited", from: "service TestUnlimited", steps: []replayStep{
 		{domain: "service", hits: 1, descs: [][]string{{"free", "f"}}, want: []string{st("OK", "", 4294967295)}},
 	}})
@@ -203,6 +220,25 @@ func init() {
 				got = st("OVER", "20/MINUTE", 0)
 			}
 			all = append(all, fmt.Sprintf("two limits, the second over after 10 step %d: descriptor 0 %s, upstream %s", i+1, got, st("OK", "20/MINUTE", 20-(i+1))))
+		}
+		// Admit's own quota mode: a request whose every quota descriptor
+		// is over is refused, and a lone quota is decided strictly.
+		all = append(all,
+			"quota mode step 2: descriptor 0 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
+			"quota mode step 2: over true, upstream false",
+			"quota mode step 3: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
+			"quota mode step 3: over true, upstream false",
+			"quota mode step 4: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
+			"quota mode step 6: descriptor 0 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
+			"quota mode step 6: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
+			"quota mode step 6: over true, upstream false")
+		if store == "memory" {
+			// Not counted while the quota refused: 1 left.
+			all = append(all, "quota mode step 3: descriptor 0 OK 1/HOUR 1, upstream OK 1/HOUR 0",
+				"quota mode step 4: descriptor 0 OK 1/HOUR 1, upstream OVER 1/HOUR 0")
+		} else {
+			// Refused without asking Redis, as above.
+			all = append(all, "quota mode step 3: descriptor 0 OVER 1/HOUR 0, upstream OK 1/HOUR 0")
 		}
 		replayDifferences[store+"/all"] = all
 	}
