@@ -21,8 +21,18 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 	now := s.opts.Now()
 	best, bestRemaining := -1, int64(math.MaxInt64)
 	var violations []int
+	// The descriptor envoyproxy/ratelimit's own headers describe: the last
+	// over its limit (a quota's aside), else the first with the least
+	// remaining.
+	limited, limitedRemaining := -1, uint32(math.MaxUint32)
 	for i := range c.descs {
 		st, over := s.status(c, &c.descs[i], out, now)
+		if st.CurrentLimit != nil && st.LimitRemaining < limitedRemaining {
+			limited, limitedRemaining = i, st.LimitRemaining
+		}
+		if l := c.descs[i].limit; st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && (l == nil || !l.Quota || !c.each) {
+			limited, limitedRemaining = i, 0
+		}
 		if s.opts.Stats != nil {
 			s.countStats(req, c, i, out)
 		}
@@ -53,8 +63,27 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 	if s.opts.ResponseHeaders && best >= 0 {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses, best)
 	}
+	if h := s.opts.LimitHeaders; h != nil && limited >= 0 {
+		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, limitHeaders(h, resp.Statuses[limited], now)...)
+	}
 	if s.opts.DynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, violations, quotas > 0)
+	}
+}
+
+// limitHeaders are envoyproxy/ratelimit's own headers for the status st:
+// its limit, remaining, and the seconds left in the current period of its
+// unit (the unit's multiplier aside, as upstream reckons it).
+func limitHeaders(h *LimitHeaderNames, st *rlsv3.RateLimitResponse_DescriptorStatus, now time.Time) []*corev3.HeaderValue {
+	per := int64(fromProtoUnit(st.CurrentLimit.Unit).Duration() / time.Second)
+	reset := int64(0)
+	if per > 0 {
+		reset = per - now.Unix()%per
+	}
+	return []*corev3.HeaderValue{
+		{Key: h.Limit, Value: strconv.FormatUint(uint64(st.CurrentLimit.RequestsPerUnit), 10)},
+		{Key: h.Remaining, Value: strconv.FormatUint(uint64(st.LimitRemaining), 10)},
+		{Key: h.Reset, Value: strconv.FormatInt(reset, 10)},
 	}
 }
 

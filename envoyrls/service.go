@@ -65,6 +65,11 @@ type Options struct {
 	// (draft-polli-ratelimit-headers-03, as Envoy's own filter writes
 	// them) to response_headers_to_add.
 	ResponseHeaders bool
+	// LimitHeaders, if set, adds envoyproxy/ratelimit's own headers (its
+	// LIMIT_RESPONSE_HEADERS_ENABLED) to response_headers_to_add, under
+	// these names: the limit, remaining and reset of the descriptor over
+	// its limit, else of the one with the least remaining.
+	LimitHeaders *LimitHeaderNames
 	// Charge is how a domain whose file does not say counts its hits:
 	// ChargeAll (the default, also for ChargeDefault) or ChargeEach, as
 	// envoyproxy/ratelimit counts.
@@ -77,6 +82,14 @@ type Options struct {
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
+}
+
+// LimitHeaderNames are the names of envoyproxy/ratelimit's response
+// headers (its LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and
+// LIMIT_RESET_HEADER; by default RateLimit-Limit, RateLimit-Remaining and
+// RateLimit-Reset).
+type LimitHeaderNames struct {
+	Limit, Remaining, Reset string
 }
 
 // Event describes one ShouldRateLimit call, for metrics.

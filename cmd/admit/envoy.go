@@ -57,6 +57,10 @@ type envoyServing struct {
 	reflection bool                // serve gRPC server reflection
 	opts       []grpc.ServerOption // more options (TLS)
 	stats      *envoyrls.UpstreamStats
+	// limitHeaders and dynamicMetadata: as envoyproxy/ratelimit's
+	// settings ask, besides the configuration's envoy section.
+	limitHeaders    *envoyrls.LimitHeaderNames
+	dynamicMetadata bool
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
@@ -76,7 +80,8 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 	}
 	svc, err := envoyrls.New(envoyrls.Options{
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
-		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata, Charge: sv.charge, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
+		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata || sv.dynamicMetadata, Charge: sv.charge,
+		LimitHeaders: sv.limitHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
 		Stats: sv.stats,
 	})
 	if err != nil {

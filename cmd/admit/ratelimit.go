@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/admitdev/admit/envoyrls"
 )
 
 const ratelimitUsage = `Usage: admit ratelimit
@@ -60,6 +62,13 @@ this command).
                                   named as its Prometheus mode names them, and
                                   Admit's own metrics, served there
   NEAR_LIMIT_RATIO                what near_limit counts (0.8)
+  LIMIT_RESPONSE_HEADERS_ENABLED  add the limit, remaining and reset of the
+                                  descriptor nearest its limit, as headers
+                                  named LIMIT_LIMIT_HEADER,
+                                  LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
+                                  (RateLimit-Limit, -Remaining, -Reset)
+  RESPONSE_DYNAMIC_METADATA       the request and its quota violations in the
+                                  response's dynamic metadata
   LOG_LEVEL, LOG_FORMAT           debug, info, warn, error; text or json
   ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
                                   timeouts); default none
@@ -199,6 +208,15 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 
 	if err := ratelimitStats(f, get, boolean); err != nil {
+		return nil, nil, err
+	}
+	if on, err := boolean("LIMIT_RESPONSE_HEADERS_ENABLED", false); err != nil {
+		return nil, nil, err
+	} else if on {
+		f.limitHeaders = &envoyrls.LimitHeaderNames{Limit: get("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+			Remaining: get("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"), Reset: get("LIMIT_RESET_HEADER", "RateLimit-Reset")}
+	}
+	if f.dynamicMetadata, err = boolean("RESPONSE_DYNAMIC_METADATA", false); err != nil {
 		return nil, nil, err
 	}
 	return f, log, nil

@@ -424,3 +424,57 @@ func TestRatelimitStatistics(t *testing.T) {
 		}
 	})
 }
+
+// TestRatelimitLimitHeaders: with LIMIT_RESPONSE_HEADERS_ENABLED and its
+// header names, admit ratelimit adds envoyproxy/ratelimit's own headers:
+// the limit, remaining and reset (the seconds left in the unit's period)
+// of the descriptor over its limit, else of the one with the least
+// remaining; RESPONSE_DYNAMIC_METADATA fills the dynamic metadata.
+func TestRatelimitLimitHeaders(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: key\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"+
+		"  - key: wide\n    rate_limit: {unit: hour, requests_per_unit: 100}\n")
+	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "USE_STATSD": "false",
+		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir(),
+		"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "A-Ratelimit-Limit", "LIMIT_REMAINING_HEADER": "A-Ratelimit-Remaining",
+		"LIMIT_RESET_HEADER": "A-Ratelimit-Reset", "RESPONSE_DYNAMIC_METADATA": "true"}, "ratelimit")
+	c := rlsClient(t, r.grpc)
+	awayFromWindowEnds() // the 11 requests fall in one minute
+	ask := func() (map[string]string, *rlsv3.RateLimitResponse, [2]int64) {
+		req := &rlsv3.RateLimitRequest{Domain: "rl", Descriptors: []*rlext.RateLimitDescriptor{
+			{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "wide", Value: "w"}}},
+			{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "key", Value: "k"}}},
+			{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "nolimit", Value: "x"}}},
+		}}
+		before := 60 - time.Now().Unix()%60
+		resp, err := c.ShouldRateLimit(context.Background(), req)
+		after := 60 - time.Now().Unix()%60
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := map[string]string{}
+		for _, v := range resp.ResponseHeadersToAdd {
+			h[v.Key] = v.Value
+		}
+		return h, resp, [2]int64{before, after}
+	}
+	h, resp, _ := ask()
+	if h["A-Ratelimit-Limit"] != "10" || h["A-Ratelimit-Remaining"] != "9" || len(h) != 3 {
+		t.Errorf("first: headers %v, want the minute's limit, 10, with 9 remaining", h)
+	}
+	if resp.GetDynamicMetadata().GetFields()["domain"].GetStringValue() != "rl" {
+		t.Errorf("dynamic metadata %v, want the domain", resp.GetDynamicMetadata())
+	}
+	for range 9 {
+		ask()
+	}
+	h, resp, reset := ask()
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || h["A-Ratelimit-Limit"] != "10" || h["A-Ratelimit-Remaining"] != "0" ||
+		(h["A-Ratelimit-Reset"] != strconv.FormatInt(reset[0], 10) && h["A-Ratelimit-Reset"] != strconv.FormatInt(reset[1], 10)) {
+		t.Errorf("over: %v, headers %v, want the minute's limit, none remaining, reset in %v s", resp.OverallCode, h, reset)
+	}
+}

@@ -101,6 +101,11 @@ type serveFlags struct {
 	// upstreamStats keeps envoyproxy/ratelimit's statistics (admit
 	// ratelimit sets it from its environment).
 	upstreamStats upstreamStatsFlags
+	// limitHeaders and dynamicMetadata add envoyproxy/ratelimit's own
+	// response headers and dynamic metadata (admit ratelimit sets them
+	// from its environment).
+	limitHeaders    *envoyrls.LimitHeaderNames
+	dynamicMetadata bool
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -362,7 +367,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats}, b, dec, srv)
+	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats,
+		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
