@@ -53,6 +53,10 @@ type Result struct {
 	Remaining  int64
 	ResetAfter time.Duration
 	RetryAfter time.Duration
+	// Over is, for a debit that did not fit in a fixed window or a quota,
+	// how far past its limit it took the count (what statistics of hits
+	// over the limit count); 0 otherwise.
+	Over int64
 }
 
 // Decision is the outcome of deciding a list of charges together. An empty

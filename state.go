@@ -80,6 +80,9 @@ func stepOne(res *Result, r *Rule, b *buckets, s State, now, cost int64, debit b
 		var after Result
 		stepOneAs(&after, r, b, next, now, 1, false)
 		res.Remaining, res.ResetAfter, res.RetryAfter = after.Remaining, after.ResetAfter, after.RetryAfter
+		if r.Algorithm == FixedWindow || r.Algorithm == Quota {
+			res.Over = max(int64(next.Count)-r.Limit, 0)
+		}
 	}
 	return next
 }

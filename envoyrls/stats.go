@@ -248,9 +248,13 @@ func (s *Service) countStats(req *rlsv3.RateLimitRequest, c *call, i int, out po
 	var before, after int64
 	known := true
 	switch {
+	case c.all.Charges[j].Debit && !r.Allowed && r.Over > 0:
+		// Counted past the limit, by r.Over.
+		after = limit + r.Over
+		before = after - n
 	case c.all.Charges[j].Debit && !r.Allowed:
-		// Counted past the limit: the count is not reported, only that it
-		// is over, as it was before unless these hits took it there.
+		// Counted past the limit by a rule that does not say how far
+		// (an Admit extension's): over, as it was before.
 		after, known = limit+1, false
 	case r.Allowed && (c.dec.Allowed || c.all.Charges[j].Debit):
 		after = limit - r.Remaining

@@ -3,7 +3,9 @@ package envoyrls
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 )
 
 // TestUpstreamStats replays, on the memory store, a run of
@@ -12,10 +14,7 @@ import (
 // whose level names a value, shadow mode, a limit four levels down, an
 // unlimited descriptor, a request of 3 hits that crosses a limit, and a
 // domain nobody configured. Every counter it sent, and no other, must be
-// counted, under its name and with its value, but one: the request that
-// takes k_v from 4 of 5 to 7 counts 3 over its limit where upstream counts
-// 2 over and 1 near it, because a store reports a count past its limit
-// only as over (a hit of 1, the usual, is counted alike).
+// counted, under its name and with its value.
 func TestUpstreamStats(t *testing.T) {
 	stats := NewUpstreamStats(0.8)
 	e := start(t, Options{Charge: ChargeEach, Stats: stats, Config: parse(t, `domain: d
@@ -48,7 +47,8 @@ descriptors:
 	e.ask(t, "nodomain", 0, desc("k", "v"))
 	want := `ratelimit.service.rate_limit.d.a.b.c.total_hits 4
 ratelimit.service.rate_limit.d.a.b.c.within_limit 4
-ratelimit.service.rate_limit.d.k_v.over_limit 3
+ratelimit.service.rate_limit.d.k_v.near_limit 1
+ratelimit.service.rate_limit.d.k_v.over_limit 2
 ratelimit.service.rate_limit.d.k_v.total_hits 7
 ratelimit.service.rate_limit.d.k_v.within_limit 4
 ratelimit.service.rate_limit.d.s.near_limit 1
@@ -92,5 +92,33 @@ func TestUpstreamStatsBounded(t *testing.T) {
 	}
 	if d := stats.Dropped(); d != 50 {
 		t.Errorf("dropped %d, want 50", d)
+	}
+}
+
+// TestUpstreamStatsConcurrent: hits counted from many goroutines at once
+// are all counted, once.
+func TestUpstreamStatsConcurrent(t *testing.T) {
+	stats := NewUpstreamStats(0.8)
+	const goroutines, hits = 16, 500
+	var wg sync.WaitGroup
+	for g := range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range hits {
+				stats.hit(fmt.Sprintf("d.k%d", (g+i)%4), 1_000_000, 0, 1, 1, true, false)
+				stats.call(time.Microsecond)
+			}
+		}()
+	}
+	wg.Wait()
+	var total uint64
+	for _, c := range stats.Counters() {
+		if strings.HasSuffix(c.Name, ".total_hits") {
+			total += c.Value
+		}
+	}
+	if total != goroutines*hits {
+		t.Errorf("%d hits counted, want %d", total, goroutines*hits)
 	}
 }

@@ -772,6 +772,9 @@ local function step(R, alg, st, c, res, debit)
       local after = {retry = 0}
       stepOne(R, alg, next, 1, after, false)
       res.remaining, res.reset, res.retry = after.remaining, after.reset, after.retry
+      -- A count's debit says how far past the limit it went, as a
+      -- negative remaining (nothing remains then): admit.Result.Over.
+      if (alg == 3 or alg == 8) and next[2] > R[5] then res.remaining = R[5] - next[2] end
     end
     return next, 0
   end

@@ -173,6 +173,9 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 			Rule: rule.Name, Shadow: rule.Shadow, Debit: charges[i].Debit, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
 			Remaining: x[1], ResetAfter: reset, RetryAfter: retry,
 		}
+		if x[1] < 0 { // a count's debit past its limit (admit.lua, step)
+			res.Remaining, res.Over = 0, -x[1]
+		}
 		r.hows[k] = itoa(x[0] >> 1)
 	}
 	return r, nil
