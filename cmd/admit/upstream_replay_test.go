@@ -59,6 +59,15 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 20}
   - key: key9
     rate_limit: {unit: hour, requests_per_unit: 15}
+  - key: key
+    value: value
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: key2
+    value: value2
+    descriptors:
+      - key: subkey2
+        value: subvalue2
+        rate_limit: {unit: minute, requests_per_unit: 10}
 `,
 	"service.yaml": `domain: service
 descriptors:
@@ -164,6 +173,24 @@ func replayScenarios() []replayScenario {
 			stats: map[string]uint64{"cache.key9.near_limit": 3, "cache.key9.over_limit": 1, "cache.key9.within_limit": 13, "cache.key9.total_hits": 16}},
 	)
 	sc = append(sc, k9)
+	// TestRedis: a counter at 5 of 10; a descriptor with no limit beside
+	// one at 11 of 10, two levels down (its statistics named for both).
+	at5 := replayScenario{name: "a counter at 5 of 10", from: "redis TestRedis"}
+	for range 4 {
+		at5.steps = append(at5.steps, replayStep{domain: "cache", hits: 1, descs: [][]string{{"key", "value"}}})
+	}
+	at5.steps = append(at5.steps, replayStep{domain: "cache", hits: 1, descs: [][]string{{"key", "value"}}, want: []string{st("OK", "10/HOUR", 5)},
+		stats: map[string]uint64{"cache.key_value.total_hits": 5, "cache.key_value.within_limit": 5}})
+	sub := []string{"key2", "value2", "subkey2", "subvalue2"}
+	at11 := replayScenario{name: "no limit beside a counter at 11 of 10", from: "redis TestRedis"}
+	for range 10 {
+		at11.steps = append(at11.steps, replayStep{domain: "cache", hits: 1, descs: [][]string{sub}})
+	}
+	at11.steps = append(at11.steps, replayStep{domain: "cache", hits: 1, descs: [][]string{{"nolimit", "x"}, sub}, over: true,
+		want: []string{st("OK", "", 0), st("OVER", "10/MINUTE", 0)},
+		stats: map[string]uint64{"cache.key2_value2.subkey2_subvalue2.total_hits": 11, "cache.key2_value2.subkey2_subvalue2.over_limit": 1,
+			"cache.key2_value2.subkey2_subvalue2.within_limit": 10, "cache.key2_value2.subkey2_subvalue2.near_limit": 2}})
+	sc = append(sc, at5, at11)
 	// Shadow mode: over its limit, the descriptor and the request are OK,
 	// and the hits over it counted in shadow_mode.
 	sc = append(sc, replayScenario{name: "a shadow rule over its limit", from: "service TestRuleShadowMode", steps: []replayStep{
