@@ -197,15 +197,9 @@ func TestRatelimitWaitsForXDS(t *testing.T) {
 // TestRatelimitFiles runs admit ratelimit on envoyproxy/ratelimit's
 // runtime directory layout.
 func TestRatelimitFiles(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n"+
-		"  - key: tokens\n    rate_limit: {unit: day, requests_per_unit: 2}\n")
-	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
-		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}, "ratelimit")
+	env := ratelimitRuntime(t, map[string]string{"rl.yaml": "domain: rl\ndescriptors:\n  - key: foo\n    rate_limit: {unit: day, requests_per_unit: 1}\n" +
+		"  - key: tokens\n    rate_limit: {unit: day, requests_per_unit: 2}\n"})
+	r := startCmdEnv(t, env(), "ratelimit")
 	c := rlsClient(t, r.grpc)
 	for _, want := range []rlsv3.RateLimitResponse_Code{rlsv3.RateLimitResponse_OK, rlsv3.RateLimitResponse_OVER_LIMIT} {
 		if got := shouldRateLimit(t, c, "rl", "foo", "x").OverallCode; got != want {
@@ -329,20 +323,7 @@ func TestRequireSAN(t *testing.T) {
 // metrics it serves beside Admit's own (a scrape). Three hits on a limit
 // of 2: two within it (the second near it, past 0.8 × 2), one over.
 func TestRatelimitStatistics(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 2}\n")
-	environ := func(more ...string) map[string]string {
-		m := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
-			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}
-		for i := 0; i < len(more); i += 2 {
-			m[more[i]] = more[i+1]
-		}
-		return m
-	}
+	environ := ratelimitRuntime(t, map[string]string{"rl.yaml": "domain: rl\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: day, requests_per_unit: 2}\n"})
 	hit := func(r *running) {
 		c := rlsClient(t, r.grpc)
 		for range 3 {
@@ -431,17 +412,10 @@ func TestRatelimitStatistics(t *testing.T) {
 // of the descriptor over its limit, else of the one with the least
 // remaining; RESPONSE_DYNAMIC_METADATA fills the dynamic metadata.
 func TestRatelimitLimitHeaders(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(dir, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: key\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"+
-		"  - key: wide\n    rate_limit: {unit: hour, requests_per_unit: 100}\n")
-	r := startCmdEnv(t, map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "USE_STATSD": "false",
-		"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir(),
-		"LIMIT_RESPONSE_HEADERS_ENABLED": "true", "LIMIT_LIMIT_HEADER": "A-Ratelimit-Limit", "LIMIT_REMAINING_HEADER": "A-Ratelimit-Remaining",
-		"LIMIT_RESET_HEADER": "A-Ratelimit-Reset", "RESPONSE_DYNAMIC_METADATA": "true"}, "ratelimit")
+	env := ratelimitRuntime(t, map[string]string{"rl.yaml": "domain: rl\ndescriptors:\n  - key: key\n    rate_limit: {unit: minute, requests_per_unit: 10}\n" +
+		"  - key: wide\n    rate_limit: {unit: hour, requests_per_unit: 100}\n"})
+	r := startCmdEnv(t, env("USE_STATSD", "false", "LIMIT_RESPONSE_HEADERS_ENABLED", "true", "LIMIT_LIMIT_HEADER", "A-Ratelimit-Limit",
+		"LIMIT_REMAINING_HEADER", "A-Ratelimit-Remaining", "LIMIT_RESET_HEADER", "A-Ratelimit-Reset", "RESPONSE_DYNAMIC_METADATA", "true"), "ratelimit")
 	c := rlsClient(t, r.grpc)
 	awayFromWindowEnds() // the 11 requests fall in one minute
 	ask := func() (map[string]string, *rlsv3.RateLimitResponse, [2]int64) {
@@ -476,5 +450,29 @@ func TestRatelimitLimitHeaders(t *testing.T) {
 	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || h["A-Ratelimit-Limit"] != "10" || h["A-Ratelimit-Remaining"] != "0" ||
 		(h["A-Ratelimit-Reset"] != strconv.FormatInt(reset[0], 10) && h["A-Ratelimit-Reset"] != strconv.FormatInt(reset[1], 10)) {
 		t.Errorf("over: %v, headers %v, want the minute's limit, none remaining, reset in %v s", resp.OverallCode, h, reset)
+	}
+}
+
+// ratelimitRuntime writes files into a runtime directory as
+// envoyproxy/ratelimit reads it (RUNTIME_ROOT/ratelimit/config) and
+// returns the environment of an admit ratelimit serving it on free
+// loopback ports, with more settings as name, value pairs.
+func ratelimitRuntime(t *testing.T, files map[string]string) func(more ...string) map[string]string {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range files {
+		writeFile(t, filepath.Join(dir, name), data)
+	}
+	return func(more ...string) map[string]string {
+		m := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit",
+			"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir()}
+		for i := 0; i+1 < len(more); i += 2 {
+			m[more[i]] = more[i+1]
+		}
+		return m
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -270,21 +268,12 @@ func init() {
 // and all or nothing (ADMIT_CHARGE=all), and checks that the mismatches
 // are exactly the ones docs/envoy.md lists.
 func TestUpstreamReplay(t *testing.T) {
-	root := t.TempDir()
-	dir := filepath.Join(root, "ratelimit", "config")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for name, data := range replayFiles {
-		writeFile(t, filepath.Join(dir, name), data)
-	}
+	environ := ratelimitRuntime(t, replayFiles)
 	for _, store := range []string{"memory", "redis"} {
 		for _, charge := range []string{"each", "all"} {
 			t.Run(store+"/"+charge, func(t *testing.T) {
 				metrics := freeAddr(t)
-				env := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "ADMIT_CHARGE": charge,
-					"HOST": "127.0.0.1", "PORT": "0", "GRPC_HOST": "127.0.0.1", "GRPC_PORT": "0", "ADMIT_DATA_DIR": t.TempDir(),
-					"USE_STATSD": "false", "USE_PROMETHEUS": "true", "PROMETHEUS_ADDR": metrics}
+				env := environ("ADMIT_CHARGE", charge, "USE_STATSD", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", metrics)
 				if store == "redis" {
 					env["REDIS_URL"] = redistest.Start(t).Addr
 				}
