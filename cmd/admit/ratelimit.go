@@ -60,7 +60,8 @@ this command).
   USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH
                                   instead, envoyproxy/ratelimit's statistics,
                                   named as its Prometheus mode names them, and
-                                  Admit's own metrics, served there
+                                  Admit's own metrics, served there, named by
+                                  PROMETHEUS_MAPPER_YAML if set
   NEAR_LIMIT_RATIO                what near_limit counts (0.8)
   LIMIT_RESPONSE_HEADERS_ENABLED  add the limit, remaining and reset of the
                                   descriptor nearest its limit, as headers
@@ -81,7 +82,7 @@ this command).
 
 Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
 caches, pipelining, jitter, the debug port) are accepted and not used.
-PROMETHEUS_MAPPER_YAML is not used: the metrics keep its default mapping. What Admit cannot do the same way is refused at start with the
+ What Admit cannot do the same way is refused at start with the
 variable's name: unix sockets, a separate per-second Redis, memcache.
 `
 
@@ -259,7 +260,7 @@ func ratelimitStats(f *serveFlags, get func(name, def string) string, boolean fu
 		}
 	}
 	if prom {
-		u.prometheus = true
+		u.prometheus, u.mapperFile = true, get("PROMETHEUS_MAPPER_YAML", "")
 		f.metrics, f.metricsPath = get("PROMETHEUS_ADDR", ":9090"), get("PROMETHEUS_PATH", "/metrics")
 	}
 	return nil

@@ -404,6 +404,53 @@ func TestRatelimitStatistics(t *testing.T) {
 			t.Log(body)
 		}
 	})
+
+	// PROMETHEUS_MAPPER_YAML names them instead (a statsd_exporter
+	// mapping file: Envoy Gateway sets one); one it cannot read names
+	// nothing, as upstream, and every statistic keeps its statsd name.
+	mapping := filepath.Join(t.TempDir(), "mapping.yaml")
+	writeFile(t, mapping, `mappings:
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "hits"
+    labels: {domain: "$1", descriptor: "$2"}
+  - match: "ratelimit.service.rate_limit.*.*.near_limit"
+    name: "near"
+    action: drop
+`)
+	for name, tc := range map[string]struct {
+		file        string
+		want, wantN []string
+	}{
+		"a mapping file": {mapping, []string{
+			`hits{descriptor="tenant",domain="rl"} 3`,
+			`ratelimit_service_rate_limit_rl_tenant_over_limit 1`,
+			`ratelimit_server_ShouldRateLimit_response_time_count 4`,
+		}, []string{"near", "ratelimit_service_rate_limit_rl_tenant_near_limit", "ratelimit_service_rate_limit_total_hits"}},
+		"a mapping file it cannot read": {filepath.Join(t.TempDir(), "none.yaml"), []string{
+			`ratelimit_service_rate_limit_rl_tenant_total_hits 3`,
+			`ratelimit_service_config_load_success 1`,
+		}, []string{"ratelimit_service_rate_limit_total_hits"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := freeAddr(t)
+			r := startCmdEnv(t, environ("USE_STATSD", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", addr, "PROMETHEUS_MAPPER_YAML", tc.file), "ratelimit")
+			hit(r)
+			_, body := get(t, "http://"+addr+"/metrics")
+			for _, line := range tc.want {
+				if !strings.Contains(body, "\n"+line+"\n") {
+					t.Errorf("the scrape has no line %q", line)
+				}
+			}
+			for _, prefix := range tc.wantN {
+				if strings.Contains(body, "\n"+prefix+"{") || strings.Contains(body, "\n"+prefix+" ") {
+					t.Errorf("the scrape has %s, which the mapping drops or renames", prefix)
+				}
+			}
+			if t.Failed() {
+				t.Log(body)
+			}
+		})
+	}
 }
 
 // TestRatelimitLimitHeaders: with LIMIT_RESPONSE_HEADERS_ENABLED and its

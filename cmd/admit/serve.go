@@ -335,7 +335,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		upstreamStats = envoyrls.NewUpstreamStats(u.nearLimit)
 		if u.prometheus {
 			registry = prometheus.NewRegistry()
-			registry.MustRegister(newUpstreamCollector(upstreamStats))
+			registry.MustRegister(newUpstreamCollector(upstreamStats, u.mapperFile, log))
 		}
 		if u.statsd != "" {
 			statsCtx, stopStats := context.WithCancel(ctx)

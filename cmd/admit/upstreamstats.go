@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	kitlog "github.com/go-kit/log"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/statsd_exporter/pkg/mapper"
 
 	"github.com/admitdev/admit/envoyrls"
 )
@@ -22,6 +27,7 @@ type upstreamStatsFlags struct {
 	statsd     string        // host:port, if set
 	every      time.Duration // between two flushes to statsd
 	prometheus bool
+	mapperFile string  // PROMETHEUS_MAPPER_YAML, statsd_exporter's mapping file
 	nearLimit  float64 // NEAR_LIMIT_RATIO
 }
 
@@ -94,23 +100,41 @@ func sendStatsd(ctx context.Context, addr string, every time.Duration, stats *en
 }
 
 // upstreamCollector exposes stats as envoyproxy/ratelimit's Prometheus
-// mode names them (its statsd names through its default mapping): a
+// mode names them: its statsd names through a statsd_exporter mapping
+// file (PROMETHEUS_MAPPER_YAML), or else through its default mapping: a
 // limit's counters as ratelimit_service_rate_limit_<stat> with the labels
 // domain, key1 and, for a limit two levels down or deeper, key2; the
 // should_rate_limit errors as ratelimit_service_should_rate_limit_error
 // by err_type; calls as ratelimit_service_total_requests and
-// ratelimit_service_response_time_seconds by grpc_method; any other
-// counter under its statsd name with every character but letters, digits
-// and '_' made '_'.
+// ratelimit_service_response_time_seconds by grpc_method. A name no
+// mapping matches keeps its statsd name, every character but letters,
+// digits and '_' made '_'.
 type upstreamCollector struct {
-	stats *envoyrls.UpstreamStats
-	times *prometheus.HistogramVec
+	stats  *envoyrls.UpstreamStats
+	mapper *mapper.MetricMapper // nil: the default mapping
+
+	mu      sync.Mutex // the response times' histogram
+	count   uint64
+	sum     float64
+	buckets []uint64 // cumulative, over prometheus.DefBuckets
 }
 
-func newUpstreamCollector(stats *envoyrls.UpstreamStats) *upstreamCollector {
-	return &upstreamCollector{stats: stats, times: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "ratelimit_service_response_time_seconds", Help: "ShouldRateLimit's response times, as envoyproxy/ratelimit reports them.",
-	}, []string{"grpc_method"})}
+// responseTimeName is the statsd name of a call's response time.
+const responseTimeName = "ratelimit_server.ShouldRateLimit.response_time"
+
+// newUpstreamCollector returns the collector of stats, mapped by the
+// statsd_exporter mapping file mapperFile if set. As envoyproxy/ratelimit,
+// a mapping file that cannot be read maps nothing; the warning says why.
+func newUpstreamCollector(stats *envoyrls.UpstreamStats, mapperFile string, log *slog.Logger) *upstreamCollector {
+	u := &upstreamCollector{stats: stats, buckets: make([]uint64, len(prometheus.DefBuckets))}
+	if mapperFile != "" {
+		u.mapper = &mapper.MetricMapper{Registerer: prometheus.NewRegistry(), Logger: kitlog.NewNopLogger()}
+		if err := u.mapper.InitFromFile(mapperFile); err != nil {
+			log.Warn("PROMETHEUS_MAPPER_YAML: statistics keep their statsd names", "err", err)
+			u.mapper = &mapper.MetricMapper{Registerer: prometheus.NewRegistry(), Logger: kitlog.NewNopLogger()}
+		}
+	}
+	return u
 }
 
 // Describe describes nothing: the metrics are as many as the counters.
@@ -118,18 +142,67 @@ func (u *upstreamCollector) Describe(chan<- *prometheus.Desc) {}
 
 // Collect implements prometheus.Collector.
 func (u *upstreamCollector) Collect(ch chan<- prometheus.Metric) {
+	u.mu.Lock()
 	for _, t := range u.stats.TakeResponseTimes() {
-		u.times.WithLabelValues("ShouldRateLimit").Observe(t.Seconds())
+		u.count++
+		u.sum += t.Seconds()
+		for i, b := range prometheus.DefBuckets {
+			if t.Seconds() <= b {
+				u.buckets[i]++
+			}
+		}
 	}
-	u.times.Collect(ch)
+	if u.count > 0 {
+		if name, labels, values, ok := u.metric(responseTimeName, mapper.MetricTypeObserver); ok {
+			bs := make(map[float64]uint64, len(u.buckets))
+			for i, b := range prometheus.DefBuckets {
+				bs[b] = u.buckets[i]
+			}
+			if m, err := prometheus.NewConstHistogram(u.desc(name, labels), u.count, u.sum, bs, values...); err == nil {
+				ch <- m
+			}
+		}
+	}
+	u.mu.Unlock()
 	for _, c := range u.stats.Counters() {
-		name, labels, values := upstreamMetric(c.Name)
-		// One help text per name: a family's metrics must agree on it.
-		desc := prometheus.NewDesc(name, "envoyproxy/ratelimit's statistic "+name+", under the name its Prometheus mode gives it.", labels, nil)
-		if m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(c.Value), values...); err == nil {
+		name, labels, values, ok := u.metric(c.Name, mapper.MetricTypeCounter)
+		if !ok {
+			continue
+		}
+		if m, err := prometheus.NewConstMetric(u.desc(name, labels), prometheus.CounterValue, float64(c.Value), values...); err == nil {
 			ch <- m
 		}
 	}
+}
+
+// desc describes a metric; one help text per name, as a family's metrics
+// must agree on it.
+func (u *upstreamCollector) desc(name string, labels []string) *prometheus.Desc {
+	return prometheus.NewDesc(name, "envoyproxy/ratelimit's statistic "+name+", under the name its Prometheus mode gives it.", labels, nil)
+}
+
+// metric returns the Prometheus name and labels of a statsd name of type
+// kind, or false when a mapping drops it.
+func (u *upstreamCollector) metric(statsd string, kind mapper.MetricType) (name string, labels, values []string, ok bool) {
+	if u.mapper == nil {
+		if statsd == responseTimeName {
+			return "ratelimit_service_response_time_seconds", []string{"grpc_method"}, []string{"ShouldRateLimit"}, true
+		}
+		name, labels, values = upstreamMetric(statsd)
+		return name, labels, values, true
+	}
+	m, ls, found := u.mapper.GetMapping(statsd, kind)
+	if !found {
+		return mapper.EscapeMetricName(statsd), nil, nil, true
+	}
+	if m.Action == mapper.ActionTypeDrop {
+		return "", nil, nil, false
+	}
+	labels = slices.Sorted(maps.Keys(ls))
+	for _, l := range labels {
+		values = append(values, ls[l])
+	}
+	return m.Name, labels, values, true
 }
 
 // upstreamStat are the statistics of a limit that carry labels.
@@ -155,11 +228,5 @@ func upstreamMetric(statsd string) (name string, labels, values []string) {
 			return "ratelimit_service_total_requests", []string{"grpc_method"}, []string{method}
 		}
 	}
-	b := []byte(statsd)
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_') {
-			b[i] = '_'
-		}
-	}
-	return string(b), nil, nil
+	return mapper.EscapeMetricName(statsd), nil, nil
 }
