@@ -78,6 +78,10 @@ type Decision struct {
 	// Lease is set when the decision admitted concurrency charges: they are
 	// held under this one lease until it is released or expires.
 	Lease Lease
+	// At is the store's clock when it made the decision, the time a
+	// Refunder needs to give a charge back to the window it was counted
+	// in. The zero time means the store did not say.
+	At time.Time
 
 	// A Limiter's charges and key bytes, kept for the next decision into
 	// this Decision (see Limiter.Decide).
@@ -91,6 +95,7 @@ func (d *Decision) Reset() {
 	d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.DeniedBy = false, 0, 0, 0, 0, ""
 	d.Results = d.Results[:0]
 	d.Lease = Lease{}
+	d.At = time.Time{}
 }
 
 // Summarize sets d's top-level fields from d.Results. Stores call it after
@@ -175,6 +180,33 @@ type Store interface {
 
 	// Close releases the store's resources. It is idempotent.
 	Close() error
+}
+
+// A Refunder gives back what admitted charges took, when the cost turns
+// out smaller than the one charged (an LLM call reserved for its longest
+// answer and gave a short one). Stores that keep counts implement it.
+type Refunder interface {
+	// Refund gives back each charge's Cost to its key, as charged by a
+	// decision made at the store's time at (Decision.At): a token bucket
+	// or GCRA gets the tokens back (never above its burst); a fixed or
+	// sliding window or a quota gets them back only while the window or
+	// period they were counted in has not ended, and never below zero.
+	// Other algorithms are refused with CodeInvalid. What a refund cannot
+	// give back (a window that ended) is simply not given back, so a
+	// refund never lets more through than a decision at the lower cost
+	// would have.
+	Refund(ctx context.Context, charges []Charge, at time.Time) error
+}
+
+// CheckRefund reports whether r takes refunds: the algorithms that take
+// debits do (see Refunder).
+func (r *Rule) CheckRefund(cost int64) error {
+	if err := r.CheckDebit(cost); err != nil {
+		e := Errorf(CodeInvalid, "rule %q: %v takes no refunds; token_bucket, gcra, fixed_window, sliding_window and quota do", r.Name, r.Algorithm)
+		e.Field = "refund"
+		return e
+	}
+	return nil
 }
 
 // Check decides charges with s and returns the decision. It allocates the

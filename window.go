@@ -1,5 +1,7 @@
 package admit
 
+import "time"
+
 // Windows are aligned to the Unix epoch, so every store and every server
 // agrees on where a window starts without sharing anything but the clock.
 
@@ -105,6 +107,41 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result, debit bool) Sta
 		// In the next window, where this window's count is the previous.
 		k, _ := mul(uint64(r.Limit-cost), uint64(w)).div(uint64(cur))
 		res.RetryAfter = durNs(end + w - k - now)
+	}
+	return s
+}
+
+// StepRefund gives back cost that a charge of r took at the store's time
+// at, into s at now, and returns the state to keep (see Refunder): a
+// bucket gets the tokens back; a window or quota gets them back only from
+// the count of the window or period at fell in, while it lasts, never
+// below zero. r must take refunds (Rule.CheckRefund).
+func StepRefund(r *Rule, s State, now, at, cost int64) State {
+	if s.Expiry <= now || cost <= 0 {
+		return s
+	}
+	give := func(n uint32) uint32 { return n - uint32(min(int64(n), cost)) }
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		b := mainBucket(r)
+		return b.unreserve(s, now, cost)
+	case FixedWindow:
+		w := int64(r.Window)
+		if s.Expiry == at-at%w+w {
+			s.Count = give(s.Count)
+		}
+	case Quota:
+		if _, end := r.PeriodAt(time.Unix(0, at)); s.Expiry == end.UnixNano() {
+			s.Count = give(s.Count)
+		}
+	case SlidingWindow:
+		w := int64(r.Window)
+		switch end := at - at%w + w; s.Expiry - w {
+		case end: // at's window is still the current one
+			s.Count = give(s.Count)
+		case end + w: // it is the previous one now
+			s.Prev = give(s.Prev)
+		}
 	}
 	return s
 }

@@ -3,6 +3,7 @@ package memstore
 import (
 	"context"
 	"slices"
+	"time"
 
 	"github.com/admitdev/admit"
 )
@@ -109,6 +110,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 		s.refuse(charges, d, &sc, now)
 	}
 	s.unlock(&locks)
+	d.At = time.Unix(0, now)
 
 	if lease != nil {
 		d.Lease = s.recordLease(lease)
@@ -141,6 +143,7 @@ func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decis
 		s.put(sh, h, next, []uint64{h})
 	}
 	sh.mu.Unlock()
+	d.At = time.Unix(0, now)
 	d.Allowed = res.Allowed || res.Shadow || res.Debit
 	d.Limit, d.Remaining, d.ResetAfter = res.Limit, res.Remaining, res.ResetAfter
 	if !d.Allowed {
@@ -300,3 +303,35 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	}
 	return nil
 }
+
+// Refund implements admit.Refunder.
+func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
+	for i := range charges {
+		c := &charges[i]
+		if c.Key == "" {
+			return admit.ErrEmptyKey
+		}
+		if err := c.Rule.Validate(); err != nil {
+			return err
+		}
+		if err := c.Rule.CheckRefund(c.Cost); err != nil {
+			return err
+		}
+	}
+	for i := range charges {
+		c := &charges[i]
+		h := c.KeyHash()
+		sh := &s.shards[s.shardOf(h)]
+		sh.mu.Lock()
+		if j := sh.t.find(h); j >= 0 {
+			st := sh.t.slots[j].st
+			if next := admit.StepRefund(c.Rule, st, s.now(), at.UnixNano(), c.Cost); next != st {
+				s.put(sh, h, next, []uint64{h})
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+var _ admit.Refunder = (*Store)(nil)

@@ -235,6 +235,10 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 	}
 	set(&base.OnError, o.OnError)
 	set(&base.Distribution, o.Distribution)
+	set(&base.Budget, o.Budget)
+	if o.Weights != nil {
+		base.Weights = o.Weights
+	}
 	return base
 }
 
@@ -242,7 +246,8 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 // if the rule is invalid.
 func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Rule {
 	before := len(c.errs)
-	r := &Rule{Rule: admit.Rule{Name: rs.Name}, Scope: rs.Scope, PerAction: rs.PerAction, Tier: tier}
+	rs = c.budget(path, rs)
+	r := &Rule{Rule: admit.Rule{Name: rs.Name}, Scope: rs.Scope, PerAction: rs.PerAction, PerModel: rs.PerModel, Tier: tier}
 	if err := checkName(rs.Name); err != nil {
 		c.fail(path+".name", "%v", err)
 	}
@@ -341,6 +346,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if rs.MaxCost != nil && *rs.MaxCost < 1 {
 		c.fail(path+".max_cost", "must be at least 1")
 	}
+	c.unit(path, rs, r)
 	if rs.Initial != nil && want["initial"] {
 		v := *rs.Initial
 		r.Initial = &v
@@ -376,6 +382,63 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	r.ID = len(c.p.rules)
 	c.p.rules = append(c.p.rules, r)
 	return r
+}
+
+// unit compiles what a rule counts: its unit, a tokens rule's weights and
+// a money rule's budget, which becomes its limit in micro-units.
+func (c *compiler) unit(path string, rs *RuleSpec, r *Rule) {
+	switch rs.Unit {
+	case "", "requests":
+	case "tokens":
+		r.Unit = UnitTokens
+	case "money":
+		r.Unit = UnitMoney
+	default:
+		c.fail(path+".unit", "unknown unit %q (want requests, tokens or money)", rs.Unit)
+		return
+	}
+	if r.Unit != UnitRequests && r.CheckDebit(0) != nil {
+		c.fail(path+".unit", "a rule in %s must be a token_bucket, gcra, fixed_window, sliding_window or quota: an LLM call is settled after its answer, by refund or debit", r.Unit)
+	}
+	r.Weights = EveryTokenWeighsOne
+	if rs.Weights != nil {
+		if r.Unit != UnitTokens {
+			c.fail(path+".weights", "only a rule in tokens has weights")
+		} else if w, err := parseWeights(rs.Weights); err != nil {
+			c.fail(path+".weights", "%v", err)
+		} else {
+			r.Weights = w
+		}
+	}
+	switch {
+	case r.Unit == UnitMoney && (r.Algorithm == admit.TokenBucket || r.Algorithm == admit.GCRA):
+		c.fail(path+".unit", "a budget in money is a quota or a window: %s has none", r.Algorithm)
+	case r.Unit != UnitMoney && rs.Budget != "":
+		c.fail(path+".budget", "only a rule in money has a budget")
+	}
+}
+
+// budget returns rs with a money rule's budget as its limit, in
+// micro-units, so that the rule's algorithm finds the limit it needs.
+func (c *compiler) budget(path string, rs *RuleSpec) *RuleSpec {
+	if rs.Unit != "money" {
+		return rs
+	}
+	cp := *rs
+	switch {
+	case rs.Limit != nil:
+		c.fail(path+".limit", "a rule in money states its limit as budget, in the currency")
+	case rs.Budget == "":
+		c.fail(path+".budget", "missing; a rule in money needs its budget, like \"10.00\"")
+	default:
+		n, err := ParseDecimal(rs.Budget, 6)
+		if err != nil || n < 1 || n > admit.MaxCount {
+			c.fail(path+".budget", "%q: want an amount from 0.000001 to 4000 with at most 6 decimals", rs.Budget)
+			break
+		}
+		cp.Limit = &n
+	}
+	return &cp
 }
 
 // quota compiles a quota's period, time zone and anchor into r.

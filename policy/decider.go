@@ -358,3 +358,37 @@ func (d *Decider) Close() error {
 	}
 	return nil
 }
+
+// Refund gives back charges of a decision that out says where it was made
+// and that the store made at at (admit.Decision.At): to the store, or to
+// the local limiter for a decision made there (with the rules' local
+// shares, as it was charged); a decision admitted open charged nothing.
+// The store's errors are returned and count toward an outage like a
+// decision's.
+func (d *Decider) Refund(ctx context.Context, charges []admit.Charge, at time.Time, out Outcome) error {
+	switch out {
+	case Stored:
+		f, ok := d.store.(admit.Refunder)
+		if !ok {
+			return admit.Errorf(admit.CodeInvalid, "the store (%T) takes no refunds", d.store)
+		}
+		err := f.Refund(ctx, charges, at)
+		if admit.ErrorCode(err) == admit.CodeUnavailable {
+			d.storeFailed(err)
+		}
+		return err
+	case FailedLocal:
+		l := d.localStore()
+		if l == nil {
+			return nil
+		}
+		local := make([]admit.Charge, len(charges))
+		for i, ch := range charges {
+			ch.Rule = d.shares.Get(ch.Rule, d.share)
+			ch.Cost = min(ch.Cost, ch.Rule.MaxCost, ch.Rule.Capacity())
+			local[i] = ch
+		}
+		return l.Refund(ctx, local, at)
+	}
+	return nil
+}

@@ -56,6 +56,12 @@ type Rule struct {
 	// PerAction gives every action its own bucket; otherwise the
 	// actions of the rule share one.
 	PerAction bool
+	// Unit is what the rule counts; Weights weigh the token kinds of a
+	// rule in tokens.
+	Unit    Unit
+	Weights Weights
+	// PerModel gives every LLM model its own bucket.
+	PerModel bool
 	// Tier is the tier the rule belongs to, "" for a global rule.
 	Tier string
 	// ID numbers the rules of one Policy densely from 0, so that callers
@@ -120,6 +126,19 @@ func (r *Rule) Spec() RuleSpec {
 		s.Shadow = &t
 	}
 	s.OnError = r.OnError.String()
+	s.PerModel = r.PerModel
+	switch r.Unit {
+	case UnitTokens:
+		s.Unit = r.Unit.String()
+		if r.Weights != EveryTokenWeighsOne {
+			s.Weights = map[string]string{}
+			for k, w := range r.Weights {
+				s.Weights[TokenKindNames[k]] = FormatDecimal(w, 3)
+			}
+		}
+	case UnitMoney:
+		s.Unit, s.Budget, s.Limit = r.Unit.String(), FormatDecimal(r.Limit, 6), nil
+	}
 	if r.Distribution != admit.Exact {
 		s.Distribution = r.Distribution.String()
 	}

@@ -44,6 +44,12 @@ type Request struct {
 	// not charged.
 	Debit bool
 	Kind  Kind
+	// Metered says the request is an LLM call whose Gate sets the cost
+	// of the rules in tokens and money (Rule.Unit); other requests are
+	// not charged to those rules. Model is the call's model, for rules
+	// per model.
+	Metered bool
+	Model   string
 	// Untrusted says that a caller Admit does not trust named the
 	// request's values: no credential, or a tenant's API key, rather
 	// than the platform's own code, a service token or a front end that
@@ -83,7 +89,7 @@ type Resolution struct {
 func (r *Request) Validate() error {
 	for _, f := range [...]struct{ name, v string }{
 		{"tenant", r.Tenant}, {"user", r.User}, {"action", r.Action}, {"ip", r.IP},
-		{"api_key", r.APIKey}, {"session", r.Session},
+		{"api_key", r.APIKey}, {"session", r.Session}, {"model", r.Model},
 	} {
 		if len(f.v) > MaxValueLen {
 			return admit.Errorf(admit.CodeInvalid, "%s is %d bytes; at most %d", f.name, len(f.v), MaxValueLen)
@@ -149,6 +155,9 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	if req.Debit && r.Rule.CheckDebit(0) != nil {
 		return
 	}
+	if r.Unit != UnitRequests && !req.Metered || r.PerModel && req.Model == "" {
+		return
+	}
 	k := admit.Key{Scope: r.Scope, Rule: r.bucket}
 	if !global || r.Scope == ScopeTenant || r.Scope == ScopeUser || r.Scope == ScopeSession {
 		if req.Tenant == "" {
@@ -189,6 +198,9 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	}
 	if r.PerAction {
 		k.Action = req.Action
+	}
+	if r.PerModel {
+		k.Rule = r.bucket + "#" + req.Model // "#" appears in no name
 	}
 	res.buf = k.Append(res.buf[:0])
 	res.Charges = append(res.Charges, admit.Charge{

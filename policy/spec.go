@@ -61,6 +61,23 @@ type RuleSpec struct {
 	// rule's capacity: its burst, limit or max.
 	MaxCost *int64 `json:"max_cost,omitempty"`
 
+	// Unit is what the rule counts: "requests" (the default), "tokens"
+	// (LLM tokens, each kind weighed by Weights) or "money" (the cost of
+	// LLM calls at the configured prices; the rule's limit is then
+	// Budget). Rules in tokens or money are charged by LLM calls only,
+	// all or nothing with the request rules they pass.
+	Unit string `json:"unit,omitempty"`
+	// Weights weigh the token kinds of a rule in tokens (input,
+	// cached_input, cache_write, output, reasoning), as decimal numbers
+	// like "0.25"; kinds not named weigh 1.
+	Weights map[string]string `json:"weights,omitempty"`
+	// Budget is the limit of a rule in money, in the prices' currency,
+	// like "0.01" (at most 6 decimals, at most 4000).
+	Budget string `json:"budget,omitempty"`
+	// PerModel gives every LLM model its own bucket. A request that
+	// names no model is not charged to such a rule.
+	PerModel bool `json:"per_model,omitempty"`
+
 	Shadow  *bool  `json:"shadow,omitempty"`
 	OnError string `json:"on_error,omitempty"`
 	// Distribution is "exact" (the default) or "leased": see

@@ -244,6 +244,9 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 			s.undo(charges, done, leaseID)
 			return err
 		}
+		if gi == 0 {
+			d.At = time.UnixMicro(r.nu).Add(time.Duration(r.nsub))
+		}
 		if r.lease > 0 {
 			leaseTags = append(leaseTags, g.tag)
 			d.Lease.ExpiresAt = later(d.Lease.ExpiresAt, time.UnixMicro(r.lease))
@@ -353,6 +356,63 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 		}
 	}
 }
+
+// Refund implements admit.Refunder. A window's or bucket's charge is given
+// back in Redis, by Redis's clock, exactly as a Cluster decision that
+// failed half way gives back what it charged. A quota's is given back
+// only when the period at fell in is the current one by this server's
+// clock and does not end within quotaRefundMargin: the script cannot tell
+// a quota's periods apart, and a refund must never reach the next period.
+func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
+	now := s.now()
+	keep := make([]admit.Charge, 0, len(charges))
+	for i := range charges {
+		c := charges[i]
+		c.Debit = true // a refund is bounded as a debit is
+		if _, err := checkCharge(i, &c, false); err != nil {
+			return err
+		}
+		if err := c.Rule.CheckRefund(c.Cost); err != nil {
+			return err
+		}
+		if c.Cost == 0 {
+			continue
+		}
+		if c.Rule.Algorithm == admit.Quota {
+			_, was := c.Rule.PeriodAt(at)
+			_, is := c.Rule.PeriodAt(now)
+			if !was.Equal(is) || is.Sub(now) < quotaRefundMargin {
+				continue
+			}
+		}
+		c.Debit, c.DryRun = false, false
+		keep = append(keep, c)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	s.forgetRefusals(keep)
+	u := at.UnixMicro()
+	for _, g := range s.groups(keep, s.cluster) {
+		c := s.newCall("u", itoa(u), itoa(at.UnixNano()-u*1000), "", keep, g, "")
+		for k, i := range g.idx {
+			c.args[7+stride*k+4] = "0"
+			if keep[i].Rule.Algorithm == admit.Quota {
+				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(keep[i].Rule)
+			}
+		}
+		if _, err := s.run(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// quotaRefundMargin is how close to its end a quota period takes no more
+// refunds, for the clocks of this server and Redis's to disagree by.
+const quotaRefundMargin = 2 * time.Second
+
+var _ admit.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {

@@ -232,6 +232,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		if refused || taken == all {
 			s.decisions.Add(1)
 			s.localDecisions.Add(1)
+			d.At = now
 			d.Summarize()
 			return nil
 		}
@@ -290,6 +291,7 @@ func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*al
 	if err := s.decideExact(ctx, rest[:n], sub); err != nil {
 		return err
 	}
+	d.At = sub.At
 	// A charge of a key charged twice was refused for both costs: no
 	// refusal of one cost may be learned from it.
 	dup := false

@@ -21,6 +21,7 @@ type Factory func(t *testing.T, clock func() time.Time) admit.Store
 func Run(t *testing.T, newStore Factory) {
 	t.Run("Timelines", func(t *testing.T) { RunTimelines(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
+	t.Run("Refunds", func(t *testing.T) { RunRefunds(t, newStore) })
 }
 
 // RunTimelines runs every timeline, each against a new store.

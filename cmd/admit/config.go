@@ -43,6 +43,7 @@ type Config struct {
 	Gateway  GatewayConfig                `json:"gateway"`
 	Usage    UsageConfig                  `json:"usage"`
 	Shedding []ShedGroupConfig            `json:"shedding"`
+	LLM      LLMConfig                    `json:"llm"`
 
 	// src keeps the positions of the decoded fields, for checks made
 	// after parsing (CheckProxyActions).
@@ -472,6 +473,7 @@ func (d *decoder) check(c *Config) {
 		d.failAt("envoy.domain", "%d bytes; at most %d", len(c.Envoy.Domain), envoyrls.MaxEntryLen)
 	}
 	d.checkGateway(&c.Gateway)
+	d.checkLLM(&c.LLM)
 	switch c.Store.Backend {
 	case "", "memory", "redis":
 	default:

@@ -4,17 +4,24 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/llm"
+	"github.com/admitdev/admit/policy"
 )
 
-const proxyUsage = `Usage: admit proxy --upstream URL [flags]
+const proxyUsage = `Usage: admit proxy [--upstream URL] [flags]
 
 A rate limiting reverse proxy: every request is identified (API key, JWT or
 user header, client IP behind server.trusted_proxies), decided against the
@@ -24,6 +31,14 @@ the upstream. Streaming responses and WebSocket upgrades pass through.
 With a shedding section, admitted requests then pass an adaptive
 concurrency limit that protects the upstream: past it they wait briefly,
 then are answered 503 with Retry-After, sheddable ones first.
+
+With an llm section naming providers, the proxy meters LLM calls: OpenAI's
+/v1/chat/completions, /v1/responses, /v1/completions and /v1/embeddings,
+Anthropic's /v1/messages and Gemini's generateContent and
+streamGenerateContent go to their provider with the tenant's key replaced
+by the platform's, within the rules in tokens and money (reserved before,
+settled to the reported usage after); --upstream is then optional and
+serves every other path. --metrics then also serves /v1/llm/usage.
 
 An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
@@ -39,6 +54,7 @@ type proxyFlags struct {
 	metrics          string
 	keysOptional     bool
 	bodyTimeout      time.Duration
+	llmRecords       string
 }
 
 func proxy(ctx context.Context, args []string, e *env) int {
@@ -50,6 +66,7 @@ func proxy(ctx context.Context, args []string, e *env) int {
 	fs.BoolVar(&f.keysOptional, "keys-optional", false, "admit requests without an API key as anonymous (global rules only)")
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (the shedding groups') at this `address`'s /metrics")
 	fs.DurationVar(&f.bodyTimeout, "body-timeout", 30*time.Second, "the longest a request body may go without sending data (0: no bound)")
+	fs.StringVar(&f.llmRecords, "llm-records", "", "append a JSON line per settled LLM call (a billing record) to this `file`")
 	if code, done := parseFlags(fs, proxyUsage, args, e); done {
 		return code
 	}
@@ -74,15 +91,18 @@ func parseUpstream(s string) (*url.URL, error) {
 }
 
 func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) error {
-	upstream, err := parseUpstream(f.upstream)
-	if err != nil {
-		return err
-	}
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		return err
 	}
 	defer b.close()
+	llmOn := len(b.cfg.LLM.Providers) > 0
+	var upstream *url.URL
+	if f.upstream != "" || !llmOn {
+		if upstream, err = parseUpstream(f.upstream); err != nil {
+			return err
+		}
+	}
 	unreachable, err := b.cfg.CheckProxyActions()
 	if err != nil {
 		return fmt.Errorf("the configuration is invalid for admit proxy, not starting:\n%w", err)
@@ -95,15 +115,34 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	if err != nil {
 		return err // validated with the configuration
 	}
-	opts.Store, opts.Instances, opts.Policy, opts.Logger = b.st.store, b.cfg.Store.Instances, b.catalog.Policy, log
+	decider := policy.NewDecider(b.st.store, b.cfg.Store.Instances)
+	defer decider.Close()
+	opts.Decider, opts.Instances, opts.Policy, opts.Logger = decider, b.cfg.Store.Instances, b.catalog.Policy, log
 	opts.RequireKey = !f.keysOptional
 	lim, err := httplimit.New(opts)
 	if err != nil {
 		return err
 	}
 	defer lim.Close()
+	var handler http.Handler
+	if upstream != nil {
+		handler = lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log))
+	}
+	metrics := http.NewServeMux()
+	if !llmOn {
+		metrics.Handle("GET /metrics", shedMetrics(lim))
+	} else {
+		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, log)
+		if err != nil {
+			return err
+		}
+		defer closeRecords()
+		handler = h
+		metrics.Handle("GET /metrics", llmMetricsHandler(lim, meter))
+		metrics.Handle("GET /v1/llm/usage", meter.usageHandler())
+	}
 	if f.metrics != "" {
-		stop, err := serveMetrics(f.metrics, "/metrics", shedMetrics(lim), log)
+		stop, err := serveMetrics(f.metrics, "/", metrics, log)
 		if err != nil {
 			return fmt.Errorf("--metrics: %w", err)
 		}
@@ -114,7 +153,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	hs := &http.Server{
-		Handler: httplimit.BodyTimeout(lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log)), f.bodyTimeout),
+		Handler: httplimit.BodyTimeout(handler, f.bodyTimeout),
 		// No read or write deadline: streams and WebSockets last as long
 		// as they last. Headers must arrive promptly, bodies without
 		// pauses longer than --body-timeout.
@@ -123,7 +162,58 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("admit proxy serving", "listen", "http://"+ln.Addr().String(), "upstream", upstream.String(),
+	up := ""
+	if upstream != nil {
+		up = upstream.String()
+	}
+	log.Info("admit proxy serving", "listen", "http://"+ln.Addr().String(), "upstream", up, "llm", llmOn,
 		"store", b.st.name, "keys_required", opts.RequireKey)
 	return b.run(ctx, hs, ln, e, reloading{file: f.config, every: f.reloadEvery, setErr: func(error) {}, log: log})
+}
+
+// llmHandler builds the LLM front end of admit proxy from the llm
+// section: next serves the other paths (nil: 404).
+func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol func() *policy.Policy, lim *httplimit.Limiter,
+	next http.Handler, log *slog.Logger) (http.Handler, *llmMeter, func(), error) {
+	ups, err := c.upstreams()
+	if err != nil {
+		return nil, nil, nil, err // validated with the configuration
+	}
+	prices, err := c.prices()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	closeRecords := func() {}
+	var records io.Writer
+	if recordsFile != "" {
+		fh, err := os.OpenFile(recordsFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("--llm-records: %w", err)
+		}
+		records, closeRecords = fh, func() { fh.Close() }
+	}
+	currency := c.Currency
+	if currency == "" {
+		currency = "USD"
+	}
+	meter := newLLMMeter(currency, records)
+	gate, err := llm.NewGate(llm.GateOptions{
+		Decider: decider, Policy: pol, Prices: prices,
+		DefaultMaxOutput: c.DefaultMaxOutput, MinOutput: c.MinOutput, LowerMaxOutput: c.LowerMaxOutput,
+		Record: meter.record, Logger: log,
+	})
+	if err != nil {
+		closeRecords()
+		return nil, nil, nil, err
+	}
+	h := llm.NewHandler(llm.HandlerOptions{
+		Gate: gate, Upstreams: ups, Identify: lim.Identify, Next: next, MaxBody: c.MaxBody, Logger: log,
+	})
+	return h, meter, closeRecords, nil
+}
+
+func llmMetricsHandler(lim *httplimit.Limiter, meter *llmMeter) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newShedCollector(lim.ShedStats), meter)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

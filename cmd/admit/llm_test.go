@@ -1,0 +1,248 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/admitdev/admit/llm/llmtest"
+	"github.com/admitdev/admit/redistest"
+)
+
+// llmProxy starts admit proxy on examples/llm/admit.yaml (or config) with
+// every provider pointed at one stand-in.
+func llmProxy(t *testing.T, config string, args ...string) (*running, *llmtest.Upstream) {
+	t.Helper()
+	up := &llmtest.Upstream{Output: 50}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	t.Setenv("OPENAI_BASE_URL", srv.URL+"/v1")
+	t.Setenv("OPENAI_API_KEY", "sk-platform-openai")
+	t.Setenv("ANTHROPIC_BASE_URL", srv.URL)
+	t.Setenv("ANTHROPIC_API_KEY", "sk-platform-anthropic")
+	t.Setenv("GOOGLE_GEMINI_BASE_URL", srv.URL)
+	t.Setenv("GEMINI_API_KEY", "platform-gemini")
+	return startCmd(t, append([]string{"proxy", "--config", config, "--listen", "127.0.0.1:0"}, args...)...), up
+}
+
+func llmCall(t *testing.T, method, url string, header map[string]string, body string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+// TestLLMProxyExample runs the example of examples/llm as its README does:
+// each provider's calls, credentials swapped, refusals in each format.
+func TestLLMProxyExample(t *testing.T) {
+	p, up := llmProxy(t, "../../examples/llm/admit.yaml", "--metrics", "127.0.0.1:0")
+	chat := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello"}],"max_tokens":100}`
+	for _, c := range []struct {
+		name, path, body string
+		header           map[string]string
+		sees, seen       string // the upstream's credential header and value
+	}{
+		{"openai", "/v1/chat/completions", chat, map[string]string{"Authorization": "Bearer acme-key", "OpenAI-Organization": "org-other"}, "Authorization", "Bearer sk-platform-openai"},
+		{"anthropic", "/v1/messages", `{"model":"claude-haiku-4-5","max_tokens":100,"messages":[{"role":"user","content":"hello"}]}`,
+			map[string]string{"x-api-key": "acme-key", "anthropic-version": "2023-06-01"}, "X-Api-Key", "sk-platform-anthropic"},
+		{"gemini", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hello"}]}]}`,
+			map[string]string{"x-goog-api-key": "acme-key"}, "X-Goog-Api-Key", "platform-gemini"},
+		{"gemini_query_key", "/v1beta/models/gemini-2.5-flash:generateContent?key=acme-key", `{"contents":[{"parts":[{"text":"hello"}]}]}`,
+			nil, "X-Goog-Api-Key", "platform-gemini"},
+	} {
+		resp, body := llmCall(t, "POST", p.url+c.path, c.header, c.body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", c.name, resp.StatusCode, body)
+		}
+		seen, _ := up.Last()
+		if got := seen.Header.Get(c.sees); got != c.seen {
+			t.Errorf("%s: the provider saw %s %q, want the platform's key", c.name, c.sees, got)
+		}
+		for _, h := range []string{"Authorization", "X-Api-Key", "X-Goog-Api-Key"} {
+			if h != c.sees && seen.Header.Get(h) != "" {
+				t.Errorf("%s: the provider saw %s %q", c.name, h, seen.Header.Get(h))
+			}
+		}
+		if seen.URL.Query().Get("key") != "" || seen.Header.Get("OpenAI-Organization") != "" {
+			t.Errorf("%s: a caller's key or organization reached the provider: %v %v", c.name, seen.URL, seen.Header)
+		}
+		if resp.Header.Get("X-Ratelimit-Limit-Tokens") != "1000" || resp.Header.Get("X-Ratelimit-Remaining-Tokens") == "" {
+			t.Errorf("%s: headers %v", c.name, resp.Header)
+		}
+	}
+
+	// Unknown keys: 401 in each provider's format, never forwarded.
+	calls := up.Calls()
+	for _, c := range []struct{ path, header, value, want string }{
+		{"/v1/chat/completions", "Authorization", "Bearer nope", `"error":{"code":"invalid_api_key"`},
+		{"/v1/messages", "x-api-key", "nope", `"type":"authentication_error"`},
+		{"/v1beta/models/g:generateContent", "x-goog-api-key", "nope", `"status":"UNAUTHENTICATED"`},
+	} {
+		resp, body := llmCall(t, "POST", p.url+c.path, map[string]string{c.header: c.value}, chat)
+		if resp.StatusCode != 401 || !strings.Contains(body, c.want) {
+			t.Errorf("%s with an unknown key: %d %s", c.path, resp.StatusCode, body)
+		}
+	}
+	// Other provider endpoints are never forwarded with the platform's key.
+	if resp, _ := llmCall(t, "GET", p.url+"/v1/files", map[string]string{"Authorization": "Bearer acme-key"}, ""); resp.StatusCode != 404 {
+		t.Errorf("GET /v1/files: %d", resp.StatusCode)
+	}
+	// Broken JSON: a clear error in the provider's format.
+	if resp, body := llmCall(t, "POST", p.url+"/v1/messages", map[string]string{"x-api-key": "acme-key"}, `{"model":`); resp.StatusCode != 400 || !strings.Contains(body, `"invalid_request_error"`) {
+		t.Errorf("broken JSON: %d %s", resp.StatusCode, body)
+	}
+	if up.Calls() != calls {
+		t.Errorf("refused calls reached the provider: %d → %d", calls, up.Calls())
+	}
+
+	// frugal's 0.01 USD a day: spent, then refused as insufficient
+	// quota, not to be retried today.
+	up.Output = 4000
+	var last *http.Response
+	var lastBody string
+	for range 20 {
+		last, lastBody = llmCall(t, "POST", p.url+"/v1/chat/completions", map[string]string{"Authorization": "Bearer frugal-key"},
+			`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"write"}],"max_tokens":4000}`)
+		if last.StatusCode != 200 {
+			break
+		}
+	}
+	if last.StatusCode != 429 || !strings.Contains(lastBody, `"code":"insufficient_quota"`) || last.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("frugal past its budget: %d %s %v", last.StatusCode, lastBody, last.Header)
+	}
+	// The usage API and metrics say what each tenant used.
+	metrics := strings.TrimPrefix(p.stderr.String(), "")
+	addr := metricsAddr(t, metrics)
+	resp, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=frugal", nil, "")
+	var usage struct {
+		Currency string `json:"currency"`
+		Usage    []struct {
+			Model, Cost string
+			Tokens      map[string]int64
+		} `json:"usage"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &usage) != nil || len(usage.Usage) != 1 || usage.Currency != "USD" {
+		t.Fatalf("usage API: %d %s", resp.StatusCode, body)
+	}
+	if u := usage.Usage[0]; u.Model != "gpt-4o-mini" || u.Tokens["output"] == 0 || u.Cost == "0" {
+		t.Errorf("frugal's usage %+v", u)
+	}
+	_, body = llmCall(t, "GET", "http://"+addr+"/metrics", nil, "")
+	if !strings.Contains(body, `admit_llm_tokens_total{kind="output",model="gpt-4o-mini",tenant="frugal"}`) || !strings.Contains(body, `admit_llm_cost_total{currency="USD"`) {
+		t.Errorf("metrics:\n%s", body)
+	}
+}
+
+// metricsAddr finds the metrics address in a proxy's log.
+func metricsAddr(t *testing.T, log string) string {
+	t.Helper()
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "serving metrics") {
+			i := strings.Index(line, "http://")
+			rest := line[i+len("http://"):]
+			return rest[:strings.IndexByte(rest, '/')]
+		}
+	}
+	t.Fatalf("no metrics address in:\n%s", log)
+	return ""
+}
+
+// TestLLMProxiesShareRedis: two proxies on one Redis hold one budget in
+// tokens together, exactly: calls through both never use more than it
+// holds. With Redis down, a rule that fails closed refuses in the
+// provider's format; one that fails open lets calls through.
+func TestLLMProxiesShareRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := `version: 1
+store:
+  backend: redis
+  redis:
+    addrs: ["` + srv.Addr + `"]
+llm:
+  providers:
+    anthropic:
+      base_url: ${ANTHROPIC_BASE_URL}
+      api_key: ${ANTHROPIC_API_KEY}
+tiers:
+  t:
+    rules:
+      - name: tokens
+        scope: tenant
+        unit: tokens
+        algorithm: token_bucket
+        rate: 100/d
+        burst: 4000
+        on_error: closed
+tenants:
+  acme:
+    tier: t
+    api_keys_sha256: ["afacab3575137afa4e00d9cbcafcb14c9ae25f779d964eb0ea5b2c4eb5dfd163"]
+`
+	path := filepath.Join(t.TempDir(), "admit.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, up := llmProxy(t, path, "--data-dir", t.TempDir())
+	b := startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	up.Output = 90
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	admitted := 0
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := a
+			if g%2 == 1 {
+				p = b
+			}
+			for i := range 12 {
+				body := `{"model":"claude-haiku-4-5","max_tokens":` + []string{"100", "150", "200"}[i%3] + `,"stream":` + []string{"true", "false"}[g%2] + `,"messages":[{"role":"user","content":"go"}]}`
+				req, _ := http.NewRequest("POST", p.url+"/v1/messages", strings.NewReader(body))
+				req.Header.Set("x-api-key", "acme-key")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// Every admitted call used its input and 90 output tokens. The bucket
+	// refills a token every 864 s: at most one during the test.
+	_, sent := up.Last()
+	perCall := llmtest.InputTokens(sent) + 90
+	if used := int64(admitted) * perCall; used > 4001 || used < 4000-3*(perCall+200) {
+		t.Fatalf("%d calls admitted through two proxies used %d tokens of a 4000-token budget", admitted, used)
+	}
+	t.Logf("%d calls admitted, %d tokens each", admitted, perCall)
+
+	srv.Kill()
+	resp, body := llmCall(t, "POST", a.url+"/v1/messages", map[string]string{"x-api-key": "acme-key"}, `{"model":"claude-haiku-4-5","max_tokens":10,"messages":[]}`)
+	if resp.StatusCode != 503 || !strings.Contains(body, `"type":"overloaded_error"`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("Redis down, on_error closed: %d %s", resp.StatusCode, body)
+	}
+}

@@ -1,0 +1,159 @@
+package llm
+
+import (
+	"bytes"
+	"io"
+	"sync"
+)
+
+// Bounds on what a metered response keeps: a stream event up to
+// maxEvent bytes is read whole; of a longer one, and of a JSON body, the
+// last tailSize bytes, where usage is.
+const (
+	maxEvent = 256 << 10
+	tailSize = 64 << 10
+)
+
+// meteredBody passes a response body through unchanged (but for the
+// usage chunk Admit asked for on a client's behalf) while its meter reads
+// the usage. done is called once: at the end of the body, or when it is
+// closed before its end (the client left), with whether it ended.
+type meteredBody struct {
+	src    io.ReadCloser
+	m      meter
+	stream bool
+	// dropUsageChunk removes OpenAI's usage-only chunk, which the client
+	// did not ask for.
+	dropUsageChunk bool
+	done           func(m *meter, ended bool)
+	once           sync.Once
+
+	in   []byte // read from src, not yet processed
+	out  []byte // processed, not yet returned
+	line []byte // the stream line being gathered
+	long bool   // the current line passed maxEvent: it streams through
+	tail []byte // the last bytes of a long line or a JSON body
+	skip bool   // drop the blank line that ends a dropped event
+	err  error
+}
+
+func newMeteredBody(src io.ReadCloser, api API, stream, dropUsageChunk bool, done func(*meter, bool)) *meteredBody {
+	return &meteredBody{src: src, m: meter{api: api}, stream: stream, dropUsageChunk: dropUsageChunk, done: done, in: make([]byte, 32<<10)}
+}
+
+func (b *meteredBody) Read(p []byte) (int, error) {
+	for len(b.out) == 0 {
+		if b.err != nil {
+			return 0, b.err
+		}
+		n, err := b.src.Read(b.in)
+		if n > 0 {
+			b.process(b.in[:n])
+		}
+		if err != nil {
+			b.finish(err)
+		}
+	}
+	n := copy(p, b.out)
+	b.out = b.out[n:]
+	if len(b.out) == 0 {
+		b.out = b.out[:0:0]
+	}
+	return n, nil
+}
+
+// finish ends the body with err (io.EOF at its end).
+func (b *meteredBody) finish(err error) {
+	if !b.stream {
+		b.m.observeTail(b.tail)
+	} else if len(b.line) > 0 || b.long {
+		b.endLine(nil) // a last line without its newline
+	}
+	b.err = err
+	b.once.Do(func() { b.done(&b.m, err == io.EOF) })
+}
+
+// process meters p and queues what the client gets of it.
+func (b *meteredBody) process(p []byte) {
+	if !b.stream {
+		b.out = append(b.out, p...)
+		b.keepTail(p)
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		chunk := p
+		if i >= 0 {
+			chunk = p[:i+1]
+		}
+		p = p[len(chunk):]
+		switch {
+		case b.long:
+			b.out = append(b.out, chunk...)
+			b.keepTail(chunk)
+		case len(b.line)+len(chunk) > maxEvent:
+			// Too long to hold: it streams through, and only its tail
+			// is read for usage.
+			b.out = append(append(b.out, b.line...), chunk...)
+			b.tail = b.tail[:0]
+			b.keepTail(b.line)
+			b.keepTail(chunk)
+			b.line, b.long = b.line[:0], true
+		default:
+			b.line = append(b.line, chunk...)
+		}
+		if i >= 0 {
+			b.endLine(chunk)
+		}
+	}
+	if cap(b.line) > 4*tailSize && len(b.line) == 0 {
+		b.line = nil // one long event does not keep its buffer
+	}
+}
+
+// endLine handles a complete line: the gathered one, or the end of a long
+// one.
+func (b *meteredBody) endLine([]byte) {
+	if b.long {
+		b.long = false
+		b.m.observeTail(bytes.TrimSpace(b.tail))
+		b.tail = b.tail[:0]
+		return
+	}
+	line := b.line
+	b.line = b.line[:0]
+	trimmed := bytes.TrimRight(line, "\r\n")
+	if len(trimmed) == 0 && b.skip {
+		b.skip = false
+		return
+	}
+	b.skip = false
+	if data, ok := bytes.CutPrefix(trimmed, []byte("data:")); ok {
+		data = bytes.TrimSpace(data)
+		if len(data) > 0 && data[0] == '{' && b.m.observe(data) && b.dropUsageChunk {
+			b.skip = true
+			return
+		}
+	}
+	b.out = append(b.out, line...)
+}
+
+// keepTail keeps the last tailSize bytes seen of p.
+func (b *meteredBody) keepTail(p []byte) {
+	if len(p) >= tailSize {
+		b.tail = append(b.tail[:0], p[len(p)-tailSize:]...)
+		return
+	}
+	if over := len(b.tail) + len(p) - tailSize; over > 0 {
+		b.tail = append(b.tail[:0], b.tail[over:]...)
+	}
+	b.tail = append(b.tail, p...)
+}
+
+// Close closes the body; before its end, the client left: the meter
+// reports what was relayed.
+func (b *meteredBody) Close() error {
+	err := b.src.Close()
+	b.once.Do(func() { b.done(&b.m, false) })
+	return err
+}

@@ -1,0 +1,392 @@
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net/http"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// Price is a model's price per million tokens of each kind, in millionths
+// of the currency (150000 is 0.15 per million tokens).
+type Price [policy.NumTokenKinds]int64
+
+// Cost returns what t costs at p in millionths of the currency, rounded
+// up to a whole millionth, at most admit.MaxCost: exact integer
+// arithmetic, no floating point.
+func (p *Price) Cost(t policy.Tokens) int64 {
+	var hi, lo uint64
+	for k, n := range t {
+		h, l := bits.Mul64(uint64(max(n, 0)), uint64(max(p[k], 0)))
+		var c uint64
+		lo, c = bits.Add64(lo, l, 0)
+		hi += h + c
+	}
+	if hi >= 1_000_000 {
+		return admit.MaxCost
+	}
+	q, r := bits.Div64(hi, lo, 1_000_000)
+	if r > 0 {
+		q++
+	}
+	return int64(min(q, admit.MaxCost))
+}
+
+// GateOptions configure a Gate. Decider and Policy are required.
+type GateOptions struct {
+	Decider *policy.Decider
+	Policy  func() *policy.Policy
+	// Prices are the models' prices, for rules in money. A call to a model
+	// without a price is refused (400) when a rule in money applies to it.
+	Prices map[string]Price
+	// DefaultMaxOutput is the most output tokens a request that sets no
+	// maximum may produce (per choice); the Gate writes the maximum into
+	// the request. Default 4096.
+	DefaultMaxOutput int64
+	// MinOutput: a request that sets no maximum is refused when its
+	// budgets leave it fewer output tokens than this. Default 1.
+	MinOutput int64
+	// LowerMaxOutput lowers a request's own maximum to what its budgets
+	// leave (at least MinOutput), where it would be refused.
+	LowerMaxOutput bool
+	// Count estimates the input tokens of a text for a model; default
+	// CountTokens.
+	Count func(model, text string) int64
+	// Record, if set, hears of every settled call.
+	Record func(*Record)
+	Logger *slog.Logger
+}
+
+// A Gate decides LLM calls against a policy's rules: request rules count
+// the call, rules in tokens and money its tokens, reserved before it goes
+// out and settled to what the provider reports. It is safe for concurrent
+// use.
+type Gate struct {
+	opts GateOptions
+}
+
+// NewGate returns a Gate.
+func NewGate(opts GateOptions) (*Gate, error) {
+	if opts.Decider == nil || opts.Policy == nil {
+		return nil, errors.New("llm: GateOptions.Decider and Policy are required")
+	}
+	if opts.DefaultMaxOutput <= 0 {
+		opts.DefaultMaxOutput = 4096
+	}
+	if opts.MinOutput <= 0 {
+		opts.MinOutput = 1
+	}
+	if opts.MinOutput > opts.DefaultMaxOutput {
+		return nil, fmt.Errorf("llm: the minimum output %d is above the default maximum %d", opts.MinOutput, opts.DefaultMaxOutput)
+	}
+	if opts.Count == nil {
+		opts.Count = CountTokens
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Gate{opts: opts}, nil
+}
+
+// Record is a settled call: who made it, to which model, what it used
+// and cost. A billing record.
+type Record struct {
+	Tenant, User, Model string
+	API                 API
+	At                  time.Time
+	Usage               policy.Tokens
+	// Cost is in millionths of the currency; 0 without a price.
+	Cost  int64
+	Priced bool
+	// Reported says the provider reported the usage; otherwise it was
+	// estimated (a client that left mid-stream, an upstream that said
+	// nothing).
+	Reported bool
+	Status   int
+}
+
+// Ticket is an admitted call: what it reserved, where, until settled.
+type Ticket struct {
+	g       *Gate
+	req     *Request
+	who     policy.Request
+	res     policy.Resolution
+	dec     admit.Decision
+	out     policy.Outcome
+	price   *Price
+	maxOut  int64 // per choice, as sent
+	costs   []int64
+	settled bool
+}
+
+// MaxOutput returns the maximum output tokens per choice the call goes
+// out with.
+func (t *Ticket) MaxOutput() int64 { return t.maxOut }
+
+// Decision returns the decision that admitted the call and the rules of
+// its charges.
+func (t *Ticket) Decision() (*admit.Decision, []*policy.Rule) { return &t.dec, t.res.Rules }
+
+// Begin decides a call for who (identified: tenant, user, key): it
+// resolves the rules that apply, reserves at each of them the call's
+// upper bound (requests: the request; tokens and money: the input
+// estimate plus the most output the call allows, × its choices) and
+// returns the ticket to settle. A call that sets no maximum output gets
+// the default, lowered to what the tightest budget leaves. A refusal is
+// a *Problem; nothing is reserved then.
+func (g *Gate) Begin(ctx context.Context, who policy.Request, req *Request) (*Ticket, error) {
+	t := &Ticket{g: g, req: req, who: who}
+	t.who.Metered, t.who.Model = true, req.Model
+	p := g.opts.Policy()
+	if err := p.Resolve(&t.who, &t.res); err != nil {
+		return nil, err
+	}
+	for _, r := range t.res.Rules {
+		if r.Unit == policy.UnitMoney && t.price == nil {
+			pr, ok := g.opts.Prices[req.Model]
+			if !ok {
+				return nil, &Problem{Status: http.StatusBadRequest, Kind: "model_not_found",
+					Message: fmt.Sprintf("model %q has no price, and rule %q budgets money: ask the platform to price it", req.Model, r.Name)}
+			}
+			t.price = &pr
+		}
+	}
+	outPerChoice := req.MaxOutput
+	if req.API == Embeddings {
+		outPerChoice = 0
+	} else if outPerChoice == 0 || g.opts.LowerMaxOutput {
+		want := outPerChoice
+		if want == 0 {
+			want = g.opts.DefaultMaxOutput
+		}
+		room, refusal, err := g.room(ctx, t, want)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case room >= want:
+			outPerChoice = want
+		case room < g.opts.MinOutput || req.MaxOutput > 0 && !g.opts.LowerMaxOutput:
+			return nil, refusal
+		default:
+			outPerChoice = room
+		}
+	}
+	t.maxOut = outPerChoice
+	if err := g.reserve(ctx, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// cost returns the upper bound of a call's cost at rule r: its input estimate,
+// as the input kind its rule weighs most, and out output tokens, as the
+// output kind weighed most.
+func (t *Ticket) cost(r *policy.Rule, out int64) int64 {
+	input, output := t.req.Input, out*t.req.Choices
+	switch r.Unit {
+	case policy.UnitTokens:
+		return heaviest(r.Weights, input, output, r.Weights.Cost)
+	case policy.UnitMoney:
+		return heaviest(*t.price, input, output, t.price.Cost)
+	}
+	return max(t.who.Cost, 1)
+}
+
+// heaviest charges input as the input kind and output as the output kind
+// that weigh most, so that the bound holds whatever kinds the provider
+// reports.
+func heaviest(w [policy.NumTokenKinds]int64, input, output int64, cost func(policy.Tokens) int64) int64 {
+	var t policy.Tokens
+	in := policy.Input
+	for _, k := range []policy.TokenKind{policy.CachedInput, policy.CacheWrite} {
+		if w[k] > w[in] {
+			in = k
+		}
+	}
+	o := policy.Output
+	if w[policy.Reasoning] > w[o] {
+		o = policy.Reasoning
+	}
+	t[in], t[o] = input, output
+	return cost(t)
+}
+
+// room returns how many output tokens per choice the budgets of t leave,
+// at most want, from a look at them (a dry run); and the refusal to give
+// when that is too few.
+func (g *Gate) room(ctx context.Context, t *Ticket, want int64) (int64, *Problem, error) {
+	charges := make([]admit.Charge, len(t.res.Charges))
+	for i, c := range t.res.Charges {
+		c.Cost, c.DryRun = 0, true
+		charges[i] = c
+	}
+	look := policy.Resolution{Policy: t.res.Policy, Tenant: t.res.Tenant, Charges: charges, Rules: t.res.Rules}
+	var d admit.Decision
+	if _, err := g.opts.Decider.Decide(ctx, &look, &d); err != nil {
+		return 0, nil, err
+	}
+	room := want
+	var tightest *admit.Result
+	var rule *policy.Rule
+	for i, r := range t.res.Rules {
+		if r.Unit == policy.UnitRequests || r.Shadow || i >= len(d.Results) {
+			continue
+		}
+		res := &d.Results[i]
+		left := min(res.Remaining, r.MaxCost)
+		// The most output o with cost(o) ≤ left, by bisection: cost is
+		// monotone in o.
+		lo, hi := int64(-1), want
+		for lo < hi {
+			mid := lo + (hi-lo+1)/2
+			if t.cost(r, mid) <= left {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		if lo < room {
+			room, tightest, rule = lo, res, r
+		}
+	}
+	var refusal *Problem
+	if tightest != nil {
+		refusal = g.refusal(rule, tightest, fmt.Sprintf("rule %q leaves room for %d output tokens; this request needs at least %d", rule.Name, max(room, 0), g.opts.MinOutput))
+	}
+	return max(room, 0), refusal, nil
+}
+
+// refusal is the Problem of a refusal by rule r, whose result is res.
+func (g *Gate) refusal(r *policy.Rule, res *admit.Result, msg string) *Problem {
+	p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: msg, RetryAfter: res.RetryAfter, DeniedBy: r.Name}
+	if p.RetryAfter <= 0 {
+		p.RetryAfter = res.ResetAfter
+	}
+	if r.Unit == policy.UnitMoney || r.Algorithm == admit.Quota {
+		// A budget spent until its period ends: retrying sooner is
+		// pointless, and OpenAI calls that insufficient quota.
+		p.Final = true
+		p.RetryAfter = max(res.ResetAfter, res.RetryAfter)
+		if r.Unit == policy.UnitMoney {
+			p.Kind = "insufficient_quota"
+		}
+	}
+	return p
+}
+
+// reserve charges t's bound at every rule, all or nothing.
+func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
+	t.costs = make([]int64, len(t.res.Charges))
+	for i, r := range t.res.Rules {
+		c := t.cost(r, t.maxOut)
+		if c > r.MaxCost && r.Shadow {
+			c = r.MaxCost // reported, never refusing
+		}
+		if c > r.MaxCost {
+			p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Final: true, DeniedBy: r.Name,
+				Message: fmt.Sprintf("this request may use up to %d %s of rule %q, which allows at most %d in one request: lower its maximum output", c, r.Unit, r.Name, r.MaxCost)}
+			if r.Unit == policy.UnitMoney {
+				p.Kind = "insufficient_quota"
+			}
+			return p
+		}
+		t.costs[i] = c
+		t.res.Charges[i].Cost = c
+	}
+	out, err := g.opts.Decider.Decide(ctx, &t.res, &t.dec)
+	if err != nil {
+		return err
+	}
+	t.out = out
+	if !t.dec.Allowed {
+		for i, r := range t.res.Rules {
+			if res := &t.dec.Results[i]; res.Rule == t.dec.DeniedBy && !res.Allowed {
+				return g.refusal(r, res, fmt.Sprintf("rate limited by %q: this request needs %d %s and %d remain; retry after %d ms",
+					r.Name, t.costs[i], r.Unit, res.Remaining, max(res.RetryAfter, 0).Milliseconds()))
+			}
+		}
+		return &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: "rate limited by " + t.dec.DeniedBy, RetryAfter: t.dec.RetryAfter}
+	}
+	return nil
+}
+
+// Settlement is how a call ended, for Ticket.Settle.
+type Settlement struct {
+	// Usage is what the call used: reported, or estimated.
+	Usage policy.Tokens
+	// Reported says the provider reported Usage.
+	Reported bool
+	// Keep charges the reservation as it stands, whatever Usage says:
+	// for a call that reported nothing.
+	Keep   bool
+	Status int
+}
+
+// Settle brings t's charges to what the call used: the unused part of
+// each reservation in tokens or money is refunded, any excess debited
+// (a debit is applied even past the limit), unless s.Keep. Settle runs
+// once; later calls do nothing. Its errors are the store's, for the
+// caller to log: the call is over either way.
+func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
+	if t.settled {
+		return nil
+	}
+	t.settled = true
+	g := t.g
+	usage := s.Usage
+	rec := &Record{Tenant: t.who.Tenant, User: t.who.User, Model: t.req.Model, API: t.req.API, At: time.Now(),
+		Usage: usage, Reported: s.Reported, Status: s.Status}
+	if t.price != nil {
+		rec.Cost, rec.Priced = t.price.Cost(usage), true
+	} else if p, ok := g.opts.Prices[t.req.Model]; ok {
+		rec.Cost, rec.Priced = p.Cost(usage), true
+	}
+	if g.opts.Record != nil {
+		defer g.opts.Record(rec)
+	}
+	if s.Keep {
+		return nil
+	}
+	var refunds, debits []admit.Charge
+	var debitRules []*policy.Rule
+	for i, r := range t.res.Rules {
+		if r.Unit == policy.UnitRequests {
+			continue
+		}
+		var used int64
+		if r.Unit == policy.UnitTokens {
+			used = r.Weights.Cost(usage)
+		} else {
+			used = t.price.Cost(usage)
+		}
+		c := t.res.Charges[i]
+		c.DryRun = false
+		switch diff := used - t.costs[i]; {
+		case diff < 0:
+			c.Cost = -diff
+			refunds = append(refunds, c)
+		case diff > 0:
+			c.Cost, c.Debit = min(diff, r.MaxCost), true
+			debits = append(debits, c)
+			debitRules = append(debitRules, r)
+		}
+	}
+	var errs []error
+	if len(refunds) > 0 && t.out != policy.FailedOpen {
+		errs = append(errs, g.opts.Decider.Refund(ctx, refunds, t.dec.At, t.out))
+	}
+	if len(debits) > 0 {
+		res := policy.Resolution{Policy: t.res.Policy, Tenant: t.res.Tenant, Charges: debits, Rules: debitRules}
+		var d admit.Decision
+		_, err := g.opts.Decider.Decide(ctx, &res, &d)
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

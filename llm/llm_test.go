@@ -1,0 +1,383 @@
+package llm_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/llm"
+	"github.com/admitdev/admit/llm/llmtest"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// rig is a Gate over a memory store with a stopped clock, in front of the
+// stand-in, for tenant acme.
+type rig struct {
+	t       *testing.T
+	up      *llmtest.Upstream
+	srv     *httptest.Server
+	client  *http.Client
+	store   admit.Store
+	pol     *policy.Policy
+	mu      sync.Mutex
+	records []*llm.Record
+}
+
+func int64p(v int64) *int64 { return &v }
+
+// tokenRule is acme's rule: 1,000 tokens a minute, burst 1,000.
+func tokenRule() policy.RuleSpec {
+	return policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "1000/min", Burst: int64p(1000)}
+}
+
+func newRig(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions) *rig {
+	t.Helper()
+	pol, err := policy.Compile(&policy.Spec{
+		Tiers:   map[string]policy.TierSpec{"t": {Rules: rules}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := memstore.New(&memstore.Options{Clock: func() time.Time { return epoch }})
+	t.Cleanup(func() { s.Close() })
+	r := &rig{t: t, up: &llmtest.Upstream{Output: 50}, store: s, pol: pol}
+	r.srv = httptest.NewServer(r.up)
+	t.Cleanup(r.srv.Close)
+	opts.Decider = policy.NewDecider(s, 1)
+	opts.Policy = func() *policy.Policy { return pol }
+	opts.Record = func(rec *llm.Record) { r.mu.Lock(); r.records = append(r.records, rec); r.mu.Unlock() }
+	gate, err := llm.NewGate(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
+		return policy.Request{Tenant: "acme", Cost: 1}, nil
+	}}
+	r.client = &http.Client{Transport: tr}
+	return r
+}
+
+// remaining is what rule i of acme's tier holds now.
+func (r *rig) remaining(name string) int64 {
+	r.t.Helper()
+	req := policy.Request{Tenant: "acme", Metered: true, Model: "m", Cost: 0}
+	var res policy.Resolution
+	if err := r.pol.Resolve(&req, &res); err != nil {
+		r.t.Fatal(err)
+	}
+	d, err := admit.Check(context.Background(), r.store, res.Charges...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, x := range d.Results {
+		if x.Rule == name {
+			return x.Remaining
+		}
+	}
+	r.t.Fatalf("no rule %q", name)
+	return 0
+}
+
+func (r *rig) post(path, body string) (*http.Response, string) {
+	r.t.Helper()
+	resp, err := r.client.Post(r.srv.URL+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b)
+}
+
+// Every API's answer, streamed or not, is settled to the usage it
+// reports: what the bucket lost is exactly the reported tokens.
+func TestSettlesToReportedUsage(t *testing.T) {
+	for _, c := range []struct{ name, path, body string }{
+		{"chat", "/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hello there"}],"max_completion_tokens":200}`},
+		{"chat_stream", "/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hello there"}],"max_tokens":200}`},
+		{"chat_stream_usage", "/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`},
+		{"completions", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"say","max_tokens":100}`},
+		{"responses", "/v1/responses", `{"model":"gpt-4o","input":"hello","max_output_tokens":300}`},
+		{"responses_stream", "/v1/responses", `{"model":"gpt-4o","input":"hello","stream":true}`},
+		{"embeddings", "/v1/embeddings", `{"model":"text-embedding-3-small","input":["a","b"]}`},
+		{"messages", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":300,"messages":[{"role":"user","content":"hi"}]}`},
+		{"messages_stream", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":300,"stream":true,"messages":[{"role":"user","content":"hi"}]}`},
+		{"gemini", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":300}}`},
+		{"gemini_stream", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}]}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+			r.up.Cached, r.up.Reasoning = 3, 5
+			resp, _ := r.post(c.path, c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			_, sent := r.up.Last()
+			if len(r.records) != 1 || !r.records[0].Reported {
+				t.Fatalf("records %+v", r.records)
+			}
+			used := r.records[0].Usage.Sum()
+			in := llmtest.InputTokens(sent)
+			if c.name == "embeddings" {
+				if used != in {
+					t.Fatalf("embeddings: usage %v, want %d input tokens", r.records[0].Usage, in)
+				}
+			} else if r.records[0].Usage.Sum() < in+50 {
+				t.Fatalf("usage %v: want the input %d and 50 output tokens", r.records[0].Usage, in)
+			}
+			if got := r.remaining("tokens"); got != 1000-used {
+				t.Fatalf("the bucket holds %d after a call that used %d, want %d", got, used, 1000-used)
+			}
+		})
+	}
+}
+
+// A streamed chat completion that did not ask for its usage gets it asked
+// for, and the client never sees the extra chunk: its bytes are the ones
+// it would have had.
+func TestStreamUsageChunkHidden(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	resp, body := r.post("/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":10}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	_, sent := r.up.Last()
+	if !strings.Contains(string(sent), `"include_usage":true`) {
+		t.Fatalf("the upstream was not asked for usage: %s", sent)
+	}
+	if strings.Contains(body, `"usage":{`) {
+		t.Fatalf("the client saw the usage chunk:\n%s", body)
+	}
+	// What the stand-in sends a client that did not ask: 10 chunks, the
+	// finish chunk and [DONE], each an event.
+	events := 0
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			events++
+		}
+	}
+	if events != 12 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("%d events:\n%s", events, body)
+	}
+	if r.records[0].Usage[policy.Output] != 10 {
+		t.Fatalf("usage %v", r.records[0].Usage)
+	}
+}
+
+// A call without a maximum gets what its budget leaves, at most the
+// default; one left less than the minimum is refused before the upstream.
+func TestMaximumFromBudget(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{DefaultMaxOutput: 600, MinOutput: 100})
+	r.up.Output = 10_000
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}`
+	resp, _ := r.post("/v1/chat/completions", body)
+	_, sent := r.up.Last()
+	var req struct {
+		Max int64 `json:"max_completion_tokens"`
+	}
+	_ = json.Unmarshal(sent, &req)
+	if resp.StatusCode != 200 || req.Max != 600 {
+		t.Fatalf("status %d, maximum sent %d, want the default 600", resp.StatusCode, req.Max)
+	}
+	left := r.remaining("tokens") // 1000 − input − 600
+	resp, _ = r.post("/v1/chat/completions", body)
+	_ = json.Unmarshal(func() []byte { _, b := r.up.Last(); return b }(), &req)
+	if resp.StatusCode != 200 || req.Max >= left || req.Max < 100 {
+		t.Fatalf("status %d, maximum %d with %d left", resp.StatusCode, req.Max, left)
+	}
+	calls := r.up.Calls()
+	resp, msg := r.post("/v1/chat/completions", body)
+	if resp.StatusCode != 429 || r.up.Calls() != calls {
+		t.Fatalf("an empty budget: status %d, upstream calls %d → %d", resp.StatusCode, calls, r.up.Calls())
+	}
+	if !strings.Contains(msg, `"code":"rate_limit_exceeded"`) || resp.Header.Get("Retry-After-Ms") == "" {
+		t.Fatalf("refusal %s %v", msg, resp.Header)
+	}
+}
+
+// A client that leaves mid-stream is charged its input and the output
+// relayed so far; the upstream call is cancelled.
+func TestClientLeavesMidStream(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.up.Hold = make(chan struct{})
+	r.up.Output = 500
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.srv.URL+"/v1/messages", strings.NewReader(
+		`{"model":"claude-sonnet-4-5","max_tokens":800,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range 5 { // five deltas, then the stream waits
+			r.up.Hold <- struct{}{}
+		}
+	}()
+	br := bufio.NewReader(resp.Body)
+	for deltas := 0; deltas < 5; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data:") && strings.Contains(line, "content_block_delta") {
+			deltas++
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	if len(r.records) != 1 {
+		t.Fatalf("records %+v", r.records)
+	}
+	u := r.records[0].Usage
+	if r.records[0].Reported {
+		t.Fatal("a call cut short was recorded as reported")
+	}
+	if u[policy.Output] < 5 || u[policy.Output] > 10 {
+		t.Fatalf("output charged %d for 5 relayed deltas", u[policy.Output])
+	}
+	if got, want := r.remaining("tokens"), 1000-u.Sum(); got != want {
+		t.Fatalf("bucket %d, want %d", got, want)
+	}
+}
+
+// An upstream error without usage refunds the reservation; an answer
+// without usage keeps it charged.
+func TestErrorRefundsAndSilenceCharges(t *testing.T) {
+	body := `{"model":"claude-sonnet-4-5","max_tokens":300,"messages":[{"role":"user","content":"hi"}]}`
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.up.Fail = http.StatusInternalServerError
+	if resp, _ := r.post("/v1/messages", body); resp.StatusCode != 500 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if got := r.remaining("tokens"); got != 1000 {
+		t.Fatalf("after an upstream error the bucket holds %d, want all 1000 back", got)
+	}
+	r.up.Fail, r.up.NoUsage = 0, true
+	if resp, _ := r.post("/v1/messages", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	rec := r.records[len(r.records)-1]
+	if rec.Reported {
+		t.Fatal("an answer without usage recorded as reported")
+	}
+	// The reservation: the input estimate (bytes/3 of "hi", 4 per
+	// object) and the 300 the call allowed.
+	if got := r.remaining("tokens"); got > 1000-300 || got < 1000-300-20 {
+		t.Fatalf("after an answer without usage the bucket holds %d, want its reservation (300 output and the input) charged", got)
+	}
+}
+
+// A compressed answer is read all the same, and the client gets it
+// plain.
+func TestCompressedAnswer(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.up.Gzip = true
+	req, _ := http.NewRequest("POST", r.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_tokens":40}`))
+	req.Header.Set("Accept-Encoding", "gzip")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"usage"`) || len(r.records) != 1 || !r.records[0].Reported || r.records[0].Usage[policy.Output] != 40 {
+		t.Fatalf("body %.80q, records %+v", b, r.records)
+	}
+}
+
+// A money budget: priced per million tokens exactly, refused as
+// insufficient quota, not to be retried before the day ends; a model
+// without a price is refused before the upstream.
+func TestMoneyBudget(t *testing.T) {
+	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "0.0006"}
+	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{
+		Prices: map[string]llm.Price{"gpt-4o-mini": {150_000, 75_000, 150_000, 600_000, 600_000}},
+	})
+	r.up.Output = 500
+	resp, msg := r.post("/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`)
+	if resp.StatusCode != 400 || r.up.Calls() != 0 || !strings.Contains(msg, "no price") {
+		t.Fatalf("unpriced model: %d %s (upstream calls %d)", resp.StatusCode, msg, r.up.Calls())
+	}
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":500}`
+	spent := int64(0)
+	for i := 0; ; i++ {
+		resp, msg = r.post("/v1/chat/completions", body)
+		if resp.StatusCode != 200 {
+			break
+		}
+		rec := r.records[len(r.records)-1]
+		// 0.15 per million input, 0.60 per million output, in µUSD,
+		// rounded up once per call.
+		want := (rec.Usage[policy.Input]*150_000 + rec.Usage[policy.Output]*600_000 + 999_999) / 1_000_000
+		if rec.Cost != want {
+			t.Fatalf("call %d cost %d µUSD for %v, want %d", i, rec.Cost, rec.Usage, want)
+		}
+		spent += rec.Cost
+	}
+	if resp.StatusCode != 429 || !strings.Contains(msg, `"insufficient_quota"`) || resp.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("spent budget: %d %s %v", resp.StatusCode, msg, resp.Header)
+	}
+	if spent > 600 || r.remaining("spend") != 600-spent {
+		t.Fatalf("spent %d µUSD of 600; the quota holds %d", spent, r.remaining("spend"))
+	}
+}
+
+// Many calls at once never take more than the bucket holds: each reserves
+// its bound before it goes out, and settles down to its usage after.
+func TestNeverOverConcurrent(t *testing.T) {
+	rule := policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "1/h", Burst: int64p(5000)}
+	r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+	r.up.Output = 120
+	done := make(chan int, 16)
+	for g := range 16 {
+		go func() {
+			ok := 0
+			for i := range 20 {
+				max := 50 + (g*7+i*13)%250
+				body := `{"model":"claude-haiku-4-5","max_tokens":` + strconv.Itoa(max) + `,"messages":[{"role":"user","content":"say something"}]}`
+				resp, err := r.client.Post(r.srv.URL+"/v1/messages", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					ok++
+				}
+			}
+			done <- ok
+		}()
+	}
+	admitted := 0
+	for range 16 {
+		admitted += <-done
+	}
+	used := int64(0)
+	for _, rec := range r.records {
+		used += rec.Usage.Sum()
+	}
+	if used > 5000 {
+		t.Fatalf("%d calls admitted used %d tokens of a 5000-token bucket", admitted, used)
+	}
+	if got := r.remaining("tokens"); got != 5000-used {
+		t.Fatalf("the bucket holds %d after %d tokens used, want %d", got, used, 5000-used)
+	}
+	if admitted < 20 {
+		t.Fatalf("only %d calls admitted", admitted)
+	}
+}
