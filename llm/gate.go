@@ -102,7 +102,7 @@ type Record struct {
 	At                  time.Time
 	Usage               policy.Tokens
 	// Cost is in millionths of the currency; 0 without a price.
-	Cost  int64
+	Cost   int64
 	Priced bool
 	// Reported says the provider reported the usage; otherwise it was
 	// estimated (a client that left mid-stream, an upstream that said

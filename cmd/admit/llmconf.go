@@ -138,4 +138,3 @@ func (d *decoder) checkLLM(c *LLMConfig) {
 }
 
 func errOf[T any](_ T, err error) error { return err }
-

@@ -1,0 +1,255 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anthropics/anthropic-sdk-go"
+	aoption "github.com/anthropics/anthropic-sdk-go/option"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/responses"
+	"google.golang.org/genai"
+
+	"github.com/admitdev/admit/llm"
+	"github.com/admitdev/admit/llm/llmtest"
+	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
+)
+
+// startLLMProxy runs `admit proxy --config examples/llm/admit.yaml` as
+// its README does, every provider's base URL pointed at a stand-in, and
+// returns its URL once it serves.
+func startLLMProxy(t *testing.T) (string, *llmtest.Upstream) {
+	t.Helper()
+	up := &llmtest.Upstream{Output: 40}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	cmd := exec.Command(admitBinary(t), "proxy", "--config", "../examples/llm/admit.yaml", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(),
+		"OPENAI_BASE_URL="+srv.URL+"/v1", "OPENAI_API_KEY=sk-platform",
+		"ANTHROPIC_BASE_URL="+srv.URL, "ANTHROPIC_API_KEY=sk-ant-platform",
+		"GOOGLE_GEMINI_BASE_URL="+srv.URL, "GEMINI_API_KEY=platform-gemini")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	serving := regexp.MustCompile(`msg="admit proxy serving" listen=(http://127\.0\.0\.1:\d+)`)
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := serving.FindStringSubmatch(sc.Text()); m != nil {
+				found <- m[1]
+			}
+		}
+	}()
+	select {
+	case u := <-found:
+		return u, up
+	case <-time.After(30 * time.Second):
+		t.Fatal("admit proxy did not start within 30s")
+		return "", nil
+	}
+}
+
+// TestLLMSDKs drives admit proxy with the providers' official Go SDKs:
+// calls and streams admitted and metered, and refusals the SDKs read as
+// their own providers' errors, not retried when the budget is spent.
+func TestLLMSDKs(t *testing.T) {
+	proxy, up := startLLMProxy(t)
+	ctx := context.Background()
+
+	oa := openai.NewClient(option.WithBaseURL(proxy+"/v1/"), option.WithAPIKey("acme-key"), option.WithMaxRetries(0))
+	chat := openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}, MaxCompletionTokens: openai.Int(40)}
+	cc, err := oa.Chat.Completions.New(ctx, chat)
+	if err != nil || cc.Usage.CompletionTokens != 40 {
+		t.Fatalf("openai chat: %v %+v", err, cc)
+	}
+	// A stream that did not ask for usage sees no usage chunk, though
+	// the proxy asked for it.
+	st := oa.Chat.Completions.NewStreaming(ctx, chat)
+	chunks := 0
+	for st.Next() {
+		if c := st.Current(); len(c.Choices) == 0 || c.Usage.TotalTokens != 0 {
+			t.Fatalf("the SDK saw a usage chunk it did not ask for: %+v", c)
+		}
+		chunks++
+	}
+	if st.Err() != nil || chunks != 41 {
+		t.Fatalf("openai stream: %d chunks, %v", chunks, st.Err())
+	}
+	if _, body := up.Last(); !strings.Contains(string(body), `"include_usage":true`) {
+		t.Fatalf("the provider was not asked for the stream's usage: %s", body)
+	}
+	rs, err := oa.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-4o-mini", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("hi")}, MaxOutputTokens: openai.Int(30)})
+	if err != nil || rs.Usage.OutputTokens != 30 {
+		t.Fatalf("openai responses: %v %+v", err, rs)
+	}
+
+	an := anthropic.NewClient(aoption.WithBaseURL(proxy), aoption.WithAPIKey("acme-key"), aoption.WithMaxRetries(0))
+	msgParams := anthropic.MessageNewParams{Model: "claude-haiku-4-5", MaxTokens: 40, Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("hello"))}}
+	msg, err := an.Messages.New(ctx, msgParams)
+	if err != nil || msg.Usage.OutputTokens != 40 {
+		t.Fatalf("anthropic: %v %+v", err, msg)
+	}
+	as := an.Messages.NewStreaming(ctx, msgParams)
+	var acc anthropic.Message
+	for as.Next() {
+		if err := acc.Accumulate(as.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if as.Err() != nil || acc.Usage.OutputTokens != 40 {
+		t.Fatalf("anthropic stream: %v, usage %+v", as.Err(), acc.Usage)
+	}
+
+	gm, err := genai.NewClient(ctx, &genai.ClientConfig{APIKey: "acme-key", Backend: genai.BackendGeminiAPI, HTTPOptions: genai.HTTPOptions{BaseURL: proxy + "/"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gr, err := gm.Models.GenerateContent(ctx, "gemini-2.5-flash", genai.Text("hello"), &genai.GenerateContentConfig{MaxOutputTokens: 40})
+	if err != nil || gr.UsageMetadata == nil || gr.UsageMetadata.CandidatesTokenCount != 40 {
+		t.Fatalf("gemini: %v %+v", err, gr)
+	}
+	parts := 0
+	for r, err := range gm.Models.GenerateContentStream(ctx, "gemini-2.5-flash", genai.Text("hello"), &genai.GenerateContentConfig{MaxOutputTokens: 20}) {
+		if err != nil {
+			t.Fatalf("gemini stream: %v", err)
+		}
+		parts += len(r.Candidates)
+	}
+	if parts != 20 {
+		t.Fatalf("gemini stream: %d chunks", parts)
+	}
+
+	// Calls without a maximum get what acme's 1,000 tokens a minute
+	// leave, and the stand-in uses it all. Then calls that may use 900
+	// tokens get a 429 in each SDK's own provider's format: the bucket
+	// regains 900 in no less than 54 s.
+	up.Output = 1000
+	for range 2 {
+		if _, err := oa.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: chat.Messages}); err != nil {
+			break
+		}
+	}
+	chat.MaxCompletionTokens = openai.Int(900)
+	msgParams.MaxTokens = 900
+	calls := up.Calls()
+	_, err = oa.Chat.Completions.New(ctx, chat)
+	var oe *openai.Error
+	if !errors.As(err, &oe) || oe.StatusCode != 429 || oe.Code != "rate_limit_exceeded" || oe.Response.Header.Get("Retry-After-Ms") == "" {
+		t.Fatalf("openai refusal: %v", err)
+	}
+	_, err = an.Messages.New(ctx, msgParams)
+	var ae *anthropic.Error
+	if !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.RawJSON(), `"rate_limit_error"`) {
+		t.Fatalf("anthropic refusal: %v", err)
+	}
+	_, err = gm.Models.GenerateContent(ctx, "gemini-2.5-flash", genai.Text("hello"), &genai.GenerateContentConfig{MaxOutputTokens: 900})
+	var ge genai.APIError
+	if !errors.As(err, &ge) || ge.Code != 429 || ge.Status != "RESOURCE_EXHAUSTED" {
+		t.Fatalf("gemini refusal: %v", err)
+	}
+	if up.Calls() != calls {
+		t.Fatalf("refused calls reached the provider")
+	}
+
+	// frugal's daily budget: once spent, the SDK with its default
+	// retries does not retry (x-should-retry: false), and says
+	// insufficient quota.
+	attempts := 0
+	count := func(r *http.Request, next option.MiddlewareNext) (*http.Response, error) {
+		attempts++
+		return next(r)
+	}
+	fr := openai.NewClient(option.WithBaseURL(proxy+"/v1/"), option.WithAPIKey("frugal-key"), option.WithMiddleware(count))
+	up.Output = 4000
+	frugal := openai.ChatCompletionNewParams{Model: "gpt-4o-mini", Messages: chat.Messages, MaxCompletionTokens: openai.Int(4000)}
+	for i := 0; i < 20; i++ {
+		if _, err = fr.Chat.Completions.New(ctx, frugal); err != nil {
+			break
+		}
+	}
+	attempts = 0
+	_, err = fr.Chat.Completions.New(ctx, frugal)
+	if !errors.As(err, &oe) || oe.StatusCode != 429 || oe.Code != "insufficient_quota" || oe.Response.Header.Get("X-Should-Retry") != "false" {
+		t.Fatalf("frugal past its budget: %v", err)
+	}
+	if attempts != 1 {
+		t.Fatalf("the SDK tried a spent budget %d times; x-should-retry: false says once", attempts)
+	}
+}
+
+// TestLLMSDKMiddleware: a Go program that calls a provider's SDK itself
+// puts the same reserve and settle in the SDK's middleware, on its own
+// store and rules.
+func TestLLMSDKMiddleware(t *testing.T) {
+	up := &llmtest.Upstream{Output: 100}
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	burst := int64(1000)
+	pol, err := policy.Compile(&policy.Spec{
+		Tiers: map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{{
+			Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "1000/d", Burst: &burst,
+		}}}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := memstore.New(nil)
+	defer store.Close()
+	var mu sync.Mutex
+	var used int64
+	gate, err := llm.NewGate(llm.GateOptions{
+		Decider: policy.NewDecider(store, 1), Policy: func() *policy.Policy { return pol },
+		Record: func(r *llm.Record) { mu.Lock(); used += r.Usage.Sum(); mu.Unlock() },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
+		return policy.Request{Tenant: "acme", Cost: 1}, nil
+	}}
+	client := openai.NewClient(option.WithBaseURL(srv.URL+"/v1/"), option.WithAPIKey("sk-own"), option.WithMiddleware(tr.Middleware()), option.WithMaxRetries(0))
+	admitted := 0
+	for range 20 {
+		_, err := client.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{
+			Model: "gpt-4o-mini", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}, MaxCompletionTokens: openai.Int(300),
+		})
+		var oe *openai.Error
+		if errors.As(err, &oe) && oe.StatusCode == 429 {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		admitted++
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Each call reserves its input and 300 output tokens and settles to
+	// 100: about 8 of 1,000 tokens' calls fit, never more than the
+	// budget.
+	if admitted < 5 || used > 1000 || int64(admitted)*100 > used {
+		t.Fatalf("%d calls admitted, %d tokens used of 1000", admitted, used)
+	}
+	if up.Calls() != int64(admitted) {
+		t.Fatalf("the provider saw %d calls, %d admitted", up.Calls(), admitted)
+	}
+}
