@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -251,5 +252,59 @@ func TestLLMSDKMiddleware(t *testing.T) {
 	}
 	if up.Calls() != int64(admitted) {
 		t.Fatalf("the provider saw %d calls, %d admitted", up.Calls(), admitted)
+	}
+}
+
+// readmeExample is the SDK example of examples/llm/README.md, which
+// TestLLMReadme checks is quoted there verbatim.
+func readmeExample(ctx context.Context, proxy string) (string, error) {
+	client := openai.NewClient(
+		option.WithBaseURL(proxy+"/v1/"), // admit proxy, not api.openai.com
+		option.WithAPIKey("acme-key"),    // the tenant's Admit key
+	)
+	answer, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:    "gpt-4o-mini",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello")},
+	})
+	var refused *openai.Error
+	if errors.As(err, &refused) && refused.StatusCode == http.StatusTooManyRequests {
+		return "", fmt.Errorf("over budget (%s): retry after %s ms", refused.Code, refused.Response.Header.Get("Retry-After-Ms"))
+	}
+	if err != nil {
+		return "", err
+	}
+	return answer.Choices[0].Message.Content, nil
+}
+
+// TestLLMReadme runs examples/llm/README.md: its shell commands against
+// admit proxy on the example's configuration, each answering the status
+// its "# →" comment says, and its SDK example, which must be quoted from
+// readmeExample.
+func TestLLMReadme(t *testing.T) {
+	readme, err := os.ReadFile("../examples/llm/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, _ := os.ReadFile("llm_test.go")
+	goBlock := regexp.MustCompile("(?s)```go\n(.*?)```").FindSubmatch(readme)
+	if goBlock == nil || !strings.Contains(string(src), string(goBlock[1])) {
+		t.Fatalf("the README's Go example is not readmeExample's code")
+	}
+	proxy, up := startLLMProxy(t)
+	up.Output = 12
+	cmds := regexp.MustCompile("(?m)^(curl .*?)\\s+# → (\\d+)$").FindAllSubmatch(readme, -1)
+	if len(cmds) < 4 {
+		t.Fatalf("%d commands found in the README", len(cmds))
+	}
+	for _, c := range cmds {
+		cmd := exec.Command("sh", "-c", string(c[1])+" -o /dev/null -w '%{http_code}'")
+		cmd.Env = append(os.Environ(), "ADMIT="+proxy)
+		out, err := cmd.Output()
+		if err != nil || string(out) != string(c[2]) {
+			t.Errorf("%s\n answered %s (%v), the README says %s", c[1], out, err, c[2])
+		}
+	}
+	if text, err := readmeExample(context.Background(), proxy); err != nil || !strings.HasPrefix(text, "tok ") {
+		t.Errorf("the SDK example: %q, %v", text, err)
 	}
 }

@@ -28,8 +28,8 @@ type meteredBody struct {
 	done           func(m *meter, ended bool)
 	once           sync.Once
 
-	in   []byte // read from src, not yet processed
-	out  []byte // processed, not yet returned
+	out  []byte // processed; returned from off on
+	off  int
 	line []byte // the stream line being gathered
 	long bool   // the current line passed maxEvent: it streams through
 	tail []byte // the last bytes of a long line or a JSON body
@@ -38,26 +38,37 @@ type meteredBody struct {
 }
 
 func newMeteredBody(src io.ReadCloser, api API, stream, dropUsageChunk bool, done func(*meter, bool)) *meteredBody {
-	return &meteredBody{src: src, m: meter{api: api}, stream: stream, dropUsageChunk: dropUsageChunk, done: done, in: make([]byte, 32<<10)}
+	return &meteredBody{src: src, m: meter{api: api}, stream: stream, dropUsageChunk: dropUsageChunk, done: done}
 }
 
+// readBuffers are the bodies' read buffers, shared: a body holds one only
+// while it reads.
+var readBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 func (b *meteredBody) Read(p []byte) (int, error) {
-	for len(b.out) == 0 {
+	for b.off == len(b.out) {
 		if b.err != nil {
 			return 0, b.err
 		}
-		n, err := b.src.Read(b.in)
+		buf := readBuffers.Get().(*[]byte)
+		n, err := b.src.Read(*buf)
 		if n > 0 {
-			b.process(b.in[:n])
+			b.process((*buf)[:n])
 		}
+		readBuffers.Put(buf)
 		if err != nil {
 			b.finish(err)
 		}
 	}
-	n := copy(p, b.out)
-	b.out = b.out[n:]
-	if len(b.out) == 0 {
-		b.out = b.out[:0:0]
+	n := copy(p, b.out[b.off:])
+	b.off += n
+	if b.off == len(b.out) {
+		// Drained: the buffer is written again from its start, so that a
+		// stream reuses one buffer; an unusually large one is let go.
+		b.out, b.off = b.out[:0], 0
+		if cap(b.out) > 4*tailSize {
+			b.out = nil
+		}
 	}
 	return n, nil
 }

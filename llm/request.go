@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"strconv"
-	"strings"
 )
 
 // Request is what a Gate needs to know of an LLM call before it goes out:
@@ -234,90 +232,99 @@ var skipKeys = map[string]bool{
 }
 
 // CountInput estimates the input tokens of a request body: count applied
-// to every text in it (the strings of messages, system prompts, tools,
-// inputs), plus 4 tokens per object for the framing of messages and
-// parts, plus MediaTokens for each image, audio clip or file; media
-// returns how many of those it found. The estimate is what a Gate
-// reserves before the call; the provider's report settles it.
+// to its text (the strings of messages, system prompts, tools, inputs;
+// not models, roles, ids and types), plus 4 tokens per object for the
+// framing of messages and parts, plus MediaTokens for each image, audio
+// clip or file; media returns how many of those it found. The estimate is
+// what a Gate reserves before the call; the provider's report settles it.
+// body must be valid JSON (ParseRequest checks it first).
 func CountInput(body []byte, count func(text string) int64) (tokens, media int64) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var keys []string // the key of each open object, "" in arrays
-	key, inObject, wantKey := "", false, false
-	var stack []bool // inObject of each enclosing value
-	var text strings.Builder
+	type frame struct {
+		object bool
+		key    []byte // the key the value was under
+		media  bool   // inside a media value: nothing in it is text
+	}
+	var stackBuf [16]frame
+	stack := append(stackBuf[:0], frame{})
+	var key []byte
+	expectKey := false
+	var text []byte
 	flush := func() {
-		if text.Len() > 0 {
-			tokens += count(text.String())
-			text.Reset()
+		if len(text) > 0 {
+			tokens += count(string(text))
+			text = text[:0]
 		}
 	}
-	for {
-		t, err := dec.Token()
-		if err == io.EOF || err != nil {
-			break
-		}
-		switch v := t.(type) {
-		case json.Delim:
-			switch v {
-			case '{', '[':
-				if v == '{' {
-					tokens += 4
-					if mediaKeys[key] {
-						media++
-					}
-				}
-				stack = append(stack, inObject)
-				keys = append(keys, key)
-				inObject, wantKey = v == '{', v == '{'
-				if mediaKeys[key] {
-					// Skip the whole media value.
-					depth := 1
-					for depth > 0 {
-						t, err := dec.Token()
-						if err != nil {
-							break
-						}
-						if d, ok := t.(json.Delim); ok {
-							if d == '{' || d == '[' {
-								depth++
-							} else {
-								depth--
-							}
-						}
-					}
-					inObject, stack = stack[len(stack)-1], stack[:len(stack)-1]
-					key, keys = keys[len(keys)-1], keys[:len(keys)-1]
-					wantKey = inObject
-				}
-			default:
-				inObject, stack = stack[len(stack)-1], stack[:len(stack)-1]
-				key, keys = keys[len(keys)-1], keys[:len(keys)-1]
-				wantKey = inObject
+	for i := 0; i < len(body); {
+		top := &stack[len(stack)-1]
+		switch c := body[i]; c {
+		case '{', '[':
+			isMedia := top.media || mediaKeys[string(key)]
+			if isMedia && !top.media {
+				media++
 			}
-		case string:
-			if inObject && wantKey {
-				key, wantKey = v, false
+			if c == '{' {
+				tokens += 4
+			}
+			stack = append(stack, frame{object: c == '{', key: key, media: isMedia})
+			expectKey = c == '{'
+			i++
+		case '}', ']':
+			if len(stack) > 1 {
+				key = stack[len(stack)-1].key
+				stack = stack[:len(stack)-1]
+			}
+			expectKey = false
+			i++
+		case ',':
+			expectKey = top.object
+			i++
+		case '"':
+			end := stringEnd(body, i)
+			raw := body[i : end+1]
+			i = end + 1
+			if top.object && expectKey {
+				key, expectKey = raw[1:len(raw)-1], false
 				continue
 			}
 			switch {
-			case mediaKeys[key]:
+			case top.media:
+			case mediaKeys[string(key)]:
 				media++
-			case skipKeys[key]:
+			case skipKeys[string(key)]:
 			default:
-				if text.Len() > 0 {
-					text.WriteByte('\n')
+				if len(text) > 0 {
+					text = append(text, '\n')
 				}
-				text.WriteString(v)
-				if text.Len() > 1<<16 {
+				if bytes.IndexByte(raw, '\\') < 0 {
+					text = append(text, raw[1:len(raw)-1]...)
+				} else {
+					var s string
+					_ = json.Unmarshal(raw, &s)
+					text = append(text, s...)
+				}
+				if len(text) > 1<<16 {
 					flush()
 				}
 			}
-			wantKey = inObject
 		default:
-			wantKey = inObject
+			i++
 		}
 	}
 	flush()
 	return tokens + media*MediaTokens, media
+}
+
+// stringEnd returns the index of the quote that ends the JSON string
+// starting at b[i].
+func stringEnd(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j
+		}
+	}
+	return len(b) - 1
 }

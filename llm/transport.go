@@ -146,7 +146,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	setHeaders(resp.Header, ticket)
 	stream := req.Stream && resp.StatusCode < 300
 	resp.Body = newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
-		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode, req))
+		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode, req, ticket.maxOut))
 	})
 	if askUsage {
 		resp.ContentLength = -1
@@ -156,7 +156,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 }
 
 // settlement is how a call whose response m read ended.
-func settlement(m *meter, ended bool, status int, req *Request) Settlement {
+func settlement(m *meter, ended bool, status int, req *Request, maxOut int64) Settlement {
 	s := Settlement{Usage: m.usage, Reported: m.reported(), Status: status}
 	switch {
 	case status >= 400 && !s.Reported:
@@ -172,7 +172,13 @@ func settlement(m *meter, ended bool, status int, req *Request) Settlement {
 		if !m.input {
 			s.Usage[policy.Input] = req.Input
 		}
-		s.Usage[policy.Output] = max(s.Usage[policy.Output], m.relayedOutput()-s.Usage[policy.Reasoning])
+		// The relayed output is estimated; the provider cannot have made
+		// more than the maximum it was sent.
+		out := max(s.Usage[policy.Output], m.relayedOutput()-s.Usage[policy.Reasoning])
+		if maxOut > 0 {
+			out = min(out, maxOut*req.Choices-s.Usage[policy.Reasoning])
+		}
+		s.Usage[policy.Output] = max(out, 0)
 	}
 	return s
 }

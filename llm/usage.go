@@ -157,10 +157,81 @@ func (m *meter) reported() bool { return m.input || m.output }
 // chunk (empty choices, usage set), which a stream that did not ask for
 // its usage must not see.
 func (m *meter) observe(data []byte) (usageChunk bool) {
+	if !hasObject(data, `"usage"`) && !hasObject(data, `"usageMetadata"`) && !bytes.Contains(data, []byte(`"message_start"`)) {
+		// A content event, the bulk of a stream: its text is measured
+		// where it lies, without decoding, so that a long stream makes
+		// no garbage.
+		m.relay(textBytes(data))
+		return false
+	}
 	var ev event
 	if json.Unmarshal(data, &ev) != nil {
 		return false
 	}
+	return m.observeEvent(&ev, data)
+}
+
+// textKeys are the keys of the output text in the APIs' stream events.
+var textKeys = [...][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"delta"`), []byte(`"thinking"`),
+	[]byte(`"partial_json"`), []byte(`"arguments"`), []byte(`"reasoning_content"`)}
+
+// textBytes sums the lengths of the string values of textKeys in data.
+func textBytes(data []byte) int {
+	n := 0
+	for _, key := range textKeys {
+		for rest := data; ; {
+			i := bytes.Index(rest, key)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(key):]
+			v := skipColon(rest)
+			if v < 0 || rest[v] != '"' {
+				continue
+			}
+			end := stringEnd(rest, v)
+			n += end - v - 1
+			rest = rest[end:]
+		}
+	}
+	return n
+}
+
+// hasObject reports whether key (quoted) in data has an object value.
+func hasObject(data []byte, key string) bool {
+	for rest := data; ; {
+		i := bytes.Index(rest, []byte(key))
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(key):]
+		if v := skipColon(rest); v >= 0 && rest[v] == '{' {
+			return true
+		}
+	}
+}
+
+// skipColon returns the index of the value after a key's colon in b, or
+// -1 when b does not start with one.
+func skipColon(b []byte) int {
+	colon := false
+	for i, c := range b {
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		case c == ':' && !colon:
+			colon = true
+		case colon:
+			return i
+		default:
+			return -1
+		}
+	}
+	return -1
+}
+
+// observeEvent is observe of a decoded event; data, its JSON, is read
+// again only for Responses' text deltas (nil: none).
+func (m *meter) observeEvent(ev *event, data []byte) (usageChunk bool) {
 	switch m.api.Provider() {
 	case OpenAI:
 		u := ev.Usage
@@ -183,7 +254,7 @@ func (m *meter) observe(data []byte) (usageChunk bool) {
 				m.relay(n)
 			}
 		}
-		if ev.Type == "response.output_text.delta" || ev.Type == "response.reasoning_text.delta" || ev.Type == "response.function_call_arguments.delta" {
+		if data != nil && (ev.Type == "response.output_text.delta" || ev.Type == "response.reasoning_text.delta" || ev.Type == "response.function_call_arguments.delta") {
 			var d struct {
 				Delta string `json:"delta"`
 			}
@@ -244,24 +315,65 @@ func (m *meter) relayedOutput() int64 {
 	return max(m.relayedEvents, (m.relayedBytes+3)/4)
 }
 
-// observeTail reads the usage of a document too long to keep whole from
-// its last bytes, where every API puts it: the last "usage" or
-// "usageMetadata" object in tail. A quote inside a JSON string is
-// escaped, so the key cannot be matched inside text.
+// observeTail reads the usage of a document too long to keep whole (or
+// whole, when short) from its last bytes, where every API puts it: the
+// last "usage" or "usageMetadata" object in tail. A quote inside a JSON
+// string is escaped, so the key cannot be matched inside text.
 func (m *meter) observeTail(tail []byte) {
 	for _, key := range [...]string{`"usageMetadata":`, `"usage":`} {
 		i := bytes.LastIndex(tail, []byte(key))
 		if i < 0 {
 			continue
 		}
-		dec := json.NewDecoder(bytes.NewReader(tail[i+len(key):]))
-		var raw json.RawMessage
-		if dec.Decode(&raw) != nil {
+		obj := tail[i+len(key):]
+		end := objectEnd(obj)
+		if end < 0 {
 			continue
 		}
-		doc := append([]byte(`{`+key), raw...)
-		doc = append(doc, '}')
-		m.observe(doc)
+		var ev event
+		if key == `"usage":` {
+			ev.Usage = new(usageJSON)
+			if json.Unmarshal(obj[:end], ev.Usage) != nil {
+				continue
+			}
+		} else {
+			ev.UsageMetadata = new(geminiUsage)
+			if json.Unmarshal(obj[:end], ev.UsageMetadata) != nil {
+				continue
+			}
+		}
+		m.observeEvent(&ev, nil)
 		return
 	}
+}
+
+// objectEnd returns the length of the JSON object at the start of b
+// (after spaces), or -1 when b does not hold a whole one.
+func objectEnd(b []byte) int {
+	depth, inString, escaped := 0, false, false
+	for i, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '{':
+			depth++
+		case c == '}':
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case depth == 0 && c != ' ' && c != '\n' && c != '\r' && c != '\t':
+			return -1 // not an object (null)
+		}
+	}
+	return -1
 }
