@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws fuzz image pictures
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
@@ -53,6 +53,9 @@ bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, mem
 bench-rls-peer: deps ## admit serve vs envoyproxy/ratelimit on one Redis, side by side (docs/benchmarks.md)
 	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5
 	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5 -charge each
+
+bench-llm: ## admit proxy's LLM metering vs plain admit proxy: CPU per call, delay per streamed chunk, memory of a 100 MB stream (docs/benchmarks.md)
+	cd bench && $(GO) run ./llmbench -callers 32 -duration 3s -rounds 5
 
 bench-ws: ## the WebSocket gateway of admit serve: admissions/s, memory per idle connection, echoes/s per route (docs/benchmarks.md)
 	cd bench && $(GO) run ./wsbench -duration 3s -rounds 3

@@ -339,4 +339,3 @@ func pct(l []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	return s[len(s)*p/100]
 }
-
