@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/anthropics/anthropic-sdk-go"
+	"github.com/chromedp/chromedp"
 	aoption "github.com/anthropics/anthropic-sdk-go/option"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -33,10 +34,18 @@ import (
 // returns its URL once it serves.
 func startLLMProxy(t *testing.T) (string, *llmtest.Upstream) {
 	t.Helper()
+	u, up, _ := startLLMProxyArgs(t)
+	return u, up
+}
+
+// startLLMProxyArgs is startLLMProxy with more flags; it also returns
+// the metrics address when --metrics is among them.
+func startLLMProxyArgs(t *testing.T, args ...string) (string, *llmtest.Upstream, string) {
+	t.Helper()
 	up := &llmtest.Upstream{Output: 40}
 	srv := httptest.NewServer(up)
 	t.Cleanup(srv.Close)
-	cmd := exec.Command(admitBinary(t), "proxy", "--config", "../examples/llm/admit.yaml", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(admitBinary(t), append([]string{"proxy", "--config", "../examples/llm/admit.yaml", "--listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(),
 		"OPENAI_BASE_URL="+srv.URL+"/v1", "OPENAI_API_KEY=sk-platform",
 		"ANTHROPIC_BASE_URL="+srv.URL, "ANTHROPIC_API_KEY=sk-ant-platform",
@@ -50,10 +59,15 @@ func startLLMProxy(t *testing.T) (string, *llmtest.Upstream) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	serving := regexp.MustCompile(`msg="admit proxy serving" listen=(http://127\.0\.0\.1:\d+)`)
+	metrics := regexp.MustCompile(`msg="serving metrics" listen=(http://127\.0\.0\.1:\d+)`)
 	found := make(chan string, 1)
+	var metricsURL string
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			if m := metrics.FindStringSubmatch(sc.Text()); m != nil {
+				metricsURL = m[1] // logged before the proxy serves
+			}
 			if m := serving.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]
 			}
@@ -61,10 +75,10 @@ func startLLMProxy(t *testing.T) (string, *llmtest.Upstream) {
 	}()
 	select {
 	case u := <-found:
-		return u, up
+		return u, up, metricsURL
 	case <-time.After(30 * time.Second):
 		t.Fatal("admit proxy did not start within 30s")
-		return "", nil
+		return "", nil, ""
 	}
 }
 
@@ -307,4 +321,46 @@ func TestLLMReadme(t *testing.T) {
 	if text, err := readmeExample(context.Background(), proxy); err != nil || !strings.HasPrefix(text, "tok ") {
 		t.Errorf("the SDK example: %q, %v", text, err)
 	}
+}
+
+// TestLLMDashboard opens the proxy's LLM usage panel in Chromium after
+// calls of two models, one named with markup by its caller: the panel
+// shows each tenant and model's tokens and cost, and the name as text.
+func TestLLMDashboard(t *testing.T) {
+	proxy, _, metrics := startLLMProxyArgs(t, "--metrics", "127.0.0.1:0")
+	if metrics == "" {
+		t.Fatal("no metrics address logged")
+	}
+	for _, model := range []string{"gpt-4o-mini", "<img src=x onerror=document.title='owned'>"} {
+		req, _ := http.NewRequest("POST", proxy+"/v1/chat/completions", strings.NewReader(`{"model":"`+strings.ReplaceAll(model, `"`, `\"`)+`","messages":[{"role":"user","content":"hi"}],"max_tokens":20}`))
+		req.Header.Set("Authorization", "Bearer acme-key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", model, resp.StatusCode)
+		}
+	}
+	ctx := browser(t)
+	for _, a := range []chromedp.Action[chromedp.Void]{
+		chromedp.Navigate(metrics + "/dashboard"),
+		poll(`[...document.querySelectorAll("tr.usage")].some(r => r.textContent.includes("acme") && r.textContent.includes("gpt-4o-mini"))`),
+		poll(`[...document.querySelectorAll("tr.usage td")].some(td => td.textContent.startsWith("<img"))`),
+		poll(`document.getElementById("calls").textContent === "2"`),
+	} {
+		if _, err := chromedp.Run(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	title, err := chromedp.Run(ctx, chromedp.Title())
+	if err != nil || title == "owned" {
+		t.Fatalf("title %q (%v): a model name ran as markup in the panel", title, err)
+	}
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep(t, "llm-dashboard.png", shot)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"sync"
+	"time"
 )
 
 // Bounds on what a metered response keeps: a stream event up to
@@ -27,6 +28,11 @@ type meteredBody struct {
 	dropUsageChunk bool
 	done           func(m *meter, ended bool)
 	once           sync.Once
+	// drain, when positive, keeps reading a body closed before its end
+	// for up to that long, for the provider's own report; cancel then
+	// stops the call.
+	drain  time.Duration
+	cancel func()
 
 	out  []byte // processed; returned from off on
 	off  int
@@ -161,10 +167,24 @@ func (b *meteredBody) keepTail(p []byte) {
 	b.tail = append(b.tail, p...)
 }
 
-// Close closes the body; before its end, the client left: the meter
-// reports what was relayed.
+// Close closes the body. Before its end the client left: the meter
+// reports what was relayed, or, with drain set, what the provider reports
+// by the time drain has passed.
 func (b *meteredBody) Close() error {
+	if b.drain > 0 && b.err == nil {
+		go func() {
+			stop := time.AfterFunc(b.drain, b.cancel)
+			defer stop.Stop()
+			_, _ = io.Copy(io.Discard, b) // ends with finish: done is called
+			_ = b.src.Close()
+			b.cancel()
+		}()
+		return nil
+	}
 	err := b.src.Close()
 	b.once.Do(func() { b.done(&b.m, false) })
+	if b.cancel != nil {
+		b.cancel()
+	}
 	return err
 }

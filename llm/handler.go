@@ -6,6 +6,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/admitdev/admit/policy"
 )
@@ -34,7 +35,10 @@ type HandlerOptions struct {
 	// http.DefaultTransport.
 	Transport http.RoundTripper
 	MaxBody   int64
-	Logger    *slog.Logger
+	// Drain keeps reading a stream whose client left for up to this long,
+	// for the provider's own usage report (see Transport.Drain).
+	Drain  time.Duration
+	Logger *slog.Logger
 }
 
 // NewHandler returns admit proxy's LLM front end: each metered call (see
@@ -49,7 +53,7 @@ func NewHandler(o HandlerOptions) http.Handler {
 	h := &handler{o: o}
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite:   h.rewrite,
-		Transport: &Transport{Gate: o.Gate, Base: o.Transport, MaxBody: o.MaxBody, Logger: o.Logger},
+		Transport: &Transport{Gate: o.Gate, Base: o.Transport, MaxBody: o.MaxBody, Drain: o.Drain, Logger: o.Logger},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			api, _, _ := Route(r.Method, r.URL.Path)
 			o.Logger.Warn("llm: the provider did not answer", "path", r.URL.Path, "err", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/admitdev/admit/llm/llmtest"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
 )
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -43,6 +44,10 @@ func tokenRule() policy.RuleSpec {
 }
 
 func newRig(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions) *rig {
+	return newRigDrain(t, rules, opts, 0)
+}
+
+func newRigDrain(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions, drain time.Duration) *rig {
 	t.Helper()
 	pol, err := policy.Compile(&policy.Spec{
 		Tiers:   map[string]policy.TierSpec{"t": {Rules: rules}},
@@ -63,7 +68,7 @@ func newRig(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
+	tr := &llm.Transport{Gate: gate, Drain: drain, Who: func(*http.Request) (policy.Request, error) {
 		return policy.Request{Tenant: "acme", Cost: 1}, nil
 	}}
 	r.client = &http.Client{Transport: tr}
@@ -379,5 +384,117 @@ func TestNeverOverConcurrent(t *testing.T) {
 	}
 	if admitted < 20 {
 		t.Fatalf("only %d calls admitted", admitted)
+	}
+}
+
+// With Drain, a stream whose client left is read to its end, within the
+// limit, and settled to the provider's own report.
+func TestDrainAfterClientLeft(t *testing.T) {
+	r := newRigDrain(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{}, time.Minute)
+	r.up.Output = 20
+	r.up.Hold = make(chan struct{}, 100)
+	for range 4 {
+		r.up.Hold <- struct{}{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", r.srv.URL+"/v1/chat/completions", strings.NewReader(
+		`{"model":"gpt-4o","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`))
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for chunks := 0; chunks < 3; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(line, "data:") {
+			chunks++
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	for range 30 {
+		r.up.Hold <- struct{}{} // the rest of the stream, which the proxy reads alone
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r.mu.Lock()
+		n := len(r.records)
+		r.mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the drained call was never settled")
+		}
+	}
+	rec := r.records[0]
+	if !rec.Reported || rec.Usage[policy.Output] != 20 {
+		t.Fatalf("drained call recorded %+v, want the provider's report of 20 output tokens", rec)
+	}
+	if got := r.remaining("tokens"); got != 1000-rec.Usage.Sum() {
+		t.Fatalf("bucket %d, want %d", got, 1000-rec.Usage.Sum())
+	}
+}
+
+// With the store down and rules that fail open, calls pass unreserved,
+// are recorded, and settle without error to the caller.
+func TestStoreDownFailsOpen(t *testing.T) {
+	pol, err := policy.Compile(&policy.Spec{
+		Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{tokenRule()}}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := memstore.New(nil)
+	defer mem.Close()
+	faulty := &storetest.Faulty{Store: mem}
+	faulty.Down.Store(true)
+	var records int
+	gate, _ := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(faulty, 1), Policy: func() *policy.Policy { return pol },
+		Record: func(*llm.Record) { records++ }})
+	up := &llmtest.Upstream{Output: 30}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	client := &http.Client{Transport: &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
+		return policy.Request{Tenant: "acme", Cost: 1}, nil
+	}}}
+	resp, err := client.Post(srv.URL+"/v1/messages", "application/json", strings.NewReader(`{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || up.Calls() != 1 || records != 1 {
+		t.Fatalf("store down, failing open: status %d, upstream calls %d, records %d", resp.StatusCode, up.Calls(), records)
+	}
+}
+
+// LowerMaxOutput lowers a call's own maximum to what its budget leaves,
+// where it would be refused.
+func TestLowerMaxOutput(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{LowerMaxOutput: true, MinOutput: 10})
+	r.up.Output = 10_000
+	resp, _ := r.post("/v1/messages", `{"model":"claude-haiku-4-5","max_tokens":5000,"messages":[{"role":"user","content":"hi"}]}`)
+	_, sent := r.up.Last()
+	var m struct {
+		MaxTokens int64 `json:"max_tokens"`
+	}
+	_ = json.Unmarshal(sent, &m)
+	if resp.StatusCode != 200 || m.MaxTokens >= 1000 || m.MaxTokens < 900 {
+		t.Fatalf("status %d, maximum sent %d: want it lowered to what 1000 tokens leave after the input", resp.StatusCode, m.MaxTokens)
+	}
+}
+
+// A body past MaxBody is refused (413) in the provider's format, never
+// forwarded.
+func TestBodyBound(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.client.Transport.(*llm.Transport).MaxBody = 100
+	resp, msg := r.post("/v1/messages", `{"model":"claude-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"`+strings.Repeat("a", 200)+`"}]}`)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(msg, `"type":"request_too_large"`) || r.up.Calls() != 0 {
+		t.Fatalf("%d %s (upstream calls %d)", resp.StatusCode, msg, r.up.Calls())
 	}
 }

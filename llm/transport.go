@@ -35,7 +35,12 @@ type Transport struct {
 	Who func(*http.Request) (policy.Request, error)
 	// MaxBody bounds a request body; default DefaultMaxBody.
 	MaxBody int64
-	Logger  *slog.Logger
+	// Drain, when positive, keeps reading a stream whose client left for
+	// up to this long, so that the provider's own usage report settles
+	// the call: what the provider bills, rather than the input and the
+	// output relayed. 0 cancels the call at once.
+	Drain  time.Duration
+	Logger *slog.Logger
 }
 
 type whoKey struct{}
@@ -128,7 +133,12 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		_ = ticket.Settle(context.WithoutCancel(r.Context()), Settlement{Status: http.StatusBadRequest})
 		return fail(err)
 	}
-	r2 := r.Clone(r.Context())
+	ctx, cancel := r.Context(), context.CancelFunc(func() {})
+	if t.Drain > 0 && req.Stream {
+		// The call outlives its client by up to Drain: its own context.
+		ctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	}
+	r2 := r.Clone(ctx)
 	r2.Body = nopBody(out)
 	r2.ContentLength = int64(len(out))
 	r2.Header.Set("Content-Length", strconv.Itoa(len(out)))
@@ -139,15 +149,21 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	resp, err := next(r2)
 	settleCtx := context.WithoutCancel(r.Context())
 	if err != nil {
+		cancel()
 		// The call did not happen, or not that anyone will tell: refund.
 		t.settle(settleCtx, ticket, Settlement{Status: http.StatusBadGateway})
 		return nil, err
 	}
 	setHeaders(resp.Header, ticket)
 	stream := req.Stream && resp.StatusCode < 300
-	resp.Body = newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
+	mb := newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
 		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode, req, ticket.maxOut))
 	})
+	mb.cancel = cancel
+	if stream {
+		mb.drain = t.Drain
+	}
+	resp.Body = mb
 	if askUsage {
 		resp.ContentLength = -1
 		resp.Header.Del("Content-Length")

@@ -81,3 +81,15 @@ func (f *Faulty) Reset(ctx context.Context, charges []admit.Charge) error {
 	}
 	return f.Store.Reset(ctx, charges)
 }
+
+// Refund implements admit.Refunder when the wrapped store does.
+func (f *Faulty) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
+	if err := f.down(); err != nil {
+		return err
+	}
+	r, ok := f.Store.(admit.Refunder)
+	if !ok {
+		return admit.Errorf(admit.CodeInvalid, "storetest.Faulty: %T takes no refunds", f.Store)
+	}
+	return r.Refund(ctx, charges, at)
+}

@@ -246,3 +246,26 @@ tenants:
 		t.Fatalf("Redis down, on_error closed: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestLLMConfigErrors: a wrong llm section or rule in tokens or money is
+// refused with its file, line and field.
+func TestLLMConfigErrors(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"llm:\n  providers:\n    openai:\n      api_key: \"\"\n", "llm.providers.openai.api_key"},
+		{"llm:\n  providers:\n    grok: {api_key: k}\n", "unknown provider"},
+		{"llm:\n  providers:\n    openai: {base_url: \"ftp://x\", api_key: k}\n", "llm.providers.openai.base_url"},
+		{"llm:\n  prices:\n    m: {input: \"abc\", output: \"1\"}\n", "llm.prices.m.input"},
+		{"llm:\n  prices:\n    m: {input: \"1\"}\n", "llm.prices.m.output"},
+		{"llm:\n  drain_on_disconnect: forever\n", "llm.drain_on_disconnect"},
+		{"tiers:\n  t:\n    rules:\n      - {name: r, scope: tenant, unit: money, algorithm: quota, period: day, limit: 5}\n", "budget"},
+		{"tiers:\n  t:\n    rules:\n      - {name: r, scope: tenant, unit: money, algorithm: quota, period: day, budget: \"0.0000001\"}\n", "budget"},
+		{"tiers:\n  t:\n    rules:\n      - {name: r, scope: tenant, unit: tokens, algorithm: sliding_log, limit: 5, window: 1m}\n", ".unit"},
+		{"tiers:\n  t:\n    rules:\n      - {name: r, scope: tenant, unit: tokens, weights: {inptu: \"1\"}, algorithm: fixed_window, limit: 5, window: 1m}\n", "unknown token kind"},
+		{"tiers:\n  t:\n    rules:\n      - {name: r, scope: tenant, unit: coins, algorithm: fixed_window, limit: 5, window: 1m}\n", "unknown unit"},
+	} {
+		_, err := ParseConfig("x.yaml", []byte("version: 1\n"+c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "x.yaml:") {
+			t.Errorf("%s: %v, want an error about %s with its position", c.yaml, err, c.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/policy"
@@ -30,6 +31,11 @@ type LLMConfig struct {
 	LowerMaxOutput bool `json:"lower_max_output"`
 	// MaxBody bounds a call's request body, in bytes; default 32 MiB.
 	MaxBody int64 `json:"max_body"`
+	// DrainOnDisconnect, a duration, keeps reading a stream whose client
+	// left for up to that long, so that the provider's own usage report
+	// settles it; default 0: the call is cancelled and charged its input
+	// and the output relayed.
+	DrainOnDisconnect string `json:"drain_on_disconnect"`
 	// Currency names the prices' currency, for records and metrics;
 	// default USD.
 	Currency string `json:"currency"`
@@ -132,9 +138,24 @@ func (d *decoder) checkLLM(c *LLMConfig) {
 	if c.MinOutput < 0 || c.DefaultMaxOutput > 0 && c.MinOutput > c.DefaultMaxOutput {
 		d.failAt("llm.min_output", "%d: want 1 to default_max_output", c.MinOutput)
 	}
+	if _, err := c.drain(); err != nil {
+		d.failAt("llm.drain_on_disconnect", "%v", err)
+	}
 	if c.MaxBody < 0 || c.MaxBody > 1<<30 {
 		d.failAt("llm.max_body", "%d: want up to 1 GiB", c.MaxBody)
 	}
 }
 
 func errOf[T any](_ T, err error) error { return err }
+
+// drain returns drain_on_disconnect.
+func (c *LLMConfig) drain() (time.Duration, error) {
+	if c.DrainOnDisconnect == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(c.DrainOnDisconnect)
+	if err != nil || d < 0 || d > 10*time.Minute {
+		return 0, fmt.Errorf("%q: want a duration from 0 to 10m", c.DrainOnDisconnect)
+	}
+	return d, nil
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	_ "embed"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -161,5 +162,18 @@ func (m *llmMeter) usageHandler() http.Handler {
 		})
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"currency": m.currency, "usage": rows})
+	})
+}
+
+//go:embed llmdashboard.html
+var llmDashboard []byte
+
+// llmDashboardHandler serves the LLM usage panel: every tenant and model's
+// tokens by kind and cost, refreshed from /v1/llm/usage.
+func llmDashboardHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
+		_, _ = w.Write(llmDashboard)
 	})
 }

@@ -38,7 +38,8 @@ Anthropic's /v1/messages and Gemini's generateContent and
 streamGenerateContent go to their provider with the tenant's key replaced
 by the platform's, within the rules in tokens and money (reserved before,
 settled to the reported usage after); --upstream is then optional and
-serves every other path. --metrics then also serves /v1/llm/usage.
+serves every other path. --metrics then also serves /v1/llm/usage (every
+tenant and model's tokens by kind and cost) and /dashboard (a page of it).
 
 An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
@@ -140,6 +141,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		handler = h
 		metrics.Handle("GET /metrics", llmMetricsHandler(lim, meter))
 		metrics.Handle("GET /v1/llm/usage", meter.usageHandler())
+		metrics.Handle("GET /dashboard", llmDashboardHandler())
 	}
 	if f.metrics != "" {
 		stop, err := serveMetrics(f.metrics, "/", metrics, log)
@@ -206,8 +208,9 @@ func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol f
 		closeRecords()
 		return nil, nil, nil, err
 	}
+	drain, _ := c.drain() // validated with the configuration
 	h := llm.NewHandler(llm.HandlerOptions{
-		Gate: gate, Upstreams: ups, Identify: lim.Identify, Next: next, MaxBody: c.MaxBody, Logger: log,
+		Gate: gate, Upstreams: ups, Identify: lim.Identify, Next: next, MaxBody: c.MaxBody, Drain: drain, Logger: log,
 	})
 	return h, meter, closeRecords, nil
 }
