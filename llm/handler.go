@@ -17,6 +17,10 @@ import (
 type Upstream struct {
 	BaseURL *url.URL
 	APIKey  string
+	// LegacyMaxTokens writes the maximum output an OpenAI chat completion
+	// is given as max_tokens, for servers that predate
+	// max_completion_tokens.
+	LegacyMaxTokens bool
 }
 
 // HandlerOptions configure NewHandler. Gate and Identify are required.
@@ -50,23 +54,25 @@ func NewHandler(o HandlerOptions) http.Handler {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	h := &handler{o: o}
-	h.proxy = &httputil.ReverseProxy{
-		Rewrite:   h.rewrite,
-		Transport: &Transport{Gate: o.Gate, Base: o.Transport, MaxBody: o.MaxBody, Drain: o.Drain, Logger: o.Logger},
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			api, _, _ := Route(r.Method, r.URL.Path)
-			o.Logger.Warn("llm: the provider did not answer", "path", r.URL.Path, "err", err)
-			(&Problem{Status: http.StatusBadGateway, Message: "the provider did not answer"}).Write(w, api.Provider())
-		},
-		ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+	h := &handler{o: o, proxies: map[Provider]*httputil.ReverseProxy{}}
+	for p, up := range o.Upstreams {
+		h.proxies[p] = &httputil.ReverseProxy{
+			Rewrite: h.rewrite,
+			Transport: &Transport{Gate: o.Gate, Base: o.Transport, MaxBody: o.MaxBody, Drain: o.Drain,
+				LegacyMaxTokens: up.LegacyMaxTokens, Logger: o.Logger},
+			ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+				o.Logger.Warn("llm: the provider did not answer", "provider", p.String(), "path", r.URL.Path, "err", err)
+				(&Problem{Status: http.StatusBadGateway, Message: "the provider did not answer"}).Write(w, p)
+			},
+			ErrorLog: slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+		}
 	}
 	return h
 }
 
 type handler struct {
-	o     HandlerOptions
-	proxy *httputil.ReverseProxy
+	o       HandlerOptions
+	proxies map[Provider]*httputil.ReverseProxy
 }
 
 // credentialHeaders are the headers a caller's credential may come in,
@@ -85,7 +91,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	provider := api.Provider()
-	if _, ok := h.o.Upstreams[provider]; !ok {
+	proxy, ok := h.proxies[provider]
+	if !ok {
 		(&Problem{Status: http.StatusNotFound, Message: "this proxy forwards no " + provider.String() + " calls"}).Write(w, provider)
 		return
 	}
@@ -102,7 +109,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		problemOf(err).Write(w, provider)
 		return
 	}
-	h.proxy.ServeHTTP(w, r.WithContext(WithWho(r.Context(), who)))
+	proxy.ServeHTTP(w, r.WithContext(WithWho(r.Context(), who)))
 }
 
 // rewrite points a call at its provider with the platform's key.

@@ -122,6 +122,7 @@ func TestSettlesToReportedUsage(t *testing.T) {
 		{"messages_stream", "/v1/messages", `{"model":"claude-sonnet-4-5","max_tokens":300,"stream":true,"messages":[{"role":"user","content":"hi"}]}`},
 		{"gemini", "/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":300}}`},
 		{"gemini_stream", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}]}`},
+		{"gemini_stream_array", "/v1beta/models/gemini-2.5-flash:streamGenerateContent", `{"contents":[{"parts":[{"text":"hi"}]}]}`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
@@ -496,5 +497,19 @@ func TestBodyBound(t *testing.T) {
 	resp, msg := r.post("/v1/messages", `{"model":"claude-haiku-4-5","max_tokens":5,"messages":[{"role":"user","content":"`+strings.Repeat("a", 200)+`"}]}`)
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(msg, `"type":"request_too_large"`) || r.up.Calls() != 0 {
 		t.Fatalf("%d %s (upstream calls %d)", resp.StatusCode, msg, r.up.Calls())
+	}
+}
+
+// LegacyMaxTokens writes the maximum a chat completion is given as
+// max_tokens, for servers that predate max_completion_tokens.
+func TestLegacyMaxTokens(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{DefaultMaxOutput: 300})
+	r.client.Transport.(*llm.Transport).LegacyMaxTokens = true
+	if resp, _ := r.post("/v1/chat/completions", `{"model":"llama3","messages":[{"role":"user","content":"hi"}]}`); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	_, sent := r.up.Last()
+	if !strings.Contains(string(sent), `"max_tokens":300`) || strings.Contains(string(sent), "max_completion_tokens") {
+		t.Fatalf("sent %s", sent)
 	}
 }

@@ -30,6 +30,8 @@ type Request struct {
 
 	fields map[string]json.RawMessage
 	body   []byte
+	// legacyMaxTokens: see Transport.LegacyMaxTokens.
+	legacyMaxTokens bool
 }
 
 // MediaTokens is the input estimate of one image, audio clip or file of
@@ -173,7 +175,7 @@ func (r *Request) Body(maxOutput int64, includeUsage bool) ([]byte, error) {
 		n := json.RawMessage(strconv.FormatInt(maxOutput, 10))
 		switch r.API {
 		case ChatCompletions:
-			if _, ok := r.fields["max_tokens"]; ok && r.fields["max_completion_tokens"] == nil {
+			if _, ok := r.fields["max_tokens"]; ok && r.fields["max_completion_tokens"] == nil || r.legacyMaxTokens && r.fields["max_completion_tokens"] == nil {
 				set["max_tokens"] = n
 			} else {
 				set["max_completion_tokens"] = n

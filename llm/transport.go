@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -39,8 +40,12 @@ type Transport struct {
 	// up to this long, so that the provider's own usage report settles
 	// the call: what the provider bills, rather than the input and the
 	// output relayed. 0 cancels the call at once.
-	Drain  time.Duration
-	Logger *slog.Logger
+	Drain time.Duration
+	// LegacyMaxTokens writes the maximum output of a chat completion that
+	// sets none as max_tokens rather than max_completion_tokens, for
+	// OpenAI-compatible servers that predate it.
+	LegacyMaxTokens bool
+	Logger          *slog.Logger
 }
 
 type whoKey struct{}
@@ -128,6 +133,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		return fail(err)
 	}
 	askUsage := provider == OpenAI && req.Stream && !req.IncludeUsage && (api == ChatCompletions || api == Completions)
+	req.legacyMaxTokens = t.LegacyMaxTokens
 	out, err := req.Body(ticket.maxOut, askUsage)
 	if err != nil {
 		_ = ticket.Settle(context.WithoutCancel(r.Context()), Settlement{Status: http.StatusBadRequest})
@@ -155,7 +161,10 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		return nil, err
 	}
 	setHeaders(resp.Header, ticket)
-	stream := req.Stream && resp.StatusCode < 300
+	// Server-sent events are read event by event; anything else (a JSON
+	// body, Gemini's stream as one JSON array without alt=sse) by its
+	// tail, where the last usage is.
+	stream := resp.StatusCode < 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	mb := newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
 		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode, req, ticket.maxOut))
 	})

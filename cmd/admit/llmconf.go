@@ -48,6 +48,10 @@ type LLMConfig struct {
 type LLMProviderConfig struct {
 	BaseURL string `json:"base_url"`
 	APIKey  string `json:"api_key"`
+	// MaxTokensField is the field Admit writes a chat completion's
+	// maximum output in when the call sets none: max_completion_tokens
+	// (the default, OpenAI's) or max_tokens (servers that predate it).
+	MaxTokensField string `json:"max_tokens_field"`
 }
 
 // LLMPriceConfig is a model's prices per million tokens. Cached input and
@@ -90,7 +94,15 @@ func (c *LLMConfig) upstreams() (map[llm.Provider]llm.Upstream, error) {
 		if strings.TrimSpace(p.APIKey) == "" {
 			return nil, &fieldError{"llm.providers." + name + ".api_key", "empty: the platform's key for " + name + " (is its environment variable set?)"}
 		}
-		out[prov] = llm.Upstream{BaseURL: u, APIKey: strings.TrimSpace(p.APIKey)}
+		legacy := false
+		switch p.MaxTokensField {
+		case "", "max_completion_tokens":
+		case "max_tokens":
+			legacy = true
+		default:
+			return nil, &fieldError{"llm.providers." + name + ".max_tokens_field", fmt.Sprintf("%q: want max_completion_tokens or max_tokens", p.MaxTokensField)}
+		}
+		out[prov] = llm.Upstream{BaseURL: u, APIKey: strings.TrimSpace(p.APIKey), LegacyMaxTokens: legacy}
 	}
 	return out, nil
 }

@@ -442,7 +442,18 @@ func (s *answer) gemini(stream bool) {
 		return
 	}
 	if s.r.URL.Query().Get("alt") != "sse" {
-		http.Error(s.w, "the stand-in streams Gemini as server-sent events only (alt=sse)", http.StatusBadRequest)
+		// Without alt=sse, Gemini streams one JSON array of chunks.
+		s.w.Header().Set("Content-Type", "application/json")
+		var chunks []any
+		for i := range out {
+			doc := map[string]any{"candidates": cand(s.word(), ""), "modelVersion": "standin"}
+			if !s.u.NoUsage {
+				doc["usageMetadata"] = meta(i + 1)
+			}
+			chunks = append(chunks, doc)
+		}
+		b, _ := json.Marshal(chunks)
+		_, _ = s.out.Write(b)
 		return
 	}
 	s.startStream()
