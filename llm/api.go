@@ -122,3 +122,51 @@ func Route(method, path string) (api API, model string, ok bool) {
 	}
 	return 0, "", false
 }
+
+// RouteExact is Route for paths a caller Admit does not trust sends: the
+// providers' own paths exactly (OpenAI's and Anthropic's under /v1,
+// Gemini's under /v1beta or /v1, a model name of letters, digits and
+// . _ -), so that no crafted path (dot segments, a prefix of another
+// endpoint) passes as a metered call and reaches the provider with the
+// platform's key.
+func RouteExact(method, path string) (api API, model string, ok bool) {
+	if method != http.MethodPost {
+		return 0, "", false
+	}
+	switch path {
+	case "/v1/chat/completions":
+		return ChatCompletions, "", true
+	case "/v1/responses":
+		return Responses, "", true
+	case "/v1/completions":
+		return Completions, "", true
+	case "/v1/embeddings":
+		return Embeddings, "", true
+	case "/v1/messages":
+		return Messages, "", true
+	}
+	rest, found := strings.CutPrefix(path, "/v1beta/models/")
+	if !found {
+		rest, found = strings.CutPrefix(path, "/v1/models/")
+	}
+	if !found {
+		return 0, "", false
+	}
+	m, method, _ := strings.Cut(rest, ":")
+	if m == "" || len(m) > 256 || strings.Trim(m, ".") == "" {
+		return 0, "", false
+	}
+	for i := 0; i < len(m); i++ {
+		c := m[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return 0, "", false
+		}
+	}
+	switch method {
+	case "generateContent":
+		return GenerateContent, m, true
+	case "streamGenerateContent":
+		return StreamGenerateContent, m, true
+	}
+	return 0, "", false
+}

@@ -81,7 +81,10 @@ type handler struct {
 var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Goog-Api-Key", "Openai-Organization", "Openai-Project", "Anthropic-Organization", "X-Goog-User-Project"}
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	api, _, ok := Route(r.Method, r.URL.Path)
+	api, _, ok := RouteExact(r.Method, r.URL.Path)
+	if ok && r.URL.RawPath != "" {
+		ok = false // escapes in the path: not a path the providers' SDKs send
+	}
 	if !ok {
 		if h.o.Next != nil {
 			h.o.Next.ServeHTTP(w, r)

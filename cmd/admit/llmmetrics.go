@@ -16,9 +16,10 @@ import (
 	"github.com/admitdev/admit/policy"
 )
 
-// maxLLMRows bounds the tenant × model pairs the LLM meter keeps apart
-// (and so the label sets of its metrics): past it, calls are counted
-// under tenant and model "(other)". Tenants choose model names.
+// maxLLMRows bounds the tenant × model pairs the LLM meter keeps apart,
+// "(other)" included (and so the label sets of its metrics): past it,
+// calls are counted under tenant and model "(other)". Tenants choose
+// model names.
 const maxLLMRows = 1000
 
 type llmKey struct{ tenant, model string }
@@ -79,7 +80,7 @@ func (m *llmMeter) record(r *llm.Record) {
 	k := llmKey{r.Tenant, r.Model}
 	row := m.rows[k]
 	if row == nil {
-		if len(m.rows) >= maxLLMRows {
+		if len(m.rows) >= maxLLMRows-1 { // the last row is "(other)"
 			k = llmKey{"(other)", "(other)"}
 			row = m.rows[k]
 		}
