@@ -20,7 +20,7 @@ var layers = []struct {
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},
 	{"adapter helpers", []string{"internal/httpx"}},
-	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm"}},
+	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},
 	{"uses of the whole", []string{"examples/*", "fault", "attack"}},

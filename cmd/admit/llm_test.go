@@ -197,7 +197,7 @@ tenants:
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, up := llmProxy(t, path, "--data-dir", t.TempDir())
+	a, up := llmProxy(t, path, "--data-dir", t.TempDir(), "--metrics", "127.0.0.1:0")
 	b := startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
 	up.Output = 90
 	var wg sync.WaitGroup
@@ -239,6 +239,29 @@ tenants:
 		t.Fatalf("%d calls admitted through two proxies used %d tokens of a 4000-token budget", admitted, used)
 	}
 	t.Logf("%d calls admitted, %d tokens each", admitted, perCall)
+
+	// Both proxies' calls add up in Redis, by day: what a's usage API
+	// says once b has stored its calls (b stores them within a second).
+	addr := metricsAddr(t, a.stderr.String())
+	var day string
+	waitFor(t, func() bool {
+		_, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", nil, "")
+		var u struct {
+			Usage []struct {
+				Day      string
+				Requests int64
+				Tokens   map[string]int64
+			}
+		}
+		if json.Unmarshal([]byte(body), &u) != nil || len(u.Usage) != 1 {
+			return false
+		}
+		day = u.Usage[0].Day
+		return u.Usage[0].Requests == int64(admitted) && u.Usage[0].Tokens["output"] == int64(admitted)*90
+	}, "the usage of both proxies' calls in Redis")
+	if resp, _ := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme&from="+day+"&to=2020-01-01", nil, ""); resp.StatusCode != 400 {
+		t.Errorf("a range that ends before it starts: %d", resp.StatusCode)
+	}
 
 	srv.Kill()
 	resp, body := llmCall(t, "POST", a.url+"/v1/messages", map[string]string{"x-api-key": "acme-key"}, `{"model":"claude-haiku-4-5","max_tokens":10,"messages":[]}`)

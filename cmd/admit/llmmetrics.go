@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	_ "embed"
 	"encoding/json"
+	"log/slog"
 	"io"
 	"net/http"
 	"slices"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 )
 
 // maxLLMRows bounds the tenant × model pairs the LLM meter keeps apart,
@@ -38,13 +41,19 @@ type llmMeter struct {
 	mu       sync.Mutex
 	rows     map[llmKey]*llmRow
 	records  io.Writer
+	// store keeps the usage by day for every proxy of the deployment;
+	// pending holds the calls not yet added to it (flush).
+	store   llm.UsageStore
+	pending []*llm.Record
+	flushMu sync.Mutex
+	log     *slog.Logger
 
 	requests, tokens, cost, unreported *prometheus.Desc
 }
 
-func newLLMMeter(currency string, records io.Writer) *llmMeter {
+func newLLMMeter(currency string, records io.Writer, store llm.UsageStore, log *slog.Logger) *llmMeter {
 	return &llmMeter{
-		currency: currency, rows: map[llmKey]*llmRow{}, records: records,
+		currency: currency, rows: map[llmKey]*llmRow{}, records: records, store: store, log: log,
 		requests:   prometheus.NewDesc("admit_llm_requests_total", "LLM calls settled, per tenant and model.", []string{"tenant", "model"}, nil),
 		tokens:     prometheus.NewDesc("admit_llm_tokens_total", "LLM tokens used, per tenant, model and kind (input, cached_input, cache_write, output, reasoning).", []string{"tenant", "model", "kind"}, nil),
 		cost:       prometheus.NewDesc("admit_llm_cost_total", "What LLM calls cost at the configured prices, in the currency.", []string{"tenant", "model", "currency"}, nil),
@@ -89,6 +98,14 @@ func (m *llmMeter) record(r *llm.Record) {
 			m.rows[k] = row
 		}
 	}
+	if m.store != nil && len(m.pending) < maxPending {
+		rec := *r
+		rec.Model = k.model // within the bound of model names
+		if k.tenant == "(other)" {
+			rec.Model = "(other)"
+		}
+		m.pending = append(m.pending, &rec)
+	}
 	row.requests++
 	if !r.Reported {
 		row.unreported++
@@ -105,6 +122,54 @@ func (m *llmMeter) record(r *llm.Record) {
 		}
 		b, _ := json.Marshal(rec)
 		_, _ = m.records.Write(append(b, '\n'))
+	}
+}
+
+// maxPending bounds the calls waiting to be added to the usage store: a
+// store down for long loses the oldest minute's worth, not the process's
+// memory.
+const maxPending = 100_000
+
+// flush adds the pending calls to the usage store.
+func (m *llmMeter) flush(ctx context.Context) error {
+	m.flushMu.Lock() // one flush at a time, in order
+	defer m.flushMu.Unlock()
+	m.mu.Lock()
+	batch := m.pending
+	m.pending = nil
+	m.mu.Unlock()
+	if len(batch) == 0 || m.store == nil {
+		return nil
+	}
+	if err := m.store.Add(ctx, batch); err != nil {
+		m.mu.Lock()
+		if len(m.pending)+len(batch) <= maxPending {
+			m.pending = append(batch, m.pending...) // retried at the next flush
+		}
+		m.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// flushEvery flushes every interval until ctx ends, then once more.
+func (m *llmMeter) flushEvery(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := m.flush(fctx); err != nil {
+				m.log.Error("llm usage: the last calls could not be stored", "err", err)
+			}
+			cancel()
+			return
+		case <-t.C:
+			if err := m.flush(ctx); err != nil {
+				m.log.Warn("llm usage: storing calls failed; retrying", "err", err)
+			}
+		}
 	}
 }
 
@@ -134,29 +199,69 @@ func (m *llmMeter) Collect(ch chan<- prometheus.Metric) {
 type usageRow struct {
 	Tenant     string           `json:"tenant"`
 	Model      string           `json:"model"`
+	Day        string           `json:"day,omitempty"`
 	Requests   int64            `json:"requests"`
 	Unreported int64            `json:"unreported"`
 	Tokens     map[string]int64 `json:"tokens"`
 	Cost       string           `json:"cost"`
 }
 
-// usageHandler serves GET /v1/llm/usage[?tenant=ID]: every tenant and
-// model's tokens by kind and cost since the proxy started, sorted.
+// usageHandler serves GET /v1/llm/usage: without a tenant, every tenant
+// and model's tokens by kind and cost since this proxy started; with
+// ?tenant=ID[&from=DAY&to=DAY] (UTC days, to included; default today),
+// that tenant's days from the usage store, which every proxy of the
+// deployment adds to.
 func (m *llmMeter) usageHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tenant := r.URL.Query().Get("tenant")
-		m.mu.Lock()
-		rows := make([]usageRow, 0, len(m.rows))
-		for k, row := range m.rows {
-			if tenant != "" && k.tenant != tenant {
-				continue
+		q := r.URL.Query()
+		tenant := q.Get("tenant")
+		rows := []usageRow{}
+		if tenant == "" {
+			m.mu.Lock()
+			for k, row := range m.rows {
+				rows = append(rows, usageRow{Tenant: k.tenant, Model: k.model, Requests: row.requests, Unreported: row.unreported,
+					Tokens: tokenMap(row.tokens), Cost: policy.FormatDecimal(row.cost, 6)})
 			}
-			rows = append(rows, usageRow{Tenant: k.tenant, Model: k.model, Requests: row.requests, Unreported: row.unreported,
-				Tokens: tokenMap(row.tokens), Cost: policy.FormatDecimal(row.cost, 6)})
+			m.mu.Unlock()
+		} else {
+			today := time.Now().UTC().Truncate(24 * time.Hour)
+			from, to := today, today
+			for _, f := range []struct {
+				name string
+				dst  *time.Time
+			}{{"from", &from}, {"to", &to}} {
+				if v := q.Get(f.name); v != "" {
+					d, err := time.Parse(time.DateOnly, v)
+					if err != nil {
+						problem.Write(w, http.StatusBadRequest, f.name+": want a day like 2026-03-01")
+						return
+					}
+					*f.dst = d
+				}
+			}
+			if to.Before(from) || to.Sub(from) > 400*24*time.Hour {
+				problem.Write(w, http.StatusBadRequest, "from and to: at most 400 days, from first")
+				return
+			}
+			if err := m.flush(r.Context()); err != nil {
+				problem.Write(w, http.StatusServiceUnavailable, "the usage store did not answer: "+err.Error())
+				return
+			}
+			days, err := m.store.Usage(r.Context(), tenant, from, to.AddDate(0, 0, 1))
+			if err != nil {
+				problem.Write(w, http.StatusServiceUnavailable, "the usage store did not answer: "+err.Error())
+				return
+			}
+			for _, d := range days {
+				rows = append(rows, usageRow{Tenant: d.Tenant, Model: d.Model, Day: d.Day, Requests: d.Requests, Unreported: d.Unreported,
+					Tokens: tokenMap(d.Tokens), Cost: policy.FormatDecimal(d.Cost, 6)})
+			}
 		}
-		m.mu.Unlock()
 		slices.SortFunc(rows, func(a, b usageRow) int {
 			if c := strings.Compare(a.Tenant, b.Tenant); c != 0 {
+				return c
+			}
+			if c := strings.Compare(a.Day, b.Day); c != 0 {
 				return c
 			}
 			return strings.Compare(a.Model, b.Model)

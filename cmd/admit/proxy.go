@@ -39,7 +39,8 @@ streamGenerateContent go to their provider with the tenant's key replaced
 by the platform's, within the rules in tokens and money (reserved before,
 settled to the reported usage after); --upstream is then optional and
 serves every other path. --metrics then also serves /v1/llm/usage (every
-tenant and model's tokens by kind and cost) and /dashboard (a page of it).
+tenant and model's tokens by kind and cost; with ?tenant=, by day, from
+the store every proxy adds to) and /dashboard (a page of it).
 
 An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
@@ -133,11 +134,15 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	if !llmOn {
 		metrics.Handle("GET /metrics", shedMetrics(lim))
 	} else {
-		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, log)
+		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, b.st.llmUsage, log)
 		if err != nil {
 			return err
 		}
 		defer closeRecords()
+		flushCtx, stopFlush := context.WithCancel(context.WithoutCancel(ctx))
+		flushed := make(chan struct{})
+		go func() { meter.flushEvery(flushCtx, time.Second); close(flushed) }()
+		defer func() { stopFlush(); <-flushed }()
 		handler = h
 		metrics.Handle("GET /metrics", llmMetricsHandler(lim, meter))
 		metrics.Handle("GET /v1/llm/usage", meter.usageHandler())
@@ -176,7 +181,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 // llmHandler builds the LLM front end of admit proxy from the llm
 // section: next serves the other paths (nil: 404).
 func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol func() *policy.Policy, lim *httplimit.Limiter,
-	next http.Handler, log *slog.Logger) (http.Handler, *llmMeter, func(), error) {
+	next http.Handler, usage llm.UsageStore, log *slog.Logger) (http.Handler, *llmMeter, func(), error) {
 	ups, err := c.upstreams()
 	if err != nil {
 		return nil, nil, nil, err // validated with the configuration
@@ -198,7 +203,7 @@ func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol f
 	if currency == "" {
 		currency = "USD"
 	}
-	meter := newLLMMeter(currency, records)
+	meter := newLLMMeter(currency, records, usage, log)
 	gate, err := llm.NewGate(llm.GateOptions{
 		Decider: decider, Policy: pol, Prices: prices,
 		DefaultMaxOutput: c.DefaultMaxOutput, MinOutput: c.MinOutput, LowerMaxOutput: c.LowerMaxOutput,

@@ -10,6 +10,8 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/llm"
+	"github.com/admitdev/admit/llm/redisllm"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/redischanges"
@@ -33,9 +35,11 @@ type openedStore struct {
 	// sessions keeps the WebSocket gateway's sessions: in this process
 	// with the memory store, shared in Redis with the Redis store.
 	sessions wsgateway.Sessions
-	// usage keeps the quotas' usage records, the same way.
-	usage policy.UsageStore
-	close func()
+	// usage keeps the quotas' usage records, the same way; llmUsage the
+	// LLM calls' usage by tenant, model and day.
+	usage    policy.UsageStore
+	llmUsage llm.UsageStore
+	close    func()
 }
 
 // openStore opens the store that --store (url) or the config's store
@@ -59,6 +63,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 			},
 			sessions: sessions,
 			usage:    policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords),
+			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
 			close:    func() { m.Close() },
 		}, nil
 	}
@@ -97,6 +102,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		},
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
+		llmUsage: redisllm.New(r, 0),
 		close:    func() { sessions.Close(); r.Close() },
 	}, nil
 }
