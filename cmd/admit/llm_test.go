@@ -232,10 +232,12 @@ tenants:
 	}
 	wg.Wait()
 	// Every admitted call used its input and 90 output tokens. The bucket
-	// refills a token every 864 s: at most one during the test.
+	// refills a token every 864 s: at most one during the test. At the
+	// end, each of the 8 callers may have been refused while others held
+	// reservations later refunded: at most 8 calls' worth left unused.
 	_, sent := up.Last()
 	perCall := llmtest.InputTokens(sent) + 90
-	if used := int64(admitted) * perCall; used > 4001 || used < 4000-3*(perCall+200) {
+	if used := int64(admitted) * perCall; used > 4001 || used < 4000-8*(perCall+200) {
 		t.Fatalf("%d calls admitted through two proxies used %d tokens of a 4000-token budget", admitted, used)
 	}
 	t.Logf("%d calls admitted, %d tokens each", admitted, perCall)
