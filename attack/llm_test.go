@@ -45,7 +45,14 @@ tenants:
 
 func post(t *testing.T, url, body string, headers ...string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	return send(t, "POST", url, body, headers...)
+}
+
+// send makes a request and reads its answer, failing the test if the
+// platform's key is in any header of it.
+func send(t *testing.T, method, url, body string, headers ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
@@ -85,20 +92,10 @@ func TestLLMUsageCannotBeHidden(t *testing.T) {
 			t.Fatalf("the provider was not asked for usage: %s", sent)
 		}
 	}
-	req, _ := http.NewRequest("GET", metrics+"/v1/llm/usage?tenant=acme", nil)
-	resp, err := proctest.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		b.WriteString(sc.Text())
-	}
-	report(t, "acme's usage after two streams that asked for no report", b.String())
-	if !strings.Contains(b.String(), `"output":20`) || !strings.Contains(b.String(), `"unreported":0`) {
-		t.Fatalf("usage %s: want both streams' 10 output tokens, reported", b.String())
+	_, usage := send(t, "GET", metrics+"/v1/llm/usage?tenant=acme", "")
+	report(t, "acme's usage after two streams that asked for no report", usage)
+	if !strings.Contains(usage, `"output":20`) || !strings.Contains(usage, `"unreported":0`) {
+		t.Fatalf("usage %s: want both streams' 10 output tokens, reported", usage)
 	}
 }
 
@@ -145,19 +142,8 @@ func TestLLMChoicesAndModelsBounded(t *testing.T) {
 			t.Fatalf("model %d: %d %s", i, code, body)
 		}
 	}
-	req, _ := http.NewRequest("GET", metrics+"/metrics", nil)
-	resp, err := proctest.Client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	series := 0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "admit_llm_requests_total{") {
-			series++
-		}
-	}
+	_, text := send(t, "GET", metrics+"/metrics", "")
+	series := strings.Count(text, "\nadmit_llm_requests_total{")
 	report(t, "admit_llm_requests_total series after 1,100 model names", series)
 	if series > 1000 {
 		t.Fatalf("%d series of admit_llm_requests_total: the bound is 1,000", series)

@@ -114,11 +114,16 @@ func Route(method, path string) (api API, model string, ok bool) {
 	if !found || m == "" || strings.Contains(m, "/") {
 		return 0, "", false
 	}
+	return geminiMethod(method, m)
+}
+
+// geminiMethod is the API of a Gemini model path's method.
+func geminiMethod(method, model string) (API, string, bool) {
 	switch method {
 	case "generateContent":
-		return GenerateContent, m, true
+		return GenerateContent, model, true
 	case "streamGenerateContent":
-		return StreamGenerateContent, m, true
+		return StreamGenerateContent, model, true
 	}
 	return 0, "", false
 }
@@ -162,11 +167,5 @@ func RouteExact(method, path string) (api API, model string, ok bool) {
 			return 0, "", false
 		}
 	}
-	switch method {
-	case "generateContent":
-		return GenerateContent, m, true
-	case "streamGenerateContent":
-		return StreamGenerateContent, m, true
-	}
-	return 0, "", false
+	return geminiMethod(method, m)
 }

@@ -7,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -215,12 +213,12 @@ func (m *llmMeter) usageHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		tenant := q.Get("tenant")
-		rows := []usageRow{}
+		var days []llm.DayUsage
 		if tenant == "" {
 			m.mu.Lock()
 			for k, row := range m.rows {
-				rows = append(rows, usageRow{Tenant: k.tenant, Model: k.model, Requests: row.requests, Unreported: row.unreported,
-					Tokens: tokenMap(row.tokens), Cost: policy.FormatDecimal(row.cost, 6)})
+				days = append(days, llm.DayUsage{Tenant: k.tenant, Model: k.model, Requests: row.requests, Unreported: row.unreported,
+					Tokens: row.tokens, Cost: row.cost})
 			}
 			m.mu.Unlock()
 		} else {
@@ -243,29 +241,21 @@ func (m *llmMeter) usageHandler() http.Handler {
 				problem.Write(w, http.StatusBadRequest, "from and to: at most 400 days, from first")
 				return
 			}
-			if err := m.flush(r.Context()); err != nil {
-				problem.Write(w, http.StatusServiceUnavailable, "the usage store did not answer: "+err.Error())
-				return
+			err := m.flush(r.Context())
+			if err == nil {
+				days, err = m.store.Usage(r.Context(), tenant, from, to.AddDate(0, 0, 1))
 			}
-			days, err := m.store.Usage(r.Context(), tenant, from, to.AddDate(0, 0, 1))
 			if err != nil {
 				problem.Write(w, http.StatusServiceUnavailable, "the usage store did not answer: "+err.Error())
 				return
 			}
-			for _, d := range days {
-				rows = append(rows, usageRow{Tenant: d.Tenant, Model: d.Model, Day: d.Day, Requests: d.Requests, Unreported: d.Unreported,
-					Tokens: tokenMap(d.Tokens), Cost: policy.FormatDecimal(d.Cost, 6)})
-			}
 		}
-		slices.SortFunc(rows, func(a, b usageRow) int {
-			if c := strings.Compare(a.Tenant, b.Tenant); c != 0 {
-				return c
-			}
-			if c := strings.Compare(a.Day, b.Day); c != 0 {
-				return c
-			}
-			return strings.Compare(a.Model, b.Model)
-		})
+		llm.SortUsage(days)
+		rows := make([]usageRow, len(days))
+		for i, d := range days {
+			rows[i] = usageRow{Tenant: d.Tenant, Model: d.Model, Day: d.Day, Requests: d.Requests, Unreported: d.Unreported,
+				Tokens: tokenMap(d.Tokens), Cost: policy.FormatDecimal(d.Cost, 6)}
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"currency": m.currency, "usage": rows})
 	})
