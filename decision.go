@@ -36,6 +36,11 @@ type Charge struct {
 	// DryRun, the results are those of deciding every charge at its cost,
 	// and no state changes.
 	DryRun bool
+	// Share, when set, names the class of callers the charge is made for
+	// among those sharing the key, whose share the decision keeps (see
+	// the package's fair shares). A charge without one is first come,
+	// first served.
+	Share *Share
 
 	prepared preparedKey // see Prepare
 }
@@ -57,6 +62,11 @@ type Result struct {
 	// how far past its limit it took the count (what statistics of hits
 	// over the limit count); 0 otherwise.
 	Over int64
+	// Share says how the charge's share of a shared limit decided it
+	// (see Charge.Share): ShareRefused when the rule would have admitted
+	// the request but its class was over its share while others wanted
+	// theirs.
+	Share SharePath
 }
 
 // Decision is the outcome of deciding a list of charges together. An empty

@@ -18,6 +18,7 @@ type PreparedRule struct {
 	params ruleParams
 	most   int64 // the largest cost a request may charge; see CheckCost
 	b      buckets
+	share  shareParams
 }
 
 // buckets are the buckets of a bucket rule: main for token_bucket, gcra
@@ -35,6 +36,7 @@ type ruleParams struct {
 	burst, initial   int64
 	limit, max       int64
 	maxCost          int64
+	shareCeiling     int64
 	window, leaseTTL time.Duration
 	period           Period
 	location         *time.Location
@@ -44,7 +46,7 @@ type ruleParams struct {
 func (r *Rule) params() ruleParams {
 	return ruleParams{
 		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
-		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, window: r.Window, leaseTTL: r.LeaseTTL,
+		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, shareCeiling: r.ShareCeiling, window: r.Window, leaseTTL: r.LeaseTTL,
 		period: r.Period, location: r.Location, anchor: r.Anchor,
 	}
 }
@@ -67,7 +69,7 @@ func (p *PreparedRule) holds(r *Rule) bool {
 	case Quota:
 		return r.Limit == q.limit && r.Period == q.period && r.Location == q.location && r.Anchor.Equal(q.anchor)
 	case Concurrency:
-		return r.Max == q.max && r.LeaseTTL == q.leaseTTL
+		return r.Max == q.max && r.LeaseTTL == q.leaseTTL && r.ShareCeiling == q.shareCeiling
 	}
 	return false
 }
@@ -110,7 +112,7 @@ func (r *Rule) Prepare() (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.MostAtOnce()}
+	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.MostAtOnce(), share: shareParamsOf(r)}
 	if r.MaxCost > 0 {
 		p.most = min(p.most, r.MaxCost)
 	}

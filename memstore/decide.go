@@ -18,6 +18,10 @@ type scratch struct {
 	next   [][2]admit.State
 	dirty  uint32 // bit i: next[i] differs from the stored state
 	dup    bool   // some key is charged twice
+	// fair holds the fair charges' working sets; protect is hashes and
+	// their records, which eviction must spare.
+	fair    []fairCharge
+	protect []uint64
 }
 
 // validate checks every charge and appends its prepared rule to rules.
@@ -46,6 +50,11 @@ func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.Share != nil {
+		if err := c.Share.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	if c.Debit {
 		return p, c.Rule.CheckDebit(c.Cost)
 	}
@@ -55,7 +64,7 @@ func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
 // Decide implements admit.Store.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	d.Reset()
-	if len(charges) == 1 && !charges[0].DryRun {
+	if len(charges) == 1 && !charges[0].DryRun && charges[0].Share == nil {
 		c := &charges[0]
 		p, err := prepare(c)
 		if err != nil {
@@ -89,6 +98,14 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 		locks.add(s.shardOf(h))
 	}
 	sc.next = sc.next[:len(charges)]
+	sc.protect = sc.hashes
+	if nf := fairCharges(charges); nf > 0 {
+		// Allocated: a fair charge's working set is large, and a
+		// decision with one is rarer than without.
+		fair := make([]fairCharge, 0, nf)
+		protect := make([]uint64, 0, len(charges)+5*nf)
+		sc.fair, sc.protect = s.prepareFair(charges, sc.hashes, sc.rules, fair, append(protect, sc.hashes...))
+	}
 
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	s.lock(&locks)
@@ -172,7 +189,11 @@ func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			}
 		}
 		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {
-			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.hashes)
+			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.protect)
+		}
+		if charges[i].Share != nil {
+			// The class asked: it counts, and a claim it made stands.
+			s.keepShare(sc.fairOf(i), charges[i].Debit, sc.protect)
 		}
 	}
 }
@@ -203,9 +224,15 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 	switch c.Rule.Algorithm {
 	case admit.SlidingLog:
 		side(&sh.logs, h, false).EvalTo(res, c.Rule, now, cost, extra)
+		if c.Share != nil {
+			s.decideShare(res, c, sc.fairOf(i), now, peek)
+		}
 		return
 	case admit.Concurrency:
 		side(&sh.leases, h, false).EvalTo(res, c.Rule, now, cost, extra)
+		if c.Share != nil {
+			s.decideShare(res, c, sc.fairOf(i), now, peek)
+		}
 		return
 	}
 	var st [2]admit.State
@@ -223,6 +250,15 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 		}
 	}
 	sc.next[i] = sc.rules[i].StepTo(res, st, now, cost, c.Debit)
+	if c.Share != nil {
+		s.decideShare(res, c, sc.fairOf(i), now, peek)
+		if res.Share == admit.ShareRefused {
+			// The rule admitted what the share refuses: keep what a
+			// look keeps.
+			var look admit.Result
+			sc.next[i] = sc.rules[i].StepTo(&look, st, now, 0, false)
+		}
+	}
 	if sc.next[i] != st {
 		sc.dirty |= 1 << i
 	} else {
@@ -254,11 +290,16 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		c := &charges[i]
 		h := sc.hashes[i]
 		sh := &s.shards[s.shardOf(h)]
+		var fc *fairCharge
+		if c.Share != nil {
+			fc = sc.fairOf(i)
+			s.keepShare(fc, (d.Results[i].Allowed || c.Debit) && c.Cost > 0, sc.protect)
+		}
 		if c.Rule.Algorithm.Slots() > 0 {
 			// Refused shadow charges and peeks keep the state Step
 			// returned for them, which charges nothing.
 			if sc.dirty&(1<<i) != 0 {
-				s.putState(c.Rule, h, sc.next[i], sc.hashes)
+				s.putState(c.Rule, h, sc.next[i], sc.protect)
 			}
 			continue
 		}
@@ -269,7 +310,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		case admit.SlidingLog:
 			lg := side(&sh.logs, h, true)
 			lg.Commit(c.Rule, now, c.Cost)
-			s.put(sh, h, admit.State{Expiry: lg.Expiry(c.Rule.Window)}, sc.hashes)
+			s.put(sh, h, admit.State{Expiry: lg.Expiry(c.Rule.Window)}, sc.protect)
 		case admit.Concurrency:
 			if lease == nil {
 				lease = &leaseRecord{num: s.leaseNext.Add(1)}
@@ -282,7 +323,10 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			set.Commit(now, lease.num, c.Cost, now+ttl)
 			lease.refs = append(lease.refs, leaseRef{h: h, ttl: ttl})
 			lease.expiry = max(lease.expiry, now+ttl)
-			s.put(sh, h, admit.State{Expiry: set.Expiry()}, sc.hashes)
+			s.put(sh, h, admit.State{Expiry: set.Expiry()}, sc.protect)
+			if fc != nil {
+				s.commitHeld(fc, lease, now, c.Cost, ttl, sc.protect)
+			}
 		}
 	}
 	return lease

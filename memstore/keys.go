@@ -81,6 +81,9 @@ func (s *Store) remove(sh *shard, i int) {
 	if len(sh.leases) > 0 {
 		delete(sh.leases, h)
 	}
+	if len(sh.shares) > 0 {
+		delete(sh.shares, h)
+	}
 }
 
 func (s *Store) evict(sh *shard, protect []uint64) {

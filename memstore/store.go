@@ -93,6 +93,7 @@ type shard struct {
 	t      table
 	logs   map[uint64]*admit.Log
 	leases map[uint64]*admit.LeaseSet
+	shares map[uint64]*admit.ShareState
 	rnd    uint64
 	_      [64]byte // keep hot shard headers on separate cache lines
 }

@@ -16,3 +16,9 @@ func newStore(t *testing.T, clock func() time.Time) admit.Store {
 }
 
 func TestConformance(t *testing.T) { storetest.Run(t, newStore) }
+
+func TestFairShares(t *testing.T) {
+	storetest.RunFairShares(t, func(t *testing.T, clock func() time.Time) []admit.Store {
+		return []admit.Store{newStore(t, clock)}
+	})
+}

@@ -1,7 +1,7 @@
-#!lua name=admit_v8
+#!lua name=admit_v9
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v8 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v9 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of package admit
@@ -282,6 +282,13 @@ end
 local function ruleOf(src, base)
   local R = {alg = tonumber(src[base]), shadow = src[base + 2] == '1', ttl = tonumber(src[base + 3])}
   for k = 5, 14 do R[k] = tonumber(src[base + k]) end
+  -- A rule's share parameters (admit.shareParams), when a batch sends
+  -- them: its family (1 refills, 2 windows, 3 sliding, 4 slots), rate
+  -- (units/ns), burst, epoch (µs) and ceiling.
+  if src[base + 15] then
+    R.sf, R.sr, R.sb = tonumber(src[base + 15]), tonumber(src[base + 16]), tonumber(src[base + 17])
+    R.se, R.sc = tonumber(src[base + 18]), tonumber(src[base + 19])
+  end
   return R
 end
 
@@ -815,7 +822,9 @@ local function put(key, st, ttl, k)
 end
 
 local function packState(st, k)
-  if k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
+  if k == 7 then
+    return pack('<dddddddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10], st[11], st[12], st[13], st[14])
+  elseif k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
   elseif k == 2 then return pack('<dd', st[1], st[2])
   elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
   return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
@@ -865,6 +874,288 @@ local function flush()
   end
 end
 
+-- Shares ------------------------------------------------------------------
+
+-- A fair charge (admit.Charge.Share) is decided with its class's share of
+-- the key (admit/share.go, DecideShare, which this mirrors): the key's
+-- pool of classes, the class's record and its sub's, each a string of
+-- 14 doubles (see shareLoad), and for a concurrency key the sorted sets of
+-- the slots the class and its sub hold. SHARES[i] is charge i's share, or
+-- false: its weight w, whether it has a sub and was prepaid, its keys.
+local SHARES
+local NEWREC = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+-- A record: 1 level, 2 and 3 when (µs, ns; 0: new), 4 the class's rate
+-- then (units/ns), 5 epoch seen, 6 weight counted, 7 claim, 8 epoch
+-- claimed, then its pool: 9 epoch, 10 weight seen in it, 11 of that new,
+-- 12 weight seen in the one before, 13 claims, 14 claims before.
+local function shareLoad(key)
+  local s = slotOf(key)
+  local st = ST[s]
+  if st == nil then
+    local v = rcall('GET', key)
+    if v then st = {sunpack('<dddddddddddddd', v)} st[15] = nil else st = false end
+    ST[s], SK[s] = st, 7
+  end
+  if not st then return NEWREC end
+  return st
+end
+
+local function recCopy(a)
+  return {a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]}
+end
+
+local function recSame(a, b)
+  for k = 1, 14 do if a[k] ~= b[k] then return false end end
+  return true
+end
+
+-- recExpiry returns in how many ns record st no longer matters
+-- (ShareState.Expiry): its epochs past and its bucket full again.
+local function recExpiry(R, st)
+  local last = mmax(st[5], st[8], st[9])
+  local ttl = ((last + 2) * R.se - nu) * 1000 - nsub
+  if st[2] > 0 and st[4] > 0 then
+    local cap = st[4] / R.sr * R.sb
+    if st[1] < cap then
+      local full = (st[2] - nu) * 1000 + (st[3] - nsub) + mmin((cap - st[1]) / st[4], 86400000000000)
+      ttl = mmax(ttl, full)
+    end
+  end
+  return ttl
+end
+
+local function recLevel(st, rate, cap)
+  if st[2] == 0 then return cap end
+  local l = st[1]
+  local dt = (nu - st[2]) * 1000 + (nsub - st[3])
+  if dt > 0 then l = l + dt * rate end
+  return mmin(l, cap)
+end
+
+local function recSet(st, level, rate)
+  st[1], st[2], st[3], st[4] = level, nu, nsub, rate
+end
+
+-- poolRoll moves the pool kept at st[o+9..] to epoch e.
+local function poolRoll(st, e)
+  local pe = st[9]
+  if pe == e then return end
+  if pe == e - 1 then st[12], st[14] = st[10], st[13] else st[12], st[14] = 0, 0 end
+  st[9], st[10], st[11], st[13] = e, 0, 0, 0
+end
+
+-- markActive counts record c of weight w in the pool of record p.
+local function markActive(p, c, e, w)
+  if c[5] == e then
+    if c[6] ~= w then
+      p[10] = p[10] + w - c[6]
+      if p[11] > 0 then p[11] = mmax(p[11] + w - c[6], 0) end
+    end
+  elseif c[5] == e - 1 and p[12] >= c[6] then
+    p[10] = p[10] + w
+  else
+    p[10], p[11] = p[10] + w, p[11] + w
+  end
+  c[5], c[6] = e, w
+end
+
+local function setClaim(p, c, e, amount)
+  if c[8] == e then p[13] = p[13] - c[7]
+  elseif c[8] == e - 1 then p[14] = mmax(p[14] - c[7], 0) end
+  c[7], c[8] = 0, 0
+  if amount > 0 then c[7], c[8], p[13] = amount, e, p[13] + amount end
+  p[13] = mmax(p[13], 0)
+end
+
+-- zlive returns the slots held at now in the sorted set key.
+local function zlive(key)
+  if not key then return 0 end
+  return rcall('ZCOUNT', key, '(' .. I(nu), '+inf')
+end
+
+-- shareDecide decides the share of charge i (rule R, cost c, its rule's
+-- result res), as DecideShare does; a peek leaves the decision's outcome
+-- (sh.tou, sh.chg: the records to keep when refused, when admitted).
+local function shareDecide(i, R, res, c, peek)
+  local sh = SHARES[i]
+  local debit = DEBITS[i]
+  if peek and not debit then c = 0 end
+  local eu = R.se
+  local e = floor(nu / eu) + 1
+  local pool, cls = recCopy(shareLoad(sh.kp)), recCopy(shareLoad(sh.kc))
+  local sub = NEWREC
+  if sh.ks then sub = recCopy(shareLoad(sh.ks)) end
+  local hasSub = sh.ks ~= nil
+  local w = sh.w
+  poolRoll(pool, e)
+  markActive(pool, cls, e, w)
+  local n = 1
+  if hasSub then
+    poolRoll(cls, e)
+    markActive(cls, sub, e, 1)
+    n = mmax(cls[12] + cls[11], 1)
+  end
+  local act = pool[12] + pool[11]
+  local s = mmin(w / mmax(act, w), 1)
+  local path = 0
+  local chg
+  local toEpoch = (e * eu - nu) * 1000 - nsub
+  if R.sf == 4 then
+    -- slots
+    local entitled = mmax(1, floor(s * R.sb))
+    local ceiling = R.sc
+    if s < 1 then ceiling = mmax(ceiling, entitled) end
+    local subCap = ceiling
+    if hasSub then subCap = mmax(1, floor((ceiling + n - 1) / n)) end
+    local own = 0
+    if cls[8] == e or cls[8] == e - 1 then own = cls[7] end
+    local others = mmax(mmax(pool[13] + pool[14], 0) - own, 0)
+    local h, hs = zlive(sh.kh), zlive(sh.kg)
+    local claim = -1
+    if c == 0 then
+    elseif res.allowed == 0 then
+      if h < entitled then claim = mmin(entitled - h, mmax(c, own)) end
+    elseif h + c > ceiling or (hasSub and hs + c > subCap) then
+      path = 3
+    elseif h + c <= entitled then
+      path, claim = 1, mmax(own - c, 0)
+    elseif res.remaining >= others then
+      path = 2
+    else
+      path = 3
+      if h < entitled then claim = mmin(entitled - h, mmax(c, own)) end
+    end
+    if claim >= 0 and claim ~= own then setClaim(pool, cls, e, claim) end
+    local hA = h
+    if path == 1 or path == 2 then hA = h + c end
+    local vis = mmin(res.remaining, ceiling - hA, mmax(entitled - hA, res.remaining - others))
+    if hasSub then
+      local hsA = hs
+      if hA > h then hsA = hs + c end
+      vis = mmin(vis, subCap - hsA)
+    end
+    if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
+    if path == 3 then
+      res.allowed = 0
+      res.retry = mmax(res.retry or 0, toEpoch)
+    end
+    chg = {pool, cls, sub}
+  else
+    local fc = c
+    local rate, capC = s * R.sr, s * R.sb
+    local lc = recLevel(cls, rate, capC)
+    local subRate, capS = rate / n, capC / n
+    local ls = 0
+    if hasSub then ls = recLevel(sub, subRate, capS) end
+    local reserve = (1 - s) * R.sb
+    local paced = R.sf ~= 1
+    local pace = 0
+    if paced then pace = recLevel(pool, R.sr, R.sb) end
+    local function room(rem, x)
+      if paced then return mmin(rem, pace - x) end
+      return rem
+    end
+    local alone = s >= 1
+    local function subLend(l) return l - (1 - 1 / n) * capC end
+    local takeC, takeS = 0, 0
+    if c == 0 then
+    elseif sh.pre then
+      if res.allowed == 1 then path = 1 end
+    elseif debit then
+      path, takeC, takeS = 1, fc, fc
+    elseif res.allowed == 0 then
+    else
+      local assured = lc >= mmin(fc, capC)
+      local subOwn = true
+      if hasSub and assured then
+        subOwn = ls >= mmin(fc, capS)
+        assured = subOwn or subLend(lc) - fc >= 0
+      end
+      if assured then
+        path, takeC = 1, fc
+        if hasSub and subOwn then takeS = fc end
+      elseif alone or room(res.remaining, fc) >= reserve then
+        path = 2
+      else
+        path = 3
+      end
+    end
+    local cp, cc, cs = recCopy(pool), recCopy(cls), recCopy(sub)
+    if paced and c > 0 and (path == 1 or path == 2) then recSet(cp, mmax(pace - fc, -R.sb), R.sr) end
+    if takeC > 0 then
+      recSet(cc, mmax(lc - takeC, -R.sb), rate)
+      if takeS > 0 then recSet(cs, mmax(ls - takeS, -R.sb), subRate) end
+    end
+    chg = {cp, cc, cs}
+    local ac, as = cls, sub
+    if path == 1 or path == 2 then ac, as = cc, cs end
+    local lcA = recLevel(ac, rate, capC)
+    local ownA = lcA
+    if hasSub then ownA = mmin(lcA, mmax(recLevel(as, subRate, capS), subLend(lcA))) end
+    local rem = res.remaining
+    if paced and (path == 1 or path == 2) then pace = pace - fc end
+    local vis = mmin(rem, mmax(floor(mmax(ownA, 0)), floor(room(rem, 0) - reserve)))
+    if alone then vis = rem end
+    if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
+    if path == 3 then
+      res.allowed = 0
+      local wait = toEpoch
+      if rate > 0 then
+        local need = (mmin(fc, capC) - lc) / rate
+        if hasSub then
+          local o = (mmin(fc, capS) - ls) / subRate
+          local lend = ((1 - 1 / n) * capC + fc - lc) / rate
+          need = mmax(need, mmin(o, lend))
+        end
+        wait = mmin(wait, mmax(need, 0))
+      end
+      if R.sr > 0 then wait = mmin(wait, (reserve - room(rem, fc)) / R.sr) end
+      res.retry = mceil(mmax(wait, 1))
+    end
+  end
+  res.share = path
+  if not peek or not sh.tou then
+    sh.tou, sh.chg = {pool, cls, sub}, chg
+    if c == 0 then sh.tou, sh.chg = nil, nil end
+  end
+end
+
+-- shareKeep writes the records of fair charge i that changed: those an
+-- admitted decision keeps when charged is set, else those any decision
+-- keeps.
+local function shareKeep(i, R, charged)
+  local sh = SHARES[i]
+  local recs = sh.tou
+  if charged then recs = sh.chg end
+  if not recs then return end
+  local keys = {sh.kp, sh.kc, sh.ks}
+  for k = 1, 3 do
+    local key = keys[k]
+    if key then
+      local st = recs[k]
+      if not recSame(st, shareLoad(key)) then put(key, st, recExpiry(R, st), 7) end
+    end
+  end
+end
+
+-- shareHold adds the slots of concurrency charge i, of lease id, to its
+-- class's and sub's holdings, and names them in the lease record.
+local function shareHold(i, id, e, ttl, cost)
+  local sh = SHARES[i]
+  for _, key in pairs({sh.kh, sh.kg}) do
+    rcall('ZREMRANGEBYSCORE', key, '-inf', I(nu))
+    leaseSlots(id, 1, cost, function(m)
+      local args = {}
+      for j = 1, #m do args[2 * j - 1], args[2 * j] = I(e), m[j] end
+      rcall('ZADD', key, unpack(args))
+    end)
+    local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+    rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
+    rcall('HSET', REC, key, pack('<dd', ttl, cost))
+  end
+end
+
 local function putBucket(key, b, st)
   put(key, st, bucketExpiry(b, st), 4)
 end
@@ -905,6 +1196,8 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
         else
           concEval(key, R[5], R[6], c, p, res)
         end
+        res.share = nil
+        if SHARES[i] then shareDecide(i, R, res, cost, peek) end
       else
         if alg == 8 then QEND1, QEND2 = ENDS1[i], ENDS2[i] end
         local st = chain[key]
@@ -914,7 +1207,16 @@ local function evaluate(results, nexts, dirty, peek, only, dup)
           st = load(key, alg) or false
         end
         local next, how = step(R, alg, st or nil, c, res, DEBITS[i])
-        res.how = how
+        res.how, res.share = how, nil
+        if SHARES[i] then
+          shareDecide(i, R, res, cost, peek)
+          if res.share == 3 then
+            -- The rule admitted what the share refuses: keep what a look
+            -- keeps.
+            next = step(R, alg, st or nil, 0, {retry = 0}, false)
+            res.how = 0
+          end
+        end
         nexts[i] = next
         dirty[i] = next ~= (st or nil)
         if dup then chain[key] = next or false end
@@ -936,7 +1238,7 @@ local function reply(out, results, allowed, extra)
   k = k + 1
   for i = 1, n do
     local r = results[i]
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0), r.remaining, r.reset, r.retry
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0) + 8 * (r.share or 0), r.remaining, r.reset, r.retry
     k = k + 4
   end
   out[k + 1] = extra or 0
@@ -991,11 +1293,13 @@ local function decide(out)
             rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
             rcall('HSET', REC, key, pack('<dd', ttl, counts[key]))
             leaseExpiry = mmax(leaseExpiry, e)
+            if SHARES[i] then shareHold(i, lease, e, ttl, cost) end
           end
         end
       elseif dirty[i] then
         store(key, R, alg, nexts[i])
       end
+      if SHARES[i] then shareKeep(i, R, (results[i].allowed == 1 or DEBITS[i]) and cost > 0) end
     end
     if leaseExpiry > 0 then
       rcall('PEXPIRE', REC, I(mceil((leaseExpiry - nu) / 1000)))
@@ -1008,7 +1312,7 @@ local function decide(out)
   local again, any = {}, false
   for i = 1, n do
     local _, _, cost = charge(i)
-    results[i].would = results[i].allowed == 1 and cost > 0
+    results[i].would = (results[i].allowed == 1 or results[i].share == 3) and cost > 0
     if results[i].would or dup then again[i], any = true, true end
   end
   if any then
@@ -1027,6 +1331,8 @@ local function decide(out)
   for i = 1, n do
     local R, alg = charge(i)
     if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[KEYBASE + i], R, alg, nexts[i]) end
+    -- The class asked: it counts, and a claim it made stands.
+    if SHARES[i] then shareKeep(i, R, DEBITS[i]) end
   end
   return reply(out, results, 0)
 end
@@ -1404,7 +1710,7 @@ local function strided()
     local base = 8 + (i - 1) * STRIDE
     local R = ruleOf(ARGV, base)
     RULES[i], COSTS[i], TTLS[i], HALVES[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
-    DEBITS[i] = false
+    DEBITS[i], SHARES[i] = false, false
     if R.alg == 8 then ENDS1[i], ENDS2[i] = R[6], R[7] end
   end
   REC, KEYBASE = KEYS[n + 1], 0
@@ -1435,15 +1741,17 @@ local function batch()
     local h = ARGV[a]
     local rec = false
     local w = false
+    local shared = false
     n, DRY, REFUSED, LEASE = NUMS[h] or tonumber(h), false, false, ''
     if not n then
       local c, f, l = smatch(h, '^(%d+):(%a*):(.*)$')
       n, LEASE = tonumber(c), l
       DRY, rec = sfind(f, 'd', 1, true) ~= nil, sfind(f, 'r', 1, true) ~= nil
       REFUSED, w = sfind(f, 'x', 1, true) ~= nil, sfind(f, 'w', 1, true) ~= nil
+      shared = sfind(f, 's', 1, true) ~= nil
     end
     a = a + 1
-    local fast = not rec and not DRY and not REFUSED and not w
+    local fast = not rec and not DRY and not REFUSED and not w and not shared
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       local cost, debit = NUMS[c] or tonumber(c), false
@@ -1463,9 +1771,33 @@ local function batch()
         ENDS1[i], ENDS2[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
         a = a + 2
       end
+      SHARES[i] = false
+      if shared then
+        -- A fair charge's share: its weight, then s (it has a sub) and
+        -- p (prepaid); its keys follow the decision's.
+        local x = ARGV[a]
+        a = a + 1
+        if x ~= '' then
+          local wt, f = smatch(x, '^(%d+)(%a*)$')
+          SHARES[i] = {w = tonumber(wt), sub = sfind(f, 's', 1, true) ~= nil, pre = sfind(f, 'p', 1, true) ~= nil}
+        end
+      end
     end
     REC = nil
     if rec then REC = KEYS[KEYBASE + n + 1] end
+    local kx = KEYBASE + n
+    if rec then kx = kx + 1 end
+    for i = 1, n do
+      local sh = SHARES[i]
+      if sh then
+        sh.kp, sh.kc, kx = KEYS[kx + 1], KEYS[kx + 2], kx + 2
+        if sh.sub then sh.ks, kx = KEYS[kx + 1], kx + 1 end
+        if RULES[i].alg == 7 then
+          sh.kh, kx = KEYS[kx + 1], kx + 1
+          if sh.sub then sh.kg, kx = KEYS[kx + 1], kx + 1 end
+        end
+      end
+    end
     -- A decision that fails (a key holding another type, after a rule
     -- changed its algorithm) must not fail the rest of the batch. Its
     -- commands all read until it commits, so it has written nothing: its
@@ -1480,8 +1812,7 @@ local function batch()
       for i = k0 + 1, k0 + 2 + 4 * n do out[i] = 0 end
       out[k0 + 1], OUTK = -1, k0 + 2 + 4 * n
     end
-    KEYBASE = KEYBASE + n
-    if rec then KEYBASE = KEYBASE + 1 end
+    KEYBASE = kx
   end
   out[OUTK + 1] = nil
   return out
@@ -1543,7 +1874,7 @@ local function windows()
         local R, cs = rs[NUMS[ARGV[x]] or tonumber(ARGV[x])], ARGV[x + 1]
         local c, debit = NUMS[cs] or tonumber(cs), false
         if not c then c, debit = tonumber(ssub(cs, 2)), true end
-        RULES[j], COSTS[j], TTLS[j], DEBITS[j] = R, c, R.ttl, debit
+        RULES[j], COSTS[j], TTLS[j], DEBITS[j], SHARES[j] = R, c, R.ttl, debit, false
       end
       out[k0 + 1] = -2
       OUTK = k0 + 1
@@ -1632,6 +1963,7 @@ local function setup()
   SIZE = {32, 32, 0, 24, 0, 0, 0, 16}
   for i = 0, 63 do NUMS[sformat('%d', i)] = i end
   RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
+  SHARES = {}
 end
 
 -- run is the library's one function: FCALL admit numkeys keys… args….
@@ -1664,4 +1996,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v8', run)
+redis.register_function('admit_v9', run)

@@ -93,7 +93,14 @@ func argsOf(r *admit.Rule) *ruleArgs {
 		a := &ruleArgs{err: CheckRule(r)}
 		if a.err == nil {
 			a.fill(r)
-			a.text = strings.Join(a.fixed[:], ",")
+			// A batch's rule text carries the rule's share parameters
+			// too (admit.lua, ruleOf), for its fair charges.
+			p, _ := r.Prepare()
+			sp := p.ShareParams()
+			a.text = strings.Join(a.fixed[:], ",") + "," + strings.Join([]string{
+				itoa(int64(sp.Family)), strconv.FormatFloat(sp.Rate, 'g', -1, 64), strconv.FormatFloat(sp.Burst, 'g', -1, 64),
+				itoa(sp.Epoch.Microseconds()), itoa(sp.Ceiling),
+			}, ",")
 			a.lease = r.Algorithm == admit.Concurrency
 			a.quota = r.Algorithm == admit.Quota
 			a.window = r.Algorithm == admit.FixedWindow

@@ -46,9 +46,11 @@ type job struct {
 	// windows: every charge is a fixed window's, and the job has no flags,
 	// so that it may go in a batch of windows (op "w").
 	windows bool
-	done    chan struct{} // closed when reply or err is set; nil when its caller sends it
-	reply   reply
-	err     error
+	// shared: some charge is fair, and every charge has a share argument.
+	shared bool
+	done   chan struct{} // closed when reply or err is set; nil when its caller sends it
+	reply  reply
+	err    error
 }
 
 // How a job decides: as asked, as a dry run, or as a decision another
@@ -81,12 +83,21 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 		}
 	}
 	j.args[0] = itoa(int64(len(g.idx)))
-	j.windows = how == decideCharge && lease == "" && rec == ""
+	shared := false
+	for _, i := range g.idx {
+		shared = shared || charges[i].Share != nil
+	}
+	j.shared = shared
+	j.windows = how == decideCharge && lease == "" && rec == "" && !shared
 	if !j.windows {
 		flags := how
 		if rec != "" {
 			j.keys = append(j.keys, rec)
 			flags += "r"
+		}
+		if shared {
+			flags += "s"
+			j.keys = s.shareKeys(j.keys, charges, g)
 		}
 		j.args[0] += ":" + flags + ":" + lease
 	}
@@ -108,6 +119,9 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 				ttl = micros(min(ch.LeaseTTL, maxSpan))
 			}
 			j.args = append(j.args, ttl)
+		}
+		if shared {
+			j.args = append(j.args, shareArg(ch))
 		}
 	}
 	return j
@@ -332,6 +346,9 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 			}
 			if r.lease {
 				p++
+			}
+			if j.shared {
+				p++ // the share
 			}
 		}
 	}

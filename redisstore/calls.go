@@ -138,8 +138,10 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // period (counted by INCRBY), and op x, reset. admit_v8 carries the
 // count an admit_v7 state holds for a quota's period, or a window longer
 // than a minute, over into its own key; while servers of both versions
-// run, they count those apart.
-const FunctionName = "admit_v8"
+// run, they count those apart. admit_v9 decides fair charges (the flag
+// s, a share per charge and the share's keys) and says how a share
+// decided each charge in its reply.
+const FunctionName = "admit_v9"
 
 // LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The

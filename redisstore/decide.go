@@ -109,6 +109,11 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	if err := check(c.Cost); err != nil {
 		return nil, err
 	}
+	if c.Share != nil {
+		if err := c.Share.Validate(); err != nil {
+			return nil, err
+		}
+	}
 	if reserve && c.Debit {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
 	}
@@ -171,12 +176,12 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		}
 		*res = admit.Result{
 			Rule: rule.Name, Shadow: rule.Shadow, Debit: charges[i].Debit, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
-			Remaining: x[1], ResetAfter: reset, RetryAfter: retry,
+			Remaining: x[1], ResetAfter: reset, RetryAfter: retry, Share: admit.SharePath(x[0] >> 3),
 		}
 		if x[1] < 0 { // a count's debit past its limit (admit.lua, step)
 			res.Remaining, res.Over = 0, -x[1]
 		}
-		r.hows[k] = itoa(x[0] >> 1)
+		r.hows[k] = itoa(x[0] >> 1 & 3)
 	}
 	return r, nil
 }

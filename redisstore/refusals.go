@@ -41,11 +41,25 @@ type refusal struct {
 	result admit.Result
 }
 
-// refusals are a store's refusals by charge key.
+// refusals are a store's refusals by charge key, and for a fair charge
+// its share refused (admit.ShareRefused), by key, class and sub.
 type refusals struct {
 	n  atomic.Int64 // len(m), read without the lock on every decision
 	mu sync.RWMutex
-	m  map[string]refusal
+	m  map[refusalKey]refusal
+}
+
+// refusalKey names what a refusal refuses: a key, whoever charges it, or
+// one class's (and sub's) charges of it.
+type refusalKey struct{ key, class, sub string }
+
+// refusalKeyOf returns the refusal key of charge c refused with res: the
+// key's own when the rule refused, the class's when its share did.
+func refusalKeyOf(c *admit.Charge, res *admit.Result) refusalKey {
+	if res.Share == admit.ShareRefused && c.Share != nil {
+		return refusalKey{c.Key, c.Share.Class, c.Share.Sub}
+	}
+	return refusalKey{key: c.Key}
 }
 
 // refuseLocally reports whether a refusal known at now refuses charges,
@@ -68,7 +82,14 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		if c.Cost <= 0 || c.Rule.Shadow {
 			continue
 		}
-		if e, ok := rs.m[c.Key]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
+		if e, ok := rs.m[refusalKey{key: c.Key}]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
+			by, r = i, e
+			break
+		}
+		if c.Share == nil {
+			continue
+		}
+		if e, ok := rs.m[refusalKey{c.Key, c.Share.Class, c.Share.Sub}]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
 			by, r = i, e
 			break
 		}
@@ -111,6 +132,11 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 		if res.Allowed || res.Shadow || c.Debit || c.DryRun || c.Cost <= 0 || res.RetryAfter <= 0 || c.Rule.Algorithm == admit.Concurrency {
 			continue
 		}
+		if res.Share == admit.ShareRefused && c.Rule.Algorithm == admit.SlidingLog {
+			// A log's entries may leave at once, sooner than the share's
+			// wait says: no lower bound to keep.
+			continue
+		}
 		// A key charged twice was refused for both costs together: no
 		// refusal of one of them may be learned from it.
 		dup := false
@@ -126,7 +152,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	if rs.m == nil {
-		rs.m = make(map[string]refusal)
+		rs.m = make(map[refusalKey]refusal)
 	}
 	if len(rs.m) >= maxRefusals {
 		for k, e := range rs.m {
@@ -140,10 +166,11 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 			continue
 		}
 		c := &charges[i]
-		if _, ok := rs.m[c.Key]; !ok && len(rs.m) >= maxRefusals {
+		k := refusalKeyOf(c, &d.Results[i])
+		if _, ok := rs.m[k]; !ok && len(rs.m) >= maxRefusals {
 			continue
 		}
-		rs.m[c.Key] = refusal{rule: c.Rule, cost: c.Cost, until: sent.Add(d.Results[i].RetryAfter), result: d.Results[i]}
+		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, until: sent.Add(d.Results[i].RetryAfter), result: d.Results[i]}
 	}
 	rs.n.Store(int64(len(rs.m)))
 }
@@ -155,7 +182,11 @@ func (s *Store) forgetRefusals(charges []admit.Charge) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for i := range charges {
-		delete(rs.m, charges[i].Key)
+		c := &charges[i]
+		delete(rs.m, refusalKey{key: c.Key})
+		if c.Share != nil {
+			delete(rs.m, refusalKey{c.Key, c.Share.Class, c.Share.Sub})
+		}
 	}
 	rs.n.Store(int64(len(rs.m)))
 }

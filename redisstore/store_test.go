@@ -380,3 +380,20 @@ func TestEmptyKey(t *testing.T) {
 		t.Errorf("a charge with an empty key: %v, allowed %v", err, d.Allowed)
 	}
 }
+
+// TestFairShares runs the fairness scenarios on two stores (two servers)
+// sharing one Redis, deciding in turn.
+func TestFairShares(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := dial(t, "redis://"+srv.Addr), dial(t, "redis://"+srv.Addr)
+	storetest.RunFairShares(t, func(t *testing.T, clock func() time.Time) []admit.Store {
+		prefix := "fair" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
+		var stores []admit.Store
+		for _, c := range []rueidis.Client{a.Client(), b.Client()} {
+			s := redisstore.New(c, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
+			t.Cleanup(func() { s.Close() })
+			stores = append(stores, s)
+		}
+		return stores
+	})
+}

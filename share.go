@@ -1,0 +1,593 @@
+package admit
+
+import (
+	"math"
+	"time"
+)
+
+// Fair shares of a shared limit.
+//
+// A limit that many tenants share — a global rule — is first come, first
+// served unless something divides it: one tenant sending a hundred times
+// its part would take it all. A charge that carries a Share is decided
+// with the share of its class: the limit is divided among the classes
+// that want it, weighted, and what a class does not use the others may.
+//
+// Each class has an assured part of the limit, kept as a bucket of its
+// own (a rate and a burst in proportion to its weight among the classes
+// active in the last two epochs). A charge is admitted when the rule
+// admits it and either the class's assured bucket holds the cost (it is
+// within its share) or, after the charge, the rule keeps what the other
+// active classes may still claim of their shares (it borrows capacity
+// nobody else wants). The rule itself is decided as always, so a share
+// never lets more through than the rule; it only refuses a class that is
+// over its share while others want theirs.
+//
+// Concurrency limits hold their capacity rather than spend it: a class
+// takes slots within its entitled part, or beyond it up to a ceiling and
+// only while no class below its part has been refused (its claim).
+
+// Bounds on a Share.
+const (
+	// MaxShareWeight bounds a class's weight.
+	MaxShareWeight = 10_000
+	// MaxShareName bounds Share.Class and Share.Sub, in bytes.
+	MaxShareName = 512
+)
+
+// Share names who a charge of a shared limit is made for, so that a store
+// divides the limit fairly among those that want it (see the package's
+// fair shares). The zero Share is no share: the limit is first come,
+// first served.
+type Share struct {
+	// Class is the caller's class among those sharing the key: a tenant,
+	// or the anonymous callers. Classes are weighted by Weight.
+	Class string
+	// Weight is the class's weight, from 1 to MaxShareWeight.
+	Weight int64
+	// Sub divides the class's part equally among its members, such as
+	// the client addresses of anonymous callers; "" for none.
+	Sub string
+}
+
+// Validate reports whether s can be decided.
+func (s *Share) Validate() error {
+	switch {
+	case s.Class == "":
+		return Errorf(CodeInvalid, "share: class is empty")
+	case len(s.Class) > MaxShareName || len(s.Sub) > MaxShareName:
+		return Errorf(CodeInvalid, "share: class and sub are at most %d bytes", MaxShareName)
+	case s.Weight < 1 || s.Weight > MaxShareWeight:
+		return Errorf(CodeInvalid, "share: weight %d: must be from 1 to %d", s.Weight, MaxShareWeight)
+	}
+	return nil
+}
+
+// SharePath says how a charge of a shared limit was decided (Result.Share).
+type SharePath uint8
+
+const (
+	// ShareNone: the charge carries no share, or the rule refused it.
+	ShareNone SharePath = iota
+	// ShareAssured: within the class's share.
+	ShareAssured
+	// ShareBorrowed: beyond the class's share, from capacity no other
+	// active class may claim.
+	ShareBorrowed
+	// ShareRefused: the rule would admit it, but the class is over its
+	// share while others want theirs.
+	ShareRefused
+)
+
+var sharePathNames = [...]string{ShareNone: "", ShareAssured: "assured", ShareBorrowed: "borrowed", ShareRefused: "over_share"}
+
+// String returns "assured", "borrowed", "over_share" or "".
+func (p SharePath) String() string {
+	if int(p) < len(sharePathNames) {
+		return sharePathNames[p]
+	}
+	return "invalid"
+}
+
+// SharePool counts the classes that want a shared key (or the subs that
+// want a class's part), weighted, over the last two epochs, and for
+// concurrency the slots refused classes claim. The zero SharePool is
+// empty.
+type SharePool struct {
+	Epoch int64 // the epoch Cur, New and Claims count; 0: none yet
+	Cur   int64 // weight of the classes seen in Epoch
+	New   int64 // of that, the weight not seen in the epoch before
+	Prev  int64 // weight of the classes seen in the epoch before Epoch
+	// Claims and PrevClaims are the slots claimed in Epoch and in the
+	// one before by classes refused below their entitled part.
+	Claims, PrevClaims int64
+}
+
+// roll moves p to epoch e.
+func (p *SharePool) roll(e int64) {
+	switch p.Epoch {
+	case e:
+		return
+	case e - 1:
+		p.Prev, p.PrevClaims = p.Cur, p.Claims
+	default:
+		p.Prev, p.PrevClaims = 0, 0
+	}
+	p.Epoch, p.Cur, p.New, p.Claims = e, 0, 0, 0
+}
+
+// active returns the weight of the classes seen in the last two epochs.
+func (p *SharePool) active() int64 { return p.Prev + p.New }
+
+// claims returns the slots claimed in the last two epochs.
+func (p *SharePool) claims() int64 { return max(p.Claims+p.PrevClaims, 0) }
+
+// ShareState is a store's record of one class of a shared key, or of one
+// sub of a class, or (Pool only) of the key's classes. The zero ShareState
+// is a new one.
+type ShareState struct {
+	// Level is the assured units the class holds at At (Unix ns); a new
+	// class's bucket is full. It is below zero after a debit or a
+	// booking.
+	Level float64
+	At    int64
+	// Rate is the class's assured rate at At (units/ns), by which a
+	// store knows when its bucket is full again.
+	Rate float64
+	// Seen is the epoch the class was last counted in its pool, with
+	// Weight.
+	Seen, Weight int64
+	// Claim is the slots a concurrency class claims, counted in its pool
+	// in epoch ClaimSeen.
+	Claim, ClaimSeen int64
+	// Pool counts the key's classes (the pool's record) or the class's
+	// subs (a class's record).
+	Pool SharePool
+}
+
+// Expiry returns when st is indistinguishable from a new record, for a
+// store to forget it: its bucket full again and its epochs and claims
+// past. p is the rule the record is for.
+func (st *ShareState) Expiry(p *PreparedRule) int64 {
+	sp := &p.share
+	last := max(st.Seen, st.ClaimSeen, st.Pool.Epoch)
+	e := (last + 2) * sp.epoch
+	if st.At > 0 && st.Rate > 0 {
+		// Full again at the share it was last charged at (a day at most):
+		// forgotten sooner, a class in debt would start afresh, full.
+		capacity := st.Rate / sp.rate * sp.burst
+		if st.Level < capacity {
+			e = max(e, st.At+int64(min((capacity-st.Level)/st.Rate, float64(24*time.Hour))))
+		}
+	}
+	return e
+}
+
+// share families: how a rule's capacity comes back, which says what the
+// other classes may still claim of it.
+const (
+	shareRefill  uint8 = iota + 1 // buckets: capacity refills continuously
+	shareWindow                   // fixed windows and quotas: it comes back when the period ends
+	shareSliding                  // sliding windows and logs: it comes back as old counts slide out
+	shareSlots                    // concurrency: slots held, then released
+)
+
+// shareParams is what deciding a share derives from a rule.
+type shareParams struct {
+	family  uint8
+	rate    float64 // units per nanosecond
+	burst   float64 // the units a share's bucket holds at most, for shares summing to 1
+	epoch   int64   // ns
+	ceiling int64   // concurrency: slots one class holds at most beyond its part
+}
+
+// Bounds on a share's epoch: the time over which a class that asked
+// counts as wanting the limit.
+const (
+	minShareEpoch = int64(time.Second)
+	maxShareEpoch = int64(time.Hour)
+)
+
+// nominalPeriod is the length a quota's share counts a period as.
+var nominalPeriod = [...]time.Duration{Day: 24 * time.Hour, Week: 7 * 24 * time.Hour, Month: 30 * 24 * time.Hour, Year: 365 * 24 * time.Hour}
+
+func shareParamsOf(r *Rule) shareParams {
+	var sp shareParams
+	perNs := func(n int64, per time.Duration) float64 { return float64(n) / float64(per) }
+	windowBurst := func(limit int64) float64 { return max(1, float64(limit)/20) }
+	switch r.Algorithm {
+	case TokenBucket, GCRA:
+		sp.family, sp.rate, sp.burst = shareRefill, perNs(r.Rate.N, r.Rate.Per), float64(r.Burst)
+	case Combination:
+		sp.family = shareRefill
+		sp.rate = perNs(r.Rate.N, r.Rate.Per) + perNs(r.Floor.N, r.Floor.Per)
+		sp.burst = float64(r.Burst + r.Floor.N)
+	case FixedWindow:
+		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, r.Window), windowBurst(r.Limit), int64(r.Window)
+	case Quota:
+		p := nominalPeriod[min(int(r.Period), len(nominalPeriod)-1)]
+		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, p), windowBurst(r.Limit), int64(p)
+	case SlidingWindow, SlidingLog:
+		sp.family, sp.rate, sp.burst, sp.epoch = shareSliding, perNs(r.Limit, r.Window), windowBurst(r.Limit), int64(r.Window)
+	case Concurrency:
+		sp.family, sp.burst = shareSlots, float64(r.Max)
+		sp.ceiling = r.ShareCeiling
+		if sp.ceiling == 0 {
+			sp.ceiling = max(1, r.Max/2)
+		}
+		sp.epoch = min(max(int64(r.LeaseTTLOrDefault()), minShareEpoch), int64(time.Minute))
+		return sp
+	}
+	if sp.family == shareRefill {
+		sp.epoch = int64(sp.burst / sp.rate)
+	}
+	sp.epoch = min(max(sp.epoch, minShareEpoch), maxShareEpoch)
+	sp.epoch -= sp.epoch % int64(time.Microsecond) // whole µs, as Redis keeps time
+	return sp
+}
+
+// ShareParams is what deciding the shares of a rule derives from it, for
+// a store that decides shares elsewhere (the Redis store's library): see
+// DecideShare, which a store must decide exactly as.
+type ShareParams struct {
+	// Family is how the rule's capacity comes back: 1 it refills (buckets),
+	// 2 at a window's or period's end, 3 as a window slides, 4 slots are
+	// released (concurrency).
+	Family uint8
+	// Rate (units per nanosecond) and Burst are the rule's, for shares
+	// summing to one.
+	Rate, Burst float64
+	// Epoch is how long a class that asked counts as active (two epochs
+	// at most), a whole number of microseconds.
+	Epoch time.Duration
+	// Ceiling is a concurrency rule's share ceiling.
+	Ceiling int64
+}
+
+// ShareParams returns p's share parameters.
+func (p *PreparedRule) ShareParams() ShareParams {
+	sp := &p.share
+	return ShareParams{Family: sp.family, Rate: sp.rate, Burst: sp.burst, Epoch: time.Duration(sp.epoch), Ceiling: sp.ceiling}
+}
+
+// ShareInput is what a store knows of a fair charge when it decides it.
+type ShareInput struct {
+	// Pool, Class and Sub are the stored records of the key's classes,
+	// of the charge's class, and of its sub (when Share.Sub is set);
+	// zero when the store has none.
+	Pool, Class, Sub ShareState
+	Share            *Share
+	Cost             int64
+	Debit            bool
+	// Prepaid says the class's part was paid when the request was
+	// booked (see Reserve): only the rule decides.
+	Prepaid bool
+	// Held and SubHeld are the slots of a concurrency key that the class
+	// and its sub hold now, with what this decision took before.
+	Held, SubHeld int64
+}
+
+// ShareOutcome is the decision of a fair charge's share, and the records a
+// store keeps.
+type ShareOutcome struct {
+	Path SharePath
+	// Touched are the records to keep whether the decision is admitted
+	// or refused (a class counted, a claim made); Charged those to keep
+	// when it is admitted. Each Dirty bit (pool, class, sub) says which
+	// differ from the input.
+	Touched, Charged [3]ShareState
+	TouchedDirty     uint8
+	ChargedDirty     uint8
+}
+
+// The records of a ShareOutcome, by index and Dirty bit.
+const (
+	SharePoolRecord = iota
+	ShareClassRecord
+	ShareSubRecord
+)
+
+// DecideShare decides the share of a fair charge at now: res is the
+// rule's own result for the charge at its cost (as StepTo or the log and
+// lease set decided it), which DecideShare refuses when the class is over
+// its share while others want theirs (Share ShareRefused, with the wait
+// until it could pass), and whose Remaining becomes what the class may
+// still take. A charge the rule refuses stays refused; a debit is never
+// refused and is taken from the class's part first. in.Share must be
+// valid and p's rule the charge's.
+func (p *PreparedRule) DecideShare(res *Result, in *ShareInput, now int64) ShareOutcome {
+	sp := &p.share
+	e := now/sp.epoch + 1
+	var out ShareOutcome
+	pool, cls, sub := in.Pool, in.Class, in.Sub
+	hasSub := in.Share.Sub != ""
+	w := in.Share.Weight
+	pool.Pool.roll(e)
+	markActive(&pool.Pool, &cls, e, w)
+	n := int64(1)
+	if hasSub {
+		cls.Pool.roll(e)
+		markActive(&cls.Pool, &sub, e, 1)
+		n = max(cls.Pool.active(), 1)
+	}
+	s := min(float64(w)/float64(max(pool.Pool.active(), w)), 1)
+	c := in.Cost
+	if sp.family == shareSlots {
+		decideSlots(res, sp, &pool, &cls, &sub, in, s, n, e, now, &out)
+	} else {
+		decideRate(res, sp, &pool, &cls, &sub, in, s, n, e, now, &out)
+	}
+	if c == 0 {
+		// A look counts no class: it keeps nothing.
+		out.Touched = [3]ShareState{in.Pool, in.Class, in.Sub}
+		out.Charged, out.TouchedDirty, out.ChargedDirty = out.Touched, 0, 0
+		return out
+	}
+	out.TouchedDirty = dirtyBits(&out.Touched, in)
+	out.ChargedDirty = dirtyBits(&out.Charged, in)
+	if !hasSub {
+		out.TouchedDirty &^= 1 << ShareSubRecord
+		out.ChargedDirty &^= 1 << ShareSubRecord
+	}
+	return out
+}
+
+func dirtyBits(recs *[3]ShareState, in *ShareInput) uint8 {
+	var d uint8
+	for i, was := range [3]*ShareState{&in.Pool, &in.Class, &in.Sub} {
+		if recs[i] != *was {
+			d |= 1 << i
+		}
+	}
+	return d
+}
+
+// markActive counts the class st of weight w in pool p at epoch e.
+func markActive(p *SharePool, st *ShareState, e, w int64) {
+	switch {
+	case st.Seen == e:
+		if st.Weight != w { // its weight changed within the epoch
+			p.Cur += w - st.Weight
+			if p.New > 0 {
+				p.New = max(p.New+w-st.Weight, 0)
+			}
+		}
+	case st.Seen == e-1 && p.Prev >= st.Weight:
+		p.Cur += w
+	default: // new, or its pool forgot the epoch it was seen in
+		p.Cur += w
+		p.New += w
+	}
+	st.Seen, st.Weight = e, w
+}
+
+// level returns st's assured units at now, for a bucket of the given rate
+// (units/ns) and cap; a new record is full.
+func (st *ShareState) level(now int64, rate, cap float64) float64 {
+	if st.At == 0 {
+		return cap
+	}
+	l := st.Level
+	if now > st.At {
+		l += float64(now-st.At) * rate
+	}
+	return min(l, cap)
+}
+
+// decideRate decides the share of a charge of a rule whose capacity is
+// spent: buckets, windows, quotas, sliding windows and logs.
+func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *ShareInput, s float64, n int64, e, now int64, out *ShareOutcome) {
+	c := in.Cost
+	fc := float64(c)
+	hasSub := in.Share.Sub != ""
+	rate, capC := s*sp.rate, s*sp.burst
+	lc := cls.level(now, rate, capC)
+	subRate, capS := rate/float64(n), capC/float64(n)
+	ls := 0.0
+	if hasSub {
+		ls = sub.level(now, subRate, capS)
+	}
+	// What the other active classes may still claim of the rule, which a
+	// class borrowing beyond its share must leave: their buckets' worth.
+	// A bucket's tokens come back at its rate, so the rule's own
+	// remaining measures it; a window's count comes back only when the
+	// window ends or slides, so the key's pool keeps a pace, a bucket of
+	// the rule's rate and burst that every admission draws from, and a
+	// class borrows only from the pace.
+	reserve := (1 - s) * sp.burst
+	paced := sp.family != shareRefill
+	room := func(rem, fc float64) float64 { return rem }
+	var pace float64
+	if paced {
+		pace = pool.level(now, sp.rate, sp.burst)
+		room = func(rem, fc float64) float64 { return min(rem, pace-fc) }
+	}
+	alone := s >= 1
+	// What the class's sub may take of the class's part beyond its own,
+	// leaving the other subs theirs.
+	subLend := func(l float64) float64 { return l - (1-1/float64(n))*capC }
+
+	out.Touched = [3]ShareState{*pool, *cls, *sub}
+	path := ShareNone
+	takeC, takeS := 0.0, 0.0
+	switch {
+	case c == 0:
+	case in.Prepaid:
+		if res.Allowed {
+			path = ShareAssured
+		}
+	case in.Debit:
+		path, takeC, takeS = ShareAssured, fc, fc
+	case !res.Allowed:
+	default:
+		assured := lc >= min(fc, capC)
+		subOwn := true
+		if hasSub && assured {
+			subOwn = ls >= min(fc, capS)
+			assured = subOwn || subLend(lc)-fc >= 0
+		}
+		switch {
+		case assured:
+			path, takeC = ShareAssured, fc
+			if hasSub && subOwn {
+				takeS = fc
+			}
+		case alone || room(float64(res.Remaining), fc) >= reserve:
+			path = ShareBorrowed
+		default:
+			path = ShareRefused
+		}
+	}
+	out.Path = path
+	res.Share = path
+	out.Charged = out.Touched
+	if paced && c > 0 && (path == ShareAssured || path == ShareBorrowed) {
+		pc := &out.Charged[SharePoolRecord]
+		pc.Level, pc.At, pc.Rate = max(pace-fc, -sp.burst), now, sp.rate
+	}
+	if takeC > 0 {
+		floor := -sp.burst
+		ch := &out.Charged[ShareClassRecord]
+		ch.Level, ch.At, ch.Rate = max(lc-takeC, floor), now, rate
+		if takeS > 0 {
+			ch := &out.Charged[ShareSubRecord]
+			ch.Level, ch.At, ch.Rate = max(ls-takeS, floor), now, subRate
+		}
+	}
+
+	// What the class may take next: its assured units, or what it may
+	// borrow, never more than the rule has.
+	after := out.Touched
+	if path == ShareAssured || path == ShareBorrowed {
+		after = out.Charged
+	}
+	lcA := after[ShareClassRecord].level(now, rate, capC)
+	own := lcA
+	if hasSub {
+		own = min(lcA, max(after[ShareSubRecord].level(now, subRate, capS), subLend(lcA)))
+	}
+	rem := float64(res.Remaining)
+	if paced && (path == ShareAssured || path == ShareBorrowed) {
+		pace -= fc
+	}
+	vis := min(rem, max(math.Floor(max(own, 0)), math.Floor(room(rem, 0)-reserve)))
+	if alone {
+		vis = rem
+	}
+	if path != ShareNone || c == 0 {
+		res.Remaining = max(int64(vis), 0)
+	}
+	if path != ShareRefused {
+		return
+	}
+	res.Allowed = false
+	// The earliest the class could pass: its share refilled, the rule
+	// holding enough beyond the others' claims, or the next epoch, when
+	// classes that stopped asking no longer count.
+	wait := float64(now - now%sp.epoch + sp.epoch - now) // to the epoch's end
+	if rate > 0 {
+		need := (min(fc, capC) - lc) / rate
+		if hasSub {
+			own := (min(fc, capS) - ls) / subRate
+			lend := ((1-1/float64(n))*capC + fc - lc) / rate
+			need = max(need, min(own, lend))
+		}
+		wait = min(wait, max(need, 0))
+	}
+	// The rule's remaining and the pace come back at most at the rule's
+	// rate.
+	if sp.rate > 0 {
+		wait = min(wait, (reserve-room(rem, fc))/sp.rate)
+	}
+	res.RetryAfter = time.Duration(math.Ceil(max(wait, 1)))
+}
+
+// decideSlots decides the share of a concurrency charge: the class takes
+// slots within its entitled part (its weighted share of the slots), or
+// borrows beyond it up to the rule's ceiling while no other class claims
+// the free slots. A class refused below its entitled part claims what it
+// lacks, for two epochs.
+func decideSlots(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *ShareInput, s float64, n int64, e, now int64, out *ShareOutcome) {
+	c := in.Cost
+	hasSub := in.Share.Sub != ""
+	entitled := max(1, int64(math.Floor(s*sp.burst)))
+	ceiling := sp.ceiling
+	if s < 1 {
+		ceiling = max(ceiling, entitled)
+	}
+	subCap := ceiling
+	if hasSub {
+		subCap = max(1, (ceiling+n-1)/n)
+	}
+	own := int64(0)
+	if cls.ClaimSeen == e || cls.ClaimSeen == e-1 {
+		own = cls.Claim
+	}
+	others := max(pool.Pool.claims()-own, 0)
+	h, hs := in.Held, in.SubHeld
+
+	path := ShareNone
+	claim := int64(-1) // unchanged
+	switch {
+	case c == 0:
+	case !res.Allowed:
+		if h < entitled {
+			claim = min(entitled-h, max(c, own))
+		}
+	case h+c > ceiling || hasSub && hs+c > subCap:
+		path = ShareRefused
+	case h+c <= entitled:
+		path = ShareAssured
+		claim = max(own-c, 0)
+	case res.Remaining >= others:
+		path = ShareBorrowed
+	default:
+		path = ShareRefused
+		if h < entitled {
+			claim = min(entitled-h, max(c, own))
+		}
+	}
+	if claim >= 0 && claim != own {
+		setClaim(&pool.Pool, cls, e, claim)
+	}
+	out.Touched = [3]ShareState{*pool, *cls, *sub}
+	out.Charged = out.Touched
+	out.Path = path
+	res.Share = path
+
+	hA := h
+	if path == ShareAssured || path == ShareBorrowed {
+		hA = h + c
+	}
+	vis := min(res.Remaining, ceiling-hA, max(entitled-hA, res.Remaining-others))
+	if hasSub {
+		hsA := hs
+		if hA > h {
+			hsA += c
+		}
+		vis = min(vis, subCap-hsA)
+	}
+	if path != ShareNone || c == 0 {
+		res.Remaining = max(vis, 0)
+	}
+	if path == ShareRefused {
+		res.Allowed = false
+		res.RetryAfter = max(res.RetryAfter, time.Duration(now-now%sp.epoch+sp.epoch-now))
+	}
+}
+
+// setClaim makes st's claim amount slots, counted in pool p at epoch e.
+func setClaim(p *SharePool, st *ShareState, e, amount int64) {
+	switch st.ClaimSeen {
+	case e:
+		p.Claims -= st.Claim
+	case e - 1:
+		p.PrevClaims = max(p.PrevClaims-st.Claim, 0)
+	}
+	st.Claim, st.ClaimSeen = 0, 0
+	if amount > 0 {
+		st.Claim, st.ClaimSeen = amount, e
+		p.Claims += amount
+	}
+	p.Claims = max(p.Claims, 0)
+}
