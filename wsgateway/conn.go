@@ -33,6 +33,10 @@ type conn struct {
 	deadline atomic.Int64 // the session's last known deadline, Unix ns
 	lastRead atomic.Int64 // Unix ns of the last frame read
 
+	// budget is the frame budget (Options.FrameBudget): frames that carry
+	// no admitted message draw on it.
+	budget budget
+
 	mu      sync.Mutex
 	ws      *websocket.Conn // set once, under mu, when the upgrade succeeds
 	queue   [][]byte
@@ -65,6 +69,12 @@ func (c *conn) attach(ws *websocket.Conn) bool {
 
 func (c *conn) setDeadline(t time.Time) { c.deadline.Store(t.UnixNano()) }
 
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
 // serve reads the client's frames until the connection ends.
 func (c *conn) serve() {
 	defer c.cleanup()
@@ -78,6 +88,11 @@ func (c *conn) serve() {
 			return
 		}
 		c.lastRead.Store(time.Now().UnixNano())
+		if c.isClosed() {
+			// Closing: read on until the client's close frame ends the
+			// handshake, deciding nothing.
+			continue
+		}
 		c.g.onMessage(c, data)
 	}
 }
@@ -100,6 +115,7 @@ func (c *conn) cleanup() {
 		c.unsubscribe()
 	}
 	c.g.releaseSlot(c.lease, c.tenant)
+	c.g.slotFreed(c.tenant)
 	if c.sessionLease != "" {
 		// The session may live on for its TTL after its last activity,
 		// which was before now: its slot from now on.
@@ -217,10 +233,17 @@ const maxIDLen = 128
 // onMessage decides one client frame: malformed frames get an error frame
 // (the connection stays), throttled ones a throttled frame; the others go
 // to their route's queue.
+//
+// Only an admitted message costs the store anything: its decision, then
+// the reply's Publish, which also moves the session's deadline. A
+// malformed frame costs nothing; a frame over messages_per_minute costs
+// nothing once the tenant's refusal is known here (refusedLocally), and
+// neither moves the session's deadline. Each draws on the connection's
+// frame budget instead.
 func (g *Gateway) onMessage(c *conn, data []byte) {
 	var in inbound
 	if err := json.Unmarshal(data, &in); err != nil {
-		c.send(errorFrame("", "the frame is not a JSON object of route, id and data: "+err.Error()))
+		c.malformed(errorFrame("", "the frame is not a JSON object of route, id and data: "+err.Error()))
 		return
 	}
 	id := ""
@@ -228,11 +251,11 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 		id = *in.ID
 	}
 	if len(id) > maxIDLen {
-		c.send(errorFrame("", "id is longer than 128 bytes"))
+		c.malformed(errorFrame("", "id is longer than 128 bytes"))
 		return
 	}
 	if in.Route != RouteSilo && in.Route != RoutePool {
-		c.send(errorFrame(id, `route must be "silo" or "pool"`))
+		c.malformed(errorFrame(id, `route must be "silo" or "pool"`))
 		return
 	}
 	if len(in.Data) == 0 {
@@ -240,28 +263,100 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 	}
 	p, t, l, err := g.tenantOf(c.tenant)
 	if err != nil {
-		c.send(errorFrame(id, err.Error()))
+		c.refuse(errorFrame(id, err.Error()))
 		return
 	}
-	charge := [1]admit.Charge{{Key: c.msgKey, Rule: &l.messages[0].Rule, Cost: 1}}
+	rule := l.messages[0]
+	now := g.now()
+	if retry, ok := g.refusedLocally(c.msgKey, rule, now); ok {
+		g.stats.throttledLocally.Add(1)
+		c.throttle(throttledFrame(id, retry))
+		return
+	}
+	charge := [1]admit.Charge{{Key: c.msgKey, Rule: &rule.Rule, Cost: 1}}
 	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.messages[:]}
 	var dec admit.Decision
 	if _, err := g.decider.Decide(c.ctx, &res, &dec); err != nil {
-		c.send(errorFrame(id, "the message could not be decided: "+err.Error()))
+		c.refuse(errorFrame(id, "the message could not be decided: "+err.Error()))
 		return
 	}
 	if !dec.Allowed {
-		g.stats.throttled.Add(1)
-		c.send(throttledFrame(id, dec.RetryAfter))
-		// A throttled message is activity too: it keeps the session.
-		if s, err := g.sessions.Touch(c.ctx, c.session, l.gw.SessionTTL); err == nil {
-			c.setDeadline(s.ExpiresAt)
-		}
+		g.learnRefusal(c.msgKey, rule, now, dec.RetryAfter)
+		c.throttle(throttledFrame(id, dec.RetryAfter))
 		return
 	}
 	g.routes.enqueue(c.ctx, &job{c: c, msg: Message{
 		Tenant: c.tenant, Session: c.session, Connection: c.id, Route: in.Route, ID: id, Data: in.Data,
 	}, ttl: l.gw.SessionTTL})
+}
+
+// throttle answers a message refused by messages_per_minute, within the
+// connection's frame budget.
+func (c *conn) throttle(frame []byte) {
+	c.g.stats.throttled.Add(1)
+	c.refuse(frame)
+}
+
+// malformed answers a frame that is not a message the gateway can decide,
+// within the connection's frame budget.
+func (c *conn) malformed(frame []byte) {
+	c.g.stats.malformed.Add(1)
+	c.refuse(frame)
+}
+
+// refuse answers a frame that carries no admitted message, within the
+// connection's frame budget.
+func (c *conn) refuse(frame []byte) {
+	if c.spend() {
+		c.send(frame)
+	}
+}
+
+// control counts a ping or pong from the client against the frame budget
+// and reports whether it is within it (a ping is then answered).
+func (c *conn) control() bool {
+	c.g.stats.control.Add(1)
+	return c.spend()
+}
+
+// spend takes one frame from the connection's budget. A connection past
+// its budget is closed with 1008, and spend reports false: the frame is not
+// answered.
+func (c *conn) spend() bool {
+	if c.budget.take(c.g.now(), c.g.frameBudget, c.g.frameRefill) {
+		return true
+	}
+	if !c.isClosed() {
+		c.g.stats.overBudget.Add(1)
+		c.g.log.Debug("gateway: frames past the budget", "tenant", c.tenant, "connection", c.id)
+		c.close(websocket.StatusPolicyViolation, "too many refused, malformed or control frames")
+	}
+	return false
+}
+
+// budget is a connection's frame budget: a token bucket of frames whose
+// zero value is full. It tracks what was spent, not what is left, so that
+// a new connection needs no setup.
+type budget struct {
+	mu    sync.Mutex
+	spent float64   // frames
+	at    time.Time // when spent was last brought up to date
+}
+
+// take spends one frame at now if the budget, of size frames refilled at
+// rate a second, has one left.
+func (b *budget) take(now time.Time, size, rate float64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.After(b.at) {
+		b.spent = max(0, b.spent-now.Sub(b.at).Seconds()*rate)
+		b.at = now
+	}
+	if b.spent+1 > size {
+		return false
+	}
+	b.spent++
+	return true
 }
 
 func errorFrame(id, detail string) []byte {

@@ -12,6 +12,13 @@
 // the gateway dies) and the tenant's and the session's new connections per
 // minute (sliding window counters). A refused connection charges nothing.
 //
+// Only what is admitted costs the store: a malformed frame and a ping cost
+// it nothing, nor do a message over messages_per_minute and a connection
+// refused again once the refusal is known (each server remembers the
+// refusals the store gave until they could end). Frames that carry no
+// admitted message draw on a per-connection frame budget instead, past
+// which the connection is closed.
+//
 // Sessions and their frames live in a Sessions implementation: in memory
 // for one server, or in Redis (redisstore.Sessions) for several gateway
 // servers that share sessions, limits and replies.
@@ -122,6 +129,23 @@ type Options struct {
 	// PingInterval is how often a connection silent for that long is
 	// pinged; no pong within the interval closes it. Default 30s.
 	PingInterval time.Duration
+	// FrameBudget and FrameBudgetPerSecond bound the frames a connection
+	// sends that carry no admitted message: one refused by
+	// messages_per_minute, a malformed one, a ping or a pong. Each draws on
+	// the connection's budget of FrameBudget frames, refilled at
+	// FrameBudgetPerSecond; the frame that finds it empty closes the
+	// connection with 1008 (policy violation). None of them costs the store
+	// anything, but each costs this server a read, a decode and an answer:
+	// the budget keeps that within what an honest client needs (a ping
+	// every few seconds, a burst of sends past its limit). Defaults 100
+	// and 10.
+	FrameBudget          int
+	FrameBudgetPerSecond int
+	// Clock returns the current time of the frame budgets and of the
+	// refusals the gateway remembers (of messages and of connections);
+	// default time.Now. Give it the store's clock when the store has one
+	// of its own.
+	Clock func() time.Time
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -133,12 +157,20 @@ type Stats struct {
 	// Refused counts connections refused by each limit, in the order
 	// LimitTenantConnections, LimitConnectionsPerSession,
 	// LimitTenantPerMinute, LimitSessionPerMinute.
-	Refused      [4]int64
-	Rejected     int64 // refused before the limits: authorizer, origin, bad request
-	Messages     int64 // messages processed
-	Throttled    int64 // messages refused by messages_per_minute
-	SlowClosed   int64 // connections closed as slow consumers
-	ExpiredClose int64 // connections closed because their session expired
+	Refused   [4]int64
+	Rejected  int64 // refused before the limits: authorizer, origin, bad request
+	Messages  int64 // messages processed
+	Throttled int64 // messages refused by messages_per_minute
+	// ThrottledLocally counts the Throttled messages refused without
+	// asking the store: the tenant's refusal was known.
+	ThrottledLocally int64
+	Malformed        int64 // frames that are not a message to decide
+	Control          int64 // pings and pongs received from clients
+	SlowClosed       int64 // connections closed as slow consumers
+	ExpiredClose     int64 // connections closed because their session expired
+	// BudgetClosed counts connections closed with 1008 for frames past
+	// their frame budget (Options.FrameBudget).
+	BudgetClosed int64
 }
 
 // Gateway is the WebSocket gateway. It serves GET /v1/ws as an
@@ -159,8 +191,18 @@ type Gateway struct {
 	maxMessage   int64
 	writeTimeout time.Duration
 	pingInterval time.Duration
+	frameBudget  float64 // frames
+	frameRefill  float64 // frames per second
+	now          func() time.Time
 
 	limits sync.Map // policy.Gateway → *limits
+
+	// The refusals the store gave, until they end (refusals.go): of
+	// messages by message key, of connections by tenant and session.
+	refusalsMu sync.Mutex
+	throttled  map[string]throttle
+	connects   map[string]map[string]connectRefusal
+	slotsFreed uint64 // connections whose slots were freed here
 
 	mu      sync.Mutex
 	conns   map[*conn]struct{}
@@ -174,6 +216,7 @@ type Gateway struct {
 
 	stats struct {
 		connections, admitted, rejected, messages, throttled, slow, expired atomic.Int64
+		throttledLocally, malformed, control, overBudget                    atomic.Int64
 		refused                                                             [4]atomic.Int64
 	}
 }
@@ -194,7 +237,8 @@ func New(opts Options) (*Gateway, error) {
 		handler: opts.Handler, origins: opts.OriginPatterns, log: opts.Logger,
 		leaseTTL: opts.LeaseTTL, sendFrames: opts.SendFrames, sendBytes: opts.SendBytes,
 		maxMessage: opts.MaxMessageBytes, writeTimeout: opts.WriteTimeout, pingInterval: opts.PingInterval,
-		conns: map[*conn]struct{}{}, done: make(chan struct{}),
+		now: opts.Clock, conns: map[*conn]struct{}{}, throttled: map[string]throttle{},
+		connects: map[string]map[string]connectRefusal{}, done: make(chan struct{}),
 	}
 	if g.decider == nil {
 		g.decider = policy.NewDecider(g.store, 1)
@@ -207,6 +251,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.log == nil {
 		g.log = slog.Default()
+	}
+	if g.now == nil {
+		g.now = time.Now
 	}
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -226,6 +273,9 @@ func New(opts Options) (*Gateway, error) {
 	if g.maxMessage <= 0 {
 		g.maxMessage = 32 << 10
 	}
+	def(&opts.FrameBudget, 100)
+	def(&opts.FrameBudgetPerSecond, 10)
+	g.frameBudget, g.frameRefill = float64(opts.FrameBudget), float64(opts.FrameBudgetPerSecond)
 	def(&opts.QueueSize, 1024)
 	def(&opts.PoolWorkers, 4*runtime.GOMAXPROCS(0))
 	g.ctx, g.cancel = context.WithCancel(context.Background())
@@ -240,7 +290,8 @@ func (g *Gateway) Stats() Stats {
 		Connections: g.stats.connections.Load(), Admitted: g.stats.admitted.Load(),
 		Rejected: g.stats.rejected.Load(), Messages: g.stats.messages.Load(),
 		Throttled: g.stats.throttled.Load(), SlowClosed: g.stats.slow.Load(),
-		ExpiredClose: g.stats.expired.Load(),
+		ExpiredClose: g.stats.expired.Load(), ThrottledLocally: g.stats.throttledLocally.Load(),
+		Malformed: g.stats.malformed.Load(), Control: g.stats.control.Load(), BudgetClosed: g.stats.overBudget.Load(),
 	}
 	for i := range s.Refused {
 		s.Refused[i] = g.stats.refused[i].Load()
@@ -497,6 +548,15 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		g.reject(w, problem.Status(err), err.Error())
 		return a, false
 	}
+	// A session refused a moment ago is refused again without asking the
+	// store: neither for the session (its tenant's key or a token created
+	// it, and it was there) nor for the limits (refusals.go).
+	now := g.now()
+	var dec admit.Decision
+	if g.connectRefusedLocally(tenant, sid, l, now, &dec) {
+		g.refuse(w, l, &dec, !dryRun)
+		return a, false
+	}
 	ctx := r.Context()
 	if _, err := g.session(ctx, tenant, sid); err != nil {
 		g.reject(w, problem.Status(err), err.Error())
@@ -508,12 +568,13 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		charges[i] = admit.Charge{Key: key(rule, tenant, sid, "ws:connect"), Rule: &rule.Rule, Cost: 1, LeaseTTL: g.leaseTTL, DryRun: dryRun}
 	}
 	res := policy.Resolution{Policy: p, Tenant: t, Charges: charges[:], Rules: l.connect[:]}
-	var dec admit.Decision
+	freed := g.freedSlots()
 	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
 		g.reject(w, problem.Status(err), "the connection could not be decided: "+err.Error())
 		return a, false
 	}
 	if !dec.Allowed {
+		g.learnConnectRefusal(tenant, sid, l, now, freed, &dec)
 		g.refuse(w, l, &dec, !dryRun)
 		return a, false
 	}
@@ -560,7 +621,14 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	c.setDeadline(s.ExpiresAt)
 	c.sessionLease = s.Lease
 	g.renewSlot(ctx, s.Lease, tenant)
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: g.origins})
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		OriginPatterns: g.origins,
+		// A client's pings and pongs cost the store nothing, but each is a
+		// frame to read and a ping one to answer: they draw on the frame
+		// budget as refused messages do. Past it, no pong.
+		OnPingReceived: func(context.Context, []byte) bool { return c.control() },
+		OnPongReceived: func(context.Context, []byte) { c.control() },
+	})
 	if err != nil {
 		g.stats.rejected.Add(1)
 		return // Accept answered the client

@@ -48,6 +48,9 @@ func newHarness(t testing.TB, a, b policy.GatewaySpec, opts *wsgateway.Options) 
 	if o.Store == nil {
 		o.Store = h.store
 	}
+	if o.Clock == nil {
+		o.Clock = h.clock.Now
+	}
 	o.Policy = h.pol.Load
 	g, err := wsgateway.New(o)
 	if err != nil {

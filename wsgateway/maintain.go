@@ -28,6 +28,7 @@ func (g *Gateway) maintain() {
 		case now := <-t.C:
 			conns := g.snapshot()
 			g.expire(conns, now)
+			g.forgetRefusals(g.now())
 			if now.Sub(lastRenew) >= g.leaseTTL/3 {
 				lastRenew = now
 				g.renew(conns)

@@ -81,6 +81,11 @@ type GatewayConfig struct {
 	SendBufferFrames int64 `json:"send_buffer_frames"`
 	// MaxMessageBytes bounds a client frame (1009 beyond); default 32 KiB.
 	MaxMessageBytes int64 `json:"max_message_bytes"`
+	// FrameBudget and FrameBudgetPerSecond bound a connection's frames
+	// that carry no admitted message (refused, malformed, pings and
+	// pongs): past the budget it is closed with 1008; defaults 100 and 10.
+	FrameBudget          int64 `json:"frame_budget"`
+	FrameBudgetPerSecond int64 `json:"frame_budget_per_second"`
 	// PoolWorkers sizes the pool route; default 4 per CPU.
 	PoolWorkers int64 `json:"pool_workers"`
 	// Demo serves the sample client page at /demo/; default true.
@@ -547,6 +552,8 @@ func (d *decoder) checkGateway(g *GatewayConfig) {
 		{"gateway.send_buffer_bytes", g.SendBufferBytes, 1 << 10, 1 << 30},
 		{"gateway.send_buffer_frames", g.SendBufferFrames, 1, 1 << 20},
 		{"gateway.max_message_bytes", g.MaxMessageBytes, 128, 16 << 20},
+		{"gateway.frame_budget", g.FrameBudget, 1, 1_000_000},
+		{"gateway.frame_budget_per_second", g.FrameBudgetPerSecond, 1, 1_000_000},
 		{"gateway.pool_workers", g.PoolWorkers, 1, 4096},
 		{"gateway.max_sessions", g.MaxSessions, 1, 100_000_000},
 	} {

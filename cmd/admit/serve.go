@@ -435,6 +435,7 @@ func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, 
 		OriginPatterns: g.AllowedOrigins, LeaseTTL: dur(g.LeaseTTL), PingInterval: dur(g.PingInterval),
 		SendBytes: int(g.SendBufferBytes), SendFrames: int(g.SendBufferFrames),
 		MaxMessageBytes: g.MaxMessageBytes, PoolWorkers: int(g.PoolWorkers),
+		FrameBudget: int(g.FrameBudget), FrameBudgetPerSecond: int(g.FrameBudgetPerSecond),
 	}
 }
 

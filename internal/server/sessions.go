@@ -117,6 +117,7 @@ func (s *Server) demoHandler() http.Handler {
 type gatewayCollector struct {
 	g                                          *wsgateway.Gateway
 	conns, connects, refused, messages, closed *prometheus.Desc
+	local, control                             *prometheus.Desc
 }
 
 func newGatewayCollector(g *wsgateway.Gateway) *gatewayCollector {
@@ -125,14 +126,16 @@ func newGatewayCollector(g *wsgateway.Gateway) *gatewayCollector {
 		conns:    prometheus.NewDesc("admit_gateway_connections", "WebSocket connections open on this server.", nil, nil),
 		connects: prometheus.NewDesc("admit_gateway_connects_total", "WebSocket connection attempts, by result: admitted, refused (over a limit, 429) or rejected (authorizer, origin, bad request).", []string{"result"}, nil),
 		refused:  prometheus.NewDesc("admit_gateway_refused_total", "WebSocket connections refused, by the limit that refused them.", []string{"limit"}, nil),
-		messages: prometheus.NewDesc("admit_gateway_messages_total", "WebSocket messages, by result: processed or throttled (messages_per_minute).", []string{"result"}, nil),
-		closed:   prometheus.NewDesc("admit_gateway_closed_total", "WebSocket connections the gateway closed, by reason: slow_consumer (1008) or session_expired.", []string{"reason"}, nil),
+		messages: prometheus.NewDesc("admit_gateway_messages_total", "WebSocket client frames, by result: processed, throttled (messages_per_minute) or malformed.", []string{"result"}, nil),
+		closed:   prometheus.NewDesc("admit_gateway_closed_total", "WebSocket connections the gateway closed, by reason: slow_consumer (1008), frame_budget (1008) or session_expired.", []string{"reason"}, nil),
+		local:    prometheus.NewDesc("admit_gateway_throttled_locally_total", "Throttled WebSocket messages refused without asking the store: the tenant's refusal was known on this server.", nil, nil),
+		control:  prometheus.NewDesc("admit_gateway_control_frames_total", "Pings and pongs received from WebSocket clients.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *gatewayCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.conns, c.connects, c.refused, c.messages, c.closed} {
+	for _, d := range []*prometheus.Desc{c.conns, c.connects, c.refused, c.messages, c.closed, c.local, c.control} {
 		ch <- d
 	}
 }
@@ -154,6 +157,10 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.connects, st.Rejected, "rejected")
 	counter(c.messages, st.Messages, "processed")
 	counter(c.messages, st.Throttled, "throttled")
+	counter(c.messages, st.Malformed, "malformed")
 	counter(c.closed, st.SlowClosed, "slow_consumer")
+	counter(c.closed, st.BudgetClosed, "frame_budget")
 	counter(c.closed, st.ExpiredClose, "session_expired")
+	ch <- prometheus.MustNewConstMetric(c.local, prometheus.CounterValue, float64(st.ThrottledLocally))
+	ch <- prometheus.MustNewConstMetric(c.control, prometheus.CounterValue, float64(st.Control))
 }
