@@ -67,6 +67,9 @@ type Result struct {
 	// the request but its class was over its share while others wanted
 	// theirs.
 	Share SharePath
+	// Shared is, for a charge with a share, what the rule itself has
+	// left, Remaining being what the charge's class may still take of it.
+	Shared int64
 }
 
 // Decision is the outcome of deciding a list of charges together. An empty

@@ -312,6 +312,7 @@ func (p *PreparedRule) DecideShare(res *Result, in *ShareInput, now int64) Share
 	}
 	s := min(float64(w)/float64(max(pool.Pool.active(), w)), 1)
 	c := in.Cost
+	res.Shared = res.Remaining
 	if sp.family == shareSlots {
 		decideSlots(res, sp, &pool, &cls, &sub, in, s, n, e, now, &out)
 	} else {

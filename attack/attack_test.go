@@ -190,7 +190,7 @@ func TestLeaseIDAmplification(t *testing.T) {
 		t.Fatalf("a lease: %d %s", a.status, a.raw)
 	}
 	before = commandCalls(t, srv.Addr, lease...)
-	if a := s.do("DELETE", "/v1/leases/"+a.body["lease_id"].(string), ""); a.status != http.StatusNoContent {
+	if a := s.do("DELETE", "/v1/leases/"+a.body["lease_id"].(string), "", acme...); a.status != http.StatusNoContent {
 		t.Fatalf("release: %d %s", a.status, a.raw)
 	}
 	real := commandCalls(t, srv.Addr, lease...) - before

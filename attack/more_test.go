@@ -193,10 +193,10 @@ func TestWideLeases(t *testing.T) {
 	if a.status != 201 || strings.HasPrefix(id, "unheld-") {
 		t.Fatalf("a lease of 1,000 slots: %d %s", a.status, a.raw)
 	}
-	if b := s.do("PUT", "/v1/leases/"+id, ""); b.status != 200 {
+	if b := s.do("PUT", "/v1/leases/"+id, "", service...); b.status != 200 {
 		t.Fatalf("renew: %d %s", b.status, b.raw)
 	}
-	if b := s.do("DELETE", "/v1/leases/"+id, ""); b.status != 204 {
+	if b := s.do("DELETE", "/v1/leases/"+id, "", service...); b.status != 204 {
 		t.Fatalf("release: %d %s", b.status, b.raw)
 	}
 	_, after, _ := redistest.ScriptStats(srv.Addr)

@@ -204,6 +204,7 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	if len(c.attrs) > 0 {
 		r.Attributes = c.attrs
 	}
+	r.Client = r.IP // Envoy names the client's address
 	// Envoy's descriptors are the client's credentials: the one rule
 	// (policy.Authenticate) holds, with no caller trusted.
 	if err := p.AuthenticateRequest(r, false); err != nil {
@@ -218,6 +219,12 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	}
 	st.kind = kindCharged
 	for i, ch := range c.one.Charges {
+		if ch.Share != nil {
+			// c.one is resolved again for the next descriptor, which
+			// may be another tenant's.
+			sh := *ch.Share
+			ch.Share = &sh
+		}
 		c.add(ch, c.one.Rules[i], never)
 	}
 	return nil

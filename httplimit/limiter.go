@@ -345,6 +345,7 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()
+		req.Client = req.IP
 	}
 	key, token := credentials(r, l.jwt != nil)
 	credited, verified := false, false

@@ -185,7 +185,7 @@ func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			if charges[i].Debit {
 				*r = peek // what the debit did, without the refused charges
 			} else if wouldAdmit {
-				r.Remaining, r.ResetAfter = peek.Remaining, peek.ResetAfter
+				r.Remaining, r.ResetAfter, r.Shared = peek.Remaining, peek.ResetAfter, peek.Shared
 			}
 		}
 		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {

@@ -111,6 +111,9 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		if charges[i].Debit {
 			return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
 		}
+		if charges[i].Share != nil {
+			return admit.Reservation{}, errShareReserve(i)
+		}
 		if r := charges[i].Rule; !r.Algorithm.Reservable() {
 			return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", r.Name, r.Algorithm)
 		}

@@ -56,6 +56,12 @@ func (s *Store) shareHash(h uint64, k uint8, class, sub string) uint64 {
 	return r
 }
 
+// errShareReserve refuses a reservation of fair charge i: booked ahead in
+// a limit tenants share, its capacity would be taken from every class.
+func errShareReserve(i int) error {
+	return admit.Errorf(admit.CodeInvalid, "charge %d: a limit tenants share is not reserved ahead; decide its charges (its class's share keeps the order)", i)
+}
+
 // fairCharge is a decision's working set for one fair charge.
 type fairCharge struct {
 	i       int

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,7 @@ func (c *compiler) compile(spec *Spec) {
 	if p.onError, err = admit.ParseFailureMode(spec.OnError); err != nil {
 		c.fail("on_error", "%v", err)
 	}
+	p.anonymous = c.weight("anonymous_weight", spec.AnonymousWeight, 1)
 	if len(spec.Global) > MaxGlobalRules {
 		c.fail("global", "%d rules; at most %d", len(spec.Global), MaxGlobalRules)
 	}
@@ -83,7 +85,7 @@ func (c *compiler) compile(spec *Spec) {
 			continue
 		}
 		ts := spec.Tiers[name]
-		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts}
+		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts, Weight: c.weight(path+".weight", ts.Weight, 1)}
 		if len(ts.Rules) > MaxRulesPerTier {
 			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), MaxRulesPerTier)
 		}
@@ -149,7 +151,7 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 			c.fail(fmt.Sprintf("%s.api_keys_sha256[%d]", path, i), "not a lower-case hex SHA-256 (64 hex digits)")
 		}
 	}
-	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts}
+	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts, Weight: c.weight(path+".weight", ts.Weight, tier.Weight)}
 	overridden := map[string]bool{}
 	cloned := false // t.Rules is still the tier's slice until an override lands
 	for i := range ts.Overrides {
@@ -206,6 +208,19 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 	return t
 }
 
+// weight returns a weight in shared limits, w or def when w is 0,
+// reporting one out of bounds under path.
+func (c *compiler) weight(path string, w, def int64) int64 {
+	if w < 0 || w > admit.MaxShareWeight {
+		c.fail(path, "%d: a weight is from 1 to %d (0 or absent: the default)", w, admit.MaxShareWeight)
+		return def
+	}
+	if w == 0 {
+		return def
+	}
+	return w
+}
+
 // mergeOverride returns base with the parameters o sets replaced.
 func mergeOverride(base, o RuleSpec) RuleSpec {
 	set := func(dst *string, v string) {
@@ -235,6 +250,7 @@ func mergeOverride(base, o RuleSpec) RuleSpec {
 	}
 	set(&base.OnError, o.OnError)
 	set(&base.Distribution, o.Distribution)
+	set(&base.ShareCeiling, o.ShareCeiling)
 	set(&base.Budget, o.Budget)
 	if o.Weights != nil {
 		base.Weights = o.Weights
@@ -358,6 +374,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if r.Distribution, err = admit.ParseDistribution(rs.Distribution); err != nil {
 		c.fail(path+".distribution", "%v", err)
 	}
+	c.share(path, rs, r, tier)
 	if len(c.errs) > before {
 		return nil
 	}
@@ -382,6 +399,41 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	r.ID = len(c.p.rules)
 	c.p.rules = append(c.p.rules, r)
 	return r
+}
+
+// share compiles whether r's buckets are shared by tenants, and then
+// divided fairly, and a shared concurrency rule's ceiling.
+func (c *compiler) share(path string, rs *RuleSpec, r *Rule, tier string) {
+	if tier == "" {
+		r.shared = r.Scope == ScopeGlobal || r.Scope == ScopeIP || r.attribute != ""
+	} else {
+		r.shared = r.Scope == ScopeGlobal
+	}
+	r.Fair = r.shared && (rs.FairShare == nil || *rs.FairShare)
+	if rs.FairShare != nil && *rs.FairShare && !r.shared {
+		c.fail(path+".fair_share", "the rule's buckets are not shared by tenants (a global rule of scope global, ip or an attribute, or a tier's rule of scope global is)")
+	}
+	if rs.ShareCeiling == "" {
+		return
+	}
+	if r.Algorithm != admit.Concurrency || !r.Fair {
+		c.fail(path+".share_ceiling", "only a shared concurrency rule has a share ceiling")
+		return
+	}
+	v, pct := strings.CutSuffix(strings.TrimSpace(rs.ShareCeiling), "%")
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	switch {
+	case err != nil || n < 1 || pct && n > 100:
+		c.fail(path+".share_ceiling", "%q: want a number of slots, or a percentage of max such as \"50%%\"", rs.ShareCeiling)
+		return
+	case pct:
+		n = max(1, r.Max*n/100)
+	}
+	if n > r.Max {
+		c.fail(path+".share_ceiling", "%d is more than max (%d)", n, r.Max)
+		return
+	}
+	r.ShareCeiling = n
 }
 
 // unit compiles what a rule counts: its unit, a tokens rule's weights and

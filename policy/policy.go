@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -67,6 +68,11 @@ type Rule struct {
 	// ID numbers the rules of one Policy densely from 0, so that callers
 	// can keep per-rule data (metrics, say) in a slice.
 	ID int
+	// Fair says the rule's buckets are shared by tenants (a global rule
+	// of scope global, ip or an attribute, or a tier's rule of scope
+	// global) and divided among them by weight: its charges carry the
+	// request's admit.Share.
+	Fair bool
 
 	allActions bool
 	actions    []string
@@ -74,6 +80,8 @@ type Rule struct {
 	attribute string
 	// billing: a quota anchored on each tenant's billing anchor.
 	billing bool
+	// shared: tenants share the rule's buckets (Fair unless turned off).
+	shared bool
 	// bucket names the rule in its buckets' keys: the rule's name, after
 	// its tier's for tier rules, so that a tenant moved to another tier
 	// starts with that tier's fresh buckets rather than inheriting a
@@ -127,6 +135,13 @@ func (r *Rule) Spec() RuleSpec {
 	}
 	s.OnError = r.OnError.String()
 	s.PerModel = r.PerModel
+	if r.shared && !r.Fair {
+		f := false
+		s.FairShare = &f
+	}
+	if r.Algorithm == admit.Concurrency && r.Fair {
+		s.ShareCeiling = strconv.FormatInt(r.ShareCeiling, 10)
+	}
 	switch r.Unit {
 	case UnitTokens:
 		s.Unit = r.Unit.String()
@@ -188,6 +203,8 @@ type Tier struct {
 	Name    string
 	Rules   []*Rule
 	Gateway Gateway
+	// Weight is the tier's tenants' weight in shared limits.
+	Weight int64
 	// Source is "config" or "admin": where the tier's definition came from.
 	Source string
 	Spec   TierSpec
@@ -198,6 +215,9 @@ type Tenant struct {
 	ID    string
 	Tier  *Tier
 	Rules []*Rule
+	// Weight is the tenant's weight in shared limits: its own, or its
+	// tier's.
+	Weight int64
 	// Source is "config", "admin", or "default" for a tenant the catalog
 	// does not know that got the default tier.
 	Source string
@@ -222,6 +242,7 @@ type Policy struct {
 	byKey    map[string]*Tenant // API key hash → tenant
 	fallback *Tier              // tier of unknown tenants; nil refuses them
 	onError  admit.FailureMode
+	anonymous int64 // the anonymous callers' weight in shared limits
 	rules    []*Rule // by ID
 	spec     Spec
 }
@@ -231,6 +252,9 @@ func (p *Policy) Rules() []*Rule { return p.rules }
 
 // Global returns the rules every request is charged against.
 func (p *Policy) Global() []*Rule { return p.global }
+
+// AnonymousWeight returns the anonymous callers' weight in shared limits.
+func (p *Policy) AnonymousWeight() int64 { return p.anonymous }
 
 // OnError returns the failure mode of rules that name none.
 func (p *Policy) OnError() admit.FailureMode { return p.onError }

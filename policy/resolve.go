@@ -2,6 +2,7 @@ package policy
 
 import (
 	"iter"
+	"net/netip"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -65,6 +66,12 @@ type Request struct {
 	// LeaseTTL shortens the lease TTL of concurrency charges; it never
 	// lengthens it past a rule's lease_ttl.
 	LeaseTTL time.Duration
+	// Client is the address of the client the request comes from, as the
+	// front end knows it (the connection's peer through trusted proxies,
+	// or the ip a trusted caller names): anonymous callers share their
+	// class's part of a shared limit per client address (see Rule.Fair).
+	// "" when unknown.
+	Client string
 
 	auth authenticated // see AuthenticateRequest
 }
@@ -83,6 +90,44 @@ type Resolution struct {
 	keyHash string
 	auth    *authenticated // the request's, if it holds
 	buf     []byte
+	// share is the request's class in shared limits, which its fair
+	// charges point to; shareWhole the same without its sub, for rules
+	// keyed by the client's address already.
+	share, shareWhole admit.Share
+}
+
+// Anonymous is the class of anonymous callers in shared limits (see
+// Rule.Fair); a tenant's class is "tenant:" and its id.
+const Anonymous = "anonymous"
+
+// shareOf sets res's share: the request's tenant when the catalog knows it
+// or a trusted caller names it, else the anonymous callers, shared per
+// client address.
+func (p *Policy) shareOf(req *Request, res *Resolution) {
+	t := res.Tenant
+	if t != nil && (t.Source != "default" || !req.Untrusted) {
+		res.share = admit.Share{Class: "tenant:" + t.ID, Weight: max(t.Weight, 1)}
+	} else {
+		res.share = admit.Share{Class: Anonymous, Weight: max(p.anonymous, 1), Sub: ClientPrefix(req.Client)}
+	}
+	res.shareWhole = res.share
+	res.shareWhole.Sub = ""
+}
+
+// ClientPrefix returns the part of a client address that names one
+// client in shared limits: an IPv4 address whole, an IPv6 address's /64
+// (one site's, which can hold any number of addresses); other text as it
+// is, and "" for "".
+func ClientPrefix(addr string) string {
+	a, err := netip.ParseAddr(addr)
+	if err != nil || !a.Is6() || a.Is4In6() {
+		if err == nil {
+			return a.Unmap().String()
+		}
+		return addr
+	}
+	p, _ := a.WithZone("").Prefix(64)
+	return p.String()
 }
 
 // Validate checks the bounds of r's fields.
@@ -134,6 +179,7 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 		}
 		res.Tenant = t
 	}
+	res.share.Class = ""
 	for _, r := range p.global {
 		p.add(req, res, r, true)
 	}
@@ -207,6 +253,16 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, Debit: req.Debit,
 		LeaseTTL: min(req.LeaseTTL, r.LeaseTTLOrDefault()),
 	})
+	if r.Fair && k.Tenant == "" {
+		if res.share.Class == "" {
+			p.shareOf(req, res)
+		}
+		ch := &res.Charges[len(res.Charges)-1]
+		ch.Share = &res.share
+		if r.Scope == ScopeIP {
+			ch.Share = &res.shareWhole // one key per address already
+		}
+	}
 	// Hashed here, while the key is hot, once for every store that reads
 	// the charge (the decision, a local fallback, a retry).
 	res.Charges[len(res.Charges)-1].Prepare()
@@ -224,7 +280,7 @@ func (p *Policy) TenantOrDefault(id string) (*Tenant, error) {
 	if p.fallback == nil {
 		return nil, admit.Errorf(admit.CodePermission, "tenant %q is unknown", id)
 	}
-	return &Tenant{ID: id, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default"}, nil
+	return &Tenant{ID: id, Tier: p.fallback, Rules: p.fallback.Rules, Source: "default", Weight: p.fallback.Weight}, nil
 }
 
 // RuleResults yields each rule of a resolution with its result in a

@@ -17,6 +17,11 @@ type Spec struct {
 	// OnError is the failure mode of rules that name none: "open" (the
 	// default), "closed" or "local".
 	OnError string `json:"on_error,omitempty"`
+	// AnonymousWeight is the weight of the anonymous callers (requests
+	// that name no tenant, or a tenant only a default tier knows, without
+	// a credential that vouches for it) in the limits tenants share: one
+	// class, whose part each client address shares equally. Default 1.
+	AnonymousWeight int64 `json:"anonymous_weight,omitempty"`
 
 	Global  []RuleSpec            `json:"global,omitempty"`
 	Tiers   map[string]TierSpec   `json:"tiers,omitempty"`
@@ -83,12 +88,27 @@ type RuleSpec struct {
 	// Distribution is "exact" (the default) or "leased": see
 	// admit.Distribution.
 	Distribution string `json:"distribution,omitempty"`
+
+	// FairShare divides a limit that tenants share (a global rule of
+	// scope global, ip or an attribute, or a tier's rule of scope global)
+	// among the tenants that want it, by their weights, so that none
+	// takes what the others want (see admit.Share). It is the default for
+	// such rules; false makes the rule first come, first served.
+	FairShare *bool `json:"fair_share,omitempty"`
+	// ShareCeiling bounds the slots of a shared concurrency rule one
+	// tenant holds beyond its share: a number of slots, or a percentage
+	// of max such as "50%" (the default), so that a tenant arriving later
+	// finds slots free.
+	ShareCeiling string `json:"share_ceiling,omitempty"`
 }
 
 // TierSpec is a tier: its rules and its WebSocket gateway settings.
 type TierSpec struct {
 	Rules   []RuleSpec   `json:"rules,omitempty"`
 	Gateway *GatewaySpec `json:"gateway,omitempty"`
+	// Weight is the tier's tenants' weight in the limits tenants share
+	// (see RuleSpec.FairShare), from 1 to admit.MaxShareWeight; default 1.
+	Weight int64 `json:"weight,omitempty"`
 }
 
 // GatewaySpec holds a tier's WebSocket gateway settings. Zero
@@ -112,6 +132,9 @@ type TenantSpec struct {
 	// start from: its quotas with anchor "billing" run from that day of
 	// each month (the month's last day when it has fewer), or week or
 	// year, in the quota's time zone.
-	BillingAnchor string   `json:"billing_anchor,omitempty"`
+	BillingAnchor string `json:"billing_anchor,omitempty"`
+	// Weight overrides the tier's weight for this tenant in the limits
+	// tenants share; 0 keeps the tier's.
+	Weight int64 `json:"weight,omitempty"`
 	APIKeysSHA256 []string `json:"api_keys_sha256,omitempty"`
 }

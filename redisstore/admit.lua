@@ -981,6 +981,7 @@ local function shareDecide(i, R, res, c, peek)
   local sh = SHARES[i]
   local debit = DEBITS[i]
   if peek and not debit then c = 0 end
+  res.pool = res.remaining
   local eu = R.se
   local e = floor(nu / eu) + 1
   local pool, cls = recCopy(shareLoad(sh.kp)), recCopy(shareLoad(sh.kc))
@@ -1238,7 +1239,9 @@ local function reply(out, results, allowed, extra)
   k = k + 1
   for i = 1, n do
     local r = results[i]
-    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = r.allowed + 2 * (r.how or 0) + 8 * (r.share or 0), r.remaining, r.reset, r.retry
+    local x = r.allowed + 2 * (r.how or 0)
+    if r.share then x = x + 8 * r.share + 32 * mmax(r.pool, 0) end
+    out[k + 1], out[k + 2], out[k + 3], out[k + 4] = x, r.remaining, r.reset, r.retry
     k = k + 4
   end
   out[k + 1] = extra or 0
@@ -1324,7 +1327,7 @@ local function decide(out)
         local r, p = results[i], peeks[i]
         r.allowed, r.remaining, r.reset, r.retry = p.allowed, p.remaining, p.reset, p.retry
       elseif again[i] and results[i].would then
-        results[i].remaining, results[i].reset = peeks[i].remaining, peeks[i].reset
+        results[i].remaining, results[i].reset, results[i].pool = peeks[i].remaining, peeks[i].reset, peeks[i].pool
       end
     end
   end

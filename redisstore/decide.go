@@ -114,6 +114,9 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 			return nil, err
 		}
 	}
+	if reserve && c.Share != nil {
+		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a limit tenants share is not reserved ahead; decide its charges (its class's share keeps the order)", i)
+	}
 	if reserve && c.Debit {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
 	}
@@ -171,12 +174,18 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		if onlyRemaining {
 			if res.Allowed && charges[i].Cost > 0 {
 				res.Remaining, res.ResetAfter = x[1], reset
+				if charges[i].Share != nil {
+					res.Shared = x[0] >> 5
+				}
 			}
 			continue
 		}
 		*res = admit.Result{
 			Rule: rule.Name, Shadow: rule.Shadow, Debit: charges[i].Debit, Limit: rule.Capacity(), Allowed: x[0]&1 == 1,
-			Remaining: x[1], ResetAfter: reset, RetryAfter: retry, Share: admit.SharePath(x[0] >> 3),
+			Remaining: x[1], ResetAfter: reset, RetryAfter: retry, Share: admit.SharePath(x[0] >> 3 & 3),
+		}
+		if res.Share != admit.ShareNone || charges[i].Share != nil {
+			res.Shared = x[0] >> 5
 		}
 		if x[1] < 0 { // a count's debit past its limit (admit.lua, step)
 			res.Remaining, res.Over = 0, -x[1]

@@ -10,11 +10,15 @@ import (
 )
 
 // handleAcquire is POST /v1/acquire: like check, but waits up to
-// max_wait_ms for the request to be admitted. When every charge is a token
-// bucket or GCRA, the store books the capacity now (a reservation), so
-// waiters are served in order; otherwise acquire retries when the refusing
-// rule says it could pass. Nothing is charged when the wait would be too
-// long, or when the client goes away before its turn.
+// max_wait_ms for the request to be admitted. A request charged to limits
+// tenants share waits in its class's queue (see waitQueues), so that
+// waiters are served at their classes' shares; otherwise, when every
+// charge is a token bucket or GCRA, the store books the capacity now (a
+// reservation), so waiters are served in order; otherwise acquire retries
+// when the refusing rule says it could pass. Nothing is charged when the
+// wait would be too long, or when the client goes away before its turn;
+// an answer of 200 is a request admitted and charged, a 429 one charged
+// nothing.
 func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	c := getCall()
@@ -36,9 +40,12 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var err error
-	if reservable(c.res.Charges) && !c.req.DryRun {
+	switch key := queueKey(c.res.Charges); {
+	case key != "" && !c.req.DryRun:
+		err = s.acquireShared(ctx, c, key, maxWait)
+	case reservable(c.res.Charges) && !c.req.DryRun:
 		err = s.acquireReserved(ctx, c, maxWait)
-	} else {
+	default:
 		err = s.acquirePolling(ctx, c, maxWait)
 	}
 	if err != nil {
@@ -113,7 +120,70 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 		}
 		return err
 	}
+	// The booking was charged and its time has come: the request is
+	// admitted, whatever the look at the levels meets (later bookings
+	// may keep a bucket below zero).
+	admitBooked(&c.d)
 	return nil
+}
+
+// admitBooked makes d, a look at the levels of charges a reservation
+// booked, the admission it is.
+func admitBooked(d *admit.Decision) {
+	for i := range d.Results {
+		r := &d.Results[i]
+		if !r.Allowed {
+			r.Allowed, r.RetryAfter = true, 0
+		}
+	}
+	d.Summarize()
+}
+
+// acquireShared decides c, and while it is refused waits in the queue of
+// its class (key): when its turn comes it asks again as soon as the last
+// refusal says it could pass, until maxWait is spent. It asks the store
+// once on arriving, once each time its class could pass while it is
+// first, and never while it waits behind others.
+func (s *Server) acquireShared(ctx context.Context, c *call, key string, maxWait time.Duration) error {
+	deadline := time.Now().Add(maxWait)
+	if err := s.decide(ctx, c); err != nil || c.d.Allowed {
+		return err
+	}
+	turn, leave := s.waiters.join(key)
+	defer leave()
+	if turn == nil {
+		return nil // too many waiters: the refusal stands
+	}
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	select {
+	case <-turn:
+		t.Stop()
+	case <-t.C:
+		return nil // its turn never came: the first refusal stands
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	}
+	for {
+		wait := max(c.d.RetryAfter, time.Millisecond)
+		if time.Now().Add(wait).After(deadline) {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+		if err := s.decide(ctx, c); err != nil || c.d.Allowed {
+			return err
+		}
+	}
 }
 
 // look decides c's charges without charging anything: at cost 0 (levels

@@ -222,6 +222,9 @@ type bucketView struct {
 	Limit        int64  `json:"limit"`
 	Remaining    int64  `json:"remaining"`
 	ResetAfterMS int64  `json:"reset_after_ms"`
+	// ClassRemaining is, for a limit tenants share, what the request's
+	// class may still take of it (Remaining is what the limit holds).
+	ClassRemaining *int64 `json:"class_remaining,omitempty"`
 }
 
 // handleState shows the current levels of the buckets a request would be
@@ -246,10 +249,15 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]bucketView, 0, len(res.Charges))
 	for rule, x := range policy.RuleResults(res.Rules, d.Results) {
-		out = append(out, bucketView{
+		v := bucketView{
 			Name: rule.Name, Scope: rule.Scope, Algorithm: rule.Algorithm.String(), Key: res.Charges[len(out)].Key,
 			Limit: x.Limit, Remaining: x.Remaining, ResetAfterMS: ms(x.ResetAfter),
-		})
+		}
+		if res.Charges[len(out)].Share != nil {
+			class := x.Remaining
+			v.Remaining, v.ClassRemaining = x.Shared, &class
+		}
+		out = append(out, v)
 	}
 	ans := map[string]any{"buckets": out}
 	if res.Tenant != nil {

@@ -71,6 +71,14 @@ func (s *Server) request(r *http.Request, c *call, b *checkRequest, p *policy.Po
 	}
 	trusted := s.callerOf(r).trusted()
 	c.req.Untrusted = !trusted
+	c.req.Client = b.IP
+	if !trusted || b.IP == "" {
+		// An untrusted caller shares an anonymous part of the limits
+		// tenants share by the address Admit sees, not one it names.
+		if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
+			c.req.Client = a.String()
+		}
+	}
 	if c.req.APIKey == "" {
 		c.req.APIKey = s.presentedKey(r, trusted)
 	}

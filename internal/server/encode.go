@@ -71,6 +71,16 @@ func appendRule(b []byte, r *policy.Rule, res *admit.Result) []byte {
 	b = appendIntField(b, "remaining", res.Remaining)
 	b = appendIntField(b, "reset_after_ms", ms(res.ResetAfter))
 	b = appendIntField(b, "retry_after_ms", ms(res.RetryAfter))
+	if r.Fair {
+		// A limit tenants share: remaining is what the caller's class
+		// may still take, shared_remaining what the limit holds.
+		if res.Share != admit.ShareNone {
+			b = append(b, `,"share":"`...)
+			b = append(b, res.Share.String()...)
+			b = append(b, '"')
+		}
+		b = appendIntField(b, "shared_remaining", res.Shared)
+	}
 	return append(b, '}')
 }
 

@@ -1,10 +1,15 @@
 package server
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -72,21 +77,75 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 		s.answer(w, c, -1)
 		return
 	}
-	w.Header().Set("Location", "/v1/leases/"+c.d.Lease.ID)
-	writeJSON(w, http.StatusCreated, leaseAnswer{LeaseID: c.d.Lease.ID, ExpiresAt: c.d.Lease.ExpiresAt.UTC(), Failover: failoverName(c.out)})
+	id := s.leaseOwner(r) + "." + c.d.Lease.ID
+	w.Header().Set("Location", "/v1/leases/"+id)
+	writeJSON(w, http.StatusCreated, leaseAnswer{LeaseID: id, ExpiresAt: c.d.Lease.ExpiresAt.UTC(), Failover: failoverName(c.out)})
+}
+
+// A lease is renewed and released only by the caller that took it: its id
+// starts with a fingerprint of that caller (leaseOwner), which the
+// request renewing or releasing it must have too. Someone who learned a
+// lease's id — from a log, a shared proxy — cannot keep another's slots
+// held, nor free them. The fingerprint is a hash, so the id tells nothing
+// of the caller.
+
+// leaseOwner returns the fingerprint of the caller of r: its service or
+// admin token, else its API key, else the address it comes from, which an
+// anonymous caller cannot choose (clients behind one address share it).
+func (s *Server) leaseOwner(r *http.Request) string {
+	h := sha256.New()
+	switch tok, _ := httplimit.Bearer(r); {
+	case s.callerOf(r).trusted():
+		h.Write([]byte("token\x00" + tok))
+	default:
+		if key := s.presentedKey(r, false); key != "" {
+			h.Write([]byte("key\x00" + key))
+			break
+		}
+		h.Write([]byte("anonymous\x00"))
+		if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
+			h.Write([]byte(a.String()))
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// ownLease returns the store's id of lease id when the caller of r took
+// it, else a not-found error, as for a lease that does not exist.
+func (s *Server) ownLease(r *http.Request, id string) (string, error) {
+	owner, inner, ok := strings.Cut(id, ".")
+	if !ok || inner == "" {
+		return "", admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
+	}
+	want := s.leaseOwner(r)
+	if subtle.ConstantTimeCompare([]byte(owner), []byte(want)) != 1 {
+		return "", admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist, or another caller took it", id)
+	}
+	return inner, nil
 }
 
 func (s *Server) handleLeaseRenew(w http.ResponseWriter, r *http.Request) {
-	l, err := s.decider.RenewLease(r.Context(), r.PathValue("id"))
+	id := r.PathValue("id")
+	inner, err := s.ownLease(r, id)
 	if err != nil {
 		s.fail(w, r, "lease", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, leaseAnswer{LeaseID: l.ID, ExpiresAt: l.ExpiresAt.UTC()})
+	l, err := s.decider.RenewLease(r.Context(), inner)
+	if err != nil {
+		s.fail(w, r, "lease", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, leaseAnswer{LeaseID: id, ExpiresAt: l.ExpiresAt.UTC()})
 }
 
 func (s *Server) handleLeaseRelease(w http.ResponseWriter, r *http.Request) {
-	if err := s.decider.ReleaseLease(r.Context(), r.PathValue("id")); err != nil {
+	inner, err := s.ownLease(r, r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, "lease", err)
+		return
+	}
+	if err := s.decider.ReleaseLease(r.Context(), inner); err != nil {
 		s.fail(w, r, "lease", err)
 		return
 	}

@@ -127,6 +127,7 @@ type Server struct {
 	serviceHashes  [][sha256.Size]byte
 	adminLoopback  bool
 	trustedProxies httplimit.Proxies
+	forwarded      string    // the header trusted proxies name the client in
 	forwardAuth    [3]string // the headers of the original method, URI, host
 	log            *slog.Logger
 	ready          func(ctx context.Context) error
@@ -146,6 +147,7 @@ type Server struct {
 
 	decider *policy.Decider
 	ownDec  bool
+	waiters waitQueues // acquire's waiters on shared limits
 	authz   *httplimit.Limiter
 	gateway *wsgateway.Gateway
 	usage   policy.UsageStore
@@ -158,7 +160,7 @@ type Server struct {
 func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
-		trustedProxies: opts.HTTP.TrustedProxies,
+		trustedProxies: opts.HTTP.TrustedProxies, forwarded: opts.HTTP.ForwardedHeader,
 		log:            opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
