@@ -236,15 +236,15 @@ func HashKey(key string) string {
 
 // Policy is a compiled Spec. It is immutable and safe for concurrent use.
 type Policy struct {
-	global   []*Rule
-	tiers    map[string]*Tier
-	tenants  map[string]*Tenant
-	byKey    map[string]*Tenant // API key hash → tenant
-	fallback *Tier              // tier of unknown tenants; nil refuses them
-	onError  admit.FailureMode
-	anonymous int64 // the anonymous callers' weight in shared limits
-	rules    []*Rule // by ID
-	spec     Spec
+	global    []*Rule
+	tiers     map[string]*Tier
+	tenants   map[string]*Tenant
+	byKey     map[string]*Tenant // API key hash → tenant
+	fallback  *Tier              // tier of unknown tenants; nil refuses them
+	onError   admit.FailureMode
+	anonymous int64   // the anonymous callers' weight in shared limits
+	rules     []*Rule // by ID
+	spec      Spec
 }
 
 // Rules returns every rule of p, indexed by Rule.ID.

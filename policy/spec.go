@@ -135,6 +135,6 @@ type TenantSpec struct {
 	BillingAnchor string `json:"billing_anchor,omitempty"`
 	// Weight overrides the tier's weight for this tenant in the limits
 	// tenants share; 0 keeps the tier's.
-	Weight int64 `json:"weight,omitempty"`
+	Weight        int64    `json:"weight,omitempty"`
 	APIKeysSHA256 []string `json:"api_keys_sha256,omitempty"`
 }

@@ -161,7 +161,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
 		trustedProxies: opts.HTTP.TrustedProxies, forwarded: opts.HTTP.ForwardedHeader,
-		log:            opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
+		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
