@@ -1686,12 +1686,15 @@ end
 -- server asks, and the servers asking for more get less the less there
 -- is. It replies as decide does, the charge as if its cost had been the
 -- amount granted (0 when none was: what a peek sees), and that amount
--- where a lease's expiry goes. A bucket's is book's.
+-- where a lease's expiry goes. A bucket's is book's, but a shared one's.
 local function withdraw(out)
   local want, k0 = COSTS[1], OUTK
   COSTS[1] = 0
   local alg = RULES[1].alg
-  if alg == 1 or alg == 2 then return book(out, want, k0) end
+  -- A bucket's withdrawal books its refill ahead, but not a shared
+  -- bucket's: tokens booked ahead for one class would come before every
+  -- other class's share. A class takes what is there, as a window's.
+  if (alg == 1 or alg == 2) and not SHARES[1] then return book(out, want, k0) end
   decide(out)
   local g = mmin(want, floor(out[k0 + 3] / SHARE))
   if g >= 1 then

@@ -35,7 +35,7 @@ func Queued(s *Store) int {
 // whether a withdrawal for it is in flight.
 func Held(s *Store, key string) (units int64, fetching bool) {
 	s.leased.mu.RLock()
-	p := s.leased.m[key]
+	p := s.leased.m[allowanceKey{key: key}]
 	s.leased.mu.RUnlock()
 	if p == nil {
 		return 0, false

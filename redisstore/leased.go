@@ -88,11 +88,14 @@ const shareOf = 8
 // decideWithdraw is the how of a withdrawal job (admit.lua, withdraw).
 const decideWithdraw = "w"
 
-// allowance is what one server holds of one leased key.
+// allowance is what one server holds of one leased key, for one class of
+// callers when the key's limit is shared (admit.Charge.Share): a class's
+// allowance is withdrawn with its share, and spent by it alone.
 type allowance struct {
 	rule           *admit.Rule
 	ra             *ruleArgs
 	key, tag, rkey string
+	share          *admit.Share // nil: the key's limit is not shared
 
 	mu     sync.Mutex
 	avail  int64     // units in hand
@@ -123,10 +126,10 @@ type fetch struct {
 	err  error
 }
 
-// allowances are a store's allowances by charge key.
+// allowances are a store's allowances by charge key and class.
 type allowances struct {
 	mu       sync.RWMutex
-	m        map[string]*allowance
+	m        map[allowanceKey]*allowance
 	sweeping bool
 
 	// Withdrawals in flight, which Close waits for before it gives every
@@ -139,10 +142,22 @@ type allowances struct {
 // errClosing answers the callers of a withdrawal asked of a closing store.
 var errClosing = admit.Errorf(admit.CodeUnavailable, "redisstore: the store is closing")
 
+// allowanceKey names an allowance: a key, and the class it is for.
+type allowanceKey struct{ key, class string }
+
+func allowanceKeyOf(c *admit.Charge) allowanceKey {
+	if c.Share != nil {
+		return allowanceKey{c.Key, c.Share.Class}
+	}
+	return allowanceKey{key: c.Key}
+}
+
 // leasable reports whether charge c could be decided from an allowance:
-// a leased rule, a positive cost, no debit.
+// a leased rule, a positive cost, no debit, and no sub of a class (the
+// anonymous callers' addresses), whose demand is each too small to lease.
 func leasable(c *admit.Charge) bool {
-	return c.Rule != nil && c.Rule.Distribution == admit.Leased && c.Rule.Algorithm.Leasable() && c.Cost > 0 && !c.Debit
+	return c.Rule != nil && c.Rule.Distribution == admit.Leased && c.Rule.Algorithm.Leasable() && c.Cost > 0 && !c.Debit &&
+		(c.Share == nil || c.Share.Sub == "")
 }
 
 // anyLeasable reports whether a decision of charges goes through
@@ -170,19 +185,29 @@ func (s *Store) now() time.Time {
 	return time.Now()
 }
 
+// sameShare reports whether an allowance withdrawn with share a serves a
+// charge with share b: the same class, of the same weight.
+func sameShare(a, b *admit.Share) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Class == b.Class && a.Weight == b.Weight
+}
+
 // allowanceOf returns the allowance of c's key, made on first use or when
 // the key's rule changed (the old one's units are given back).
 func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 	a := &s.leased
+	k := allowanceKeyOf(c)
 	a.mu.RLock()
-	p := a.m[c.Key]
+	p := a.m[k]
 	a.mu.RUnlock()
-	if p != nil && p.rule == c.Rule {
+	if p != nil && p.rule == c.Rule && sameShare(p.share, c.Share) {
 		return p
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if p = a.m[c.Key]; p != nil && p.rule == c.Rule {
+	if p = a.m[k]; p != nil && p.rule == c.Rule && sameShare(p.share, c.Share) {
 		return p
 	}
 	if p != nil {
@@ -190,10 +215,14 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 	}
 	tag := tagOf(c)
 	p = &allowance{rule: c.Rule, ra: argsOf(c.Rule), key: c.Key, tag: tag, rkey: s.redisKey(tag, c.Key), since: now, lastUse: now}
-	if a.m == nil {
-		a.m = make(map[string]*allowance)
+	if c.Share != nil {
+		sh := *c.Share
+		p.share = &sh
 	}
-	a.m[c.Key] = p
+	if a.m == nil {
+		a.m = make(map[allowanceKey]*allowance)
+	}
+	a.m[k] = p
 	if !a.sweeping {
 		a.sweeping = true
 		go s.sweepLoop()
@@ -459,7 +488,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	sent := s.now()
-	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want}}
+	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want, Share: p.share}}
 	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
 	v, err := s.decideCall(p.tag, s.newJob(ctx, jobSpec{charges: charges[:], ras: []*ruleArgs{p.ra}, g: g, how: decideWithdraw}))
 	recv := s.now()
@@ -484,7 +513,12 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 		s.withdrawn.Add(granted)
 	} else if granted > 0 {
 		until, period := s.allowanceEnd(p.rule, v, sent)
-		if !sent.Before(p.until) || period != p.period {
+		if period == 0 {
+			// A shared bucket's tokens (not booked: see books) keep
+			// their worth: add them, and hold all for bucketHold more.
+			p.avail += granted
+			p.until = until
+		} else if !sent.Before(p.until) || period != p.period {
 			// Units of a period that has ended (a grant from a later
 			// period lands only after it has): the grant replaces them,
 			// and units taken from them are not put back. Units of the
@@ -511,9 +545,11 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	close(f.done)
 }
 
-// books reports whether p's withdrawals book the refill of a bucket.
+// books reports whether p's withdrawals book the refill of a bucket: not
+// a shared bucket's, whose tokens booked ahead for one class would come
+// before every other class's share (admit.lua, withdraw).
 func (p *allowance) books() bool {
-	return p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA
+	return (p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA) && p.share == nil
 }
 
 // book adds to p the n units of a withdrawal sent at sent, the first
@@ -747,13 +783,14 @@ func (s *Store) returnAll() {
 func (s *Store) forget(charges []admit.Charge) {
 	s.leased.mu.Lock()
 	defer s.leased.mu.Unlock()
-	for i := range charges {
-		if p := s.leased.m[charges[i].Key]; p != nil {
-			p.mu.Lock()
-			p.avail, p.future, p.exact, p.refusedUntil = 0, 0, false, time.Time{}
-			p.gen++
-			p.mu.Unlock()
-			delete(s.leased.m, charges[i].Key)
+	for k, p := range s.leased.m {
+		if !slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.Key == k.key }) {
+			continue
 		}
+		p.mu.Lock()
+		p.avail, p.future, p.exact, p.refusedUntil = 0, 0, false, time.Time{}
+		p.gen++
+		p.mu.Unlock()
+		delete(s.leased.m, k)
 	}
 }

@@ -397,3 +397,29 @@ func TestFairShares(t *testing.T) {
 		return stores
 	})
 }
+
+// TestFairSharesLeased runs the fairness scenarios of rules decided from
+// leased allowances (a class's allowance withdrawn with its share), on
+// two stores sharing one Redis.
+func TestFairSharesLeased(t *testing.T) {
+	srv := redistest.Start(t)
+	a, b := dial(t, "redis://"+srv.Addr), dial(t, "redis://"+srv.Addr)
+	var scs []storetest.FairScenario
+	for _, sc := range storetest.FairScenarios() {
+		if sc.Rule.Algorithm.Leasable() {
+			sc.Rule.Distribution = admit.Leased
+			sc.Name += "/leased"
+			scs = append(scs, sc)
+		}
+	}
+	storetest.RunFairScenarios(t, scs, func(t *testing.T, clock func() time.Time) []admit.Store {
+		prefix := "fairleased" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
+		var stores []admit.Store
+		for _, c := range []rueidis.Client{a.Client(), b.Client()} {
+			s := redisstore.New(c, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
+			t.Cleanup(func() { s.Close() })
+			stores = append(stores, s)
+		}
+		return stores
+	})
+}

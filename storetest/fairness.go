@@ -370,7 +370,12 @@ func FairScenarios() []FairScenario {
 // used to at least 95 % (work-conserving); classes all over their share
 // each get their share within 10 %; and no tick passes the rule's bound.
 func RunFairShares(t *testing.T, newStores func(t *testing.T, clock func() time.Time) []admit.Store) {
-	for _, sc := range FairScenarios() {
+	RunFairScenarios(t, FairScenarios(), newStores)
+}
+
+// RunFairScenarios is RunFairShares for scenarios scs.
+func RunFairScenarios(t *testing.T, scs []FairScenario, newStores func(t *testing.T, clock func() time.Time) []admit.Store) {
+	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
 			clock := NewClock()
 			stores := newStores(t, clock.Now)
