@@ -36,6 +36,12 @@ type FairScenario struct {
 	Rule     admit.Rule
 	Loads    []FairLoad
 	Duration time.Duration
+	// MaxWait, for a rule that is not concurrency, makes the requests
+	// waiters of /v1/acquire as admit serve serves them on a shared
+	// limit: a request refused on arriving waits, up to MaxWait, in its
+	// class's queue on its server (store), whose first waiter asks again
+	// when the last refusal said it could pass.
+	MaxWait time.Duration
 	// Tick is the clock's step (default 1ms, 10ms for a concurrency
 	// rule); HoldFor how long a concurrency slot is held (default
 	// 500ms); MaxAsks bounds a class's asks for slots in one tick
@@ -135,6 +141,10 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 	}
 	ticks := int(sc.Duration / tick)
 	turn := 0
+	queues := make([][]waitQueue, len(stores))
+	for i := range queues {
+		queues[i] = make([]waitQueue, n)
+	}
 	for k := range ticks {
 		at := time.Duration(k) * tick
 		clock.Set(at)
@@ -267,6 +277,24 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 			if allowed[j] {
 				rep.Admitted[a.class]++
 				rep.Total++
+			} else if sc.MaxWait > 0 {
+				q := &queues[(turn-1+j)%len(stores)][a.class]
+				if len(q.deadlines) == 0 {
+					q.next = at
+				}
+				q.deadlines = append(q.deadlines, at+sc.MaxWait)
+			}
+		}
+		if sc.MaxWait > 0 {
+			got, err := serveWaiters(ctx, queues, stores, at, func(class int, st admit.Store) (admit.Decision, error) {
+				return decide(ask{class: class, sub: subOf(sc.Loads[class], &subNext[class])}, st)
+			})
+			if err != nil {
+				return rep, err
+			}
+			for class, k := range got {
+				rep.Admitted[class] += k
+				rep.Total += k
 			}
 		}
 		if b := boundAt(&rule, at); rep.Total > b {
@@ -284,6 +312,63 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 		rep.Bound = boundAt(&rule, sc.Duration)
 	}
 	return rep, nil
+}
+
+// waitQueue is acquire's waiters of one class on one server: the
+// deadlines of those waiting, in order, and when the first asks next.
+type waitQueue struct {
+	deadlines []time.Duration
+	next      time.Duration
+}
+
+// serveWaiters serves the waiters of queues (by server, then class) at
+// at: those past their deadline leave, refused; the first of each queue
+// asks (decide) when its time has come, and while it is admitted the next
+// asks at once. It returns how many of each class were admitted.
+func serveWaiters(ctx context.Context, queues [][]waitQueue, stores []admit.Store, at time.Duration, decide func(class int, st admit.Store) (admit.Decision, error)) (map[int]int64, error) {
+	got := map[int]int64{}
+	for round := 0; ; round++ {
+		type due struct{ server, class int }
+		var ask []due
+		for s := range queues {
+			for c := range queues[s] {
+				q := &queues[s][c]
+				for len(q.deadlines) > 0 && q.deadlines[0] <= at {
+					q.deadlines = q.deadlines[1:]
+				}
+				if len(q.deadlines) > 0 && q.next <= at {
+					ask = append(ask, due{s, c})
+				}
+			}
+		}
+		if len(ask) == 0 || round == 100 {
+			return got, nil
+		}
+		res := make([]admit.Decision, len(ask))
+		errs := make([]error, len(ask))
+		var wg sync.WaitGroup
+		for j, a := range ask {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res[j], errs[j] = decide(a.class, stores[a.server])
+			}()
+		}
+		wg.Wait()
+		for j, a := range ask {
+			if errs[j] != nil {
+				return got, errs[j]
+			}
+			q := &queues[a.server][a.class]
+			if res[j].Allowed {
+				q.deadlines = q.deadlines[1:]
+				got[a.class]++
+				q.next = at // the next asks when its turn comes
+			} else {
+				q.next = at + max(res[j].RetryAfter, time.Millisecond)
+			}
+		}
+	}
 }
 
 func subOf(l FairLoad, next *int) string {
@@ -354,6 +439,8 @@ func FairScenarios() []FairScenario {
 		{Name: "bucket/one_at_100x", Rule: bucket, Duration: d, Loads: tenants(bucket, true, false, 0.5)},
 		{Name: "bucket/anonymous_at_100x", Rule: bucket, Duration: d, Loads: tenants(bucket, true, true, 0.5)},
 		{Name: "bucket/all_at_2x", Rule: bucket, Duration: d, Loads: tenants(bucket, false, false, 2)},
+		{Name: "acquire/one_at_100x", Rule: bucket, Duration: d, MaxWait: time.Second, Loads: tenants(bucket, true, false, 0.5)},
+		{Name: "acquire/all_at_2x", Rule: bucket, Duration: d, MaxWait: time.Second, Loads: tenants(bucket, false, false, 2)},
 		{Name: "fixed_window/one_at_100x", Rule: window, Duration: d, Loads: tenants(window, true, false, 0.5)},
 		{Name: "fixed_window/all_at_2x", Rule: window, Duration: d, Loads: tenants(window, false, false, 2)},
 		{Name: "sliding_window/one_at_100x", Rule: sliding, Duration: 2 * d, Loads: tenants(sliding, true, false, 0.5)},

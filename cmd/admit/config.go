@@ -169,13 +169,17 @@ type RedisConfig struct {
 type DefaultsConfig struct {
 	UnknownTenant string `json:"unknown_tenant"`
 	Shadow        bool   `json:"shadow"`
+	// AnonymousWeight is the anonymous callers' weight in the limits
+	// tenants share (policy.Spec.AnonymousWeight); default 1.
+	AnonymousWeight int64 `json:"anonymous_weight"`
 }
 
 // Spec returns the policy part of c.
 func (c *Config) Spec() *policy.Spec {
 	return &policy.Spec{
 		UnknownTenant: c.Defaults.UnknownTenant, Shadow: c.Defaults.Shadow, OnError: c.Store.OnError,
-		Global: c.Global, Tiers: c.Tiers, Tenants: c.Tenants,
+		AnonymousWeight: c.Defaults.AnonymousWeight,
+		Global:          c.Global, Tiers: c.Tiers, Tenants: c.Tenants,
 	}
 }
 
