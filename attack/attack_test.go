@@ -327,7 +327,7 @@ func TestAdminAPIWithoutToken(t *testing.T) {
 // TestSimulateBounded: the simulator draws a picture of each rule, and a
 // pattern may ask for millions of requests: both are refused before any
 // work, so that a flood of such requests leaves the server's memory as it
-// was.
+// was; admit simulate refuses what it cannot run too.
 func TestSimulateBounded(t *testing.T) {
 	s := serve(t, "", false)
 	rules := `"` + strings.Repeat(`fixed_window limit=1 window=1s","`, 8) + `fixed_window limit=1 window=1s"`
@@ -339,13 +339,34 @@ func TestSimulateBounded(t *testing.T) {
 		if a := s.do("POST", "/v1/admin/simulate", `{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=2700/s duration=1h"}`, admin...); a.status != 400 {
 			t.Fatalf("9.7 M requests: %d %s", a.status, a.raw)
 		}
+		// Once estimated at 0.015 requests (1/h while on, on half the
+		// time), this pattern sends one at the start of each of its 15 M
+		// on periods of 1 ns: 4 GB of events, generated before the bound
+		// was checked.
+		if a := s.do("POST", "/v1/admin/simulate", `{"rules":["fixed_window limit=1 window=1s"],"pattern":"onoff rate=1/h on=1ns off=1ns duration=30ms"}`, admin...); a.status != 400 || !strings.Contains(a.raw, "200000") {
+			t.Fatalf("15 M requests of 1 ns on periods: %d %s, want 400 naming the bound", a.status, a.raw)
+		}
 	}
 	// Bytes allocated, not held, so that no collection hides the work: a
 	// simulation of 9.7 M requests would allocate gigabytes.
 	alloc := s.Metric(t, "go_memstats_alloc_bytes_total") - before
-	report(t, "bytes allocated for 40 refused simulations", alloc)
+	report(t, "bytes allocated for 60 refused simulations", alloc)
 	if alloc > 64<<20 {
 		t.Errorf("%.0f bytes allocated for refused simulations", alloc)
+	}
+	// admit simulate refuses them too, before it generates them: the
+	// pattern above, and one that --duration stretches past the bound
+	// after the pattern was checked.
+	for _, args := range [][]string{
+		{"--pattern", "onoff rate=1/h on=1ns off=1ns duration=30ms"},
+		{"--pattern", "constant rate=1000000/s", "--duration", "1000h"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, code := runAdmit(ctx, append([]string{"simulate", "--rule", "fixed_window limit=1 window=1s"}, args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, "at most 10000000") {
+			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming the bound", args, code, out)
+		}
 	}
 }
 
