@@ -1,6 +1,7 @@
 package attack
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,12 +10,17 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -208,5 +214,85 @@ func TestWideLeases(t *testing.T) {
 	// commands, which no machine's speed changes.
 	if commands > 20 {
 		t.Errorf("a lease of 1,000 slots cost %d sorted-set commands, want at most 20", commands)
+	}
+}
+
+// TestStatsdLinesNotForged: the names admit ratelimit sends to statsd
+// carry what gRPC clients chose (the domain of a request no file
+// configures; the entries of a limit override), and a statsd line ends at
+// a newline: a domain of "x\nforged:1000000|c" once made its own line.
+// Every line the statsd server reads is one of Admit's counters, with the
+// client's line breaks, colons and bars made underscores.
+func TestStatsdLinesNotForged(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "rl", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTo(t, filepath.Join(root, "rl", "config", "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	httpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
+	host, port, _ := net.SplitHostPort(httpAddr)
+	grpcHost, grpcPort, _ := net.SplitHostPort(grpcAddr)
+	_, statsdPort, _ := net.SplitHostPort(ln.Addr().String())
+	proctest.Start(t, admitBin, httpAddr, []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "HOST=" + host, "PORT=" + port,
+		"GRPC_HOST=" + grpcHost, "GRPC_PORT=" + grpcPort, "ADMIT_DATA_DIR=" + t.TempDir(),
+		"STATSD_HOST=127.0.0.1", "STATSD_PORT=" + statsdPort, "STATS_FLUSH_INTERVAL=50ms"}, "ratelimit")
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	const forged = "\nforged.metric:1000000|c\n"
+	for _, req := range []*rlsv3.RateLimitRequest{
+		{Domain: "x" + forged + "y", Descriptors: []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}},
+		{Domain: "rl", Descriptors: []*rlext.RateLimitDescriptor{{
+			Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "k", Value: "v" + forged + "w"}},
+			Limit:   &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE},
+		}}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := client.ShouldRateLimit(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("domain %q: %v", req.Domain, err)
+		}
+	}
+
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	line := regexp.MustCompile(`^[^\s:|]+:[0-9]+\|(c|ms)$`)
+	lines := bufio.NewScanner(c)
+	var seen []string
+	for calls := 0; calls < 2; {
+		if !lines.Scan() {
+			t.Fatalf("statsd: %v after %q", lines.Err(), seen)
+		}
+		l := lines.Text()
+		seen = append(seen, l)
+		if !line.MatchString(l) || strings.HasPrefix(l, "forged") {
+			t.Errorf("a forged statsd line: %q", l)
+		}
+		if n, ok := strings.CutPrefix(l, "ratelimit_server.ShouldRateLimit.total_requests:"); ok {
+			v, _ := strconv.Atoi(strings.TrimSuffix(n, "|c"))
+			calls += v
+		}
+	}
+	report(t, "statsd lines read, none forged", len(seen))
+	joined := strings.Join(seen, "\n")
+	for _, want := range []string{"ratelimit.service.rate_limit.x_forged.metric_1000000_c_y.domain_not_found:1|c", "rl.k_v_forged.metric_1000000_c_w.total_hits:1|c"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no line %q in %q", want, seen)
+		}
 	}
 }
