@@ -386,16 +386,26 @@ func TestTenantMetricsBounded(t *testing.T) {
 }
 
 // TestSecretsNeverPrinted: a Redis password is in no log line and no
-// error, whatever the URL's form; neither are the admin and service
+// error, whatever the URL's form, even one that does not parse (a "/" or
+// "?" not percent-encoded in a password once ended the part hidden, and
+// the rest was printed at start-up); neither are the admin and service
 // tokens.
 func TestSecretsNeverPrinted(t *testing.T) {
 	for url, mentions := range map[string]string{
-		"redis://pw-s3cret@127.0.0.1:1":              "127.0.0.1:1", // serves, deciding by on_error
-		"redis://user:pw-s3cret@127.0.0.1:1/0":       "127.0.0.1:1",
-		"redis+sentinel://:pw-s3cret@m@127.0.0.1:1":  "127.0.0.1:1",
-		"memcached://user:pw-s3cret@h":               "memcached://***@h", // refused
-		"redis://pw-s3cret@h:99999":                  "redis://***@h:99999",
-		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none": "/none",
+		"redis://:pw/s3cret@127.0.0.1:1":                     "percent-encode",
+		"redis://user:pw?s3cret@127.0.0.1:1/0":               "percent-encode",
+		"redis+sentinel://u:pw/s3cret?x@m@127.0.0.1:1":       "percent-encode",
+		"redis+cluster://:pw/s3cret@127.0.0.1:1,127.0.0.1:2": "percent-encode",
+		"rediss://u:pw#s3cret/x?y@h:1?tls_ca_file=/none":     "percent-encode",
+		"redis://:pw%2Fs3cret@127.0.0.1:1":                   "127.0.0.1:1", // percent-encoded: serves
+		"redis://:pw%zzs3cret@127.0.0.1:1":                   "escape",
+		"redis://127.0.0.1:1?password=s3cret":                "127.0.0.1:1?***",
+		"redis://pw-s3cret@127.0.0.1:1":                      "127.0.0.1:1", // serves, deciding by on_error
+		"redis://user:pw-s3cret@127.0.0.1:1/0":               "127.0.0.1:1",
+		"redis+sentinel://:pw-s3cret@m@127.0.0.1:1":          "127.0.0.1:1",
+		"memcached://user:pw-s3cret@h":                       "memcached://***@h", // refused
+		"redis://pw-s3cret@h:99999":                          "redis://***@h:99999",
+		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none":         "/none",
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, _ := runAdmit(ctx, "serve", "--config", writeFile(t, "admit.yaml", suiteConfig), "--data-dir", t.TempDir(),

@@ -85,7 +85,8 @@ func TestParseURL(t *testing.T) {
 		{"rediss://u:pw@h:6380/1?tls_ca_file=/ca.pem", "{Mode:standalone Addrs:[h:6380] MasterName: DB:1 Username:u Password:pw}"},
 		{"rediss+cluster://a:1?tls_server_name=redis.example", "{Mode:cluster Addrs:[a:1] MasterName: DB:0 Username: Password:}"},
 		{"redis://h:1?tls_ca_file=/ca.pem", "store URL \"redis://h:1?tls_ca_file=/ca.pem\": query parameters are TLS settings"},
-		{"rediss://pw@h:1?tls_bogus=1", "store URL \"rediss://***@h:1?tls_bogus=1\": unknown query parameter"},
+		{"rediss://pw@h:1?tls_bogus=1", "store URL \"rediss://***@h:1?***\": unknown query parameter \"tls_bogus\""},
+		{"rediss://h:1?password=pw&tls_ca_file=/ca.pem", "store URL \"rediss://h:1?***&tls_ca_file=/ca.pem\": an unknown query parameter"},
 	} {
 		c, err := redisstore.ParseURL(tc.url)
 		got := fmt.Sprintf("{Mode:%s Addrs:%v MasterName:%s DB:%d Username:%s Password:%s}", c.Mode, c.Addrs, c.MasterName, c.DB, c.Username, c.Password)
