@@ -200,6 +200,67 @@ func TestLeaseIDAmplification(t *testing.T) {
 	}
 }
 
+// TestLeaseIDAmplificationCluster: on Redis Cluster a lease of admit
+// serve lives in at most two hash-tag groups (its tenant's and the global
+// one), and its id names them, but an id may name up to 32: a made-up one
+// of 32 tags once cost Redis 64 commands (HKEYS and FCALL a tag), without
+// a credential. Serve now refuses, at no cost to Redis, every id it could
+// not have issued: more than one tenant's tag, or more than two tags.
+func TestLeaseIDAmplificationCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.Addr
+	}
+	s := serve(t, "", false, "--store", "redis+cluster://"+strings.Join(addrs, ","))
+	calls := func() (n int64) {
+		for _, a := range addrs {
+			n += commandCalls(t, a, "hkeys", "fcall")
+		}
+		return n
+	}
+	raw := strings.Repeat("0", 24)
+	tag := func(i int) string { return fmt.Sprintf(".%016x", 0x1000+i) }
+	var tags32 strings.Builder
+	for i := range 31 {
+		tags32.WriteString(tag(i))
+	}
+	tags32.WriteString(".g")
+	before := calls()
+	for _, tc := range []struct{ what, id string }{
+		{"32 tags", raw + tags32.String()},
+		{"two tenants' tags", raw + tag(1) + tag(2)},
+		{"two tenants' tags and the global one", raw + tag(1) + tag(2) + ".g"},
+	} {
+		for _, method := range []string{"DELETE", "PUT"} {
+			if a := s.do(method, "/v1/leases/"+tc.id, ""); a.status != http.StatusNotFound {
+				t.Errorf("%s %s: %d, want 404: %.200s", method, tc.what, a.status, a.raw)
+			}
+		}
+	}
+	forged := calls() - before
+	report(t, "Redis commands for 6 requests with made-up lease ids of 2 to 32 tags (Cluster)", forged)
+	if forged != 0 {
+		t.Errorf("made-up lease ids cost Redis %d commands, want 0", forged)
+	}
+	// A real lease, of a tenant rule and a global one: two groups,
+	// released at a cost of 4 commands.
+	a := s.do("POST", "/v1/leases", `{"resource":"export"}`, acme...)
+	id, _ := a.body["lease_id"].(string)
+	if a.status != http.StatusCreated || strings.Count(id, ".") != 2 {
+		t.Fatalf("a lease in two groups: %d %s", a.status, a.raw)
+	}
+	before = calls()
+	if a := s.do("DELETE", "/v1/leases/"+id, ""); a.status != http.StatusNoContent {
+		t.Fatalf("release: %d %s", a.status, a.raw)
+	}
+	real := calls() - before
+	report(t, "Redis commands to release a real lease of two groups (Cluster)", real)
+	if real != 4 {
+		t.Errorf("releasing a lease of two groups cost %d commands, want 4", real)
+	}
+}
+
 // TestSharedBucketsHoldAgainstATenant: with its own API key, tenant acme
 // names the victim's address for the per-IP login limit every tenant
 // shares, debits the global bucket a million at a time and asks for a
