@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -79,6 +80,62 @@ func TestConfigFilesBounded(t *testing.T) {
 	report(t, "bytes allocated while reloads met /dev/zero", alloc)
 	if alloc > 64<<20 {
 		t.Errorf("%.0f bytes allocated while reloads met /dev/zero", alloc)
+	}
+}
+
+// TestConfigFIFOs: a named pipe called *.yaml in the watched
+// envoyproxy/ratelimit directory, or in the place of the configuration
+// file, once blocked the reload that opened it for ever, silently (opening
+// a pipe waits for a writer); at start, admit serve never started. It is
+// refused, at start and at reload, as not a regular file, the refusal
+// logged and shown by /readyz, and the server goes on answering.
+func TestConfigFIFOs(t *testing.T) {
+	fifo := func(path string) {
+		t.Helper()
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	fifo(filepath.Join(dir, "pipe.yaml"))
+	cfgPipe := filepath.Join(t.TempDir(), "admit.yaml")
+	fifo(cfgPipe)
+	for _, args := range [][]string{{"--envoy-config", dir}, {"--config", cfgPipe}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, code := runAdmit(ctx, append([]string{"serve", "--data-dir", t.TempDir(), "--http", proctest.FreeAddr(t), "--grpc", proctest.FreeAddr(t)}, args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, "not a regular file") {
+			t.Errorf("serve %s on a pipe: exit %d: %.300s", args, code, out)
+		}
+	}
+
+	good := t.TempDir()
+	writeTo(t, filepath.Join(good, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeTo(t, cfg, suiteConfig)
+	httpAddr := proctest.FreeAddr(t)
+	p := proctest.Start(t, admitBin, httpAddr, []string{"ADMIT_ADMIN_TOKEN=" + adminToken}, "serve", "--config", cfg, "--envoy-config", good,
+		"--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", proctest.FreeAddr(t), "--reload-interval", "50ms")
+	s := &server{Proc: p, t: t}
+	fifo(filepath.Join(good, "pipe.yaml"))
+	pipe := filepath.Join(filepath.Dir(cfg), "pipe")
+	fifo(pipe)
+	if err := os.Rename(pipe, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		a := s.do("GET", "/readyz", "")
+		return strings.Count(a.raw, "not a regular file") == 2
+	}) {
+		t.Fatalf("the reloads of two pipes were not refused: %s", s.do("GET", "/readyz", "").raw)
+	}
+	for _, logged := range []string{"envoy configuration reload refused", "configuration reload refused; keeping the running configuration"} {
+		if !strings.Contains(p.Output.String(), logged) {
+			t.Errorf("not logged: %q", logged)
+		}
+	}
+	if a := s.do("POST", "/v1/check", `{"tenant":"acme"}`, acme...); a.status != 200 {
+		t.Errorf("a check after the pipes: %d %s", a.status, a.raw)
 	}
 }
 
