@@ -139,6 +139,63 @@ func TestConfigFIFOs(t *testing.T) {
 	}
 }
 
+// TestHalfWrittenConfig: a configuration file written in place, in two
+// writes (a copy, an editor, scp), is caught half-written by a reload now
+// and then; a half that parses — the file cut before its tenants — was
+// applied (3 s of tenants=0, every key 401). A change is applied only once
+// the file has stayed the same for --reload-settle: here the half is seen
+// and left, however long the writer takes (the period is an hour, so no
+// scheduler's speed matters); SIGHUP then applies the whole file, as an
+// operator who knows it complete would. The period's timeline is
+// TestSettling's, in cmd/admit.
+func TestHalfWrittenConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeTo(t, cfg, suiteConfig)
+	httpAddr := proctest.FreeAddr(t)
+	p := proctest.Start(t, admitBin, httpAddr, []string{"ADMIT_ADMIN_TOKEN=" + adminToken}, "serve", "--config", cfg,
+		"--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", proctest.FreeAddr(t), "--reload-interval", "50ms", "--reload-settle", "1h")
+	s := &server{Proc: p, t: t}
+	// The new file differs from the running one (a larger tenant
+	// bucket); its first half ends before tenants:.
+	next := strings.Replace(suiteConfig, "burst: 200}", "burst: 300}", 1)
+	cut := strings.Index(next, "tenants:")
+	f, err := os.OpenFile(cfg, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(next[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		return strings.Contains(p.Output.String(), "the configuration file changed") || strings.Contains(p.Output.String(), "configuration reloaded")
+	}) {
+		t.Fatal("the server did not read the half-written file")
+	}
+	half := s.do("POST", "/v1/check", `{"cost":0}`, acme...)
+	report(t, "acme's check while the file was half-written", half.status)
+	if half.status != 200 {
+		t.Errorf("acme's check while the file was half-written: %d %s", half.status, half.raw)
+	}
+	if _, err := f.WriteString(next[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(p.Output.String(), "configuration reloaded") }) {
+		t.Fatal("the whole file was not applied on SIGHUP")
+	}
+	if a := s.do("POST", "/v1/check", `{"cost":0}`, acme...); a.status != 200 || a.body["limit"] != float64(300) {
+		t.Errorf("acme after the whole file: %d %s, want its limit of 300", a.status, a.raw)
+	}
+	reloads := strings.Count(p.Output.String(), "configuration reloaded")
+	report(t, "reloads applied (the half never)", reloads)
+	if reloads != 1 || strings.Contains(p.Output.String(), "tenants=0") {
+		t.Errorf("%d reloads applied, want the whole file's alone:\n%s", reloads, p.Output)
+	}
+}
+
 func writeTo(t *testing.T, path, text string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {

@@ -135,7 +135,7 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 	f := &serveFlags{healthPath: "/healthcheck", xdsNode: getenv("CONFIG_GRPC_XDS_NODE_ID")}
 	f.empty, f.config, f.dataDir = true, getenv("ADMIT_CONFIG"), get("ADMIT_DATA_DIR", "./admit-data")
-	f.reloadEvery = time.Second
+	f.reloadEvery, f.reloadSettle = time.Second, time.Second
 	// Counted as envoyproxy/ratelimit counts, unless asked for Admit's
 	// all or nothing; a file's own charge: line wins.
 	f.envoyCharge = get("ADMIT_CHARGE", "each")
