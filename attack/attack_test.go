@@ -319,6 +319,51 @@ func TestSharedBucketsHoldAgainstATenant(t *testing.T) {
 	}
 }
 
+// TestUsageOfSharedBuckets: GET /v1/usage read the buckets every tenant
+// shares for whoever asked: without a credential, naming any tenant a
+// default tier takes and any address, it told how many logins an
+// address had made (the per-IP login limit of all tenants) and how full
+// the global bucket was. Those are the platform's to read, with a service
+// or admin token; a tenant's key reads its own tenant's buckets alone.
+func TestUsageOfSharedBuckets(t *testing.T) {
+	s := serve(t, "", false)
+	if a := s.do("POST", "/v1/check", `{"tenant":"victim","action":"login","ip":"203.0.113.9"}`, service...); a.status != 200 {
+		t.Fatalf("the victim's login: %d %s", a.status, a.raw)
+	}
+	rules := func(a answer) []string {
+		var names []string
+		list, _ := a.body["rules"].([]any)
+		for _, r := range list {
+			names = append(names, r.(map[string]any)["name"].(string))
+		}
+		return names
+	}
+	const query = "/v1/usage?action=login&ip=203.0.113.9&tenant="
+	for _, tc := range []struct {
+		who     string
+		tenant  string
+		headers []string
+		status  int
+		rules   string
+	}{
+		{"anonymous, naming a tenant of the default tier", "nobody", nil, 200, "tenant-requests"},
+		{"acme's key", "acme", acme, 200, "tenant-requests"},
+		{"acme's key naming the victim", "victim", acme, 403, ""},
+		{"anonymous, naming the victim", "victim", nil, 401, ""},
+		{"a service token", "victim", service, 200, "global-requests logins-per-ip tenant-requests"},
+		{"the admin token", "victim", admin, 200, "global-requests logins-per-ip tenant-requests"},
+	} {
+		a := s.do("GET", query+tc.tenant, "", tc.headers...)
+		got := strings.Join(rules(a), " ")
+		if a.status != tc.status || got != tc.rules {
+			t.Errorf("%s: %d %v, want %d %q: %.200s", tc.who, a.status, got, tc.status, tc.rules, a.raw)
+		}
+		if tc.who == "anonymous, naming a tenant of the default tier" {
+			report(t, "rules an anonymous caller reads (tenant's only)", got)
+		}
+	}
+}
+
 // TestSessionsPerTenant: one tenant creating sessions as fast as it can
 // gets its tier's tenant_sessions, and another tenant still gets its own.
 func TestSessionsPerTenant(t *testing.T) {
