@@ -364,6 +364,41 @@ func TestUsageOfSharedBuckets(t *testing.T) {
 	}
 }
 
+// TestDuplicateJSONKeys: a body that names a field twice was decoded, the
+// last value winning, though a proxy, a WAF or the platform's own code in
+// front may read the first: {"tenant":"victim","cost":1,"cost":1000}
+// passes a check of cost 1. Every body Admit decodes refuses a key that an
+// object holds twice (after unescaping; for the API's fields, in any case,
+// as encoding/json matches them), 400 naming the key: the decision API,
+// the admin API, and the LLM bodies admit proxy forwards.
+func TestDuplicateJSONKeys(t *testing.T) {
+	s := serve(t, "", false)
+	for _, tc := range []struct{ method, path, body, key string }{
+		{"POST", "/v1/check", `{"tenant":"victim","cost":1,"cost":1000}`, "cost"},
+		{"POST", "/v1/check", `{"tenant":"nobody","Tenant":"victim"}`, "Tenant"},
+		{"POST", "/v1/check", `{"\u0074enant":"nobody","tenant":"victim"}`, "tenant"},
+		{"POST", "/v1/check", `{"tenant":"nobody","attributes":{"plan":"free","plan":"enterprise"}}`, "plan"},
+		{"POST", "/v1/report", `{"tenant":"nobody","cost":1,"cost":2}`, "cost"},
+		{"POST", "/v1/leases", `{"resource":"export","resource":"login"}`, "resource"},
+		{"PUT", "/v1/admin/tenants/newco", `{"tier":"free","tier":"gold"}`, "tier"},
+	} {
+		a := s.do(tc.method, tc.path, tc.body, admin...)
+		if a.status != 400 || a.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(a.raw, `duplicate key \"`+tc.key+`\"`) {
+			t.Errorf("%s %s %s: %d %s, want 400 naming %q", tc.method, tc.path, tc.body, a.status, a.raw, tc.key)
+		}
+	}
+	if a := s.do("POST", "/v1/check", `{"tenant":"nobody","attributes":{"a":"1","b":"2"},"user":"u"}`); a.status != 200 {
+		t.Errorf("a body without duplicates: %d %s", a.status, a.raw)
+	}
+
+	p, up, _ := llmProxy(t)
+	code, body := post(t, p.URL+"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"model":"o1"}`, acmeBearer...)
+	report(t, "an LLM call naming its model twice", code)
+	if code != 400 || !strings.Contains(body, `duplicate key \"model\"`) || up.Calls() != 0 {
+		t.Errorf("an LLM call naming its model twice: %d %s (%d reached the provider)", code, body, up.Calls())
+	}
+}
+
 // TestSessionsPerTenant: one tenant creating sessions as fast as it can
 // gets its tier's tenant_sessions, and another tenant still gets its own.
 func TestSessionsPerTenant(t *testing.T) {

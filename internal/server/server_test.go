@@ -261,6 +261,9 @@ func TestCheckBadInput(t *testing.T) {
 		{`{"tenant":"t1","user":"u","cost":3}`, 400}, // more than user-req's burst
 		{`{"tenant":"t1","cost":2000000000}`, 400},
 		{`{"tenant":"t1","attributes":{"a":"` + long + `"}}`, 400},
+		{`{"tenant":"t1","user":"a","user":"b"}`, 400},               // a key twice: who read which?
+		{`{"tenant":"t1","USER":"a","user":"b"}`, 400},               // the decoder matches any case
+		{`{"tenant":"t1","attributes":{"a":"1","\u0061":"2"}}`, 400}, // the same once unescaped
 		{`{"tenant":"nobody"}`, 403},
 		{`{"tenant":"t1","user":"` + strings.Repeat("y", 70<<10) + `"}`, 413},
 	} {
