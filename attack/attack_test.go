@@ -515,15 +515,67 @@ func TestSimulateBounded(t *testing.T) {
 // names that no catalog holds (a default tier takes them) create no
 // series of their own.
 func TestTenantMetricsBounded(t *testing.T) {
-	s := serve(t, "", false)
+	metrics := proctest.FreeAddr(t)
+	s := serve(t, "", false, "--metrics", metrics)
 	for i := range 1000 {
 		s.do("POST", "/v1/check", fmt.Sprintf(`{"tenant":"invented-%d"}`, i))
 	}
-	series := strings.Count(s.Metrics(t), "\nadmit_tenant_decisions_total{")
+	series := strings.Count(scrape(t, "http://"+metrics+"/metrics"), "\nadmit_tenant_decisions_total{")
 	report(t, "tenant series after 1,000 invented tenants", series)
 	if series > 2 {
 		t.Errorf("%d tenant series after 1,000 invented tenants, want at most 2 (_default_tier × allowed, refused)", series)
 	}
+}
+
+// TestMetricsOffTheAPIPort: the API's address is the one tenants and
+// anonymous clients reach, and its /metrics showed every tenant's id and
+// volume (admit_tenant_decisions_total{tenant="victim"}). The tenant
+// series are served on the metrics address alone (--metrics); the API's
+// /metrics keeps the series that name no tenant, and with a metrics
+// address set, serves none.
+func TestMetricsOffTheAPIPort(t *testing.T) {
+	s := serve(t, "", false)
+	for _, h := range [][]string{acme, {"X-API-Key", "victim-key"}} {
+		if a := s.do("POST", "/v1/check", `{}`, h...); a.status != 200 {
+			t.Fatalf("a check: %d %s", a.status, a.raw)
+		}
+	}
+	public := s.Metrics(t)
+	if strings.Contains(public, "admit_tenant_decisions_total") || strings.Contains(public, "victim") || !strings.Contains(public, "\nadmit_requests_total{") {
+		t.Errorf("the API's /metrics names tenants, or lacks the request counts:\n%.2000s", public)
+	}
+	if !strings.Contains(s.Output.String(), "tenant series are served only on the metrics address") {
+		t.Error("tenant_metrics without --metrics was not warned of")
+	}
+
+	metrics := proctest.FreeAddr(t)
+	s = serve(t, "", false, "--metrics", metrics)
+	if a := s.do("POST", "/v1/check", `{}`, "X-API-Key", "victim-key"); a.status != 200 {
+		t.Fatalf("a check: %d %s", a.status, a.raw)
+	}
+	if a := s.do("GET", "/metrics", ""); a.status != 404 {
+		t.Errorf("the API's /metrics with a metrics address: %d %.200s", a.status, a.raw)
+	}
+	all := scrape(t, "http://"+metrics+"/metrics")
+	report(t, "the metrics address's victim series", strings.Count(all, `tenant="victim"`))
+	if !strings.Contains(all, `admit_tenant_decisions_total{result="allowed",tenant="victim"} 1`) || !strings.Contains(all, "\nadmit_requests_total{") {
+		t.Errorf("the metrics address lacks the tenant or request series:\n%.2000s", all)
+	}
+}
+
+// scrape reads a /metrics page, a newline first (as proctest.Proc.Metrics).
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := proctest.Client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	return "\n" + string(b)
 }
 
 // TestSecretsNeverPrinted: a Redis password is in no log line and no

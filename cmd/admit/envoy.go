@@ -244,15 +244,6 @@ func withHealthPath(h http.Handler, path string) http.Handler {
 	})
 }
 
-// metricsOf is h's /metrics, whatever path it is asked at.
-func metricsOf(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r2 := r.Clone(r.Context())
-		r2.URL.Path, r2.RequestURI = "/metrics", "/metrics"
-		h.ServeHTTP(w, r2)
-	})
-}
-
 // serveMetrics serves the metrics handler h on addr, at path, until stop.
 func serveMetrics(addr, path string, h http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)

@@ -36,7 +36,9 @@ import (
 const serveUsage = `Usage: admit serve [flags]
 
 Runs the decision API, the admin API, /healthz, /readyz and /metrics on one
-HTTP address, and the Envoy rate limit service (gRPC) on another; with
+HTTP address (/metrics on --metrics instead, when set: the tenant series of
+server.tenant_metrics are served only there), and the Envoy rate limit
+service (gRPC) on another; with
 --envoy-config it also decides the domains of envoyproxy/ratelimit's YAML
 files, reloaded like the configuration. Without --config it runs the built-in demo configuration
 (admit config example prints it). Flags override the file. The admin token
@@ -94,8 +96,8 @@ type serveFlags struct {
 	xdsPlaintext              bool
 	// waitForXDS holds readiness until the first xDS configuration.
 	waitForXDS bool
-	// metrics, if set, also serves /metrics on that address, at
-	// metricsPath.
+	// metrics, if set, serves /metrics on that address, at metricsPath,
+	// rather than on the HTTP address.
 	metrics, metricsPath string
 	// healthPath, if set, also answers readiness at that path, plain "OK"
 	// as envoyproxy/ratelimit's /healthcheck does.
@@ -134,7 +136,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.xdsTLS.ca, "envoy-xds-tls-ca", "", "CA bundle `file` to check the xDS server with (default: the system's)")
 	fs.StringVar(&f.xdsSAN, "envoy-xds-tls-san", "", "the `name` the xDS server's certificate must have (default: the host of --envoy-xds)")
 	fs.BoolVar(&f.xdsPlaintext, "envoy-xds-plaintext", false, "reach the xDS server without TLS")
-	fs.StringVar(&f.metrics, "metrics", "", "also serve /metrics on this `address`")
+	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this `address` (one only the operator's scrapers reach) rather than on the HTTP address: every series, server.tenant_metrics's too; the HTTP address then serves none")
 	fs.BoolVar(&f.adminLoopback, "admin-loopback", false, "open the admin API without a token to clients on this host that reach it directly (not through a proxy, TLS terminator or sidecar on the host, nor from a web page)")
 	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
@@ -356,7 +358,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
-		Usage: st.usage, Registry: registry,
+		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
 	})
 	if err != nil {
 		return err
@@ -400,7 +402,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		handler = withHealthPath(srv, f.healthPath)
 	}
 	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, first(f.metricsPath, "/metrics"), metricsOf(srv), log)
+		stopMetrics, err := serveMetrics(f.metrics, first(f.metricsPath, "/metrics"), srv.MetricsHandler(), log)
 		if err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -410,6 +412,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return err
+	}
+	if cfg.Server.TenantMetrics && f.metrics == "" {
+		log.Warn("server.tenant_metrics: the tenant series are served only on the metrics address, never on the API's, and none is set (--metrics)")
 	}
 	switch {
 	case f.adminLoopback:
