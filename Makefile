@@ -68,6 +68,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzRedact -fuzztime=$(FUZZTIME) ./redisstore
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./cmd/admit
 	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=$(FUZZTIME) ./envoyrls
@@ -76,6 +77,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzFrame -fuzztime=$(FUZZTIME) ./wsgateway
 	$(GO) test -run='^$$' -fuzz=FuzzQuery -fuzztime=$(FUZZTIME) ./wsgateway
 	$(GO) test -run='^$$' -fuzz=FuzzAdminBody -fuzztime=$(FUZZTIME) ./internal/server
+	$(GO) test -run='^$$' -fuzz=FuzzDuplicateKey -fuzztime=$(FUZZTIME) ./internal/httpx
 	$(GO) test -run='^$$' -fuzz=FuzzForwardingHeaders -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzCheck$$ -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./simulate

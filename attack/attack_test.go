@@ -200,6 +200,67 @@ func TestLeaseIDAmplification(t *testing.T) {
 	}
 }
 
+// TestLeaseIDAmplificationCluster: on Redis Cluster a lease of admit
+// serve lives in at most two hash-tag groups (its tenant's and the global
+// one), and its id names them, but an id may name up to 32: a made-up one
+// of 32 tags once cost Redis 64 commands (HKEYS and FCALL a tag), without
+// a credential. Serve now refuses, at no cost to Redis, every id it could
+// not have issued: more than one tenant's tag, or more than two tags.
+func TestLeaseIDAmplificationCluster(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	addrs := make([]string, len(nodes))
+	for i, n := range nodes {
+		addrs[i] = n.Addr
+	}
+	s := serve(t, "", false, "--store", "redis+cluster://"+strings.Join(addrs, ","))
+	calls := func() (n int64) {
+		for _, a := range addrs {
+			n += commandCalls(t, a, "hkeys", "fcall")
+		}
+		return n
+	}
+	raw := strings.Repeat("0", 24)
+	tag := func(i int) string { return fmt.Sprintf(".%016x", 0x1000+i) }
+	var tags32 strings.Builder
+	for i := range 31 {
+		tags32.WriteString(tag(i))
+	}
+	tags32.WriteString(".g")
+	before := calls()
+	for _, tc := range []struct{ what, id string }{
+		{"32 tags", raw + tags32.String()},
+		{"two tenants' tags", raw + tag(1) + tag(2)},
+		{"two tenants' tags and the global one", raw + tag(1) + tag(2) + ".g"},
+	} {
+		for _, method := range []string{"DELETE", "PUT"} {
+			if a := s.do(method, "/v1/leases/"+tc.id, ""); a.status != http.StatusNotFound {
+				t.Errorf("%s %s: %d, want 404: %.200s", method, tc.what, a.status, a.raw)
+			}
+		}
+	}
+	forged := calls() - before
+	report(t, "Redis commands for 6 requests with made-up lease ids of 2 to 32 tags (Cluster)", forged)
+	if forged != 0 {
+		t.Errorf("made-up lease ids cost Redis %d commands, want 0", forged)
+	}
+	// A real lease, of a tenant rule and a global one: two groups,
+	// released at a cost of 4 commands.
+	a := s.do("POST", "/v1/leases", `{"resource":"export"}`, acme...)
+	id, _ := a.body["lease_id"].(string)
+	if a.status != http.StatusCreated || strings.Count(id, ".") != 2 {
+		t.Fatalf("a lease in two groups: %d %s", a.status, a.raw)
+	}
+	before = calls()
+	if a := s.do("DELETE", "/v1/leases/"+id, ""); a.status != http.StatusNoContent {
+		t.Fatalf("release: %d %s", a.status, a.raw)
+	}
+	real := calls() - before
+	report(t, "Redis commands to release a real lease of two groups (Cluster)", real)
+	if real != 4 {
+		t.Errorf("releasing a lease of two groups cost %d commands, want 4", real)
+	}
+}
+
 // TestSharedBucketsHoldAgainstATenant: with its own API key, tenant acme
 // names the victim's address for the per-IP login limit every tenant
 // shares, debits the global bucket a million at a time and asks for a
@@ -255,6 +316,86 @@ func TestSharedBucketsHoldAgainstATenant(t *testing.T) {
 	report(t, "global export slots acme holds (of 10)", held)
 	if held != 2 {
 		t.Errorf("acme holds %d of the 10 global export slots, want its own max, 2", held)
+	}
+}
+
+// TestUsageOfSharedBuckets: GET /v1/usage read the buckets every tenant
+// shares for whoever asked: without a credential, naming any tenant a
+// default tier takes and any address, it told how many logins an
+// address had made (the per-IP login limit of all tenants) and how full
+// the global bucket was. Those are the platform's to read, with a service
+// or admin token; a tenant's key reads its own tenant's buckets alone.
+func TestUsageOfSharedBuckets(t *testing.T) {
+	s := serve(t, "", false)
+	if a := s.do("POST", "/v1/check", `{"tenant":"victim","action":"login","ip":"203.0.113.9"}`, service...); a.status != 200 {
+		t.Fatalf("the victim's login: %d %s", a.status, a.raw)
+	}
+	rules := func(a answer) []string {
+		var names []string
+		list, _ := a.body["rules"].([]any)
+		for _, r := range list {
+			names = append(names, r.(map[string]any)["name"].(string))
+		}
+		return names
+	}
+	const query = "/v1/usage?action=login&ip=203.0.113.9&tenant="
+	for _, tc := range []struct {
+		who     string
+		tenant  string
+		headers []string
+		status  int
+		rules   string
+	}{
+		{"anonymous, naming a tenant of the default tier", "nobody", nil, 200, "tenant-requests"},
+		{"acme's key", "acme", acme, 200, "tenant-requests"},
+		{"acme's key naming the victim", "victim", acme, 403, ""},
+		{"anonymous, naming the victim", "victim", nil, 401, ""},
+		{"a service token", "victim", service, 200, "global-requests logins-per-ip tenant-requests"},
+		{"the admin token", "victim", admin, 200, "global-requests logins-per-ip tenant-requests"},
+	} {
+		a := s.do("GET", query+tc.tenant, "", tc.headers...)
+		got := strings.Join(rules(a), " ")
+		if a.status != tc.status || got != tc.rules {
+			t.Errorf("%s: %d %v, want %d %q: %.200s", tc.who, a.status, got, tc.status, tc.rules, a.raw)
+		}
+		if tc.who == "anonymous, naming a tenant of the default tier" {
+			report(t, "rules an anonymous caller reads (tenant's only)", got)
+		}
+	}
+}
+
+// TestDuplicateJSONKeys: a body that names a field twice was decoded, the
+// last value winning, though a proxy, a WAF or the platform's own code in
+// front may read the first: {"tenant":"victim","cost":1,"cost":1000}
+// passes a check of cost 1. Every body Admit decodes refuses a key that an
+// object holds twice (after unescaping; for the API's fields, in any case,
+// as encoding/json matches them), 400 naming the key: the decision API,
+// the admin API, and the LLM bodies admit proxy forwards.
+func TestDuplicateJSONKeys(t *testing.T) {
+	s := serve(t, "", false)
+	for _, tc := range []struct{ method, path, body, key string }{
+		{"POST", "/v1/check", `{"tenant":"victim","cost":1,"cost":1000}`, "cost"},
+		{"POST", "/v1/check", `{"tenant":"nobody","Tenant":"victim"}`, "Tenant"},
+		{"POST", "/v1/check", `{"\u0074enant":"nobody","tenant":"victim"}`, "tenant"},
+		{"POST", "/v1/check", `{"tenant":"nobody","attributes":{"plan":"free","plan":"enterprise"}}`, "plan"},
+		{"POST", "/v1/report", `{"tenant":"nobody","cost":1,"cost":2}`, "cost"},
+		{"POST", "/v1/leases", `{"resource":"export","resource":"login"}`, "resource"},
+		{"PUT", "/v1/admin/tenants/newco", `{"tier":"free","tier":"gold"}`, "tier"},
+	} {
+		a := s.do(tc.method, tc.path, tc.body, admin...)
+		if a.status != 400 || a.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(a.raw, `duplicate key \"`+tc.key+`\"`) {
+			t.Errorf("%s %s %s: %d %s, want 400 naming %q", tc.method, tc.path, tc.body, a.status, a.raw, tc.key)
+		}
+	}
+	if a := s.do("POST", "/v1/check", `{"tenant":"nobody","attributes":{"a":"1","b":"2"},"user":"u"}`); a.status != 200 {
+		t.Errorf("a body without duplicates: %d %s", a.status, a.raw)
+	}
+
+	p, up, _ := llmProxy(t)
+	code, body := post(t, p.URL+"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"model":"o1"}`, acmeBearer...)
+	report(t, "an LLM call naming its model twice", code)
+	if code != 400 || !strings.Contains(body, `duplicate key \"model\"`) || up.Calls() != 0 {
+		t.Errorf("an LLM call naming its model twice: %d %s (%d reached the provider)", code, body, up.Calls())
 	}
 }
 
@@ -327,7 +468,7 @@ func TestAdminAPIWithoutToken(t *testing.T) {
 // TestSimulateBounded: the simulator draws a picture of each rule, and a
 // pattern may ask for millions of requests: both are refused before any
 // work, so that a flood of such requests leaves the server's memory as it
-// was.
+// was; admit simulate refuses what it cannot run too.
 func TestSimulateBounded(t *testing.T) {
 	s := serve(t, "", false)
 	rules := `"` + strings.Repeat(`fixed_window limit=1 window=1s","`, 8) + `fixed_window limit=1 window=1s"`
@@ -339,13 +480,34 @@ func TestSimulateBounded(t *testing.T) {
 		if a := s.do("POST", "/v1/admin/simulate", `{"rules":["fixed_window limit=1 window=1s"],"pattern":"constant rate=2700/s duration=1h"}`, admin...); a.status != 400 {
 			t.Fatalf("9.7 M requests: %d %s", a.status, a.raw)
 		}
+		// Once estimated at 0.015 requests (1/h while on, on half the
+		// time), this pattern sends one at the start of each of its 15 M
+		// on periods of 1 ns: 4 GB of events, generated before the bound
+		// was checked.
+		if a := s.do("POST", "/v1/admin/simulate", `{"rules":["fixed_window limit=1 window=1s"],"pattern":"onoff rate=1/h on=1ns off=1ns duration=30ms"}`, admin...); a.status != 400 || !strings.Contains(a.raw, "200000") {
+			t.Fatalf("15 M requests of 1 ns on periods: %d %s, want 400 naming the bound", a.status, a.raw)
+		}
 	}
 	// Bytes allocated, not held, so that no collection hides the work: a
 	// simulation of 9.7 M requests would allocate gigabytes.
 	alloc := s.Metric(t, "go_memstats_alloc_bytes_total") - before
-	report(t, "bytes allocated for 40 refused simulations", alloc)
+	report(t, "bytes allocated for 60 refused simulations", alloc)
 	if alloc > 64<<20 {
 		t.Errorf("%.0f bytes allocated for refused simulations", alloc)
+	}
+	// admit simulate refuses them too, before it generates them: the
+	// pattern above, and one that --duration stretches past the bound
+	// after the pattern was checked.
+	for _, args := range [][]string{
+		{"--pattern", "onoff rate=1/h on=1ns off=1ns duration=30ms"},
+		{"--pattern", "constant rate=1000000/s", "--duration", "1000h"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, code := runAdmit(ctx, append([]string{"simulate", "--rule", "fixed_window limit=1 window=1s"}, args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, "at most 10000000") {
+			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming the bound", args, code, out)
+		}
 	}
 }
 
@@ -353,28 +515,90 @@ func TestSimulateBounded(t *testing.T) {
 // names that no catalog holds (a default tier takes them) create no
 // series of their own.
 func TestTenantMetricsBounded(t *testing.T) {
-	s := serve(t, "", false)
+	metrics := proctest.FreeAddr(t)
+	s := serve(t, "", false, "--metrics", metrics)
 	for i := range 1000 {
 		s.do("POST", "/v1/check", fmt.Sprintf(`{"tenant":"invented-%d"}`, i))
 	}
-	series := strings.Count(s.Metrics(t), "\nadmit_tenant_decisions_total{")
+	series := strings.Count(scrape(t, "http://"+metrics+"/metrics"), "\nadmit_tenant_decisions_total{")
 	report(t, "tenant series after 1,000 invented tenants", series)
 	if series > 2 {
 		t.Errorf("%d tenant series after 1,000 invented tenants, want at most 2 (_default_tier × allowed, refused)", series)
 	}
 }
 
+// TestMetricsOffTheAPIPort: the API's address is the one tenants and
+// anonymous clients reach, and its /metrics showed every tenant's id and
+// volume (admit_tenant_decisions_total{tenant="victim"}). The tenant
+// series are served on the metrics address alone (--metrics); the API's
+// /metrics keeps the series that name no tenant, and with a metrics
+// address set, serves none.
+func TestMetricsOffTheAPIPort(t *testing.T) {
+	s := serve(t, "", false)
+	for _, h := range [][]string{acme, {"X-API-Key", "victim-key"}} {
+		if a := s.do("POST", "/v1/check", `{}`, h...); a.status != 200 {
+			t.Fatalf("a check: %d %s", a.status, a.raw)
+		}
+	}
+	public := s.Metrics(t)
+	if strings.Contains(public, "admit_tenant_decisions_total") || strings.Contains(public, "victim") || !strings.Contains(public, "\nadmit_requests_total{") {
+		t.Errorf("the API's /metrics names tenants, or lacks the request counts:\n%.2000s", public)
+	}
+	if !strings.Contains(s.Output.String(), "tenant series are served only on the metrics address") {
+		t.Error("tenant_metrics without --metrics was not warned of")
+	}
+
+	metrics := proctest.FreeAddr(t)
+	s = serve(t, "", false, "--metrics", metrics)
+	if a := s.do("POST", "/v1/check", `{}`, "X-API-Key", "victim-key"); a.status != 200 {
+		t.Fatalf("a check: %d %s", a.status, a.raw)
+	}
+	if a := s.do("GET", "/metrics", ""); a.status != 404 {
+		t.Errorf("the API's /metrics with a metrics address: %d %.200s", a.status, a.raw)
+	}
+	all := scrape(t, "http://"+metrics+"/metrics")
+	report(t, "the metrics address's victim series", strings.Count(all, `tenant="victim"`))
+	if !strings.Contains(all, `admit_tenant_decisions_total{result="allowed",tenant="victim"} 1`) || !strings.Contains(all, "\nadmit_requests_total{") {
+		t.Errorf("the metrics address lacks the tenant or request series:\n%.2000s", all)
+	}
+}
+
+// scrape reads a /metrics page, a newline first (as proctest.Proc.Metrics).
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := proctest.Client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	return "\n" + string(b)
+}
+
 // TestSecretsNeverPrinted: a Redis password is in no log line and no
-// error, whatever the URL's form; neither are the admin and service
+// error, whatever the URL's form, even one that does not parse (a "/" or
+// "?" not percent-encoded in a password once ended the part hidden, and
+// the rest was printed at start-up); neither are the admin and service
 // tokens.
 func TestSecretsNeverPrinted(t *testing.T) {
 	for url, mentions := range map[string]string{
-		"redis://pw-s3cret@127.0.0.1:1":              "127.0.0.1:1", // serves, deciding by on_error
-		"redis://user:pw-s3cret@127.0.0.1:1/0":       "127.0.0.1:1",
-		"redis+sentinel://:pw-s3cret@m@127.0.0.1:1":  "127.0.0.1:1",
-		"memcached://user:pw-s3cret@h":               "memcached://***@h", // refused
-		"redis://pw-s3cret@h:99999":                  "redis://***@h:99999",
-		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none": "/none",
+		"redis://:pw/s3cret@127.0.0.1:1":                     "percent-encode",
+		"redis://user:pw?s3cret@127.0.0.1:1/0":               "percent-encode",
+		"redis+sentinel://u:pw/s3cret?x@m@127.0.0.1:1":       "percent-encode",
+		"redis+cluster://:pw/s3cret@127.0.0.1:1,127.0.0.1:2": "percent-encode",
+		"rediss://u:pw#s3cret/x?y@h:1?tls_ca_file=/none":     "percent-encode",
+		"redis://:pw%2Fs3cret@127.0.0.1:1":                   "127.0.0.1:1", // percent-encoded: serves
+		"redis://:pw%zzs3cret@127.0.0.1:1":                   "escape",
+		"redis://127.0.0.1:1?password=s3cret":                "127.0.0.1:1?***",
+		"redis://pw-s3cret@127.0.0.1:1":                      "127.0.0.1:1", // serves, deciding by on_error
+		"redis://user:pw-s3cret@127.0.0.1:1/0":               "127.0.0.1:1",
+		"redis+sentinel://:pw-s3cret@m@127.0.0.1:1":          "127.0.0.1:1",
+		"memcached://user:pw-s3cret@h":                       "memcached://***@h", // refused
+		"redis://pw-s3cret@h:99999":                          "redis://***@h:99999",
+		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none":         "/none",
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, _ := runAdmit(ctx, "serve", "--config", writeFile(t, "admit.yaml", suiteConfig), "--data-dir", t.TempDir(),

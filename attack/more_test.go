@@ -1,6 +1,7 @@
 package attack
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -9,12 +10,18 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -73,6 +80,119 @@ func TestConfigFilesBounded(t *testing.T) {
 	report(t, "bytes allocated while reloads met /dev/zero", alloc)
 	if alloc > 64<<20 {
 		t.Errorf("%.0f bytes allocated while reloads met /dev/zero", alloc)
+	}
+}
+
+// TestConfigFIFOs: a named pipe called *.yaml in the watched
+// envoyproxy/ratelimit directory, or in the place of the configuration
+// file, once blocked the reload that opened it for ever, silently (opening
+// a pipe waits for a writer); at start, admit serve never started. It is
+// refused, at start and at reload, as not a regular file, the refusal
+// logged and shown by /readyz, and the server goes on answering.
+func TestConfigFIFOs(t *testing.T) {
+	fifo := func(path string) {
+		t.Helper()
+		if err := syscall.Mkfifo(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	fifo(filepath.Join(dir, "pipe.yaml"))
+	cfgPipe := filepath.Join(t.TempDir(), "admit.yaml")
+	fifo(cfgPipe)
+	for _, args := range [][]string{{"--envoy-config", dir}, {"--config", cfgPipe}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		out, code := runAdmit(ctx, append([]string{"serve", "--data-dir", t.TempDir(), "--http", proctest.FreeAddr(t), "--grpc", proctest.FreeAddr(t)}, args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, "not a regular file") {
+			t.Errorf("serve %s on a pipe: exit %d: %.300s", args, code, out)
+		}
+	}
+
+	good := t.TempDir()
+	writeTo(t, filepath.Join(good, "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n")
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeTo(t, cfg, suiteConfig)
+	httpAddr := proctest.FreeAddr(t)
+	p := proctest.Start(t, admitBin, httpAddr, []string{"ADMIT_ADMIN_TOKEN=" + adminToken}, "serve", "--config", cfg, "--envoy-config", good,
+		"--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", proctest.FreeAddr(t), "--reload-interval", "50ms")
+	s := &server{Proc: p, t: t}
+	fifo(filepath.Join(good, "pipe.yaml"))
+	pipe := filepath.Join(filepath.Dir(cfg), "pipe")
+	fifo(pipe)
+	if err := os.Rename(pipe, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		a := s.do("GET", "/readyz", "")
+		return strings.Count(a.raw, "not a regular file") == 2
+	}) {
+		t.Fatalf("the reloads of two pipes were not refused: %s", s.do("GET", "/readyz", "").raw)
+	}
+	for _, logged := range []string{"envoy configuration reload refused", "configuration reload refused; keeping the running configuration"} {
+		if !strings.Contains(p.Output.String(), logged) {
+			t.Errorf("not logged: %q", logged)
+		}
+	}
+	if a := s.do("POST", "/v1/check", `{"tenant":"acme"}`, acme...); a.status != 200 {
+		t.Errorf("a check after the pipes: %d %s", a.status, a.raw)
+	}
+}
+
+// TestHalfWrittenConfig: a configuration file written in place, in two
+// writes (a copy, an editor, scp), is caught half-written by a reload now
+// and then; a half that parses — the file cut before its tenants — was
+// applied (3 s of tenants=0, every key 401). A change is applied only once
+// the file has stayed the same for --reload-settle: here the half is seen
+// and left, however long the writer takes (the period is an hour, so no
+// scheduler's speed matters); SIGHUP then applies the whole file, as an
+// operator who knows it complete would. The period's timeline is
+// TestSettling's, in cmd/admit.
+func TestHalfWrittenConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeTo(t, cfg, suiteConfig)
+	httpAddr := proctest.FreeAddr(t)
+	p := proctest.Start(t, admitBin, httpAddr, []string{"ADMIT_ADMIN_TOKEN=" + adminToken}, "serve", "--config", cfg,
+		"--data-dir", t.TempDir(), "--http", httpAddr, "--grpc", proctest.FreeAddr(t), "--reload-interval", "50ms", "--reload-settle", "1h")
+	s := &server{Proc: p, t: t}
+	// The new file differs from the running one (a larger tenant
+	// bucket); its first half ends before tenants:.
+	next := strings.Replace(suiteConfig, "burst: 200}", "burst: 300}", 1)
+	cut := strings.Index(next, "tenants:")
+	f, err := os.OpenFile(cfg, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(next[:cut]); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		return strings.Contains(p.Output.String(), "the configuration file changed") || strings.Contains(p.Output.String(), "configuration reloaded")
+	}) {
+		t.Fatal("the server did not read the half-written file")
+	}
+	half := s.do("POST", "/v1/check", `{"cost":0}`, acme...)
+	report(t, "acme's check while the file was half-written", half.status)
+	if half.status != 200 {
+		t.Errorf("acme's check while the file was half-written: %d %s", half.status, half.raw)
+	}
+	if _, err := f.WriteString(next[cut:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(p.Output.String(), "configuration reloaded") }) {
+		t.Fatal("the whole file was not applied on SIGHUP")
+	}
+	if a := s.do("POST", "/v1/check", `{"cost":0}`, acme...); a.status != 200 || a.body["limit"] != float64(300) {
+		t.Errorf("acme after the whole file: %d %s, want its limit of 300", a.status, a.raw)
+	}
+	reloads := strings.Count(p.Output.String(), "configuration reloaded")
+	report(t, "reloads applied (the half never)", reloads)
+	if reloads != 1 || strings.Contains(p.Output.String(), "tenants=0") {
+		t.Errorf("%d reloads applied, want the whole file's alone:\n%s", reloads, p.Output)
 	}
 }
 
@@ -208,5 +328,85 @@ func TestWideLeases(t *testing.T) {
 	// commands, which no machine's speed changes.
 	if commands > 20 {
 		t.Errorf("a lease of 1,000 slots cost %d sorted-set commands, want at most 20", commands)
+	}
+}
+
+// TestStatsdLinesNotForged: the names admit ratelimit sends to statsd
+// carry what gRPC clients chose (the domain of a request no file
+// configures; the entries of a limit override), and a statsd line ends at
+// a newline: a domain of "x\nforged:1000000|c" once made its own line.
+// Every line the statsd server reads is one of Admit's counters, with the
+// client's line breaks, colons and bars made underscores.
+func TestStatsdLinesNotForged(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "rl", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTo(t, filepath.Join(root, "rl", "config", "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	httpAddr, grpcAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
+	host, port, _ := net.SplitHostPort(httpAddr)
+	grpcHost, grpcPort, _ := net.SplitHostPort(grpcAddr)
+	_, statsdPort, _ := net.SplitHostPort(ln.Addr().String())
+	proctest.Start(t, admitBin, httpAddr, []string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "HOST=" + host, "PORT=" + port,
+		"GRPC_HOST=" + grpcHost, "GRPC_PORT=" + grpcPort, "ADMIT_DATA_DIR=" + t.TempDir(),
+		"STATSD_HOST=127.0.0.1", "STATSD_PORT=" + statsdPort, "STATS_FLUSH_INTERVAL=50ms"}, "ratelimit")
+
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	const forged = "\nforged.metric:1000000|c\n"
+	for _, req := range []*rlsv3.RateLimitRequest{
+		{Domain: "x" + forged + "y", Descriptors: []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}},
+		{Domain: "rl", Descriptors: []*rlext.RateLimitDescriptor{{
+			Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "k", Value: "v" + forged + "w"}},
+			Limit:   &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit_MINUTE},
+		}}},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := client.ShouldRateLimit(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("domain %q: %v", req.Domain, err)
+		}
+	}
+
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	line := regexp.MustCompile(`^[^\s:|]+:[0-9]+\|(c|ms)$`)
+	lines := bufio.NewScanner(c)
+	var seen []string
+	for calls := 0; calls < 2; {
+		if !lines.Scan() {
+			t.Fatalf("statsd: %v after %q", lines.Err(), seen)
+		}
+		l := lines.Text()
+		seen = append(seen, l)
+		if !line.MatchString(l) || strings.HasPrefix(l, "forged") {
+			t.Errorf("a forged statsd line: %q", l)
+		}
+		if n, ok := strings.CutPrefix(l, "ratelimit_server.ShouldRateLimit.total_requests:"); ok {
+			v, _ := strconv.Atoi(strings.TrimSuffix(n, "|c"))
+			calls += v
+		}
+	}
+	report(t, "statsd lines read, none forged", len(seen))
+	joined := strings.Join(seen, "\n")
+	for _, want := range []string{"ratelimit.service.rate_limit.x_forged.metric_1000000_c_y.domain_not_found:1|c", "rl.k_v_forged.metric_1000000_c_w.total_hits:1|c"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no line %q in %q", want, seen)
+		}
 	}
 }

@@ -222,10 +222,30 @@ func checkObjects(t *testing.T, r *rendered) {
 	if r.hpa != nil && (r.hpa.Spec.ScaleTargetRef.Name != r.deployment.Name || r.deployment.Spec.Replicas != nil) {
 		t.Errorf("the HPA scales %q; the Deployment fixes replicas %v", r.hpa.Spec.ScaleTargetRef.Name, r.deployment.Spec.Replicas)
 	}
+	// Metrics have a port of their own, behind a ClusterIP Service of its
+	// own, which the ServiceMonitor alone selects: the HTTP port, which
+	// tenants reach, serves none (admit serve --metrics).
+	metrics := r.services[r.deployment.Name+"-metrics"]
+	if !strings.Contains(strings.Join(c.Args, " "), "--metrics=:9090") || ports["metrics"] != 9090 ||
+		metrics == nil || metrics.Spec.Type != corev1.ServiceTypeClusterIP || metrics.Spec.Ports[0].Name != "metrics" {
+		t.Errorf("no metrics port of its own: args %v, ports %v, Service %v", c.Args, ports, metrics)
+	}
+	for name, svc := range r.services {
+		for _, p := range svc.Spec.Ports {
+			if p.TargetPort.StrVal == "metrics" && svc != metrics {
+				t.Errorf("Service %s publishes the metrics port", name)
+			}
+		}
+	}
 	if r.serviceMonitor != nil {
-		if len(r.serviceMonitor.Spec.Endpoints) != 1 || r.serviceMonitor.Spec.Endpoints[0].Port != "http" ||
-			r.services[r.deployment.Name].Spec.Ports[0].Name != "http" {
-			t.Errorf("the ServiceMonitor scrapes %+v", r.serviceMonitor.Spec.Endpoints)
+		sel, err := metav1.LabelSelectorAsSelector(&r.serviceMonitor.Spec.Selector)
+		if err != nil || len(r.serviceMonitor.Spec.Endpoints) != 1 || r.serviceMonitor.Spec.Endpoints[0].Port != "metrics" {
+			t.Errorf("the ServiceMonitor scrapes %+v (%v)", r.serviceMonitor.Spec.Endpoints, err)
+		}
+		for name, svc := range r.services {
+			if sel.Matches(labels.Set(svc.Labels)) != (svc == metrics) {
+				t.Errorf("the ServiceMonitor's selector %v and Service %s", sel, name)
+			}
 		}
 	}
 }
@@ -246,10 +266,10 @@ func TestHelmChart(t *testing.T) {
 		objects             int
 	}
 	wants := map[string]want{
-		"memory-values.yaml":       {replicas: 1, instances: 1, objects: 6},
-		"redis-values.yaml":        {replicas: 3, instances: 3, redis: true, pdb: true, objects: 11},
-		"sentinel-hpa-values.yaml": {instances: 8, redis: true, hpa: true, pdb: true, objects: 7},
-		"cluster-values.yaml":      {replicas: 2, instances: 2, redis: true, objects: 7},
+		"memory-values.yaml":       {replicas: 1, instances: 1, objects: 7},
+		"redis-values.yaml":        {replicas: 3, instances: 3, redis: true, pdb: true, objects: 12},
+		"sentinel-hpa-values.yaml": {instances: 8, redis: true, hpa: true, pdb: true, objects: 8},
+		"cluster-values.yaml":      {replicas: 2, instances: 2, redis: true, objects: 8},
 	}
 	for _, f := range files {
 		name := filepath.Base(f)
@@ -364,7 +384,7 @@ func TestHelmChartRuns(t *testing.T) {
 		a = vars.ReplaceAllStringFunc(a, func(v string) string { return env[v[2:len(v)-1]] })
 		a = strings.Replace(a, "=/config/", "="+config.dir+"/", 1)
 		a = strings.Replace(a, "=/envoy-config", "="+envoy.dir, 1)
-		if strings.HasPrefix(a, "--http=") || strings.HasPrefix(a, "--grpc=") {
+		if strings.HasPrefix(a, "--http=") || strings.HasPrefix(a, "--grpc=") || strings.HasPrefix(a, "--metrics=") {
 			a = a[:strings.IndexByte(a, '=')+1] + "127.0.0.1:0"
 		}
 		args = append(args, a)

@@ -25,7 +25,8 @@ const maxResponseTimes = 10000
 
 // UpstreamStats counts what envoyproxy/ratelimit's statistics count, under
 // its statsd names, so that dashboards and alerts built on them keep
-// working: for each descriptor with a limit,
+// working (names with what a statsd line cannot carry in them made '_'):
+// for each descriptor with a limit,
 // ratelimit.service.rate_limit.<key>.total_hits, within_limit, near_limit,
 // over_limit and shadow_mode, where <key> is the limit's path in its file
 // (Limit.FullKey); ratelimit.service.rate_limit.<domain>.domain_not_found;
@@ -53,11 +54,14 @@ func NewUpstreamStats(nearLimitRatio float64) *UpstreamStats {
 	return &UpstreamStats{nearLimitRatio: nearLimitRatio, counters: map[string]*atomic.Uint64{}, limits: map[string]*limitCounters{}}
 }
 
-// Add adds n to the counter name.
+// Add adds n to the counter name, in which every byte a statsd line
+// cannot carry in a name (control characters, space, ':' and '|') is
+// made '_'.
 func (s *UpstreamStats) Add(name string, n uint64) {
 	if n == 0 {
 		return
 	}
+	name = statName(name)
 	s.mu.RLock()
 	c := s.counters[name]
 	s.mu.RUnlock()
@@ -68,6 +72,29 @@ func (s *UpstreamStats) Add(name string, n uint64) {
 	}
 	s.add(c, n)
 }
+
+// statName returns name as a sink can write it: with every byte that
+// would end a statsd line or split it into fields (control characters,
+// space, ':' and '|') made '_'. Names carry what clients send (a domain
+// nobody configured, the entries of a limit override), and a domain of
+// "x\nforged:1|c" must not become a line of its own. A name without such
+// bytes is returned as it is, without a copy.
+func statName(name string) string {
+	for i := 0; i < len(name); i++ {
+		if unsafeInStat(name[i]) {
+			b := []byte(name)
+			for j := i; j < len(b); j++ {
+				if unsafeInStat(b[j]) {
+					b[j] = '_'
+				}
+			}
+			return string(b)
+		}
+	}
+	return name
+}
+
+func unsafeInStat(c byte) bool { return c <= ' ' || c == 0x7f || c == ':' || c == '|' }
 
 // counter returns the counter name, made if need be, or nil past the
 // bound. s.mu is held.
@@ -105,7 +132,7 @@ func (s *UpstreamStats) limit(key string) *limitCounters {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if lc = s.limits[key]; lc == nil && len(s.limits) < MaxUpstreamCounters {
-		p := "ratelimit.service.rate_limit." + key + "."
+		p := "ratelimit.service.rate_limit." + statName(key) + "."
 		lc = &limitCounters{s.counter(p + "total_hits"), s.counter(p + "within_limit"), s.counter(p + "near_limit"),
 			s.counter(p + "over_limit"), s.counter(p + "shadow_mode")}
 		s.limits[key] = lc

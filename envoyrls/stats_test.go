@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,28 @@ func TestUpstreamStatsBounded(t *testing.T) {
 	}
 	if d := stats.Dropped(); d != 50 {
 		t.Errorf("dropped %d, want 50", d)
+	}
+}
+
+// TestUpstreamStatNames: what a client puts in a name (a domain, a limit
+// override's entries) cannot end a statsd line or split it: line breaks,
+// spaces, colons and bars are underscores; anything else stays.
+func TestUpstreamStatNames(t *testing.T) {
+	stats := NewUpstreamStats(0.8)
+	stats.Add("ratelimit.service.rate_limit.x\nforged:1|c\r\t y\x00\x7f.domain_not_found", 1)
+	stats.limit("rl.k_v\nforged:1|c").totalHits.Add(1)
+	stats.Add("ratelimit.service.rate_limit.rl.path_/api/é.domain_not_found", 1)
+	var names []string
+	for _, c := range stats.Counters() {
+		names = append(names, c.Name)
+	}
+	want := []string{
+		"ratelimit.service.rate_limit.rl.k_v_forged_1_c.total_hits",
+		"ratelimit.service.rate_limit.rl.path_/api/é.domain_not_found",
+		"ratelimit.service.rate_limit.x_forged_1_c___y__.domain_not_found",
+	}
+	if !slices.Equal(names, want) {
+		t.Errorf("counters %q, want %q", names, want)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+
+	"github.com/admitdev/admit/internal/httpx"
 )
 
 // Request is what a Gate needs to know of an LLM call before it goes out:
@@ -57,6 +59,12 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 	r := &Request{API: api, Model: model, Choices: 1, body: body}
 	if err := json.Unmarshal(body, &r.fields); err != nil || r.fields == nil {
 		return nil, badRequest("the request body is not a JSON object")
+	}
+	// Read here, the last of two values wins; the provider's parser may
+	// take the first (a model, a max_tokens other than the one reserved
+	// for). Names are compared exactly: providers read them so.
+	if key, dup := httpx.DuplicateKey(body, false); dup {
+		return nil, badRequest("the request body is malformed: duplicate key %q", key)
 	}
 	if r.Model == "" {
 		if err := r.str("model", &r.Model); err != nil {

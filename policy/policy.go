@@ -94,6 +94,22 @@ func (r *Rule) Applies(action string) bool {
 	return r.allActions || slices.Contains(r.actions, action)
 }
 
+// SharedByTenants reports whether the buckets of r are shared by every
+// tenant: a global rule keyed by nothing or by what any tenant's request
+// may carry (an ip, an attribute), rather than by the request's tenant,
+// user, session or API key. What one tenant's requests do to such a
+// bucket, the others meet, so its level is the platform's to read.
+func (r *Rule) SharedByTenants() bool {
+	if r.Tier != "" {
+		return false
+	}
+	switch r.Scope {
+	case ScopeTenant, ScopeUser, ScopeSession, ScopeAPIKey:
+		return false
+	}
+	return true
+}
+
 // Actions returns the actions r applies to; ["*"] means all.
 func (r *Rule) Actions() []string {
 	if r.allActions {

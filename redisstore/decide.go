@@ -232,6 +232,11 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	groups := s.groups(charges, s.cluster)
+	if !dry && s.cluster {
+		if err := s.checkTenantGroups(groups, func(g group) bool { return hasLeases(charges, g) }); err != nil {
+			return err
+		}
+	}
 	leaseID := ""
 	var leaseTags []string
 	var done []groupDone

@@ -24,14 +24,13 @@ func newID() string {
 func joinID(id string, tags []string) string { return id + "." + strings.Join(tags, ".") }
 
 // splitID parses an ID that joinID made, and refuses any other: a random
-// part of 24 lower-case hex digits, then at most maxTags distinct tags
-// (16 lower-case hex digits, or "g" for the global group, which decisions
-// put last). Renewing, releasing or cancelling costs Redis two commands a
+// part of 24 lower-case hex digits, then at most maxTags distinct tags,
+// of which at most tenantTags of 16 lower-case hex digits (a tenant's
+// group) and the last may be "g" (the global group, which decisions put
+// last). Renewing, releasing or cancelling costs Redis two commands a
 // tag, so an ID that a client made up must not name more tags than a
-// decision of this store could have issued: one on a standalone server or
-// Sentinel, where every charge is in one group, and one per charge in
-// Cluster.
-func splitID(id string, maxTags int) (string, []string, bool) {
+// decision of this store could have issued (see Store.tags).
+func splitID(id string, maxTags, tenantTags int) (string, []string, bool) {
 	const rawLen, tagLen = 24, 16
 	if len(id) < rawLen+2 || len(id) > rawLen+maxTags*(tagLen+1) || !isHex(id[:rawLen]) || id[rawLen] != '.' {
 		return "", nil, false
@@ -43,7 +42,7 @@ func splitID(id string, maxTags int) (string, []string, bool) {
 	for i, t := range tags {
 		switch {
 		case t == "g" && i == len(tags)-1:
-		case len(t) == tagLen && isHex(t):
+		case len(t) == tagLen && isHex(t) && i < tenantTags:
 		default:
 			return "", nil, false
 		}
@@ -65,13 +64,37 @@ func isHex(s string) bool {
 	return true
 }
 
-// maxTags is the most groups a decision of s can hold a lease or a
-// reservation in.
-func (s *Store) maxTags() int {
-	if s.cluster {
-		return admit.MaxCharges
+// tags returns the most groups a decision of s can hold a lease or a
+// reservation in, and the most of them that are tenants' groups rather
+// than the global one: one group outside Cluster, where every charge is
+// in one; in Cluster a group per tenant the decision names, up to
+// Options.TenantsPerDecision, and the global group.
+func (s *Store) tags() (all, tenants int) {
+	if !s.cluster {
+		return 1, 1
 	}
-	return 1
+	return min(s.tenantTags+1, admit.MaxCharges), s.tenantTags
+}
+
+// checkTenantGroups refuses a decision or reservation whose groups that
+// hold its records (those held says) are more tenants' groups than
+// Options.TenantsPerDecision allows: its id could not be renewed,
+// released or cancelled.
+func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
+	_, most := s.tags()
+	if most >= admit.MaxCharges {
+		return nil // as many groups as charges
+	}
+	n := 0
+	for _, g := range groups {
+		if g.tag != "g" && held(g) {
+			n++
+		}
+	}
+	if n > most {
+		return admit.Errorf(admit.CodeInvalid, "redisstore: the charges name %d tenants; a lease or reservation of this store names at most %d (Options.TenantsPerDecision)", n, most)
+	}
+	return nil
 }
 
 func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
@@ -90,10 +113,14 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		}
 		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
 	}
+	groups := s.groups(charges, s.cluster)
+	if err := s.checkTenantGroups(groups, func(group) bool { return true }); err != nil {
+		return admit.Reservation{}, err
+	}
 	id := newID()
 	var booked []string
 	var res admit.Reservation
-	for _, g := range s.groups(charges, s.cluster) {
+	for _, g := range groups {
 		v, err := s.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
 		if err == nil && len(v) != 4 {
 			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
@@ -167,7 +194,8 @@ func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) 
 
 // CancelReservation implements admit.Store.
 func (s *Store) CancelReservation(ctx context.Context, id string) error {
-	raw, tags, ok := splitID(id, s.maxTags())
+	all, tenants := s.tags()
+	raw, tags, ok := splitID(id, all, tenants)
 	if !ok {
 		return admit.Errorf(admit.CodeNotFound, "reservation %q not found", id)
 	}
@@ -210,7 +238,8 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 }
 
 func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
-	raw, tags, ok := splitID(id, s.maxTags())
+	all, tenants := s.tags()
+	raw, tags, ok := splitID(id, all, tenants)
 	if !ok {
 		return false, 0, nil
 	}

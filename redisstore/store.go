@@ -82,6 +82,19 @@ type Options struct {
 	// Redis holds, unknown here). Set it to report every charge of every
 	// refusal as the memory store does.
 	ExactRefusals bool
+	// TenantsPerDecision bounds, in Cluster, the tenants whose keys the
+	// charges of a decision that takes a lease, or of a reservation,
+	// name (keys without a tenant aside). Such a decision is held in
+	// one record per hash-tag group, and its id names every group, so
+	// renewing, releasing or cancelling an id costs two commands a
+	// group it names, before the store can tell that a client made the
+	// id up. A store whose callers decide for one tenant at a time, as
+	// admit serve and the middleware do, sets 1: an id naming more than
+	// one tenant's group and the global one is then not found at no
+	// cost, and a decision or reservation for more tenants is invalid.
+	// Zero allows as many tenants as a decision has charges. Outside
+	// Cluster a decision is one group whatever it names.
+	TenantsPerDecision int
 }
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
@@ -96,6 +109,9 @@ type Store struct {
 	breaker breaker
 	// exactRefusals: see Options.ExactRefusals.
 	exactRefusals bool
+	// tenantTags is the most groups of tenants' keys a lease or
+	// reservation may be held in (Options.TenantsPerDecision).
+	tenantTags int
 
 	calls, failures, undoFailures atomic.Int64
 	decisions, localDecisions     atomic.Int64
@@ -151,6 +167,9 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	if o.BreakerCooldown <= 0 {
 		o.BreakerCooldown = time.Second
 	}
+	if o.TenantsPerDecision <= 0 || o.TenantsPerDecision > admit.MaxCharges {
+		o.TenantsPerDecision = admit.MaxCharges
+	}
 	return &Store{
 		cluster:       cluster,
 		mode:          mode,
@@ -159,6 +178,7 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 		timeout:       o.Timeout,
 		clock:         o.Clock,
 		exactRefusals: o.ExactRefusals,
+		tenantTags:    o.TenantsPerDecision,
 		breaker:       breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
 		closed:        make(chan struct{}),
 	}

@@ -85,7 +85,8 @@ func TestParseURL(t *testing.T) {
 		{"rediss://u:pw@h:6380/1?tls_ca_file=/ca.pem", "{Mode:standalone Addrs:[h:6380] MasterName: DB:1 Username:u Password:pw}"},
 		{"rediss+cluster://a:1?tls_server_name=redis.example", "{Mode:cluster Addrs:[a:1] MasterName: DB:0 Username: Password:}"},
 		{"redis://h:1?tls_ca_file=/ca.pem", "store URL \"redis://h:1?tls_ca_file=/ca.pem\": query parameters are TLS settings"},
-		{"rediss://pw@h:1?tls_bogus=1", "store URL \"rediss://***@h:1?tls_bogus=1\": unknown query parameter"},
+		{"rediss://pw@h:1?tls_bogus=1", "store URL \"rediss://***@h:1?***\": unknown query parameter \"tls_bogus\""},
+		{"rediss://h:1?password=pw&tls_ca_file=/ca.pem", "store URL \"rediss://h:1?***&tls_ca_file=/ca.pem\": an unknown query parameter"},
 	} {
 		c, err := redisstore.ParseURL(tc.url)
 		got := fmt.Sprintf("{Mode:%s Addrs:%v MasterName:%s DB:%d Username:%s Password:%s}", c.Mode, c.Addrs, c.MasterName, c.DB, c.Username, c.Password)
@@ -266,6 +267,52 @@ func TestClusterTenantSlots(t *testing.T) {
 		if len(s) != 1 {
 			t.Errorf("tag %s spans slots %v", tag, s)
 		}
+	}
+}
+
+// TestClusterTenantsPerDecision: a Cluster store told that its decisions
+// name one tenant (Options.TenantsPerDecision, as admit serve tells it)
+// holds a lease in that tenant's group and the global one, refuses a
+// lease or a reservation of two tenants as invalid, charging nothing, and
+// finds no lease behind an id of two tenants' groups without asking
+// Redis. A decision without a lease may still name several.
+func TestClusterTenantsPerDecision(t *testing.T) {
+	nodes := redistest.StartCluster(t, 3)
+	s, err := redisstore.Open(context.Background(), "redis+cluster://"+nodes[0].Addr, &redisstore.Options{Timeout: 10 * time.Second, TenantsPerDecision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 1, LeaseTTL: time.Hour}
+	bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 10, Per: time.Hour}, Burst: 5}
+	charge := func(r *admit.Rule, tenant string) admit.Charge {
+		return admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: tenant, Rule: r.Name}.String(), Rule: r, Cost: 1}
+	}
+	global := admit.Charge{Key: admit.Key{Scope: "global", Rule: "conc"}.String(), Rule: conc, Cost: 1}
+
+	if _, err := admit.Check(ctx, s, charge(conc, "acme"), charge(conc, "globex")); !errors.Is(err, admit.ErrInvalid) {
+		t.Errorf("a lease of two tenants: %v, want invalid", err)
+	}
+	if _, err := s.Reserve(ctx, []admit.Charge{charge(bucket, "acme"), charge(bucket, "globex")}, time.Second); !errors.Is(err, admit.ErrInvalid) {
+		t.Errorf("a reservation of two tenants: %v, want invalid", err)
+	}
+	if d, err := admit.Check(ctx, s, charge(bucket, "acme"), charge(bucket, "globex")); err != nil || !d.Allowed {
+		t.Errorf("a check of two tenants without a lease: %+v %v", d, err)
+	}
+	d, err := admit.Check(ctx, s, charge(conc, "acme"), global) // the refused lease took no slot
+	if err != nil || !d.Allowed || strings.Count(d.Lease.ID, ".") != 2 {
+		t.Fatalf("a lease of acme and the global group: %+v %v", d, err)
+	}
+	if _, err := s.RenewLease(ctx, d.Lease.ID); err != nil {
+		t.Errorf("renewing it: %v", err)
+	}
+	raw, _, _ := strings.Cut(d.Lease.ID, ".")
+	if _, err := s.RenewLease(ctx, raw+".0123456789abcdef.fedcba9876543210.g"); !errors.Is(err, admit.ErrNotFound) {
+		t.Errorf("an id of two tenants: %v, want not found", err)
+	}
+	if err := s.ReleaseLease(ctx, d.Lease.ID); err != nil {
+		t.Errorf("releasing it: %v", err)
 	}
 }
 

@@ -114,6 +114,10 @@ func (t *TLS) config() (*tls.Config, error) {
 // tls_server_name and tls_skip_hostname_verification=true (see TLS):
 //
 //	rediss://admit:secret@redis.example:6380/0?tls_ca_file=/etc/admit/ca.pem
+//
+// A user name or password holding '/', '?' or '%' must percent-encode
+// them (%2F, %3F, %25), as in any URL: an '@' after a '/' or '?' is
+// refused rather than guessed at. Errors show the URL as Redact does.
 func ParseURL(s string) (Config, error) {
 	bad := func(format string, args ...any) (Config, error) {
 		return Config{}, admit.Errorf(admit.CodeInvalid, "store URL %q: "+format, append([]any{Redact(s)}, args...)...)
@@ -121,6 +125,12 @@ func ParseURL(s string) (Config, error) {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
 		return bad("want redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p")
+	}
+	if end := strings.IndexAny(rest, "/?"); end >= 0 && strings.LastIndexByte(rest, '@') > end {
+		// Read as a URL, the credentials would end at that '/' or '?',
+		// and parts of the password would be read (and quoted) as
+		// hosts, a database or a query.
+		return bad("an \"@\" after a \"/\" or \"?\": percent-encode those characters in a user name or password (%%2F, %%3F), and \"@\" in a query value (%%40)")
 	}
 	var c Config
 	defPort := "6379"
@@ -166,7 +176,11 @@ func ParseURL(s string) (Config, error) {
 				}
 				c.TLS.SkipHostnameVerification = b
 			default:
-				return bad("unknown query parameter %q (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, tls_skip_hostname_verification)", k)
+				what := "an unknown query parameter" // its name might be a secret
+				if strings.HasPrefix(k, "tls_") {
+					what = "unknown query parameter " + strconv.Quote(k)
+				}
+				return bad("%s (tls_ca_file, tls_cert_file, tls_key_file, tls_server_name, tls_skip_hostname_verification)", what)
 			}
 		}
 	}
@@ -185,7 +199,8 @@ func ParseURL(s string) (Config, error) {
 		if cred != "" {
 			u, err := url.PathUnescape(cred)
 			if err != nil {
-				return bad("credentials: %v", err)
+				// The error quotes the escape, a piece of the password.
+				return bad("credentials: a %% that begins no escape; percent-encode a %% in a user name or password as %%25")
 			}
 			c.Username, c.Password, _ = strings.Cut(u, ":")
 			if !strings.Contains(u, ":") {
@@ -231,10 +246,13 @@ func ParseURL(s string) (Config, error) {
 	return c, nil
 }
 
-// Redact returns a store URL with its credentials, if any, replaced by
-// "***", for logs and error messages: everything before the hosts' "@",
-// whether a user and password or a password alone, but a Sentinel
-// master's name.
+// Redact returns a store URL with its credentials hidden, for logs and
+// error messages: everything between the scheme and the URL's last '@',
+// but a Sentinel master's name (the last '@'-part before the hosts), is
+// "***", and so is every query parameter but the TLS settings ParseURL
+// reads. It holds for a URL that does not parse as
+// well: a password may hold '/', '?', '#' or '@' not percent-encoded. A
+// string without "://" that holds an '@' is "***" whole.
 func Redact(s string) string {
 	scheme, rest, ok := strings.Cut(s, "://")
 	if !ok {
@@ -243,29 +261,49 @@ func Redact(s string) string {
 		}
 		return s
 	}
-	authority, tail := rest, ""
-	if i := strings.IndexAny(rest, "/?"); i >= 0 {
-		authority, tail = rest[:i], rest[i:]
-	}
-	at := strings.LastIndexByte(authority, '@')
-	if at < 0 {
-		return s
-	}
-	cred, hosts := authority[:at], authority[at+1:]
-	master := ""
-	if strings.HasSuffix(scheme, "+sentinel") {
-		// the last @-part before the hosts is the master's name
-		if i := strings.LastIndexByte(cred, '@'); i >= 0 {
-			cred, master = cred[:i], cred[i+1:]+"@"
+	var b strings.Builder
+	b.WriteString(scheme)
+	b.WriteString("://")
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		cred := rest[:at]
+		rest = rest[at+1:]
+		if strings.HasSuffix(scheme, "+sentinel") {
+			master := cred
+			if i := strings.LastIndexByte(cred, '@'); i >= 0 {
+				cred, master = cred[:i], cred[i+1:]
+			} else {
+				cred = ""
+			}
+			if cred != "" {
+				b.WriteString("***@")
+			}
+			b.WriteString(master)
+			b.WriteByte('@')
 		} else {
-			cred, master = "", cred+"@"
+			b.WriteString("***@")
 		}
 	}
-	if cred != "" {
-		cred = "***@"
+	rest, query, hasQuery := strings.Cut(rest, "?")
+	b.WriteString(rest)
+	if !hasQuery {
+		return b.String()
 	}
-	return scheme + "://" + cred + master + hosts + tail
+	b.WriteByte('?')
+	for i, p := range strings.Split(query, "&") {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		if k, _, _ := strings.Cut(p, "="); tlsParam[k] {
+			b.WriteString(p)
+		} else {
+			b.WriteString("***")
+		}
+	}
+	return b.String()
 }
+
+// tlsParam are the query parameters of a store URL, which Redact shows.
+var tlsParam = map[string]bool{"tls_ca_file": true, "tls_cert_file": true, "tls_key_file": true, "tls_server_name": true, "tls_skip_hostname_verification": true}
 
 // String describes c without its password.
 func (c Config) String() string {

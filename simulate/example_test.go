@@ -13,7 +13,8 @@ func ExampleRun() {
 	spec, _ := simulate.ParseRule("token_bucket rate=2/2s burst=5")
 	rules, _ := simulate.Compile([]policy.RuleSpec{spec})
 	pattern, _ := simulate.ParsePattern("bursts n=2 every=1s duration=8s")
-	res, _ := simulate.Run(rules, pattern.Events(simulate.Identity{}), simulate.Options{})
+	events, _ := pattern.Events(simulate.Identity{}, 0)
+	res, _ := simulate.Run(rules, events, simulate.Options{})
 	l := res.Lanes[0]
 	for i, o := range l.Outcomes {
 		if i > 0 {

@@ -139,7 +139,7 @@ func ParsePattern(s string) (Pattern, error) {
 		return p, fmt.Errorf("pattern %q: periods must be positive", s)
 	}
 	if n := p.expected(); n > MaxEvents {
-		return p, fmt.Errorf("pattern %q: about %.0f requests; at most %d", s, n, MaxEvents)
+		return p, fmt.Errorf("pattern %q: %w: about %.0f; at most %d", s, ErrTooManyEvents, n, MaxEvents)
 	}
 	return p, nil
 }
@@ -165,40 +165,86 @@ func perSecond(r admit.Rate) float64 {
 // pattern's mean), without generating them.
 func (p Pattern) Expected() float64 { return p.expected() }
 
-// expected is about how many requests p generates.
+// expected is how many requests p generates: exactly for constant,
+// bursts and onoff patterns, whose requests fall on a grid; the mean of a
+// poisson pattern; the integral of the rate of a ramp.
 func (p Pattern) expected() float64 {
 	d := p.Duration.Seconds()
 	switch p.Kind {
+	case "constant", "seed004":
+		return ticks(p.Duration, p.Rate.Interval())
 	case "bursts":
-		return float64(p.N) * (math.Floor(p.Duration.Seconds()/p.Every.Seconds()) + 1)
+		return float64(p.N) * ticks(p.Duration, p.Every)
 	case "ramp":
 		return (perSecond(p.From) + perSecond(p.To)) / 2 * d
 	case "onoff":
-		return perSecond(p.Rate) * d * p.On.Seconds() / (p.On + p.Off).Seconds()
+		// Every on period sends one request at its start, however short
+		// it is and however slow the rate: counted per period, not as
+		// the rate times the time spent on.
+		gap, period := p.Rate.Interval(), p.On+p.Off
+		full := p.Duration / period
+		n := float64(full) * ticks(p.On, gap)
+		if rest := p.Duration - full*period; rest > 0 {
+			n += ticks(min(rest, p.On), gap)
+		}
+		return n
 	}
 	return perSecond(p.Rate) * d
 }
 
-// Events generates p's requests, all sent by id, in order of arrival.
-func (p Pattern) Events(id Identity) []Event {
+// ticks is how many of 0, gap, 2×gap, … come before d.
+func ticks(d, gap time.Duration) float64 {
+	if gap <= 0 || d <= 0 {
+		return 0
+	}
+	return float64((d-1)/gap + 1)
+}
+
+// ErrTooManyEvents is the error ParsePattern and Events return, wrapped,
+// when a pattern sends more requests than MaxEvents or the bound Events
+// was given.
+var ErrTooManyEvents = errors.New("too many requests")
+
+// Events generates p's requests, all sent by id, in order of arrival: at
+// most limit of them (MaxEvents when limit is 0 or more than that). Past the
+// bound it stops, as soon as it is passed, and returns an error wrapping
+// ErrTooManyEvents, so that a pattern whose estimate was wrong costs no
+// more memory than the bound.
+func (p Pattern) Events(id Identity, limit int) ([]Event, error) {
+	if limit <= 0 || limit > MaxEvents {
+		limit = MaxEvents
+	}
 	cost := id.Cost
 	if cost == 0 {
 		cost = 1
 	}
-	ev := func(at time.Duration) Event {
-		return Event{At: at, Tenant: id.Tenant, User: id.User, IP: id.IP, Action: id.Action, Cost: cost}
-	}
 	var out []Event
+	// add appends a request at at and reports whether there is room for
+	// more.
+	add := func(at time.Duration) bool {
+		if len(out) == limit {
+			return false
+		}
+		out = append(out, Event{At: at, Tenant: id.Tenant, User: id.User, IP: id.IP, Action: id.Action, Cost: cost})
+		return true
+	}
+	tooMany := func() ([]Event, error) {
+		return nil, fmt.Errorf("%w: at most %d", ErrTooManyEvents, limit)
+	}
 	switch p.Kind {
 	case "constant", "seed004":
 		gap := p.Rate.Interval()
 		for t := time.Duration(0); t < p.Duration; t += gap {
-			out = append(out, ev(t))
+			if !add(t) {
+				return tooMany()
+			}
 		}
 	case "bursts":
 		for t := time.Duration(0); t < p.Duration; t += p.Every {
 			for range p.N {
-				out = append(out, ev(t))
+				if !add(t) {
+					return tooMany()
+				}
 			}
 		}
 	case "poisson":
@@ -209,13 +255,17 @@ func (p Pattern) Events(id Identity) []Event {
 			if t >= p.Duration {
 				break
 			}
-			out = append(out, ev(t))
+			if !add(t) {
+				return tooMany()
+			}
 		}
 	case "onoff":
 		gap := p.Rate.Interval()
 		for start := time.Duration(0); start < p.Duration; start += p.On + p.Off {
 			for t := start; t < start+p.On && t < p.Duration; t += gap {
-				out = append(out, ev(t))
+				if !add(t) {
+					return tooMany()
+				}
 			}
 		}
 	case "ramp":
@@ -233,10 +283,12 @@ func (p Pattern) Events(id Identity) []Event {
 			if math.IsNaN(s) || s >= d {
 				break
 			}
-			out = append(out, ev(time.Duration(s*float64(time.Second))))
+			if !add(time.Duration(s * float64(time.Second))) {
+				return tooMany()
+			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // ReadLog reads a recorded log of requests, CSV or JSON lines (one object

@@ -3,6 +3,7 @@ package simulate
 import (
 	"bytes"
 	"encoding/xml"
+	"errors"
 	"image/gif"
 	"image/png"
 	"strings"
@@ -45,7 +46,11 @@ func events(t testing.TB, pattern string) []Event {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p.Events(Identity{})
+	ev, err := p.Events(Identity{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
 }
 
 // outcomes writes a lane's outcomes as a string, A admitted, R refused,
@@ -234,6 +239,39 @@ func TestPatterns(t *testing.T) {
 		if _, err := ParsePattern(bad); err == nil {
 			t.Errorf("%q was accepted", bad)
 		}
+	}
+}
+
+// TestPatternBounds: the estimate a pattern is checked against before it
+// runs is the count its grid of requests makes, however its periods
+// round; and the requests are bounded as they are generated, for a
+// pattern whose estimate is only a mean. An on period of 1 ns at 1/h
+// once counted as 0.015 requests, and sent 15 M (one at the start of
+// each on period).
+func TestPatternBounds(t *testing.T) {
+	for _, pattern := range []string{
+		"constant rate=3/s duration=1s", "constant rate=3/10ns duration=1ms", "bursts n=3 every=2s duration=6s",
+		"onoff rate=2/s on=5s off=5s duration=20s", "onoff rate=1/h on=1ns off=1ns duration=1ms",
+		"onoff rate=1/s on=2500ms off=1s duration=6s", "seed004",
+	} {
+		p, err := ParsePattern(pattern)
+		if err != nil {
+			t.Fatalf("%s: %v", pattern, err)
+		}
+		ev, err := p.Events(Identity{}, 0)
+		if err != nil || float64(len(ev)) != p.Expected() {
+			t.Errorf("%s: %d requests (%v), estimated %v", pattern, len(ev), err, p.Expected())
+		}
+	}
+	if _, err := ParsePattern("onoff rate=1/h on=1ns off=1ns duration=30ms"); err == nil || !strings.Contains(err.Error(), "at most 10000000") {
+		t.Errorf("15 M requests of 1 ns on periods: %v", err)
+	}
+	p, _ := ParsePattern("poisson rate=100/s seed=3 duration=10s")
+	if ev, err := p.Events(Identity{}, 900); !errors.Is(err, ErrTooManyEvents) || ev != nil || !strings.Contains(err.Error(), "at most 900") {
+		t.Errorf("poisson past a bound of 900: %d requests, %v", len(ev), err)
+	}
+	if ev, err := p.Events(Identity{}, 2000); err != nil || len(ev) < 900 {
+		t.Errorf("poisson within a bound of 2000: %d requests, %v", len(ev), err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"syscall"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -85,9 +86,11 @@ func KindName(n *yaml.Node) string {
 // ReadFile reads a configuration file of at most max bytes. It reads no
 // more than that whatever is there, and only from a regular file: a file
 // that grows while it is read, or a name (a symbolic link, say) for
-// /dev/zero or a pipe, is refused rather than read without end.
+// /dev/zero or a named pipe, is refused rather than read without end. It
+// never waits on what it opens: a pipe is opened without blocking (an
+// open for reading otherwise waits for a writer, for ever) and refused.
 func ReadFile(name string, max int64) ([]byte, error) {
-	f, err := os.Open(name)
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}

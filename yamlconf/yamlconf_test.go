@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.yaml.in/yaml/v3"
@@ -58,12 +59,17 @@ func TestKindName(t *testing.T) {
 
 // TestReadFileBounded: a configuration file is read up to its bound and
 // only from a regular file, so that a *.yaml name for /dev/zero in a
-// watched directory cannot make a server read without end.
+// watched directory cannot make a server read without end, nor a named
+// pipe make it wait for a writer for ever (the test would hang).
 func TestReadFileBounded(t *testing.T) {
 	dir := t.TempDir()
 	ok := filepath.Join(dir, "ok.yaml")
 	big := filepath.Join(dir, "big.yaml")
 	zero := filepath.Join(dir, "zero.yaml")
+	pipe := filepath.Join(dir, "pipe.yaml")
+	if err := syscall.Mkfifo(pipe, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(ok, []byte("version: 1\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +82,7 @@ func TestReadFileBounded(t *testing.T) {
 	if b, err := yamlconf.ReadFile(ok, 1024); err != nil || string(b) != "version: 1\n" {
 		t.Fatalf("a small file: %q %v", b, err)
 	}
-	for name, want := range map[string]string{big: "at most 1024", zero: "not a regular file", filepath.Join(dir, "none.yaml"): "no such file"} {
+	for name, want := range map[string]string{big: "at most 1024", zero: "not a regular file", pipe: "not a regular file", filepath.Join(dir, "none.yaml"): "no such file"} {
 		if _, err := yamlconf.ReadFile(name, 1024); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want an error with %q", filepath.Base(name), err, want)
 		}

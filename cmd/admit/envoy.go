@@ -120,16 +120,25 @@ func (es *envoyService) stop(log *slog.Logger) {
 }
 
 // watch reloads the envoyproxy/ratelimit files when any of them changes
-// (checked every interval), on SIGHUP, and when reload says so. A set of
-// files with an error is refused and the running configuration kept, like
-// Admit's own configuration.
-func (es *envoyService) watch(ctx context.Context, every time.Duration, reload <-chan struct{}, setErr func(error), log *slog.Logger) {
+// (checked every rl.every) and the change has settled (see settling), on
+// SIGHUP, and when reload says so. A set of files with an error is refused
+// and the running configuration kept, like Admit's own configuration.
+func (es *envoyService) watch(ctx context.Context, rl reloading, reload <-chan struct{}) {
+	setErr, log := rl.setErr, rl.log
 	last := dirDigest(es.dir)
-	onReloadSignal(ctx, every, reload, func(forced bool) {
+	wait := settling{period: rl.settle}
+	onReloadSignal(ctx, rl.every, reload, func(forced bool) {
 		d := dirDigest(es.dir)
 		if !forced && d == last {
+			wait.reset()
 			return
 		}
+		if !forced {
+			if ok, _ := wait.stable(d, time.Now()); !ok {
+				return
+			}
+		}
+		wait.reset()
 		last = d
 		c, err := es.load()
 		es.loaded(err)
@@ -232,15 +241,6 @@ func withHealthPath(h http.Handler, path string) http.Handler {
 		maps.Copy(w.Header(), rec.Header())
 		w.WriteHeader(rec.Code)
 		w.Write(rec.Body.Bytes())
-	})
-}
-
-// metricsOf is h's /metrics, whatever path it is asked at.
-func metricsOf(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r2 := r.Clone(r.Context())
-		r2.URL.Path, r2.RequestURI = "/metrics", "/metrics"
-		h.ServeHTTP(w, r2)
 	})
 }
 

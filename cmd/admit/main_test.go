@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -198,6 +199,37 @@ func TestServeHotReload(t *testing.T) {
 		_, m := call(t, "GET", s.url+"/readyz", "")
 		return m["config_error"] == nil && limit() == 3
 	}, "a fixed file to clear the error")
+}
+
+// TestSettling: a change is applied once the same content has been read
+// for the whole period; content that changes again starts the period
+// over; a period of 0 applies at once.
+func TestSettling(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	a, b := sha256.Sum256([]byte("half")), sha256.Sum256([]byte("whole"))
+	w := settling{period: time.Second}
+	for i, step := range []struct {
+		d             [sha256.Size]byte
+		at            time.Duration
+		ok, firstRead bool
+	}{
+		{a, 0, false, true},
+		{a, 500 * time.Millisecond, false, false},
+		{b, 900 * time.Millisecond, false, true}, // written on: the period starts over
+		{b, 1800 * time.Millisecond, false, false},
+		{b, 1900 * time.Millisecond, true, false},
+	} {
+		if ok, first := w.stable(step.d, t0.Add(step.at)); ok != step.ok || first != step.firstRead {
+			t.Errorf("step %d: stable %v, first %v; want %v, %v", i, ok, first, step.ok, step.firstRead)
+		}
+	}
+	w.reset()
+	if ok, first := w.stable(b, t0.Add(2*time.Second)); ok || !first {
+		t.Errorf("after reset: stable %v, first %v", ok, first)
+	}
+	if ok, _ := (&settling{}).stable(a, t0); !ok {
+		t.Error("a period of 0 held a change back")
+	}
 }
 
 func waitFor(t *testing.T, cond func() bool, what string) {

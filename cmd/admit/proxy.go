@@ -175,7 +175,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	}
 	log.Info("admit proxy serving", "listen", "http://"+ln.Addr().String(), "upstream", up, "llm", llmOn,
 		"store", b.st.name, "keys_required", opts.RequireKey)
-	return b.run(ctx, hs, ln, e, reloading{file: f.config, every: f.reloadEvery, setErr: func(error) {}, log: log})
+	return b.run(ctx, hs, ln, e, reloading{file: f.config, every: f.reloadEvery, settle: f.reloadSettle, setErr: func(error) {}, log: log})
 }
 
 // llmHandler builds the LLM front end of admit proxy from the llm

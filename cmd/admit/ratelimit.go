@@ -23,7 +23,8 @@ Gateway runs /bin/ratelimit with these variables; the image links
 /bin/ratelimit to admit, and admit started under the name "ratelimit" runs
 this command).
 
-  PORT, HOST                      HTTP: /healthcheck, the API, /metrics (8080)
+  PORT, HOST                      HTTP: /healthcheck, the API, and /metrics
+                                  unless USE_PROMETHEUS serves them (8080)
   GRPC_PORT, GRPC_HOST            the rate limit service (8081)
   GRPC_SERVER_USE_TLS             serve gRPC over TLS with GRPC_SERVER_TLS_CERT
                                   and GRPC_SERVER_TLS_KEY; with
@@ -60,8 +61,8 @@ this command).
   USE_PROMETHEUS, PROMETHEUS_ADDR, PROMETHEUS_PATH
                                   instead, envoyproxy/ratelimit's statistics,
                                   named as its Prometheus mode names them, and
-                                  Admit's own metrics, served there, named by
-                                  PROMETHEUS_MAPPER_YAML if set
+                                  Admit's own metrics, served there only,
+                                  named by PROMETHEUS_MAPPER_YAML if set
   NEAR_LIMIT_RATIO                what near_limit counts (0.8)
   LIMIT_RESPONSE_HEADERS_ENABLED  add the limit, remaining and reset of the
                                   descriptor nearest its limit, as headers
@@ -135,7 +136,7 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 	f := &serveFlags{healthPath: "/healthcheck", xdsNode: getenv("CONFIG_GRPC_XDS_NODE_ID")}
 	f.empty, f.config, f.dataDir = true, getenv("ADMIT_CONFIG"), get("ADMIT_DATA_DIR", "./admit-data")
-	f.reloadEvery = time.Second
+	f.reloadEvery, f.reloadSettle = time.Second, time.Second
 	// Counted as envoyproxy/ratelimit counts, unless asked for Admit's
 	// all or nothing; a file's own charge: line wins.
 	f.envoyCharge = get("ADMIT_CHARGE", "each")

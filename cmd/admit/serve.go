@@ -36,7 +36,9 @@ import (
 const serveUsage = `Usage: admit serve [flags]
 
 Runs the decision API, the admin API, /healthz, /readyz and /metrics on one
-HTTP address, and the Envoy rate limit service (gRPC) on another; with
+HTTP address (/metrics on --metrics instead, when set: the tenant series of
+server.tenant_metrics are served only there), and the Envoy rate limit
+service (gRPC) on another; with
 --envoy-config it also decides the domains of envoyproxy/ratelimit's YAML
 files, reloaded like the configuration. Without --config it runs the built-in demo configuration
 (admit config example prints it). Flags override the file. The admin token
@@ -47,8 +49,12 @@ platform's own backends, which act for any tenant) come from
 server.service_tokens and ADMIT_SERVICE_TOKEN. See docs/security.md.
 
 The configuration file is reloaded when it changes (checked every
---reload-interval) and on SIGHUP; a file with errors is refused, the running
-configuration kept, and the error logged and shown by /readyz.
+--reload-interval, applied once it has stayed the same for --reload-settle,
+so that a file caught half-written is never applied) and at once on SIGHUP;
+a file with errors is refused, the running configuration kept, and the
+error logged and shown by /readyz. Write the file by renaming a complete
+one over it (as Kubernetes updates a ConfigMap), so that no reader sees it
+half-written.
 
 Flags:
 `
@@ -57,7 +63,9 @@ Flags:
 // configuration and the store.
 type backendFlags struct {
 	config, store, dataDir string
-	reloadEvery            time.Duration
+	// reloadEvery is how often watched files are read; reloadSettle how
+	// long a change must stay the same before it is applied.
+	reloadEvery, reloadSettle time.Duration
 	// empty, without config, starts with no tenants rather than the demo
 	// configuration (admit ratelimit).
 	empty bool
@@ -68,6 +76,7 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.store, "store", "", "store `URL`: memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (default: store.backend)")
 	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
 	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
+	fs.DurationVar(&f.reloadSettle, "reload-settle", time.Second, "apply a changed configuration file once it has stayed the same this long, so that a file caught half-written is never applied (SIGHUP applies at once)")
 }
 
 type serveFlags struct {
@@ -87,8 +96,8 @@ type serveFlags struct {
 	xdsPlaintext              bool
 	// waitForXDS holds readiness until the first xDS configuration.
 	waitForXDS bool
-	// metrics, if set, also serves /metrics on that address, at
-	// metricsPath.
+	// metrics, if set, serves /metrics on that address, at metricsPath,
+	// rather than on the HTTP address.
 	metrics, metricsPath string
 	// healthPath, if set, also answers readiness at that path, plain "OK"
 	// as envoyproxy/ratelimit's /healthcheck does.
@@ -127,7 +136,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.xdsTLS.ca, "envoy-xds-tls-ca", "", "CA bundle `file` to check the xDS server with (default: the system's)")
 	fs.StringVar(&f.xdsSAN, "envoy-xds-tls-san", "", "the `name` the xDS server's certificate must have (default: the host of --envoy-xds)")
 	fs.BoolVar(&f.xdsPlaintext, "envoy-xds-plaintext", false, "reach the xDS server without TLS")
-	fs.StringVar(&f.metrics, "metrics", "", "also serve /metrics on this `address`")
+	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this `address` (one only the operator's scrapers reach) rather than on the HTTP address: every series, server.tenant_metrics's too; the HTTP address then serves none")
 	fs.BoolVar(&f.adminLoopback, "admin-loopback", false, "open the admin API without a token to clients on this host that reach it directly (not through a proxy, TLS terminator or sidecar on the host, nor from a web page)")
 	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
@@ -349,7 +358,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
-		Usage: st.usage, Registry: registry,
+		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
 	})
 	if err != nil {
 		return err
@@ -380,7 +389,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	defer stopWatch()
 	switch {
 	case envoyDir != "":
-		go es.watch(watchCtx, f.reloadEvery, e.reloadEnvoy, srv.SetEnvoyConfigError, log)
+		go es.watch(watchCtx, reloading{every: f.reloadEvery, settle: f.reloadSettle, setErr: srv.SetEnvoyConfigError, log: log}, e.reloadEnvoy)
 	case f.envoyXDS != "":
 		stopXDS, err := es.followXDS(watchCtx, f, configured, srv.SetEnvoyConfigError, log)
 		if err != nil {
@@ -393,7 +402,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		handler = withHealthPath(srv, f.healthPath)
 	}
 	if f.metrics != "" {
-		stopMetrics, err := serveMetrics(f.metrics, first(f.metricsPath, "/metrics"), metricsOf(srv), log)
+		stopMetrics, err := serveMetrics(f.metrics, first(f.metricsPath, "/metrics"), srv.MetricsHandler(), log)
 		if err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
@@ -403,6 +412,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	ln, err := net.Listen("tcp", httpAddr)
 	if err != nil {
 		return err
+	}
+	if cfg.Server.TenantMetrics && f.metrics == "" {
+		log.Warn("server.tenant_metrics: the tenant series are served only on the metrics address, never on the API's, and none is set (--metrics)")
 	}
 	switch {
 	case f.adminLoopback:
@@ -420,7 +432,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
 	srv.SetConfigVersion(configVersion(b.data))
 	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
-	return b.run(ctx, server.HTTPServer(handler, log), ln, e, reloading{file: f.config, every: f.reloadEvery, setErr: srv.SetConfigError, log: log})
+	return b.run(ctx, server.HTTPServer(handler, log), ln, e, reloading{file: f.config, every: f.reloadEvery, settle: f.reloadSettle, setErr: srv.SetConfigError, log: log})
 }
 
 // gatewayOptions are the WebSocket gateway's options from the gateway
@@ -440,13 +452,42 @@ func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, 
 }
 
 // reloading says where a server's configuration file is, how often it is
-// read for changes, and who hears of them.
+// read for changes, how long a change must settle, and who hears of them.
 type reloading struct {
 	file   string        // "" for none: nothing to reload
 	every  time.Duration // how often the file is read
+	settle time.Duration // how long a change must stay the same (see settling)
 	setErr func(error)   // told the outcome of every reload
 	log    *slog.Logger
 }
+
+// settling holds back a change to a watched file until the file has
+// stayed the same for a period. A file written in place, in several
+// writes (a copy, an editor, scp), is caught in between now and then, and
+// a half that parses is a configuration of its own: cut before its
+// tenants, it has none and refuses every key. Renaming a complete file
+// over the old one (as the kubelet swaps a ConfigMap) is never caught
+// half-way, and is applied one period after it is seen.
+type settling struct {
+	period  time.Duration
+	pending [sha256.Size]byte // the content waiting, while since is set
+	since   time.Time         // when it was first read; zero: none waits
+}
+
+// stable reports whether content whose digest is d, read at now, has been
+// read the same for the period; new content starts the period again.
+// first says that d was not waiting already.
+func (s *settling) stable(d [sha256.Size]byte, now time.Time) (ok, first bool) {
+	if s.since.IsZero() || d != s.pending {
+		s.pending, s.since = d, now
+		return s.period <= 0, true
+	}
+	return now.Sub(s.since) >= s.period, false
+}
+
+// reset forgets the content waiting: it was applied, or the file went
+// back to what is running.
+func (s *settling) reset() { s.since = time.Time{} }
 
 // run serves hs on ln until ctx ends, reloading the configuration file (if
 // any) meanwhile, then drains the connections.
@@ -484,16 +525,19 @@ func (b *backend) run(ctx context.Context, hs *http.Server, ln net.Listener, e *
 	return nil
 }
 
-// watchConfig reloads b's configuration file when its content changes, on
-// SIGHUP, and when reload says so, into b's catalog. A bad file is
-// refused; the running configuration stays. b.loadedAs, if not nil, is told
-// the content of every configuration applied.
+// watchConfig reloads b's configuration file when its content changes
+// and has settled (see settling), on SIGHUP, and when reload says so, into
+// b's catalog. A bad file is refused; the running configuration stays.
+// b.loadedAs, if not nil, is told the content of every configuration
+// applied.
 func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan struct{}) {
 	file, setErr, log, catalog := rl.file, rl.setErr, rl.log, b.catalog
 	last := b.data
+	wait := settling{period: rl.settle}
 	onReloadSignal(ctx, rl.every, reload, func(forced bool) {
 		data, err := yamlconf.ReadFile(file, MaxConfigSize)
 		if err != nil {
+			wait.reset()
 			if forced || last != nil { // log a vanished file once, not every tick
 				log.Error("configuration reload refused; keeping the running configuration", "err", err)
 				setErr(err)
@@ -502,8 +546,19 @@ func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan s
 			return
 		}
 		if !forced && bytes.Equal(data, last) {
+			wait.reset()
 			return
 		}
+		if !forced {
+			ok, first := wait.stable(sha256.Sum256(data), time.Now())
+			if first && !ok {
+				log.Info("the configuration file changed; applying it once it has stayed the same", "config", file, "settle", rl.settle.String())
+			}
+			if !ok {
+				return
+			}
+		}
+		wait.reset()
 		last = data
 		cfg, err := ParseConfig(file, data)
 		if err == nil && b.check != nil {

@@ -155,8 +155,14 @@ func simulateCmd(_ context.Context, args []string, e *env) int {
 		}
 		if *duration > 0 {
 			p.Duration = *duration
+			if n := p.Expected(); n > simulate.MaxEvents {
+				return fail("--duration %v: about %.0f requests; at most %d", p.Duration, n, simulate.MaxEvents)
+			}
 		}
-		events = p.Events(simulate.Identity{Tenant: *tenant, User: *user, Action: *action, Cost: *cost})
+		events, err = p.Events(simulate.Identity{Tenant: *tenant, User: *user, Action: *action, Cost: *cost}, simulate.MaxEvents)
+		if err != nil {
+			return fail("%v", err)
+		}
 		opt.Duration = p.Duration
 	}
 	for _, r := range compiled {

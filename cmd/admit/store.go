@@ -73,12 +73,17 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	r, err := redisstore.Dial(dialCtx, rc, &redisstore.Options{Timeout: timeout})
+	// Every decision of a server is one tenant's (policy.Request has
+	// one), so a lease or reservation id names at most that tenant's
+	// group and the global one: an id naming more is made up, and is
+	// refused without a command.
+	opts := &redisstore.Options{Timeout: timeout, TenantsPerDecision: 1}
+	r, err := redisstore.Dial(dialCtx, rc, opts)
 	if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable {
 		// Start anyway: decide by on_error until Redis answers, rather
 		// than stay down with it.
 		var openErr error
-		if r, openErr = redisstore.DialLazy(rc, &redisstore.Options{Timeout: timeout}); openErr == nil {
+		if r, openErr = redisstore.DialLazy(rc, opts); openErr == nil {
 			log.Error("Redis does not answer at start; serving anyway, deciding by on_error until it does", "store", rc.String(), "err", err)
 			err = nil
 		}

@@ -1,6 +1,7 @@
-// Package httpx holds what Admit's HTTP front ends (httplimit and the
-// server) answer alike: the RateLimit and RateLimit-Policy fields
-// (draft-ietf-httpapi-ratelimit-headers) and Retry-After's rounding.
+// Package httpx holds what Admit's HTTP front ends (httplimit, the
+// server, the LLM proxy) do alike: the RateLimit and RateLimit-Policy
+// fields (draft-ietf-httpapi-ratelimit-headers), Retry-After's rounding,
+// and the refusal of JSON bodies that hold a key twice.
 package httpx
 
 import (

@@ -1,13 +1,11 @@
 package server
 
 import (
-	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
@@ -15,7 +13,8 @@ import (
 
 // metrics are the server's Prometheus metrics. Label values come from the
 // configuration (tiers, rules) or from small fixed sets, never from
-// requests, so their cardinality is bounded; the tenant label is opt-in.
+// requests, so their cardinality is bounded; the tenant label is opt-in,
+// and its series are kept apart from the others (see Server.MetricsHandler).
 type metrics struct {
 	decisions          *prometheus.CounterVec // per charge: tier, rule, result
 	requests           *prometheus.CounterVec // per request: endpoint, result
@@ -51,7 +50,9 @@ type ruleCounters struct {
 	c      [][3]prometheus.Counter // allowed, refused, shadow_refused
 }
 
-func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel bool) *metrics {
+// newMetrics registers the metrics in reg, but the tenant series, which
+// go to private.
+func newMetrics(reg, private *prometheus.Registry, stats func() StoreStats, tenantLabel bool) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "admit_decisions_total", Help: "Charges decided, by tier (\"global\" for global rules), rule and result (allowed, refused, shadow_refused).",
@@ -100,7 +101,7 @@ func newMetrics(reg *prometheus.Registry, stats func() StoreStats, tenantLabel b
 		m.tenants = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "admit_tenant_decisions_total", Help: "Decision requests by tenant and result (enabled by server.tenant_metrics).",
 		}, []string{"tenant", "result"})
-		reg.MustRegister(m.tenants)
+		private.MustRegister(m.tenants)
 	}
 	if stats != nil {
 		gauge := func(name, help string, pick func(StoreStats) int64) prometheus.Collector {
@@ -151,10 +152,6 @@ func (m *metrics) registerHealth(reg *prometheus.Registry, health func() StoreHe
 // returns.
 func counterFunc[T any](name, help string, read func() T, pick func(T) int64) prometheus.Collector {
 	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(pick(read())) })
-}
-
-func (m *metrics) handler(reg *prometheus.Registry) http.Handler {
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 }
 
 // counters returns the per-rule counters of p, building them on the first

@@ -1,14 +1,17 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/problem"
 )
 
@@ -36,30 +39,52 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // decodeJSON decodes r's body into dst strictly: at most maxBody bytes,
-// one JSON value of the right shape, no unknown fields, nothing after it.
+// one JSON value of the right shape, no unknown fields, no key twice in
+// an object (see httpx.DuplicateKey), nothing after it.
 func decodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
-	body := http.MaxBytesReader(w, r.Body, maxBody)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
+	body := bodies.Get().(*bodyBuffer)
+	defer bodies.Put(body) // at most maxBody and what reading it grew
+	buf := &body.buf
+	buf.Reset()
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, maxBody)); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
 		}
+		return admit.Errorf(admit.CodeInvalid, "reading the body: %v", err)
+	}
+	data := buf.Bytes()
+	body.rd.Reset(data)
+	dec := json.NewDecoder(&body.rd)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
 		if errors.Is(err, io.EOF) {
 			return admit.Errorf(admit.CodeInvalid, "the body is empty; want a JSON object")
 		}
 		return admit.Errorf(admit.CodeInvalid, "malformed JSON body: %v", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return err
-		}
 		return admit.Errorf(admit.CodeInvalid, "malformed JSON body: data after the JSON object")
+	}
+	// Decoded, the last of two values won; whoever read the body before
+	// Admit (a proxy, a firewall, the platform's code) may have read the
+	// first. Names are matched in any case, as the decoder matches them.
+	if key, dup := httpx.DuplicateKey(data, true); dup {
+		e := admit.Errorf(admit.CodeInvalid, "malformed JSON body: duplicate key %q", key)
+		e.Field = key
+		return e
 	}
 	return nil
 }
+
+// bodyBuffer is where decodeJSON reads a body, and its reader.
+type bodyBuffer struct {
+	buf bytes.Buffer
+	rd  bytes.Reader
+}
+
+// bodies are the buffers request bodies are read into.
+var bodies = sync.Pool{New: func() any { return new(bodyBuffer) }}
 
 // writeJSON answers with v as JSON.
 func writeJSON(w http.ResponseWriter, status int, v any) {

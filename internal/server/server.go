@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/api"
@@ -74,11 +75,21 @@ type Options struct {
 	Logger *slog.Logger
 	// DecisionLog, if set, receives one JSON line per decision.
 	DecisionLog io.Writer
-	// TenantMetrics adds a tenant label to admit_tenant_decisions_total.
+	// TenantMetrics adds admit_tenant_decisions_total, by tenant and
+	// result. It names tenants and tells their volumes, which no tenant
+	// may read of another: MetricsHandler serves it, never the HTTP API.
 	TenantMetrics bool
-	// Registry receives the server's metrics; default a new registry,
-	// served at /metrics either way.
+	// Registry, if set, holds more metrics to serve with the server's
+	// (envoyproxy/ratelimit's statistics, say). Their names and labels
+	// may carry what clients send (a domain, a descriptor's value), so
+	// MetricsHandler serves them, never the HTTP API.
 	Registry *prometheus.Registry
+	// MetricsElsewhere says that MetricsHandler is served on an address
+	// of the operator's: the HTTP API then answers /metrics with 404.
+	// Otherwise it serves there the series that name no tenant and
+	// nothing a client chose (counts by endpoint, tier and rule; the
+	// store's health; the Go runtime).
+	MetricsElsewhere bool
 	// Stats reports the store's key counts for the metrics; optional.
 	Stats func() StoreStats
 	// Ready reports whether the store answers; nil means always ready.
@@ -134,7 +145,11 @@ type Server struct {
 	health         func() StoreHealth
 	maxWait        time.Duration
 
-	metrics  *metrics
+	metrics *metrics
+	// public holds the metrics the HTTP API serves; all gathers them
+	// with the tenants' and the caller's (see MetricsHandler).
+	public   *prometheus.Registry
+	all      prometheus.Gatherers
 	activity *activity // the dashboard's last minutes
 	// configVersion is the configuration in use, if the caller said.
 	configVersion atomic.Pointer[configVersion]
@@ -187,11 +202,12 @@ func New(opts Options) (*Server, error) {
 	if s.decider == nil {
 		s.decider, s.ownDec = policy.NewDecider(opts.Store, opts.Instances), true
 	}
-	reg := opts.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	reg, private := prometheus.NewRegistry(), prometheus.NewRegistry()
+	s.public, s.all = reg, prometheus.Gatherers{reg, private}
+	if opts.Registry != nil {
+		s.all = append(s.all, opts.Registry)
 	}
-	s.metrics = newMetrics(reg, opts.Stats, opts.TenantMetrics)
+	s.metrics = newMetrics(reg, private, opts.Stats, opts.TenantMetrics)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "admit_store_up", Help: "1 while decisions find the store answering, 0 during an outage (from its first failed decision to its first answered one).",
 	}, func() float64 {
@@ -226,8 +242,16 @@ func New(opts Options) (*Server, error) {
 	if s.gateway != nil {
 		reg.MustRegister(newGatewayCollector(s.gateway))
 	}
-	s.routes(reg, opts.Demo)
+	s.routes(opts.Demo, opts.MetricsElsewhere)
 	return s, nil
+}
+
+// MetricsHandler serves every metric of the server in the Prometheus
+// text format: those the HTTP API's /metrics serves, the tenant series
+// of Options.TenantMetrics and those of Options.Registry. Serve it on an
+// address only the operator's scrapers reach.
+func (s *Server) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(s.all, promhttp.HandlerOpts{})
 }
 
 // MaxHeaderBytes bounds a request's line and headers (net/http's default
@@ -322,7 +346,7 @@ func (s *Server) ObserveGRPC(allowed bool, out policy.Outcome, err error, took t
 	}
 }
 
-func (s *Server) routes(reg *prometheus.Registry, demo bool) {
+func (s *Server) routes(demo, metricsElsewhere bool) {
 	m := http.NewServeMux()
 	allowed := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.Handler) {
@@ -376,7 +400,13 @@ func (s *Server) routes(reg *prometheus.Registry, demo bool) {
 		writeBody(w, http.StatusOK, []byte("{\"status\":\"ok\"}\n"))
 	}))
 	handle("GET", "/readyz", http.HandlerFunc(s.handleReady))
-	handle("GET", "/metrics", s.metrics.handler(reg))
+	if metricsElsewhere {
+		handle("GET", "/metrics", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			writeProblem(w, http.StatusNotFound, "this server serves its metrics on its metrics address (admit serve --metrics), not on the API's")
+		}))
+	} else {
+		handle("GET", "/metrics", promhttp.HandlerFor(s.public, promhttp.HandlerOpts{Registry: s.public}))
+	}
 	handle("GET", "/openapi.yaml", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Header().Set("Content-Length", strconv.Itoa(len(api.OpenAPI)))

@@ -261,6 +261,9 @@ func TestCheckBadInput(t *testing.T) {
 		{`{"tenant":"t1","user":"u","cost":3}`, 400}, // more than user-req's burst
 		{`{"tenant":"t1","cost":2000000000}`, 400},
 		{`{"tenant":"t1","attributes":{"a":"` + long + `"}}`, 400},
+		{`{"tenant":"t1","user":"a","user":"b"}`, 400},               // a key twice: who read which?
+		{`{"tenant":"t1","USER":"a","user":"b"}`, 400},               // the decoder matches any case
+		{`{"tenant":"t1","attributes":{"a":"1","\u0061":"2"}}`, 400}, // the same once unescaped
 		{`{"tenant":"nobody"}`, 403},
 		{`{"tenant":"t1","user":"` + strings.Repeat("y", 70<<10) + `"}`, 413},
 	} {
@@ -773,7 +776,9 @@ func TestSharedKeysUntrusted(t *testing.T) {
 
 // TestTenantMetricsBounded: the tenant label names the catalog's tenants;
 // tenants of the default tier, whose ids come from requests, share one
-// label, so that no caller can make series without bound.
+// label, so that no caller can make series without bound. The tenant
+// series are served by MetricsHandler alone, never at the API's /metrics,
+// which any client reaches; with MetricsElsewhere that answers 404.
 func TestTenantMetricsBounded(t *testing.T) {
 	spec := testSpec()
 	spec.UnknownTenant = "small"
@@ -786,12 +791,23 @@ func TestTenantMetricsBounded(t *testing.T) {
 	for i := range 100 {
 		h.want(h.do("POST", "/v1/check", fmt.Sprintf(`{"tenant":"made-up-%d"}`, i)), 200, "a default-tier tenant")
 	}
-	_, raw := h.send("GET", "/metrics", "")
+	if _, public := h.send("GET", "/metrics", ""); strings.Contains(string(public), "admit_tenant_decisions_total") ||
+		!strings.Contains(string(public), `admit_requests_total{endpoint="check",result="allowed"} 101`) {
+		t.Errorf("the API's /metrics, with tenant series or without the others:\n%s", public)
+	}
+	rec := httptest.NewRecorder()
+	h.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	raw := rec.Body.Bytes()
+	if !strings.Contains(string(raw), `admit_requests_total{endpoint="check",result="allowed"} 101`) {
+		t.Errorf("MetricsHandler lacks the API's series")
+	}
 	series := regexp.MustCompile(`(?m)^admit_tenant_decisions_total\{.*$`).FindAllString(string(raw), -1)
 	if len(series) != 2 || !strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="_default_tier"} 100`) ||
 		!strings.Contains(string(raw), `admit_tenant_decisions_total{result="allowed",tenant="t1"} 1`) {
 		t.Errorf("tenant series after 101 tenants: %q", series)
 	}
+	elsewhere := start(t, spec, "", func(o *Options) { o.TenantMetrics, o.MetricsElsewhere = true, true })
+	elsewhere.want(elsewhere.do("GET", "/metrics", ""), 404, "the API's /metrics with the metrics elsewhere")
 }
 
 // grudging refuses every decision and says to come back at once, as a

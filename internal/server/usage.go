@@ -35,7 +35,11 @@ type usageView struct {
 // handleUsage is GET /v1/usage?tenant=&user=&action=: every rule that
 // applies to such a request, read at cost 0 (nothing is charged). A tenant
 // reads its own with its API key (the one authentication rule), a service
-// or the admin any tenant's.
+// or the admin any tenant's. The buckets every tenant shares (global
+// rules keyed by nothing, an ip or an attribute) are read only with a
+// service or admin token: their levels tell what other tenants and other
+// clients did (how many logins an address made), and the platform's own
+// code asks for them.
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	trusted := s.callerOf(r).trusted()
@@ -66,6 +70,16 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	all.Charges = append(all.Charges, leases.Charges...)
 	all.Rules = append(all.Rules, leases.Rules...)
+	if !trusted {
+		kept := 0
+		for i, r := range all.Rules {
+			if !r.SharedByTenants() {
+				all.Rules[kept], all.Charges[kept] = r, all.Charges[i]
+				kept++
+			}
+		}
+		all.Rules, all.Charges = all.Rules[:kept], all.Charges[:kept]
+	}
 	for i := range all.Charges {
 		all.Charges[i].Cost = 0
 	}

@@ -9,7 +9,8 @@ import (
 
 // TestUsage: GET /v1/usage reports, for every rule that applies, what is
 // used and until when: a quota's period, a bucket's level and refill. A
-// tenant reads its own with its API key; the admin reads any.
+// tenant reads its own with its API key; the admin reads any, and the
+// rules every tenant shares, which no one else reads.
 func TestUsage(t *testing.T) {
 	s := testSpec()
 	small := s.Tiers["small"]
@@ -20,12 +21,22 @@ func TestUsage(t *testing.T) {
 	for _, u := range []string{"u1", "u1", "u2"} {
 		h.want(h.do("POST", "/v1/check", `{"tenant":"t1","user":"`+u+`"}`), 200, "check")
 	}
+	byName := func(a answer) map[string]map[string]any {
+		rules := map[string]map[string]any{}
+		for _, r := range a.body["rules"].([]any) {
+			m := r.(map[string]any)
+			rules[m["name"].(string)] = m
+		}
+		return rules
+	}
 	a := h.do("GET", "/v1/usage?tenant=t1&user=u1", "")
 	h.want(a, 200, "usage")
-	rules := map[string]map[string]any{}
-	for _, r := range a.body["rules"].([]any) {
-		m := r.(map[string]any)
-		rules[m["name"].(string)] = m
+	rules := byName(a)
+	if rules["global"] != nil {
+		t.Errorf("an anonymous caller read the global bucket: %v", rules["global"])
+	}
+	if g := byName(h.do("GET", "/v1/usage?tenant=t1&user=u1", "", "Authorization", "Bearer s3cret"))["global"]; g == nil || g["limit"] != float64(100) {
+		t.Errorf("the admin's global bucket: %v", g) // (it refills 1,000 a second: its use is not read)
 	}
 	// The month of the checks: the one of before, unless the month
 	// turned meanwhile (then nothing of it is counted in the new one).
@@ -46,7 +57,7 @@ func TestUsage(t *testing.T) {
 		t.Errorf("usage: %s", a.raw)
 	}
 	// Reading charged nothing.
-	if b := h.do("GET", "/v1/usage?tenant=t1&user=u1", ""); b.body["rules"].([]any)[2].(map[string]any)["used"] != float64(3) {
+	if b := h.do("GET", "/v1/usage?tenant=t1&user=u1", ""); byName(b)["monthly"]["used"] != float64(3) {
 		t.Errorf("a second read: %s", b.raw)
 	}
 

@@ -1,0 +1,175 @@
+package httpx
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// DuplicateKey returns a key that an object of data, a JSON text, holds
+// twice (the second time it is written, unescaped), and reports whether
+// there is one, at any depth. encoding/json decodes such an object with
+// the last value winning, while a proxy, a firewall or the service in
+// front of Admit may have read the first: a body whose fields two readers
+// read apart is refused instead.
+//
+// Keys are compared as encoding/json decodes them ("\u0074enant" is
+// "tenant"; bytes that are not UTF-8 are U+FFFD), and with fold, also
+// ignoring case as strings.EqualFold does, since
+// encoding/json matches a struct field's name in any case ("Tenant" sets
+// the tenant field). data should be valid JSON (decode it first);
+// DuplicateKey reports nothing it cannot read.
+//
+// It allocates nothing for a text of up to 32 keys open at once, 16
+// levels deep, with no escape in a key, which every body of the API is;
+// an object of more keys is checked through a map, so that the time
+// stays linear in the size of data.
+func DuplicateKey(data []byte, fold bool) (string, bool) {
+	// For each object and array open, innermost last: where its keys
+	// begin in keys (-1 for an array), whether a key comes next, and,
+	// once it has more than linearKeys keys, a map of them normalized
+	// (see normal). The lists start in arrays of this frame, and all is
+	// in this one function, so that the bodies of the API need no
+	// allocation.
+	var (
+		keyArr   [linearKeys][]byte
+		startArr [16]int
+		inKeyArr [16]bool
+		bigArr   [16]map[string]struct{}
+	)
+	keys, starts, inKey, big := keyArr[:0], startArr[:0], inKeyArr[:0], bigArr[:0]
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '{', '[':
+			start := len(keys)
+			if data[i] == '[' {
+				start = -1 // an array has no keys
+			}
+			starts, inKey, big = append(starts, start), append(inKey, data[i] == '{'), append(big, nil)
+		case '}', ']':
+			if n := len(starts); n > 0 {
+				if starts[n-1] >= 0 {
+					keys = keys[:starts[n-1]]
+				}
+				starts, inKey, big = starts[:n-1], inKey[:n-1], big[:n-1]
+			}
+		case ',':
+			if n := len(starts); n > 0 && starts[n-1] >= 0 {
+				inKey[n-1] = true
+			}
+		case ':':
+			if n := len(starts); n > 0 {
+				inKey[n-1] = false
+			}
+		case '"':
+			end := stringEnd(data, i+1)
+			if end < 0 {
+				return "", false
+			}
+			raw := data[i+1 : end]
+			i = end
+			top := len(starts) - 1
+			if top < 0 || starts[top] < 0 || !inKey[top] {
+				continue // a value
+			}
+			if m := big[top]; m != nil {
+				n := normal(raw, fold)
+				if _, dup := m[n]; dup {
+					return unquote(raw), true
+				}
+				m[n] = struct{}{}
+				continue
+			}
+			for _, k := range keys[starts[top]:] {
+				if same(k, raw, fold) {
+					return unquote(raw), true
+				}
+			}
+			keys = append(keys, raw)
+			if len(keys)-starts[top] > linearKeys {
+				// Many keys: from here on, a map of the object's keys,
+				// and they leave the list that nested objects share.
+				m := make(map[string]struct{}, 4*linearKeys)
+				for _, k := range keys[starts[top]:] {
+					m[normal(k, fold)] = struct{}{}
+				}
+				big[top], keys = m, keys[:starts[top]]
+			}
+		}
+	}
+	return "", false
+}
+
+// linearKeys is how many keys an object may have before they are kept in
+// a map rather than compared one by one.
+const linearKeys = 32
+
+// same reports whether two raw keys are one key once decoded (escapes
+// read, and bytes that are not UTF-8 made U+FFFD, as encoding/json does).
+func same(a, b []byte, fold bool) bool {
+	if plain(a) && plain(b) {
+		if fold {
+			return bytes.EqualFold(a, b)
+		}
+		return bytes.Equal(a, b)
+	}
+	if fold {
+		return strings.EqualFold(unquote(a), unquote(b))
+	}
+	return unquote(a) == unquote(b)
+}
+
+// normal is a raw key unescaped and, with fold, every rune replaced by the
+// smallest of its case-folding orbit, so that keys strings.EqualFold
+// matches have one normal form.
+func normal(raw []byte, fold bool) string {
+	k := unquote(raw)
+	if !fold {
+		return k
+	}
+	return strings.Map(func(r rune) rune {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		return least
+	}, k)
+}
+
+// stringEnd returns the index of the quote that ends the string whose
+// content starts at i, or -1 if it does not end.
+func stringEnd(b []byte, i int) int {
+	for i < len(b) {
+		j := bytes.IndexAny(b[i:], `"\`)
+		if j < 0 {
+			return -1
+		}
+		i += j
+		if b[i] == '"' {
+			return i
+		}
+		i += 2 // an escape: the backslash and the character after it
+	}
+	return -1
+}
+
+// plain reports whether a raw key is its own decoding: UTF-8 without
+// escapes.
+func plain(raw []byte) bool { return bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) }
+
+// unquote returns the raw content of a JSON string decoded, or as it is
+// when it does not decode.
+func unquote(raw []byte) string {
+	if plain(raw) {
+		return string(raw)
+	}
+	var s string
+	q := make([]byte, 0, len(raw)+2)
+	q = append(append(append(q, '"'), raw...), '"')
+	if json.Unmarshal(q, &s) != nil {
+		return string(raw)
+	}
+	return s
+}
