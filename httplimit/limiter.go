@@ -112,6 +112,9 @@ type Limiter struct {
 	calls   sync.Pool
 	// shedding holds the started shedding groups.
 	shedding []*shedGroup
+	// ownHeaders are the configured headers a request is identified by
+	// (user, shedding class), whose underscore spellings are removed.
+	ownHeaders []string
 }
 
 // actionHandler marks the handlers of the action mux: one per pattern,
@@ -200,7 +203,19 @@ func (l *Limiter) compile() error {
 		}
 		l.actions = mux
 	}
-	return l.compileShedding()
+	if err := l.compileShedding(); err != nil {
+		return err
+	}
+	l.ownHeaders = l.ownHeaders[:0]
+	if o.UserHeader != "" {
+		l.ownHeaders = append(l.ownHeaders, o.UserHeader)
+	}
+	for _, g := range l.shedding {
+		if g.ClassHeader != "" {
+			l.ownHeaders = append(l.ownHeaders, g.ClassHeader)
+		}
+	}
+	return nil
 }
 
 // actionMux compiles the action patterns. ServeMux panics on an invalid or
@@ -334,14 +349,15 @@ func (l *Limiter) fail(w http.ResponseWriter, err error) {
 // Identify fills req with what r says of its sender, as far as it is
 // believed: tenant and API key from the key, user from a verified JWT or
 // (from a trusted proxy) the user header, client IP, action; cost 1. It
-// also removes the underscore spellings of identity headers from r (see
+// also removes the underscore spellings of identity headers, the user
+// header and the shedding class headers from r (see
 // stripUnderscoreVariants). The errors are those Check answers with.
 func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
 	return l.identify(r, req, l.opts.Policy())
 }
 
 func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
-	stripUnderscoreVariants(r.Header, l.opts.UserHeader)
+	stripUnderscoreVariants(r.Header, l.ownHeaders...)
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()

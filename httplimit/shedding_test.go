@@ -219,3 +219,27 @@ func waitFor(cond func() bool) bool {
 	}
 	return cond()
 }
+
+// TestClassHeaderUnderscore: the underscore spelling of a class header
+// never reaches the service, which (under CGI, WSGI or PHP) would read it
+// as the header Admit checked.
+func TestClassHeaderUnderscore(t *testing.T) {
+	f := newFixture(t, Options{Shedding: []ShedGroup{{Name: "all", ClassHeader: "x-priority"}}})
+	r := httptest.NewRequest("GET", "/x", nil)
+	r.RemoteAddr = "198.51.100.1:1"
+	r.Header["X_priority"] = []string{"critical"}
+	r.Header.Set("X-API-Key", keyA)
+	var leaked []string
+	h := f.lim.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for k := range r.Header {
+			if strings.Contains(k, "_") {
+				leaked = append(leaked, k)
+			}
+		}
+	}))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != 200 || len(leaked) > 0 {
+		t.Fatalf("%d; underscore headers reached the service: %v", w.Code, leaked)
+	}
+}

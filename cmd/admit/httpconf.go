@@ -28,9 +28,10 @@ type HTTPConfig struct {
 	// RetryJitter spreads Retry-After (default 1s; 0s disables).
 	RetryJitter string `json:"retry_jitter"`
 	// ForwardAuth names the proxy that asks /v1/authz: traefik, caddy,
-	// nginx, haproxy or envoy (default). /v1/authz reads the original
-	// method and URI from that proxy's headers only, and only when it
-	// comes from server.trusted_proxies.
+	// nginx, haproxy or envoy. /v1/authz reads the original method and
+	// URI from that proxy's headers only, and only when it comes from
+	// server.trusted_proxies; unset, it reads the request itself, as
+	// envoy, and no user header.
 	ForwardAuth string `json:"forward_auth"`
 }
 
