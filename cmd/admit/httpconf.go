@@ -25,6 +25,10 @@ type HTTPConfig struct {
 	UserHeader string         `json:"user_header"`
 	JWT        *JWTConfig     `json:"jwt"`
 	Actions    []ActionConfig `json:"actions"`
+	// StrictPaths matches the actions' paths exactly, as net/http's
+	// ServeMux does, rather than as web frameworks route them (trailing
+	// slash, case, ;parameters, .format: see httplimit.Options).
+	StrictPaths bool `json:"strict_paths"`
 	// RetryJitter spreads Retry-After (default 1s; 0s disables).
 	RetryJitter string `json:"retry_jitter"`
 	// ForwardAuth names the proxy that asks /v1/authz: traefik, caddy,
@@ -193,6 +197,7 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 	for _, a := range h.Actions {
 		o.Actions = append(o.Actions, httplimit.Action{Pattern: a.Match, Name: a.Action})
 	}
+	o.StrictPaths = h.StrictPaths
 	if j := h.JWT; j != nil {
 		jwt := &httplimit.JWT{UserClaim: j.UserClaim, TenantClaim: j.TenantClaim, Issuer: j.Issuer, Audience: j.Audience}
 		if j.Leeway != "" {
