@@ -1,17 +1,25 @@
 package e2e
 
 import (
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/policy"
 )
 
 // The forward-auth set-ups of docs/http.md, as files the docs print and
@@ -22,19 +30,78 @@ import (
 const forwardAuthDir = "../deploy/forward-auth"
 
 // proxyConfig is Admit's configuration behind proxy: it trusts the proxy
-// on loopback, reads that proxy's headers, and limits logins per client
-// address across all tenants.
+// on loopback, reads that proxy's headers and a user header, limits
+// logins per client address across all tenants and comments per user of
+// tenant acme, and has a shedding class header.
 func proxyConfig(proxy string) string {
 	return `version: 1
 server:
   trusted_proxies: ["127.0.0.1"]
 http:
   forward_auth: ` + proxy + `
+  user_header: X-User-Id
   actions:
     - {match: "POST /login", action: login}
+    - {match: "POST /comments", action: comment}
 global:
   - {name: logins-per-ip, scope: ip, actions: [login], algorithm: fixed_window, limit: 2, window: 1h}
+tiers:
+  t:
+    rules:
+      - {name: comments-per-user, scope: user, actions: [comment], algorithm: fixed_window, limit: 2, window: 1h}
+tenants:
+  acme: {tier: t, api_keys_sha256: ["` + policy.HashKey("acme-key") + `"]}
+shedding:
+  - {name: app, classes: {header: X-Priority}}
 `
+}
+
+// identityHeaders are the headers a client may send hoping Admit reads
+// them as the proxy's word: the user header and the shedding class
+// header, and their underscore spellings.
+var identityHeaders = []string{"X-User-Id", "X-Priority", "X_User_Id", "X_Priority"}
+
+// headerTap records the identity headers of the requests it passes on to
+// a server: what Admit, or the app, was told.
+type headerTap struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func (h *headerTap) record(r *http.Request) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for name, v := range r.Header {
+		for _, id := range identityHeaders {
+			if strings.EqualFold(name, id) {
+				h.seen = append(h.seen, name+": "+strings.Join(v, ","))
+			}
+		}
+	}
+}
+
+func (h *headerTap) headers() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.seen)
+}
+
+// tapAdmit serves a reverse proxy to Admit on loopback that records what
+// reaches Admit, and returns its address. Admit trusts loopback, so the
+// proxy in front and the tap are both trusted hops.
+func tapAdmit(t *testing.T, admitURL string, tap *headerTap) string {
+	t.Helper()
+	u, err := url.Parse(admitURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tap.record(r)
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }
 
 // snippet reads a file of deploy/forward-auth with the test's addresses
@@ -124,14 +191,20 @@ func freePort(t *testing.T, host string) string {
 // same client spoofing every header it could hope Admit believes: the
 // original method and URI of each proxy's set (the attack nginx once let
 // through), its own address in X-Forwarded-For, Forwarded and X-Real-IP,
-// underscore spellings, repeated headers, and a header too large to carry.
-// The per-address login limit holds, keyed by the client's address; no
-// refused request reaches the app.
+// underscore spellings, repeated headers, and a header too large to carry;
+// and, with a key of tenant acme, a user and a priority of its choosing
+// (nginx and Caddy once passed the client's X-User-Id to Admit, which
+// believed it). The per-address login limit holds, keyed by the client's
+// address; no refused request reaches the app; the user the client names
+// is charged nothing, and neither Admit nor the app ever sees the user or
+// priority headers the client sent.
 func TestForwardAuthBehindRealProxies(t *testing.T) {
 	ns := newNetns(t)
 	var reached atomic.Int64
+	appTap := &headerTap{}
 	app := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reached.Add(1)
+		appTap.record(r)
 		_, _ = io.WriteString(w, "app")
 	})}
 	appLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -148,7 +221,8 @@ func TestForwardAuthBehindRealProxies(t *testing.T) {
 				t.Fatal(err)
 			}
 			admit := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=proxies-token"}, "--config", cfg)
-			admitAddr := strings.TrimPrefix(admit.url, "http://")
+			admitTap := &headerTap{}
+			admitAddr := tapAdmit(t, admit.url, admitTap)
 			listen := ns.hostIP + ":" + freePort(t, ns.hostIP)
 			dir := t.TempDir()
 			switch proxy {
@@ -236,20 +310,61 @@ func TestForwardAuthBehindRealProxies(t *testing.T) {
 			}
 			// The limit is keyed by the client's address in the
 			// namespace, not the proxy's.
-			req, _ := http.NewRequest("GET", admit.url+"/v1/admin/state?action=login&ip="+ns.clientIP, nil)
-			req.Header.Set("Authorization", "Bearer proxies-token")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
+			if left := remaining(t, admit.url, "action=login&ip="+ns.clientIP, "logins-per-ip"); left != 0 {
+				t.Errorf("the login bucket of %s: %d left, want it used up", ns.clientIP, left)
 			}
-			state, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if !strings.Contains(string(state), `"name":"logins-per-ip"`) || !strings.Contains(string(state), `"remaining":0`) {
-				t.Errorf("the bucket of %s: %s, want it used up", ns.clientIP, state)
+			// A client of acme names its user and priority: the proxy
+			// clears both, so the victim's comments are not spent and
+			// no user rule applies (believed, the third was 429).
+			for i := range 3 {
+				if resp, body := send("POST", "/comments", "X-API-Key", "acme-key", "X-User-Id", "victim", "X-Priority", "critical",
+					"X_User_Id", "victim", "X_Priority", "critical"); resp.StatusCode != 200 {
+					t.Errorf("comment %d naming user victim: %d, want 200 (no user, no per-user rule): %.200s", i, resp.StatusCode, body)
+				}
 			}
-			t.Logf("%s: the client at %s was refused after 2 logins and through %d spoofs", proxy, ns.clientIP, len(spoofs))
+			if left := remaining(t, admit.url, "tenant=acme&user=victim&action=comment", "comments-per-user"); left != 2 {
+				t.Errorf("the victim's comments: %d left, want 2: the client's X-User-Id reached the decision", left)
+			}
+			if seen := admitTap.headers(); len(seen) > 0 {
+				t.Errorf("Admit was sent the client's own %q", seen)
+			}
+			if seen := appTap.headers(); len(seen) > 0 {
+				t.Errorf("the app was sent the client's own %q", seen)
+			}
+			if !t.Failed() {
+				t.Logf("%s: the client at %s was refused after 2 logins and through %d spoofs; its user and priority reached neither Admit nor the app", proxy, ns.clientIP, len(spoofs))
+			}
 		})
 	}
+}
+
+// remaining returns what is left of the bucket of rule among the buckets
+// of admit serve's /v1/admin/state?query.
+func remaining(t *testing.T, admitURL, query, rule string) int64 {
+	t.Helper()
+	req, _ := http.NewRequest("GET", admitURL+"/v1/admin/state?"+query, nil)
+	req.Header.Set("Authorization", "Bearer proxies-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var state struct {
+		Buckets []struct {
+			Name      string `json:"name"`
+			Remaining int64  `json:"remaining"`
+		} `json:"buckets"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&state); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range state.Buckets {
+		if b.Name == rule {
+			return b.Remaining
+		}
+	}
+	t.Fatalf("no bucket %s in /v1/admin/state?%s: %+v", rule, query, state)
+	return 0
 }
 
 // TestForwardAuthSnippetsInDocs: docs/http.md prints each configuration

@@ -68,8 +68,13 @@ type Options struct {
 	JWT *JWT
 	// Actions map requests to actions; the first match by ServeMux rules
 	// (most specific pattern) wins. Unmatched requests have no action:
-	// only rules for all actions apply to them.
-	Actions []Action
+	// only rules for all actions apply to them. Paths are matched as the
+	// common web frameworks route them (a trailing slash, case,
+	// ";parameters" and a final ".extension" do not make "/login" another
+	// path), unless StrictPaths, which matches them exactly as ServeMux
+	// does.
+	Actions     []Action
+	StrictPaths bool
 	// RequireKey refuses requests without a credential (an API key, or a
 	// verified JWT when JWT is set) or a tenant or key named by Identify,
 	// with 401. Otherwise they are anonymous: charged the global rules only
@@ -105,13 +110,17 @@ type Options struct {
 // A Limiter is the rate limiting middleware. Create it with New; it is safe
 // for concurrent use.
 type Limiter struct {
-	opts    Options
-	decider *policy.Decider
-	jwt     *verifier
-	actions *http.ServeMux
-	calls   sync.Pool
+	opts     Options
+	decider  *policy.Decider
+	jwt      *verifier
+	actions  *http.ServeMux
+	patterns map[string]actionPattern // by the pattern as registered
+	calls    sync.Pool
 	// shedding holds the started shedding groups.
 	shedding []*shedGroup
+	// ownHeaders are the configured headers a request is identified by
+	// (user, shedding class), whose underscore spellings are removed.
+	ownHeaders []string
 }
 
 // actionHandler marks the handlers of the action mux: one per pattern,
@@ -194,40 +203,23 @@ func (l *Limiter) compile() error {
 		l.jwt = v
 	}
 	if len(o.Actions) > 0 {
-		mux, err := actionMux(o.Actions)
-		if err != nil {
+		if err := l.compileActions(); err != nil {
 			return err
 		}
-		l.actions = mux
 	}
-	return l.compileShedding()
-}
-
-// actionMux compiles the action patterns. ServeMux panics on an invalid or
-// conflicting pattern; that becomes an error here.
-func actionMux(actions []Action) (mux *http.ServeMux, err error) {
-	mux = http.NewServeMux()
-	for i, a := range actions {
-		name := a.Name
-		if name == "" {
-			name = a.Pattern
-		}
-		if len(name) > policy.MaxNameLen {
-			return nil, optionError("Actions", i, "action %d: the action name is %d bytes; at most %d", i, len(name), policy.MaxNameLen)
-		}
-		func() {
-			defer func() {
-				if p := recover(); p != nil {
-					err = optionError("Actions", i, "action %d: pattern %q: %v", i, a.Pattern, p)
-				}
-			}()
-			mux.Handle(a.Pattern, actionHandler(name))
-		}()
-		if err != nil {
-			return nil, err
+	if err := l.compileShedding(); err != nil {
+		return err
+	}
+	l.ownHeaders = l.ownHeaders[:0]
+	if o.UserHeader != "" {
+		l.ownHeaders = append(l.ownHeaders, o.UserHeader)
+	}
+	for _, g := range l.shedding {
+		if g.ClassHeader != "" {
+			l.ownHeaders = append(l.ownHeaders, g.ClassHeader)
 		}
 	}
-	return mux, nil
+	return nil
 }
 
 func validHeaderName(h string) bool {
@@ -334,14 +326,15 @@ func (l *Limiter) fail(w http.ResponseWriter, err error) {
 // Identify fills req with what r says of its sender, as far as it is
 // believed: tenant and API key from the key, user from a verified JWT or
 // (from a trusted proxy) the user header, client IP, action; cost 1. It
-// also removes the underscore spellings of identity headers from r (see
+// also removes the underscore spellings of identity headers, the user
+// header and the shedding class headers from r (see
 // stripUnderscoreVariants). The errors are those Check answers with.
 func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
 	return l.identify(r, req, l.opts.Policy())
 }
 
 func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
-	stripUnderscoreVariants(r.Header, l.opts.UserHeader)
+	stripUnderscoreVariants(r.Header, l.ownHeaders...)
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()
@@ -373,11 +366,7 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 		req.User = r.Header.Get(l.opts.UserHeader)
 	}
 	if l.actions != nil {
-		if h, _ := l.actions.Handler(r); h != nil {
-			if a, ok := h.(actionHandler); ok {
-				req.Action = string(a)
-			}
-		}
+		req.Action = l.action(r)
 	}
 	if l.opts.Identify != nil {
 		if err := l.opts.Identify(r, req); err != nil {

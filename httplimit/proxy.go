@@ -1,12 +1,15 @@
 package httplimit
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit/problem"
@@ -49,45 +52,129 @@ func ReverseProxy(upstream *url.URL, trusted Proxies, header string, log *slog.L
 		// of a response of unknown length (streams, server-sent events),
 		// and flushing sized ones write by write costs a syscall each.
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if bt := BodyTimedOut(r); bt != nil || errors.Is(err, ErrBodyTimeout) {
+				// The client's doing, not the upstream's (the server has
+				// cancelled the request, so err may only say that). The
+				// connection is read no further: close it.
+				if bt == nil {
+					bt = err
+				}
+				w.Header().Set("Connection", "close")
+				problem.Write(w, http.StatusRequestTimeout, strings.TrimPrefix(bt.Error(), "httplimit: "))
+				return
+			}
 			log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
 			problem.Write(w, http.StatusBadGateway, "the upstream did not answer: "+err.Error())
 		},
 	}
 }
 
-// BodyTimeout returns next with a bound on how slowly request bodies may
-// arrive: each read of a body must get data within idle, or the read
-// fails and the request with it, as nginx's client_body_timeout does. A
-// server without a read timeout (a proxy, whose streams last as long as
-// they last) would otherwise hold a connection, and one to its upstream,
-// for as long as a client dribbles a body a byte at a time. A body that
-// keeps coming, however long, is not cut. idle ≤ 0 returns next.
-func BodyTimeout(next http.Handler, idle time.Duration) http.Handler {
-	if idle <= 0 {
+// ErrBodyTimeout is the error a request body's Read returns past one of
+// BodyTimeout's bounds: errors.Is(err, ErrBodyTimeout). Its Timeout
+// method reports true.
+var ErrBodyTimeout error = &bodyTimeoutError{"the request body came too slowly"}
+
+type bodyTimeoutError struct{ msg string }
+
+func (e *bodyTimeoutError) Error() string        { return "httplimit: " + e.msg }
+func (e *bodyTimeoutError) Timeout() bool        { return true }
+func (e *bodyTimeoutError) Is(target error) bool { return target == ErrBodyTimeout }
+
+// BodyTimeout returns next with two bounds on how slowly request bodies
+// may arrive: each read of a body must get data within idle, as nginx's
+// client_body_timeout asks, and the whole body must have come within
+// total of the request's start (its headers read). Past either, reads
+// fail with ErrBodyTimeout, and the request with them: ReverseProxy
+// abandons its request to the upstream, closing that connection, and
+// answers the client 408 Request Timeout (other handlers may ask
+// BodyTimedOut). A server without a read timeout (a proxy, whose streams
+// last as long as they last) would otherwise hold a connection, and one
+// to its upstream, for as long as a client dribbles a body: the idle
+// bound alone lets a byte every idle − 1 s keep them forever. Responses
+// are not bounded, nor upgraded connections, which have no body. A bound
+// ≤ 0 is off; with both off BodyTimeout returns next.
+func BodyTimeout(next http.Handler, idle, total time.Duration) http.Handler {
+	if idle <= 0 && total <= 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body != nil && r.Body != http.NoBody {
+			b := &slowBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle, total: total}
+			if total > 0 {
+				b.end = time.Now().Add(total)
+			}
 			// A copy of r: the server must still see its own body, to
 			// close a connection whose refused request left a large body
 			// unread rather than read it first, without a deadline.
-			r2 := new(http.Request)
-			*r2 = *r
-			r2.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle}
-			r = r2
+			r = r.WithContext(context.WithValue(r.Context(), slowBodyKey{}, b))
+			r.Body = b
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// idleBody moves the connection's read deadline before every read.
-type idleBody struct {
-	io.ReadCloser
-	rc   *http.ResponseController
-	idle time.Duration
+// BodyTimedOut returns the error with which r's body failed a bound of
+// BodyTimeout, or nil.
+func BodyTimedOut(r *http.Request) error {
+	if b, _ := r.Context().Value(slowBodyKey{}).(*slowBody); b != nil {
+		if err := b.failed.Load(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-func (b *idleBody) Read(p []byte) (int, error) {
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // not every transport can; then the body is unbounded
-	return b.ReadCloser.Read(p)
+type slowBodyKey struct{}
+
+// slowBody moves the connection's read deadline before every read: idle
+// from now, or the body's end if that comes first.
+type slowBody struct {
+	io.ReadCloser
+	rc          *http.ResponseController
+	idle, total time.Duration
+	end         time.Time // zero: no total bound
+	eof         bool      // read to its end: the deadline is the server's again
+	failed      atomic.Pointer[bodyTimeoutError]
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.eof {
+		// Once a body is done the server reads the connection in the
+		// background; a deadline set now would end that read, and the
+		// request's context with it.
+		return b.ReadCloser.Read(p)
+	}
+	now := time.Now()
+	deadline := b.end
+	if b.idle > 0 && (deadline.IsZero() || now.Add(b.idle).Before(deadline)) {
+		deadline = now.Add(b.idle)
+	}
+	if !deadline.After(now) {
+		return 0, b.fail(true)
+	}
+	_ = b.rc.SetReadDeadline(deadline) // not every transport can; then the body is unbounded
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case err == io.EOF:
+		b.eof = true
+	case err != nil && isTimeout(err) && !time.Now().Before(deadline):
+		err = b.fail(deadline.Equal(b.end))
+	}
+	return n, err
+}
+
+// fail records and returns the error of a bound passed: the total one,
+// or the pause between reads.
+func (b *slowBody) fail(total bool) error {
+	err := &bodyTimeoutError{"the request body paused for more than " + b.idle.String()}
+	if total {
+		err.msg = "the request body did not come whole within " + b.total.String()
+	}
+	b.failed.CompareAndSwap(nil, err)
+	return err
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
 }

@@ -1,7 +1,9 @@
 package httplimit
 
 import (
+	"bufio"
 	"errors"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -106,11 +108,17 @@ func (l *Limiter) ShedStats() []ShedStat {
 
 // serveShed passes an admitted request to next through its shedding
 // group, if it has one.
+//
+// Every request takes a slot, whatever its headers say: an Upgrade header
+// proves nothing until the upstream switches protocols, and a request
+// that claims one and is served as an ordinary request is an ordinary
+// request. One that the handler does upgrade (it hijacks the connection,
+// as ReverseProxy does on the upstream's 101) reports its handshake's
+// latency and then holds its slot for as long as the connection lasts
+// (shed.Token.Hold): it is served for all that time.
 func (l *Limiter) serveShed(w http.ResponseWriter, r *http.Request, c *call, next http.Handler) {
 	g := l.group(c.req.Action)
-	if g == nil || r.Header.Get("Upgrade") != "" {
-		// A WebSocket lives as long as it lives: it would hold a slot
-		// for that long, and its latency says nothing of the service.
+	if g == nil {
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -132,7 +140,7 @@ func (l *Limiter) serveShed(w http.ResponseWriter, r *http.Request, c *call, nex
 		})
 		return
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statusWriter{ResponseWriter: w, tok: tok}
 	defer func() {
 		// An overloaded upstream answers 503 or times out (504): that is
 		// what the limit must learn from, not just latency.
@@ -145,11 +153,13 @@ func (l *Limiter) serveShed(w http.ResponseWriter, r *http.Request, c *call, nex
 	next.ServeHTTP(sw, r)
 }
 
-// statusWriter records a response's status. Unwrap lets
-// http.ResponseController reach the writer's Flush and Hijack.
+// statusWriter records a response's status, and holds its shedding token
+// when the handler takes the connection over. Unwrap lets
+// http.ResponseController reach the writer's Flush and the rest.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	tok    *shed.Token
 }
 
 func (s *statusWriter) WriteHeader(code int) {
@@ -164,6 +174,18 @@ func (s *statusWriter) Write(b []byte) (int, error) {
 		s.status = http.StatusOK
 	}
 	return s.ResponseWriter.Write(b)
+}
+
+// Hijack takes the connection over (http.Hijacker) for a protocol the
+// upstream switched to. The request's slot is then held until the
+// handler returns.
+func (s *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
+	if err == nil {
+		s.status = http.StatusSwitchingProtocols
+		s.tok.Hold()
+	}
+	return conn, rw, err
 }
 
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }

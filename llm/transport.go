@@ -118,7 +118,12 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
 		r.Body.Close()
 		if err != nil {
-			return fail(&Problem{Status: http.StatusBadRequest, Kind: "invalid_request_error", Message: "reading the request body: " + err.Error()})
+			status := http.StatusBadRequest
+			var slow interface{ Timeout() bool }
+			if errors.As(err, &slow) && slow.Timeout() {
+				status = http.StatusRequestTimeout // the body came too slowly (httplimit.BodyTimeout)
+			}
+			return fail(&Problem{Status: status, Kind: "invalid_request_error", Message: "reading the request body: " + err.Error()})
 		}
 		if int64(len(body)) > limit {
 			return fail(&Problem{Status: http.StatusRequestEntityTooLarge, Kind: "invalid_request_error", Message: fmt.Sprintf("the request body is over %d bytes", limit)})

@@ -234,7 +234,10 @@ func (s *Shed) Is(target error) bool { return target == ErrShed }
 type Stats struct {
 	Limit    int
 	InFlight int
-	Queued   int
+	// Held is how many of InFlight are held by long-lived connections
+	// (see Token.Hold).
+	Held   int
+	Queued int
 	// Shed counts the requests shed, by class.
 	Shed [3]int64
 	// Admitted counts the requests let through, by class.
@@ -249,6 +252,7 @@ type Limiter struct {
 	mu       sync.Mutex
 	limit    float64
 	inFlight int
+	held     int // of inFlight, the slots of held tokens
 	byTenant map[string]int
 	queue    []*waiter // a stack: the newest last
 	shed     [3]int64
@@ -299,6 +303,8 @@ type Token struct {
 	tenant string
 	start  time.Time
 	once   sync.Once
+	// held and released change under l.mu.
+	held, released bool
 }
 
 // Done releases the slot and reports the request's latency.
@@ -307,19 +313,47 @@ func (t *Token) Done() { t.release(false) }
 // Drop releases the slot and reports an overload failure.
 func (t *Token) Drop() { t.release(true) }
 
+// Hold reports the request's latency so far, as Done would, and keeps
+// its slot until Done or Drop, which then report nothing. It is for a
+// request that became a long-lived connection (an upgrade to WebSocket):
+// the handshake measures the service, the connection's life does not,
+// yet the connection takes a share of the service for as long as it
+// lasts. A held slot counts against the limit and its tenant's share
+// like any other, but not against a probe's few slots, which measure the
+// latency of requests. Hold after Done, Drop or Hold does nothing.
+func (t *Token) Hold() {
+	l := t.l
+	now := l.o.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t.held || t.released {
+		return
+	}
+	t.held = true
+	l.held++
+	l.sample(now.Sub(t.start), false, now)
+	l.serve(now)
+}
+
 func (t *Token) release(dropped bool) {
 	t.once.Do(func() {
 		l := t.l
 		now := l.o.Now()
 		l.mu.Lock()
 		defer l.mu.Unlock()
+		t.released = true
 		l.inFlight--
 		if t.tenant != "" {
 			if l.byTenant[t.tenant]--; l.byTenant[t.tenant] <= 0 {
 				delete(l.byTenant, t.tenant)
 			}
 		}
-		l.sample(now.Sub(t.start), dropped, now)
+		if t.held {
+			// Its latency was reported when it was held.
+			l.held--
+		} else {
+			l.sample(now.Sub(t.start), dropped, now)
+		}
 		l.serve(now)
 	})
 }
@@ -337,7 +371,13 @@ func (l *Limiter) ceiling(c Class) float64 {
 
 // fits reports whether a request of class and tenant may take a slot now.
 func (l *Limiter) fits(c Class, tenant string) bool {
-	if float64(l.inFlight+1) > max(l.ceiling(c), 1) {
+	n := l.inFlight
+	if l.probing {
+		// A probe measures requests: the connections held open would
+		// take its few slots for as long as they last.
+		n -= l.held
+	}
+	if float64(n+1) > max(l.ceiling(c), 1) {
 		return false
 	}
 	if tenant != "" && l.o.TenantShare < 1 {
@@ -604,7 +644,7 @@ func ewma(avg, x, alpha float64) float64 {
 func (l *Limiter) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Stats{Limit: int(l.limit), InFlight: l.inFlight, Queued: len(l.queue), Shed: l.shed, Admitted: l.admitted}
+	return Stats{Limit: int(l.limit), InFlight: l.inFlight, Held: l.held, Queued: len(l.queue), Shed: l.shed, Admitted: l.admitted}
 }
 
 // IsShed reports whether err is a shed request's, and returns it.

@@ -299,3 +299,81 @@ func TestOptionsValidate(t *testing.T) {
 		t.Error("ParseClass accepted urgent")
 	}
 }
+
+// TestHold: a held token (an upgraded connection) keeps its slot, and its
+// tenant's share, until it ends, and reports only its handshake's latency:
+// an hour-long connection does not look like an hour-long request. Held
+// slots do not take a probe's few slots, or a probe could wait on them
+// for as long as they last.
+func TestHold(t *testing.T) {
+	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	l, err := New(Options{Algorithm: AIMD, InitialLimit: 2, MinLimit: 1, MaxLimit: 2, TenantShare: 1, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := l.TryAcquire(Critical, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.set(c.Now().Add(10 * time.Millisecond))
+	a.Hold()
+	a.Hold() // again: nothing more
+	if s := l.Stats(); s.InFlight != 1 || s.Held != 1 || s.Limit != 2 {
+		t.Fatalf("after Hold: %+v", s)
+	}
+	b, err := l.TryAcquire(Critical, "")
+	if err != nil {
+		t.Fatalf("the second slot: %v", err)
+	}
+	if _, err := l.TryAcquire(Critical, ""); !errors.Is(err, ErrShed) {
+		t.Fatalf("a third request beside a held connection and a request: %v", err)
+	}
+	c.set(c.Now().Add(time.Hour))
+	a.Done()
+	if s := l.Stats(); s.InFlight != 1 || s.Held != 0 || s.Limit != 2 {
+		t.Fatalf("after the held connection ended an hour later: %+v, want the limit kept", s)
+	}
+	b.Done() // an hour: past Timeout, the limit backs off (to 1.8)
+	if s := l.Stats(); s.InFlight != 0 || s.Limit != 1 {
+		t.Fatalf("after a request of an hour: %+v, want the limit backed off", s)
+	}
+	a.Hold() // after Done: nothing
+	if s := l.Stats(); s.InFlight != 0 || s.Held != 0 {
+		t.Fatalf("Hold after Done: %+v", s)
+	}
+
+	// A tenant's held connections count against its share.
+	m, _ := New(Options{Algorithm: AIMD, InitialLimit: 4, MaxLimit: 4, TenantShare: 0.5, Now: c.Now})
+	for range 2 {
+		tok, err := m.TryAcquire(Critical, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok.Hold()
+	}
+	if _, err := m.TryAcquire(Critical, "acme"); !errors.Is(err, ErrShed) {
+		t.Fatalf("acme past its share in held connections: %v", err)
+	}
+	if _, err := m.TryAcquire(Critical, "other"); err != nil {
+		t.Fatalf("another tenant: %v", err)
+	}
+
+	// The gradient's first probe lets 1 request at a time through; a held
+	// connection does not take it.
+	g, _ := New(Options{ProbeLimit: 1, ProbeSamples: 3, Now: c.Now})
+	ws, err := g.TryAcquire(Critical, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.Hold()
+	for i := range 2 {
+		tok, err := g.TryAcquire(Default, "")
+		if err != nil {
+			t.Fatalf("request %d of the probe beside a held connection: %v", i, err)
+		}
+		tok.Done()
+	}
+	if s := g.Stats(); s.Limit != 20 || s.InFlight != 1 {
+		t.Fatalf("after the probe's 3 samples (the handshake's and 2 requests'): %+v, want the initial limit back", s)
+	}
+}

@@ -25,12 +25,17 @@ type HTTPConfig struct {
 	UserHeader string         `json:"user_header"`
 	JWT        *JWTConfig     `json:"jwt"`
 	Actions    []ActionConfig `json:"actions"`
+	// StrictPaths matches the actions' paths exactly, as net/http's
+	// ServeMux does, rather than as web frameworks route them (trailing
+	// slash, case, ;parameters, .format: see httplimit.Options).
+	StrictPaths bool `json:"strict_paths"`
 	// RetryJitter spreads Retry-After (default 1s; 0s disables).
 	RetryJitter string `json:"retry_jitter"`
 	// ForwardAuth names the proxy that asks /v1/authz: traefik, caddy,
-	// nginx, haproxy or envoy (default). /v1/authz reads the original
-	// method and URI from that proxy's headers only, and only when it
-	// comes from server.trusted_proxies.
+	// nginx, haproxy or envoy. /v1/authz reads the original method and
+	// URI from that proxy's headers only, and only when it comes from
+	// server.trusted_proxies; unset, it reads the request itself, as
+	// envoy, and no user header.
 	ForwardAuth string `json:"forward_auth"`
 }
 
@@ -192,6 +197,7 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 	for _, a := range h.Actions {
 		o.Actions = append(o.Actions, httplimit.Action{Pattern: a.Match, Name: a.Action})
 	}
+	o.StrictPaths = h.StrictPaths
 	if j := h.JWT; j != nil {
 		jwt := &httplimit.JWT{UserClaim: j.UserClaim, TenantClaim: j.TenantClaim, Issuer: j.Issuer, Audience: j.Audience}
 		if j.Leeway != "" {

@@ -302,7 +302,7 @@ func TestProxyShedding(t *testing.T) {
 	}
 	m, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`admit_shed_limit{group="api"} 1`, `admit_shed_in_flight{group="api"} 1`,
+	for _, want := range []string{`admit_shed_limit{group="api"} 1`, `admit_shed_in_flight{group="api"} 1`, `admit_shed_held{group="api"} 0`,
 		`admit_shed_requests_total{class="default",group="api",result="shed"} 1`} {
 		if !strings.Contains(string(m), want) {
 			t.Errorf("metrics lack %s:\n%s", want, m)

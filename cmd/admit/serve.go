@@ -294,6 +294,10 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err // validated with the configuration
 	}
+	if cfg.HTTP.UserHeader != "" && cfg.HTTP.ForwardAuth == "" {
+		log.Warn("/v1/authz reads no http.user_header until http.forward_auth names the proxy that asks it, whose configuration sets or clears that header (docs/http.md)",
+			"user_header", cfg.HTTP.UserHeader)
+	}
 	// One decider for HTTP and gRPC: a rule that fails local shares one
 	// in-process limiter whichever way it is asked.
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)

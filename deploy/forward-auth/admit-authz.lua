@@ -1,7 +1,9 @@
 -- admit_authz asks Admit's forward-auth endpoint whether HAProxy may
 -- forward a request: it sends the request's method, URI and host in
 -- X-Original-*, the client's address in X-Forwarded-For and the
--- credentials the client sent, nothing else the client chose. It sets
+-- credentials the client sent, nothing else the client chose: no user
+-- (http.user_header) and no shedding class. With authentication in
+-- HAProxy, add the user it proved to asked as x-user-id. It sets
 -- txn.admit_status (0 when Admit did not answer in time), and the
 -- RateLimit headers, Retry-After and problem body to pass on.
 local admit = "http://127.0.0.1:8080/v1/authz"

@@ -191,3 +191,42 @@ func TestAuthzReadsOnlyItsProxysHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthzUserHeaderOnlyFromItsProxy: the user header is read only when
+// http.forward_auth names the proxy that asks (whose configuration sets or
+// clears it), and only from a trusted peer. A proxy nobody named may pass
+// the client's own header, and a client that names its user could spend
+// another user's limit, or take a fresh one at every request.
+func TestAuthzUserHeaderOnlyFromItsProxy(t *testing.T) {
+	spec := authzSpec()
+	spec.Tiers["small"].Rules[0] = tb("per-user", "user", nil, "1/min", 1) // and no limit without a user
+	for _, tc := range []struct {
+		proxy    string
+		trusted  bool
+		believed bool
+	}{
+		{"", true, false},
+		{"nginx", true, true},
+		{"envoy", true, true},
+		{"caddy", false, false},
+	} {
+		opts := []func(*Options){behind(tc.proxy), func(o *Options) { o.HTTP.UserHeader = "X-User-Id" }}
+		if tc.trusted {
+			opts = append(opts, trustLoopback(t))
+		}
+		h := start(t, spec, "", opts...)
+		var codes []int
+		for i := range 2 {
+			// From a new address each time: only the user's rule can
+			// refuse.
+			code, _, _ := authz(t, h.url+"/v1/authz/x", "X-API-Key", "secret-key", "X-User-Id", "victim",
+				"X-Forwarded-For", "198.51.100."+string(rune('1'+i)), "X-Original-URI", "/x", "X-Forwarded-Uri", "/x")
+			codes = append(codes, code)
+		}
+		// Believed, the victim's limit of 1 refuses the second request;
+		// ignored, no user rule applies.
+		if want := map[bool]int{true: 429, false: 200}[tc.believed]; codes[1] != want {
+			t.Errorf("forward_auth %q (trusted %v): %v for two requests naming user victim, want the second %d", tc.proxy, tc.trusted, codes, want)
+		}
+	}
+}

@@ -118,8 +118,11 @@ type Options struct {
 	Demo bool
 	// ForwardAuth names the proxy in front of /v1/authz, whose headers
 	// carry the original method, URI and host (see ForwardAuthProxies):
-	// "traefik", "caddy", "nginx", "haproxy", or "envoy" (the default),
-	// which reads the request's own method and path.
+	// "traefik", "caddy", "nginx", "haproxy", or "envoy", which reads the
+	// request's own method and path. The user header (HTTP.UserHeader)
+	// is read only when it names one, from HTTP.TrustedProxies: that
+	// proxy's configuration must set or clear it. Unset, /v1/authz reads
+	// the request as for envoy, and no user header.
 	ForwardAuth string
 	// HTTP configures how /v1/authz identifies the original request:
 	// trusted proxies, user header, JWT, actions, Retry-After jitter. Its
@@ -229,6 +232,15 @@ func New(opts Options) (*Server, error) {
 	hopts := opts.HTTP
 	hopts.Store, hopts.Decider, hopts.Policy, hopts.Logger = opts.Store, s.decider, s.catalog.Policy, s.log
 	hopts.PassUnlimited = true // forward-auth admits anonymous requests (docs/api.md)
+	if opts.ForwardAuth == "" {
+		// No proxy named: none is known to set or clear the user header
+		// on its auth requests, and a proxy that passes the client's own
+		// makes every user whoever the client says.
+		hopts.UserHeader = ""
+	}
+	// /v1/authz answers before the request is served, and sheds nothing:
+	// it reads no class header.
+	hopts.Shedding = nil
 	hopts.Observe = func(res *policy.Resolution, d *admit.Decision, out policy.Outcome, took time.Duration) {
 		s.count(out, nil)
 		s.metrics.observeDecision(res, d, "authz", took)

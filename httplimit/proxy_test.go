@@ -1,0 +1,128 @@
+package httplimit
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// trickle sends a request with a body of a million bytes to addr, a byte
+// every gap, until an answer comes or giveUp passes, and returns the
+// answer's status (0 for none).
+func trickle(t *testing.T, addr string, gap, giveUp time.Duration) int {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		tick := time.NewTicker(gap)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := conn.Write([]byte("x")); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	_ = conn.SetReadDeadline(time.Now().Add(giveUp))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestBodyDeadline: a body that never pauses long enough for the idle
+// bound, a byte at a time, is cut at the total bound: the client gets
+// 408, and the upstream's request ends, its body failed. Before the total
+// bound, such a client held both connections for as long as it liked.
+func TestBodyDeadline(t *testing.T) {
+	var open, failed atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		open.Add(1)
+		defer open.Add(-1)
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			failed.Add(1)
+		}
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	front := httptest.NewServer(BodyTimeout(ReverseProxy(u, Proxies{}, XForwardedFor, nil), 5*time.Second, 300*time.Millisecond))
+	defer front.Close()
+	addr := strings.TrimPrefix(front.URL, "http://")
+	if code := trickle(t, addr, 50*time.Millisecond, 20*time.Second); code != http.StatusRequestTimeout {
+		t.Fatalf("a body trickled a byte every 50 ms, past a total bound of 300 ms: %d, want 408", code)
+	}
+	if !waitFor(func() bool { return open.Load() == 0 }) || failed.Load() != 1 {
+		t.Fatalf("the upstream: %d requests open, %d bodies failed", open.Load(), failed.Load())
+	}
+
+	// The idle bound alone: a pause past it is 408 too.
+	idle := httptest.NewServer(BodyTimeout(ReverseProxy(u, Proxies{}, XForwardedFor, nil), 200*time.Millisecond, 0))
+	defer idle.Close()
+	if code := trickle(t, strings.TrimPrefix(idle.URL, "http://"), time.Hour, 20*time.Second); code != http.StatusRequestTimeout {
+		t.Fatalf("a body that stops, past an idle bound of 200 ms: %d, want 408", code)
+	}
+
+	// A body that comes whole in time passes, and so does its response,
+	// however long it streams after the body ended.
+	slow := httptest.NewServer(BodyTimeout(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil || BodyTimedOut(r) != nil {
+			t.Errorf("a body in time: %v %v", err, BodyTimedOut(r))
+		}
+		time.Sleep(400 * time.Millisecond) // past both bounds
+		if err := r.Context().Err(); err != nil {
+			t.Errorf("the request's context after its body: %v", err)
+		}
+		fmt.Fprintf(w, "%d", len(b))
+	}), 200*time.Millisecond, 300*time.Millisecond))
+	defer slow.Close()
+	resp, err := http.Post(slow.URL, "text/plain", strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "5" {
+		t.Fatalf("a body in time: %d %q", resp.StatusCode, b)
+	}
+}
+
+// TestBodyTimeoutError: the error of a body past a bound is
+// ErrBodyTimeout, says which bound, and is a timeout.
+func TestBodyTimeoutError(t *testing.T) {
+	errc := make(chan error, 1)
+	h := BodyTimeout(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, err := io.ReadAll(r.Body)
+		if !errors.Is(err, ErrBodyTimeout) || !isTimeout(err) || !errors.Is(BodyTimedOut(r), ErrBodyTimeout) {
+			t.Errorf("the error of a body past its bound: %v (%v)", err, BodyTimedOut(r))
+		}
+		errc <- err
+	}), 0, 100*time.Millisecond)
+	s := httptest.NewServer(h)
+	defer s.Close()
+	trickle(t, strings.TrimPrefix(s.URL, "http://"), 20*time.Millisecond, 20*time.Second)
+	if got := <-errc; got == nil || !strings.Contains(got.Error(), "within 100ms") {
+		t.Fatalf("the error: %v", got)
+	}
+}
