@@ -56,7 +56,7 @@ func (r *Rule) params() ruleParams {
 // field by field: this runs on every decision.
 func (p *PreparedRule) holds(r *Rule) bool {
 	q := &p.params
-	if p.rule != r || r.Algorithm != q.algorithm || r.MaxCost != q.maxCost {
+	if p.rule != r || r.Algorithm != q.algorithm || r.MaxCost != q.maxCost || r.ShareCeiling != q.shareCeiling {
 		return false
 	}
 	switch r.Algorithm {
@@ -69,7 +69,7 @@ func (p *PreparedRule) holds(r *Rule) bool {
 	case Quota:
 		return r.Limit == q.limit && r.Period == q.period && r.Location == q.location && r.Anchor.Equal(q.anchor)
 	case Concurrency:
-		return r.Max == q.max && r.LeaseTTL == q.leaseTTL && r.ShareCeiling == q.shareCeiling
+		return r.Max == q.max && r.LeaseTTL == q.leaseTTL
 	}
 	return false
 }

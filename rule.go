@@ -234,10 +234,13 @@ type Rule struct {
 	// otherwise empty a bucket that other callers share.
 	MaxCost int64
 
-	// ShareCeiling bounds the slots of a concurrency rule that one class
-	// of callers holds when its charges carry a Share (Charge.Share): at
-	// most its entitled part or the ceiling, whichever is more, so that a
-	// class arriving later finds slots free. Zero means half of Max.
+	// ShareCeiling bounds, when the rule's charges carry a Share
+	// (Charge.Share), what one class of callers takes of the rule beyond
+	// its part, in the rule's units (from 0 to its Capacity; zero means
+	// half of it): the slots of a concurrency rule it holds, and, while
+	// it is the only class asking, the part of a bucket's burst or of a
+	// window's limit it takes at once (its rate is the rule's). So a class
+	// arriving later finds its share at once.
 	ShareCeiling int64
 
 	// Shadow rules are decided and reported but never refuse a request.
@@ -263,9 +266,6 @@ func (r *Rule) Validate() error {
 		return r.fail("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
 	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
 		return r.fail("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
-	}
-	if r.ShareCeiling != 0 && r.Algorithm != Concurrency {
-		return r.fail("share_ceiling", Errorf(CodeInvalid, "only a concurrency rule has a share ceiling"))
 	}
 	if r.MaxCost < 0 || r.MaxCost > MaxCost {
 		return r.fail("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
@@ -322,13 +322,14 @@ func (r *Rule) Validate() error {
 		if r.LeaseTTL < 0 || r.LeaseTTL > MaxRatePeriod {
 			return r.fail("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
 		}
-		if r.ShareCeiling < 0 || r.ShareCeiling > r.Max {
-			return r.fail("share_ceiling", Errorf(CodeInvalid, "must be from 0 (half of max) to max (%d)", r.Max))
-		}
+
 	default:
 		e := Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
 		e.Field = "algorithm"
 		return e
+	}
+	if c := r.Capacity(); r.ShareCeiling < 0 || r.ShareCeiling > c {
+		return r.fail("share_ceiling", Errorf(CodeInvalid, "must be from 0 (half of the rule's capacity) to its capacity (%d)", c))
 	}
 	return nil
 }

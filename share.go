@@ -179,6 +179,10 @@ type shareParams struct {
 	burst   float64 // the units a share's bucket holds at most, for shares summing to 1
 	epoch   int64   // ns
 	ceiling int64   // concurrency: slots one class holds at most beyond its part
+	// top is the part of the rule a class takes at once (its assured
+	// bucket's burst, and so what it leaves the others) while it is the
+	// only one asking: the share ceiling over the rule's capacity.
+	top float64
 }
 
 // Bounds on a share's epoch: the time over which a class that asked
@@ -193,6 +197,10 @@ var nominalPeriod = [...]time.Duration{Day: 24 * time.Hour, Week: 7 * 24 * time.
 
 func shareParamsOf(r *Rule) shareParams {
 	var sp shareParams
+	sp.top = 0.5
+	if c := r.Capacity(); r.ShareCeiling > 0 && c > 0 {
+		sp.top = min(float64(r.ShareCeiling)/float64(c), 1)
+	}
 	perNs := func(n int64, per time.Duration) float64 { return float64(n) / float64(per) }
 	windowBurst := func(limit int64) float64 { return max(1, float64(limit)/20) }
 	switch r.Algorithm {
@@ -215,7 +223,12 @@ func shareParamsOf(r *Rule) shareParams {
 		if sp.ceiling == 0 {
 			sp.ceiling = max(1, r.Max/2)
 		}
-		sp.epoch = min(max(int64(r.LeaseTTLOrDefault()), minShareEpoch), int64(time.Minute))
+		// A class's holdings outlast its asking: what it holds counts in
+		// the rule whatever the epoch, and its claims stand two epochs,
+		// kept short so that a class that gave up stops holding back the
+		// others soon.
+		sp.epoch = min(max(int64(r.LeaseTTLOrDefault()/10), minShareEpoch), int64(10*time.Second))
+		sp.epoch -= sp.epoch % int64(time.Microsecond)
 		return sp
 	}
 	if sp.family == shareRefill {
@@ -242,12 +255,15 @@ type ShareParams struct {
 	Epoch time.Duration
 	// Ceiling is a concurrency rule's share ceiling.
 	Ceiling int64
+	// Top is the part of the rule a class takes at once while it is the
+	// only one asking (the share ceiling over the rule's capacity).
+	Top float64
 }
 
 // ShareParams returns p's share parameters.
 func (p *PreparedRule) ShareParams() ShareParams {
 	sp := &p.share
-	return ShareParams{Family: sp.family, Rate: sp.rate, Burst: sp.burst, Epoch: time.Duration(sp.epoch), Ceiling: sp.ceiling}
+	return ShareParams{Family: sp.family, Rate: sp.rate, Burst: sp.burst, Epoch: time.Duration(sp.epoch), Ceiling: sp.ceiling, Top: sp.top}
 }
 
 // ShareInput is what a store knows of a fair charge when it decides it.
@@ -381,7 +397,15 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	c := in.Cost
 	fc := float64(c)
 	hasSub := in.Share.Sub != ""
-	rate, capC := s*sp.rate, s*sp.burst
+	// A class alone takes the rule's rate, but of its stock (a bucket's
+	// burst, a window's pace) only the share ceiling at once: what it
+	// leaves is there for a class that comes.
+	alone := s >= 1
+	top := s
+	if alone {
+		top = sp.top
+	}
+	rate, capC := s*sp.rate, top*sp.burst
 	lc := cls.level(now, rate, capC)
 	subRate, capS := rate/float64(n), capC/float64(n)
 	ls := 0.0
@@ -395,7 +419,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// window ends or slides, so the key's pool keeps a pace, a bucket of
 	// the rule's rate and burst that every admission draws from, and a
 	// class borrows only from the pace.
-	reserve := (1 - s) * sp.burst
+	reserve := (1 - top) * sp.burst
 	paced := sp.family != shareRefill
 	room := func(rem, fc float64) float64 { return rem }
 	var pace float64
@@ -403,7 +427,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		pace = pool.level(now, sp.rate, sp.burst)
 		room = func(rem, fc float64) float64 { return min(rem, pace-fc) }
 	}
-	alone := s >= 1
+	unpaced := alone && top >= 1 // a ceiling of the whole rule: first come, first served
 	// What the class's sub may take of the class's part beyond its own,
 	// leaving the other subs theirs.
 	subLend := func(l float64) float64 { return l - (1-1/float64(n))*capC }
@@ -421,10 +445,14 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		path, takeC, takeS = ShareAssured, fc, fc
 	case !res.Allowed:
 	default:
-		assured := lc >= min(fc, capC)
+		// Within the class's part: its bucket holds the cost, or is full
+		// when the cost is one unit more than a part smaller than one
+		// unit (then it goes into debt); never more than the part at
+		// once.
+		assured := fc <= max(capC, 1) && lc >= min(fc, capC)
 		subOwn := true
 		if hasSub && assured {
-			subOwn = ls >= min(fc, capS)
+			subOwn = fc <= max(capS, 1) && ls >= min(fc, capS)
 			assured = subOwn || subLend(lc)-fc >= 0
 		}
 		switch {
@@ -433,7 +461,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 			if hasSub && subOwn {
 				takeS = fc
 			}
-		case alone || room(float64(res.Remaining), fc) >= reserve:
+		case unpaced || room(float64(res.Remaining), fc) >= reserve:
 			path = ShareBorrowed
 		default:
 			path = ShareRefused
@@ -472,7 +500,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		pace -= fc
 	}
 	vis := min(rem, max(math.Floor(max(own, 0)), math.Floor(room(rem, 0)-reserve)))
-	if alone {
+	if unpaced {
 		vis = rem
 	}
 	if path != ShareNone || c == 0 {
@@ -486,7 +514,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// holding enough beyond the others' claims, or the next epoch, when
 	// classes that stopped asking no longer count.
 	wait := float64(now - now%sp.epoch + sp.epoch - now) // to the epoch's end
-	if rate > 0 {
+	if rate > 0 && fc <= max(capC, 1) {
 		need := (min(fc, capC) - lc) / rate
 		if hasSub {
 			own := (min(fc, capS) - ls) / subRate

@@ -414,23 +414,29 @@ func (c *compiler) share(path string, rs *RuleSpec, r *Rule, tier string) {
 		c.fail(path+".fair_share", "the rule's buckets are not shared by tenants (a global rule of scope global, ip or an attribute, or a tier's rule of scope global is)")
 	}
 	if rs.ShareCeiling == "" {
+		if r.Fair && r.Scope != ScopeGlobal && r.Algorithm != admit.Concurrency {
+			// A key per address or attribute is mostly one client's:
+			// alone, it takes the rule's whole capacity.
+			r.ShareCeiling = r.Capacity()
+		}
 		return
 	}
-	if r.Algorithm != admit.Concurrency || !r.Fair {
-		c.fail(path+".share_ceiling", "only a shared concurrency rule has a share ceiling")
+	if !r.Fair {
+		c.fail(path+".share_ceiling", "only a rule tenants share, divided fairly, has a share ceiling")
 		return
 	}
+	capacity := r.Capacity()
 	v, pct := strings.CutSuffix(strings.TrimSpace(rs.ShareCeiling), "%")
 	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 	switch {
 	case err != nil || n < 1 || pct && n > 100:
-		c.fail(path+".share_ceiling", "%q: want a number of slots, or a percentage of max such as \"50%%\"", rs.ShareCeiling)
+		c.fail(path+".share_ceiling", "%q: want a number of the rule's units, or a percentage of its capacity such as \"50%%\"", rs.ShareCeiling)
 		return
 	case pct:
-		n = max(1, r.Max*n/100)
+		n = max(1, capacity*n/100)
 	}
-	if n > r.Max {
-		c.fail(path+".share_ceiling", "%d is more than max (%d)", n, r.Max)
+	if n > capacity {
+		c.fail(path+".share_ceiling", "%d is more than the rule's capacity (%d)", n, capacity)
 		return
 	}
 	r.ShareCeiling = n

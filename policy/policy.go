@@ -155,7 +155,7 @@ func (r *Rule) Spec() RuleSpec {
 		f := false
 		s.FairShare = &f
 	}
-	if r.Algorithm == admit.Concurrency && r.Fair {
+	if r.Fair && r.ShareCeiling > 0 {
 		s.ShareCeiling = strconv.FormatInt(r.ShareCeiling, 10)
 	}
 	switch r.Unit {

@@ -95,10 +95,14 @@ type RuleSpec struct {
 	// takes what the others want (see admit.Share). It is the default for
 	// such rules; false makes the rule first come, first served.
 	FairShare *bool `json:"fair_share,omitempty"`
-	// ShareCeiling bounds the slots of a shared concurrency rule one
-	// tenant holds beyond its share: a number of slots, or a percentage
-	// of max such as "50%" (the default), so that a tenant arriving later
-	// finds slots free.
+	// ShareCeiling bounds what one tenant takes of a shared rule beyond
+	// its share: the slots of a concurrency rule it holds, and, while no
+	// other tenant asks, the part of a bucket's burst or a window's limit
+	// it takes at once (its rate is the rule's). A number of the rule's
+	// units, or a percentage of its capacity such as "50%" (the default
+	// of rules of scope global and of concurrency rules; a rule keyed by
+	// an address or an attribute, mostly one client's, takes 100%), so
+	// that a tenant arriving later finds its share at once.
 	ShareCeiling string `json:"share_ceiling,omitempty"`
 }
 

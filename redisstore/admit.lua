@@ -284,10 +284,11 @@ local function ruleOf(src, base)
   for k = 5, 14 do R[k] = tonumber(src[base + k]) end
   -- A rule's share parameters (admit.shareParams), when a batch sends
   -- them: its family (1 refills, 2 windows, 3 sliding, 4 slots), rate
-  -- (units/ns), burst, epoch (µs) and ceiling.
+  -- (units/ns), burst, epoch (µs), ceiling and top (the part of the rule
+  -- a class alone takes at once).
   if src[base + 15] then
     R.sf, R.sr, R.sb = tonumber(src[base + 15]), tonumber(src[base + 16]), tonumber(src[base + 17])
-    R.se, R.sc = tonumber(src[base + 18]), tonumber(src[base + 19])
+    R.se, R.sc, R.st = tonumber(src[base + 18]), tonumber(src[base + 19]), tonumber(src[base + 20])
   end
   return R
 end
@@ -1044,12 +1045,16 @@ local function shareDecide(i, R, res, c, peek)
     chg = {pool, cls, sub}
   else
     local fc = c
-    local rate, capC = s * R.sr, s * R.sb
+    local alone = s >= 1
+    local top = s
+    if alone then top = R.st end
+    local unpaced = alone and top >= 1
+    local rate, capC = s * R.sr, top * R.sb
     local lc = recLevel(cls, rate, capC)
     local subRate, capS = rate / n, capC / n
     local ls = 0
     if hasSub then ls = recLevel(sub, subRate, capS) end
-    local reserve = (1 - s) * R.sb
+    local reserve = (1 - top) * R.sb
     local paced = R.sf ~= 1
     local pace = 0
     if paced then pace = recLevel(pool, R.sr, R.sb) end
@@ -1057,7 +1062,6 @@ local function shareDecide(i, R, res, c, peek)
       if paced then return mmin(rem, pace - x) end
       return rem
     end
-    local alone = s >= 1
     local function subLend(l) return l - (1 - 1 / n) * capC end
     local takeC, takeS = 0, 0
     if c == 0 then
@@ -1067,16 +1071,16 @@ local function shareDecide(i, R, res, c, peek)
       path, takeC, takeS = 1, fc, fc
     elseif res.allowed == 0 then
     else
-      local assured = lc >= mmin(fc, capC)
+      local assured = fc <= mmax(capC, 1) and lc >= mmin(fc, capC)
       local subOwn = true
       if hasSub and assured then
-        subOwn = ls >= mmin(fc, capS)
+        subOwn = fc <= mmax(capS, 1) and ls >= mmin(fc, capS)
         assured = subOwn or subLend(lc) - fc >= 0
       end
       if assured then
         path, takeC = 1, fc
         if hasSub and subOwn then takeS = fc end
-      elseif alone or room(res.remaining, fc) >= reserve then
+      elseif unpaced or room(res.remaining, fc) >= reserve then
         path = 2
       else
         path = 3
@@ -1097,12 +1101,12 @@ local function shareDecide(i, R, res, c, peek)
     local rem = res.remaining
     if paced and (path == 1 or path == 2) then pace = pace - fc end
     local vis = mmin(rem, mmax(floor(mmax(ownA, 0)), floor(room(rem, 0) - reserve)))
-    if alone then vis = rem end
+    if unpaced then vis = rem end
     if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
     if path == 3 then
       res.allowed = 0
       local wait = toEpoch
-      if rate > 0 then
+      if rate > 0 and fc <= mmax(capC, 1) then
         local need = (mmin(fc, capC) - lc) / rate
         if hasSub then
           local o = (mmin(fc, capS) - ls) / subRate

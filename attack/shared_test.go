@@ -1,0 +1,199 @@
+package attack
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The limits every tenant shares are divided among the tenants that want
+// them (docs/security.md, "Shared limits"): each attack below once took a
+// shared limit from everyone else.
+
+// TestAnonymousCannotEmptyASharedLimit: a caller without a credential asks
+// for the whole global bucket (burst 1,000, refilled 1 an hour) and then
+// for halves of it, ten checks in all (once admitted: the bucket empty, the
+// victim and the platform's backend acting for it refused for about 999
+// hours). Alone, it takes at most the share ceiling of the bucket (half);
+// the victim then finds its share.
+func TestAnonymousCannotEmptyASharedLimit(t *testing.T) {
+	s := serve(t, "", false)
+	took := 0
+	for cost := 1000; cost >= 1; cost /= 2 {
+		a := s.do("POST", "/v1/check", fmt.Sprintf(`{"cost":%d}`, cost))
+		if a.status == http.StatusOK {
+			took += cost
+		} else if a.status != http.StatusTooManyRequests {
+			t.Fatalf("an anonymous check of %d: %d %s", cost, a.status, a.raw)
+		}
+	}
+	report(t, "units of the global bucket (1,000) an anonymous caller took in 10 checks", took)
+	if took > 500 {
+		t.Errorf("an anonymous caller alone took %d of the global bucket's 1,000, want at most the share ceiling, 500", took)
+	}
+	victim := []string{"X-API-Key", "victim-key"}
+	admitted := 0
+	for range 20 {
+		if a := s.do("POST", "/v1/check", `{"cost":5}`, victim...); a.status == http.StatusOK {
+			admitted++
+		}
+	}
+	for range 10 {
+		if a := s.do("POST", "/v1/check", `{"tenant":"victim","cost":5}`, service...); a.status == http.StatusOK {
+			admitted++
+		}
+	}
+	report(t, "the victim's checks of 5 admitted after it (with its key, and through the backend)", admitted)
+	if admitted != 30 {
+		t.Errorf("the victim got %d of 30 checks of 5 through after an anonymous caller's, want all", admitted)
+	}
+}
+
+// TestSharedLeasesHeldAndOwned: an anonymous caller asks for all 10 global
+// export slots in one lease (once granted, and held for as long as it was
+// renewed: every other tenant's leases 429). It holds at most the share
+// ceiling (5), the victim takes its leases beside it, and no one but the
+// caller that took a lease renews or releases it.
+func TestSharedLeasesHeldAndOwned(t *testing.T) {
+	s := serve(t, "", false)
+	if a := s.do("POST", "/v1/leases", `{"resource":"export","cost":10}`); a.status != http.StatusTooManyRequests {
+		t.Fatalf("an anonymous lease of all 10 global slots: %d %s, want 429", a.status, a.raw)
+	}
+	a := s.do("POST", "/v1/leases", `{"resource":"export","cost":5}`)
+	if a.status != http.StatusCreated {
+		t.Fatalf("an anonymous lease of 5 slots: %d %s", a.status, a.raw)
+	}
+	anon, _ := a.body["lease_id"].(string)
+	victim := []string{"X-API-Key", "victim-key"}
+	v := s.do("POST", "/v1/leases", `{"resource":"export","cost":2}`, victim...)
+	report(t, "the victim's lease of 2 global export slots beside an anonymous lease of 5", v.status)
+	if v.status != http.StatusCreated {
+		t.Fatalf("the victim's lease beside an anonymous one: %d %s", v.status, v.raw)
+	}
+	mine, _ := v.body["lease_id"].(string)
+	// Another caller renews and releases neither.
+	for _, tc := range []struct {
+		what, id string
+		as       []string
+	}{
+		{"acme renews the anonymous lease", anon, acme},
+		{"acme releases the anonymous lease", anon, acme},
+		{"an anonymous caller renews the victim's lease", mine, nil},
+		{"acme releases the victim's lease", mine, acme},
+		{"the backend releases the victim's lease", mine, service},
+	} {
+		method := "PUT"
+		if strings.Contains(tc.what, "releases") {
+			method = "DELETE"
+		}
+		if a := s.do(method, "/v1/leases/"+tc.id, "", tc.as...); a.status != http.StatusNotFound {
+			t.Errorf("%s: %d %s, want 404", tc.what, a.status, a.raw)
+		}
+	}
+	if a := s.do("PUT", "/v1/leases/"+mine, "", victim...); a.status != http.StatusOK {
+		t.Errorf("the victim renews its own lease: %d %s", a.status, a.raw)
+	}
+	if a := s.do("DELETE", "/v1/leases/"+anon, ""); a.status != http.StatusNoContent {
+		t.Errorf("the anonymous caller releases its own lease: %d %s", a.status, a.raw)
+	}
+}
+
+// TestDemoAcquiresDoNotStarveChecks: on the demo configuration, unchanged,
+// 150 anonymous /v1/acquire a second of cost 100 (once booked the global
+// bucket ahead: 160 of 160 of another tenant's checks 429) while acme
+// checks 80 times a second.
+func TestDemoAcquiresDoNotStarveChecks(t *testing.T) {
+	demo, err := os.ReadFile("../cmd/admit/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := serve(t, string(demo), false)
+	var wg sync.WaitGroup
+	var anonOK, acmeOK atomic.Int64
+	const rounds = 20 // 100 ms each
+	for r := range rounds {
+		for range 15 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if a := s.do("POST", "/v1/acquire", `{"cost":100,"max_wait_ms":1000}`); a.status == http.StatusOK {
+					anonOK.Add(1)
+				}
+			}()
+		}
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if a := s.do("POST", "/v1/check", `{"tenant":"acme"}`); a.status == http.StatusOK {
+					acmeOK.Add(1)
+				}
+			}()
+		}
+		_ = r
+		time.Sleep(100 * time.Millisecond)
+	}
+	wg.Wait()
+	report(t, "acme's checks admitted beside 300 anonymous acquires of cost 100 (demo configuration)", fmt.Sprintf("%d of 160", acmeOK.Load()))
+	report(t, "the anonymous acquires admitted", fmt.Sprintf("%d of 300", anonOK.Load()))
+	if acmeOK.Load() != 160 {
+		t.Errorf("acme got %d of its 160 checks beside anonymous acquires, want all: its share of the global bucket is half", acmeOK.Load())
+	}
+}
+
+// TestSharedWindowNotDrainedByPeeks: on a global fixed window of 6,000 a
+// minute, an anonymous caller asks, again and again, for what a look (cost
+// 0) says remains (once took the window: 1,136 of the victim's 1,300
+// requests refused). The look tells it what it may take, and the victim's
+// requests, at its share, all pass.
+func TestSharedWindowNotDrainedByPeeks(t *testing.T) {
+	cfg := `version: 1
+global:
+  - {name: global-minute, scope: global, algorithm: fixed_window, limit: 6000, window: 1m}
+tiers:
+  free: {}
+tenants:
+  victim: {tier: free}
+`
+	s := serve(t, cfg, false)
+	stop := make(chan struct{})
+	var took atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			peek := s.do("POST", "/v1/check", `{"cost":0}`)
+			rem, _ := peek.body["remaining"].(float64)
+			if rem >= 1 {
+				if a := s.do("POST", "/v1/check", fmt.Sprintf(`{"cost":%d}`, int64(rem))); a.status == http.StatusOK {
+					took.Add(int64(rem))
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	admitted := 0
+	for range 100 {
+		if a := s.do("POST", "/v1/check", `{"tenant":"victim"}`); a.status == http.StatusOK {
+			admitted++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	report(t, "the victim's requests admitted on a global window an anonymous caller drains by peeks", fmt.Sprintf("%d of 100 (the anonymous caller took %d)", admitted, took.Load()))
+	if admitted != 100 {
+		t.Errorf("the victim got %d of 100 requests at its share through, want all (the anonymous caller took %d of 6,000)", admitted, took.Load())
+	}
+}
