@@ -254,6 +254,9 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 		if err != nil {
 			return false, 0, err
 		}
+		if op == "l" {
+			s.forgetReleased(tag, fields)
+		}
 		if len(v) >= 4 && v[2] == 1 {
 			held, expiry = true, max(expiry, v[3])
 		}

@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,10 +24,19 @@ import (
 // admits less, and never more, than the exact limit; docs/architecture.md
 // ("Refused locally") has the argument.
 //
-// Concurrency keys are not refused locally: their capacity comes back
-// whenever a lease is released, which is how they are meant to be used.
-// A decision with a debit or a dry run is always sent: a debit is applied
-// whatever the others decide, and a dry run asks what Redis holds.
+// Concurrency keys are refused locally for a moment only (concHold): their
+// capacity comes back whenever a lease is released, which is how they are
+// meant to be used. A release on this server forgets the refusals of its
+// keys at once; one on another server may leave a slot refused here for
+// up to concHold. A decision with a debit or a dry run is always sent: a
+// debit is applied whatever the others decide, and a dry run asks what
+// Redis holds.
+
+// concHold bounds how long a refused concurrency key is refused locally:
+// a full limit's slot may come back on another server any time, and then
+// stays refused here at most this long; meanwhile a caller asking again
+// and again costs Redis a call per key per concHold on each server.
+const concHold = 250 * time.Millisecond
 
 // maxRefusals bounds the refusals a store remembers: one entry per
 // refused key, a few hundred bytes, so at most a few tens of MB however
@@ -129,7 +140,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	any := false
 	for i := range charges {
 		c, res := &charges[i], &d.Results[i]
-		if res.Allowed || res.Shadow || c.Debit || c.DryRun || c.Cost <= 0 || res.RetryAfter <= 0 || c.Rule.Algorithm == admit.Concurrency {
+		if res.Allowed || res.Shadow || c.Debit || c.DryRun || c.Cost <= 0 || res.RetryAfter <= 0 {
 			continue
 		}
 		if res.Share == admit.ShareRefused && c.Rule.Algorithm == admit.SlidingLog {
@@ -170,7 +181,11 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 		if _, ok := rs.m[k]; !ok && len(rs.m) >= maxRefusals {
 			continue
 		}
-		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, until: sent.Add(d.Results[i].RetryAfter), result: d.Results[i]}
+		until := sent.Add(d.Results[i].RetryAfter)
+		if c.Rule.Algorithm == admit.Concurrency {
+			until = sent.Add(min(d.Results[i].RetryAfter, concHold))
+		}
+		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, until: until, result: d.Results[i]}
 	}
 	rs.n.Store(int64(len(rs.m)))
 }
@@ -189,4 +204,44 @@ func (s *Store) forgetRefusals(charges []admit.Charge) {
 		}
 	}
 	rs.n.Store(int64(len(rs.m)))
+}
+
+// forgetReleased drops the refusals a release of a lease recorded under
+// tag, holding the Redis keys fields, may end: its keys', and the classes'
+// whose holdings it names (see shareKeys).
+func (s *Store) forgetReleased(tag string, fields []string) {
+	rs := &s.refused
+	if rs.n.Load() == 0 {
+		return
+	}
+	base := s.prefix + "{" + tag + "}"
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, f := range fields {
+		key, ok := strings.CutPrefix(f, base)
+		if !ok {
+			continue
+		}
+		if k, class, ok := heldClass(key); ok {
+			delete(rs.m, refusalKey{k, class, ""})
+			continue
+		}
+		delete(rs.m, refusalKey{key: key})
+	}
+	rs.n.Store(int64(len(rs.m)))
+}
+
+// heldClass parses the key of a class's holdings of a concurrency key
+// (key + sufHeld + len:class) into the key and the class.
+func heldClass(k string) (key, class string, ok bool) {
+	i := strings.LastIndex(k, sufHeld)
+	if i < 0 {
+		return "", "", false
+	}
+	n, rest, found := strings.Cut(k[i+len(sufHeld):], ":")
+	size, err := strconv.Atoi(n)
+	if !found || err != nil || size != len(rest) {
+		return "", "", false
+	}
+	return k[:i], rest, true
 }

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -75,6 +77,10 @@ func reservable(charges []admit.Charge) bool {
 // acquireReserved books the charges and sleeps until the booking's time.
 // The answer's levels are read after the wait, at cost 0.
 func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Duration) error {
+	if s.bookings.refused(c, maxWait) {
+		return nil
+	}
+	sent := time.Now()
 	res, err := s.store.Reserve(ctx, c.res.Charges, maxWait)
 	if err != nil {
 		if admit.ErrorCode(err) == admit.CodeUnavailable {
@@ -101,6 +107,7 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 			c.d.Results[0].Allowed = false
 		}
 		c.d.RetryAfter = res.Wait
+		s.bookings.learn(c, sent, res.Wait)
 		return nil
 	}
 	if res.Wait > 0 {
@@ -229,4 +236,86 @@ func (s *Server) acquirePolling(ctx context.Context, c *call, maxWait time.Durat
 			return ctx.Err()
 		}
 	}
+}
+
+// Refused bookings. A booking refused because its wait W passed the
+// caller's max_wait would wait at least W − t after t more: time takes
+// from the wait only as it passes, other callers' bookings only add to
+// it (a cancelled booking, which gives capacity back early, is the
+// exception, and only refuses a booking it would have admitted for as
+// long as the refusal stands). So the server remembers until when the
+// same charges at least as costly are refused whatever their max_wait,
+// and answers those itself, with no call: a caller asking again and
+// again for capacity booked far ahead costs the store nothing until then.
+
+// maxBookingRefusals bounds the refused bookings a server remembers.
+const maxBookingRefusals = 1 << 14
+
+type bookingRefusal struct {
+	cost  int64
+	until time.Time // the wait's end; refused while now + max_wait is before it
+	d     admit.Decision
+}
+
+type bookingRefusals struct {
+	mu sync.Mutex
+	m  map[string]*bookingRefusal
+}
+
+// bookingKey names a request's charges.
+func bookingKey(c *call) string {
+	var b strings.Builder
+	for i := range c.res.Charges {
+		b.WriteString(c.res.Charges[i].Key)
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
+// refused reports whether a remembered refusal refuses c's booking within
+// maxWait, and then fills c's decision with it.
+func (r *bookingRefusals) refused(c *call, maxWait time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.m) == 0 {
+		return false
+	}
+	e := r.m[bookingKey(c)]
+	now := time.Now()
+	if e == nil || c.req.Cost < e.cost || !now.Add(maxWait).Before(e.until) {
+		return false
+	}
+	c.d.Reset()
+	c.d.Results = append(c.d.Results, e.d.Results...)
+	c.d.Summarize()
+	c.d.Allowed = false
+	c.d.RetryAfter = e.until.Sub(now) - maxWait
+	if c.d.DeniedBy == "" && len(c.res.Rules) > 0 {
+		c.d.DeniedBy = c.res.Rules[0].Name
+	}
+	return true
+}
+
+// learn remembers that c's booking, sent at sent, was refused with the
+// wait wait.
+func (r *bookingRefusals) learn(c *call, sent time.Time, wait time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]*bookingRefusal{}
+	}
+	if len(r.m) >= maxBookingRefusals {
+		now := time.Now()
+		for k, e := range r.m {
+			if !now.Before(e.until) {
+				delete(r.m, k)
+			}
+		}
+		if len(r.m) >= maxBookingRefusals {
+			return
+		}
+	}
+	e := &bookingRefusal{cost: c.req.Cost, until: sent.Add(wait)}
+	e.d.Results = append(e.d.Results, c.d.Results...)
+	r.m[bookingKey(c)] = e
 }

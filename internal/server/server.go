@@ -163,12 +163,13 @@ type Server struct {
 	configErr atomic.Pointer[string]
 	envoyErr  atomic.Pointer[string]
 
-	decider *policy.Decider
-	ownDec  bool
-	waiters waitQueues // acquire's waiters on shared limits
-	authz   *httplimit.Limiter
-	gateway *wsgateway.Gateway
-	usage   policy.UsageStore
+	decider  *policy.Decider
+	ownDec   bool
+	waiters  waitQueues      // acquire's waiters on shared limits
+	bookings bookingRefusals // acquire's refused bookings
+	authz    *httplimit.Limiter
+	gateway  *wsgateway.Gateway
+	usage    policy.UsageStore
 
 	mux *http.ServeMux
 }
