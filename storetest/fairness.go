@@ -454,8 +454,10 @@ func FairScenarios() []FairScenario {
 // RunFairShares runs FairScenarios against the stores newStores makes
 // (sharing one state) and checks what the shares promise: the classes at
 // half their share get at least 95 % of what they ask and the limit is
-// used to at least 95 % (work-conserving); classes all over their share
-// each get their share within 10 %; and no tick passes the rule's bound.
+// used to at least 95 % (work-conserving; of a concurrency limit, 99 % of
+// what the greedy class's share ceiling lets be held); classes all over
+// their share each get their share within 10 %; and no tick passes the
+// rule's bound.
 func RunFairShares(t *testing.T, newStores func(t *testing.T, clock func() time.Time) []admit.Store) {
 	RunFairScenarios(t, FairScenarios(), newStores)
 }
