@@ -15,8 +15,11 @@ import (
 // charged nothing.
 func TestAcquireBookedIsAdmitted(t *testing.T) {
 	spec := &policy.Spec{
-		Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{tb("tenant", "tenant", nil, "100/s", 1)}}},
-		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+		Tiers: map[string]policy.TierSpec{
+			"t":    {Rules: []policy.RuleSpec{tb("tenant", "tenant", nil, "100/s", 1)}},
+			"slow": {Rules: []policy.RuleSpec{tb("tenant", "tenant", nil, "1/h", 1)}},
+		},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}, "slow": {Tier: "slow"}},
 	}
 	h := start(t, spec, "")
 	const n = 20 // 20 tokens take 190 ms to come, well within the 1.5 s wait
@@ -36,15 +39,17 @@ func TestAcquireBookedIsAdmitted(t *testing.T) {
 		}
 	}
 	// A waiter the bucket cannot book within its wait is refused and
-	// charged nothing: a check right after it finds the bucket as before.
-	state := func() float64 {
-		a := h.do("GET", "/v1/admin/state?tenant=acme", "")
-		return a.body["buckets"].([]any)[0].(map[string]any)["remaining"].(float64)
+	// charged nothing: on a bucket of 1 an hour, spent, the time until it
+	// is full again does not grow across a refused acquire.
+	h.want(h.do("POST", "/v1/acquire", `{"tenant":"slow","max_wait_ms":0}`), 200, "the slow bucket's token")
+	full := func() float64 {
+		a := h.do("GET", "/v1/admin/state?tenant=slow", "")
+		return a.body["buckets"].([]any)[0].(map[string]any)["reset_after_ms"].(float64)
 	}
-	before := state()
-	h.want(h.do("POST", "/v1/acquire", `{"tenant":"acme","cost":1,"max_wait_ms":0}`), 429, "an acquire that cannot wait")
-	if after := state(); after > before {
-		t.Errorf("the bucket went from %v to %v across a refused acquire", before, after)
+	before := full()
+	h.want(h.do("POST", "/v1/acquire", `{"tenant":"slow","max_wait_ms":1000}`), 429, "an acquire that cannot wait an hour")
+	if after := full(); after > before {
+		t.Errorf("the bucket is full again in %v ms after a refused acquire, %v before: the refusal was charged", after, before)
 	}
 }
 
