@@ -9,7 +9,9 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
 	"github.com/admitdev/admit/wsgateway"
 )
 
@@ -43,11 +45,25 @@ func BenchmarkConnect(b *testing.B) {
 }
 
 // BenchmarkMessage measures one message's round trip: decided against
-// messages_per_minute, queued on its route, echoed to the session.
+// messages_per_minute (and, shared, a fair global rule naming
+// ws:message), queued on its route, echoed to the session.
 func BenchmarkMessage(b *testing.B) {
-	for _, route := range []string{wsgateway.RouteSilo, wsgateway.RoutePool} {
+	for _, route := range []string{wsgateway.RouteSilo, wsgateway.RoutePool, "shared"} {
 		b.Run(route, func(b *testing.B) {
-			h := newHarness(b, unlimited, unlimited, nil)
+			var h *harness
+			if route == "shared" {
+				clock := storetest.NewClock()
+				st := memstore.New(&memstore.Options{Clock: clock.Now})
+				defer st.Close()
+				// Tiers of roomy limits: 100,000 messages a minute.
+				h, _ = sharedHarness(b, st, clock, policy.RuleSpec{
+					Name: "global-ws", Scope: "global", Actions: []string{wsgateway.ActionMessage},
+					Algorithm: "token_bucket", Rate: "1000000000/s", Burst: ptr(1e9),
+				})
+				route = wsgateway.RoutePool
+			} else {
+				h = newHarness(b, unlimited, unlimited, nil)
+			}
 			var tenant atomic.Int64
 			b.ReportAllocs()
 			b.ResetTimer()

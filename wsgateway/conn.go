@@ -11,6 +11,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -22,6 +23,13 @@ type conn struct {
 	id, tenant, session string
 	msgKey              string // the bucket of the tenant's messages_per_minute
 	lease               string // "" when admitted without a store (failed open)
+	// refusalKey keeps the refusals of the connection's messages
+	// (client.refusalKey of msgKey).
+	refusalKey string
+	client     client
+	// msg are the charges of a message, under the policy of the last one;
+	// only the reading goroutine touches them.
+	msg *msgCharges
 	// sessionLease is the session's tenant_sessions slot, renewed while
 	// the connection lives and once when it ends.
 	sessionLease string
@@ -236,14 +244,22 @@ const maxIDLen = 128
 //
 // Only an admitted message costs the store anything: its decision, then
 // the reply's Publish, which also moves the session's deadline. A
-// malformed frame costs nothing; a frame over messages_per_minute costs
-// nothing once the tenant's refusal is known here (refusedLocally), and
-// neither moves the session's deadline. Each draws on the connection's
-// frame budget instead.
+// malformed frame costs nothing; a frame over messages_per_minute or a
+// global rule naming ws:message costs nothing once the refusal is known
+// here (refusedLocally), and neither moves the session's deadline. Each
+// draws on the connection's frame budget instead.
 func (g *Gateway) onMessage(c *conn, data []byte) {
 	var in inbound
 	if err := json.Unmarshal(data, &in); err != nil {
 		c.malformed(errorFrame("", "the frame is not a JSON object of route, id and data: "+err.Error()))
+		return
+	}
+	// Decoded, the last of two values won, while the handler, or whoever
+	// reads its reply, may read the first: refused, as the HTTP API
+	// refuses such a body. Route and id are matched in any case, as the
+	// decoder matches them; data's keys exactly.
+	if k, dup := httpx.DuplicateFieldKey(data); dup {
+		c.malformed(errorFrame("", "the frame holds the key "+strconv.Quote(k)+" twice"))
 		return
 	}
 	id := ""
@@ -266,23 +282,26 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 		c.refuse(errorFrame(id, err.Error()))
 		return
 	}
-	rule := l.messages[0]
-	now := g.now()
-	if retry, ok := g.refusedLocally(c.msgKey, rule, now); ok {
-		g.stats.throttledLocally.Add(1)
-		c.throttle(throttledFrame(id, retry))
+	m, err := c.messageCharges(p, l)
+	if err != nil {
+		c.refuse(errorFrame(id, "the message could not be decided: "+err.Error()))
 		return
 	}
-	charge := [1]admit.Charge{{Key: c.msgKey, Rule: &rule.Rule, Cost: 1}}
-	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.messages[:]}
+	now := g.now()
+	if retry, deniedBy, ok := g.refusedLocally(c.refusalKey, m.rules[0], m.shared, now); ok {
+		g.stats.throttledLocally.Add(1)
+		c.throttle(throttledFrame(id, deniedBy, retry))
+		return
+	}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: m.charges, Rules: m.rules}
 	var dec admit.Decision
 	if _, err := g.decider.Decide(c.ctx, &res, &dec); err != nil {
 		c.refuse(errorFrame(id, "the message could not be decided: "+err.Error()))
 		return
 	}
 	if !dec.Allowed {
-		g.learnRefusal(c.msgKey, rule, now, dec.RetryAfter)
-		c.throttle(throttledFrame(id, dec.RetryAfter))
+		g.learnRefusal(c.refusalKey, m, now, &dec)
+		c.throttle(throttledFrame(id, dec.DeniedBy, dec.RetryAfter))
 		return
 	}
 	g.routes.enqueue(c.ctx, &job{c: c, msg: Message{
@@ -290,8 +309,8 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 	}, ttl: l.gw.SessionTTL})
 }
 
-// throttle answers a message refused by messages_per_minute, within the
-// connection's frame budget.
+// throttle answers a message refused by messages_per_minute or a global
+// rule, within the connection's frame budget.
 func (c *conn) throttle(frame []byte) {
 	c.g.stats.throttled.Add(1)
 	c.refuse(frame)
@@ -366,8 +385,10 @@ func errorFrame(id, detail string) []byte {
 	return append(b, '}')
 }
 
-func throttledFrame(id string, retry time.Duration) []byte {
+func throttledFrame(id, deniedBy string, retry time.Duration) []byte {
 	b := append([]byte(`{"type":"throttled","id":`), jsonString(id)...)
+	b = append(b, `,"denied_by":`...)
+	b = append(b, jsonString(deniedBy)...)
 	b = append(b, `,"retry_after_ms":`...)
 	b = strconv.AppendInt(b, retry.Milliseconds(), 10)
 	return append(b, '}')

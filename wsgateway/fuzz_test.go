@@ -19,14 +19,14 @@ import (
 func FuzzFrame(f *testing.F) {
 	for _, s := range []string{
 		`{"route":"silo","id":"1","data":{"a":[1,2]}}`, `{"route":"pool"}`, `{"route":"x"}`,
-		`not json`, `{"route":"silo","id":7}`, `{"route":"pool","id":"\u2028\"<>","data":"\ud800"}`, `[]`, `null`,
+		`not json`, `{"route":"silo","id":7}`, `{"route":"silo","Route":"pool"}`, `{"route":"pool","id":"\u2028\"<>","data":"\ud800"}`, `[]`, `null`,
 	} {
 		f.Add([]byte(s))
 	}
 	g, s := fuzzGateway(f)
-	msgKey := key(g.limitsOf(policy.DefaultGateway).messages[0], "t", "", "ws:message")
+	msgKey := key(g.limitsOf(policy.DefaultGateway).messages[0], "t", "", ActionMessage)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz", msgKey: msgKey}
+		c := &conn{g: g, tenant: "t", session: s.ID, id: "fuzz", msgKey: msgKey, refusalKey: msgKey}
 		c.ctx, c.cancel = context.WithCancel(context.Background())
 		defer c.cancel()
 		stop, err := g.sessions.Subscribe(c.ctx, s.ID, c.deliver)

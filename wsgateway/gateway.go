@@ -10,7 +10,11 @@
 // live connections (concurrency leases, held for the connection's life,
 // renewed by a heartbeat and reclaimed by the store after the lease TTL if
 // the gateway dies) and the tenant's and the session's new connections per
-// minute (sliding window counters). A refused connection charges nothing.
+// minute (sliding window counters), together with the global rules of the
+// policy that name ws:connect; a message is decided against the tenant's
+// messages_per_minute and the global rules that name ws:message, each
+// tenant taking its fair share of those the tenants share. A
+// refused connection charges nothing.
 //
 // Only what is admitted costs the store: a malformed frame and a ping cost
 // it nothing, nor do a message over messages_per_minute and a connection
@@ -146,6 +150,12 @@ type Options struct {
 	// default time.Now. Give it the store's clock when the store has one
 	// of its own.
 	Clock func() time.Time
+	// ClientAddr returns the address of the client an upgrade request
+	// comes from, "" if unknown: the anonymous callers (tenants only the
+	// default tier knows) share their part of the global rules that
+	// WebSocket traffic is charged to by it. Default the request's peer
+	// address; behind a proxy, give the address the proxy vouches for.
+	ClientAddr func(*http.Request) string
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -157,10 +167,15 @@ type Stats struct {
 	// Refused counts connections refused by each limit, in the order
 	// LimitTenantConnections, LimitConnectionsPerSession,
 	// LimitTenantPerMinute, LimitSessionPerMinute.
-	Refused   [4]int64
-	Rejected  int64 // refused before the limits: authorizer, origin, bad request
-	Messages  int64 // messages processed
-	Throttled int64 // messages refused by messages_per_minute
+	Refused [4]int64
+	// RefusedGlobal counts connections refused by global rules naming
+	// ws:connect.
+	RefusedGlobal int64
+	Rejected      int64 // refused before the limits: authorizer, origin, bad request
+	Messages      int64 // messages processed
+	// Throttled counts messages refused by messages_per_minute or by a
+	// global rule naming ws:message.
+	Throttled int64
 	// ThrottledLocally counts the Throttled messages refused without
 	// asking the store: the tenant's refusal was known.
 	ThrottledLocally int64
@@ -194,8 +209,12 @@ type Gateway struct {
 	frameBudget  float64 // frames
 	frameRefill  float64 // frames per second
 	now          func() time.Time
+	clientAddr   func(*http.Request) string
 
 	limits sync.Map // policy.Gateway → *limits
+	// shared are the global rules WebSocket traffic is charged to, of the
+	// policy last asked about.
+	shared atomic.Pointer[sharedRules]
 
 	// The refusals the store gave, until they end (refusals.go): of
 	// messages by message key, of connections by tenant and session.
@@ -216,7 +235,7 @@ type Gateway struct {
 
 	stats struct {
 		connections, admitted, rejected, messages, throttled, slow, expired atomic.Int64
-		throttledLocally, malformed, control, overBudget                    atomic.Int64
+		throttledLocally, malformed, control, overBudget, refusedGlobal     atomic.Int64
 		refused                                                             [4]atomic.Int64
 	}
 }
@@ -237,7 +256,7 @@ func New(opts Options) (*Gateway, error) {
 		handler: opts.Handler, origins: opts.OriginPatterns, log: opts.Logger,
 		leaseTTL: opts.LeaseTTL, sendFrames: opts.SendFrames, sendBytes: opts.SendBytes,
 		maxMessage: opts.MaxMessageBytes, writeTimeout: opts.WriteTimeout, pingInterval: opts.PingInterval,
-		now: opts.Clock, conns: map[*conn]struct{}{}, throttled: map[string]throttle{},
+		now: opts.Clock, clientAddr: opts.ClientAddr, conns: map[*conn]struct{}{}, throttled: map[string]throttle{},
 		connects: map[string]map[string]connectRefusal{}, done: make(chan struct{}),
 	}
 	if g.decider == nil {
@@ -254,6 +273,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.now == nil {
 		g.now = time.Now
+	}
+	if g.clientAddr == nil {
+		g.clientAddr = peerAddr
 	}
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -292,6 +314,7 @@ func (g *Gateway) Stats() Stats {
 		Throttled: g.stats.throttled.Load(), SlowClosed: g.stats.slow.Load(),
 		ExpiredClose: g.stats.expired.Load(), ThrottledLocally: g.stats.throttledLocally.Load(),
 		Malformed: g.stats.malformed.Load(), Control: g.stats.control.Load(), BudgetClosed: g.stats.overBudget.Load(),
+		RefusedGlobal: g.stats.refusedGlobal.Load(),
 	}
 	for i := range s.Refused {
 		s.Refused[i] = g.stats.refused[i].Load()
@@ -369,6 +392,9 @@ func (g *Gateway) limitsOf(gw policy.Gateway) *limits {
 	return v.(*limits)
 }
 
+// actionSession keys the buckets of tenant_sessions.
+const actionSession = "ws:session"
+
 // key returns the bucket key of a gateway rule. The action keeps the
 // gateway's buckets apart from any rule of the catalog.
 func key(r *policy.Rule, tenant, session, action string) string {
@@ -404,7 +430,7 @@ func (g *Gateway) CreateSession(ctx context.Context, tenant string) (Session, er
 	if err != nil {
 		return Session{}, err
 	}
-	charge := [1]admit.Charge{{Key: key(l.sessions[0], tenant, "", "ws:session"), Rule: &l.sessions[0].Rule, Cost: 1}}
+	charge := [1]admit.Charge{{Key: key(l.sessions[0], tenant, "", actionSession), Rule: &l.sessions[0].Rule, Cost: 1}}
 	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.sessions[:]}
 	var dec admit.Decision
 	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
@@ -514,10 +540,12 @@ type admission struct {
 	tenant, session string
 	limits          *limits
 	lease           string
+	client          client
 }
 
-// admit runs the authorizer and decides the connection limits (as a dry
-// run if asked). A refusal is answered on w and ok is false.
+// admit runs the authorizer and decides the connection limits, with the
+// global rules naming ws:connect (as a dry run if asked). A refusal is
+// answered on w and ok is false.
 func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a admission, ok bool) {
 	g.mu.Lock()
 	closing := g.closing
@@ -552,9 +580,12 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 	// store: neither for the session (its tenant's key or a token created
 	// it, and it was there) nor for the limits (refusals.go).
 	now := g.now()
+	cl := g.clientOf(r, t)
+	rkey := cl.refusalKey(sid)
+	shared := g.sharedOf(p)
 	var dec admit.Decision
-	if g.connectRefusedLocally(tenant, sid, l, now, &dec) {
-		g.refuse(w, l, &dec, !dryRun)
+	if sr, ok := g.connectRefusedLocally(tenant, rkey, l, shared, now, &dec); ok {
+		g.refuse(w, l, &dec, !dryRun, sr)
 		return a, false
 	}
 	ctx := r.Context()
@@ -563,22 +594,57 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		return a, false
 	}
 
-	var charges [4]admit.Charge
+	var buf [8]admit.Charge
+	charges := buf[:len(l.connect)]
 	for i, rule := range l.connect {
-		charges[i] = admit.Charge{Key: key(rule, tenant, sid, "ws:connect"), Rule: &rule.Rule, Cost: 1, LeaseTTL: g.leaseTTL, DryRun: dryRun}
+		charges[i] = admit.Charge{Key: key(rule, tenant, sid, ActionConnect), Rule: &rule.Rule, Cost: 1, LeaseTTL: g.leaseTTL, DryRun: dryRun}
 	}
-	res := policy.Resolution{Policy: p, Tenant: t, Charges: charges[:], Rules: l.connect[:]}
+	res := policy.Resolution{Policy: p, Tenant: t, Charges: charges, Rules: l.connect[:]}
+	if len(shared.connect) > 0 {
+		// Their charges point to the shares these resolutions hold.
+		var reqs, leases policy.Resolution
+		if err := g.resolveConnect(p, &cl, tenant, sid, dryRun, shared, &reqs, &leases); err != nil {
+			g.reject(w, problem.Status(err), "the connection could not be decided: "+err.Error())
+			return a, false
+		}
+		res.Charges = append(append(res.Charges, reqs.Charges...), leases.Charges...)
+		res.Rules = append(append(append(make([]*policy.Rule, 0, len(res.Charges)), l.connect[:]...), reqs.Rules...), leases.Rules...)
+	}
 	freed := g.freedSlots()
 	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
 		g.reject(w, problem.Status(err), "the connection could not be decided: "+err.Error())
 		return a, false
 	}
 	if !dec.Allowed {
-		g.learnConnectRefusal(tenant, sid, l, now, freed, &dec)
-		g.refuse(w, l, &dec, !dryRun)
+		sr := sharedRefusalOf(&dec, res.Rules, len(l.connect))
+		g.learnConnectRefusal(tenant, rkey, l, shared, now, freed, &dec, sr)
+		g.refuse(w, l, &dec, !dryRun, sr)
 		return a, false
 	}
-	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID}, true
+	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID, client: cl}, true
+}
+
+// resolveConnect resolves the global rules naming ws:connect for a
+// connection of the tenant's session: the rate rules into reqs, the
+// concurrency rules into leases, whose slots are held in the connection's
+// lease, renewed and released with it.
+func (g *Gateway) resolveConnect(p *policy.Policy, cl *client, tenant, sid string, dryRun bool, shared *sharedRules, reqs, leases *policy.Resolution) error {
+	if shared.connectRequests {
+		req := cl.request(tenant, sid, ActionConnect, policy.Requests, dryRun)
+		if err := resolveShared(p, &req, shared.connect, reqs); err != nil {
+			return err
+		}
+	}
+	if shared.connectLeases {
+		req := cl.request(tenant, sid, ActionConnect, policy.Leases, dryRun)
+		if err := resolveShared(p, &req, shared.connect, leases); err != nil {
+			return err
+		}
+		for i := range leases.Charges {
+			leases.Charges[i].LeaseTTL = g.leaseTTL
+		}
+	}
+	return nil
 }
 
 // serve upgrades an admitted connection and starts its reading goroutine.
@@ -600,8 +666,9 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	g.mu.Unlock()
 	defer g.wg.Done() // after the cleanup below: defers run last first
 	var err error
+	msgKey := key(l.messages[0], tenant, "", ActionMessage)
 	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12),
-		msgKey: key(l.messages[0], tenant, "", "ws:message")}
+		msgKey: msgKey, refusalKey: a.client.refusalKey(msgKey), client: a.client}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	admitted := false
 	defer func() {
@@ -666,15 +733,27 @@ func (g *Gateway) reject(w http.ResponseWriter, status int, detail string) {
 
 // refuse answers a connection over a limit: 429, Retry-After in whole
 // seconds (at least 1), and a problem naming the limit.
-func (g *Gateway) refuse(w http.ResponseWriter, l *limits, dec *admit.Decision, count bool) {
+func (g *Gateway) refuse(w http.ResponseWriter, l *limits, dec *admit.Decision, count bool, sr sharedRefusal) {
 	values := [4]int64{l.gw.TenantConnections, l.gw.ConnectionsPerSession, l.gw.TenantPerMinute, l.gw.SessionPerMinute}
 	detail := "connection refused by " + dec.DeniedBy
+	own := false
 	for i, r := range l.connect {
 		if r.Name == dec.DeniedBy {
+			own = true
 			if count {
 				g.stats.refused[i].Add(1)
 			}
 			detail += ": " + fmt.Sprintf(refusalDetails[i], values[i])
+		}
+	}
+	if !own {
+		if count {
+			g.stats.refusedGlobal.Add(1)
+		}
+		if sr.overShare {
+			detail += ", a global limit the tenants share: the tenant is over its share while others want theirs"
+		} else {
+			detail += ", a global limit the tenants share: it is full"
 		}
 	}
 	secs := max(1, int64((dec.RetryAfter+time.Second-1)/time.Second))

@@ -188,6 +188,7 @@ type frame struct {
 	From         string          `json:"from"`
 	Seq          int64           `json:"seq"`
 	RetryAfterMS *int64          `json:"retry_after_ms"`
+	DeniedBy     string          `json:"denied_by"`
 	Error        string          `json:"error"`
 }
 

@@ -24,6 +24,18 @@ import (
 // remembered for at most slotRefusalHold, and forgotten when a connection
 // of the tenant ends on this server: a slot freed on another server may be
 // refused here for that long, never taken twice.
+//
+// The global rules WebSocket traffic is charged to (shared.go) refuse the
+// same way: a window or a bucket until the retry time the store gave, and
+// a share no sooner either — the class's part refills at its pace, and the
+// others' claims lapse only when the epoch ends, which the retry time
+// counts — so a refusal by a global rule is remembered until then, and a
+// global concurrency rule's for at most slotRefusalHold, forgotten when any
+// connection ends here. A share is the tenant's, so its refusal is kept by
+// tenant (its messages' bucket, its session), never for every tenant; an
+// anonymous client's share is its address's, and so is the key then
+// (client.refusalKey). A refusal by a global rule holds under the policy
+// that gave it: a reload asks the store again.
 
 // slotRefusalHold is how long a refusal by a full connection count is
 // answered without the store.
@@ -31,8 +43,12 @@ const slotRefusalHold = time.Second
 
 // throttle is a refusal of a tenant's messages the store gave.
 type throttle struct {
-	rule  *policy.Rule
-	until time.Time
+	// rule is the tenant's messages_per_minute when it alone refused;
+	// shared the global rules of the policy otherwise.
+	rule     *policy.Rule
+	shared   *sharedRules
+	deniedBy string
+	until    time.Time
 }
 
 // connectRefusal is a refusal of a session's connections the store gave.
@@ -42,61 +58,83 @@ type connectRefusal struct {
 	retry    time.Time // what the store said
 	until    time.Time // when the store is asked again
 	slots    bool      // by a connection count
+	// shared is set when a global rule refused: the refusal holds while
+	// the policy does. freed is slotsFreed when it was decided: a refusal
+	// by a global concurrency rule (sr.slots) holds until any slot is
+	// freed here.
+	shared *sharedRules
+	sr     sharedRefusal
+	freed  uint64
 }
 
-// refusedLocally reports whether the tenant's messages, whose bucket is
-// key, are known to be refused by rule at now, and for how much longer.
-func (g *Gateway) refusedLocally(key string, rule *policy.Rule, now time.Time) (time.Duration, bool) {
+// refusedLocally reports whether the messages of key (the tenant's
+// message bucket, made the client's: client.refusalKey) are known to be
+// refused at now, when the tenant's messages_per_minute is rule and the
+// global rules are shared: for how much longer, and by which rule.
+func (g *Gateway) refusedLocally(key string, rule *policy.Rule, shared *sharedRules, now time.Time) (time.Duration, string, bool) {
 	g.refusalsMu.Lock()
 	defer g.refusalsMu.Unlock()
 	t, ok := g.throttled[key]
-	if !ok || t.rule != rule || !now.Before(t.until) {
-		return 0, false
+	if !ok || !now.Before(t.until) || t.shared == nil && t.rule != rule || t.shared != nil && t.shared != shared {
+		return 0, "", false
 	}
-	return t.until.Sub(now), true
+	return t.until.Sub(now), t.deniedBy, true
 }
 
-// learnRefusal remembers that rule refused the messages of key for retry,
-// from a decision asked at now.
-func (g *Gateway) learnRefusal(key string, rule *policy.Rule, now time.Time, retry time.Duration) {
-	if retry <= 0 {
-		return
-	}
-	g.refusalsMu.Lock()
-	defer g.refusalsMu.Unlock()
-	g.throttled[key] = throttle{rule: rule, until: now.Add(retry)}
-}
-
-// connectRefusedLocally reports whether a connection of the tenant's
-// session is known to be refused by l at now, and fills dec as its refusal.
-func (g *Gateway) connectRefusedLocally(tenant, session string, l *limits, now time.Time, dec *admit.Decision) bool {
-	g.refusalsMu.Lock()
-	defer g.refusalsMu.Unlock()
-	r, ok := g.connects[tenant][session]
-	if !ok || r.limits != l || !now.Before(r.until) {
-		return false
-	}
-	dec.Reset()
-	dec.DeniedBy, dec.RetryAfter = r.deniedBy, max(r.retry.Sub(now), time.Millisecond)
-	return true
-}
-
-// learnConnectRefusal remembers the refusal dec of a connection of the
-// tenant's session by l, decided at now; freed is what slotsFreed said
-// before the decision was asked. Only sessions the store knows get here:
-// the entries are bounded by the live sessions refused within a refusal
-// period.
-func (g *Gateway) learnConnectRefusal(tenant, session string, l *limits, now time.Time, freed uint64, dec *admit.Decision) {
+// learnRefusal remembers the refusal dec of the messages of key, from a
+// decision asked at now of charges whose rules are m's.
+func (g *Gateway) learnRefusal(key string, m *msgCharges, now time.Time, dec *admit.Decision) {
 	if dec.RetryAfter <= 0 {
 		return
 	}
-	r := connectRefusal{limits: l, deniedBy: dec.DeniedBy, retry: now.Add(dec.RetryAfter), until: now.Add(dec.RetryAfter)}
-	if r.slots = dec.DeniedBy == LimitTenantConnections || dec.DeniedBy == LimitConnectionsPerSession; r.slots {
+	t := throttle{rule: m.rules[0], deniedBy: dec.DeniedBy, until: now.Add(dec.RetryAfter)}
+	if sharedRefusalOf(dec, m.rules, 1).refused {
+		t.shared = m.shared
+	}
+	g.refusalsMu.Lock()
+	defer g.refusalsMu.Unlock()
+	g.throttled[key] = t
+}
+
+// connectRefusedLocally reports whether a connection of the tenant's
+// session (made the client's: client.refusalKey) is known to be refused
+// at now by l or by the global rules shared, and fills dec as its
+// refusal.
+func (g *Gateway) connectRefusedLocally(tenant, session string, l *limits, shared *sharedRules, now time.Time, dec *admit.Decision) (sharedRefusal, bool) {
+	g.refusalsMu.Lock()
+	defer g.refusalsMu.Unlock()
+	r, ok := g.connects[tenant][session]
+	if !ok || r.limits != l || !now.Before(r.until) ||
+		r.shared != nil && (r.shared != shared || r.sr.slots && r.freed != g.slotsFreed) {
+		return sharedRefusal{}, false
+	}
+	dec.Reset()
+	dec.DeniedBy, dec.RetryAfter = r.deniedBy, max(r.retry.Sub(now), time.Millisecond)
+	return r.sr, true
+}
+
+// learnConnectRefusal remembers the refusal dec of a connection of the
+// tenant's session (see connectRefusedLocally) by l and the global rules
+// shared (what they say of it: sr), decided at now; freed is what
+// slotsFreed said before the decision was asked. Only sessions the store
+// knows get here: the entries are bounded by the live sessions (of an
+// anonymous tenant, by session and address) refused within a refusal
+// period.
+func (g *Gateway) learnConnectRefusal(tenant, session string, l *limits, shared *sharedRules, now time.Time, freed uint64, dec *admit.Decision, sr sharedRefusal) {
+	if dec.RetryAfter <= 0 {
+		return
+	}
+	r := connectRefusal{limits: l, deniedBy: dec.DeniedBy, retry: now.Add(dec.RetryAfter), until: now.Add(dec.RetryAfter), sr: sr, freed: freed}
+	r.slots = dec.DeniedBy == LimitTenantConnections || dec.DeniedBy == LimitConnectionsPerSession
+	if sr.refused {
+		r.shared = shared
+	}
+	if r.slots || sr.slots {
 		r.until = now.Add(min(dec.RetryAfter, slotRefusalHold))
 	}
 	g.refusalsMu.Lock()
 	defer g.refusalsMu.Unlock()
-	if r.slots && g.slotsFreed != freed {
+	if (r.slots || sr.slots) && g.slotsFreed != freed {
 		return // a slot was freed while the store decided: it may fit now
 	}
 	m := g.connects[tenant]

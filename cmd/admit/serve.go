@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/wsgateway"
@@ -313,7 +314,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 			log.Warn("shutdown: the last usage records were not written", "err", err)
 		}
 	}()
-	gw, err := wsgateway.New(gatewayOptions(&cfg.Gateway, st, catalog, dec, log))
+	gw, err := wsgateway.New(gatewayOptions(&cfg.Gateway, &hopts, st, catalog, dec, log))
 	if err != nil {
 		return err // validated with the configuration
 	}
@@ -440,8 +441,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 }
 
 // gatewayOptions are the WebSocket gateway's options from the gateway
-// section (validated with the configuration).
-func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, dec *policy.Decider, log *slog.Logger) wsgateway.Options {
+// section (validated with the configuration); h says which proxies are
+// believed about a client's address.
+func gatewayOptions(g *GatewayConfig, h *httplimit.Options, st *openedStore, catalog *policy.Catalog, dec *policy.Decider, log *slog.Logger) wsgateway.Options {
 	dur := func(s string) time.Duration {
 		d, _ := time.ParseDuration(s)
 		return d
@@ -452,6 +454,14 @@ func gatewayOptions(g *GatewayConfig, st *openedStore, catalog *policy.Catalog, 
 		SendBytes: int(g.SendBufferBytes), SendFrames: int(g.SendBufferFrames),
 		MaxMessageBytes: g.MaxMessageBytes, PoolWorkers: int(g.PoolWorkers),
 		FrameBudget: int(g.FrameBudget), FrameBudgetPerSecond: int(g.FrameBudgetPerSecond),
+		// The anonymous callers share their part of the global rules
+		// by the address Admit sees, as the HTTP API shares it.
+		ClientAddr: func(r *http.Request) string {
+			if a := httplimit.ClientIP(r, h.TrustedProxies, h.ForwardedHeader); a.IsValid() {
+				return a.String()
+			}
+			return ""
+		},
 	}
 }
 

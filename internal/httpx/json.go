@@ -3,6 +3,7 @@ package httpx
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -27,6 +28,24 @@ import (
 // an object of more keys is checked through a map, so that the time
 // stays linear in the size of data.
 func DuplicateKey(data []byte, fold bool) (string, bool) {
+	if fold {
+		return duplicateKey(data, math.MaxInt)
+	}
+	return duplicateKey(data, 0)
+}
+
+// DuplicateFieldKey is DuplicateKey for a JSON object decoded into a
+// struct whose fields keep nested values as they are (json.RawMessage):
+// the outermost object's keys are compared in any case, as encoding/json
+// matches them to the struct's fields, and the keys of the objects within
+// exactly, as whoever reads those values next may tell "a" from "A".
+func DuplicateFieldKey(data []byte) (string, bool) {
+	return duplicateKey(data, 1)
+}
+
+// duplicateKey is DuplicateKey with the keys of objects nested less than
+// foldDepth deep (the outermost is 0) compared in any case.
+func duplicateKey(data []byte, foldDepth int) (string, bool) {
 	// For each object and array open, innermost last: where its keys
 	// begin in keys (-1 for an array), whether a key comes next, and,
 	// once it has more than linearKeys keys, a map of them normalized
@@ -74,6 +93,7 @@ func DuplicateKey(data []byte, fold bool) (string, bool) {
 			if top < 0 || starts[top] < 0 || !inKey[top] {
 				continue // a value
 			}
+			fold := top < foldDepth
 			if m := big[top]; m != nil {
 				n := normal(raw, fold)
 				if _, dup := m[n]; dup {

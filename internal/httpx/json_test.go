@@ -50,6 +50,29 @@ func TestDuplicateKey(t *testing.T) {
 	}
 }
 
+// TestDuplicateFieldKey: the outermost object's keys are compared as
+// encoding/json matches them to a struct's fields, in any case; the keys
+// of the values it keeps raw, exactly.
+func TestDuplicateFieldKey(t *testing.T) {
+	for _, tc := range []struct{ json, key string }{
+		{`{"route":"silo","id":"1","data":{"a":1,"A":2}}`, ""},
+		{`{"route":"silo","Route":"pool"}`, "Route"},
+		{`{"route":"silo","route":"pool"}`, "route"},
+		{`{"route":"silo","data":{"a":1,"a":2}}`, "a"},
+		{`{"route":"silo","data":[{"ID":1,"id":2}]}`, ""},
+		{`{"data":{"x":{"k":1,"k":2}}}`, "k"},
+	} {
+		k, dup := DuplicateFieldKey([]byte(tc.json))
+		if k != tc.key || dup != (tc.key != "") {
+			t.Errorf("DuplicateFieldKey(%s) = %q, %v; want %q", tc.json, k, dup, tc.key)
+		}
+	}
+	frame := []byte(`{"route":"silo","id":"m1","data":{"text":"hello","Text":"x"}}`)
+	if n := testing.AllocsPerRun(100, func() { DuplicateFieldKey(frame) }); n != 0 {
+		t.Errorf("%v allocations a check", n)
+	}
+}
+
 // TestDuplicateKeyAllocations: the bodies of the API (objects of a few
 // keys, an attributes object inside) are checked without allocating.
 func TestDuplicateKeyAllocations(t *testing.T) {

@@ -125,8 +125,8 @@ func newGatewayCollector(g *wsgateway.Gateway) *gatewayCollector {
 		g:        g,
 		conns:    prometheus.NewDesc("admit_gateway_connections", "WebSocket connections open on this server.", nil, nil),
 		connects: prometheus.NewDesc("admit_gateway_connects_total", "WebSocket connection attempts, by result: admitted, refused (over a limit, 429) or rejected (authorizer, origin, bad request).", []string{"result"}, nil),
-		refused:  prometheus.NewDesc("admit_gateway_refused_total", "WebSocket connections refused, by the limit that refused them.", []string{"limit"}, nil),
-		messages: prometheus.NewDesc("admit_gateway_messages_total", "WebSocket client frames, by result: processed, throttled (messages_per_minute) or malformed.", []string{"result"}, nil),
+		refused:  prometheus.NewDesc("admit_gateway_refused_total", "WebSocket connections refused, by the limit that refused them: a tier's connection limit, or global (a global rule naming ws:connect).", []string{"limit"}, nil),
+		messages: prometheus.NewDesc("admit_gateway_messages_total", "WebSocket client frames, by result: processed, throttled (messages_per_minute or a global rule naming ws:message) or malformed.", []string{"result"}, nil),
 		closed:   prometheus.NewDesc("admit_gateway_closed_total", "WebSocket connections the gateway closed, by reason: slow_consumer (1008), frame_budget (1008) or session_expired.", []string{"reason"}, nil),
 		local:    prometheus.NewDesc("admit_gateway_throttled_locally_total", "Throttled WebSocket messages refused without asking the store: the tenant's refusal was known on this server.", nil, nil),
 		control:  prometheus.NewDesc("admit_gateway_control_frames_total", "Pings and pongs received from WebSocket clients.", nil, nil),
@@ -152,6 +152,8 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.refused, st.Refused[i], name)
 		refused += st.Refused[i]
 	}
+	counter(c.refused, st.RefusedGlobal, "global")
+	refused += st.RefusedGlobal
 	counter(c.connects, st.Admitted, "admitted")
 	counter(c.connects, refused, "refused")
 	counter(c.connects, st.Rejected, "rejected")
