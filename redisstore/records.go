@@ -255,7 +255,7 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 			return false, 0, err
 		}
 		if op == "l" {
-			s.forgetReleased(tag, fields)
+			s.forgetReleased(fields)
 		}
 		if len(v) >= 4 && v[2] == 1 {
 			held, expiry = true, max(expiry, v[3])

@@ -206,19 +206,23 @@ func (s *Store) forgetRefusals(charges []admit.Charge) {
 	rs.n.Store(int64(len(rs.m)))
 }
 
-// forgetReleased drops the refusals a release of a lease recorded under
-// tag, holding the Redis keys fields, may end: its keys', and the classes'
-// whose holdings it names (see shareKeys).
-func (s *Store) forgetReleased(tag string, fields []string) {
+// forgetReleased drops the refusals a release of a lease may end, whose
+// record holds the Redis keys fields (each the store's prefix, a hash tag
+// and a charge's key: outside Cluster one record holds every tag's): its
+// keys', and the classes' whose holdings it names (see shareKeys).
+func (s *Store) forgetReleased(fields []string) {
 	rs := &s.refused
 	if rs.n.Load() == 0 {
 		return
 	}
-	base := s.prefix + "{" + tag + "}"
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for _, f := range fields {
-		key, ok := strings.CutPrefix(f, base)
+		rest, ok := strings.CutPrefix(f, s.prefix+"{")
+		if !ok {
+			continue
+		}
+		_, key, ok := strings.Cut(rest, "}") // tags hold no "}"
 		if !ok {
 			continue
 		}

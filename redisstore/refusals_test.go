@@ -196,3 +196,70 @@ func TestLocalRefusalsBounded(t *testing.T) {
 		t.Errorf("LocalRefusals = %d, want 50", h.LocalRefusals)
 	}
 }
+
+// TestLocalConcurrencyRefusals: a full concurrency limit is refused
+// without a call for 250 ms at most, and not a moment longer once a lease
+// on it is released through the same store; a share's refusal (a class at
+// its ceiling) likewise, by the class's own release; outside Cluster, where
+// one record holds a decision's every key.
+func TestLocalConcurrencyRefusals(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	s := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "concrefuse:"})
+	defer s.Close()
+	ctx := context.Background()
+	slots := &admit.Rule{Name: "slots", Algorithm: admit.Concurrency, Max: 2, LeaseTTL: time.Hour}
+	tenant := &admit.Rule{Name: "t", Algorithm: admit.Concurrency, Max: 100, LeaseTTL: time.Hour}
+	share := &admit.Share{Class: "tenant:a", Weight: 1}
+	decide := func(shared bool) (admit.Decision, int64) {
+		t.Helper()
+		c := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "a", Rule: "t"}.String(), Rule: tenant, Cost: 1}, {Key: "global-slots", Rule: slots, Cost: 1}}
+		if shared {
+			c[1].Share = share
+		}
+		before := s.Health().Calls
+		var d admit.Decision
+		if err := s.Decide(ctx, c, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d, s.Health().Calls - before
+	}
+	for _, shared := range []bool{false, true} {
+		// Unshared: two slots, then full. Shared, alone: the ceiling, 1.
+		n := 2
+		if shared {
+			n = 1
+		}
+		var held []string
+		for range n {
+			d, _ := decide(shared)
+			if !d.Allowed {
+				t.Fatalf("shared %v: a lease refused: %+v", shared, d.Results)
+			}
+			held = append(held, d.Lease.ID)
+		}
+		if d, calls := decide(shared); d.Allowed || calls != 1 {
+			t.Fatalf("shared %v: over the limit: allowed %v after %d calls", shared, d.Allowed, calls)
+		}
+		if d, calls := decide(shared); d.Allowed || calls != 0 {
+			t.Fatalf("shared %v: again: allowed %v after %d calls, want a local refusal", shared, d.Allowed, calls)
+		}
+		clock.Set(clock.Now().Sub(storetest.Epoch) + 251*time.Millisecond)
+		if d, calls := decide(shared); d.Allowed || calls != 1 {
+			t.Fatalf("shared %v: after 251 ms: allowed %v after %d calls, want Redis's refusal", shared, d.Allowed, calls)
+		}
+		if err := s.ReleaseLease(ctx, held[0]); err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := decide(shared); !d.Allowed {
+			t.Fatalf("shared %v: after a release: refused %+v", shared, d.Results)
+		} else {
+			held[0] = d.Lease.ID
+		}
+		for _, id := range held {
+			if err := s.ReleaseLease(ctx, id); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -137,7 +137,10 @@ func TestRefusedFramesCostTheStoreNothing(t *testing.T) {
 	sessions := &countingSessions{Sessions: wsgateway.NewMemorySessions(nil)}
 	gw := roomy
 	gw.MessagesPerMinute = 3
-	h := newHarness(t, gw, roomy, &wsgateway.Options{Store: store, Sessions: sessions, Clock: clock.Now})
+	// Leases of a day: the clock jumps minutes ahead below, and a
+	// heartbeat meeting the jump must not find its connection's slot
+	// expired.
+	h := newHarness(t, gw, roomy, &wsgateway.Options{Store: store, Sessions: sessions, Clock: clock.Now, LeaseTTL: 24 * time.Hour})
 	c := h.mustDial("t1", h.session("t1"))
 	r := readInBackground(c)
 	for i := range 3 {
