@@ -151,7 +151,7 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 			c.fail(fmt.Sprintf("%s.api_keys_sha256[%d]", path, i), "not a lower-case hex SHA-256 (64 hex digits)")
 		}
 	}
-	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts, Weight: c.weight(path+".weight", ts.Weight, tier.Weight)}
+	t := &Tenant{ID: id, Tier: tier, Rules: tier.Rules, Source: "config", Spec: *ts, Weight: c.weight(path+".weight", ts.Weight, tier.Weight), class: "tenant:" + id}
 	overridden := map[string]bool{}
 	cloned := false // t.Rules is still the tier's slice until an override lands
 	for i := range ts.Overrides {

@@ -234,6 +234,8 @@ type Tenant struct {
 	// Weight is the tenant's weight in shared limits: its own, or its
 	// tier's.
 	Weight int64
+	// class is the tenant's class in shared limits, made once.
+	class string
 	// Source is "config", "admin", or "default" for a tenant the catalog
 	// does not know that got the default tier.
 	Source string

@@ -106,7 +106,11 @@ const Anonymous = "anonymous"
 func (p *Policy) shareOf(req *Request, res *Resolution) {
 	t := res.Tenant
 	if t != nil && (t.Source != "default" || !req.Untrusted) {
-		res.share = admit.Share{Class: "tenant:" + t.ID, Weight: max(t.Weight, 1)}
+		class := t.class
+		if class == "" {
+			class = "tenant:" + t.ID
+		}
+		res.share = admit.Share{Class: class, Weight: max(t.Weight, 1)}
 	} else {
 		res.share = admit.Share{Class: Anonymous, Weight: max(p.anonymous, 1), Sub: ClientPrefix(req.Client)}
 	}
