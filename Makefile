@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm fuzz image pictures
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm bench-fair fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
@@ -54,6 +54,9 @@ bench-rls-peer: deps ## admit serve vs envoyproxy/ratelimit on one Redis, side b
 	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5
 	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5 -charge each
 
+bench-fair: deps ## the limits tenants share, through two admit serve on one Redis: what each tenant gets, 60 s a scenario (docs/security.md, "Shared limits"); about 10 minutes
+	cd bench && $(GO) run ./fairbench -duration 60s
+
 bench-llm: ## admit proxy's LLM metering vs plain admit proxy: CPU per call, delay per streamed chunk, memory of a 100 MB stream (docs/benchmarks.md)
 	cd bench && $(GO) run ./llmbench -callers 32 -duration 3s -rounds 5
 
@@ -67,6 +70,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzShare -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzRedact -fuzztime=$(FUZZTIME) ./redisstore
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server

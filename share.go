@@ -510,6 +510,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		return
 	}
 	res.Allowed = false
+	res.Shared += c // the rule holds what it held: nothing was charged
 	// The earliest the class could pass: its share refilled, the rule
 	// holding enough beyond the others' claims, or the next epoch, when
 	// classes that stopped asking no longer count.
@@ -601,6 +602,7 @@ func decideSlots(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *S
 	}
 	if path == ShareRefused {
 		res.Allowed = false
+		res.Shared += c
 		res.RetryAfter = max(res.RetryAfter, time.Duration(now-now%sp.epoch+sp.epoch-now))
 	}
 }

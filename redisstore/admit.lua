@@ -1040,6 +1040,7 @@ local function shareDecide(i, R, res, c, peek)
     if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
     if path == 3 then
       res.allowed = 0
+      res.pool = res.pool + c
       res.retry = mmax(res.retry or 0, toEpoch)
     end
     chg = {pool, cls, sub}
@@ -1105,6 +1106,7 @@ local function shareDecide(i, R, res, c, peek)
     if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
     if path == 3 then
       res.allowed = 0
+      res.pool = res.pool + c
       local wait = toEpoch
       if rate > 0 and fc <= mmax(capC, 1) then
         local need = (mmin(fc, capC) - lc) / rate

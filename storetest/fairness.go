@@ -434,11 +434,22 @@ func FairScenarios() []FairScenario {
 		}
 		return ls
 	}
+	// weighted is four classes of weights 1 to 4, each asking twice its
+	// weighted share of the rule's rate.
+	weighted := func(rule admit.Rule) []FairLoad {
+		perSecond := float64(rule.Rate.N) / rule.Rate.Per.Seconds()
+		var ls []FairLoad
+		for w := int64(1); w <= 4; w++ {
+			ls = append(ls, FairLoad{Class: fmt.Sprintf("tenant-w%d", w), Weight: w, Rate: 2 * perSecond * float64(w) / 10})
+		}
+		return ls
+	}
 	const d = 60 * time.Second
 	return []FairScenario{
 		{Name: "bucket/one_at_100x", Rule: bucket, Duration: d, Loads: tenants(bucket, true, false, 0.5)},
 		{Name: "bucket/anonymous_at_100x", Rule: bucket, Duration: d, Loads: tenants(bucket, true, true, 0.5)},
 		{Name: "bucket/all_at_2x", Rule: bucket, Duration: d, Loads: tenants(bucket, false, false, 2)},
+		{Name: "bucket/weighted_at_2x", Rule: bucket, Duration: d, Loads: weighted(bucket)},
 		{Name: "acquire/one_at_100x", Rule: bucket, Duration: d, MaxWait: time.Second, Loads: tenants(bucket, true, false, 0.5)},
 		{Name: "acquire/all_at_2x", Rule: bucket, Duration: d, MaxWait: time.Second, Loads: tenants(bucket, false, false, 2)},
 		{Name: "fixed_window/one_at_100x", Rule: window, Duration: d, Loads: tenants(window, true, false, 0.5)},
@@ -488,6 +499,10 @@ func CheckFairReport(t testing.TB, sc FairScenario, rep FairReport) {
 	conc := sc.Rule.Algorithm == admit.Concurrency
 	greedy := sc.Loads[0].Rate > sc.Loads[1].Rate || sc.Loads[0].Hold > sc.Loads[1].Hold
 	n := float64(len(sc.Loads))
+	totalWeight := int64(0)
+	for _, l := range sc.Loads {
+		totalWeight += l.Weight
+	}
 	for i := range sc.Loads {
 		switch {
 		case greedy && i == 0:
@@ -505,9 +520,9 @@ func CheckFairReport(t testing.TB, sc FairScenario, rep FairReport) {
 				t.Errorf("class %d held %.2f slots on average; its share is %.1f (±10%%)", i, got, share)
 			}
 		default:
-			share := float64(rep.Bound) / n
+			share := float64(rep.Bound) * float64(sc.Loads[i].Weight) / float64(totalWeight)
 			if got := float64(rep.Admitted[i]); got < 0.9*share || got > 1.1*share {
-				t.Errorf("class %d got %.0f; its share is %.0f (±10%%)", i, got, share)
+				t.Errorf("class %d (weight %d) got %.0f; its share is %.0f (±10%%)", i, sc.Loads[i].Weight, got, share)
 			}
 		}
 	}

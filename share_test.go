@@ -1,0 +1,309 @@
+package admit
+
+import (
+	"testing"
+	"time"
+)
+
+// shareKey is the states a store keeps for one key of a shared rule: the
+// rule's own, the pool, and each class's and sub's records.
+type shareKey struct {
+	p     *PreparedRule
+	st    [2]State
+	pool  ShareState
+	recs  map[string]ShareState
+	slots map[string]int64 // concurrency: slots held per class
+	held  int64
+}
+
+func newShareKey(t *testing.T, r *Rule) *shareKey {
+	t.Helper()
+	p, err := r.Prepare()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &shareKey{p: p, recs: map[string]ShareState{}, slots: map[string]int64{}}
+}
+
+// decide decides a charge of cost for share at now (ns after t0), all or
+// nothing as a store does, and returns the result.
+func (k *shareKey) decide(share Share, now, cost int64, debit bool) Result {
+	var res Result
+	next := k.st
+	if k.p.rule.Algorithm == Concurrency {
+		res = Result{Rule: k.p.rule.Name, Limit: k.p.rule.Max}
+		if k.held+cost <= k.p.rule.Max {
+			res.Allowed, res.Remaining = true, k.p.rule.Max-k.held-cost
+		} else {
+			res.Remaining, res.RetryAfter = k.p.rule.Max-k.held, time.Second
+		}
+	} else {
+		next = k.p.StepTo(&res, k.st, now, cost, debit)
+	}
+	in := ShareInput{Pool: k.pool, Class: k.recs[share.Class], Share: &share, Cost: cost, Debit: debit, Held: k.slots[share.Class]}
+	if share.Sub != "" {
+		in.Sub = k.recs[share.Class+"/"+share.Sub]
+	}
+	out := k.p.DecideShare(&res, &in, now)
+	admitted := (res.Allowed || debit) && cost > 0
+	recs := out.Touched
+	if admitted {
+		recs = out.Charged
+		k.st = next
+		if k.p.rule.Algorithm == Concurrency {
+			k.held += cost
+			k.slots[share.Class] += cost
+		}
+	}
+	k.pool, k.recs[share.Class] = recs[SharePoolRecord], recs[ShareClassRecord]
+	if share.Sub != "" {
+		k.recs[share.Class+"/"+share.Sub] = recs[ShareSubRecord]
+	}
+	return res
+}
+
+const t0 = int64(1_767_225_600_000_000_000) // 2026-01-01, a second's start
+
+// TestShareBucketTimeline: a bucket of 10 tokens and 10/s shared by equal
+// classes.
+func TestShareBucketTimeline(t *testing.T) {
+	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10}
+	k := newShareKey(t, r)
+	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	// Alone, a takes the share ceiling of the stock at once (half): 5.
+	for i := range 5 {
+		if res := k.decide(a, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+			t.Fatalf("a's check %d alone: %+v", i, res)
+		}
+	}
+	res := k.decide(a, t0, 1, false)
+	if res.Allowed || res.Share != ShareRefused || res.Shared != 5 || res.RetryAfter != 100*time.Millisecond {
+		t.Fatalf("a's sixth check alone: %+v, want refused over its share, 5 left, retry 100ms (its next token)", res)
+	}
+	// But a takes the rule's rate: a token 100 ms later.
+	if res := k.decide(a, t0+int64(100*time.Millisecond), 1, false); !res.Allowed {
+		t.Fatalf("a's token 100ms later: %+v", res)
+	}
+	// b arrives and finds its part at once: half the burst, 5.
+	for i := range 5 {
+		if res := k.decide(b, t0+int64(100*time.Millisecond), 1, false); !res.Allowed || res.Share != ShareAssured {
+			t.Fatalf("b's check %d: %+v", i, res)
+		}
+	}
+	// Both active: a's next token comes at its share of the rate, 5/s.
+	now := t0 + int64(100*time.Millisecond)
+	if res := k.decide(a, now+int64(100*time.Millisecond), 1, false); res.Allowed {
+		t.Fatalf("a 100ms later, now at half the rate: %+v", res)
+	}
+	if res := k.decide(a, now+int64(200*time.Millisecond), 1, false); !res.Allowed {
+		t.Fatalf("a 200ms later: %+v", res)
+	}
+}
+
+// TestShareWeights: classes of weights 3 and 1 take 3/4 and 1/4 of the
+// burst.
+func TestShareWeights(t *testing.T) {
+	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 40}
+	k := newShareKey(t, r)
+	heavy, light := Share{Class: "heavy", Weight: 3}, Share{Class: "light", Weight: 1}
+	k.decide(light, t0, 0, false) // a look counts no one
+	k.decide(light, t0, 1, false) // light is active
+	got := 0
+	for k.decide(heavy, t0, 1, false).Allowed {
+		got++
+	}
+	if got != 30 {
+		t.Errorf("heavy took %d of 40 beside light, want 30 (3/4)", got)
+	}
+	got = 1
+	for k.decide(light, t0, 1, false).Allowed {
+		got++
+	}
+	if got != 10 {
+		t.Errorf("light took %d of 40 beside heavy, want 10 (1/4)", got)
+	}
+}
+
+// TestShareEpochs: a class that stops asking counts for two epochs, then
+// no longer, and the other takes the whole rate again.
+func TestShareEpochs(t *testing.T) {
+	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10} // epoch 1 s
+	k := newShareKey(t, r)
+	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	k.decide(b, t0, 1, false)
+	for k.decide(a, t0, 1, false).Allowed {
+	}
+	// b stays counted through the next epoch: a's share is half.
+	if s := shareOf(k, a, t0+int64(1500*time.Millisecond)); s != 0.5 {
+		t.Errorf("a's share 1.5 s after b asked: %v, want 0.5", s)
+	}
+	if s := shareOf(k, a, t0+int64(2500*time.Millisecond)); s != 1 {
+		t.Errorf("a's share 2.5 s after b asked: %v, want 1", s)
+	}
+}
+
+// shareOf returns share's part of k at now, as a look sees it.
+func shareOf(k *shareKey, share Share, now int64) float64 {
+	in := ShareInput{Pool: k.pool, Class: k.recs[share.Class], Share: &share}
+	pool, cls := in.Pool, in.Class
+	e := now/k.p.share.epoch + 1
+	pool.Pool.roll(e)
+	markActive(&pool.Pool, &cls, e, share.Weight)
+	return min(float64(share.Weight)/float64(max(pool.Pool.active(), share.Weight)), 1)
+}
+
+// TestShareDebitsAndLooks: a debit is taken from the class's part first
+// and is never refused; a look (cost 0) reports what the class may take
+// and keeps nothing.
+func TestShareDebitsAndLooks(t *testing.T) {
+	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 20}
+	k := newShareKey(t, r)
+	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	k.decide(b, t0, 1, false)
+	pool := k.pool
+	look := k.decide(a, t0, 0, false)
+	if k.pool != pool || look.Remaining != 10 {
+		t.Errorf("a look: pool changed %v, remaining %d, want unchanged and 10 (a's part)", k.pool != pool, look.Remaining)
+	}
+	if res := k.decide(a, t0, 15, true); res.Share != ShareAssured {
+		t.Fatalf("a's debit of 15: %+v", res)
+	}
+	if lv := k.recs["a"].Level; lv != -5 {
+		t.Errorf("a's part after a debit of 15: %v, want -5", lv)
+	}
+	// a is in debt: nothing of its own, and the rule's 4 left are b's.
+	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != ShareRefused {
+		t.Errorf("a in debt: %+v, want refused over its share", res)
+	}
+}
+
+// TestShareSubs: the anonymous callers' part is divided among their
+// addresses equally.
+func TestShareSubs(t *testing.T) {
+	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 40}
+	k := newShareKey(t, r)
+	tenant := Share{Class: "tenant:x", Weight: 1}
+	k.decide(tenant, t0, 1, false)
+	one, two := Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.1"}, Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.2"}
+	k.decide(two, t0, 1, false) // the second address is active
+	got := 0
+	for k.decide(one, t0, 1, false).Share == ShareAssured {
+		got++
+	}
+	if got != 10 {
+		t.Errorf("one address took %d of the anonymous part's 20 beside another, want 10", got)
+	}
+}
+
+// TestShareSlots: concurrency slots held within the entitled part, beyond
+// it up to the ceiling, and not while a class below its part has claimed.
+func TestShareSlots(t *testing.T) {
+	r := &Rule{Name: "slots", Algorithm: Concurrency, Max: 10}
+	k := newShareKey(t, r)
+	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	// Alone, a holds at most the ceiling: 5.
+	for i := range 5 {
+		if res := k.decide(a, t0, 1, false); !res.Allowed {
+			t.Fatalf("a's slot %d: %+v", i, res)
+		}
+	}
+	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != ShareRefused {
+		t.Fatalf("a's sixth slot alone: %+v, want refused at the ceiling", res)
+	}
+	// b takes its 5; the rule is full; b asks for a sixth (beyond its
+	// part, no claim), a frees one and b borrows it.
+	for i := range 5 {
+		if res := k.decide(b, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+			t.Fatalf("b's slot %d: %+v", i, res)
+		}
+	}
+	// A third class, refused while the rule is full, claims its part (3).
+	c := Share{Class: "c", Weight: 1}
+	if res := k.decide(c, t0, 1, false); res.Allowed {
+		t.Fatalf("c on a full rule: %+v", res)
+	}
+	if cl := k.recs["c"].Claim; cl != 1 {
+		t.Errorf("c's claim: %d, want 1", cl)
+	}
+	// a frees a slot: b may not borrow it (c claims it); c takes it.
+	k.held--
+	k.slots["a"]--
+	if res := k.decide(b, t0, 1, false); res.Allowed {
+		t.Errorf("b borrowed the slot c claimed: %+v", res)
+	}
+	if res := k.decide(c, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+		t.Errorf("c's claimed slot: %+v", res)
+	}
+	if cl := k.recs["c"].Claim; cl != 0 {
+		t.Errorf("c's claim after its slot: %d, want 0", cl)
+	}
+}
+
+// FuzzShare drives a shared rule of arbitrary parameters with arbitrary
+// classes, costs and times, and checks what every decision must hold: a
+// share refuses only what the rule admits, and then says when to come
+// back; what a class may take is never negative nor more than the rule
+// has; every record stays finite and expires.
+func FuzzShare(f *testing.F) {
+	f.Add(uint8(1), uint32(10), uint32(10), []byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add(uint8(3), uint32(600), uint32(6000), []byte{9, 200, 3, 1, 0, 255, 17})
+	f.Add(uint8(7), uint32(4), uint32(1), []byte{1, 1, 1, 2, 2, 2, 3, 3})
+	f.Fuzz(func(t *testing.T, alg uint8, n, size uint32, steps []byte) {
+		algs := []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, Combination, Concurrency, Quota}
+		r := &Rule{Name: "g", Algorithm: algs[int(alg)%len(algs)]}
+		n, size = n%1000+1, size%10_000+1
+		switch r.Algorithm {
+		case TokenBucket, GCRA:
+			r.Rate, r.Burst = PerSecond(int64(n)), int64(size)
+		case Combination:
+			r.Rate, r.Burst, r.Floor = PerSecond(int64(n)), int64(size), PerSecond(int64(n))
+		case FixedWindow, SlidingWindow:
+			r.Limit, r.Window = int64(size), time.Duration(n)*time.Second
+		case SlidingLog:
+			r.Limit, r.Window = min(int64(size), MaxSlidingLogLimit), time.Duration(n)*time.Second
+		case Concurrency:
+			r.Max = min(int64(size), 1000)
+		case Quota:
+			r.Limit, r.Period = int64(size), Day
+		}
+		if err := r.Validate(); err != nil {
+			t.Skip(err)
+		}
+		if r.Algorithm == SlidingLog {
+			t.Skip("a log's state is a Log, not a State") // decided by the stores' suites
+		}
+		k := newShareKey(t, r)
+		now := t0
+		for i := 0; i+1 < len(steps); i += 2 {
+			op, arg := steps[i], steps[i+1]
+			now += int64(arg) * int64(time.Millisecond) * int64(op%7)
+			share := Share{Class: string(rune('a' + op%4)), Weight: int64(op%5) + 1}
+			if op%11 == 0 {
+				share = Share{Class: "anonymous", Weight: 2, Sub: string(rune('0' + arg%5))}
+			}
+			cost := int64(arg % 4)
+			most := r.MostAtOnce()
+			if cost > most {
+				cost = most
+			}
+			debit := op%13 == 0 && r.CheckDebit(0) == nil
+			res := k.decide(share, now, cost, debit)
+			switch {
+			case res.Share == ShareRefused && res.RetryAfter <= 0:
+				t.Fatalf("step %d: a share refusal without a wait: %+v", i, res)
+			case res.Remaining < 0, res.Shared < 0:
+				t.Fatalf("step %d: negative: %+v", i, res)
+			case res.Share != ShareNone && res.Remaining > res.Shared+cost:
+				t.Fatalf("step %d: the class may take %d of a rule holding %d: %+v", i, res.Remaining, res.Shared, res)
+			}
+			for name, st := range k.recs {
+				if st.Level != st.Level || st.Level > 1e15 || st.Level < -1e15 {
+					t.Fatalf("step %d: %s's level %v", i, name, st.Level)
+				}
+				if st.At > 0 && st.Expiry(k.p) <= 0 {
+					t.Fatalf("step %d: %s's record never expires", i, name)
+				}
+			}
+		}
+	})
+}
