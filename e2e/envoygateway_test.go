@@ -22,7 +22,12 @@ import (
 	"testing"
 	"time"
 
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	jwtv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/jwt_authn/v3"
+	ratelimitfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -32,6 +37,9 @@ import (
 	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/admitdev/admit/redistest"
@@ -60,15 +68,75 @@ type routeRateLimits struct {
 	} `json:"rateLimits"`
 }
 
-// translatePolicy runs Envoy Gateway's own translator (egctl x translate,
-// built from the module proxy) over a Gateway, an HTTPRoute and
-// deploy/envoy-gateway/backendtrafficpolicy.yaml, and returns the route's
-// rate limit configuration as Envoy gets it.
-func translatePolicy(t *testing.T) routeRateLimits {
+// egGateway is what Envoy Gateway's translator makes of deploy/envoy-gateway's
+// policies for the gateway's listener and the route.
+type egGateway struct {
+	// route is the route's rate limit configuration, as Envoy gets it.
+	route routeRateLimits
+	// limits are the same rate limits in Envoy's types.
+	limits []*routev3.RateLimit
+	// edge is what the listener does to a request before its rate limit
+	// filter reads it.
+	edge edge
+	// jwtRequired says the route's requests need a token that verifies.
+	jwtRequired bool
+}
+
+// typedObjects returns every object of the decoded JSON doc whose @type
+// is typeURL, wherever it is.
+func typedObjects(doc any, typeURL string) []map[string]any {
+	var found []map[string]any
+	var walk func(v any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if v["@type"] == typeURL {
+				found = append(found, v)
+			}
+			for _, e := range v {
+				walk(e)
+			}
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(doc)
+	return found
+}
+
+// unmarshalAny decodes an object of the translator's JSON output, with its
+// @type, into m, strictly.
+func unmarshalAny(t *testing.T, obj map[string]any, m proto.Message) {
 	t.Helper()
-	policy, err := os.ReadFile("../deploy/envoy-gateway/backendtrafficpolicy.yaml")
+	b, err := json.Marshal(obj)
 	if err != nil {
 		t.Fatal(err)
+	}
+	var a anypb.Any
+	if err := protojson.Unmarshal(b, &a); err != nil {
+		t.Fatalf("%s: %v", obj["@type"], err)
+	}
+	if err := a.UnmarshalTo(m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// translatePolicy runs Envoy Gateway's own translator (egctl x translate,
+// built from the module proxy) over a Gateway, an HTTPRoute and
+// deploy/envoy-gateway's policies (backendtrafficpolicy.yaml and
+// identity.yaml), and returns what it made of them for the gateway's
+// listener and the route.
+func translatePolicy(t *testing.T) egGateway {
+	t.Helper()
+	var policies []string
+	for _, f := range []string{"backendtrafficpolicy.yaml", "identity.yaml"} {
+		b, err := os.ReadFile("../deploy/envoy-gateway/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policies = append(policies, string(b))
 	}
 	in := filepath.Join(t.TempDir(), "in.yaml")
 	if err := os.WriteFile(in, []byte(`apiVersion: gateway.networking.k8s.io/v1
@@ -90,11 +158,11 @@ spec:
   parentRefs: [{name: eg}]
   rules: [{backendRefs: [{name: backend, port: 3000}]}]
 ---
-`+string(policy)), 0o600); err != nil {
+`+strings.Join(policies, "\n---\n")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("go", "run", "github.com/envoyproxy/gateway/cmd/egctl@"+egctlVersion,
-		"x", "translate", "--from", "gateway-api", "--to", "xds", "-t", "route", "--add-missing-resources", "-f", in, "-n", "default", "-o", "json")
+		"x", "translate", "--from", "gateway-api", "--to", "xds", "-t", "all", "--add-missing-resources", "-f", in, "-n", "default", "-o", "json")
 	cmd.Dir = t.TempDir() // outside the e2e module: egctl's own go.mod decides
 	out, err := cmd.Output()
 	if err != nil {
@@ -104,38 +172,67 @@ spec:
 		}
 		t.Fatalf("egctl x translate: %v\n%s", err, stderr)
 	}
-	// Find the per-route rate limit filter configuration wherever it is.
 	var doc any
 	if err := json.Unmarshal(out, &doc); err != nil {
 		t.Fatalf("egctl output: %v", err)
 	}
-	var found []routeRateLimits
-	var walk func(v any)
-	walk = func(v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if v["@type"] == "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute" {
-				b, _ := json.Marshal(v)
-				var r routeRateLimits
-				if err := json.Unmarshal(b, &r); err != nil {
-					t.Fatal(err)
-				}
-				found = append(found, r)
-			}
-			for _, e := range v {
-				walk(e)
-			}
-		case []any:
-			for _, e := range v {
-				walk(e)
-			}
+	var g egGateway
+
+	// The per-route rate limit filter configuration, wherever it is.
+	perRoute := typedObjects(doc, "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute")
+	if len(perRoute) != 1 {
+		t.Fatalf("egctl made %d per-route rate limit configurations of the policy, want 1:\n%s", len(perRoute), out)
+	}
+	b, _ := json.Marshal(perRoute[0])
+	if err := json.Unmarshal(b, &g.route); err != nil {
+		t.Fatal(err)
+	}
+	if len(g.route.RateLimits) != 2 {
+		t.Fatalf("egctl made %d rate limits of the policy's rules, want 2:\n%s", len(g.route.RateLimits), out)
+	}
+	var prl ratelimitfilter.RateLimitPerRoute
+	unmarshalAny(t, perRoute[0], &prl)
+	g.limits = prl.GetRateLimits()
+
+	// The gateway's listener: the connection manager whose filters
+	// include the rate limit filter.
+	var hcm *hcmv3.HttpConnectionManager
+	for _, obj := range typedObjects(doc, "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager") {
+		if len(typedObjects(obj, "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit")) == 0 {
+			continue // Envoy Gateway's own listeners (health, stats)
 		}
+		if hcm != nil {
+			t.Fatal("two listeners rate limit")
+		}
+		hcm = &hcmv3.HttpConnectionManager{}
+		unmarshalAny(t, obj, hcm)
 	}
-	walk(doc)
-	if len(found) != 1 || len(found[0].RateLimits) != 2 {
-		t.Fatalf("egctl made %d per-route rate limit configurations of the policy, want 1 with 2 rules:\n%s", len(found), out)
+	if hcm == nil {
+		t.Fatalf("no listener rate limits:\n%s", out)
 	}
-	return found[0]
+	g.edge = readHCM(t, hcm)
+	var jwt *jwtv3.JwtAuthentication
+	for _, f := range hcm.GetHttpFilters() {
+		if f.GetName() == "envoy.filters.http.ratelimit" {
+			break
+		}
+		if f.GetName() != "envoy.filters.http.jwt_authn" {
+			t.Fatalf("filter %s before the rate limit filter: not modelled", f.GetName())
+		}
+		jwt = &jwtv3.JwtAuthentication{}
+		if err := f.GetTypedConfig().UnmarshalTo(jwt); err != nil {
+			t.Fatal(err)
+		}
+		g.edge.claimToHeaders = claimHeaders(t, jwt)
+	}
+	// The route's requirement: a token of a provider, missing or not.
+	for _, obj := range typedObjects(doc, "type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.PerRouteConfig") {
+		var pr jwtv3.PerRouteConfig
+		unmarshalAny(t, obj, &pr)
+		req := jwt.GetRequirementMap()[pr.GetRequirementName()]
+		g.jwtRequired = req.GetProviderName() != "" && jwt.GetProviders()[req.GetProviderName()] != nil
+	}
+	return g
 }
 
 // rateLimitConfig builds the RateLimitConfig Envoy Gateway serves for the
@@ -286,9 +383,12 @@ func (p *pki) tls(t *testing.T, name string) *tls.Config {
 // made local), its configuration from an xDS server built as Envoy
 // Gateway's (go-control-plane's ADS over a snapshot cache, mutual TLS, node
 // envoy-ratelimit), and asked over mutual TLS with the descriptors Envoy
-// Gateway's translator makes Envoy send for deploy/envoy-gateway's policy.
+// Gateway's translator makes Envoy send for deploy/envoy-gateway's
+// policies: a user's verified token, and a new x-user-id of the client's
+// own at every request, which changes nothing (3 pass, the 4th is over).
 func TestEnvoyGateway(t *testing.T) {
-	route := translatePolicy(t)
+	eg := translatePolicy(t)
+	route := eg.route
 	if !strings.HasPrefix(route.Domain, "default/eg/") {
 		t.Fatalf("domain %q", route.Domain)
 	}
@@ -373,6 +473,14 @@ func TestEnvoyGateway(t *testing.T) {
 	}
 
 	setConfig("1", 3, 100)
+	// The policy's limits are per minute, in windows aligned to the Unix
+	// epoch: the counts below hold only if every request falls in one
+	// window, and a run that crossed a minute's end would find alice's
+	// count reset. Start with at least 30 s of a minute left; the
+	// requests take a few seconds, under -race on a loaded machine.
+	if left := time.Until(time.Now().Truncate(time.Minute).Add(time.Minute)); left < 30*time.Second {
+		time.Sleep(left + 100*time.Millisecond)
+	}
 	envoy := p.tls(t, "envoy")
 	envoy.ClientAuth, envoy.ClientCAs = 0, nil
 	conn, err := grpc.NewClient(admit.grpc, grpc.WithTransportCredentials(credentials.NewTLS(envoy)))
@@ -381,9 +489,23 @@ func TestEnvoyGateway(t *testing.T) {
 	}
 	defer conn.Close()
 	client := rlsv3.NewRateLimitServiceClient(conn)
+	// Each request comes with the user's verified token and a new
+	// x-user-id of the client's own (Envoy Gateway refuses the underscore
+	// spellings outright).
+	asked := 0
 	ask := func(user string) rlsv3.RateLimitResponse_Code {
 		t.Helper()
-		ds := route.descriptors(map[string]string{"x-user-id": user})
+		asked++
+		var hs [][2]string
+		for _, h := range spoofs(asked) {
+			if !strings.Contains(h[0], "_") {
+				hs = append(hs, h)
+			}
+		}
+		ds, refused := eg.edge.descriptors(t, eg.limits, edgeRequest{peer: "192.0.2.1", headers: hs, claims: map[string]string{"sub": user, "tenant": "acme"}})
+		if refused {
+			t.Fatalf("%s's request refused by the gateway", user)
+		}
 		r, err := client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: route.Domain, Descriptors: ds, HitsAddend: 1})
 		if err != nil {
 			t.Fatalf("ShouldRateLimit: %v", err)
@@ -470,6 +592,36 @@ func TestEnvoyGateway(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(ready["envoy_config_error"]), "xds:broken") {
 		t.Fatalf("/readyz does not show the refused version: %v", ready)
 	}
+}
+
+// TestEnvoyGatewayIdentity works out, from what Envoy Gateway's translator
+// makes of deploy/envoy-gateway's policies, the descriptors Envoy sends
+// for requests whose clients add their own x-user-id (any spelling),
+// x-tenant-id and X-Forwarded-For, and checks that only the platform's
+// token chooses the user: the client's headers change nothing and never
+// reach the application. Until 2026-11-26 the example keyed its per-user
+// limit by the client's own x-user-id.
+func TestEnvoyGatewayIdentity(t *testing.T) {
+	eg := translatePolicy(t)
+	if !eg.jwtRequired {
+		t.Fatal("the route lets requests without a token through: their user limit would not apply")
+	}
+	if len(eg.edge.claimToHeaders) == 0 {
+		t.Fatal("no header is set from the token")
+	}
+	// The route's descriptors, as the translator names their entries: the
+	// route, then the user for the first rule, the second rule's own key.
+	route := eg.limits[0].GetActions()[0].GetGenericKey()
+	user := eg.limits[0].GetActions()[1].GetRequestHeaders()
+	rule := eg.limits[1].GetActions()[1].GetGenericKey()
+	if route == nil || user == nil || rule == nil || user.GetHeaderName() != "x-user-id" {
+		t.Fatalf("the translator's rate limits: %v", eg.limits)
+	}
+	checkPlatformKeys(t, eg.edge, eg.limits, false, func(claims map[string]string, _ string) string {
+		return fmt.Sprintf("%s=%s,%s=%s | %s=%s,%s=%s",
+			route.GetDescriptorKey(), route.GetDescriptorValue(), user.GetDescriptorKey(), claims["sub"],
+			route.GetDescriptorKey(), route.GetDescriptorValue(), rule.GetDescriptorKey(), rule.GetDescriptorValue())
+	})
 }
 
 // TestEnvoyGatewayConfig decodes the EnvoyGateway configuration of
