@@ -227,7 +227,7 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		return nil
 	}
 	now := s.now()
-	if !dry && s.refuseLocally(charges, now, d) {
+	if s.refuseLocally(charges, now, d) {
 		return nil
 	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
@@ -285,6 +285,8 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		s.learnRefusals(charges, d, now)
 	} else if len(leaseTags) > 0 {
 		d.Lease.ID = joinID(leaseID, leaseTags)
+	} else if dry {
+		s.learnRefusals(charges, d, now) // what refused a look refuses a decision
 	}
 	d.Summarize()
 	return nil

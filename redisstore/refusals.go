@@ -82,7 +82,7 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		return false
 	}
 	for i := range charges {
-		if charges[i].Debit || charges[i].DryRun {
+		if charges[i].Debit {
 			return false
 		}
 	}
@@ -140,7 +140,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	any := false
 	for i := range charges {
 		c, res := &charges[i], &d.Results[i]
-		if res.Allowed || res.Shadow || c.Debit || c.DryRun || c.Cost <= 0 || res.RetryAfter <= 0 {
+		if res.Allowed || res.Shadow || c.Debit || c.Cost <= 0 || res.RetryAfter <= 0 {
 			continue
 		}
 		if res.Share == admit.ShareRefused && c.Rule.Algorithm == admit.SlidingLog {

@@ -104,3 +104,37 @@ func TestAcquireSharedByClass(t *testing.T) {
 		t.Errorf("%d waiters admitted on a limit of 2 + 20/s within 3 s", total)
 	}
 }
+
+// TestSharedRemainingToThePlatformOnly: what a limit tenants share holds
+// tells how busy the other tenants are; an untrusted caller's answer says
+// only what its own class may take.
+func TestSharedRemainingToThePlatformOnly(t *testing.T) {
+	spec := &policy.Spec{
+		Global:  []policy.RuleSpec{tb("global", "global", nil, "100/s", 10)},
+		Tiers:   map[string]policy.TierSpec{"t": {}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+	}
+	h := start(t, spec, "", func(o *Options) { o.ServiceTokens = []string{"backend"} })
+	for _, tc := range []struct {
+		who     string
+		headers []string
+		want    bool
+	}{
+		{"anonymous", nil, false},
+		{"acme without a key", nil, false},
+		{"the backend", []string{"Authorization", "Bearer backend"}, true},
+	} {
+		body := `{"cost":0}`
+		if tc.who != "anonymous" {
+			body = `{"tenant":"acme","cost":0}`
+		}
+		a := h.do("POST", "/v1/check", body, tc.headers...)
+		rule := a.body["rules"].([]any)[0].(map[string]any)
+		if _, ok := rule["shared_remaining"]; ok != tc.want {
+			t.Errorf("%s: shared_remaining shown %v, want %v: %s", tc.who, ok, tc.want, a.raw)
+		}
+		if _, ok := rule["remaining"]; !ok {
+			t.Errorf("%s: no remaining: %s", tc.who, a.raw)
+		}
+	}
+}

@@ -50,12 +50,15 @@ func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byt
 			b = append(b, ',')
 		}
 		first = false
-		b = appendRule(b, r, res)
+		b = appendRule(b, r, res, !c.req.Untrusted)
 	}
 	return append(b, "]}\n"...)
 }
 
-func appendRule(b []byte, r *policy.Rule, res *admit.Result) []byte {
+// appendRule appends one rule's entry. What a limit tenants share holds
+// is shown to the platform's callers only (trusted): to anyone else it
+// would tell how busy the other tenants are.
+func appendRule(b []byte, r *policy.Rule, res *admit.Result, trusted bool) []byte {
 	b = append(b, `{"name":`...)
 	b = appendString(b, r.Name)
 	b = append(b, `,"scope":`...)
@@ -79,7 +82,9 @@ func appendRule(b []byte, r *policy.Rule, res *admit.Result) []byte {
 			b = append(b, res.Share.String()...)
 			b = append(b, '"')
 		}
-		b = appendIntField(b, "shared_remaining", res.Shared)
+		if trusted {
+			b = appendIntField(b, "shared_remaining", res.Shared)
+		}
 	}
 	return append(b, '}')
 }
