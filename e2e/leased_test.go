@@ -22,7 +22,10 @@ import (
 // minutes, so that over a test its bound is its burst (plus one). The
 // store's timeout is 2 s, not the default 50 ms: these tests count
 // admissions, not latency, and on a loaded machine a call past 50 ms
-// would answer 503 (on_error: closed).
+// would answer 503 (on_error: closed). The rule is shared by tenants,
+// and t1, alone, may take all of it (share_ceiling 100%: the default,
+// half, keeps the rest for a tenant that comes), its allowances withdrawn
+// with its share.
 const leasedConfig = `version: 1
 store:
   on_error: closed
@@ -34,6 +37,7 @@ global:
     algorithm: ALGORITHM
     PARAMS
     distribution: leased
+    share_ceiling: 100%
 tiers:
   basic:
     rules: []
