@@ -177,6 +177,11 @@ type shareParams struct {
 	family  uint8
 	rate    float64 // units per nanosecond
 	burst   float64 // the units a share's bucket holds at most, for shares summing to 1
+	pace    float64 // windows: the burst of the pace borrowers draw from
+	// once is the most one class takes of the rule at once: its share
+	// ceiling of the rule's capacity. A class whose part is full may take
+	// up to it in one charge, and owes what it took beyond its part.
+	once float64
 	epoch   int64   // ns
 	ceiling int64   // concurrency: slots one class holds at most beyond its part
 	// top is the part of the rule a class takes at once (its assured
@@ -202,7 +207,17 @@ func shareParamsOf(r *Rule) shareParams {
 		sp.top = min(float64(r.ShareCeiling)/float64(c), 1)
 	}
 	perNs := func(n int64, per time.Duration) float64 { return float64(n) / float64(per) }
-	windowBurst := func(limit int64) float64 { return max(1, float64(limit)/20) }
+	// A class's part of a fixed window or a quota is its part of the
+	// limit, which it may take at once: the count comes back only when
+	// the period ends, then for everyone at once. A sliding window's
+	// comes back as old counts slide out, a little at a time, and a
+	// class's part of that is a twentieth of the limit, refilled at its
+	// rate, or classes whose parts are full would take what comes back
+	// first come, first served. What a class borrows beyond its part
+	// comes through the pace, which holds a twentieth of the limit: what
+	// the pace keeps from the borrowers for the others' bursts is lost
+	// when the window ends.
+	windowPace := func(limit int64) float64 { return max(1, float64(limit)/20) }
 	switch r.Algorithm {
 	case TokenBucket, GCRA:
 		sp.family, sp.rate, sp.burst = shareRefill, perNs(r.Rate.N, r.Rate.Per), float64(r.Burst)
@@ -211,12 +226,15 @@ func shareParamsOf(r *Rule) shareParams {
 		sp.rate = perNs(r.Rate.N, r.Rate.Per) + perNs(r.Floor.N, r.Floor.Per)
 		sp.burst = float64(r.Burst + r.Floor.N)
 	case FixedWindow:
-		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, r.Window), windowBurst(r.Limit), int64(r.Window)
+		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, r.Window), float64(r.Limit), int64(r.Window)
+		sp.pace = windowPace(r.Limit)
 	case Quota:
 		p := nominalPeriod[min(int(r.Period), len(nominalPeriod)-1)]
-		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, p), windowBurst(r.Limit), int64(p)
+		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, p), float64(r.Limit), int64(p)
+		sp.pace = windowPace(r.Limit)
 	case SlidingWindow, SlidingLog:
-		sp.family, sp.rate, sp.burst, sp.epoch = shareSliding, perNs(r.Limit, r.Window), windowBurst(r.Limit), int64(r.Window)
+		sp.family, sp.rate, sp.burst, sp.epoch = shareSliding, perNs(r.Limit, r.Window), windowPace(r.Limit), int64(r.Window)
+		sp.pace = windowPace(r.Limit)
 	case Concurrency:
 		sp.family, sp.burst = shareSlots, float64(r.Max)
 		sp.ceiling = r.ShareCeiling
@@ -229,11 +247,14 @@ func shareParamsOf(r *Rule) shareParams {
 		// others soon.
 		sp.epoch = min(max(int64(r.LeaseTTLOrDefault()/10), minShareEpoch), int64(10*time.Second))
 		sp.epoch -= sp.epoch % int64(time.Microsecond)
+		sp.once = float64(sp.ceiling)
 		return sp
 	}
 	if sp.family == shareRefill {
 		sp.epoch = int64(sp.burst / sp.rate)
+		sp.pace = sp.burst
 	}
+	sp.once = max(math.Floor(sp.top*float64(r.Capacity())), 1)
 	sp.epoch = min(max(sp.epoch, minShareEpoch), maxShareEpoch)
 	sp.epoch -= sp.epoch % int64(time.Microsecond) // whole µs, as Redis keeps time
 	return sp
@@ -248,22 +269,23 @@ type ShareParams struct {
 	// released (concurrency).
 	Family uint8
 	// Rate (units per nanosecond) and Burst are the rule's, for shares
-	// summing to one.
-	Rate, Burst float64
+	// summing to one; Pace is the burst of a window's pace.
+	Rate, Burst, Pace float64
 	// Epoch is how long a class that asked counts as active (two epochs
 	// at most), a whole number of microseconds.
 	Epoch time.Duration
 	// Ceiling is a concurrency rule's share ceiling.
 	Ceiling int64
 	// Top is the part of the rule a class takes at once while it is the
-	// only one asking (the share ceiling over the rule's capacity).
-	Top float64
+	// only one asking (the share ceiling over the rule's capacity); Once
+	// the most of the rule one class takes in one charge.
+	Top, Once float64
 }
 
 // ShareParams returns p's share parameters.
 func (p *PreparedRule) ShareParams() ShareParams {
 	sp := &p.share
-	return ShareParams{Family: sp.family, Rate: sp.rate, Burst: sp.burst, Epoch: time.Duration(sp.epoch), Ceiling: sp.ceiling, Top: sp.top}
+	return ShareParams{Family: sp.family, Rate: sp.rate, Burst: sp.burst, Pace: sp.pace, Epoch: time.Duration(sp.epoch), Ceiling: sp.ceiling, Top: sp.top, Once: sp.once}
 }
 
 // ShareInput is what a store knows of a fair charge when it decides it.
@@ -419,12 +441,12 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// window ends or slides, so the key's pool keeps a pace, a bucket of
 	// the rule's rate and burst that every admission draws from, and a
 	// class borrows only from the pace.
-	reserve := (1 - top) * sp.burst
+	reserve := (1 - top) * sp.pace
 	paced := sp.family != shareRefill
 	room := func(rem, fc float64) float64 { return rem }
 	var pace float64
 	if paced {
-		pace = pool.level(now, sp.rate, sp.burst)
+		pace = pool.level(now, sp.rate, sp.pace)
 		room = func(rem, fc float64) float64 { return min(rem, pace-fc) }
 	}
 	unpaced := alone && top >= 1 // a ceiling of the whole rule: first come, first served
@@ -446,13 +468,12 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	case !res.Allowed:
 	default:
 		// Within the class's part: its bucket holds the cost, or is full
-		// when the cost is one unit more than a part smaller than one
-		// unit (then it goes into debt); never more than the part at
-		// once.
-		assured := fc <= max(capC, 1) && lc >= min(fc, capC)
+		// and the cost is more than its part but no more than one class
+		// takes at once (then it owes the rest, repaid at its rate).
+		assured := fc <= sp.once && lc >= min(fc, capC)
 		subOwn := true
 		if hasSub && assured {
-			subOwn = fc <= max(capS, 1) && ls >= min(fc, capS)
+			subOwn = ls >= min(fc, capS)
 			assured = subOwn || subLend(lc)-fc >= 0
 		}
 		switch {
@@ -472,7 +493,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	out.Charged = out.Touched
 	if paced && c > 0 && (path == ShareAssured || path == ShareBorrowed) {
 		pc := &out.Charged[SharePoolRecord]
-		pc.Level, pc.At, pc.Rate = max(pace-fc, -sp.burst), now, sp.rate
+		pc.Level, pc.At, pc.Rate = max(pace-fc, -sp.pace), now, sp.rate
 	}
 	if takeC > 0 {
 		floor := -sp.burst
@@ -515,7 +536,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// holding enough beyond the others' claims, or the next epoch, when
 	// classes that stopped asking no longer count.
 	wait := float64(now - now%sp.epoch + sp.epoch - now) // to the epoch's end
-	if rate > 0 && fc <= max(capC, 1) {
+	if rate > 0 && fc <= sp.once {
 		need := (min(fc, capC) - lc) / rate
 		if hasSub {
 			own := (min(fc, capS) - ls) / subRate
@@ -561,7 +582,7 @@ func decideSlots(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *S
 	switch {
 	case c == 0:
 	case !res.Allowed:
-		if h < entitled {
+		if h+c <= entitled {
 			claim = min(entitled-h, max(c, own))
 		}
 	case h+c > ceiling || hasSub && hs+c > subCap:
@@ -573,9 +594,6 @@ func decideSlots(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *S
 		path = ShareBorrowed
 	default:
 		path = ShareRefused
-		if h < entitled {
-			claim = min(entitled-h, max(c, own))
-		}
 	}
 	if claim >= 0 && claim != own {
 		setClaim(&pool.Pool, cls, e, claim)
@@ -621,4 +639,17 @@ func setClaim(p *SharePool, st *ShareState, e, amount int64) {
 		p.Claims += amount
 	}
 	p.Claims = max(p.Claims, 0)
+}
+
+// CheckShareCost reports whether a check of cost can ever be admitted by
+// p's rule when its charge carries a share: no class takes more than the
+// rule's share ceiling at once, so a larger cost is a request error, never
+// a silent refusal. Debits are not bounded by it.
+func (p *PreparedRule) CheckShareCost(cost int64) error {
+	if float64(cost) <= p.share.once {
+		return nil
+	}
+	e := Errorf(CodeInvalid, "cost %d is more than one class of callers takes of rule %q, which tenants share, at once (%d, its share ceiling)", cost, p.rule.Name, int64(p.share.once))
+	e.Field = "cost"
+	return e
 }

@@ -204,7 +204,10 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	if len(c.attrs) > 0 {
 		r.Attributes = c.attrs
 	}
-	r.Client = r.IP // Envoy names the client's address
+	// Envoy names the client's address, and a tenant no api_key entry
+	// vouches for: one only a default tier knows is anonymous in shared
+	// limits.
+	r.Client, r.Unvouched = r.IP, true
 	// Envoy's descriptors are the client's credentials: the one rule
 	// (policy.Authenticate) holds, with no caller trusted.
 	if err := p.AuthenticateRequest(r, false); err != nil {

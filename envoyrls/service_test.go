@@ -5,6 +5,7 @@ import (
 	"math"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -765,4 +766,34 @@ func TestHealthFollowsTheStore(t *testing.T) {
 	wait(healthpb.HealthCheckResponse_NOT_SERVING)
 	down.Store(false)
 	wait(healthpb.HealthCheckResponse_SERVING)
+}
+
+// TestCatalogSharedLimitInventedTenants: on a global rule tenants share,
+// the tenants a default tier lets descriptors invent are one anonymous
+// class (by the client's address), not a class each: a flood of invented
+// tenants from one address cannot shrink a catalog tenant's part.
+func TestCatalogSharedLimitInventedTenants(t *testing.T) {
+	hundred := int64(100)
+	p, err := policy.Compile(&policy.Spec{
+		UnknownTenant: "free",
+		Global:        []policy.RuleSpec{{Name: "global", Scope: "global", Algorithm: "token_bucket", Rate: "1/h", Burst: &hundred}},
+		Tiers:         map[string]policy.TierSpec{"free": {}},
+		Tenants:       map[string]policy.TenantSpec{"victim": {Tier: "free"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := start(t, Options{Policy: func() *policy.Policy { return p }}, nil)
+	e.ask(t, "admit", 0, desc("tenant", "victim", "remote_address", "198.51.100.7"))
+	for i := range 200 {
+		e.ask(t, "admit", 0, desc("tenant", "invented-"+strconv.Itoa(i), "remote_address", "203.0.113.9"))
+	}
+	// The victim's part of the stock, beside one anonymous class: half.
+	got := 1
+	for e.ask(t, "admit", 0, desc("tenant", "victim", "remote_address", "198.51.100.7")).OverallCode == ok {
+		got++
+	}
+	if got < 45 {
+		t.Errorf("the victim got %d of the global bucket's 100 beside 200 invented tenants, want its half (the invented ones are one class)", got)
+	}
 }

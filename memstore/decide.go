@@ -54,6 +54,11 @@ func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
 		if err := c.Share.Validate(); err != nil {
 			return nil, err
 		}
+		if !c.Debit {
+			if err := p.CheckShareCost(c.Cost); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if c.Debit {
 		return p, c.Rule.CheckDebit(c.Cost)
@@ -191,9 +196,11 @@ func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {
 			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.protect)
 		}
-		if charges[i].Share != nil {
-			// The class asked: it counts, and a claim it made stands.
-			s.keepShare(sc.fairOf(i), charges[i].Debit, sc.protect)
+		if c := &charges[i]; c.Share != nil && (c.Debit || !r.Allowed) {
+			// The class asked and the shared limit refused it: it counts,
+			// and a claim it made stands. One that another of the
+			// request's limits refused did not get to ask.
+			s.keepShare(sc.fairOf(i), c.Debit, sc.protect)
 		}
 	}
 }

@@ -66,6 +66,13 @@ type Request struct {
 	// LeaseTTL shortens the lease TTL of concurrency charges; it never
 	// lengthens it past a rule's lease_ttl.
 	LeaseTTL time.Duration
+	// Unvouched says that no credential and no trusted caller vouches for
+	// the tenant the request names, though the caller is trusted for its
+	// other values (Envoy's descriptors): a tenant only the default tier
+	// knows then counts among the anonymous callers in shared limits, so
+	// that no one multiplies its part by inventing tenants. Untrusted
+	// requests are unvouched too.
+	Unvouched bool
 	// Client is the address of the client the request comes from, as the
 	// front end knows it (the connection's peer through trusted proxies,
 	// or the ip a trusted caller names): anonymous callers share their
@@ -105,7 +112,7 @@ const Anonymous = "anonymous"
 // client address.
 func (p *Policy) shareOf(req *Request, res *Resolution) {
 	t := res.Tenant
-	if t != nil && (t.Source != "default" || !req.Untrusted) {
+	if t != nil && (t.Source != "default" || !req.Untrusted && !req.Unvouched) {
 		class := t.class
 		if class == "" {
 			class = "tenant:" + t.ID

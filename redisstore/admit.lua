@@ -284,11 +284,13 @@ local function ruleOf(src, base)
   for k = 5, 14 do R[k] = tonumber(src[base + k]) end
   -- A rule's share parameters (admit.shareParams), when a batch sends
   -- them: its family (1 refills, 2 windows, 3 sliding, 4 slots), rate
-  -- (units/ns), burst, epoch (µs), ceiling and top (the part of the rule
-  -- a class alone takes at once).
+  -- (units/ns), burst, epoch (µs), ceiling, top (the part of the rule a
+  -- class alone takes at once), pace (a window's pace's burst) and once
+  -- (the most of the rule one class takes in one charge).
   if src[base + 15] then
     R.sf, R.sr, R.sb = tonumber(src[base + 15]), tonumber(src[base + 16]), tonumber(src[base + 17])
     R.se, R.sc, R.st = tonumber(src[base + 18]), tonumber(src[base + 19]), tonumber(src[base + 20])
+    R.sp, R.so = tonumber(src[base + 21]), tonumber(src[base + 22])
   end
   return R
 end
@@ -1017,7 +1019,7 @@ local function shareDecide(i, R, res, c, peek)
     local claim = -1
     if c == 0 then
     elseif res.allowed == 0 then
-      if h < entitled then claim = mmin(entitled - h, mmax(c, own)) end
+      if h + c <= entitled then claim = mmin(entitled - h, mmax(c, own)) end
     elseif h + c > ceiling or (hasSub and hs + c > subCap) then
       path = 3
     elseif h + c <= entitled then
@@ -1026,7 +1028,6 @@ local function shareDecide(i, R, res, c, peek)
       path = 2
     else
       path = 3
-      if h < entitled then claim = mmin(entitled - h, mmax(c, own)) end
     end
     if claim >= 0 and claim ~= own then setClaim(pool, cls, e, claim) end
     local hA = h
@@ -1055,10 +1056,10 @@ local function shareDecide(i, R, res, c, peek)
     local subRate, capS = rate / n, capC / n
     local ls = 0
     if hasSub then ls = recLevel(sub, subRate, capS) end
-    local reserve = (1 - top) * R.sb
+    local reserve = (1 - top) * R.sp
     local paced = R.sf ~= 1
     local pace = 0
-    if paced then pace = recLevel(pool, R.sr, R.sb) end
+    if paced then pace = recLevel(pool, R.sr, R.sp) end
     local function room(rem, x)
       if paced then return mmin(rem, pace - x) end
       return rem
@@ -1072,10 +1073,10 @@ local function shareDecide(i, R, res, c, peek)
       path, takeC, takeS = 1, fc, fc
     elseif res.allowed == 0 then
     else
-      local assured = fc <= mmax(capC, 1) and lc >= mmin(fc, capC)
+      local assured = fc <= R.so and lc >= mmin(fc, capC)
       local subOwn = true
       if hasSub and assured then
-        subOwn = fc <= mmax(capS, 1) and ls >= mmin(fc, capS)
+        subOwn = ls >= mmin(fc, capS)
         assured = subOwn or subLend(lc) - fc >= 0
       end
       if assured then
@@ -1088,7 +1089,7 @@ local function shareDecide(i, R, res, c, peek)
       end
     end
     local cp, cc, cs = recCopy(pool), recCopy(cls), recCopy(sub)
-    if paced and c > 0 and (path == 1 or path == 2) then recSet(cp, mmax(pace - fc, -R.sb), R.sr) end
+    if paced and c > 0 and (path == 1 or path == 2) then recSet(cp, mmax(pace - fc, -R.sp), R.sr) end
     if takeC > 0 then
       recSet(cc, mmax(lc - takeC, -R.sb), rate)
       if takeS > 0 then recSet(cs, mmax(ls - takeS, -R.sb), subRate) end
@@ -1108,7 +1109,7 @@ local function shareDecide(i, R, res, c, peek)
       res.allowed = 0
       res.pool = res.pool + c
       local wait = toEpoch
-      if rate > 0 and fc <= mmax(capC, 1) then
+      if rate > 0 and fc <= R.so then
         local need = (mmin(fc, capC) - lc) / rate
         if hasSub then
           local o = (mmin(fc, capS) - ls) / subRate
@@ -1340,8 +1341,10 @@ local function decide(out)
   for i = 1, n do
     local R, alg = charge(i)
     if dirty[i] and alg ~= 5 and alg ~= 7 then store(KEYS[KEYBASE + i], R, alg, nexts[i]) end
-    -- The class asked: it counts, and a claim it made stands.
-    if SHARES[i] then shareKeep(i, R, DEBITS[i]) end
+    -- The class asked and the shared limit refused it: it counts, and a
+    -- claim it made stands. One that another of the decision's limits
+    -- refused did not get to ask.
+    if SHARES[i] and (DEBITS[i] or results[i].allowed == 0) then shareKeep(i, R, DEBITS[i]) end
   end
   return reply(out, results, 0)
 end

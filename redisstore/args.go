@@ -100,6 +100,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 			a.text = strings.Join(a.fixed[:], ",") + "," + strings.Join([]string{
 				itoa(int64(sp.Family)), strconv.FormatFloat(sp.Rate, 'g', -1, 64), strconv.FormatFloat(sp.Burst, 'g', -1, 64),
 				itoa(sp.Epoch.Microseconds()), itoa(sp.Ceiling), strconv.FormatFloat(sp.Top, 'g', -1, 64),
+				strconv.FormatFloat(sp.Pace, 'g', -1, 64), strconv.FormatFloat(sp.Once, 'g', -1, 64),
 			}, ",")
 			a.lease = r.Algorithm == admit.Concurrency
 			a.quota = r.Algorithm == admit.Quota

@@ -113,6 +113,11 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 		if err := c.Share.Validate(); err != nil {
 			return nil, err
 		}
+		if p, err := c.Rule.Prepare(); err == nil && !c.Debit {
+			if err := p.CheckShareCost(c.Cost); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if reserve && c.Share != nil {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a limit tenants share is not reserved ahead; decide its charges (its class's share keeps the order)", i)
