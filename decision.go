@@ -70,6 +70,11 @@ type Result struct {
 	// Shared is, for a charge with a share, what the rule itself has
 	// left, Remaining being what the charge's class may still take of it.
 	Shared int64
+	// ShareWhole says, of a share's refusal (ShareRefused) of a charge
+	// whose share has a sub (Share.Sub), that the whole class is over its
+	// part, so that the class's other subs are refused too, not the sub
+	// alone.
+	ShareWhole bool
 }
 
 // Decision is the outcome of deciding a list of charges together. An empty

@@ -532,13 +532,17 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	}
 	res.Allowed = false
 	res.Shared += c // the rule holds what it held: nothing was charged
+	// Over its part as a class (every sub would be refused), or only as
+	// a sub; the wait is the class's then, what each sub waits at least.
+	whole := !(fc <= sp.once && lc >= min(fc, capC))
+	res.ShareWhole = whole && hasSub
 	// The earliest the class could pass: its share refilled, the rule
 	// holding enough beyond the others' claims, or the next epoch, when
 	// classes that stopped asking no longer count.
 	wait := float64(now - now%sp.epoch + sp.epoch - now) // to the epoch's end
 	if rate > 0 && fc <= sp.once {
 		need := (min(fc, capC) - lc) / rate
-		if hasSub {
+		if hasSub && !whole {
 			own := (min(fc, capS) - ls) / subRate
 			lend := ((1-1/float64(n))*capC + fc - lc) / rate
 			need = max(need, min(own, lend))

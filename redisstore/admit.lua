@@ -1108,10 +1108,12 @@ local function shareDecide(i, R, res, c, peek)
     if path == 3 then
       res.allowed = 0
       res.pool = res.pool + c
+      local whole = not (fc <= R.so and lc >= mmin(fc, capC))
+      if whole and hasSub then res.whole = 1 end
       local wait = toEpoch
       if rate > 0 and fc <= R.so then
         local need = (mmin(fc, capC) - lc) / rate
-        if hasSub then
+        if hasSub and not whole then
           local o = (mmin(fc, capS) - ls) / subRate
           local lend = ((1 - 1 / n) * capC + fc - lc) / rate
           need = mmax(need, mmin(o, lend))
@@ -1123,6 +1125,7 @@ local function shareDecide(i, R, res, c, peek)
     end
   end
   res.share = path
+  if path ~= 3 then res.whole = nil end
   if not peek or not sh.tou then
     sh.tou, sh.chg = {pool, cls, sub}, chg
     if c == 0 then sh.tou, sh.chg = nil, nil end
@@ -1247,7 +1250,7 @@ local function reply(out, results, allowed, extra)
   for i = 1, n do
     local r = results[i]
     local x = r.allowed + 2 * (r.how or 0)
-    if r.share then x = x + 8 * r.share + 32 * mmax(r.pool, 0) end
+    if r.share then x = x + 8 * r.share + 32 * (r.whole or 0) + 64 * mmax(r.pool, 0) end
     out[k + 1], out[k + 2], out[k + 3], out[k + 4] = x, r.remaining, r.reset, r.retry
     k = k + 4
   end

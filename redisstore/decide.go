@@ -180,7 +180,7 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 			if res.Allowed && charges[i].Cost > 0 {
 				res.Remaining, res.ResetAfter = x[1], reset
 				if charges[i].Share != nil {
-					res.Shared = x[0] >> 5
+					res.Shared = x[0] >> 6
 				}
 			}
 			continue
@@ -190,7 +190,7 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 			Remaining: x[1], ResetAfter: reset, RetryAfter: retry, Share: admit.SharePath(x[0] >> 3 & 3),
 		}
 		if res.Share != admit.ShareNone || charges[i].Share != nil {
-			res.Shared = x[0] >> 5
+			res.Shared, res.ShareWhole = x[0]>>6, x[0]>>5&1 == 1
 		}
 		if x[1] < 0 { // a count's debit past its limit (admit.lua, step)
 			res.Remaining, res.Over = 0, -x[1]

@@ -68,6 +68,9 @@ type refusalKey struct{ key, class, sub string }
 // key's own when the rule refused, the class's when its share did.
 func refusalKeyOf(c *admit.Charge, res *admit.Result) refusalKey {
 	if res.Share == admit.ShareRefused && c.Share != nil {
+		if res.ShareWhole {
+			return refusalKey{c.Key, c.Share.Class, ""} // every sub's
+		}
 		return refusalKey{c.Key, c.Share.Class, c.Share.Sub}
 	}
 	return refusalKey{key: c.Key}
@@ -98,6 +101,13 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 			break
 		}
 		if c.Share == nil {
+			continue
+		}
+		if e, ok := rs.m[refusalKey{c.Key, c.Share.Class, ""}]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
+			by, r = i, e
+			break
+		}
+		if c.Share.Sub == "" {
 			continue
 		}
 		if e, ok := rs.m[refusalKey{c.Key, c.Share.Class, c.Share.Sub}]; ok && e.rule == c.Rule && c.Cost >= e.cost && now.Before(e.until) {
@@ -200,6 +210,7 @@ func (s *Store) forgetRefusals(charges []admit.Charge) {
 		c := &charges[i]
 		delete(rs.m, refusalKey{key: c.Key})
 		if c.Share != nil {
+			delete(rs.m, refusalKey{c.Key, c.Share.Class, ""})
 			delete(rs.m, refusalKey{c.Key, c.Share.Class, c.Share.Sub})
 		}
 	}
