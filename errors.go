@@ -20,6 +20,7 @@ const (
 	CodeUnavailable                 // the store could not be reached or timed out
 	CodePermission                  // the caller may not do this (unknown tenant, another tenant's API key)
 	CodeUnauthenticated             // the caller's credential is missing or unknown
+	CodeExhausted                   // a limit leaves the caller nothing more: a lease whose slots another class is owed
 )
 
 var codeNames = [...]string{
@@ -30,6 +31,7 @@ var codeNames = [...]string{
 	CodeUnavailable:     "unavailable",
 	CodePermission:      "permission_denied",
 	CodeUnauthenticated: "unauthenticated",
+	CodeExhausted:       "exhausted",
 }
 
 // String returns the code's stable lower-case name, such as "invalid".
@@ -53,6 +55,7 @@ var (
 	ErrUnavailable     = &Error{Code: CodeUnavailable, Message: "store unavailable"}
 	ErrPermission      = &Error{Code: CodePermission, Message: "permission denied"}
 	ErrUnauthenticated = &Error{Code: CodeUnauthenticated, Message: "unauthenticated"}
+	ErrExhausted       = &Error{Code: CodeExhausted, Message: "exhausted"}
 	// ErrEmptyKey refuses a charge whose key is empty: every request
 	// charged so would share one state.
 	ErrEmptyKey = &Error{Code: CodeInvalid, Field: "key", Message: "a charge has an empty key, which every caller would share; build keys with admit.Key"}
@@ -110,6 +113,8 @@ func sentinel(c Code) *Error {
 		return ErrPermission
 	case CodeUnauthenticated:
 		return ErrUnauthenticated
+	case CodeExhausted:
+		return ErrExhausted
 	default:
 		return ErrInternal
 	}

@@ -657,3 +657,30 @@ func (p *PreparedRule) CheckShareCost(cost int64) error {
 	e.Field = "cost"
 	return e
 }
+
+// ShareYields reports whether a class holding held slots of p's
+// concurrency rule, of record cls in the key's pool record pool, must
+// yield them at now rather than renew its lease: it holds more than its
+// entitled part while another class, refused below its own, claims slots.
+// A class that holds its part, or borrows what no one claims, renews.
+func (p *PreparedRule) ShareYields(pool, cls ShareState, held, now int64) bool {
+	sp := &p.share
+	if sp.family != shareSlots || held <= 0 {
+		return false
+	}
+	e := now/sp.epoch + 1
+	pp := pool.Pool
+	pp.roll(e)
+	w := max(cls.Weight, 1)
+	active := pp.active()
+	if cls.Seen < e-1 || pp.Prev < w && cls.Seen == e-1 {
+		active += w // renewing does not count a class; it wants what it holds
+	}
+	s := min(float64(w)/float64(max(active, w)), 1)
+	entitled := max(1, int64(math.Floor(s*sp.burst)))
+	own := int64(0)
+	if cls.ClaimSeen == e || cls.ClaimSeen == e-1 {
+		own = cls.Claim
+	}
+	return held > entitled && pp.claims()-own > 0
+}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/policy"
 )
 
 // The limits every tenant shares are divided among the tenants that want
@@ -195,5 +197,70 @@ tenants:
 	report(t, "the victim's requests admitted on a global window an anonymous caller drains by peeks", fmt.Sprintf("%d of 100 (the anonymous caller took %d)", admitted, took.Load()))
 	if admitted != 100 {
 		t.Errorf("the victim got %d of 100 requests at its share through, want all (the anonymous caller took %d of 6,000)", admitted, took.Load())
+	}
+}
+
+// TestHeldSlotsYieldToAClassOwed: two classes each take their share
+// ceiling of a global concurrency limit — half of 10 slots each, so all of
+// it — and renew their leases for ever (once: the victim got 0 of 18
+// leases in 40 s, every renewal succeeded). The victim, refused, is owed
+// its part: the holders' renewals are refused (429), their leases end,
+// and the victim gets its slots.
+func TestHeldSlotsYieldToAClassOwed(t *testing.T) {
+	cfg := `version: 1
+global:
+  - {name: global-slots, scope: global, actions: [export], algorithm: concurrency, max: 10, lease_ttl: 1s}
+tiers:
+  free: {}
+tenants:
+  acme: {tier: free, api_keys_sha256: ["` + policy.HashKey("acme-key") + `"]}
+  victim: {tier: free, api_keys_sha256: ["` + policy.HashKey("victim-key") + `"]}
+`
+	s := serve(t, cfg, false)
+	victim := []string{"X-API-Key", "victim-key"}
+	type held struct {
+		id string
+		as []string
+	}
+	var leases []held
+	for _, as := range [][]string{nil, acme} { // the anonymous callers, then acme
+		for i := range 5 {
+			a := s.do("POST", "/v1/leases", `{"resource":"export"}`, as...)
+			if a.status != http.StatusCreated {
+				t.Fatalf("slot %d of %v: %d %s", i, as, a.status, a.raw)
+			}
+			leases = append(leases, held{a.body["lease_id"].(string), as})
+		}
+	}
+	stop := make(chan struct{})
+	var refusedRenewals atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the holders renew every 300 ms, as long as they may
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			for _, l := range leases {
+				if a := s.do("PUT", "/v1/leases/"+l.id, "", l.as...); a.status == http.StatusTooManyRequests {
+					refusedRenewals.Add(1)
+				}
+			}
+		}
+	}()
+	start := time.Now()
+	got := false
+	for time.Since(start) < 10*time.Second && !got {
+		got = s.do("POST", "/v1/leases", `{"resource":"export"}`, victim...).status == http.StatusCreated
+		time.Sleep(100 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	report(t, "the victim's first slot beside two classes holding all 10 and renewing (s), renewals refused", fmt.Sprintf("%.1f s, %d", time.Since(start).Seconds(), refusedRenewals.Load()))
+	if !got {
+		t.Errorf("the victim got no slot in 10 s beside two classes renewing all 10 slots (%d renewals refused)", refusedRenewals.Load())
 	}
 }

@@ -382,6 +382,8 @@ func grpcError(err error) error {
 		code = codes.NotFound
 	case admit.CodeUnavailable:
 		code = codes.Unavailable
+	case admit.CodeExhausted:
+		code = codes.ResourceExhausted
 	}
 	if errors.As(err, &unknown) {
 		code = codes.Unknown

@@ -18,6 +18,16 @@ type leaseRecord struct {
 type leaseRef struct {
 	h   uint64
 	ttl int64
+	// fair, for the slots a class holds of a shared concurrency key,
+	// says where the key's records are, for a renewal to yield.
+	fair *fairRef
+}
+
+// fairRef names the records of the key whose class holdings a lease ref
+// is: its rule, its pool's and the class's record.
+type fairRef struct {
+	p           *admit.PreparedRule
+	pool, class uint64
 }
 
 type reservation struct {
@@ -50,6 +60,23 @@ func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) 
 		return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %q not found", id)
 	}
 	now := s.now()
+	// A class holding more than its part while another claims slots
+	// yields: its lease is not renewed, and ends when it expires.
+	for _, ref := range l.refs {
+		if ref.fair == nil {
+			continue
+		}
+		sh := &s.shards[s.shardOf(ref.h)]
+		sh.mu.Lock()
+		yield := false
+		if set := sh.leases[ref.h]; set != nil {
+			yield = ref.fair.p.ShareYields(s.shareRecord(sh, ref.fair.pool, now), s.shareRecord(sh, ref.fair.class, now), set.Live(now), now)
+		}
+		sh.mu.Unlock()
+		if yield {
+			return admit.Lease{}, errYield(id, ref.fair.p.Rule().Name, l.expiry)
+		}
+	}
 	held := false
 	expiry := int64(0)
 	for _, ref := range l.refs {

@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"hash/maphash"
+	"time"
 
 	"github.com/admitdev/admit"
 )
@@ -54,6 +55,13 @@ func (s *Store) shareHash(h uint64, k uint8, class, sub string) uint64 {
 		r ^= 1 << 1
 	}
 	return r
+}
+
+// errYield refuses the renewal of lease id: its class holds more than its
+// part of rule's slots while another class claims them.
+func errYield(id, rule string, expiry int64) error {
+	return admit.Errorf(admit.CodeExhausted, "lease %q is not renewed: its class holds more than its part of %s, which tenants share, while another is owed slots; it ends at %s",
+		id, rule, time.Unix(0, expiry).UTC().Format(time.RFC3339Nano))
 }
 
 // errShareReserve refuses a reservation of fair charge i: booked ahead in
@@ -202,13 +210,17 @@ func (s *Store) keepShare(fc *fairCharge, charged bool, protect []uint64) {
 // and sub's holdings, under the decision's lease.
 func (s *Store) commitHeld(fc *fairCharge, lease *leaseRecord, now, cost, ttl int64, protect []uint64) {
 	sh := &s.shards[s.shardOf(fc.recs[0])]
-	for _, h := range fc.held {
+	for k, h := range fc.held {
 		if h == 0 {
 			continue
 		}
 		set := side(&sh.leases, h, true)
 		set.Commit(now, lease.num, cost, now+ttl)
-		lease.refs = append(lease.refs, leaseRef{h: h, ttl: ttl})
+		ref := leaseRef{h: h, ttl: ttl}
+		if k == 0 {
+			ref.fair = &fairRef{p: fc.p, pool: fc.recs[0], class: fc.recs[1]}
+		}
+		lease.refs = append(lease.refs, ref)
 		s.put(sh, h, admit.State{Expiry: set.Expiry()}, protect)
 	}
 }

@@ -71,6 +71,8 @@ func Status(err error) int {
 		return http.StatusForbidden
 	case admit.CodeUnauthenticated:
 		return http.StatusUnauthorized
+	case admit.CodeExhausted:
+		return http.StatusTooManyRequests
 	}
 	return http.StatusInternalServerError
 }

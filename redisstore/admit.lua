@@ -1150,10 +1150,35 @@ local function shareKeep(i, R, charged)
   end
 end
 
+-- shareYields reports whether the class whose holdings of a shared
+-- concurrency key hkey a lease record's value v names (its TTL, its
+-- slots, the rule's max and epoch) must yield them rather than renew: it
+-- holds more than its entitled part while another class claims slots.
+local function shareYields(hkey, v)
+  local _, _, max, eu = sunpack('<dddd', v)
+  local base, cp = smatch(hkey, '^(.*)~h(%d+:.*)$')
+  if not base then return false end
+  local held = zlive(hkey)
+  if held <= 0 then return false end
+  local pool, cls = recCopy(shareLoad(base .. '~p')), shareLoad(base .. '~c' .. cp)
+  local e = floor(nu / eu) + 1
+  poolRoll(pool, e)
+  local w = mmax(cls[6], 1)
+  local act = pool[12] + pool[11]
+  if cls[5] < e - 1 or (cls[5] == e - 1 and pool[12] < w) then act = act + w end
+  local s = mmin(w / mmax(act, w), 1)
+  local entitled = mmax(1, floor(s * max))
+  local own = 0
+  if cls[8] == e or cls[8] == e - 1 then own = cls[7] end
+  return held > entitled and mmax(pool[13] + pool[14], 0) - own > 0
+end
+
 -- shareHold adds the slots of concurrency charge i, of lease id, to its
--- class's and sub's holdings, and names them in the lease record.
+-- class's and sub's holdings, and names them in the lease record: the
+-- class's with the rule's max and epoch, for shareYields.
 local function shareHold(i, id, e, ttl, cost)
   local sh = SHARES[i]
+  local R = RULES[i]
   for _, key in pairs({sh.kh, sh.kg}) do
     rcall('ZREMRANGEBYSCORE', key, '-inf', I(nu))
     leaseSlots(id, 1, cost, function(m)
@@ -1163,7 +1188,11 @@ local function shareHold(i, id, e, ttl, cost)
     end)
     local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
     rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
-    rcall('HSET', REC, key, pack('<dd', ttl, cost))
+    if key == sh.kh then
+      rcall('HSET', REC, key, pack('<dddd', ttl, cost, R.sb, R.se))
+    else
+      rcall('HSET', REC, key, pack('<dd', ttl, cost))
+    end
   end
 end
 
@@ -1917,6 +1946,15 @@ local function leaseOp(renew)
   local rec = KEYS[1]
   local id = ARGV[6]
   local held, expiry = false, 0
+  if renew then
+    -- A class holding more than its part of a shared key while another
+    -- claims slots yields (admit.ShareYields): nothing is renewed.
+    for i = 2, #KEYS do
+      local key = KEYS[i]
+      local v = rcall('HGET', rec, key)
+      if v and #v == 32 and shareYields(key, v) then return {nu, nsub, 2, 0} end
+    end
+  end
   for i = 2, #KEYS do
     local key = KEYS[i]
     local v = rcall('HGET', rec, key)

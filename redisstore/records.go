@@ -243,6 +243,12 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 	if !ok {
 		return false, 0, nil
 	}
+	if op == "n" {
+		// The global group first: a class that must yield its shared
+		// slots renews nothing (admit.lua, shareYields).
+		tags = slices.Clone(tags)
+		slices.Reverse(tags)
+	}
 	held, expiry := false, int64(0)
 	for _, tag := range tags {
 		rec := s.leaseKey(tag, raw)
@@ -250,9 +256,16 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 		if err != nil {
 			return false, 0, err
 		}
-		v, err := s.run(ctx, call{keys: append([]string{rec}, fields...), args: s.opArgs(op, raw)})
+		keys := append([]string{rec}, fields...)
+		if op == "n" {
+			keys = appendShareRecords(keys, fields)
+		}
+		v, err := s.run(ctx, call{keys: keys, args: s.opArgs(op, raw)})
 		if err != nil {
 			return false, 0, err
+		}
+		if len(v) >= 4 && v[2] == 2 {
+			return false, 0, admit.Errorf(admit.CodeExhausted, "lease %q is not renewed: its class holds more than its part of a limit tenants share while another is owed slots; it ends when it expires", id)
 		}
 		if op == "l" {
 			s.forgetReleased(fields)

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/admitdev/admit"
 )
@@ -60,4 +61,20 @@ func shareArg(c *admit.Charge) string {
 		a += "s"
 	}
 	return a
+}
+
+// appendShareRecords appends to keys the pool and class records of every
+// class holdings among a lease record's fields, which a renewal reads to
+// know whether the class must yield (admit.lua, shareYields): so that the
+// call declares every key it touches, as Cluster requires.
+func appendShareRecords(keys, fields []string) []string {
+	for _, f := range fields {
+		i := strings.LastIndex(f, sufHeld)
+		if i < 0 {
+			continue
+		}
+		base, class := f[:i], f[i+len(sufHeld):]
+		keys = append(keys, base+sufPool, base+sufClass+class)
+	}
+	return keys
 }

@@ -552,3 +552,60 @@ func CheckFairReport(t testing.TB, sc FairScenario, rep FairReport) {
 		}
 	}
 }
+
+// RunShareRenewals checks that a class holding more than its part of a
+// shared concurrency limit yields when another class is owed slots: its
+// renewals are refused (admit.CodeExhausted), so its leases end, while
+// the classes within their parts renew; and that a class arriving later,
+// refused while the limit is full, then gets the slots that end.
+func RunShareRenewals(t *testing.T, newStore Factory) {
+	clock := NewClock()
+	s := newStore(t, clock.Now)
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "shared-slots", Algorithm: admit.Concurrency, Max: 10, LeaseTTL: time.Minute}
+	key := admit.Key{Scope: "global", Rule: rule.Name}.String()
+	take := func(class string) admit.Decision {
+		t.Helper()
+		var d admit.Decision
+		c := admit.Charge{Key: key, Rule: rule, Cost: 1, Share: &admit.Share{Class: class, Weight: 1}}
+		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	leases := map[string][]string{}
+	for _, class := range []string{"a", "b"} {
+		for i := range 5 {
+			d := take(class)
+			if !d.Allowed {
+				t.Fatalf("%s's slot %d: %+v", class, i, d.Results)
+			}
+			leases[class] = append(leases[class], d.Lease.ID)
+		}
+	}
+	// Full, and no one owed: everyone renews.
+	clock.Set(10 * time.Second)
+	for class, ids := range leases {
+		if _, err := s.RenewLease(ctx, ids[0]); err != nil {
+			t.Fatalf("%s renews with no one owed slots: %v", class, err)
+		}
+	}
+	// c comes, is refused, and is owed its part: a and b, over theirs
+	// now (a third each), yield their renewals.
+	if d := take("c"); d.Allowed {
+		t.Fatalf("c on a full limit: admitted")
+	}
+	for class, ids := range leases {
+		_, err := s.RenewLease(ctx, ids[0])
+		if admit.ErrorCode(err) != admit.CodeExhausted {
+			t.Errorf("%s renews over its part while c is owed slots: %v, want exhausted", class, err)
+		}
+	}
+	// a's lease ends (it was not renewed): c takes its slot.
+	if err := s.ReleaseLease(ctx, leases["a"][1]); err != nil {
+		t.Fatal(err)
+	}
+	if d := take("c"); !d.Allowed || d.Results[0].Share != admit.ShareAssured {
+		t.Errorf("c after a slot ended: %+v", d.Results)
+	}
+}
