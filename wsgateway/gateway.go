@@ -426,11 +426,19 @@ func (g *Gateway) tenantOf(id string) (*policy.Policy, *policy.Tenant, *limits, 
 // has a default tier). Whether the caller may act for the tenant (API
 // keys) is the caller's to check.
 func (g *Gateway) CreateSession(ctx context.Context, tenant string) (Session, error) {
+	return g.CreateSessionFor(ctx, tenant, tenant)
+}
+
+// CreateSessionFor is CreateSession with the tenant_sessions slot counted
+// for holder rather than the tenant: for a tenant only a default tier
+// knows, named without a credential, the caller's client address, so that
+// inventing tenants does not multiply the sessions one client may hold.
+func (g *Gateway) CreateSessionFor(ctx context.Context, tenant, holder string) (Session, error) {
 	p, t, l, err := g.tenantOf(tenant)
 	if err != nil {
 		return Session{}, err
 	}
-	charge := [1]admit.Charge{{Key: key(l.sessions[0], tenant, "", actionSession), Rule: &l.sessions[0].Rule, Cost: 1}}
+	charge := [1]admit.Charge{{Key: key(l.sessions[0], holder, "", actionSession), Rule: &l.sessions[0].Rule, Cost: 1}}
 	res := policy.Resolution{Policy: p, Tenant: t, Charges: charge[:], Rules: l.sessions[:]}
 	var dec admit.Decision
 	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {

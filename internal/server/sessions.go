@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
@@ -36,7 +37,17 @@ func (s *Server) handleSessionCreate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "session", err)
 		return
 	}
-	sess, err := s.gateway.CreateSession(r.Context(), body.Tenant)
+	holder := body.Tenant
+	if s.catalog.Policy().Tenant(body.Tenant) == nil && !s.callerOf(r).trusted() {
+		// A tenant only the default tier knows, named by a caller no
+		// token vouches for: its sessions count for the client's address,
+		// whatever tenants it invents.
+		holder = "anonymous " // no tenant name holds a space
+		if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
+			holder += policy.ClientPrefix(a.String())
+		}
+	}
+	sess, err := s.gateway.CreateSessionFor(r.Context(), body.Tenant, holder)
 	var limit *wsgateway.LimitError
 	if errors.As(err, &limit) {
 		retry := httpx.CeilDiv(limit.RetryAfter, time.Millisecond)

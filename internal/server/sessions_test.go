@@ -2,12 +2,14 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/wsgateway"
 )
 
@@ -108,4 +110,31 @@ func get(t *testing.T, url string) string {
 		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, b)
 	}
 	return string(b)
+}
+
+// TestInventedTenantsSessions: a caller without a credential that names
+// tenants only the default tier knows holds, whatever tenants it invents,
+// the sessions one tenant of that tier may (tenant_sessions), counted for
+// its address; a catalog tenant's sessions are its own.
+func TestInventedTenantsSessions(t *testing.T) {
+	spec := testSpec()
+	spec.UnknownTenant = "small"
+	ts := spec.Tiers["small"]
+	ts.Gateway = &policy.GatewaySpec{TenantSessions: 3}
+	spec.Tiers["small"] = ts
+	h := start(t, spec, "admintoken", withGateway(t))
+	created := 0
+	for i := range 10 {
+		if a := h.do("PUT", "/v1/sessions", fmt.Sprintf(`{"tenant":"invented-%d"}`, i)); a.status == 201 {
+			created++
+		} else if a.status != 429 {
+			t.Fatalf("invented tenant %d: %d %s", i, a.status, a.raw)
+		}
+	}
+	if created != 3 {
+		t.Errorf("an anonymous caller inventing 10 tenants created %d sessions, want 3 (tenant_sessions, for its address)", created)
+	}
+	for i := range 3 {
+		h.want(h.do("PUT", "/v1/sessions", `{"tenant":"t1"}`), 201, fmt.Sprintf("the catalog tenant's session %d", i))
+	}
 }
