@@ -434,15 +434,21 @@ func TestFairShares(t *testing.T) {
 	srv := redistest.Start(t)
 	a, b := dial(t, "redis://"+srv.Addr), dial(t, "redis://"+srv.Addr)
 	storetest.RunFairShares(t, func(t *testing.T, clock func() time.Time) []admit.Store {
-		prefix := "fair" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
-		var stores []admit.Store
-		for _, c := range []rueidis.Client{a.Client(), b.Client()} {
-			s := redisstore.New(c, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
-			t.Cleanup(func() { s.Close() })
-			stores = append(stores, s)
-		}
-		return stores
+		return twoServers(t, clock, "fair", a, b)
 	})
+}
+
+// twoServers returns two stores, one on each client, as two servers sharing
+// one Redis see it, under a fresh prefix.
+func twoServers(t *testing.T, clock func() time.Time, name string, a, b *redisstore.Store) []admit.Store {
+	prefix := name + strconv.FormatInt(prefixes.Add(1), 10) + ":"
+	var stores []admit.Store
+	for _, c := range []rueidis.Client{a.Client(), b.Client()} {
+		s := redisstore.New(c, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
+		t.Cleanup(func() { s.Close() })
+		stores = append(stores, s)
+	}
+	return stores
 }
 
 // TestFairSharesLeased runs the fairness scenarios of rules decided from
@@ -461,13 +467,6 @@ func TestFairSharesLeased(t *testing.T) {
 		}
 	}
 	storetest.RunFairScenarios(t, scs, func(t *testing.T, clock func() time.Time) []admit.Store {
-		prefix := "fairleased" + strconv.FormatInt(prefixes.Add(1), 10) + ":"
-		var stores []admit.Store
-		for _, c := range []rueidis.Client{a.Client(), b.Client()} {
-			s := redisstore.New(c, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second, Prefix: prefix})
-			t.Cleanup(func() { s.Close() })
-			stores = append(stores, s)
-		}
-		return stores
+		return twoServers(t, clock, "fairleased", a, b)
 	})
 }

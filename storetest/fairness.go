@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -127,10 +128,6 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 		class int
 		sub   string
 	}
-	var (
-		mu       sync.Mutex
-		firstErr error
-	)
 	decide := func(a ask, st admit.Store) (admit.Decision, error) {
 		sh := shares[a.class]
 		sh.Sub = a.sub
@@ -191,36 +188,16 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 					break
 				}
 				rng.Shuffle(len(asks), func(x, y int) { asks[x], asks[y] = asks[y], asks[x] })
-				type got struct {
-					d  admit.Decision
-					st admit.Store
-				}
-				res := make([]got, len(asks))
-				var wg sync.WaitGroup
-				for j, a := range asks {
-					st := stores[(turn+j)%len(stores)]
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						d, err := decide(a, st)
-						mu.Lock()
-						if err != nil && firstErr == nil {
-							firstErr = err
-						}
-						mu.Unlock()
-						res[j] = got{d, st}
-					}()
-				}
-				wg.Wait()
-				turn++
-				if firstErr != nil {
-					return rep, firstErr
+				storeOf := func(j int) admit.Store { return stores[(turn+j)%len(stores)] }
+				res, err := decideAll(len(asks), func(j int) (admit.Decision, error) { return decide(asks[j], storeOf(j)) })
+				if err != nil {
+					return rep, err
 				}
 				for j, a := range asks {
 					rep.Offered[a.class]++
-					if res[j].d.Allowed {
+					if res[j].Allowed {
 						rep.Admitted[a.class]++
-						held[a.class] = append(held[a.class], lease{id: res[j].d.Lease.ID, until: at + holdFor, store: res[j].st})
+						held[a.class] = append(held[a.class], lease{id: res[j].Lease.ID, until: at + holdFor, store: storeOf(j)})
 					} else if a.sub != "" {
 						if refusedSubs[a.class] == nil {
 							refusedSubs[a.class] = map[string]bool{}
@@ -230,6 +207,7 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 						short[a.class] = false
 					}
 				}
+				turn++
 			}
 			total := int64(0)
 			for i := range held {
@@ -251,30 +229,14 @@ func RunFairScenario(ctx context.Context, sc FairScenario, stores []admit.Store,
 			}
 		}
 		rng.Shuffle(len(asks), func(x, y int) { asks[x], asks[y] = asks[y], asks[x] })
-		allowed := make([]bool, len(asks))
-		var wg sync.WaitGroup
-		for j, a := range asks {
-			st := stores[(turn+j)%len(stores)]
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d, err := decide(a, st)
-				mu.Lock()
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
-				allowed[j] = d.Allowed
-			}()
-		}
-		wg.Wait()
+		res, err := decideAll(len(asks), func(j int) (admit.Decision, error) { return decide(asks[j], stores[(turn+j)%len(stores)]) })
 		turn++
-		if firstErr != nil {
-			return rep, firstErr
+		if err != nil {
+			return rep, err
 		}
 		for j, a := range asks {
 			rep.Offered[a.class]++
-			if allowed[j] {
+			if res[j].Allowed {
 				rep.Admitted[a.class]++
 				rep.Total++
 			} else if sc.MaxWait > 0 {
@@ -344,21 +306,11 @@ func serveWaiters(ctx context.Context, queues [][]waitQueue, stores []admit.Stor
 		if len(ask) == 0 || round == 100 {
 			return got, nil
 		}
-		res := make([]admit.Decision, len(ask))
-		errs := make([]error, len(ask))
-		var wg sync.WaitGroup
-		for j, a := range ask {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res[j], errs[j] = decide(a.class, stores[a.server])
-			}()
+		res, err := decideAll(len(ask), func(j int) (admit.Decision, error) { return decide(ask[j].class, stores[ask[j].server]) })
+		if err != nil {
+			return got, err
 		}
-		wg.Wait()
 		for j, a := range ask {
-			if errs[j] != nil {
-				return got, errs[j]
-			}
 			q := &queues[a.server][a.class]
 			if res[j].Allowed {
 				q.deadlines = q.deadlines[1:]
@@ -608,4 +560,21 @@ func RunShareRenewals(t *testing.T, newStore Factory) {
 	if d := take("c"); !d.Allowed || d.Results[0].Share != admit.ShareAssured {
 		t.Errorf("c after a slot ended: %+v", d.Results)
 	}
+}
+
+// decideAll makes n decisions at once, as many servers' clients would, and
+// returns them in order with the first error.
+func decideAll(n int, decide func(j int) (admit.Decision, error)) ([]admit.Decision, error) {
+	res := make([]admit.Decision, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for j := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[j], errs[j] = decide(j)
+		}()
+	}
+	wg.Wait()
+	return res, errors.Join(errs...)
 }

@@ -111,13 +111,9 @@ func (s *Server) acquireReserved(ctx context.Context, c *call, maxWait time.Dura
 		return nil
 	}
 	if res.Wait > 0 {
-		t := time.NewTimer(res.Wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if err := sleep(ctx, res.Wait); err != nil {
 			_ = s.store.CancelReservation(context.WithoutCancel(ctx), res.ID)
-			return ctx.Err()
+			return err
 		}
 	}
 	if err := s.look(ctx, c, true); err != nil {
@@ -180,12 +176,8 @@ func (s *Server) acquireShared(ctx context.Context, c *call, key string, maxWait
 		if time.Now().Add(wait).After(deadline) {
 			return nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, wait); err != nil {
+			return err
 		}
 		if err := s.decide(ctx, c); err != nil || c.d.Allowed {
 			return err
@@ -228,12 +220,8 @@ func (s *Server) acquirePolling(ctx context.Context, c *call, maxWait time.Durat
 		if c.d.Allowed || c.req.DryRun || time.Now().Add(wait).After(deadline) {
 			return nil
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }
@@ -318,4 +306,16 @@ func (r *bookingRefusals) learn(c *call, sent time.Time, wait time.Duration) {
 	e := &bookingRefusal{cost: c.req.Cost, until: sent.Add(wait)}
 	e.d.Results = append(e.d.Results, c.d.Results...)
 	r.m[bookingKey(c)] = e
+}
+
+// sleep waits d, or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
