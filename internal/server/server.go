@@ -292,7 +292,17 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/authz/") {
+		// Envoy sends the original path under /v1/authz as the client
+		// sent it. ServeMux would answer "/v1/authz//login" with a
+		// redirect to the path it cleans, and Envoy would pass that on
+		// to the client as its refusal.
+		s.handleAuthz(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // Close flushes the decision log and stops the local fallback limiter. It
 // does not close the store, which the caller owns.
