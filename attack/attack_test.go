@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -600,6 +601,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"memcached://user:pw-s3cret@h":                       "memcached://***@h", // refused
 		"redis://pw-s3cret@h:99999":                          "redis://***@h:99999",
 		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none":         "/none",
+		"redis+sentinel://mymaster:pw-s3cret@127.0.0.1:1":    "the master's name holds", // once shown as the master's name
+		"redis+sentinel://:pw@mymaster:s3cret@127.0.0.1:1":   "redis+sentinel://***@***@127.0.0.1:1",
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, _ := runAdmit(ctx, "serve", "--config", writeFile(t, "admit.yaml", suiteConfig), "--data-dir", t.TempDir(),
@@ -607,6 +610,50 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		cancel()
 		if !strings.Contains(out, mentions) || strings.Contains(out, "s3cret") || strings.Contains(out, adminToken) || strings.Contains(out, serviceToken) {
 			t.Errorf("--store %s: want the output to name %q and no secret:\n%s", url, mentions, out)
+		}
+	}
+	// admit ratelimit's REDIS_URL, envoyproxy/ratelimit's list of hosts
+	// (after the master's name for Sentinel): a password written into it
+	// once showed as the master's name.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "rl", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTo(t, filepath.Join(root, "rl", "config", "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	for _, env := range [][]string{
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster:pw-s3cret,127.0.0.1:1"},
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster:pw-s3cret"},
+		{"REDIS_TYPE=SINGLE", "REDIS_URL=user:pw-s3cret@127.0.0.1:1,127.0.0.1:2"},
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster,127.0.0.1:1", "REDIS_AUTH=user:pw-s3cret"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := execCommand(ctx, "ratelimit")
+		_, port, _ := net.SplitHostPort(proctest.FreeAddr(t))
+		_, grpcPort, _ := net.SplitHostPort(proctest.FreeAddr(t))
+		cmd.Env = append(os.Environ(), append(env, "RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=rl", "HOST=127.0.0.1", "PORT="+port,
+			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort, "ADMIT_DATA_DIR="+t.TempDir())...)
+		out := &proctest.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		deadline := time.After(5 * time.Second)
+	wait:
+		for !strings.Contains(out.String(), "admit serving") {
+			select {
+			case <-done:
+				break wait
+			case <-deadline:
+				break wait
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+		<-done
+		if strings.Contains(out.String(), "s3cret") || out.String() == "" {
+			t.Errorf("admit ratelimit with %v: want output and no secret:\n%s", env, out)
 		}
 	}
 }
