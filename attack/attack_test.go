@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -507,9 +509,58 @@ func TestSimulateBounded(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		out, code := runAdmit(ctx, append([]string{"simulate", "--rule", "fixed_window limit=1 window=1s"}, args...)...)
 		cancel()
-		if code != 2 || !strings.Contains(out, "at most 10000000") {
+		if code != 2 || !strings.Contains(out, "at most 2000000") {
 			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming the bound", args, code, out)
 		}
+	}
+
+	// The rest of what a run holds: a picture of 100,000 × 100,000 pixels
+	// (once a 40 GB allocation, and the process killed), an animation of
+	// a million frames (out of memory), nine rules, and a log whose
+	// every request is another user's, through eight rules keyed by user
+	// (a state per request and rule).
+	dir := t.TempDir()
+	rule := []string{"--rule", "fixed_window limit=1 window=1s"}
+	var userRules []string
+	for i := range 8 {
+		userRules = append(userRules, "--rule", fmt.Sprintf("sliding_window limit=10 window=1m scope=user name=u%d", i))
+	}
+	var logb strings.Builder
+	logb.WriteString("time,tenant,user\n")
+	for i := range 125_001 {
+		fmt.Fprintf(&logb, "%d.%06d,acme,user%d\n", 1_700_000_000+i/1000, i%1000*1000, i)
+	}
+	userLog := writeFile(t, "users.csv", logb.String())
+	for _, tc := range []struct {
+		args  []string
+		bound string
+	}{
+		{slices.Concat(rule, []string{"--width", "100000", "--height", "100000", "--out", filepath.Join(dir, "x.png")}), "from 100 to 4096"},
+		{slices.Concat(rule, []string{"--gif", filepath.Join(dir, "x.gif"), "--frames", "1000000"}), "at most 200 frames"},
+		{slices.Concat(rule, []string{"--gif", filepath.Join(dir, "x.gif"), "--frames", "200", "--width", "4096", "--height", "4096"}), "at most 134217728"},
+		{slices.Concat(userRules, rule), "9 rules: at most 8"},
+		{slices.Concat(userRules, []string{"--log", userLog}), "more than 1000000 keys"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		out, code := runAdmit(ctx, append([]string{"simulate"}, tc.args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, tc.bound) {
+			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming %q", tc.args, code, out, tc.bound)
+		}
+	}
+	// At the bounds: 2,000,000 requests through eight rules, drawn, in
+	// less than 1 GB (once 3.5 GB for 9.9 million).
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := execCommand(ctx, append([]string{"simulate", "--user", "u", "--pattern", "constant rate=100000/s duration=20s", "--out", filepath.Join(dir, "big.png")}, userRules...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("2,000,000 requests through 8 rules: %v: %.300s", err, out)
+	}
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
+	report(t, "peak memory of admit simulate at its bounds (2,000,000 requests, 8 rules), MB", rss>>20)
+	if rss > 1<<30 {
+		t.Errorf("admit simulate at its bounds took %d MB, want at most 1 GB", rss>>20)
 	}
 }
 
