@@ -128,6 +128,58 @@ func BodyTimeout(next http.Handler, idle, total time.Duration) http.Handler {
 // BodyTimeout without bounds.
 func CloseUnreadBodies(next http.Handler) http.Handler { return BodyTimeout(next, 0, 0) }
 
+// WriteTimeout returns next with a bound on how long a write of a
+// response may wait for the client, as nginx's send_timeout bounds it:
+// each write (and flush) must be taken by the client within d, or it
+// fails, and the response with it (ReverseProxy abandons the request to
+// the upstream, and the server closes the connection). A client that
+// stops reading would otherwise hold the response's handler, and the
+// request to the upstream, and its shedding slot while the upstream still
+// sends, for as long as it liked. A stream's pauses are not bounded, only
+// its writes: a client that reads keeps a stream of server-sent events
+// however long it lasts. Writes after a protocol switch (the handler
+// hijacks the connection) are not bounded. A d ≤ 0 returns next.
+func WriteTimeout(next http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tw := &timedWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(tw, r)
+		tw.arm() // the server writes what is buffered when the handler returns
+	})
+}
+
+// timedWriter sets the connection's write deadline d ahead before each
+// write and flush.
+type timedWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (t *timedWriter) arm() { _ = t.rc.SetWriteDeadline(time.Now().Add(t.d)) }
+
+func (t *timedWriter) Write(p []byte) (int, error) {
+	t.arm()
+	return t.ResponseWriter.Write(p)
+}
+
+func (t *timedWriter) WriteHeader(code int) {
+	t.arm() // an informational status is written at once
+	t.ResponseWriter.WriteHeader(code)
+}
+
+// FlushError flushes, as http.ResponseController asks it to.
+func (t *timedWriter) FlushError() error {
+	t.arm()
+	return t.rc.Flush()
+}
+
+func (t *timedWriter) Flush() { _ = t.FlushError() }
+
+func (t *timedWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
 // BodyTimedOut returns the error with which r's body failed a bound of
 // BodyTimeout, or nil.
 func BodyTimedOut(r *http.Request) error {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -197,5 +198,57 @@ func TestRefusalsDoNotWaitForBodies(t *testing.T) {
 	defer answer.Close()
 	if code, closed := stalled(t, strings.TrimPrefix(answer.URL, "http://"), ""); code != 403 || !closed {
 		t.Errorf("BodyTimeout over a handler that does not read: %d, closed %v; want 403 and closed", code, closed)
+	}
+}
+
+// TestWriteTimeout: a client that stops reading a response is cut after
+// the write timeout, and the handler's writes fail; a stream whose pauses
+// are longer than the timeout, read as it comes, is whole.
+func TestWriteTimeout(t *testing.T) {
+	failed := make(chan error, 1)
+	h := WriteTimeout(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			for i := range 3 {
+				fmt.Fprintf(w, "data: %d\n\n", i)
+				if err := http.NewResponseController(w).Flush(); err != nil {
+					t.Errorf("flush: %v", err)
+				}
+				time.Sleep(300 * time.Millisecond) // longer than the bound
+			}
+			return
+		}
+		chunk := make([]byte, 64<<10)
+		for range 1024 {
+			if _, err := w.Write(chunk); err != nil {
+				failed <- err
+				return
+			}
+		}
+		failed <- nil
+	}), 200*time.Millisecond)
+	s := httptest.NewServer(h)
+	defer s.Close()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+	select {
+	case err := <-failed:
+		if err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the writes to a client that reads nothing: %v, want a deadline exceeded", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the writes to a client that reads nothing did not fail within 20 s")
+	}
+	resp, err := http.Get(s.URL + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Count(string(b), "data: ") != 3 {
+		t.Errorf("a stream read as it came: %q", b)
 	}
 }
