@@ -403,6 +403,26 @@ shedding:
 		}
 	}
 
+	// admit serve's /v1/authz, refused the same way, answers at once too
+	// (its read timeout, 15 s, bounded it).
+	sv := serve(t, "", false)
+	aconn, err := net.Dial("tcp", strings.TrimPrefix(sv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer aconn.Close()
+	fmt.Fprint(aconn, "POST /v1/authz HTTP/1.1\r\nHost: x\r\nX-API-Key: bogus\r\nContent-Length: 1000\r\n\r\n0123456789")
+	_ = aconn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	abr := bufio.NewReader(aconn)
+	if resp, err := http.ReadResponse(abr, nil); err != nil || resp.StatusCode != 401 || !resp.Close {
+		t.Errorf("a stalled /v1/authz with an unknown key: %v %v, want 401 and Connection: close within 10 s", resp, err)
+	} else {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if _, err := abr.ReadByte(); err != io.EOF {
+			t.Errorf("the /v1/authz connection was not closed: %v", err)
+		}
+	}
+
 	// A refused request whose body came whole keeps its connection: the
 	// next request on it is answered.
 	c := send("/upload", "bogus", strings.Repeat("x", 1000))

@@ -98,6 +98,10 @@ func (s *Server) originalRequest(r *http.Request) (*http.Request, error) {
 		return nil, errInvalid("the original request: %v", err)
 	}
 	o.URL, o.Header, o.Host, o.RemoteAddr, o.RequestURI = u, r.Header, host, r.RemoteAddr, uri
+	// r's body and protocol, so that a refusal closes the connection of
+	// a body it leaves unread rather than wait for it.
+	o.Body, o.ContentLength = r.Body, r.ContentLength
+	o.Proto, o.ProtoMajor, o.ProtoMinor = r.Proto, r.ProtoMajor, r.ProtoMinor
 	return o, nil
 }
 
