@@ -403,23 +403,25 @@ shedding:
 		}
 	}
 
-	// admit serve's /v1/authz, refused the same way, answers at once too
-	// (its read timeout, 15 s, bounded it).
+	// admit serve's /v1/authz and admin API, refused the same way, answer
+	// at once too (its read timeout, 15 s, bounded them).
 	sv := serve(t, "", false)
-	aconn, err := net.Dial("tcp", strings.TrimPrefix(sv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer aconn.Close()
-	fmt.Fprint(aconn, "POST /v1/authz HTTP/1.1\r\nHost: x\r\nX-API-Key: bogus\r\nContent-Length: 1000\r\n\r\n0123456789")
-	_ = aconn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	abr := bufio.NewReader(aconn)
-	if resp, err := http.ReadResponse(abr, nil); err != nil || resp.StatusCode != 401 || !resp.Close {
-		t.Errorf("a stalled /v1/authz with an unknown key: %v %v, want 401 and Connection: close within 10 s", resp, err)
-	} else {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		if _, err := abr.ReadByte(); err != io.EOF {
-			t.Errorf("the /v1/authz connection was not closed: %v", err)
+	for path, want := range map[string]int{"/v1/authz": 401, "/v1/admin/simulate": 401, "/v1/admin/tenants": 405, "/v1/nothing": 404} {
+		aconn, err := net.Dial("tcp", strings.TrimPrefix(sv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer aconn.Close()
+		fmt.Fprintf(aconn, "POST %s HTTP/1.1\r\nHost: x\r\nX-API-Key: bogus\r\nContent-Length: 1000\r\n\r\n0123456789", path)
+		_ = aconn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		abr := bufio.NewReader(aconn)
+		if resp, err := http.ReadResponse(abr, nil); err != nil || resp.StatusCode != want || !resp.Close {
+			t.Errorf("a stalled %s, refused: %v %v, want %d and Connection: close within 10 s", path, resp, err, want)
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			if _, err := abr.ReadByte(); err != io.EOF {
+				t.Errorf("the connection of a stalled %s was not closed: %v", path, err)
+			}
 		}
 	}
 

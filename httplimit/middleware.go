@@ -137,20 +137,11 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 }
 
 // endUnreadBody closes the connection of a request refused before its
-// body was read. net/http reads up to 256 KiB of a body the handler left
-// unread, without a deadline, before it writes the response, to keep the
-// connection: a client that declared a small body and stalled held its
-// connection, unanswered, for as long as it liked. The refusal says
-// "Connection: close", and the connection's read deadline, now, ends the
-// server's read of the rest. Behind BodyTimeout, which keeps the
-// connection of a body already received, this is left to it.
+// body was read (httpx.CloseUnreadBody). Behind BodyTimeout, which keeps
+// the connection of a body already received, this is left to it.
 func endUnreadBody(w http.ResponseWriter, r *http.Request) {
-	if r.ProtoMajor != 1 || r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
-		return // HTTP/2 resets the stream itself
-	}
 	if _, ok := r.Context().Value(slowBodyKey{}).(*slowBody); ok {
 		return
 	}
-	w.Header().Set("Connection", "close")
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	httpx.CloseUnreadBody(w, r)
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/api"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
@@ -377,6 +378,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 		if allowed[path] == nil {
 			m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Allow", strings.Join(allowed[path], ", "))
+				httpx.CloseUnreadBody(w, r)
 				writeProblem(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; use "+strings.Join(allowed[path], " or "))
 			})
 		}
@@ -437,6 +439,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	}))
 	m.HandleFunc("GET /{$}", handleDashboardPage)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpx.CloseUnreadBody(w, r)
 		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	s.mux = m
