@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -506,9 +509,58 @@ func TestSimulateBounded(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		out, code := runAdmit(ctx, append([]string{"simulate", "--rule", "fixed_window limit=1 window=1s"}, args...)...)
 		cancel()
-		if code != 2 || !strings.Contains(out, "at most 10000000") {
+		if code != 2 || !strings.Contains(out, "at most 2000000") {
 			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming the bound", args, code, out)
 		}
+	}
+
+	// The rest of what a run holds: a picture of 100,000 × 100,000 pixels
+	// (once a 40 GB allocation, and the process killed), an animation of
+	// a million frames (out of memory), nine rules, and a log whose
+	// every request is another user's, through eight rules keyed by user
+	// (a state per request and rule).
+	dir := t.TempDir()
+	rule := []string{"--rule", "fixed_window limit=1 window=1s"}
+	var userRules []string
+	for i := range 8 {
+		userRules = append(userRules, "--rule", fmt.Sprintf("sliding_window limit=10 window=1m scope=user name=u%d", i))
+	}
+	var logb strings.Builder
+	logb.WriteString("time,tenant,user\n")
+	for i := range 125_001 {
+		fmt.Fprintf(&logb, "%d.%06d,acme,user%d\n", 1_700_000_000+i/1000, i%1000*1000, i)
+	}
+	userLog := writeFile(t, "users.csv", logb.String())
+	for _, tc := range []struct {
+		args  []string
+		bound string
+	}{
+		{slices.Concat(rule, []string{"--width", "100000", "--height", "100000", "--out", filepath.Join(dir, "x.png")}), "from 100 to 4096"},
+		{slices.Concat(rule, []string{"--gif", filepath.Join(dir, "x.gif"), "--frames", "1000000"}), "at most 200 frames"},
+		{slices.Concat(rule, []string{"--gif", filepath.Join(dir, "x.gif"), "--frames", "200", "--width", "4096", "--height", "4096"}), "at most 134217728"},
+		{slices.Concat(userRules, rule), "9 rules: at most 8"},
+		{slices.Concat(userRules, []string{"--log", userLog}), "more than 1000000 keys"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		out, code := runAdmit(ctx, append([]string{"simulate"}, tc.args...)...)
+		cancel()
+		if code != 2 || !strings.Contains(out, tc.bound) {
+			t.Errorf("admit simulate %q: exit %d: %.300s, want 2 naming %q", tc.args, code, out, tc.bound)
+		}
+	}
+	// At the bounds: 2,000,000 requests through eight rules, drawn, in
+	// less than 1 GB (once 3.5 GB for 9.9 million).
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	cmd := execCommand(ctx, append([]string{"simulate", "--user", "u", "--pattern", "constant rate=100000/s duration=20s", "--out", filepath.Join(dir, "big.png")}, userRules...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("2,000,000 requests through 8 rules: %v: %.300s", err, out)
+	}
+	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss << 10
+	report(t, "peak memory of admit simulate at its bounds (2,000,000 requests, 8 rules), MB", rss>>20)
+	if rss > 1<<30 {
+		t.Errorf("admit simulate at its bounds took %d MB, want at most 1 GB", rss>>20)
 	}
 }
 
@@ -600,6 +652,8 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		"memcached://user:pw-s3cret@h":                       "memcached://***@h", // refused
 		"redis://pw-s3cret@h:99999":                          "redis://***@h:99999",
 		"rediss://u:pw-s3cret@h:1?tls_ca_file=/none":         "/none",
+		"redis+sentinel://mymaster:pw-s3cret@127.0.0.1:1":    "the master's name holds", // once shown as the master's name
+		"redis+sentinel://:pw@mymaster:s3cret@127.0.0.1:1":   "redis+sentinel://***@***@127.0.0.1:1",
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		out, _ := runAdmit(ctx, "serve", "--config", writeFile(t, "admit.yaml", suiteConfig), "--data-dir", t.TempDir(),
@@ -607,6 +661,50 @@ func TestSecretsNeverPrinted(t *testing.T) {
 		cancel()
 		if !strings.Contains(out, mentions) || strings.Contains(out, "s3cret") || strings.Contains(out, adminToken) || strings.Contains(out, serviceToken) {
 			t.Errorf("--store %s: want the output to name %q and no secret:\n%s", url, mentions, out)
+		}
+	}
+	// admit ratelimit's REDIS_URL, envoyproxy/ratelimit's list of hosts
+	// (after the master's name for Sentinel): a password written into it
+	// once showed as the master's name.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "rl", "config"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeTo(t, filepath.Join(root, "rl", "config", "rl.yaml"), "domain: rl\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100}\n")
+	for _, env := range [][]string{
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster:pw-s3cret,127.0.0.1:1"},
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster:pw-s3cret"},
+		{"REDIS_TYPE=SINGLE", "REDIS_URL=user:pw-s3cret@127.0.0.1:1,127.0.0.1:2"},
+		{"REDIS_TYPE=SENTINEL", "REDIS_URL=mymaster,127.0.0.1:1", "REDIS_AUTH=user:pw-s3cret"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := execCommand(ctx, "ratelimit")
+		_, port, _ := net.SplitHostPort(proctest.FreeAddr(t))
+		_, grpcPort, _ := net.SplitHostPort(proctest.FreeAddr(t))
+		cmd.Env = append(os.Environ(), append(env, "RUNTIME_ROOT="+root, "RUNTIME_SUBDIRECTORY=rl", "HOST=127.0.0.1", "PORT="+port,
+			"GRPC_HOST=127.0.0.1", "GRPC_PORT="+grpcPort, "ADMIT_DATA_DIR="+t.TempDir())...)
+		out := &proctest.Buffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		deadline := time.After(5 * time.Second)
+	wait:
+		for !strings.Contains(out.String(), "admit serving") {
+			select {
+			case <-done:
+				break wait
+			case <-deadline:
+				break wait
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		cancel()
+		<-done
+		if strings.Contains(out.String(), "s3cret") || out.String() == "" {
+			t.Errorf("admit ratelimit with %v: want output and no secret:\n%s", env, out)
 		}
 	}
 }

@@ -28,6 +28,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/proctest"
 	"github.com/admitdev/admit/redistest"
 )
@@ -290,6 +291,167 @@ func slowBodies(t *testing.T, config string, forwarded bool) {
 	if forwarded && seen.Load() < clients || !forwarded && seen.Load() != 0 {
 		t.Errorf("%d requests reached the upstream, of %d; forwarded: %v", seen.Load(), clients, forwarded)
 	}
+}
+
+// TestStalledRefusals: a refused request (unknown key 401, 429, shed 503,
+// an LLM call's 401) whose declared body is small and stalls is answered
+// and its connection closed at once, through admit proxy. net/http reads
+// up to 256 KiB of a body the handler left unread, without a deadline,
+// before it writes the response: 1,000 such connections from one address
+// were held, unanswered, for as long as their clients liked. A refused
+// request whose small body has come keeps its connection.
+func TestStalledRefusals(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/held" {
+			w.WriteHeader(200)
+			http.NewResponseController(w).Flush()
+			<-release // holds the shedding group's only slot
+		}
+	}))
+	defer up.Close()
+	defer close(release)
+	cfg := `version: 1
+http:
+  actions:
+    - {match: "POST /limited", action: limited}
+    - {match: "/held", action: held}
+llm:
+  providers:
+    openai: {base_url: "` + up.URL + `/v1", api_key: platform-key}
+tiers:
+  t:
+    rules:
+      - {name: limited, scope: tenant, actions: [limited], algorithm: fixed_window, limit: 1, window: 1h}
+tenants:
+  acme: {tier: t, api_keys_sha256: ["` + policy.HashKey("acme-key") + `"]}
+shedding:
+  - {name: app, actions: [held], algorithm: aimd, initial_limit: 1, min_limit: 1, max_limit: 1, tenant_share: 1.0, max_wait: 10ms}
+`
+	listen := proctest.FreeAddr(t)
+	// --body-timeout of an hour: the connections must not wait for it.
+	p := proctest.Start(t, admitBin, listen, nil, "proxy", "--listen", listen, "--upstream", up.URL,
+		"--data-dir", t.TempDir(), "--body-timeout", "1h", "--config", writeFile(t, "admit.yaml", cfg))
+	addr := strings.TrimPrefix(p.URL, "http://")
+	send := func(path, key, body string) net.Conn {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nX-API-Key: %s\r\nContent-Length: 1000\r\n\r\n%s", path, key, body)
+		return conn
+	}
+	// Spend the limit, and hold the slot.
+	if c := send("/limited", "acme-key", strings.Repeat("x", 1000)); statusOn(t, c) != 200 {
+		t.Fatal("the first request to /limited was not admitted")
+	}
+	held, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	fmt.Fprint(held, "GET /held HTTP/1.1\r\nHost: x\r\nX-API-Key: acme-key\r\n\r\n")
+	if statusOn(t, held) != 200 {
+		t.Fatal("the request holding the slot was not admitted")
+	}
+
+	kinds := []struct {
+		name, path, key string
+		want            int
+	}{
+		{"unknown key", "/upload", "bogus", 401},
+		{"rate limited", "/limited", "acme-key", 429},
+		{"shed", "/held", "acme-key", 503},
+		{"LLM call, unknown key", "/v1/chat/completions", "bogus", 401},
+	}
+	const each = 250
+	conns := make([][]net.Conn, len(kinds))
+	for k, kind := range kinds {
+		for range each {
+			conns[k] = append(conns[k], send(kind.path, kind.key, "0123456789"))
+		}
+	}
+	var wg sync.WaitGroup
+	answered, closed := make([]atomic.Int64, len(kinds)), make([]atomic.Int64, len(kinds))
+	for k, kind := range kinds {
+		for _, c := range conns[k] {
+			wg.Go(func() {
+				defer c.Close()
+				_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+				br := bufio.NewReader(c)
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == kind.want && resp.Close {
+					answered[k].Add(1)
+				}
+				if _, err := br.ReadByte(); err == io.EOF {
+					closed[k].Add(1)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for k, kind := range kinds {
+		report(t, kind.name+": of 250 stalled refused requests, answered and closed", fmt.Sprintf("%d, %d", answered[k].Load(), closed[k].Load()))
+		if answered[k].Load() != each || closed[k].Load() != each {
+			t.Errorf("%s: of %d stalled requests, %d answered %d with Connection: close, %d closed within 20 s",
+				kind.name, each, answered[k].Load(), kind.want, closed[k].Load())
+		}
+	}
+
+	// admit serve's /v1/authz and admin API, refused the same way, answer
+	// at once too (its read timeout, 15 s, bounded them).
+	sv := serve(t, "", false)
+	for path, want := range map[string]int{"/v1/authz": 401, "/v1/admin/simulate": 401, "/v1/admin/tenants": 405, "/v1/nothing": 404} {
+		aconn, err := net.Dial("tcp", strings.TrimPrefix(sv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer aconn.Close()
+		fmt.Fprintf(aconn, "POST %s HTTP/1.1\r\nHost: x\r\nX-API-Key: bogus\r\nContent-Length: 1000\r\n\r\n0123456789", path)
+		_ = aconn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		abr := bufio.NewReader(aconn)
+		if resp, err := http.ReadResponse(abr, nil); err != nil || resp.StatusCode != want || !resp.Close {
+			t.Errorf("a stalled %s, refused: %v %v, want %d and Connection: close within 10 s", path, resp, err, want)
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			if _, err := abr.ReadByte(); err != io.EOF {
+				t.Errorf("the connection of a stalled %s was not closed: %v", path, err)
+			}
+		}
+	}
+
+	// A refused request whose body came whole keeps its connection: the
+	// next request on it is answered.
+	c := send("/upload", "bogus", strings.Repeat("x", 1000))
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for i := range 2 {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 401 || resp.Close {
+			t.Fatalf("request %d on a connection whose refused requests sent their bodies: %v %v", i+1, resp, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		fmt.Fprintf(c, "POST /upload HTTP/1.1\r\nHost: x\r\nX-API-Key: bogus\r\nContent-Length: 3\r\n\r\nabc")
+	}
+}
+
+// statusOn reads the response to the request sent on c and returns its
+// status (0 for none within 10 s), leaving c open.
+func statusOn(t *testing.T, c net.Conn) int {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0
+	}
+	return resp.StatusCode
 }
 
 // TestWideLeases: a concurrency rule may allow 100,000 slots, but one

@@ -290,6 +290,15 @@ func TestForwardAuthBehindRealProxies(t *testing.T) {
 					t.Errorf("a login spoofing %v: %d, want 429: %.200s", h, resp.StatusCode, body)
 				}
 			}
+			// The login path behind a leading "//", which the app squeezes
+			// to /login: Admit read such an original URI as a host
+			// ("login") and an empty path, of no action, and all passed.
+			slashed := []string{"//login", "//login/", "//LOGIN", "//login.json", "//login;x"}
+			for _, p := range slashed {
+				if resp, body := send("POST", p); resp.StatusCode != 429 {
+					t.Errorf("POST %s after 2 logins: %d, want 429: %.200s", p, resp.StatusCode, body)
+				}
+			}
 			// A header too large for any proxy: refused there with a 4xx,
 			// or the connection closed while the client still writes it
 			// (HAProxy), never passed on.
@@ -332,7 +341,7 @@ func TestForwardAuthBehindRealProxies(t *testing.T) {
 				t.Errorf("the app was sent the client's own %q", seen)
 			}
 			if !t.Failed() {
-				t.Logf("%s: the client at %s was refused after 2 logins and through %d spoofs; its user and priority reached neither Admit nor the app", proxy, ns.clientIP, len(spoofs))
+				t.Logf("%s: the client at %s was refused after 2 logins, through %d spoofs and %d spellings of //login; its user and priority reached neither Admit nor the app", proxy, ns.clientIP, len(spoofs), len(slashed))
 			}
 		})
 	}

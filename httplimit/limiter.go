@@ -268,21 +268,21 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 	start := time.Now()
 	p := l.opts.Policy() // one policy for identification and resolution
 	if err := l.identify(r, &c.req, p); err != nil {
-		l.fail(w, err)
+		l.fail(w, r, err)
 		return false
 	}
 	if err := p.Resolve(&c.req, &c.res); err != nil {
-		l.fail(w, err)
+		l.fail(w, r, err)
 		return false
 	}
 	if len(c.res.Charges) == 0 && c.req.Tenant == "" && !l.opts.PassUnlimited {
 		// Unidentified, and no global rule applies: never unlimited.
-		l.fail(w, errUnlimited)
+		l.fail(w, r, errUnlimited)
 		return false
 	}
 	out, err := l.decider.Decide(r.Context(), &c.res, &c.d)
 	if err != nil {
-		l.fail(w, err)
+		l.fail(w, r, err)
 		return false
 	}
 	if l.opts.Observe != nil {
@@ -292,7 +292,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 	if c.d.Allowed {
 		return true
 	}
-	writeRefusal(w, &c.d, l.retryAfter(c.d.RetryAfter))
+	writeRefusal(w, r, &c.d, l.retryAfter(c.d.RetryAfter))
 	return false
 }
 
@@ -318,9 +318,9 @@ var errUnauthenticated = admit.Errorf(admit.CodeUnauthenticated, "an API key is 
 // rule applies to it: passing it would pass it unlimited.
 var errUnlimited = admit.Errorf(admit.CodeUnauthenticated, "the request names no tenant and no global rule limits it: present an API key in X-API-Key or Authorization: Bearer")
 
-func (l *Limiter) fail(w http.ResponseWriter, err error) {
+func (l *Limiter) fail(w http.ResponseWriter, r *http.Request, err error) {
 	// A rule fails closed and its store is down: try again soon.
-	writeError(w, err, l.retryAfter(time.Second), l.opts.Logger)
+	writeError(w, r, err, l.retryAfter(time.Second), l.opts.Logger)
 }
 
 // Identify fills req with what r says of its sender, as far as it is

@@ -37,18 +37,18 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			wh, err := who(r)
 			if err != nil {
-				writeError(w, whoError(err), 1, slog.Default())
+				writeError(w, r, whoError(err), 1, slog.Default())
 				return
 			}
 			st := states.Get().(*requestState)
 			defer states.Put(st)
 			if err := l.Decide(r.Context(), wh, 1, &st.d); err != nil {
-				writeError(w, err, 1, slog.Default())
+				writeError(w, r, err, 1, slog.Default())
 				return
 			}
 			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
 			if !st.d.Allowed {
-				writeRefusal(w, &st.d, st.d.RetryAfterSeconds())
+				writeRefusal(w, r, &st.d, st.d.RetryAfterSeconds())
 				return
 			}
 			if st.d.Lease.ID != "" {
@@ -108,7 +108,8 @@ func whoError(err error) error {
 // writeRefusal answers a refused decision: 429, Retry-After (seconds, as
 // retryAfter says) and a problem naming the limit that refused and when to
 // come back, in milliseconds.
-func writeRefusal(w http.ResponseWriter, d *admit.Decision, retryAfter int64) {
+func writeRefusal(w http.ResponseWriter, r *http.Request, d *admit.Decision, retryAfter int64) {
+	endUnreadBody(w, r)
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	retry := httpx.CeilDiv(d.RetryAfter, time.Millisecond)
 	problem.WriteDetails(w, problem.Details{
@@ -121,7 +122,8 @@ func writeRefusal(w http.ResponseWriter, d *admit.Decision, retryAfter int64) {
 // with the status its error code maps to. An unavailable store (a rule
 // that fails closed) also gets retryAfter seconds; an internal error is
 // logged to log and not shown.
-func writeError(w http.ResponseWriter, err error, retryAfter int64, log *slog.Logger) {
+func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter int64, log *slog.Logger) {
+	endUnreadBody(w, r)
 	status := problem.Status(err)
 	detail := err.Error()
 	switch status {
@@ -132,4 +134,14 @@ func writeError(w http.ResponseWriter, err error, retryAfter int64, log *slog.Lo
 		detail = "internal error"
 	}
 	problem.Write(w, status, detail)
+}
+
+// endUnreadBody closes the connection of a request refused before its
+// body was read (httpx.CloseUnreadBody). Behind BodyTimeout, which keeps
+// the connection of a body already received, this is left to it.
+func endUnreadBody(w http.ResponseWriter, r *http.Request) {
+	if _, ok := r.Context().Value(slowBodyKey{}).(*slowBody); ok {
+		return
+	}
+	httpx.CloseUnreadBody(w, r)
 }

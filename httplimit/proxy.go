@@ -92,26 +92,93 @@ func (e *bodyTimeoutError) Is(target error) bool { return target == ErrBodyTimeo
 // to its upstream, for as long as a client dribbles a body: the idle
 // bound alone lets a byte every idle − 1 s keep them forever. Responses
 // are not bounded, nor upgraded connections, which have no body. A bound
-// ≤ 0 is off; with both off BodyTimeout returns next.
+// ≤ 0 is off.
+//
+// Whatever the bounds, a body that next leaves unread (a refusal answers
+// before reading it) is not waited for: net/http reads up to 256 KiB of
+// such a body, without a deadline, before it writes the response, to keep
+// the connection for the next request, so a client that declared a small
+// body and stalled was never answered. When next returns with its body
+// unread, the rest is read only as far as it has already been received
+// (then the connection is kept); otherwise the connection is closed, with
+// "Connection: close" on the response.
 func BodyTimeout(next http.Handler, idle, total time.Duration) http.Handler {
-	if idle <= 0 && total <= 0 {
+	idle, total = max(idle, 0), max(total, 0)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		b := &slowBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle, total: total}
+		if total > 0 {
+			b.end = time.Now().Add(total)
+		}
+		// A copy of r: the server must still see its own body, to
+		// close a connection whose refused request left a large body
+		// unread rather than read it first, without a deadline.
+		r = r.WithContext(context.WithValue(r.Context(), slowBodyKey{}, b))
+		r.Body = b
+		next.ServeHTTP(w, r)
+		b.abandon()
+	})
+}
+
+// CloseUnreadBodies returns next, closing the connection of a request
+// whose body next leaves unread rather than waiting for the body: it is
+// BodyTimeout without bounds.
+func CloseUnreadBodies(next http.Handler) http.Handler { return BodyTimeout(next, 0, 0) }
+
+// WriteTimeout returns next with a bound on how long a write of a
+// response may wait for the client, as nginx's send_timeout bounds it:
+// each write (and flush) must be taken by the client within d, or it
+// fails, and the response with it (ReverseProxy abandons the request to
+// the upstream, and the server closes the connection). A client that
+// stops reading would otherwise hold the response's handler, and the
+// request to the upstream, and its shedding slot while the upstream still
+// sends, for as long as it liked. A stream's pauses are not bounded, only
+// its writes: a client that reads keeps a stream of server-sent events
+// however long it lasts. Writes after a protocol switch (the handler
+// hijacks the connection) are not bounded. A d ≤ 0 returns next.
+func WriteTimeout(next http.Handler, d time.Duration) http.Handler {
+	if d <= 0 {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body != nil && r.Body != http.NoBody {
-			b := &slowBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: idle, total: total}
-			if total > 0 {
-				b.end = time.Now().Add(total)
-			}
-			// A copy of r: the server must still see its own body, to
-			// close a connection whose refused request left a large body
-			// unread rather than read it first, without a deadline.
-			r = r.WithContext(context.WithValue(r.Context(), slowBodyKey{}, b))
-			r.Body = b
-		}
-		next.ServeHTTP(w, r)
+		tw := &timedWriter{ResponseWriter: w, rc: http.NewResponseController(w), d: d}
+		next.ServeHTTP(tw, r)
+		tw.arm() // the server writes what is buffered when the handler returns
 	})
 }
+
+// timedWriter sets the connection's write deadline d ahead before each
+// write and flush.
+type timedWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (t *timedWriter) arm() { _ = t.rc.SetWriteDeadline(time.Now().Add(t.d)) }
+
+func (t *timedWriter) Write(p []byte) (int, error) {
+	t.arm()
+	return t.ResponseWriter.Write(p)
+}
+
+func (t *timedWriter) WriteHeader(code int) {
+	t.arm() // an informational status is written at once
+	t.ResponseWriter.WriteHeader(code)
+}
+
+// FlushError flushes, as http.ResponseController asks it to.
+func (t *timedWriter) FlushError() error {
+	t.arm()
+	return t.rc.Flush()
+}
+
+func (t *timedWriter) Flush() { _ = t.FlushError() }
+
+func (t *timedWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // BodyTimedOut returns the error with which r's body failed a bound of
 // BodyTimeout, or nil.
@@ -132,13 +199,14 @@ type slowBody struct {
 	io.ReadCloser
 	rc          *http.ResponseController
 	idle, total time.Duration
-	end         time.Time // zero: no total bound
-	eof         bool      // read to its end: the deadline is the server's again
+	end         time.Time   // zero: no total bound
+	eof         atomic.Bool // read to its end: the deadline is the server's again
+	abandoned   atomic.Bool // the handler returned: no more waiting for data
 	failed      atomic.Pointer[bodyTimeoutError]
 }
 
 func (b *slowBody) Read(p []byte) (int, error) {
-	if b.eof {
+	if b.eof.Load() {
 		// Once a body is done the server reads the connection in the
 		// background; a deadline set now would end that read, and the
 		// request's context with it.
@@ -149,18 +217,36 @@ func (b *slowBody) Read(p []byte) (int, error) {
 	if b.idle > 0 && (deadline.IsZero() || now.Add(b.idle).Before(deadline)) {
 		deadline = now.Add(b.idle)
 	}
-	if !deadline.After(now) {
+	switch {
+	case b.abandoned.Load():
+		// A transport still sending the body upstream after the handler
+		// returned: what has arrived, and nothing more.
+		deadline = now
+	case !deadline.IsZero() && !deadline.After(now):
 		return 0, b.fail(true)
 	}
-	_ = b.rc.SetReadDeadline(deadline) // not every transport can; then the body is unbounded
+	if !deadline.IsZero() {
+		_ = b.rc.SetReadDeadline(deadline) // not every transport can; then the body is unbounded
+	}
 	n, err := b.ReadCloser.Read(p)
 	switch {
 	case err == io.EOF:
-		b.eof = true
-	case err != nil && isTimeout(err) && !time.Now().Before(deadline):
+		b.eof.Store(true)
+	case err != nil && b.idle+b.total > 0 && isTimeout(err) && !time.Now().Before(deadline) && !b.abandoned.Load():
 		err = b.fail(deadline.Equal(b.end))
 	}
 	return n, err
+}
+
+// abandon ends the wait for a body the handler left unread: the server,
+// which reads the rest before it answers, gets what has been received
+// and no more (a read deadline now), and closes the connection if that
+// is not all.
+func (b *slowBody) abandon() {
+	b.abandoned.Store(true)
+	if !b.eof.Load() {
+		_ = b.rc.SetReadDeadline(time.Now())
+	}
 }
 
 // fail records and returns the error of a bound passed: the total one,

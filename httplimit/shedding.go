@@ -132,6 +132,7 @@ func (l *Limiter) serveShed(w http.ResponseWriter, r *http.Request, c *call, nex
 		if !errors.As(err, &s) {
 			return // the client went away while waiting
 		}
+		endUnreadBody(w, r)
 		w.Header().Set("Retry-After", strconv.FormatInt(l.retryAfter(s.RetryAfter), 10))
 		retry := httpx.CeilDiv(s.RetryAfter, time.Millisecond)
 		problem.WriteDetails(w, problem.Details{

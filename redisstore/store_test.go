@@ -82,6 +82,10 @@ func TestParseURL(t *testing.T) {
 		// A password alone, with no colon, is hidden too.
 		{"redis://s3cret@h:1/99", "store URL \"redis://***@h:1/99\": database"},
 		{"redis+sentinel://u:pw@mymaster@h1:1/x", "store URL \"redis+sentinel://***@mymaster@h1:1/x\": database"},
+		// A master's name and a password, as "name:password", is refused,
+		// hidden.
+		{"redis+sentinel://mymaster:s3cret@h1:1", "store URL \"redis+sentinel://***@h1:1\": the master's name holds a \":\""},
+		{"redis+sentinel://:pw@mymaster:s3cret@h1:1", "store URL \"redis+sentinel://***@***@h1:1\": the master's name"},
 		{"rediss://u:pw@h:6380/1?tls_ca_file=/ca.pem", "{Mode:standalone Addrs:[h:6380] MasterName: DB:1 Username:u Password:pw}"},
 		{"rediss+cluster://a:1?tls_server_name=redis.example", "{Mode:cluster Addrs:[a:1] MasterName: DB:0 Username: Password:}"},
 		{"redis://h:1?tls_ca_file=/ca.pem", "store URL \"redis://h:1?tls_ca_file=/ca.pem\": query parameters are TLS settings"},

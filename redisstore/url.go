@@ -211,6 +211,12 @@ func ParseURL(s string) (Config, error) {
 	if c.Mode == Sentinel && c.MasterName == "" {
 		return bad("a sentinel URL names the master: redis+sentinel://mymaster@h1:26379,h2:26379")
 	}
+	if c.Mode == Sentinel && strings.Contains(c.MasterName, ":") {
+		// "mymaster:secret@h1" reads as a master's name, but is most
+		// likely a name and a password, which would then be shown
+		// wherever the master is named.
+		return bad("the master's name holds a \":\", as a password would: the credentials come before the master's name, redis+sentinel://[user:]password@mymaster@h1:26379")
+	}
 	for _, h := range strings.Split(hosts, ",") {
 		if h == "" {
 			continue
@@ -250,7 +256,8 @@ func ParseURL(s string) (Config, error) {
 // error messages: everything between the scheme and the URL's last '@',
 // but a Sentinel master's name (the last '@'-part before the hosts), is
 // "***", and so is every query parameter but the TLS settings ParseURL
-// reads. It holds for a URL that does not parse as
+// reads. The master's name is shown only when it is a plain name (see
+// PlainName): "mymaster:secret@h1" is "***@h1". It holds for a URL that does not parse as
 // well: a password may hold '/', '?', '#' or '@' not percent-encoded. A
 // string without "://" that holds an '@' is "***" whole.
 func Redact(s string) string {
@@ -277,7 +284,11 @@ func Redact(s string) string {
 			if cred != "" {
 				b.WriteString("***@")
 			}
-			b.WriteString(master)
+			if PlainName(master) {
+				b.WriteString(master)
+			} else {
+				b.WriteString("***")
+			}
 			b.WriteByte('@')
 		} else {
 			b.WriteString("***@")
@@ -302,6 +313,19 @@ func Redact(s string) string {
 	return b.String()
 }
 
+// PlainName reports whether s, a Sentinel master's name, is one that logs
+// and errors may show: letters, digits, '.', '-' and '_', as master names
+// are. Any other, a name followed by ":password" say, is shown as "***".
+func PlainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
+
 // tlsParam are the query parameters of a store URL, which Redact shows.
 var tlsParam = map[string]bool{"tls_ca_file": true, "tls_cert_file": true, "tls_key_file": true, "tls_server_name": true, "tls_skip_hostname_verification": true}
 
@@ -309,7 +333,11 @@ var tlsParam = map[string]bool{"tls_ca_file": true, "tls_cert_file": true, "tls_
 func (c Config) String() string {
 	s := string(c.Mode) + " " + strings.Join(c.Addrs, ",")
 	if c.MasterName != "" {
-		s += " master " + c.MasterName
+		if PlainName(c.MasterName) {
+			s += " master " + c.MasterName
+		} else {
+			s += " master ***"
+		}
 	}
 	if c.TLS != nil {
 		s += " (TLS)"

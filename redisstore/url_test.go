@@ -23,6 +23,9 @@ func TestRedact(t *testing.T) {
 		"redis+sentinel://m@h1,h2":                           "redis+sentinel://m@h1,h2",
 		"redis+sentinel://:pw@m@h1":                          "redis+sentinel://***@m@h1",
 		"redis+sentinel://u:p/w?x@m@h1/1":                    "redis+sentinel://***@m@h1/1",
+		"redis+sentinel://mymaster:pw@h1":                    "redis+sentinel://***@h1",
+		"redis+sentinel://:pw@m:pw2@h1":                      "redis+sentinel://***@***@h1",
+		"redis+sentinel://m%3Apw@h1":                         "redis+sentinel://***@h1",
 		"redis+cluster://:p/w@a:1,b:2":                       "redis+cluster://***@a:1,b:2",
 		"rediss://u:pw@h:1/0?tls_ca_file=/ca.pem":            "rediss://***@h:1/0?tls_ca_file=/ca.pem",
 		"rediss://h:1?password=pw&tls_server_name=r.example": "rediss://h:1?***&tls_server_name=r.example",
@@ -38,12 +41,14 @@ func TestRedact(t *testing.T) {
 
 // FuzzRedact: whatever a password holds ('/', '?', '#', '@', '%', a
 // line break) and whichever form the URL takes (standalone, Sentinel,
-// Cluster, TLS, with a user or without, a database, a query), neither
-// Redact nor an error of ParseURL shows it, encoded or not.
+// Cluster, TLS, with a user or without, a database, a query; a Sentinel
+// master's name followed by ":password"), neither Redact nor an error of
+// ParseURL shows it, encoded or not, nor does a Config it parses to.
 func FuzzRedact(f *testing.F) {
 	for _, s := range [][2]string{{"", "pw"}, {"admit", "p/w?x"}, {"u", "p@ss#w%zz"}, {"", "a%2Fb"}, {"u", "x\ny:z"}} {
 		f.Add(uint8(0), s[0], s[1], "mymaster", "0", "tls_ca_file=/ca.pem")
 		f.Add(uint8(3), s[0], s[1], "m", "", "")
+		f.Add(uint8(0x42), "", s[1], "mymaster", "", "")
 	}
 	schemes := []string{"redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster", "memcached"}
 	f.Fuzz(func(t *testing.T, form uint8, user, pass, master, db, query string) {
@@ -68,7 +73,20 @@ func FuzzRedact(f *testing.F) {
 		}
 		b.WriteString("@")
 		if strings.Contains(scheme, "sentinel") {
-			b.WriteString(master + "@")
+			if form&0x40 != 0 {
+				// The password after the master's name, as
+				// "master:password", without credentials before it.
+				b.Reset()
+				b.WriteString(scheme + "://" + master + ":")
+				if encoded {
+					b.WriteString(url.PathEscape(secret))
+				} else {
+					b.WriteString(secret)
+				}
+				b.WriteString("@")
+			} else {
+				b.WriteString(master + "@")
+			}
 		}
 		b.WriteString("h1:6379,h2:6380")
 		if db != "" {
@@ -82,8 +100,12 @@ func FuzzRedact(f *testing.F) {
 		if r := redisstore.Redact(u); containsAny(r, shown) {
 			t.Errorf("Redact(%q) = %q shows the password", u, r)
 		}
-		if _, err := redisstore.ParseURL(u); err != nil && containsAny(err.Error(), shown) {
+		c, err := redisstore.ParseURL(u)
+		if err != nil && containsAny(err.Error(), shown) {
 			t.Errorf("ParseURL(%q): %v shows the password", u, err)
+		}
+		if err == nil && containsAny(c.String(), shown) {
+			t.Errorf("ParseURL(%q) = %s, which shows the password", u, c)
 		}
 	})
 }

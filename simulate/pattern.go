@@ -9,6 +9,7 @@ package simulate
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -58,9 +59,11 @@ type Pattern struct {
 	Duration time.Duration
 }
 
-// MaxEvents bounds what one pattern may generate, so that a typo
-// (1000000/s for a day) fails fast instead of filling memory.
-const MaxEvents = 10_000_000
+// MaxEvents bounds what one pattern may generate, and a log replay, so
+// that a typo (1000000/s for a day) fails fast instead of filling memory:
+// a run holds every request, and each rule a mark for each (9.9 million
+// requests once took 3.5 GB).
+const MaxEvents = 2_000_000
 
 // ParsePattern parses a pattern as `admit simulate --pattern` takes it: a
 // kind, then key=value parameters, separated by spaces or commas:
@@ -306,36 +309,51 @@ func ReadLog(r io.Reader, onlyTenant string, progress func(read int64)) ([]Event
 	if err != nil {
 		return nil, time.Time{}, fmt.Errorf("the log is empty")
 	}
-	var raw []rawEvent
+	var out []Event // At in Unix nanoseconds, until sorted
 	if first[0] == '{' {
-		raw, err = readJSONLines(br)
+		out, err = readJSONLines(br, onlyTenant)
 	} else {
-		raw, err = readCSV(br)
+		out, err = readCSV(br, onlyTenant)
 	}
 	if err != nil {
 		return nil, time.Time{}, err
 	}
-	if onlyTenant != "" {
-		raw = slices.DeleteFunc(raw, func(e rawEvent) bool { return e.Tenant != onlyTenant })
-	}
-	if len(raw) == 0 {
+	if len(out) == 0 {
 		return nil, time.Time{}, fmt.Errorf("the log has no requests%s", map[bool]string{true: " of tenant " + strconv.Quote(onlyTenant)}[onlyTenant != ""])
 	}
-	if !slices.IsSortedFunc(raw, func(a, b rawEvent) int { return a.at.Compare(b.at) }) {
-		slices.SortStableFunc(raw, func(a, b rawEvent) int { return a.at.Compare(b.at) })
+	byTime := func(a, b Event) int { return cmp.Compare(a.At, b.At) }
+	if !slices.IsSortedFunc(out, byTime) {
+		slices.SortStableFunc(out, byTime)
 	}
-	start := raw[0].at
-	out := make([]Event, len(raw))
-	for i, e := range raw {
-		out[i] = e.Event
-		out[i].At = e.at.Sub(start)
+	first0 := out[0].At
+	for i := range out {
+		out[i].At -= first0
 	}
-	return out, start, nil
+	return slices.Clip(out), time.Unix(0, int64(first0)).UTC(), nil
 }
 
-type rawEvent struct {
-	Event
-	at time.Time
+// interner shares the strings a log repeats (its tenants, actions, the
+// users and addresses of a busy one), up to a bound of distinct ones:
+// each line's own copy was most of a log's memory.
+type interner map[string]string
+
+func (in interner) get(b string) string {
+	if s, ok := in[b]; ok {
+		return s
+	}
+	s := strings.Clone(b)
+	if len(in) < 1<<16 {
+		in[s] = s
+	}
+	return s
+}
+
+// event makes a log line's event, its At the time in Unix nanoseconds.
+func (in interner) event(at time.Time, tenant, user, ip, action string, cost int64) (Event, error) {
+	if at.Year() < 1970 || at.Year() > 2261 {
+		return Event{}, fmt.Errorf("time %s: want a time from 1970 to 2261", at.Format(time.RFC3339))
+	}
+	return Event{At: time.Duration(at.UnixNano()), Tenant: in.get(tenant), User: in.get(user), IP: in.get(ip), Action: in.get(action), Cost: cost}, nil
 }
 
 type countingReader struct {
@@ -378,7 +396,7 @@ func parseCost(s string) (int64, error) {
 	return c, nil
 }
 
-func readCSV(r io.Reader) ([]rawEvent, error) {
+func readCSV(r io.Reader, onlyTenant string) ([]Event, error) {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = true
 	header, err := cr.Read()
@@ -404,7 +422,8 @@ func readCSV(r io.Reader) ([]rawEvent, error) {
 		}
 		return ""
 	}
-	var out []rawEvent
+	var out []Event
+	in := interner{}
 	for line := 2; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -417,11 +436,11 @@ func readCSV(r io.Reader) ([]rawEvent, error) {
 		if err == nil {
 			var cost int64
 			cost, err = parseCost(get(rec, "cost"))
-			if err == nil {
-				out = append(out, rawEvent{at: at, Event: Event{
-					Tenant: strings.Clone(get(rec, "tenant")), User: strings.Clone(get(rec, "user")),
-					IP: strings.Clone(get(rec, "ip")), Action: strings.Clone(get(rec, "action")), Cost: cost,
-				}})
+			if err == nil && (onlyTenant == "" || get(rec, "tenant") == onlyTenant) {
+				var e Event
+				if e, err = in.event(at, get(rec, "tenant"), get(rec, "user"), get(rec, "ip"), get(rec, "action"), cost); err == nil {
+					out = append(out, e)
+				}
 			}
 		}
 		if err != nil {
@@ -433,8 +452,9 @@ func readCSV(r io.Reader) ([]rawEvent, error) {
 	}
 }
 
-func readJSONLines(r *bufio.Reader) ([]rawEvent, error) {
-	var out []rawEvent
+func readJSONLines(r *bufio.Reader, onlyTenant string) ([]Event, error) {
+	var out []Event
+	in := interner{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -464,7 +484,14 @@ func readJSONLines(r *bufio.Reader) ([]rawEvent, error) {
 				return nil, fmt.Errorf("log line %d: %v", line, err)
 			}
 		}
-		out = append(out, rawEvent{at: at, Event: Event{Tenant: j.Tenant, User: j.User, IP: j.IP, Action: j.Action, Cost: cost}})
+		if onlyTenant != "" && j.Tenant != onlyTenant {
+			continue // checked, not kept
+		}
+		e, err := in.event(at, j.Tenant, j.User, j.IP, j.Action, cost)
+		if err != nil {
+			return nil, fmt.Errorf("log line %d: %v", line, err)
+		}
+		out = append(out, e)
 		if len(out) > MaxEvents {
 			return nil, fmt.Errorf("log: more than %d requests", MaxEvents)
 		}

@@ -1,6 +1,8 @@
 package simulate
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -42,7 +44,20 @@ type Options struct {
 	// Progress, if not nil, is called now and then with the requests
 	// decided so far and the total.
 	Progress func(done, total int)
+	// MaxKeys, if above 0, bounds the keys (tenants, users, addresses)
+	// the lanes keep state for, all lanes together: a run that needs
+	// more stops with an error wrapping ErrTooManyKeys. A keyed rule
+	// keeps a state per key, so a log whose every request is another
+	// user's costs a state per request and rule.
+	MaxKeys int
+	// Context, if not nil, ends a run early when it is done: Run then
+	// returns its error.
+	Context context.Context
 }
+
+// ErrTooManyKeys is the error Run returns, wrapped, when its lanes need
+// state for more keys than Options.MaxKeys.
+var ErrTooManyKeys = errors.New("too many keys")
 
 // Point is a lane's state at one instant.
 type Point struct {
@@ -110,6 +125,7 @@ type lane struct {
 	res    admit.Result
 	next   [2]admit.State
 	ks     *keyState
+	made   *int // keys given a state, in all lanes
 	// applies and allowed are this request's, between decide and commit.
 	applies, allowed bool
 }
@@ -138,6 +154,7 @@ func Run(rules []*policy.Rule, events []Event, opt Options) (*Result, error) {
 		}
 	}
 	focusID := busiest(events)
+	keys := 0 // the keys all lanes keep state for
 	out := &Result{Start: opt.Start, Duration: opt.Duration, Requests: len(events)}
 	lanes := make([]*lane, len(rules))
 	for i, r := range rules {
@@ -145,7 +162,10 @@ func Run(rules []*policy.Rule, events []Event, opt Options) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: %v", r.Name, err)
 		}
-		l := &lane{Lane: &Lane{Rule: r, Unit: unit(r)}, prep: prep, keys: map[string]*keyState{}}
+		// A lane records at most a mark per request: room for all of
+		// them at once, rather than twice as much in the last doubling.
+		l := &lane{Lane: &Lane{Rule: r, Unit: unit(r), At: make([]time.Duration, 0, len(events)), Outcomes: make([]Outcome, 0, len(events))},
+			prep: prep, keys: map[string]*keyState{}, made: &keys}
 		l.Summary.Period = period(r)
 		if focusID != nil {
 			l.focus = keyOf(r, focusID)
@@ -172,6 +192,9 @@ func Run(rules []*policy.Rule, events []Event, opt Options) (*Result, error) {
 		if opt.Progress != nil && i&0xffff == 0 {
 			opt.Progress(i, len(events))
 		}
+		if opt.Context != nil && i&0x3ff == 0 && opt.Context.Err() != nil {
+			return nil, opt.Context.Err()
+		}
 		if e.At < 0 || (i > 0 && e.At < events[i-1].At) {
 			return nil, fmt.Errorf("request %d: events must be sorted by time", i)
 		}
@@ -183,6 +206,9 @@ func Run(rules []*policy.Rule, events []Event, opt Options) (*Result, error) {
 			if l.applies && !l.allowed && !l.Rule.Shadow {
 				all = false
 			}
+		}
+		if opt.MaxKeys > 0 && keys > opt.MaxKeys {
+			return nil, fmt.Errorf("request %d: %w: the rules keep state for more than %d keys (tenants, users, addresses) in all", i+1, ErrTooManyKeys, opt.MaxKeys)
 		}
 		lease++
 		for _, l := range lanes {
@@ -240,6 +266,7 @@ func (l *lane) decide(e *Event, now int64) {
 			ks.leases = &admit.LeaseSet{}
 		}
 		l.keys[k] = ks
+		*l.made++
 	}
 	l.ks = ks
 	cost := e.Cost

@@ -47,6 +47,7 @@ type conn struct {
 
 	mu      sync.Mutex
 	ws      *websocket.Conn // set once, under mu, when the upgrade succeeds
+	fc      *frameConn      // ws's connection, set with it
 	queue   [][]byte
 	queued  int // bytes in queue
 	writing bool
@@ -56,18 +57,18 @@ type conn struct {
 	reason string
 }
 
-// attach sets the upgraded connection. It reports false if the connection
-// was closed meanwhile (its session deleted, say): ws is then closed with
-// the code asked for.
-func (c *conn) attach(ws *websocket.Conn) bool {
+// attach sets the upgraded connection and the frameConn under it. It
+// reports false if the connection was closed meanwhile (its session
+// deleted, say): ws is then closed with the code asked for.
+func (c *conn) attach(ws *websocket.Conn, fc *frameConn) bool {
 	c.mu.Lock()
-	c.ws = ws
+	c.ws, c.fc = ws, fc
 	closed, code, reason := c.closed, c.code, c.reason
 	start := !closed && len(c.queue) > 0 && !c.writing
 	c.writing = c.writing || start
 	c.mu.Unlock()
 	if closed {
-		ws.Close(code, reason)
+		closeWS(ws, fc, code, reason)
 	}
 	if start {
 		go c.write(ws)
@@ -92,6 +93,14 @@ func (c *conn) serve() {
 		if err != nil {
 			if websocket.CloseStatus(err) == websocket.StatusMessageTooBig {
 				c.g.log.Debug("gateway: frame over the size limit", "tenant", c.tenant, "connection", c.id)
+			}
+			if reason, ok := messageBoundReason(err, c.g.msgFrames, c.g.msgTimeout); ok && !c.isClosed() {
+				c.g.stats.messageClosed.Add(1)
+				c.g.log.Debug("gateway: "+reason, "tenant", c.tenant, "connection", c.id)
+				// The connection reads no more (every read fails), so the
+				// close handshake ends as soon as the close frame is
+				// written.
+				_ = c.ws.Close(websocket.StatusPolicyViolation, reason)
 			}
 			return
 		}
@@ -216,16 +225,24 @@ func (c *conn) close(code websocket.StatusCode, reason string) {
 	c.closed = true
 	c.queue, c.queued = nil, 0
 	c.code, c.reason = code, reason
-	ws := c.ws
+	ws, fc := c.ws, c.fc
 	c.mu.Unlock()
 	if ws == nil {
 		return // attach closes it
 	}
-	go func() {
-		if err := ws.Close(code, reason); err != nil {
-			ws.CloseNow()
-		}
-	}()
+	go closeWS(ws, fc, code, reason)
+}
+
+// closeWS closes ws with a code, waiting for the client's close frame (at
+// most 5 s, the library's bound): the only frames of the client's fc
+// passes on from now.
+func closeWS(ws *websocket.Conn, fc *frameConn, code websocket.StatusCode, reason string) {
+	if fc != nil {
+		fc.close()
+	}
+	if err := ws.Close(code, reason); err != nil {
+		ws.CloseNow()
+	}
 }
 
 // inbound is a client frame.

@@ -1,8 +1,11 @@
 package wsgateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -128,4 +131,86 @@ func fuzzGateway(f *testing.F) (*Gateway, Session) {
 		f.Fatal(err)
 	}
 	return g, s
+}
+
+// chunkConn is a net.Conn whose reads return its data in the chunk sizes
+// given, then io.EOF.
+type chunkConn struct {
+	net.Conn
+	data   []byte
+	chunks []byte
+}
+
+func (c *chunkConn) Read(p []byte) (int, error) {
+	if len(c.data) == 0 {
+		return 0, io.EOF
+	}
+	n := len(c.data)
+	if len(c.chunks) > 0 {
+		n = min(n, int(c.chunks[0])+1)
+		c.chunks = c.chunks[1:]
+	}
+	n = copy(p, c.data[:n])
+	c.data = c.data[n:]
+	return n, nil
+}
+
+// FuzzFrameConn reads a stream of messages (a message of k frames for
+// each byte k%6+1 of sizes, with payloads of every length encoding and a
+// ping among their frames) through a frameConn allowing 4 frames a
+// message, split into reads of arbitrary sizes: it fails exactly when a
+// message has more than 4 frames, whatever the splits, and passes every
+// byte through until then.
+func FuzzFrameConn(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3}, []byte{0, 5, 200})
+	f.Add([]byte{4, 0}, []byte{13})
+	f.Fuzz(func(t *testing.T, sizes, chunks []byte) {
+		var stream []byte
+		var frame = func(op byte, fin bool, n int) {
+			b0 := op
+			if fin {
+				b0 |= 0x80
+			}
+			switch {
+			case n < 126:
+				stream = append(stream, b0, 0x80|byte(n))
+			case n < 1<<16:
+				stream = append(stream, b0, 0x80|126, byte(n>>8), byte(n))
+			default:
+				stream = append(stream, b0, 0x80|127, 0, 0, 0, 0, 0, byte(n>>16), byte(n>>8), byte(n))
+			}
+			stream = append(stream, 1, 2, 3, 4)
+			stream = append(stream, make([]byte, n)...)
+		}
+		lengths := []int{0, 5, 125, 126, 300, 70000}
+		over := -1 // the byte offset at which the first message passes 4 frames
+		for i, s := range sizes[:min(len(sizes), 8)] {
+			k := int(s)%6 + 1
+			for j := range k {
+				op := byte(0)
+				if j == 0 {
+					op = 1
+				}
+				if j == 4 && over < 0 {
+					over = len(stream)
+				}
+				frame(op, j == k-1, lengths[(i+j)%len(lengths)])
+				if j == 1 {
+					frame(9, true, 4)
+				}
+			}
+		}
+		fc := &frameConn{Conn: &chunkConn{data: stream, chunks: chunks}, maxFrames: 4}
+		got, err := io.ReadAll(fc)
+		switch {
+		case over < 0 && err != nil:
+			t.Fatalf("messages of at most 4 frames: %v", err)
+		case over < 0 && !bytes.Equal(got, stream):
+			t.Fatalf("read %d bytes of %d", len(got), len(stream))
+		case over >= 0 && err != errMessageFrames:
+			t.Fatalf("a message of more than 4 frames: %v", err)
+		case over >= 0 && (len(got) > over+14 || !bytes.Equal(got, stream[:len(got)])):
+			t.Fatalf("passed %d bytes, the fifth frame at %d", len(got), over)
+		}
+	})
 }

@@ -145,6 +145,16 @@ type Options struct {
 	// and 10.
 	FrameBudget          int
 	FrameBudgetPerSecond int
+	// MaxMessageFrames and MessageTimeout bound one client message: at
+	// most MaxMessageFrames frames (its first and its continuations), and
+	// whole within MessageTimeout of the time the gateway spends waiting
+	// for it from its first byte (a message's decision, or a full route
+	// queue, does not count). Past either the connection is closed with
+	// 1008. MaxMessageBytes bounds its payload, but not its frames: empty
+	// continuation frames, sent for ever, once kept a connection open and
+	// a core busy. Defaults 128 frames and 10s.
+	MaxMessageFrames int
+	MessageTimeout   time.Duration
 	// Clock returns the current time of the frame budgets and of the
 	// refusals the gateway remembers (of messages and of connections);
 	// default time.Now. Give it the store's clock when the store has one
@@ -186,6 +196,9 @@ type Stats struct {
 	// BudgetClosed counts connections closed with 1008 for frames past
 	// their frame budget (Options.FrameBudget).
 	BudgetClosed int64
+	// MessageClosed counts connections closed with 1008 for a message
+	// past its bounds (Options.MaxMessageFrames, Options.MessageTimeout).
+	MessageClosed int64
 }
 
 // Gateway is the WebSocket gateway. It serves GET /v1/ws as an
@@ -208,6 +221,8 @@ type Gateway struct {
 	pingInterval time.Duration
 	frameBudget  float64 // frames
 	frameRefill  float64 // frames per second
+	msgFrames    int
+	msgTimeout   time.Duration
 	now          func() time.Time
 	clientAddr   func(*http.Request) string
 
@@ -236,6 +251,7 @@ type Gateway struct {
 	stats struct {
 		connections, admitted, rejected, messages, throttled, slow, expired atomic.Int64
 		throttledLocally, malformed, control, overBudget, refusedGlobal     atomic.Int64
+		messageClosed                                                       atomic.Int64
 		refused                                                             [4]atomic.Int64
 	}
 }
@@ -256,6 +272,7 @@ func New(opts Options) (*Gateway, error) {
 		handler: opts.Handler, origins: opts.OriginPatterns, log: opts.Logger,
 		leaseTTL: opts.LeaseTTL, sendFrames: opts.SendFrames, sendBytes: opts.SendBytes,
 		maxMessage: opts.MaxMessageBytes, writeTimeout: opts.WriteTimeout, pingInterval: opts.PingInterval,
+		msgFrames: opts.MaxMessageFrames, msgTimeout: opts.MessageTimeout,
 		now: opts.Clock, clientAddr: opts.ClientAddr, conns: map[*conn]struct{}{}, throttled: map[string]throttle{},
 		connects: map[string]map[string]connectRefusal{}, done: make(chan struct{}),
 	}
@@ -290,6 +307,8 @@ func New(opts Options) (*Gateway, error) {
 	defDur(&g.leaseTTL, 30*time.Second)
 	defDur(&g.writeTimeout, 10*time.Second)
 	defDur(&g.pingInterval, 30*time.Second)
+	defDur(&g.msgTimeout, 10*time.Second)
+	def(&g.msgFrames, 128)
 	def(&g.sendFrames, 4096)
 	def(&g.sendBytes, 1<<20)
 	if g.maxMessage <= 0 {
@@ -314,7 +333,7 @@ func (g *Gateway) Stats() Stats {
 		Throttled: g.stats.throttled.Load(), SlowClosed: g.stats.slow.Load(),
 		ExpiredClose: g.stats.expired.Load(), ThrottledLocally: g.stats.throttledLocally.Load(),
 		Malformed: g.stats.malformed.Load(), Control: g.stats.control.Load(), BudgetClosed: g.stats.overBudget.Load(),
-		RefusedGlobal: g.stats.refusedGlobal.Load(),
+		RefusedGlobal: g.stats.refusedGlobal.Load(), MessageClosed: g.stats.messageClosed.Load(),
 	}
 	for i := range s.Refused {
 		s.Refused[i] = g.stats.refused[i].Load()
@@ -696,7 +715,10 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	c.setDeadline(s.ExpiresAt)
 	c.sessionLease = s.Lease
 	g.renewSlot(ctx, s.Lease, tenant)
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+	// Upgraded through a frameConn, which bounds each message's frames and
+	// time (frames.go).
+	fw := &frameHijacker{ResponseWriter: w, maxFrames: g.msgFrames, timeout: g.msgTimeout}
+	ws, err := websocket.Accept(fw, r, &websocket.AcceptOptions{
 		OriginPatterns: g.origins,
 		// A client's pings and pongs cost the store nothing, but each is a
 		// frame to read and a ping one to answer: they draw on the frame
@@ -709,13 +731,13 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 		return // Accept answered the client
 	}
 	ws.SetReadLimit(g.maxMessage)
-	if !c.attach(ws) {
+	if !c.attach(ws, fw.conn) {
 		return // closed meanwhile; the deferred cleanup frees the slot
 	}
 	g.mu.Lock()
 	if g.closing {
 		g.mu.Unlock()
-		ws.Close(websocket.StatusGoingAway, "the server is shutting down")
+		closeWS(ws, fw.conn, websocket.StatusGoingAway, "the server is shutting down")
 		return
 	}
 	g.conns[c] = struct{}{}

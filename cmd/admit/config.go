@@ -86,6 +86,11 @@ type GatewayConfig struct {
 	// pongs): past the budget it is closed with 1008; defaults 100 and 10.
 	FrameBudget          int64 `json:"frame_budget"`
 	FrameBudgetPerSecond int64 `json:"frame_budget_per_second"`
+	// MessageFrames and MessageTimeout bound one client message: at most
+	// so many frames, whole within the timeout of the gateway's waiting
+	// for it (1008 beyond); defaults 128 and 10s.
+	MessageFrames  int64  `json:"message_frames"`
+	MessageTimeout string `json:"message_timeout"`
 	// PoolWorkers sizes the pool route; default 4 per CPU.
 	PoolWorkers int64 `json:"pool_workers"`
 	// Demo serves the sample client page at /demo/; default true.
@@ -541,12 +546,15 @@ func (d *decoder) checkGateway(g *GatewayConfig) {
 			d.failAt(fmt.Sprintf("gateway.allowed_origins[%d]", i), "%q is not a host pattern like *.example.com", p)
 		}
 	}
-	for _, f := range []struct{ path, v string }{{"gateway.lease_ttl", g.LeaseTTL}, {"gateway.ping_interval", g.PingInterval}} {
+	for _, f := range []struct {
+		path, v string
+		lo      time.Duration
+	}{{"gateway.lease_ttl", g.LeaseTTL, time.Second}, {"gateway.ping_interval", g.PingInterval, time.Second}, {"gateway.message_timeout", g.MessageTimeout, 100 * time.Millisecond}} {
 		if f.v == "" {
 			continue
 		}
-		if t, err := time.ParseDuration(f.v); err != nil || t < time.Second || t > time.Hour {
-			d.failAt(f.path, "%q: want a duration from 1s to 1h", f.v)
+		if t, err := time.ParseDuration(f.v); err != nil || t < f.lo || t > time.Hour {
+			d.failAt(f.path, "%q: want a duration from %v to 1h", f.v, f.lo)
 		}
 	}
 	for _, f := range []struct {
@@ -558,6 +566,7 @@ func (d *decoder) checkGateway(g *GatewayConfig) {
 		{"gateway.max_message_bytes", g.MaxMessageBytes, 128, 16 << 20},
 		{"gateway.frame_budget", g.FrameBudget, 1, 1_000_000},
 		{"gateway.frame_budget_per_second", g.FrameBudgetPerSecond, 1, 1_000_000},
+		{"gateway.message_frames", g.MessageFrames, 1, 1_000_000},
 		{"gateway.pool_workers", g.PoolWorkers, 1, 4096},
 		{"gateway.max_sessions", g.MaxSessions, 1, 100_000_000},
 	} {

@@ -57,6 +57,7 @@ type proxyFlags struct {
 	keysOptional     bool
 	bodyTimeout      time.Duration
 	bodyDeadline     time.Duration
+	writeTimeout     time.Duration
 	llmRecords       string
 }
 
@@ -70,6 +71,7 @@ func proxy(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.metrics, "metrics", "", "serve Prometheus metrics (the shedding groups') at this `address`'s /metrics")
 	fs.DurationVar(&f.bodyTimeout, "body-timeout", 30*time.Second, "the longest a request body may go without sending data (0: no bound)")
 	fs.DurationVar(&f.bodyDeadline, "body-deadline", 2*time.Minute, "the longest a request body may take in all, from the request's headers (0: no bound)")
+	fs.DurationVar(&f.writeTimeout, "write-timeout", time.Minute, "the longest a write of a response may wait for the client to take it (0: no bound)")
 	fs.StringVar(&f.llmRecords, "llm-records", "", "append a JSON line per settled LLM call (a billing record) to this `file`")
 	if code, done := parseFlags(fs, proxyUsage, args, e); done {
 		return code
@@ -95,8 +97,8 @@ func parseUpstream(s string) (*url.URL, error) {
 }
 
 func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) error {
-	if f.bodyTimeout < 0 || f.bodyDeadline < 0 {
-		return fmt.Errorf("--body-timeout and --body-deadline must not be negative (0: no bound)")
+	if f.bodyTimeout < 0 || f.bodyDeadline < 0 || f.writeTimeout < 0 {
+		return fmt.Errorf("--body-timeout, --body-deadline and --write-timeout must not be negative (0: no bound)")
 	}
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
@@ -165,10 +167,12 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	hs := &http.Server{
-		Handler: httplimit.BodyTimeout(handler, f.bodyTimeout, f.bodyDeadline),
+		Handler: httplimit.WriteTimeout(httplimit.BodyTimeout(handler, f.bodyTimeout, f.bodyDeadline), f.writeTimeout),
 		// No read or write deadline: streams and WebSockets last as long
 		// as they last. Headers must arrive promptly, bodies without
-		// pauses longer than --body-timeout and within --body-deadline.
+		// pauses longer than --body-timeout and within --body-deadline,
+		// and each write of a response must be taken within
+		// --write-timeout.
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    server.MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,

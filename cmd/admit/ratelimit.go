@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/redisstore"
 )
 
 const ratelimitUsage = `Usage: admit ratelimit
@@ -287,19 +288,46 @@ func ratelimitStoreURL(kind, addrs, auth string) (string, error) {
 	switch strings.ToUpper(kind) {
 	case "", "SINGLE":
 		if strings.Contains(addrs, ",") {
-			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SINGLE takes one host:port", addrs)
+			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SINGLE takes one host:port", redactAddrs(addrs, false))
 		}
 		return "redis://" + user + addrs, nil
 	case "SENTINEL":
 		master, sentinels, ok := strings.Cut(addrs, ",")
 		if !ok || master == "" || sentinels == "" {
-			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SENTINEL wants master-name,host:port[,host:port...]", addrs)
+			return "", fmt.Errorf("REDIS_URL=%q: REDIS_TYPE=SENTINEL wants master-name,host:port[,host:port...]", redactAddrs(addrs, true))
+		}
+		if strings.Contains(master, ":") {
+			return "", fmt.Errorf("REDIS_URL=%q: the master's name holds a \":\", as a password would: give the password in REDIS_AUTH", redactAddrs(addrs, true))
 		}
 		return "redis+sentinel://" + user + master + "@" + sentinels, nil
 	case "CLUSTER":
 		return "redis+cluster://" + user + addrs, nil
 	}
 	return "", fmt.Errorf("REDIS_TYPE=%q: want SINGLE, SENTINEL or CLUSTER", kind)
+}
+
+// redactAddrs returns envoyproxy/ratelimit's REDIS_URL, a list of
+// host:port (after the master's name, for Sentinel), for an error
+// message: an element that is not a host, host:port or (first, for
+// Sentinel) a plain master's name — "mymaster:secret", "user:pw@host" —
+// is "***".
+func redactAddrs(addrs string, sentinel bool) string {
+	parts := strings.Split(addrs, ",")
+	for i, p := range parts {
+		host, port, err := net.SplitHostPort(p)
+		_, perr := strconv.Atoi(port)
+		switch {
+		case i == 0 && sentinel:
+			if !redisstore.PlainName(p) {
+				parts[i] = "***"
+			}
+		case err == nil && perr == nil && redisstore.PlainName(strings.NewReplacer(":", "", "[", "", "]", "").Replace(host)):
+		case err != nil && redisstore.PlainName(p):
+		default:
+			parts[i] = "***"
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // withTLS turns a redis… store URL into its rediss… form with the TLS

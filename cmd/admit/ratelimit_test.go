@@ -92,27 +92,30 @@ func TestRatelimitEnvironment(t *testing.T) {
 
 func TestRatelimitEnvironmentRefused(t *testing.T) {
 	for env, want := range map[string]string{
-		"BACKEND_TYPE=memcache":                  "BACKEND_TYPE",
-		"REDIS_TLS=sure":                         "REDIS_TLS",
-		"REDIS_PERSECOND=true":                   "REDIS_PERSECOND",
-		"REDIS_SOCKET_TYPE=unix":                 "REDIS_SOCKET_TYPE",
-		"REDIS_TYPE=SENTINEL REDIS_URL=s1:1":     "master-name",
-		"REDIS_TYPE=other REDIS_URL=a:1":         "REDIS_TYPE",
-		"REDIS_URL=a:1,b:1":                      "SINGLE takes one",
-		"CONFIG_TYPE=K8S":                        "CONFIG_TYPE",
-		"CONFIG_TYPE=GRPC_XDS_SOTW":              "CONFIG_GRPC_XDS_SERVER_URL",
-		"GRPC_SERVER_USE_TLS=true":               "GRPC_SERVER_TLS_CERT",
-		"GRPC_SERVER_USE_TLS=yes-please":         "want true or false",
-		"LOG_LEVEL=loud":                         "LOG_LEVEL",
-		"LOG_FORMAT=xml":                         "LOG_FORMAT",
-		"USE_PROMETHEUS=maybe":                   "USE_PROMETHEUS",
-		"USE_PROMETHEUS=true":                    "set one of them",
-		"USE_DOG_STATSD=true":                    "USE_DOG_STATSD",
-		"STATSD_PORT=none":                       "STATSD_PORT",
-		"STATS_FLUSH_INTERVAL=soon":              "STATS_FLUSH_INTERVAL",
-		"NEAR_LIMIT_RATIO=2":                     "NEAR_LIMIT_RATIO",
-		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?": "",
-		"ADMIT_CHARGE=some":                      "ADMIT_CHARGE",
+		"BACKEND_TYPE=memcache":                       "BACKEND_TYPE",
+		"REDIS_TLS=sure":                              "REDIS_TLS",
+		"REDIS_PERSECOND=true":                        "REDIS_PERSECOND",
+		"REDIS_SOCKET_TYPE=unix":                      "REDIS_SOCKET_TYPE",
+		"REDIS_TYPE=SENTINEL REDIS_URL=s1:1":          "master-name",
+		"REDIS_TYPE=SENTINEL REDIS_URL=m:s3cret,s1:1": "REDIS_URL=\"***,s1:1\": the master's name holds",
+		"REDIS_TYPE=SENTINEL REDIS_URL=m:s3cret":      "REDIS_URL=\"***\"",
+		"REDIS_URL=u:s3cret@a:1,b:1":                  "REDIS_URL=\"***,b:1\": REDIS_TYPE=SINGLE takes one",
+		"REDIS_TYPE=other REDIS_URL=a:1":              "REDIS_TYPE",
+		"REDIS_URL=a:1,b:1":                           "SINGLE takes one",
+		"CONFIG_TYPE=K8S":                             "CONFIG_TYPE",
+		"CONFIG_TYPE=GRPC_XDS_SOTW":                   "CONFIG_GRPC_XDS_SERVER_URL",
+		"GRPC_SERVER_USE_TLS=true":                    "GRPC_SERVER_TLS_CERT",
+		"GRPC_SERVER_USE_TLS=yes-please":              "want true or false",
+		"LOG_LEVEL=loud":                              "LOG_LEVEL",
+		"LOG_FORMAT=xml":                              "LOG_FORMAT",
+		"USE_PROMETHEUS=maybe":                        "USE_PROMETHEUS",
+		"USE_PROMETHEUS=true":                         "set one of them",
+		"USE_DOG_STATSD=true":                         "USE_DOG_STATSD",
+		"STATSD_PORT=none":                            "STATSD_PORT",
+		"STATS_FLUSH_INTERVAL=soon":                   "STATS_FLUSH_INTERVAL",
+		"NEAR_LIMIT_RATIO=2":                          "NEAR_LIMIT_RATIO",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?":      "",
+		"ADMIT_CHARGE=some":                           "ADMIT_CHARGE",
 	} {
 		vars := map[string]string{}
 		for _, kv := range strings.Fields(env) {
@@ -127,8 +130,8 @@ func TestRatelimitEnvironmentRefused(t *testing.T) {
 			}
 			continue
 		}
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: got %v, want an error with %q", env, err, want)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: got %v, want an error with %q, and no password", env, err, want)
 		}
 	}
 	// Through the command: exit 2, the reason on stderr.

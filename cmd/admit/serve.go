@@ -454,6 +454,7 @@ func gatewayOptions(g *GatewayConfig, h *httplimit.Options, st *openedStore, cat
 		SendBytes: int(g.SendBufferBytes), SendFrames: int(g.SendBufferFrames),
 		MaxMessageBytes: g.MaxMessageBytes, PoolWorkers: int(g.PoolWorkers),
 		FrameBudget: int(g.FrameBudget), FrameBudgetPerSecond: int(g.FrameBudgetPerSecond),
+		MaxMessageFrames: int(g.MessageFrames), MessageTimeout: dur(g.MessageTimeout),
 		// The anonymous callers share their part of the global rules
 		// by the address Admit sees, as the HTTP API shares it.
 		ClientAddr: func(r *http.Request) string {

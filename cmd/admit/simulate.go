@@ -3,11 +3,13 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -39,12 +41,31 @@ with those fields; time is RFC 3339 or Unix seconds. With --tenant only
 that tenant's requests are replayed; --action is the action of requests
 the log gives none.
 
+A run stays within about 1 GB of memory: at most 2,000,000 requests, 8
+rules, state for 1,000,000 keys (tenants, users, addresses) in all rules
+together, pictures of at most 4096 × 4096 pixels and animations of at
+most 200 frames and 128 million pixels in all. Past a bound it stops with
+exit code 2, naming it.
+
 Exit codes: 0 done, 2 usage or input error.
 
 Flags:
 `
 
-func simulateCmd(_ context.Context, args []string, e *env) int {
+// The bounds of an admit simulate run, which keep it within about 1 GB
+// (docs/simulate.md has the measurements): simulate.MaxEvents requests,
+// and these.
+const (
+	simMaxRules     = 8
+	simMaxKeys      = 1_000_000
+	simMaxSide      = 4096      // pixels of a picture's width or height
+	simMinSide      = 100       // pixels: room for the axes
+	simMaxFrames    = 200       // of an animation
+	simMaxGIFPixels = 128 << 20 // of an animation's frames, all kept until it is written
+	simMemoryLimit  = 900 << 20 // the collector's soft limit (GOMEMLIMIT overrides it)
+)
+
+func simulateCmd(ctx context.Context, args []string, e *env) int {
 	fs := flag.NewFlagSet("admit simulate", flag.ContinueOnError)
 	var rules multiFlag
 	fs.Var(&rules, "rule", "a rule `SPEC` such as \"token_bucket rate=2/2s burst=5\" (repeatable)")
@@ -71,8 +92,28 @@ func simulateCmd(_ context.Context, args []string, e *env) int {
 		fmt.Fprintf(e.stderr, "admit simulate: "+format+"\n", args...)
 		return 2
 	}
+	if os.Getenv("GOMEMLIMIT") == "" {
+		// The bounds keep what a run holds under about 700 MB; the
+		// collector, told so, keeps the process's garbage from taking it
+		// past 1 GB.
+		debug.SetMemoryLimit(simMemoryLimit)
+	}
 	if *format != simulate.FormatText && *format != simulate.FormatCSV && *format != simulate.FormatJSON {
 		return fail("--format %q: want text, csv or json", *format)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--width", *width}, {"--height", *height}} {
+		if f.v != 0 && (f.v < simMinSide || f.v > simMaxSide) {
+			return fail("%s %d: a picture is from %d to %d pixels wide and high", f.name, f.v, simMinSide, simMaxSide)
+		}
+	}
+	if *frames > simMaxFrames {
+		return fail("--frames %d: an animation has at most %d frames", *frames, simMaxFrames)
+	}
+	if len(rules) > simMaxRules {
+		return fail("%d rules: at most %d", len(rules), simMaxRules)
 	}
 	for _, f := range []struct{ name, file string }{{"--out", *out}, {"--gif", *gifOut}} {
 		ext := strings.ToLower(filepath.Ext(f.file))
@@ -118,11 +159,29 @@ func simulateCmd(_ context.Context, args []string, e *env) int {
 	if len(compiled) == 0 {
 		return fail("no rules: give --rule SPEC or --config FILE --tenant T")
 	}
+	if len(compiled) > simMaxRules {
+		return fail("%d rules: at most %d", len(compiled), simMaxRules)
+	}
+	// The picture's size, known now, before any request is made.
+	size := simulate.DefaultSize(len(compiled))
+	if *width > 0 {
+		size.Width = *width
+	}
+	if *height > 0 {
+		size.Height = *height
+	}
+	if size.Height > simMaxSide {
+		return fail("a picture of %d rules is %d pixels high: at most %d (--height)", len(compiled), size.Height, simMaxSide)
+	}
+	if px := int64(*frames) * int64(size.Width) * int64(size.Height); *gifOut != "" && px > simMaxGIFPixels {
+		return fail("--gif: %d frames of %d × %d pixels are %d pixels: at most %d (fewer --frames, or a smaller --width and --height)",
+			*frames, size.Width, size.Height, px, simMaxGIFPixels)
+	}
 
 	// The requests.
 	progress := progressPrinter(e.stderr)
 	var events []simulate.Event
-	opt := simulate.Options{Independent: *independent, Hold: *hold}
+	opt := simulate.Options{Independent: *independent, Hold: *hold, MaxKeys: simMaxKeys, Context: ctx}
 	if *logFile != "" {
 		f, err := os.Open(*logFile)
 		if err != nil {
@@ -176,6 +235,9 @@ func simulateCmd(_ context.Context, args []string, e *env) int {
 		opt.Progress = func(done, total int) { progress("deciding", done, total) }
 	}
 	res, err := simulate.Run(compiled, events, opt)
+	if errors.Is(err, context.Canceled) {
+		return fail("interrupted")
+	}
 	if err != nil {
 		return fail("%v", err)
 	}
@@ -183,13 +245,6 @@ func simulateCmd(_ context.Context, args []string, e *env) int {
 		fmt.Fprint(e.stderr, "\r\033[K")
 	}
 
-	size := simulate.DefaultSize(len(res.Lanes))
-	if *width > 0 {
-		size.Width = *width
-	}
-	if *height > 0 {
-		size.Height = *height
-	}
 	write := func(file string, draw func(io.Writer) error) error {
 		f, err := os.Create(file)
 		if err != nil {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -82,12 +83,25 @@ func (s *Server) originalRequest(r *http.Request) (*http.Request, error) {
 	if !strings.HasPrefix(uri, "/") {
 		return nil, errInvalid("the original URI %.64q is not a path", uri)
 	}
-	// NewRequest checks the method is a token and parses the URI.
-	o, err := http.NewRequestWithContext(r.Context(), method, uri, nil)
+	// The original URI is a request-target in origin-form, a path and a
+	// query, and is parsed as a server parses one: "//login" is the path
+	// "//login", which the app behind squeezes to its login route. Parsed
+	// as a URI reference, it was a network-path reference to the host
+	// "login" with an empty path, of no action, past the login limits.
+	u, err := url.ParseRequestURI(uri)
+	if err != nil {
+		return nil, errInvalid("the original URI: %v", err)
+	}
+	// NewRequest checks the method is a token.
+	o, err := http.NewRequestWithContext(r.Context(), method, "/", nil)
 	if err != nil {
 		return nil, errInvalid("the original request: %v", err)
 	}
-	o.Header, o.Host, o.RemoteAddr, o.RequestURI = r.Header, host, r.RemoteAddr, uri
+	o.URL, o.Header, o.Host, o.RemoteAddr, o.RequestURI = u, r.Header, host, r.RemoteAddr, uri
+	// r's body and protocol, so that a refusal closes the connection of
+	// a body it leaves unread rather than wait for it.
+	o.Body, o.ContentLength = r.Body, r.ContentLength
+	o.Proto, o.ProtoMajor, o.ProtoMinor = r.Proto, r.ProtoMajor, r.ProtoMinor
 	return o, nil
 }
 

@@ -230,3 +230,60 @@ func TestAuthzUserHeaderOnlyFromItsProxy(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthzOriginalURIIsAPath: the original URI a proxy sends is a
+// request-target, a path: "//login" is the path "//login", which the app
+// behind squeezes to /login, and so the login action. Read as a URI
+// reference it was the host "login" with an empty path, of no action, and
+// POST //login passed the per-address login limit through nginx, Caddy
+// and HAProxy. Envoy's path under /v1/authz is read the same way, not
+// redirected to the path ServeMux would clean.
+func TestAuthzOriginalURIIsAPath(t *testing.T) {
+	spec := authzSpec()
+	spec.Global = []policy.RuleSpec{{Name: "logins", Scope: "ip", Actions: []string{"login"},
+		Algorithm: "fixed_window", Limit: n(2), Window: "1h"}}
+	logins := func(o *Options) {
+		o.HTTP.Actions = []httplimit.Action{{Pattern: "POST /login", Name: "login"}}
+	}
+	noRedirects := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	spellings := []string{"//login", "//login/", "//LOGIN", "//login.json", "//login;x", "///login", "//login?next=/", "/a//..//login"}
+	for _, proxy := range []string{"nginx", "haproxy", "traefik", "caddy", "envoy"} {
+		h := start(t, spec, "", trustLoopback(t), logins, behind(proxy))
+		ask := func(uri string) int {
+			path, hdr := "/v1/authz", []string{"X-Original-Method", "POST", "X-Original-URI", uri}
+			switch proxy {
+			case "traefik", "caddy":
+				hdr = []string{"X-Forwarded-Method", "POST", "X-Forwarded-Uri", uri}
+			case "envoy":
+				path, hdr = "/v1/authz"+uri, nil
+			}
+			req, _ := http.NewRequest("POST", h.url+path, nil)
+			for i := 0; i+1 < len(hdr); i += 2 {
+				req.Header.Set(hdr[i], hdr[i+1])
+			}
+			req.Header.Set("X-Forwarded-For", "198.51.100.30")
+			resp, err := noRedirects.Do(req) // a proxy asking follows none
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 200 && resp.StatusCode != 429 {
+				t.Errorf("%s: POST %s: %d %s", proxy, uri, resp.StatusCode, resp.Header.Get("Location"))
+			}
+			return resp.StatusCode
+		}
+		for i := range 2 {
+			if code := ask("/login"); code != 200 {
+				t.Fatalf("%s: login %d: %d", proxy, i+1, code)
+			}
+		}
+		for _, uri := range spellings {
+			if code := ask(uri); code != 429 {
+				t.Errorf("%s: POST %s after 2 logins: %d, want 429 (the login action)", proxy, uri, code)
+			}
+		}
+		if code := ask("//static/a.css"); code != 200 {
+			t.Errorf("%s: POST //static/a.css: %d, want 200 (no login)", proxy, code)
+		}
+	}
+}

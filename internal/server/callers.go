@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 )
 
 // Who may do what on the HTTP API (docs/security.md):
@@ -76,6 +77,8 @@ func (s *Server) isAdmin(r *http.Request) bool { return s.callerOf(r) == admin }
 func (s *Server) admin(h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		isAdmin := s.isAdmin(r)
+		// A refusal comes before the body is read: the body is not
+		// waited for (httpx.CloseUnreadBody).
 		if !isAdmin {
 			if !s.adminLoopback {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="admit admin"`)
@@ -83,15 +86,18 @@ func (s *Server) admin(h http.HandlerFunc) http.Handler {
 				if s.adminHash == nil {
 					detail = "the admin API is closed: no admin token is set (ADMIT_ADMIN_TOKEN or server.admin_token); admit serve --admin-loopback opens it to loopback clients without one"
 				}
+				httpx.CloseUnreadBody(w, r)
 				writeProblem(w, http.StatusUnauthorized, detail)
 				return
 			}
 			if why := s.loopbackClient(r); why != "" {
+				httpx.CloseUnreadBody(w, r)
 				writeProblem(w, http.StatusForbidden, "the admin API answers loopback clients without a token only when they reach it directly: "+why)
 				return
 			}
 		}
 		if why := jsonBody(r, s.adminLoopback && !isAdmin); why != "" {
+			httpx.CloseUnreadBody(w, r)
 			writeProblem(w, http.StatusUnsupportedMediaType, why)
 			return
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/api"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
@@ -292,7 +293,17 @@ func HTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/v1/authz/") {
+		// Envoy sends the original path under /v1/authz as the client
+		// sent it. ServeMux would answer "/v1/authz//login" with a
+		// redirect to the path it cleans, and Envoy would pass that on
+		// to the client as its refusal.
+		s.handleAuthz(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // Close flushes the decision log and stops the local fallback limiter. It
 // does not close the store, which the caller owns.
@@ -367,6 +378,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 		if allowed[path] == nil {
 			m.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set("Allow", strings.Join(allowed[path], ", "))
+				httpx.CloseUnreadBody(w, r)
 				writeProblem(w, http.StatusMethodNotAllowed, r.Method+" is not allowed on "+r.URL.Path+"; use "+strings.Join(allowed[path], " or "))
 			})
 		}
@@ -427,6 +439,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	}))
 	m.HandleFunc("GET /{$}", handleDashboardPage)
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		httpx.CloseUnreadBody(w, r)
 		writeProblem(w, http.StatusNotFound, "no such endpoint: "+r.Method+" "+r.URL.Path)
 	})
 	s.mux = m

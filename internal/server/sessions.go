@@ -138,7 +138,7 @@ func newGatewayCollector(g *wsgateway.Gateway) *gatewayCollector {
 		connects: prometheus.NewDesc("admit_gateway_connects_total", "WebSocket connection attempts, by result: admitted, refused (over a limit, 429) or rejected (authorizer, origin, bad request).", []string{"result"}, nil),
 		refused:  prometheus.NewDesc("admit_gateway_refused_total", "WebSocket connections refused, by the limit that refused them: a tier's connection limit, or global (a global rule naming ws:connect).", []string{"limit"}, nil),
 		messages: prometheus.NewDesc("admit_gateway_messages_total", "WebSocket client frames, by result: processed, throttled (messages_per_minute or a global rule naming ws:message) or malformed.", []string{"result"}, nil),
-		closed:   prometheus.NewDesc("admit_gateway_closed_total", "WebSocket connections the gateway closed, by reason: slow_consumer (1008), frame_budget (1008) or session_expired.", []string{"reason"}, nil),
+		closed:   prometheus.NewDesc("admit_gateway_closed_total", "WebSocket connections the gateway closed, by reason: slow_consumer (1008), frame_budget (1008), message_bounds (1008: a message of too many frames, or too slow) or session_expired.", []string{"reason"}, nil),
 		local:    prometheus.NewDesc("admit_gateway_throttled_locally_total", "Throttled WebSocket messages refused without asking the store: the tenant's refusal was known on this server.", nil, nil),
 		control:  prometheus.NewDesc("admit_gateway_control_frames_total", "Pings and pongs received from WebSocket clients.", nil, nil),
 	}
@@ -173,6 +173,7 @@ func (c *gatewayCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.messages, st.Malformed, "malformed")
 	counter(c.closed, st.SlowClosed, "slow_consumer")
 	counter(c.closed, st.BudgetClosed, "frame_budget")
+	counter(c.closed, st.MessageClosed, "message_bounds")
 	counter(c.closed, st.ExpiredClose, "session_expired")
 	ch <- prometheus.MustNewConstMetric(c.local, prometheus.CounterValue, float64(st.ThrottledLocally))
 	ch <- prometheus.MustNewConstMetric(c.control, prometheus.CounterValue, float64(st.Control))
