@@ -71,6 +71,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzShare -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzKthExpiry -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzRedact -fuzztime=$(FUZZTIME) ./redisstore
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server

@@ -157,18 +157,55 @@ func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 	res.Remaining = max(r.Max-live, 0)
 	// If no lease were renewed, the k soonest to expire would free room.
 	k := int(live + cost - r.Max)
-	exp := make([]int64, 0, len(s.slots))
-	for _, l := range s.slots {
-		if l.expiry > now {
-			exp = append(exp, l.expiry)
-		}
-	}
-	slices.Sort(exp)
-	if k <= len(exp) {
-		res.RetryAfter = durNs(exp[k-1] - now)
+	if at, ok := s.kthExpiry(now, k); ok {
+		res.RetryAfter = durNs(at - now)
 	} else {
 		res.RetryAfter = r.LeaseTTLOrDefault()
 	}
+}
+
+// kthExpiry returns the k-th soonest expiry of the slots live at now. A
+// refusal asks it of a full set, often of up to MaxConcurrency slots, and
+// k is usually 1: the soonest k are kept in a small sorted window as the
+// slots pass, so that a refusal costs one pass and no allocation, and only
+// a large k sorts.
+func (s *LeaseSet) kthExpiry(now int64, k int) (int64, bool) {
+	if k < 1 {
+		return 0, false
+	}
+	if k > 16 {
+		exp := make([]int64, 0, len(s.slots))
+		for _, l := range s.slots {
+			if l.expiry > now {
+				exp = append(exp, l.expiry)
+			}
+		}
+		if k > len(exp) {
+			return 0, false
+		}
+		slices.Sort(exp)
+		return exp[k-1], true
+	}
+	var buf [16]int64
+	low := buf[:0]
+	for _, l := range s.slots {
+		e := l.expiry
+		if e <= now || (len(low) == k && e >= low[k-1]) {
+			continue
+		}
+		if len(low) < k {
+			low = append(low, e)
+		} else {
+			low[k-1] = e
+		}
+		for i := len(low) - 1; i > 0 && low[i] < low[i-1]; i-- {
+			low[i], low[i-1] = low[i-1], low[i]
+		}
+	}
+	if len(low) < k {
+		return 0, false
+	}
+	return low[k-1], true
 }
 
 // Commit drops expired slots and adds cost slots held by lease until expiry.

@@ -174,16 +174,16 @@ const (
 
 // shareParams is what deciding a share derives from a rule.
 type shareParams struct {
-	family  uint8
-	rate    float64 // units per nanosecond
-	burst   float64 // the units a share's bucket holds at most, for shares summing to 1
-	pace    float64 // windows: the burst of the pace borrowers draw from
+	family uint8
+	rate   float64 // units per nanosecond
+	burst  float64 // the units a share's bucket holds at most, for shares summing to 1
+	pace   float64 // windows: the burst of the pace borrowers draw from
 	// once is the most one class takes of the rule at once: its share
 	// ceiling of the rule's capacity. A class whose part is full may take
 	// up to it in one charge, and owes what it took beyond its part.
-	once float64
-	epoch   int64   // ns
-	ceiling int64   // concurrency: slots one class holds at most beyond its part
+	once    float64
+	epoch   int64 // ns
+	ceiling int64 // concurrency: slots one class holds at most beyond its part
 	// top is the part of the rule a class takes at once (its assured
 	// bucket's burst, and so what it leaves the others) while it is the
 	// only one asking: the share ceiling over the rule's capacity.

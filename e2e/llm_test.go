@@ -306,7 +306,7 @@ func TestLLMReadme(t *testing.T) {
 	}
 	proxy, up := startLLMProxy(t)
 	up.Output = 12
-	cmds := regexp.MustCompile("(?m)^(curl .*?)\\s+# → (\\d+)$").FindAllSubmatch(readme, -1)
+	cmds := regexp.MustCompile(`(?m)^(curl .*?)\s+# → (\d+)$`).FindAllSubmatch(readme, -1)
 	if len(cmds) < 4 {
 		t.Fatalf("%d commands found in the README", len(cmds))
 	}
