@@ -138,7 +138,10 @@ type ShareState struct {
 	// Weight.
 	Seen, Weight int64
 	// Claim is the slots a concurrency class claims, counted in its pool
-	// in epoch ClaimSeen.
+	// in epoch ClaimSeen. Of a fixed window or a quota, whose parts come
+	// back only when the period ends, Claim is the units of its part a
+	// class or sub took (in the pool's record, all the classes took) in
+	// the period that ends at ClaimSeen (Unix µs).
 	Claim, ClaimSeen int64
 	// Pool counts the key's classes (the pool's record) or the class's
 	// subs (a class's record).
@@ -150,8 +153,14 @@ type ShareState struct {
 // past. p is the rule the record is for.
 func (st *ShareState) Expiry(p *PreparedRule) int64 {
 	sp := &p.share
-	last := max(st.Seen, st.ClaimSeen, st.Pool.Epoch)
+	last := max(st.Seen, st.Pool.Epoch)
+	if sp.family != shareWindow {
+		last = max(last, st.ClaimSeen)
+	}
 	e := (last + 2) * sp.epoch
+	if sp.family == shareWindow {
+		e = max(e, st.ClaimSeen*1000) // what was taken counts until its period ends
+	}
 	if st.At > 0 && st.Rate > 0 {
 		// Full again at the share it was last charged at (a day at most):
 		// forgotten sooner, a class in debt would start afresh, full.
@@ -428,11 +437,32 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		top = sp.top
 	}
 	rate, capC := s*sp.rate, top*sp.burst
-	lc := cls.level(now, rate, capC)
 	subRate, capS := rate/float64(n), capC/float64(n)
+	// A fixed window's or a quota's part is counted in its period: what a
+	// class took of it comes back when the period ends, for everyone at
+	// once. (A bucket refilled at the class's rate would give it its part
+	// once at the start and again over the period.)
+	windowed := sp.family == shareWindow
+	var period int64 // the period's end, Unix µs
+	if windowed {
+		period = (now + int64(res.ResetAfter)) / 1000
+	}
+	taken := func(st *ShareState) float64 {
+		if st.ClaimSeen == period {
+			return float64(st.Claim)
+		}
+		return 0
+	}
+	level := func(st *ShareState, rate, cap float64) float64 {
+		if windowed {
+			return cap - taken(st)
+		}
+		return st.level(now, rate, cap)
+	}
+	lc := level(cls, rate, capC)
 	ls := 0.0
 	if hasSub {
-		ls = sub.level(now, subRate, capS)
+		ls = level(sub, subRate, capS)
 	}
 	// What the other active classes may still claim of the rule, which a
 	// class borrowing beyond its share must leave: their buckets' worth.
@@ -450,6 +480,17 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		room = func(rem, fc float64) float64 { return min(rem, pace-fc) }
 	}
 	unpaced := alone && top >= 1 // a ceiling of the whole rule: first come, first served
+	// What a class borrowing leaves the other active classes of a period,
+	// which comes back only when it ends: what they have yet to take of
+	// their parts, but no more than their parts of what is left of the
+	// period. A class asking steadily within its part is never short,
+	// and what the others leave of theirs is lent as the period runs out.
+	keep, keepTime := 0.0, 0.0
+	if windowed && !alone {
+		keepTime = (1 - s) * sp.rate * float64(res.ResetAfter)
+		keep = max(min((1-s)*sp.burst-max(taken(pool)-taken(cls), 0), keepTime), 0)
+	}
+	borrowable := func(rem, fc float64) float64 { return min(room(rem, fc)-reserve, rem-keep) }
 	// What the class's sub may take of the class's part beyond its own,
 	// leaving the other subs theirs.
 	subLend := func(l float64) float64 { return l - (1-1/float64(n))*capC }
@@ -482,7 +523,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 			if hasSub && subOwn {
 				takeS = fc
 			}
-		case unpaced || room(float64(res.Remaining), fc) >= reserve:
+		case unpaced || borrowable(float64(res.Remaining), fc) >= 0:
 			path = ShareBorrowed
 		default:
 			path = ShareRefused
@@ -495,7 +536,16 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		pc := &out.Charged[SharePoolRecord]
 		pc.Level, pc.At, pc.Rate = max(pace-fc, -sp.pace), now, sp.rate
 	}
-	if takeC > 0 {
+	if takeC > 0 && windowed {
+		charge := func(st *ShareState, take, most float64) {
+			st.Claim, st.ClaimSeen = int64(min(taken(st)+take, most)), period
+		}
+		charge(&out.Charged[SharePoolRecord], takeC, 2*sp.burst)
+		charge(&out.Charged[ShareClassRecord], takeC, capC+sp.burst)
+		if takeS > 0 {
+			charge(&out.Charged[ShareSubRecord], takeS, capS+sp.burst)
+		}
+	} else if takeC > 0 {
 		floor := -sp.burst
 		ch := &out.Charged[ShareClassRecord]
 		ch.Level, ch.At, ch.Rate = max(lc-takeC, floor), now, rate
@@ -511,18 +561,22 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	if path == ShareAssured || path == ShareBorrowed {
 		after = out.Charged
 	}
-	lcA := after[ShareClassRecord].level(now, rate, capC)
+	lcA := level(&after[ShareClassRecord], rate, capC)
 	own := lcA
 	if hasSub {
-		own = min(lcA, max(after[ShareSubRecord].level(now, subRate, capS), subLend(lcA)))
+		own = min(lcA, max(level(&after[ShareSubRecord], subRate, capS), subLend(lcA)))
 	}
 	rem := float64(res.Remaining)
+	left := rem // what the rule holds after the decision
+	if path == ShareRefused {
+		left += fc // nothing was charged
+	}
 	if paced && (path == ShareAssured || path == ShareBorrowed) {
 		pace -= fc
 	}
-	vis := min(rem, max(math.Floor(max(own, 0)), math.Floor(room(rem, 0)-reserve)))
+	vis := min(left, max(math.Floor(max(own, 0)), math.Floor(borrowable(left, 0))))
 	if unpaced {
-		vis = rem
+		vis = left
 	}
 	if path != ShareNone || c == 0 {
 		res.Remaining = max(int64(vis), 0)
@@ -540,7 +594,9 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// holding enough beyond the others' claims, or the next epoch, when
 	// classes that stopped asking no longer count.
 	wait := float64(now - now%sp.epoch + sp.epoch - now) // to the epoch's end
-	if rate > 0 && fc <= sp.once {
+	if windowed && fc <= sp.once {
+		wait = min(wait, float64(res.ResetAfter)) // its part comes back
+	} else if rate > 0 && fc <= sp.once {
 		need := (min(fc, capC) - lc) / rate
 		if hasSub && !whole {
 			own := (min(fc, capS) - ls) / subRate
@@ -552,7 +608,13 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// The rule's remaining and the pace come back at most at the rule's
 	// rate.
 	if sp.rate > 0 {
-		wait = min(wait, (reserve-room(rem, fc))/sp.rate)
+		back := (reserve - room(rem, fc)) / sp.rate
+		if rem < keep {
+			// What is left is the others' until their parts of the
+			// period left are no more than it.
+			back = max(back, (keepTime-rem)/((1-s)*sp.rate))
+		}
+		wait = min(wait, back)
 	}
 	res.RetryAfter = time.Duration(math.Ceil(max(wait, 1)))
 }
@@ -611,7 +673,11 @@ func decideSlots(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *S
 	if path == ShareAssured || path == ShareBorrowed {
 		hA = h + c
 	}
-	vis := min(res.Remaining, ceiling-hA, max(entitled-hA, res.Remaining-others))
+	left := res.Remaining // what the rule holds after the decision
+	if path == ShareRefused {
+		left += c // nothing was charged
+	}
+	vis := min(left, ceiling-hA, max(entitled-hA, left-others))
 	if hasSub {
 		hsA := hs
 		if hA > h {

@@ -100,6 +100,66 @@ func TestShareBucketTimeline(t *testing.T) {
 	}
 }
 
+// TestShareWindowTimeline: a fixed window of 100 a 10 s window shared by
+// two classes. A class's part of the window is not refilled while the
+// window runs (refilled at its rate, a class would take its part once at
+// the start and again over the window); a class asking steadily within its
+// part gets all it asks beside one flooding; what it leaves is lent as the
+// window runs out; the parts come back when the window ends.
+func TestShareWindowTimeline(t *testing.T) {
+	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 100, Window: 10 * time.Second}
+	k := newShareKey(t, r)
+	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	for i := range 50 {
+		if res := k.decide(a, t0, 1, false); res.Share != ShareAssured {
+			t.Fatalf("a's check %d alone: %+v", i, res)
+		}
+	}
+	if res := k.decide(a, t0+int64(5*time.Second), 1, false); res.Share == ShareAssured {
+		t.Errorf("half a window later, a's part of the window came back: %+v", res)
+	}
+	if res := k.decide(a, t0+int64(10*time.Second), 1, false); res.Share != ShareAssured {
+		t.Errorf("the next window, a's part: %+v", res)
+	}
+
+	k = newShareKey(t, r)
+	const start = 2 * int64(10*time.Second) // a window's start
+	got := map[string]int{}
+	for at := int64(0); at < int64(10*time.Second); at += int64(10 * time.Millisecond) {
+		if k.decide(a, t0+start+at, 1, false).Allowed {
+			got["a"]++
+		}
+		if at%int64(200*time.Millisecond) == 0 {
+			if res := k.decide(b, t0+start+at, 1, false); res.Allowed {
+				got["b"]++
+			} else {
+				t.Errorf("b, asking half its part, refused at %v: %+v", time.Duration(at), res)
+			}
+		}
+	}
+	if got["a"]+got["b"] > 100 || got["b"] != 50 || got["a"] < 45 {
+		t.Errorf("a flooding took %d, b at half its part %d of 50; want b all, a at least 45 (its part, and some of what b left), 100 in all at most", got["a"], got["b"])
+	}
+}
+
+// TestShareQuotaRecords: what a class took of a month's quota counts until
+// the month ends: its record is not forgotten with its epochs (an hour),
+// or it would take its part again.
+func TestShareQuotaRecords(t *testing.T) {
+	r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Month}
+	k := newShareKey(t, r)
+	a := Share{Class: "a", Weight: 1}
+	k.decide(a, t0, 10, false)
+	end := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	rec := k.recs["a"]
+	if got := rec.Expiry(k.p); got != end {
+		t.Errorf("the class's record expires at %v, want the month's end %v", time.Unix(0, got).UTC(), time.Unix(0, end).UTC())
+	}
+	if got := k.pool.Expiry(k.p); got != end {
+		t.Errorf("the pool's record expires at %v, want the month's end", time.Unix(0, got).UTC())
+	}
+}
+
 // TestShareWeights: classes of weights 3 and 1 take 3/4 and 1/4 of the
 // burst.
 func TestShareWeights(t *testing.T) {

@@ -21,16 +21,20 @@ import (
 // for the whole global bucket (burst 1,000, refilled 1 an hour) and then
 // for halves of it, ten checks in all (once admitted: the bucket empty, the
 // victim and the platform's backend acting for it refused for about 999
-// hours). Alone, it takes at most the share ceiling of the bucket (half);
-// the victim then finds its share.
+// hours). Alone, it takes at most the share ceiling of the bucket (half):
+// a check above the ceiling is invalid (400), one within it over what the
+// class may take is 429; the victim then finds its share.
 func TestAnonymousCannotEmptyASharedLimit(t *testing.T) {
 	s := serve(t, "", false)
 	took := 0
 	for cost := 1000; cost >= 1; cost /= 2 {
 		a := s.do("POST", "/v1/check", fmt.Sprintf(`{"cost":%d}`, cost))
-		if a.status == http.StatusOK {
+		switch {
+		case a.status == http.StatusOK:
 			took += cost
-		} else if a.status != http.StatusTooManyRequests {
+		case cost > 500 && a.status == http.StatusBadRequest && strings.Contains(a.raw, "share ceiling"):
+		case cost <= 500 && a.status == http.StatusTooManyRequests:
+		default:
 			t.Fatalf("an anonymous check of %d: %d %s", cost, a.status, a.raw)
 		}
 	}
@@ -59,18 +63,22 @@ func TestAnonymousCannotEmptyASharedLimit(t *testing.T) {
 // TestSharedLeasesHeldAndOwned: an anonymous caller asks for all 10 global
 // export slots in one lease (once granted, and held for as long as it was
 // renewed: every other tenant's leases 429). It holds at most the share
-// ceiling (5), the victim takes its leases beside it, and no one but the
+// ceiling (5): a lease of more is invalid (400), one more slot beside its
+// 5 is 429. The victim takes its leases beside it, and no one but the
 // caller that took a lease renews or releases it.
 func TestSharedLeasesHeldAndOwned(t *testing.T) {
 	s := serve(t, "", false)
-	if a := s.do("POST", "/v1/leases", `{"resource":"export","cost":10}`); a.status != http.StatusTooManyRequests {
-		t.Fatalf("an anonymous lease of all 10 global slots: %d %s, want 429", a.status, a.raw)
+	if a := s.do("POST", "/v1/leases", `{"resource":"export","cost":10}`); a.status != http.StatusBadRequest || !strings.Contains(a.raw, "share ceiling") {
+		t.Fatalf("an anonymous lease of all 10 global slots: %d %s, want 400 naming the share ceiling", a.status, a.raw)
 	}
 	a := s.do("POST", "/v1/leases", `{"resource":"export","cost":5}`)
 	if a.status != http.StatusCreated {
 		t.Fatalf("an anonymous lease of 5 slots: %d %s", a.status, a.raw)
 	}
 	anon, _ := a.body["lease_id"].(string)
+	if a := s.do("POST", "/v1/leases", `{"resource":"export","cost":1}`); a.status != http.StatusTooManyRequests {
+		t.Fatalf("a 6th global slot for the anonymous callers alone: %d %s, want 429", a.status, a.raw)
+	}
 	victim := []string{"X-API-Key", "victim-key"}
 	v := s.do("POST", "/v1/leases", `{"resource":"export","cost":2}`, victim...)
 	report(t, "the victim's lease of 2 global export slots beside an anonymous lease of 5", v.status)

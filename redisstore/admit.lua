@@ -916,8 +916,10 @@ end
 -- recExpiry returns in how many ns record st no longer matters
 -- (ShareState.Expiry): its epochs past and its bucket full again.
 local function recExpiry(R, st)
-  local last = mmax(st[5], st[8], st[9])
+  local last = mmax(st[5], st[9])
+  if R.sf ~= 2 then last = mmax(last, st[8]) end
   local ttl = ((last + 2) * R.se - nu) * 1000 - nsub
+  if R.sf == 2 then ttl = mmax(ttl, (st[8] - nu) * 1000 - nsub) end
   if st[2] > 0 and st[4] > 0 then
     local cap = st[4] / R.sr * R.sb
     if st[1] < cap then
@@ -984,7 +986,7 @@ local function shareDecide(i, R, res, c, peek)
   local sh = SHARES[i]
   local debit = DEBITS[i]
   if peek and not debit then c = 0 end
-  res.pool = res.remaining
+  res.pool, res.whole = res.remaining, nil
   local eu = R.se
   local e = floor(nu / eu) + 1
   local pool, cls = recCopy(shareLoad(sh.kp)), recCopy(shareLoad(sh.kc))
@@ -1052,10 +1054,27 @@ local function shareDecide(i, R, res, c, peek)
     if alone then top = R.st end
     local unpaced = alone and top >= 1
     local rate, capC = s * R.sr, top * R.sb
-    local lc = recLevel(cls, rate, capC)
     local subRate, capS = rate / n, capC / n
+    -- A fixed window's or a quota's part is counted in its period (µs
+    -- end): st[7] taken of it in the period ending at st[8].
+    local windowed = R.sf == 2
+    local period, resetNs = 0, 0
+    if windowed then
+      resetNs = res.reset
+      if R.alg == 8 then resetNs = (res.reset - nu) * 1000 - nsub end
+      period = nu + floor((resetNs + nsub) / 1000)
+    end
+    local function taken(st)
+      if st[8] == period then return st[7] end
+      return 0
+    end
+    local function lvl(st, r, cap)
+      if windowed then return cap - taken(st) end
+      return recLevel(st, r, cap)
+    end
+    local lc = lvl(cls, rate, capC)
     local ls = 0
-    if hasSub then ls = recLevel(sub, subRate, capS) end
+    if hasSub then ls = lvl(sub, subRate, capS) end
     local reserve = (1 - top) * R.sp
     local paced = R.sf ~= 1
     local pace = 0
@@ -1065,6 +1084,12 @@ local function shareDecide(i, R, res, c, peek)
       return rem
     end
     local function subLend(l) return l - (1 - 1 / n) * capC end
+    local keep, keepTime = 0, 0
+    if windowed and not alone then
+      keepTime = (1 - s) * R.sr * resetNs
+      keep = mmax(mmin((1 - s) * R.sb - mmax(taken(pool) - taken(cls), 0), keepTime), 0)
+    end
+    local function borrowable(rem, x) return mmin(room(rem, x) - reserve, rem - keep) end
     local takeC, takeS = 0, 0
     if c == 0 then
     elseif sh.pre then
@@ -1082,7 +1107,7 @@ local function shareDecide(i, R, res, c, peek)
       if assured then
         path, takeC = 1, fc
         if hasSub and subOwn then takeS = fc end
-      elseif unpaced or room(res.remaining, fc) >= reserve then
+      elseif unpaced or borrowable(res.remaining, fc) >= 0 then
         path = 2
       else
         path = 3
@@ -1090,19 +1115,23 @@ local function shareDecide(i, R, res, c, peek)
     end
     local cp, cc, cs = recCopy(pool), recCopy(cls), recCopy(sub)
     if paced and c > 0 and (path == 1 or path == 2) then recSet(cp, mmax(pace - fc, -R.sp), R.sr) end
-    if takeC > 0 then
+    if takeC > 0 and windowed then
+      cp[7], cp[8] = floor(mmin(taken(cp) + takeC, 2 * R.sb)), period
+      cc[7], cc[8] = floor(mmin(taken(cc) + takeC, capC + R.sb)), period
+      if takeS > 0 then cs[7], cs[8] = floor(mmin(taken(cs) + takeS, capS + R.sb)), period end
+    elseif takeC > 0 then
       recSet(cc, mmax(lc - takeC, -R.sb), rate)
       if takeS > 0 then recSet(cs, mmax(ls - takeS, -R.sb), subRate) end
     end
     chg = {cp, cc, cs}
     local ac, as = cls, sub
     if path == 1 or path == 2 then ac, as = cc, cs end
-    local lcA = recLevel(ac, rate, capC)
+    local lcA = lvl(ac, rate, capC)
     local ownA = lcA
-    if hasSub then ownA = mmin(lcA, mmax(recLevel(as, subRate, capS), subLend(lcA))) end
+    if hasSub then ownA = mmin(lcA, mmax(lvl(as, subRate, capS), subLend(lcA))) end
     local rem = res.remaining
     if paced and (path == 1 or path == 2) then pace = pace - fc end
-    local vis = mmin(rem, mmax(floor(mmax(ownA, 0)), floor(room(rem, 0) - reserve)))
+    local vis = mmin(rem, mmax(floor(mmax(ownA, 0)), floor(borrowable(rem, 0))))
     if unpaced then vis = rem end
     if path ~= 0 or c == 0 then res.remaining = mmax(vis, 0) end
     if path == 3 then
@@ -1111,7 +1140,9 @@ local function shareDecide(i, R, res, c, peek)
       local whole = not (fc <= R.so and lc >= mmin(fc, capC))
       if whole and hasSub then res.whole = 1 end
       local wait = toEpoch
-      if rate > 0 and fc <= R.so then
+      if windowed and fc <= R.so then
+        wait = mmin(wait, resetNs)
+      elseif rate > 0 and fc <= R.so then
         local need = (mmin(fc, capC) - lc) / rate
         if hasSub and not whole then
           local o = (mmin(fc, capS) - ls) / subRate
@@ -1120,7 +1151,11 @@ local function shareDecide(i, R, res, c, peek)
         end
         wait = mmin(wait, mmax(need, 0))
       end
-      if R.sr > 0 then wait = mmin(wait, (reserve - room(rem, fc)) / R.sr) end
+      if R.sr > 0 then
+        local back = (reserve - room(rem, fc)) / R.sr
+        if rem < keep then back = mmax(back, (keepTime - rem) / ((1 - s) * R.sr)) end
+        wait = mmin(wait, back)
+      end
       res.retry = mceil(mmax(wait, 1))
     end
   end

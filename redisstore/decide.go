@@ -172,8 +172,8 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 			// A quota's reply says its period's end in µs (admit.lua,
 			// quotaEval): the time to it is reckoned here, exactly.
 			reset = time.Duration(x[2]*1000 - (rp.nu*1000 + rp.nsub))
-			if x[0]&1 == 0 {
-				retry = reset
+			if x[0]&1 == 0 && admit.SharePath(x[0]>>3&3) != admit.ShareRefused {
+				retry = reset // a share's refusal says its wait in ns
 			}
 		}
 		if onlyRemaining {

@@ -79,6 +79,13 @@ func TestSharesMatchMemstore(t *testing.T) {
 			t.Fatalf("decision %d at %v (%s, %s/%s, cost %d, debit %v): allowed %v by %q, memstore %v by %q (%+v, memstore %+v)",
 				i, at, r.Name, sh.Class, sh.Sub, c.Cost, c.Debit, got.Allowed, g.Share, want.Allowed, w.Share, g, w)
 		}
+		if g.Remaining != w.Remaining || g.Shared != w.Shared || g.ShareWhole != w.ShareWhole {
+			t.Fatalf("decision %d at %v (%s, %s/%s, cost %d): remaining %d of the share, %d of the rule, whole %v; memstore %d, %d, %v",
+				i, at, r.Name, sh.Class, sh.Sub, c.Cost, g.Remaining, g.Shared, g.ShareWhole, w.Remaining, w.Shared, w.ShareWhole)
+		}
+		if d := g.RetryAfter - w.RetryAfter; w.Share == admit.ShareRefused && (d < -time.Microsecond || d > time.Microsecond) {
+			t.Fatalf("decision %d at %v (%s, %s/%s, cost %d): a share's refusal waits %v, memstore %v", i, at, r.Name, sh.Class, sh.Sub, c.Cost, g.RetryAfter, w.RetryAfter)
+		}
 		paths[w.Share]++
 		if got.Lease.ID != "" {
 			leases = append(leases, held{got.Lease.ID, want.Lease.ID})
