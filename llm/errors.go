@@ -24,6 +24,9 @@ type Problem struct {
 	Final      bool
 	// DeniedBy names the refusing rule.
 	DeniedBy string
+	// FromProvider says the provider answered the error (rewritten), not
+	// Admit: it carries no X-Admit-Error.
+	FromProvider bool
 }
 
 func (p *Problem) Error() string { return p.Message }
@@ -37,7 +40,10 @@ func (p *Problem) Error() string { return p.Message }
 func (p *Problem) Write(w http.ResponseWriter, provider Provider) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	if p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable {
+	// A refusal no wait cures (a call larger than a rule takes at once)
+	// says so with x-should-retry alone: a Retry-After of 0 would invite
+	// a client that ignores it to retry at once, forever.
+	if (p.Status == http.StatusTooManyRequests || p.Status == http.StatusServiceUnavailable) && (p.RetryAfter > 0 || !p.Final) {
 		ms := max((p.RetryAfter+time.Millisecond-1)/time.Millisecond, 0)
 		h.Set("Retry-After", strconv.FormatInt(int64((p.RetryAfter+time.Second-1)/time.Second), 10))
 		h.Set("Retry-After-Ms", strconv.FormatInt(int64(ms), 10))
@@ -45,7 +51,9 @@ func (p *Problem) Write(w http.ResponseWriter, provider Provider) {
 	if p.Final {
 		h.Set("X-Should-Retry", "false")
 	}
-	h.Set("X-Admit-Error", "true")
+	if !p.FromProvider {
+		h.Set("X-Admit-Error", "true")
+	}
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(p.body(provider))
 }

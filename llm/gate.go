@@ -104,9 +104,10 @@ type Record struct {
 	// Cost is in millionths of the currency; 0 without a price.
 	Cost   int64
 	Priced bool
-	// Reported says the provider reported the usage; otherwise it was
-	// estimated (a client that left mid-stream, an upstream that said
-	// nothing).
+	// Reported says the provider reported the usage. Otherwise Usage and
+	// Cost are what was charged: the call's reservation (its input
+	// estimate and the most output it allowed) when the provider said
+	// nothing, or the answer ended before its report.
 	Reported bool
 	Status   int
 }
@@ -325,7 +326,10 @@ type Settlement struct {
 	Reported bool
 	// Keep charges the reservation as it stands, whatever Usage says:
 	// for a call that reported nothing.
-	Keep   bool
+	Keep bool
+	// Cut says the answer ended before the provider's report: the
+	// client left, or the upstream broke.
+	Cut    bool
 	Status int
 }
 
@@ -341,12 +345,21 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 	t.settled = true
 	g := t.g
 	usage := s.Usage
+	if s.Keep {
+		usage = policy.Tokens{}
+		usage[policy.Input], usage[policy.Output] = t.req.Input, t.maxOut*t.req.Choices
+	}
 	rec := &Record{Tenant: t.who.Tenant, User: t.who.User, Model: t.req.Model, API: t.req.API, At: time.Now(),
-		Usage: usage, Reported: s.Reported, Status: s.Status}
-	if t.price != nil {
-		rec.Cost, rec.Priced = t.price.Cost(usage), true
-	} else if p, ok := g.opts.Prices[t.req.Model]; ok {
-		rec.Cost, rec.Priced = p.Cost(usage), true
+		Usage: usage, Reported: s.Reported && !s.Keep, Status: s.Status}
+	price := t.price
+	if p, ok := g.opts.Prices[t.req.Model]; ok && price == nil {
+		price = &p
+	}
+	if price != nil {
+		rec.Cost, rec.Priced = price.Cost(usage), true
+		if s.Keep { // as reserved: at the kinds priced highest
+			rec.Cost = heaviest(*price, usage[policy.Input], usage[policy.Output], price.Cost)
+		}
 	}
 	if g.opts.Record != nil {
 		defer g.opts.Record(rec)

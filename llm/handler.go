@@ -78,7 +78,12 @@ type handler struct {
 // credentialHeaders are the headers a caller's credential may come in,
 // and provider headers that pick an account, project or organization
 // of the platform's key: none reaches a provider from a caller.
-var credentialHeaders = []string{"Authorization", "X-Api-Key", "X-Goog-Api-Key", "Openai-Organization", "Openai-Project", "Anthropic-Organization", "X-Goog-User-Project"}
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "X-Api-Key", "Api-Key", "X-Goog-Api-Key", "Cookie",
+	"Openai-Organization", "Openai-Project", "Anthropic-Organization", "X-Goog-User-Project"}
+
+// credentialParams are the query parameters a credential may come in,
+// in any case: none is forwarded.
+var credentialParams = []string{"key", "api_key", "apikey", "api-key", "access_token"}
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	api, _, ok := RouteExact(r.Method, r.URL.Path)
@@ -129,7 +134,13 @@ func (h *handler) rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Path = strings.TrimRight(up.BaseURL.Path, "/") + path
 	out.URL.RawPath = ""
 	q := out.URL.Query()
-	q.Del("key")
+	for name := range q {
+		for _, c := range credentialParams {
+			if strings.EqualFold(name, c) {
+				q.Del(name)
+			}
+		}
+	}
 	out.URL.RawQuery = q.Encode()
 	out.Host = ""
 	for _, name := range credentialHeaders {

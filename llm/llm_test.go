@@ -215,8 +215,10 @@ func TestMaximumFromBudget(t *testing.T) {
 	}
 }
 
-// A client that leaves mid-stream is charged its input and the output
-// relayed so far; the upstream call is cancelled.
+// A client that leaves mid-stream, without a drain, is charged its
+// reservation, the input and the most output the call allowed: the
+// provider may go on generating (reasoning included) what the client
+// never sees. The upstream call is cancelled.
 func TestClientLeavesMidStream(t *testing.T) {
 	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
 	r.up.Hold = make(chan struct{})
@@ -252,8 +254,8 @@ func TestClientLeavesMidStream(t *testing.T) {
 	if r.records[0].Reported {
 		t.Fatal("a call cut short was recorded as reported")
 	}
-	if u[policy.Output] < 5 || u[policy.Output] > 10 {
-		t.Fatalf("output charged %d for 5 relayed deltas", u[policy.Output])
+	if u[policy.Output] != 800 {
+		t.Fatalf("output charged %d for a call allowed 800 and cut after 5 deltas, want 800", u[policy.Output])
 	}
 	if got, want := r.remaining("tokens"), 1000-u.Sum(); got != want {
 		t.Fatalf("bucket %d, want %d", got, want)
@@ -513,5 +515,159 @@ func TestLegacyMaxTokens(t *testing.T) {
 	_, sent := r.up.Last()
 	if !strings.Contains(string(sent), `"max_tokens":300`) || strings.Contains(string(sent), "max_completion_tokens") {
 		t.Fatalf("sent %s", sent)
+	}
+}
+
+// A non-streamed call whose client leaves before the answer is finished
+// by the provider and billed whole. Without a drain it is charged its
+// reservation; with one, the proxy waits for the answer and settles to
+// the provider's report.
+func TestClientLeavesBeforeAnswer(t *testing.T) {
+	body := `{"model":"gpt-4o","max_tokens":300,"n":2,"messages":[{"role":"user","content":"hi"}]}`
+	for _, drain := range []time.Duration{0, time.Minute} {
+		r := newRigDrain(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{}, drain)
+		r.up.Output = 200
+		r.up.HoldAnswer = make(chan struct{})
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", r.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if resp, err := r.client.Do(req); err == nil {
+				resp.Body.Close() // the client is gone: it reads nothing
+			}
+		}()
+		for r.up.Calls() == 0 {
+			time.Sleep(time.Millisecond) // until the provider has the call
+		}
+		cancel()
+		if drain == 0 {
+			<-done // the call ended with its client
+		}
+		close(r.up.HoldAnswer) // the provider finishes it, billing 2 × 200 and the input
+		<-done
+		rec := r.waitRecord(t)
+		billed := llmtest.InputTokens([]byte(body)) + 2*200
+		charged := 1000 - r.remaining("tokens")
+		if charged < billed {
+			t.Errorf("drain %v: charged %d tokens for a call the provider billed %d", drain, charged, billed)
+		}
+		switch {
+		case drain == 0 && (rec.Reported || rec.Usage[policy.Output] != 2*300):
+			t.Errorf("no drain: recorded %+v, want the reservation (2 × 300 output), not reported", rec)
+		case drain > 0 && (!rec.Reported || rec.Usage.Sum() != charged || charged != billed):
+			t.Errorf("drain: recorded %+v and charged %d, want the provider's report, %d", rec, charged, billed)
+		}
+	}
+}
+
+// A call the provider received is not refunded when its connection breaks
+// before an answer (it may have generated all it was allowed); one that
+// never reached it is.
+func TestBrokenCallKeepsReservation(t *testing.T) {
+	body := `{"model":"gpt-4o","max_tokens":300,"messages":[{"role":"user","content":"hi"}]}`
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		_, _ = io.ReadAll(req.Body)
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			c.Close() // read, then gone without a word
+		}
+	}))
+	defer cut.Close()
+	if _, err := r.client.Post(cut.URL+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
+		t.Fatal("a cut connection answered")
+	}
+	if rec := r.waitRecord(t); rec.Reported || rec.Usage[policy.Output] != 300 {
+		t.Errorf("a call cut after it was sent recorded %+v, want its reservation", rec)
+	}
+	if got := r.remaining("tokens"); got > 1000-300 {
+		t.Errorf("after a call cut once sent the bucket holds %d, want its reservation (300 and the input) charged", got)
+	}
+
+	r = newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close() // nothing listens there any more
+	if _, err := r.client.Post(closed.URL+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
+		t.Fatal("a closed address answered")
+	}
+	r.waitRecord(t)
+	if got := r.remaining("tokens"); got != 1000 {
+		t.Errorf("after a call that never reached the provider the bucket holds %d, want all 1000", got)
+	}
+}
+
+// waitRecord returns the first call's record once it is settled.
+func (r *rig) waitRecord(t *testing.T) *llm.Record {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		r.mu.Lock()
+		n := len(r.records)
+		r.mu.Unlock()
+		if n > 0 {
+			return r.records[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the call was never settled")
+		}
+	}
+}
+
+// What reaches a tenant is the platform's to choose: the provider's
+// account headers (organization, project, its rate limits, cookies) are
+// removed, and its error bodies are answered in words of our own, without
+// the platform's key or account ids.
+func TestProviderAccountHidden(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.up.Header = http.Header{
+		"Openai-Organization":              {"org-platform123"},
+		"Openai-Project":                   {"proj_platform456"},
+		"X-Ratelimit-Limit-Requests":       {"10000"},
+		"Anthropic-Ratelimit-Tokens-Limit": {"400000"},
+		"Set-Cookie":                       {"__cf_bm=platform; path=/"},
+	}
+	chat := `{"model":"gpt-4o","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`
+	resp, _ := r.post("/v1/chat/completions", chat)
+	for _, h := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Ratelimit-Tokens-Limit", "Set-Cookie"} {
+		if v := resp.Header.Get(h); v != "" {
+			t.Errorf("the tenant sees %s: %q", h, v)
+		}
+	}
+	if got := resp.Header.Get("X-Ratelimit-Limit-Requests"); got == "10000" {
+		t.Errorf("the tenant sees the platform's account limit of requests: %q", got)
+	}
+	if got := resp.Header.Get("X-Ratelimit-Limit-Tokens"); got != "1000" {
+		t.Errorf("X-Ratelimit-Limit-Tokens %q, want the tenant's rule's 1000", got)
+	}
+
+	for _, c := range []struct {
+		status int
+		body   string
+		keep   string // what the tenant must still read, if anything
+	}{
+		{400, `{"error":{"message":"Invalid value for 'temperature': key sk-proj-abcdefghijklmnop1234 of org-platform123 is fine","type":"invalid_request_error"}}`, "Invalid value for 'temperature'"},
+		{401, `{"error":{"message":"Incorrect API key provided: sk-platf***1234. You can find your API key at https://platform.openai.com","type":"invalid_request_error"}}`, ""},
+		{429, `{"error":{"message":"Rate limit reached for gpt-4o in organization org-platform123 on tokens per min (TPM): Limit 30000","type":"tokens"}}`, ""},
+		{500, `{"error":{"message":"internal failure of proj_platform456","type":"server_error"}}`, ""},
+	} {
+		r.up.Fail, r.up.FailBody = c.status, c.body
+		resp, body := r.post("/v1/chat/completions", chat)
+		if resp.StatusCode != c.status {
+			t.Errorf("an upstream %d answered %d", c.status, resp.StatusCode)
+		}
+		for _, secret := range []string{"sk-", "org-platform", "proj_platform", "30000"} {
+			if strings.Contains(body, secret) {
+				t.Errorf("an upstream %d: the tenant reads %q in %s", c.status, secret, body)
+			}
+		}
+		if !strings.Contains(body, `"error":{`) || !strings.Contains(body, `"message":"`) || c.keep != "" && !strings.Contains(body, c.keep) {
+			t.Errorf("an upstream %d answered %s, want OpenAI's error format%s", c.status, body, map[bool]string{true: " saying " + c.keep}[c.keep != ""])
+		}
+		if c.status == 429 && resp.Header.Get("Retry-After") == "" {
+			t.Errorf("an upstream 429 without Retry-After")
+		}
+	}
+	if got := r.remaining("tokens"); got < 1000-40 {
+		t.Errorf("errors were charged: the bucket holds %d", got)
 	}
 }

@@ -2,13 +2,17 @@ package llm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -36,10 +40,12 @@ type Transport struct {
 	Who func(*http.Request) (policy.Request, error)
 	// MaxBody bounds a request body; default DefaultMaxBody.
 	MaxBody int64
-	// Drain, when positive, keeps reading a stream whose client left for
-	// up to this long, so that the provider's own usage report settles
-	// the call: what the provider bills, rather than the input and the
-	// output relayed. 0 cancels the call at once.
+	// Drain, when positive, keeps a call whose client left going for up
+	// to this long, streamed or not, reading its answer so that the
+	// provider's own usage report settles it: what the provider bills.
+	// 0 cancels the call at once. A call the provider received that
+	// settles without its report is charged its reservation, the most it
+	// could bill.
 	Drain time.Duration
 	// LegacyMaxTokens writes the maximum output of a chat completion that
 	// sets none as max_tokens rather than max_completion_tokens, for
@@ -145,10 +151,22 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		return fail(err)
 	}
 	ctx, cancel := r.Context(), context.CancelFunc(func() {})
-	if t.Drain > 0 && req.Stream {
-		// The call outlives its client by up to Drain: its own context.
+	if t.Drain > 0 {
+		// The call outlives its client by up to Drain: its own context,
+		// cancelled Drain after the client leaves (while the answer is
+		// awaited; once it comes, its body keeps to the same bound).
 		ctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+		drain := t.Drain
+		stop := context.AfterFunc(r.Context(), func() { time.AfterFunc(drain, cancel) })
+		defer stop()
 	}
+	// Whether the provider received the call: an error before it was
+	// sent whole (no connection, a refused dial, TLS) means it billed
+	// nothing; after, it may have generated all it was allowed to.
+	var sent atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		WroteRequest: func(w httptrace.WroteRequestInfo) { sent.Store(w.Err == nil) },
+	})
 	r2 := r.Clone(ctx)
 	r2.Body = nopBody(out)
 	r2.ContentLength = int64(len(out))
@@ -161,9 +179,21 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	settleCtx := context.WithoutCancel(r.Context())
 	if err != nil {
 		cancel()
-		// The call did not happen, or not that anyone will tell: refund.
-		t.settle(settleCtx, ticket, Settlement{Status: http.StatusBadGateway})
+		// Never sent, the call did not happen: refund. Sent, the provider
+		// may bill it whole though no answer came (a client that left, a
+		// connection cut while it generated): the reservation stands.
+		t.settle(settleCtx, ticket, Settlement{Status: http.StatusBadGateway, Keep: sent.Load(), Cut: sent.Load()})
 		return nil, err
+	}
+	scrubHeaders(resp.Header)
+	if resp.StatusCode >= 400 {
+		// An error: nothing billable was generated (refunded), and its
+		// body, which may name the platform's account, organization or
+		// key, is answered in the provider's format in words of our own.
+		p := providerError(resp, r2)
+		t.settle(settleCtx, ticket, Settlement{Status: resp.StatusCode})
+		cancel()
+		return p.response(r, provider), nil
 	}
 	setHeaders(resp.Header, ticket)
 	// Server-sent events are read event by event; anything else (a JSON
@@ -171,12 +201,10 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	// tail, where the last usage is.
 	stream := resp.StatusCode < 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	mb := newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
-		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode, req, ticket.maxOut))
+		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode))
 	})
 	mb.cancel = cancel
-	if stream {
-		mb.drain = t.Drain
-	}
+	mb.drain = t.Drain
 	resp.Body = mb
 	if askUsage {
 		resp.ContentLength = -1
@@ -186,35 +214,31 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 }
 
 // settlement is how a call whose response m read ended.
-func settlement(m *meter, ended bool, status int, req *Request, maxOut int64) Settlement {
+func settlement(m *meter, ended bool, status int) Settlement {
 	s := Settlement{Usage: m.usage, Reported: m.reported(), Status: status}
 	switch {
 	case status >= 400 && !s.Reported:
 		// An error without usage: nothing was generated; refund.
 	case ended && m.input && m.output:
-	case ended:
-		// The provider reported nothing: the reservation stands.
-		s.Keep = true
 	default:
-		// The client left, or the upstream broke, before the end: the
-		// input (as reported, else as estimated) and the output relayed.
-		s.Reported = false
-		if !m.input {
-			s.Usage[policy.Input] = req.Input
-		}
-		// The relayed output is estimated; the provider cannot have made
-		// more than the maximum it was sent.
-		out := max(s.Usage[policy.Output], m.relayedOutput()-s.Usage[policy.Reasoning])
-		if maxOut > 0 {
-			out = min(out, maxOut*req.Choices-s.Usage[policy.Reasoning])
-		}
-		s.Usage[policy.Output] = max(out, 0)
+		s.Cut = !ended
+		// The provider reported nothing, or the answer ended before its
+		// report (the client left, the upstream broke): what the
+		// provider bills is unknown here — it may have gone on
+		// generating, reasoning the client never saw — so the
+		// reservation, the most it could bill, stands.
+		s.Reported, s.Keep = false, true
 	}
 	return s
 }
 
 func (t *Transport) settle(ctx context.Context, ticket *Ticket, s Settlement) {
-	if s.Keep {
+	switch {
+	case s.Keep && s.Cut:
+		// Routine (a client that left): logged only when asked for.
+		t.logger().Debug("llm: the answer ended before the provider's usage report; the reservation is charged",
+			"tenant", ticket.who.Tenant, "model", ticket.req.Model, "api", ticket.req.API.String(), "status", s.Status)
+	case s.Keep:
 		t.logger().Warn("llm: the provider reported no usage; the reservation is charged",
 			"tenant", ticket.who.Tenant, "model", ticket.req.Model, "api", ticket.req.API.String(), "status", s.Status)
 	}
@@ -273,4 +297,94 @@ func setHeaders(h http.Header, t *Ticket) {
 		h.Set("X-Ratelimit-Remaining-"+u.name, strconv.FormatInt(best.Remaining, 10))
 		h.Set("X-Ratelimit-Reset-"+u.name, best.ResetAfter.Round(time.Millisecond).String())
 	}
+}
+
+// scrubHeaders removes from a provider's answer the headers that describe
+// the platform's account rather than the tenant's call: its organization
+// and project, its own rate limits (the tenant's are set from its
+// rules), and cookies.
+func scrubHeaders(h http.Header) {
+	for k := range h {
+		switch lk := strings.ToLower(k); {
+		case lk == "set-cookie", lk == "openai-organization", lk == "openai-project", lk == "anthropic-organization-id",
+			strings.HasPrefix(lk, "x-ratelimit-"), strings.HasPrefix(lk, "anthropic-ratelimit-"), strings.HasPrefix(lk, "anthropic-priority-"):
+			delete(h, k)
+		}
+	}
+}
+
+// maxErrorBody bounds what is read of a provider's error body.
+const maxErrorBody = 64 << 10
+
+// providerError reads the error answer resp of the call sent as sent and
+// returns it as a Problem of the same status. What the error says of the
+// tenant's request (a 400's message) is kept, with every credential the
+// call carried and anything shaped like a key or an account id removed;
+// of the platform's account (credentials refused, its rate limits, the
+// provider's failures) only that it happened.
+func providerError(resp *http.Response, sent *http.Request) *Problem {
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	resp.Body.Close()
+	p := &Problem{Status: resp.StatusCode, FromProvider: true}
+	switch s := resp.StatusCode; {
+	case s == http.StatusUnauthorized || s == http.StatusForbidden:
+		p.Message = "the provider refused the platform's credentials for this call"
+	case s == http.StatusTooManyRequests:
+		p.Message = "the provider is limiting the platform's calls; retry later"
+		p.Kind = "rate_limit_exceeded"
+		if secs, err := strconv.ParseInt(resp.Header.Get("Retry-After"), 10, 64); err == nil && secs > 0 {
+			p.RetryAfter = time.Duration(min(secs, 3600)) * time.Second
+		} else {
+			p.RetryAfter = time.Second
+		}
+	case s >= 500:
+		p.Message = fmt.Sprintf("the provider failed (%d)", s)
+	default:
+		p.Message = redact(errorMessage(raw), sent)
+		if p.Message == "" {
+			p.Message = fmt.Sprintf("the provider refused the request (%d)", s)
+		}
+	}
+	return p
+}
+
+// errorMessage returns the message of a provider's error body: OpenAI's
+// and Gemini's error.message, Anthropic's error.message; "" if none.
+func errorMessage(raw []byte) string {
+	var doc struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(raw, &doc) != nil || len(doc.Error) == 0 {
+		return ""
+	}
+	var e struct {
+		Message string `json:"message"`
+	}
+	if json.Unmarshal(doc.Error, &e) != nil {
+		return ""
+	}
+	if len(e.Message) > 2048 {
+		e.Message = e.Message[:2048]
+	}
+	return e.Message
+}
+
+// keyShaped matches what looks like a credential or an account id in a
+// provider's words: OpenAI's sk-, org- and proj_ ids, Google's AIza keys,
+// and long runs of key characters.
+var keyShaped = regexp.MustCompile(`(?:sk-|org-|proj_|proj-|AIza)[A-Za-z0-9_\-*.]+|[A-Za-z0-9_\-]{32,}`)
+
+// redact removes from msg every credential the sent call carried and
+// anything key-shaped.
+func redact(msg string, sent *http.Request) string {
+	for _, h := range []string{"Authorization", "X-Api-Key", "X-Goog-Api-Key", "Api-Key"} {
+		v := strings.TrimSpace(strings.TrimPrefix(sent.Header.Get(h), "Bearer "))
+		if len(v) >= 4 {
+			msg = strings.ReplaceAll(msg, v, "[redacted]")
+		}
+	}
+	if k := sent.URL.Query().Get("key"); len(k) >= 4 {
+		msg = strings.ReplaceAll(msg, k, "[redacted]")
+	}
+	return keyShaped.ReplaceAllString(msg, "[redacted]")
 }

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit/llm/llmtest"
 	"github.com/admitdev/admit/redistest"
@@ -64,6 +67,8 @@ func TestLLMProxyExample(t *testing.T) {
 			map[string]string{"x-goog-api-key": "acme-key"}, "X-Goog-Api-Key", "platform-gemini"},
 		{"gemini_query_key", "/v1beta/models/gemini-2.5-flash:generateContent?key=acme-key", `{"contents":[{"parts":[{"text":"hello"}]}]}`,
 			nil, "X-Goog-Api-Key", "platform-gemini"},
+		{"gemini_other_spellings", "/v1beta/models/gemini-2.5-flash:generateContent?Key=acme-key&API_KEY=acme-key&access_token=acme-key", `{"contents":[{"parts":[{"text":"hello"}]}]}`,
+			map[string]string{"x-goog-api-key": "acme-key", "Cookie": "session=acme-key"}, "X-Goog-Api-Key", "platform-gemini"},
 	} {
 		resp, body := llmCall(t, "POST", p.url+c.path, c.header, c.body)
 		if resp.StatusCode != 200 {
@@ -78,7 +83,7 @@ func TestLLMProxyExample(t *testing.T) {
 				t.Errorf("%s: the provider saw %s %q", c.name, h, seen.Header.Get(h))
 			}
 		}
-		if seen.URL.Query().Get("key") != "" || seen.Header.Get("OpenAI-Organization") != "" {
+		if strings.Contains(seen.URL.RawQuery, "acme-key") || seen.Header.Get("Cookie") != "" || seen.Header.Get("OpenAI-Organization") != "" {
 			t.Errorf("%s: a caller's key or organization reached the provider: %v %v", c.name, seen.URL, seen.Header)
 		}
 		if resp.Header.Get("X-Ratelimit-Limit-Tokens") != "1000" || resp.Header.Get("X-Ratelimit-Remaining-Tokens") == "" {
@@ -124,6 +129,12 @@ func TestLLMProxyExample(t *testing.T) {
 	}
 	if last.StatusCode != 429 || !strings.Contains(lastBody, `"code":"insufficient_quota"`) || last.Header.Get("X-Should-Retry") != "false" {
 		t.Fatalf("frugal past its budget: %d %s %v", last.StatusCode, lastBody, last.Header)
+	}
+	// Spent until the day ends (UTC): retry then, not before.
+	now := time.Now().UTC()
+	toMidnight := now.Truncate(24 * time.Hour).Add(24 * time.Hour).Sub(now)
+	if secs, err := strconv.ParseInt(last.Header.Get("Retry-After"), 10, 64); err != nil || secs < int64(toMidnight/time.Second)-5 || secs > int64(toMidnight/time.Second)+5 {
+		t.Errorf("frugal's spent budget: Retry-After %q, want the %v to the day's end", last.Header.Get("Retry-After"), toMidnight.Round(time.Second))
 	}
 	// The usage API and metrics say what each tenant used.
 	metrics := strings.TrimPrefix(p.stderr.String(), "")
@@ -292,5 +303,68 @@ func TestLLMConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "x.yaml:") {
 			t.Errorf("%s: %v, want an error about %s with its position", c.yaml, err, c.want)
 		}
+	}
+}
+
+// TestLLMClientsWhoLeaveArePaidFor: a tenant's clients leave their
+// non-streamed calls once the provider has them (the provider finishes
+// and bills each: once refunded as if it had not happened). The proxy
+// reads each answer to its end after its client left, and the budget is
+// charged what the provider billed.
+func TestLLMClientsWhoLeaveArePaidFor(t *testing.T) {
+	p, up := llmProxy(t, "../../examples/llm/admit.yaml", "--metrics", "127.0.0.1:0")
+	up.Output = 60
+	up.HoldAnswer = make(chan struct{})
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"write"}],"max_tokens":60}`
+	const calls = 5
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range calls {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", p.url+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer acme-key")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		for up.Calls() <= int64(i) {
+			time.Sleep(time.Millisecond) // until the provider has the call
+		}
+		cancel() // the client leaves
+	}
+	wg.Wait()
+	close(up.HoldAnswer) // the provider finishes every call
+	billed := calls * (llmtest.InputTokens([]byte(body)) + 60)
+	addr := metricsAddr(t, p.stderr.String())
+	var used int64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		_, out := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", nil, "")
+		var usage struct {
+			Usage []struct{ Tokens map[string]int64 } `json:"usage"`
+		}
+		_ = json.Unmarshal([]byte(out), &usage)
+		used = 0
+		for _, u := range usage.Usage {
+			for _, n := range u.Tokens {
+				used += n
+			}
+		}
+		if used >= billed {
+			break
+		}
+	}
+	if used != billed {
+		t.Fatalf("the tenant's usage is %d tokens for %d calls its clients left, which the provider billed %d", used, calls, billed)
+	}
+	resp, _ := llmCall(t, "POST", p.url+"/v1/chat/completions", map[string]string{"Authorization": "Bearer acme-key"},
+		`{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	// What came back since the calls, at 1,000 a minute, is all the
+	// bucket may hold beyond what they left.
+	refill := int64(time.Since(start)*1000/time.Minute) + 1
+	if left, _ := strconv.ParseInt(resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 10, 64); left > 1000-billed+refill {
+		t.Errorf("the budget holds %d of 1000 after calls billed %d", left, billed)
 	}
 }

@@ -31,10 +31,10 @@ type LLMConfig struct {
 	LowerMaxOutput bool `json:"lower_max_output"`
 	// MaxBody bounds a call's request body, in bytes; default 32 MiB.
 	MaxBody int64 `json:"max_body"`
-	// DrainOnDisconnect, a duration, keeps reading a stream whose client
-	// left for up to that long, so that the provider's own usage report
-	// settles it; default 0: the call is cancelled and charged its input
-	// and the output relayed.
+	// DrainOnDisconnect, a duration, keeps a call whose client left going
+	// for up to that long, so that the provider's own usage report
+	// settles it (default 1m); "0s" cancels it at once. A call that
+	// settles without its report is charged its reservation.
 	DrainOnDisconnect string `json:"drain_on_disconnect"`
 	// Currency names the prices' currency, for records and metrics;
 	// default USD.
@@ -160,10 +160,16 @@ func (d *decoder) checkLLM(c *LLMConfig) {
 
 func errOf[T any](_ T, err error) error { return err }
 
+// defaultDrain is how long a call whose client left is read for the
+// provider's report, unless drain_on_disconnect says otherwise: long
+// enough for most answers to end (their report is what the provider
+// bills), bounded so that a call left behind does not hold the proxy.
+const defaultDrain = time.Minute
+
 // drain returns drain_on_disconnect.
 func (c *LLMConfig) drain() (time.Duration, error) {
 	if c.DrainOnDisconnect == "" {
-		return 0, nil
+		return defaultDrain, nil
 	}
 	d, err := time.ParseDuration(c.DrainOnDisconnect)
 	if err != nil || d < 0 || d > 10*time.Minute {

@@ -35,14 +35,24 @@ type Upstream struct {
 	NoUsage bool
 	// Gzip compresses the answers of clients that accept it.
 	Gzip bool
-	// Fail, if set, is the status of every answer: an error without usage.
-	Fail int
+	// Fail, if set, is the status of every answer: an error without usage,
+	// whose body is FailBody when set.
+	Fail     int
+	FailBody string
+	// Header is added to every answer, as a provider adds its account's
+	// organization, rate limits and cookies.
+	Header http.Header
 	// Hold, if set, is read before each stream event after the first
 	// ones: a test paces a stream with it, or stops it.
 	Hold chan struct{}
 	// Padding adds this many bytes of text to every stream event's
 	// content, for large streams.
 	Padding int
+	// HoldAnswer, if set, is read before a non-streamed answer is
+	// written: a test keeps the answer back until its client has left.
+	// The answer is made all the same, as a provider finishes (and
+	// bills) a call whose client went away.
+	HoldAnswer chan struct{}
 
 	calls atomic.Int64
 	mu    sync.Mutex
@@ -107,10 +117,17 @@ func (u *Upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, `{"error":{"message":"bad json"}}`, http.StatusBadRequest)
 		return
 	}
+	for k, vs := range u.Header {
+		w.Header()[k] = append([]string(nil), vs...)
+	}
 	if u.Fail != 0 {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(u.Fail)
-		_, _ = io.WriteString(w, `{"error":{"message":"stand-in failure","type":"server_error"}}`)
+		body := u.FailBody
+		if body == "" {
+			body = `{"error":{"message":"stand-in failure","type":"server_error"}}`
+		}
+		_, _ = io.WriteString(w, body)
 		return
 	}
 	var out io.Writer = w
@@ -191,6 +208,9 @@ func (s *answer) outputTokens(max int64) int64 {
 }
 
 func (s *answer) json(v any) {
+	if s.u.HoldAnswer != nil {
+		<-s.u.HoldAnswer
+	}
 	s.w.Header().Set("Content-Type", "application/json")
 	b, _ := json.Marshal(v)
 	_, _ = s.out.Write(b)
