@@ -8,11 +8,11 @@ import (
 )
 
 // Bounds on what a metered response keeps: a stream event up to
-// maxEvent bytes is read whole; of a longer one, and of a JSON body, the
-// last tailSize bytes, where usage is.
+// maxEvent bytes is read whole; a longer one, and a JSON body, stream
+// through a usageScan, which keeps only their usage.
 const (
 	maxEvent = 256 << 10
-	tailSize = 64 << 10
+	tailSize = 64 << 10 // the read buffer a body keeps between reads
 )
 
 // meteredBody passes a response body through unchanged (but for the
@@ -36,10 +36,10 @@ type meteredBody struct {
 
 	out  []byte // processed; returned from off on
 	off  int
-	line []byte // the stream line being gathered
-	long bool   // the current line passed maxEvent: it streams through
-	tail []byte // the last bytes of a long line or a JSON body
-	skip bool   // drop the blank line that ends a dropped event
+	line []byte    // the stream line being gathered
+	long bool      // the current line passed maxEvent: it streams through
+	scan usageScan // the usage of a long line or a JSON body
+	skip bool      // drop the blank line that ends a dropped event
 	err  error
 }
 
@@ -82,7 +82,7 @@ func (b *meteredBody) Read(p []byte) (int, error) {
 // finish ends the body with err (io.EOF at its end).
 func (b *meteredBody) finish(err error) {
 	if !b.stream {
-		b.m.observeTail(b.tail)
+		b.observeScan()
 	} else if len(b.line) > 0 || b.long {
 		b.endLine(nil) // a last line without its newline
 	}
@@ -94,7 +94,7 @@ func (b *meteredBody) finish(err error) {
 func (b *meteredBody) process(p []byte) {
 	if !b.stream {
 		b.out = append(b.out, p...)
-		b.keepTail(p)
+		b.scan.write(p)
 		return
 	}
 	for len(p) > 0 {
@@ -107,14 +107,14 @@ func (b *meteredBody) process(p []byte) {
 		switch {
 		case b.long:
 			b.out = append(b.out, chunk...)
-			b.keepTail(chunk)
+			b.scan.write(chunk)
 		case len(b.line)+len(chunk) > maxEvent:
-			// Too long to hold: it streams through, and only its tail
-			// is read for usage.
+			// Too long to hold: it streams through, and its usage is
+			// found as it passes.
 			b.out = append(append(b.out, b.line...), chunk...)
-			b.tail = b.tail[:0]
-			b.keepTail(b.line)
-			b.keepTail(chunk)
+			b.scan.reset()
+			b.scan.write(b.line)
+			b.scan.write(chunk)
 			b.line, b.long = b.line[:0], true
 		default:
 			b.line = append(b.line, chunk...)
@@ -133,8 +133,8 @@ func (b *meteredBody) process(p []byte) {
 func (b *meteredBody) endLine([]byte) {
 	if b.long {
 		b.long = false
-		b.m.observeTail(bytes.TrimSpace(b.tail))
-		b.tail = b.tail[:0]
+		b.observeScan()
+		b.scan.reset()
 		return
 	}
 	line := b.line
@@ -155,16 +155,11 @@ func (b *meteredBody) endLine([]byte) {
 	b.out = append(b.out, line...)
 }
 
-// keepTail keeps the last tailSize bytes seen of p.
-func (b *meteredBody) keepTail(p []byte) {
-	if len(p) >= tailSize {
-		b.tail = append(b.tail[:0], p[len(p)-tailSize:]...)
-		return
+// observeScan meters the usage the scan found, if any.
+func (b *meteredBody) observeScan() {
+	if ev, ok := b.scan.usage(); ok {
+		b.m.observeEvent(&ev, nil)
 	}
-	if over := len(b.tail) + len(p) - tailSize; over > 0 {
-		b.tail = append(b.tail[:0], b.tail[over:]...)
-	}
-	b.tail = append(b.tail, p...)
 }
 
 // Close closes the body. Before its end the client left: the meter

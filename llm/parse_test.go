@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"strings"
 	"testing"
@@ -70,11 +71,78 @@ func TestUsageNeverSummed(t *testing.T) {
 	if want := (policy.Tokens{20, 10, 0, 9, 7}); g.usage != want {
 		t.Fatalf("gemini usage %v, want %v", g.usage, want)
 	}
-	o := meter{api: ChatCompletions}
-	o.observeTail([]byte(`{"choices":[{"message":{"content":"say \"usage\": {}"}}],"usage":{"prompt_tokens":12,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens_details":{"reasoning_tokens":3}}}`))
-	if want := (policy.Tokens{10, 2, 0, 5, 3}); o.usage != want {
-		t.Fatalf("openai usage %v, want %v", o.usage, want)
+}
+
+// Usage is read at its place in the answer's structure, never where a
+// model's words put a key of its name: in a string, in the input of a
+// tool it calls (an object in Anthropic's answers), at any size of
+// answer, in pieces of any size.
+func TestUsageByStructure(t *testing.T) {
+	big := strings.Repeat("x", 5<<20)
+	for _, c := range []struct {
+		name string
+		api  API
+		body string
+		want policy.Tokens
+	}{
+		{"openai, usage in the text", ChatCompletions,
+			`{"choices":[{"message":{"content":"say \"usage\": {\"prompt_tokens\":1}"}}],"usage":{"prompt_tokens":12,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens_details":{"reasoning_tokens":3}}}`,
+			policy.Tokens{10, 2, 0, 5, 3}},
+		{"anthropic, a tool's input names usageMetadata and usage", Messages,
+			`{"type":"message","content":[{"type":"tool_use","name":"report","input":{"usageMetadata":{"promptTokenCount":0},"usage":{"input_tokens":0,"output_tokens":0}}}],"usage":{"input_tokens":900,"output_tokens":25000}}`,
+			policy.Tokens{900, 0, 0, 25000, 0}},
+		{"anthropic, the tool's input after the usage", Messages,
+			`{"type":"message","usage":{"input_tokens":900,"output_tokens":25000},"content":[{"type":"tool_use","input":{"usage":{"input_tokens":1,"output_tokens":1}}}]}`,
+			policy.Tokens{900, 0, 0, 25000, 0}},
+		{"openai, an answer of 5 MB", ChatCompletions,
+			`{"choices":[{"message":{"content":"` + big + `"},"logprobs":{"content":[{"token":"usage","bytes":[1,2]}]}}],"usage":{"prompt_tokens":7,"completion_tokens":1500000}}`,
+			policy.Tokens{7, 0, 0, 1500000, 0}},
+		{"gemini, a stream as one array", StreamGenerateContent,
+			`[{"candidates":[{"content":{"parts":[{"text":"{\"usageMetadata\":{}}"}]}}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":1}},` +
+				`{"candidates":[{"content":{"parts":[{"functionCall":{"args":{"usageMetadata":{"promptTokenCount":0,"candidatesTokenCount":0}}}}]}}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":40}}]`,
+			policy.Tokens{5, 0, 0, 40, 0}},
+	} {
+		for _, piece := range []int{1, 7, 4096, 1 << 30} {
+			var got *meter
+			b := newMeteredBody(io.NopCloser(&pieces{data: []byte(c.body), n: piece}), c.api, false, false, func(m *meter, _ bool) { got = m })
+			if _, err := io.Copy(io.Discard, b); err != nil {
+				t.Fatal(err)
+			}
+			if got == nil || got.usage != c.want {
+				t.Errorf("%s, in pieces of %d: usage %v, want %v", c.name, piece, got.usage, c.want)
+			}
+		}
 	}
+}
+
+// FuzzUsageScan: the usage a scan finds in a JSON object is the object
+// its "usage" key holds, as a JSON decoder reads it.
+func FuzzUsageScan(f *testing.F) {
+	f.Add(`{"usage":{"prompt_tokens":3}}`, uint8(2))
+	f.Add(`{"a":{"usage":{"x":1}},"usage":{"input_tokens":4,"s":"}\"{"}}`, uint8(5))
+	f.Add(`{"usage":null,"b":[{"usage":{}}]}`, uint8(1))
+	f.Fuzz(func(t *testing.T, doc string, piece uint8) {
+		var root map[string]json.RawMessage
+		if json.Unmarshal([]byte(doc), &root) != nil || root == nil {
+			return
+		}
+		for _, k := range []string{"usageMetadata", "response", "message"} {
+			if _, ok := root[k]; ok {
+				return
+			}
+		}
+		var s usageScan
+		for rest, n := []byte(doc), int(piece%16)+1; len(rest) > 0; rest = rest[min(n, len(rest)):] {
+			s.write(rest[:min(n, len(rest))])
+		}
+		want := bytes.TrimSpace(root["usage"])
+		if len(want) == 0 || want[0] != '{' {
+			want = nil
+		}
+		if !bytes.Equal(s.last, want) {
+			t.Fatalf("scan found %q, the decoder %q", s.last, want)
+		}
+	})
 }
 
 // FuzzMeteredBody: whatever the upstream sends, in whatever pieces, the
@@ -122,4 +190,23 @@ func (p *pieces) Read(b []byte) (int, error) {
 	k := copy(b, p.data[:min(p.n, len(p.data))])
 	p.data = p.data[k:]
 	return k, nil
+}
+
+// BenchmarkUsageScan reads a 1 MB answer for its usage.
+func BenchmarkUsageScan(b *testing.B) {
+	body := []byte(`{"choices":[{"message":{"content":"` + strings.Repeat("word ", 200_000) + `"}}],"usage":{"prompt_tokens":7,"completion_tokens":200000}}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var s usageScan
+		for pb.Next() {
+			s.reset()
+			for rest := body; len(rest) > 0; rest = rest[min(32<<10, len(rest)):] {
+				s.write(rest[:min(32<<10, len(rest))])
+			}
+			if _, ok := s.usage(); !ok {
+				b.Fatal("no usage")
+			}
+		}
+	})
 }
