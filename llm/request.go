@@ -19,8 +19,10 @@ type Request struct {
 	// Stream says the answer comes as server-sent events.
 	Stream bool
 	// MaxOutput is the most output tokens the request allows per choice,
-	// 0 when it sets no maximum; Choices is how many answers it asks for
-	// (OpenAI's n, Gemini's candidateCount), at least 1.
+	// 0 when it sets no maximum (the larger of a chat completion's two);
+	// Choices is how many answers the provider generates and bills, at
+	// least 1: the larger of OpenAI's n and best_of, times a completion's
+	// prompts; Gemini's candidateCount.
 	MaxOutput int64
 	Choices   int64
 	// Input is the estimate of its input tokens (see CountInput); Media
@@ -38,13 +40,15 @@ type Request struct {
 }
 
 // MediaTokens is the input estimate of one image, audio clip or file of
-// a request: the settlement charges what the provider reports. It is at
-// or above what the providers bill for one image at its most detailed:
+// a request: the settlement charges what the provider reports. It is
+// above what GPT-4o and Claude bill for one image at its most detailed:
 // OpenAI's GPT-4o family scales a high-detail image to fit 2048×2048 and
 // then its short side to 768 pixels, and bills 85 tokens plus 170 for
 // each 512-pixel tile, at most 8 tiles (768×2048): 1,445 tokens; Claude
-// scales an image to about 1,600 tokens (width × height / 750). Audio and
-// multi-page files can bill more: the excess is debited after the call.
+// scales an image to about 1,600 tokens (width × height / 750). Audio,
+// multi-page files and the images of a model that counts them in more,
+// cheaper tokens (gpt-4o-mini) can bill more: the excess is debited after
+// the call.
 const MediaTokens = 2048
 
 // ErrBadRequest wraps what is wrong with a request body.
