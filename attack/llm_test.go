@@ -126,6 +126,38 @@ func TestLLMOnlyMeteredPaths(t *testing.T) {
 	}
 }
 
+// TestLLMTrueBoundReserved: every way a request can make the provider
+// bill more than it seems to ask for is in its reservation, against
+// acme's 20,000 tokens: answers multiplied by best_of and a list of
+// prompts, the larger of two maximums, Gemini's snake_case fields, token
+// ids; one field spelled two ways is refused as ambiguous.
+func TestLLMTrueBoundReserved(t *testing.T) {
+	p, up, _ := llmProxy(t)
+	ids := strings.Repeat("1,", 7999) + "1"
+	one := "[" + ids + "]"
+	for _, c := range []struct {
+		path, body string
+		code       int
+	}{
+		// 20 prompts × best_of 20: past the bound of 128 answers.
+		{"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":["p"` + strings.Repeat(`,"p"`, 19) + `],"best_of":20,"max_tokens":40}`, 400},
+		// 8 prompts × best_of 16 × 200 tokens: 25,600.
+		{"/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":["p","p","p","p","p","p","p","p"],"best_of":16,"max_tokens":200}`, 429},
+		{"/v1/chat/completions", `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1,"max_tokens":50000}`, 429},
+		{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"generation_config":{"candidate_count":100,"max_output_tokens":500}}`, 429},
+		{"/v1beta/models/gemini-2.5-flash:generateContent", `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":1},"generation_config":{"max_output_tokens":50000}}`, 400},
+		// 4 × 8,000 token ids: 32,000 input tokens.
+		{"/v1/embeddings", `{"model":"text-embedding-3-small","input":[` + one + "," + one + "," + one + "," + one + `]}`, 429},
+	} {
+		if code, body := post(t, p.URL+c.path, c.body, acmeBearer...); code != c.code {
+			t.Errorf("%s %.100s…: %d %s, want %d", c.path, c.body, code, body, c.code)
+		}
+	}
+	if up.Calls() != 0 {
+		t.Fatalf("%d calls reached the provider", up.Calls())
+	}
+}
+
 // TestLLMChoicesAndModelsBounded: asking for many answers multiplies the
 // reservation (never a way around the budget), and a tenant inventing
 // model names cannot grow the usage table or the metrics past their

@@ -671,3 +671,63 @@ func TestProviderAccountHidden(t *testing.T) {
 		t.Errorf("errors were charged: the bucket holds %d", got)
 	}
 }
+
+// A completion of several prompts, each answered best_of times, reserves
+// every answer the provider bills: with no usage reported, the bucket
+// keeps all of it charged.
+func TestCompletionsReserveEveryAnswer(t *testing.T) {
+	rule := tokenRule()
+	rule.Burst = int64p(3000)
+	r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+	r.up.Output = 40
+	body := `{"model":"gpt-3.5-turbo-instruct","prompt":["a","b","c","d"],"best_of":4,"max_tokens":40}`
+	if resp, _ := r.post("/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	billed := r.records[0].Usage[policy.Output]
+	if billed != 4*4*40 {
+		t.Fatalf("the stand-in billed %d output tokens, want 640", billed)
+	}
+	r.up.NoUsage = true
+	before := r.remaining("tokens")
+	if resp, _ := r.post("/v1/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if reserved := before - r.remaining("tokens"); reserved < billed {
+		t.Fatalf("reserved %d tokens for a call billed %d output tokens", reserved, billed)
+	}
+	// 128 answers of 40 tokens are past the bucket's 3,000: refused
+	// before the provider.
+	calls := r.up.Calls()
+	body = `{"model":"gpt-3.5-turbo-instruct","prompt":["a","b","c","d"],"best_of":32,"max_tokens":40}`
+	if resp, msg := r.post("/v1/completions", body); resp.StatusCode != 429 || r.up.Calls() != calls || !strings.Contains(msg, "at most 3000 in one request") {
+		t.Fatalf("5,120 output tokens against a 3,000-token bucket: %d %s", resp.StatusCode, msg)
+	}
+}
+
+// Embeddings of token ids reserve one token per id: 50 calls of 4 × 8,000
+// ids each hold at least 32,000 tokens until settled.
+func TestEmbeddingsTokenIDsReserved(t *testing.T) {
+	rule := policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "100000/h", Burst: int64p(2_000_000)}
+	r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+	r.up.NoUsage = true
+	ids := make([]string, 8000)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	one := "[" + strings.Join(ids, ",") + "]"
+	body := `{"model":"text-embedding-3-small","input":[` + one + "," + one + "," + one + "," + one + `]}`
+	if billed := llmtest.InputTokens([]byte(body)); billed < 32_000 {
+		t.Fatalf("the stand-in bills %d tokens", billed)
+	}
+	for i := range 50 {
+		before := r.remaining("tokens")
+		resp, msg := r.post("/v1/embeddings", body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("call %d: %d %s", i, resp.StatusCode, msg)
+		}
+		if reserved := before - r.remaining("tokens"); reserved < 32_000 {
+			t.Fatalf("call %d reserved %d tokens for 32,000 token ids", i, reserved)
+		}
+	}
+}

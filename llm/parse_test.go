@@ -2,8 +2,10 @@ package llm
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -209,4 +211,176 @@ func BenchmarkUsageScan(b *testing.B) {
 			}
 		}
 	})
+}
+
+func parse(t *testing.T, api API, body string) *Request {
+	t.Helper()
+	r, err := ParseRequest(api, "m", []byte(body), func(_, s string) int64 { return int64(len(s)) })
+	if err != nil {
+		t.Fatalf("%v %s: %v", api, body, err)
+	}
+	return r
+}
+
+// A completion generates best_of answers for each of its prompts, and
+// the provider bills them all: each is a choice reserved for.
+func TestCompletionChoices(t *testing.T) {
+	for _, c := range []struct {
+		body    string
+		choices int64
+	}{
+		{`{"model":"m","prompt":"a","n":2,"best_of":5}`, 5},
+		{`{"model":"m","prompt":["a","b","c"],"n":2}`, 6},
+		{`{"model":"m","prompt":["a","b","c","d"],"best_of":4,"max_tokens":40}`, 16},
+		{`{"model":"m","prompt":[1,2,3,4],"best_of":3}`, 3},      // one prompt of token ids
+		{`{"model":"m","prompt":[[1,2],[3],[4,5,6]],"n":4}`, 12}, // three
+		{`{"model":"m","prompt":["a","b"],"n":8,"best_of":64}`, 128},
+	} {
+		if r := parse(t, Completions, c.body); r.Choices != c.choices {
+			t.Errorf("%s: %d choices, want %d", c.body, r.Choices, c.choices)
+		}
+	}
+	// The issue's example: 20 prompts × best_of 20 of 40 tokens would be
+	// 16,000 output tokens, past the bound of 128 answers.
+	prompts := `"p"` + strings.Repeat(`,"p"`, 19)
+	_, err := ParseRequest(Completions, "m", []byte(`{"model":"m","prompt":[`+prompts+`],"best_of":20,"max_tokens":40}`), CountTokens)
+	if err == nil || !strings.Contains(err.Error(), "400 completions (20 prompts × 20 each") {
+		t.Fatalf("20 prompts × best_of 20: %v", err)
+	}
+	for _, body := range []string{
+		`{"model":"m","prompt":"a","best_of":0}`,
+		`{"model":"m","prompt":"a","best_of":129}`,
+		`{"model":"m","prompt":"a","best_of":"all"}`,
+		`{"model":"m","prompt":["a","b"],"n":65}`,
+	} {
+		if _, err := ParseRequest(Completions, "m", []byte(body), CountTokens); err == nil {
+			t.Errorf("%s: accepted", body)
+		}
+	}
+}
+
+// A chat completion may carry both maximums, and servers differ in which
+// they read: the larger is reserved, and a maximum the proxy sets is
+// written into each. A completion has max_tokens only.
+func TestMaxOutputFields(t *testing.T) {
+	r := parse(t, ChatCompletions, `{"model":"m","max_completion_tokens":10,"max_tokens":5000}`)
+	if r.MaxOutput != 5000 {
+		t.Fatalf("chat with both maximums: MaxOutput %d, want the larger 5000", r.MaxOutput)
+	}
+	b, err := r.Body(300, false)
+	if err != nil || !strings.Contains(string(b), `"max_tokens":300`) || !strings.Contains(string(b), `"max_completion_tokens":300`) {
+		t.Fatalf("lowered to 300: %s %v", b, err)
+	}
+	r = parse(t, ChatCompletions, `{"model":"m","max_tokens":null}`)
+	if b, _ = r.Body(300, false); !strings.Contains(string(b), `"max_tokens":300`) {
+		t.Fatalf("a null max_tokens is left for the server to read: %s", b)
+	}
+	r = parse(t, Completions, `{"model":"m","prompt":"a","max_completion_tokens":1}`)
+	if r.MaxOutput != 0 {
+		t.Fatalf("a completion's max_completion_tokens was read as its maximum: %d", r.MaxOutput)
+	}
+	if b, _ = r.Body(300, false); !strings.Contains(string(b), `"max_tokens":300`) {
+		t.Fatalf("completion: %s", b)
+	}
+}
+
+// Gemini's fields are read under either spelling Google's JSON API
+// takes; both spellings of one field are refused; a case variant no
+// provider reads is not read either.
+func TestGeminiSpellings(t *testing.T) {
+	r := parse(t, GenerateContent, `{"generation_config":{"max_output_tokens":700,"candidate_count":3}}`)
+	if r.MaxOutput != 700 || r.Choices != 3 {
+		t.Fatalf("snake_case: MaxOutput %d, Choices %d", r.MaxOutput, r.Choices)
+	}
+	b, err := r.Body(200, false)
+	if err != nil || string(b) != `{"generation_config":{"candidate_count":3,"max_output_tokens":200}}` {
+		t.Fatalf("body %s %v", b, err)
+	}
+	r = parse(t, GenerateContent, `{"generationConfig":{"candidate_count":4,"maxOutputTokens":9}}`)
+	if r.MaxOutput != 9 || r.Choices != 4 {
+		t.Fatalf("mixed: MaxOutput %d, Choices %d", r.MaxOutput, r.Choices)
+	}
+	r = parse(t, GenerateContent, `{"generationConfig":{"MaxOutputTokens":9}}`)
+	if r.MaxOutput != 0 {
+		t.Fatalf("a field name no provider reads was read: MaxOutput %d", r.MaxOutput)
+	}
+	for _, body := range []string{
+		`{"generationConfig":{},"generation_config":{"maxOutputTokens":5}}`,
+		`{"generationConfig":{"maxOutputTokens":5,"max_output_tokens":50000}}`,
+		`{"generationConfig":{"candidateCount":1,"candidate_count":8}}`,
+		`{"generation_config":{"candidate_count":129}}`,
+		`{"generation_config":[]}`,
+	} {
+		_, err := ParseRequest(GenerateContent, "m", []byte(body), CountTokens)
+		if err == nil {
+			t.Errorf("%s: accepted", body)
+		} else if strings.Contains(body, `":{},"`) && !strings.Contains(err.Error(), "spelled two ways") {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}
+
+// Prompts given as token ids count one token per id.
+func TestCountTokenIDs(t *testing.T) {
+	ids := make([]string, 8000)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i + 1)
+	}
+	one := "[" + strings.Join(ids, ", ") + "]"
+	body := `{"model":"text-embedding-3-small","input":[` + strings.Repeat(one+",", 3) + one + `]}`
+	if tokens, _ := CountInput([]byte(body), bytesPerToken); tokens < 32_000 {
+		t.Fatalf("4 × 8,000 token ids: %d tokens", tokens)
+	}
+	r := parse(t, Completions, `{"model":"m","prompt":[5,6,7],"max_tokens":1}`)
+	if r.Input < 3 {
+		t.Fatalf("3 token ids: %d tokens", r.Input)
+	}
+}
+
+// Tools and schemas are billed whole: their keys count as text.
+func TestCountSchemaKeys(t *testing.T) {
+	name := strings.Repeat("k", 3000)
+	for _, body := range []string{
+		`{"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"` + name + `":{"type":"string"}}}}}]}`,
+		`{"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"properties":{"` + name + `":{}}}}}}`,
+		`{"text":{"format":{"type":"json_schema","schema":{"properties":{"` + name + `":{}}}}}}`,
+		`{"tools":[{"name":"f","input_schema":{"properties":{"` + name + `":{"type":"integer"}}}}]}`,
+		`{"tools":[{"functionDeclarations":[{"name":"f","parameters":{"properties":{"` + name + `":{}}}}]}]}`,
+		`{"functions":[{"name":"f","parameters":{"properties":{"url":{"type":"string"},"` + name + `":{}}}}]}`,
+	} {
+		tokens, media := CountInput([]byte(body), bytesPerToken)
+		if tokens < 3000 || media != 0 {
+			t.Errorf("%.60s…: %d tokens, %d media", body, tokens, media)
+		}
+	}
+}
+
+// A plain-text document or inline file counts as its text, not as one
+// media item, however long.
+func TestCountTextFiles(t *testing.T) {
+	text := strings.Repeat("plain text ", 2000) // 22,000 bytes
+	enc := base64.StdEncoding.EncodeToString([]byte(text))
+	for _, body := range []string{
+		`{"messages":[{"role":"user","content":[{"type":"document","source":{"type":"text","media_type":"text/plain","data":"` + text + `"}}]}]}`,
+		`{"contents":[{"parts":[{"inline_data":{"mime_type":"text/plain","data":"` + enc + `"}}]}]}`,
+		`{"contents":[{"parts":[{"inlineData":{"data":"` + enc + `","mimeType":"text/plain"}}]}]}`,
+	} {
+		tokens, media := CountInput([]byte(body), bytesPerToken)
+		if media != 0 || tokens < int64(len(text)) {
+			t.Errorf("%.60s…: %d tokens, %d media; the text is %d bytes", body, tokens, media, len(text))
+		}
+	}
+	// Other types stay media.
+	body := `{"contents":[{"parts":[{"inline_data":{"mime_type":"application/pdf","data":"` + enc + `"}}]}]}`
+	if _, media := CountInput([]byte(body), bytesPerToken); media != 1 {
+		t.Fatalf("a PDF: %d media", media)
+	}
+}
+
+// An image is reserved at least what the most detailed one bills:
+// GPT-4o's 768×2048 image in 8 tiles, 85 + 8 × 170.
+func TestMediaTokensBound(t *testing.T) {
+	if MediaTokens < 85+8*170 {
+		t.Fatalf("MediaTokens %d is below the 1,445 tokens of GPT-4o's largest high-detail image", MediaTokens)
+	}
 }

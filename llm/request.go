@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"strconv"
@@ -18,8 +19,10 @@ type Request struct {
 	// Stream says the answer comes as server-sent events.
 	Stream bool
 	// MaxOutput is the most output tokens the request allows per choice,
-	// 0 when it sets no maximum; Choices is how many answers it asks for
-	// (OpenAI's n, Gemini's candidateCount), at least 1.
+	// 0 when it sets no maximum (the larger of a chat completion's two);
+	// Choices is how many answers the provider generates and bills, at
+	// least 1: the larger of OpenAI's n and best_of, times a completion's
+	// prompts; Gemini's candidateCount.
 	MaxOutput int64
 	Choices   int64
 	// Input is the estimate of its input tokens (see CountInput); Media
@@ -37,8 +40,16 @@ type Request struct {
 }
 
 // MediaTokens is the input estimate of one image, audio clip or file of
-// a request: the settlement charges what the provider reports.
-const MediaTokens = 1024
+// a request: the settlement charges what the provider reports. It is
+// above what GPT-4o and Claude bill for one image at its most detailed:
+// OpenAI's GPT-4o family scales a high-detail image to fit 2048×2048 and
+// then its short side to 768 pixels, and bills 85 tokens plus 170 for
+// each 512-pixel tile, at most 8 tiles (768×2048): 1,445 tokens; Claude
+// scales an image to about 1,600 tokens (width × height / 750). Audio,
+// multi-page files and the images of a model that counts them in more,
+// cheaper tokens (gpt-4o-mini) can bill more: the excess is debited after
+// the call.
+const MediaTokens = 2048
 
 // ErrBadRequest wraps what is wrong with a request body.
 var ErrBadRequest = errors.New("llm: bad request")
@@ -83,22 +94,20 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 		if err = r.flag("stream", &r.Stream); err != nil {
 			return nil, err
 		}
-		if err = r.firstInt(&r.MaxOutput, "max_completion_tokens", "max_tokens"); err != nil {
+		if err = r.maxOutput(api); err != nil {
 			return nil, err
 		}
-		if err = r.int("n", &r.Choices); err != nil {
+		if err = r.choices(api); err != nil {
 			return nil, err
 		}
 		if r.Stream {
-			var so struct {
-				IncludeUsage bool `json:"include_usage"`
-			}
 			if raw := r.fields["stream_options"]; raw != nil && string(raw) != "null" {
-				if json.Unmarshal(raw, &so) != nil {
+				var so map[string]json.RawMessage
+				if json.Unmarshal(raw, &so) != nil || so == nil {
 					return nil, badRequest("stream_options is not an object")
 				}
+				r.IncludeUsage = string(so["include_usage"]) == "true"
 			}
-			r.IncludeUsage = so.IncludeUsage
 		}
 	case Responses:
 		if err = r.flag("stream", &r.Stream); err != nil {
@@ -113,21 +122,7 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 		err = r.int("max_tokens", &r.MaxOutput)
 	case GenerateContent, StreamGenerateContent:
 		r.Stream = api == StreamGenerateContent
-		var gc struct {
-			MaxOutputTokens *int64 `json:"maxOutputTokens"`
-			CandidateCount  *int64 `json:"candidateCount"`
-		}
-		if raw := r.fields["generationConfig"]; raw != nil && string(raw) != "null" {
-			if json.Unmarshal(raw, &gc) != nil {
-				return nil, badRequest("generationConfig.maxOutputTokens and candidateCount must be integers")
-			}
-		}
-		if gc.MaxOutputTokens != nil {
-			r.MaxOutput = *gc.MaxOutputTokens
-		}
-		if gc.CandidateCount != nil {
-			r.Choices = *gc.CandidateCount
-		}
+		err = r.generationConfig()
 	}
 	if err != nil {
 		return nil, err
@@ -135,8 +130,8 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 	if r.MaxOutput < 0 || r.MaxOutput > 100_000_000 {
 		return nil, badRequest("the maximum output tokens %d is not from 1 to 100000000", r.MaxOutput)
 	}
-	if r.Choices < 1 || r.Choices > 128 {
-		return nil, badRequest("%d choices: want 1 to 128", r.Choices)
+	if r.Choices < 1 || r.Choices > maxChoices {
+		return nil, badRequest("%d choices: want 1 to %d", r.Choices, maxChoices)
 	}
 	r.Input, r.Media = CountInput(body, func(text string) int64 { return count(r.Model, text) })
 	return r, nil
@@ -163,14 +158,106 @@ func (r *Request) int(name string, dst *int64) error {
 	return nil
 }
 
-// firstInt reads the first of names that is set.
-func (r *Request) firstInt(dst *int64, names ...string) error {
-	for _, n := range names {
-		if raw := r.fields[n]; raw != nil && string(raw) != "null" {
-			return r.int(n, dst)
+// maxChoices bounds the answers one request may ask for, all prompts
+// together: its reservation is its maximum output times as many.
+const maxChoices = 128
+
+// maxOutput reads the maximum output of a chat completion or completion.
+// A completion has max_tokens only; a chat completion may set both
+// max_completion_tokens and the older max_tokens, and servers differ in
+// which they read, so the larger stands.
+func (r *Request) maxOutput(api API) error {
+	if err := r.int("max_tokens", &r.MaxOutput); err != nil || api == Completions {
+		return err
+	}
+	var n int64
+	if err := r.int("max_completion_tokens", &n); err != nil {
+		return err
+	}
+	r.MaxOutput = max(r.MaxOutput, n)
+	return nil
+}
+
+// choices reads how many answers a chat completion or completion makes
+// the provider generate and bill: max(n, best_of) for each of its
+// prompts. best_of completions are generated and billed though only n
+// are returned; a completion's prompt may be a list of prompts, each
+// answered in full.
+func (r *Request) choices(api API) error {
+	n, bestOf := int64(1), int64(1)
+	if err := r.int("n", &n); err != nil {
+		return err
+	}
+	if err := r.int("best_of", &bestOf); err != nil {
+		return err
+	}
+	if n < 1 || n > maxChoices || bestOf < 1 || bestOf > maxChoices {
+		return badRequest("n %d and best_of %d: each must be from 1 to %d", n, bestOf, maxChoices)
+	}
+	prompts := int64(1)
+	if raw := r.fields["prompt"]; api == Completions && len(raw) > 0 && raw[0] == '[' {
+		var list []json.RawMessage
+		if json.Unmarshal(raw, &list) != nil {
+			return badRequest("\"prompt\" must be a string or an array")
+		}
+		// An array of token ids is one prompt; an array of strings or
+		// of token-id arrays is one prompt per element.
+		k := int64(0)
+		for _, e := range list {
+			if len(e) > 0 && (e[0] == '"' || e[0] == '[') {
+				k++
+			}
+		}
+		prompts = max(k, 1)
+	}
+	per := max(n, bestOf)
+	if prompts > maxChoices || prompts*per > maxChoices {
+		return badRequest("this request asks for %d completions (%d prompts × %d each, the larger of n and best_of); at most %d in one request", prompts*per, prompts, per, maxChoices)
+	}
+	r.Choices = prompts * per
+	return nil
+}
+
+// generationConfig reads a Gemini request's maximum output and candidate
+// count. Google's JSON API takes each field under its lowerCamelCase name
+// or its snake_case one; a request that spells one field both ways is
+// refused as ambiguous, since which the provider reads is not known.
+func (r *Request) generationConfig() error {
+	name, raw, err := either(r.fields, "generationConfig", "generation_config")
+	if err != nil || raw == nil || string(raw) == "null" {
+		return err
+	}
+	var gc map[string]json.RawMessage
+	if json.Unmarshal(raw, &gc) != nil || gc == nil {
+		return badRequest("%s is not an object", name)
+	}
+	for _, f := range []struct {
+		camel, snake string
+		dst          *int64
+	}{{"maxOutputTokens", "max_output_tokens", &r.MaxOutput}, {"candidateCount", "candidate_count", &r.Choices}} {
+		key, v, err := either(gc, f.camel, f.snake)
+		if err != nil {
+			return err
+		}
+		if v != nil && string(v) != "null" && json.Unmarshal(v, f.dst) != nil {
+			return badRequest("%s.%s must be an integer", name, key)
 		}
 	}
 	return nil
+}
+
+// either returns the one of two spellings of a field that obj holds, and
+// an error when it holds both.
+func either(obj map[string]json.RawMessage, camel, snake string) (string, json.RawMessage, error) {
+	c, cok := obj[camel]
+	s, sok := obj[snake]
+	switch {
+	case cok && sok:
+		return "", nil, badRequest("the request sets both %q and %q, one field spelled two ways: set one", camel, snake)
+	case sok:
+		return snake, s, nil
+	}
+	return camel, c, nil
 }
 
 // Body returns the body to send: the client's own bytes when nothing
@@ -183,9 +270,14 @@ func (r *Request) Body(maxOutput int64, includeUsage bool) ([]byte, error) {
 		n := json.RawMessage(strconv.FormatInt(maxOutput, 10))
 		switch r.API {
 		case ChatCompletions:
-			if _, ok := r.fields["max_tokens"]; ok && r.fields["max_completion_tokens"] == nil || r.legacyMaxTokens && r.fields["max_completion_tokens"] == nil {
+			// Every maximum the client set, since servers differ in which
+			// they read, else the one this server is told to read.
+			_, mt := r.fields["max_tokens"]
+			_, mct := r.fields["max_completion_tokens"]
+			if mt || !mct && r.legacyMaxTokens {
 				set["max_tokens"] = n
-			} else {
+			}
+			if mct || !mt && !r.legacyMaxTokens {
 				set["max_completion_tokens"] = n
 			}
 		case Completions, Messages:
@@ -193,15 +285,23 @@ func (r *Request) Body(maxOutput int64, includeUsage bool) ([]byte, error) {
 		case Responses:
 			set["max_output_tokens"] = n
 		case GenerateContent, StreamGenerateContent:
+			name, raw, err := either(r.fields, "generationConfig", "generation_config")
+			if err != nil {
+				return nil, err
+			}
 			gc := map[string]json.RawMessage{}
-			if raw := r.fields["generationConfig"]; raw != nil && string(raw) != "null" {
+			if raw != nil && string(raw) != "null" {
 				if err := json.Unmarshal(raw, &gc); err != nil {
-					return nil, badRequest("generationConfig is not an object")
+					return nil, badRequest("%s is not an object", name)
 				}
 			}
-			gc["maxOutputTokens"] = n
+			key, _, err := either(gc, "maxOutputTokens", "max_output_tokens")
+			if err != nil {
+				return nil, err
+			}
+			gc[key] = n
 			b, _ := json.Marshal(gc)
-			set["generationConfig"] = b
+			set[name] = b
 		}
 	}
 	if includeUsage {
@@ -241,18 +341,42 @@ var skipKeys = map[string]bool{
 	"cache_control": true, "previous_response_id": true,
 }
 
+// schemaKeys name the fields whose whole value is a definition the
+// provider renders into the model's input and bills: tools, functions and
+// the JSON schemas of answers. Everything in it counts as text, its keys
+// and literals included.
+var schemaKeys = map[string]bool{
+	"tools": true, "functions": true, "response_format": true, "input_schema": true,
+	"functionDeclarations": true, "function_declarations": true,
+	"format": true, "responseSchema": true, "response_schema": true, "responseJsonSchema": true, "response_json_schema": true,
+}
+
+// tokenIDKeys name the fields whose arrays of integers are prompts given
+// as token ids: one token each.
+var tokenIDKeys = map[string]bool{"input": true, "prompt": true}
+
 // CountInput estimates the input tokens of a request body: count applied
-// to its text (the strings of messages, system prompts, tools, inputs;
-// not models, roles, ids and types), plus 4 tokens per object for the
-// framing of messages and parts, plus MediaTokens for each image, audio
-// clip or file; media returns how many of those it found. The estimate is
-// what a Gate reserves before the call; the provider's report settles it.
-// body must be valid JSON (ParseRequest checks it first).
+// to its text (the strings of messages, system prompts and inputs; not
+// models, roles, ids and types), plus one token per integer of a prompt
+// given as token ids, plus 4 tokens per object for the framing of
+// messages and parts, plus MediaTokens for each image, audio clip or
+// file; media returns how many of those it found. Tools and schemas count
+// whole as text, keys included. A document or inline file whose type is
+// text/* counts as its text (decoded from base64 where it is encoded),
+// not as media. The estimate is what a Gate reserves before the call; the
+// provider's report settles it. body must be valid JSON (ParseRequest
+// checks it first).
 func CountInput(body []byte, count func(text string) int64) (tokens, media int64) {
 	type frame struct {
 		object bool
 		key    []byte // the key the value was under
 		media  bool   // inside a media value: nothing in it is text
+		schema bool   // inside a tool or schema: everything in it is text
+		// An object's "data" string, judged when the object ends by its
+		// type: text when text/*, else media.
+		data       []byte
+		textType   bool // a media type text/*
+		plainBytes bool // Anthropic's "type": "text" source: data is not base64
 	}
 	var stackBuf [16]frame
 	stack := append(stackBuf[:0], frame{})
@@ -265,23 +389,41 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 			text = text[:0]
 		}
 	}
+	addText := func(b []byte) {
+		if len(text) > 0 {
+			text = append(text, '\n')
+		}
+		text = append(text, b...)
+		if len(text) > 1<<16 {
+			flush()
+		}
+	}
 	for i := 0; i < len(body); {
 		top := &stack[len(stack)-1]
 		switch c := body[i]; c {
 		case '{', '[':
-			isMedia := top.media || mediaKeys[string(key)]
+			isSchema := top.schema || !top.media && schemaKeys[string(key)]
+			isMedia := !isSchema && (top.media || mediaKeys[string(key)])
 			if isMedia && !top.media {
 				media++
 			}
 			if c == '{' {
 				tokens += 4
 			}
-			stack = append(stack, frame{object: c == '{', key: key, media: isMedia})
+			stack = append(stack, frame{object: c == '{', key: key, media: isMedia, schema: isSchema})
 			expectKey = c == '{'
 			i++
 		case '}', ']':
 			if len(stack) > 1 {
-				key = stack[len(stack)-1].key
+				f := &stack[len(stack)-1]
+				if f.data != nil {
+					if f.textType {
+						addText(decodeData(f.data, f.plainBytes))
+					} else {
+						media++
+					}
+				}
+				key = f.key
 				stack = stack[:len(stack)-1]
 			}
 			expectKey = false
@@ -289,40 +431,78 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 		case ',':
 			expectKey = top.object
 			i++
+		case ' ', '\t', '\n', '\r', ':':
+			i++
 		case '"':
 			end := stringEnd(body, i)
 			raw := body[i : end+1]
 			i = end + 1
 			if top.object && expectKey {
 				key, expectKey = raw[1:len(raw)-1], false
+				if top.schema {
+					addText(unquote(raw))
+				}
 				continue
 			}
+			k := string(key)
 			switch {
+			case top.schema:
+				addText(unquote(raw))
 			case top.media:
-			case mediaKeys[string(key)]:
+			case k == "data" && top.object:
+				top.data = raw
+			case mediaKeys[k]:
 				media++
-			case skipKeys[string(key)]:
+			case k == "mime_type" || k == "mimeType" || k == "media_type":
+				top.textType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"text/`))
+			case k == "type":
+				top.plainBytes = string(raw) == `"text"`
+			case skipKeys[k]:
 			default:
-				if len(text) > 0 {
-					text = append(text, '\n')
-				}
-				if bytes.IndexByte(raw, '\\') < 0 {
-					text = append(text, raw[1:len(raw)-1]...)
-				} else {
-					var s string
-					_ = json.Unmarshal(raw, &s)
-					text = append(text, s...)
-				}
-				if len(text) > 1<<16 {
-					flush()
-				}
+				addText(unquote(raw))
 			}
 		default:
-			i++
+			// A number or a literal.
+			j := i + 1
+			for j < len(body) && (body[j] >= '0' && body[j] <= '9' || body[j] >= 'a' && body[j] <= 'z' || body[j] == '.' || body[j] == '-' || body[j] == '+' || body[j] == 'E') {
+				j++
+			}
+			switch lit := body[i:j]; {
+			case top.schema:
+				addText(lit)
+			case !top.object && !top.media && tokenIDKeys[string(top.key)] && (c == '-' || c >= '0' && c <= '9'):
+				tokens++
+			}
+			i = j
 		}
 	}
 	flush()
 	return tokens + media*MediaTokens, media
+}
+
+// unquote returns the text of a JSON string, quotes included in raw.
+func unquote(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s)
+	return []byte(s)
+}
+
+// decodeData returns the text of a text file's data: as it is when plain,
+// else decoded from base64. Data that is not base64 counts as it is.
+func decodeData(raw []byte, plain bool) []byte {
+	b := unquote(raw)
+	if plain {
+		return b
+	}
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		if d, err := enc.DecodeString(string(b)); err == nil {
+			return d
+		}
+	}
+	return b
 }
 
 // stringEnd returns the index of the quote that ends the JSON string

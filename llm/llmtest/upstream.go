@@ -74,8 +74,9 @@ func (u *Upstream) Last() (*http.Request, []byte) {
 
 // InputTokens is what the stand-in reports as a request's input tokens, a
 // model of a real tokenizer's count: one token per 4 bytes of each text
-// (every string but the model and roles), rounded up, plus 3 per object
-// for the framing of messages and parts, plus 3.
+// (every string but the model and roles), rounded up, one per token id
+// (an integer of an input or prompt given as token ids), plus 3 per
+// object for the framing of messages and parts, plus 3.
 func InputTokens(body []byte) int64 {
 	var v any
 	_ = json.Unmarshal(body, &v)
@@ -95,6 +96,10 @@ func InputTokens(body []byte) int64 {
 		case string:
 			if key != "model" && key != "role" && key != "type" {
 				n += (int64(len(x)) + 3) / 4
+			}
+		case float64:
+			if key == "input" || key == "prompt" {
+				n++
 			}
 		}
 	}
@@ -283,6 +288,19 @@ func (s *answer) chat(legacy bool) {
 	if n == 0 {
 		n = 1
 	}
+	// What is billed: a completion generates best_of answers for each
+	// of its prompts, and returns n of them.
+	billed := n
+	if legacy {
+		if b := s.num("best_of"); b > n {
+			billed = b
+		}
+		if prompts, ok := s.req["prompt"].([]any); ok && len(prompts) > 0 {
+			if _, ids := prompts[0].(float64); !ids {
+				billed *= int64(len(prompts))
+			}
+		}
+	}
 	out := s.outputTokens(max)
 	object := "chat.completion"
 	if legacy {
@@ -303,7 +321,7 @@ func (s *answer) chat(legacy bool) {
 		}
 		doc := map[string]any{"id": "cmpl-standin", "object": object, "created": 1, "model": s.req["model"], "choices": choices}
 		if !s.u.NoUsage {
-			doc["usage"] = s.usage(out*n, true)
+			doc["usage"] = s.usage(out*billed, true)
 		}
 		s.json(doc)
 		return
@@ -334,7 +352,7 @@ func (s *answer) chat(legacy bool) {
 		return
 	}
 	if include && !s.u.NoUsage {
-		if !s.event("", chunk([]map[string]any{}, s.usage(out*n, true)), 0) {
+		if !s.event("", chunk([]map[string]any{}, s.usage(out*billed, true)), 0) {
 			return
 		}
 	}
