@@ -104,6 +104,10 @@ func TestRuleValidate(t *testing.T) {
 		{Rule{Algorithm: Combination, Rate: PerSecond(1), Burst: 10}, "floor"},
 		{Rule{Algorithm: Concurrency, Max: 0}, "max"},
 		{Rule{Algorithm: Concurrency, Max: 1, LeaseTTL: -1}, "lease_ttl"},
+		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, MaxDebt: -1}, "max_debt"},
+		{Rule{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 10, MaxDebt: 100_000}, "max_debt"}, // 273 years to repay
+		{Rule{Algorithm: Combination, Rate: PerSecond(1), Burst: 10, Floor: PerSecond(1), MaxDebt: 5}, "max_debt"},
+		{Rule{Algorithm: FixedWindow, Limit: 10, Window: time.Second, MaxDebt: 5}, "max_debt"},
 	}
 	for _, c := range bad {
 		err := c.r.Validate()

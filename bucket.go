@@ -14,11 +14,12 @@ type bucket struct {
 	n, per         uint64 // T = per/n nanoseconds
 	whole          int64  // T when it is a whole number of nanoseconds, else 0
 	burst, initial int64
+	debt           int64 // the most a debit leaves owed; see Rule.MaxDebt
 	remember       int64 // nanoseconds a full bucket is kept; see RememberFull
 }
 
 func newBucket(rate Rate, burst, initial int64) bucket {
-	b := bucket{n: uint64(rate.N), per: uint64(rate.Per), burst: burst, initial: initial}
+	b := bucket{n: uint64(rate.N), per: uint64(rate.Per), burst: burst, initial: initial, debt: burst}
 	if q := b.per / b.n; q*b.n == b.per { // the common case, such as 100/s
 		b.whole = int64(q)
 	}
@@ -28,7 +29,13 @@ func newBucket(rate Rate, burst, initial int64) bucket {
 	return b
 }
 
-func mainBucket(r *Rule) bucket { return newBucket(r.Rate, r.Burst, r.initial()) }
+func mainBucket(r *Rule) bucket {
+	b := newBucket(r.Rate, r.Burst, r.initial())
+	if r.MaxDebt > 0 && r.Algorithm != Combination {
+		b.debt = r.MaxDebt
+	}
+	return b
+}
 
 func floorBucket(r *Rule) bucket { return newBucket(r.Floor, r.Floor.N, r.Floor.N) }
 
@@ -104,14 +111,14 @@ func (b *bucket) encode(t fine) State {
 // eval decides cost c at now into res and returns the state to keep. A
 // request is admitted iff the TAT after it stays within burst·T of now,
 // which is to say iff c tokens are there. A debit that does not fit is
-// charged all the same: the bucket goes into debt, by at most one burst
-// (its TAT at most 2·burst·T after now), so that the debt is repaid
-// within twice the time the bucket takes to fill.
+// charged all the same: the bucket goes into debt, by at most b.debt
+// tokens (one burst unless the rule says otherwise: its TAT at most
+// (burst+debt)·T after now), repaid at its rate.
 func (b *bucket) eval(res *Result, s State, now, c int64, debit bool) State {
 	if debit {
-		// More than two bursts lands on the cap whatever the TAT; no
+		// More than burst+debt lands on the cap whatever the TAT; no
 		// more is ever multiplied, so a large debit cannot overflow.
-		c = min(c, 2*b.burst)
+		c = min(c, b.burst+b.debt)
 	}
 	tat := b.decode(s, now)
 	base := tat
@@ -144,7 +151,7 @@ func (b *bucket) eval(res *Result, s State, now, c int64, debit bool) State {
 	res.RetryAfter = time.Duration(b.before(next, horizon).ceil())
 	res.ResetAfter = time.Duration(base.ceil() - now)
 	if debit {
-		if most := b.after(fine{ns: now}, b.span(2*b.burst)); most.less(next) {
+		if most := b.after(fine{ns: now}, b.span(b.burst+b.debt)); most.less(next) {
 			next = most
 		}
 		return b.encode(next)

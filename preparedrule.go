@@ -37,6 +37,7 @@ type ruleParams struct {
 	limit, max       int64
 	maxCost          int64
 	shareCeiling     int64
+	maxDebt          int64
 	window, leaseTTL time.Duration
 	period           Period
 	location         *time.Location
@@ -46,7 +47,7 @@ type ruleParams struct {
 func (r *Rule) params() ruleParams {
 	return ruleParams{
 		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
-		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, shareCeiling: r.ShareCeiling, window: r.Window, leaseTTL: r.LeaseTTL,
+		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, shareCeiling: r.ShareCeiling, maxDebt: r.MaxDebt, window: r.Window, leaseTTL: r.LeaseTTL,
 		period: r.Period, location: r.Location, anchor: r.Anchor,
 	}
 }
@@ -61,7 +62,7 @@ func (p *PreparedRule) holds(r *Rule) bool {
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA:
-		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial
+		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.MaxDebt == q.maxDebt
 	case Combination:
 		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.Floor == q.floor
 	case FixedWindow, SlidingWindow, SlidingLog:

@@ -243,6 +243,14 @@ type Rule struct {
 	// arriving later finds its share at once.
 	ShareCeiling int64
 
+	// MaxDebt bounds what a token bucket or GCRA rule owes after debits
+	// (see Charge.Debit), in tokens: a debit beyond what the bucket holds
+	// puts it into debt, repaid at its rate, of at most MaxDebt. Zero
+	// means one burst. A rule whose debits are costs known after the work
+	// (an LLM call's tokens) sets it high, or what was used beyond the
+	// debt would go uncounted.
+	MaxDebt int64
+
 	// Shadow rules are decided and reported but never refuse a request.
 	Shadow bool
 	// OnError overrides the deployment's failure mode for this rule.
@@ -270,6 +278,9 @@ func (r *Rule) Validate() error {
 	if r.MaxCost < 0 || r.MaxCost > MaxCost {
 		return r.fail("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
 	}
+	if r.MaxDebt != 0 && r.Algorithm != TokenBucket && r.Algorithm != GCRA {
+		return r.fail("max_debt", Errorf(CodeInvalid, "only token_bucket and gcra owe a debt of their own bound; a combination owes one burst, a window counts debits up to %d", int64(MaxCount)))
+	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, Combination:
 		if err := r.Rate.Validate(); err != nil {
@@ -284,6 +295,11 @@ func (r *Rule) Validate() error {
 			}
 			if *r.Initial < 0 || *r.Initial > r.Burst {
 				return r.fail("initial", Errorf(CodeInvalid, "initial must be from 0 to burst (%d)", r.Burst))
+			}
+		}
+		if r.MaxDebt != 0 && r.Algorithm != Combination {
+			if err := checkBucket(r.Rate, r.MaxDebt); err != nil {
+				return r.fail("max_debt", err)
 			}
 		}
 		if r.Algorithm == Combination {
@@ -470,4 +486,18 @@ func (r *Rule) initial() int64 {
 		return *r.Initial
 	}
 	return r.Burst
+}
+
+// MostDebt returns the largest MaxDebt a bucket of rate may owe: MaxCount
+// tokens, or what it repays in 100 years if that is less.
+func MostDebt(rate Rate) int64 {
+	if rate.N <= 0 || rate.Per <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(maxSpan), uint64(rate.N))
+	if hi >= uint64(rate.Per) {
+		return MaxCount
+	}
+	q, _ := bits.Div64(hi, lo, uint64(rate.Per))
+	return int64(min(q, uint64(MaxCount)))
 }

@@ -386,9 +386,14 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 			c.Cost = -diff
 			refunds = append(refunds, c)
 		case diff > 0:
-			c.Cost, c.Debit = min(diff, r.MaxCost), true
-			debits = append(debits, c)
-			debitRules = append(debitRules, r)
+			// The whole excess, whatever the rule's max_cost (a bound on
+			// what callers ask): in charges of at most admit.MaxCost.
+			c.Rule, c.Debit = r.Settling(), true
+			for ; diff > 0; diff -= c.Cost {
+				c.Cost = min(diff, admit.MaxCost)
+				debits = append(debits, c)
+				debitRules = append(debitRules, r)
+			}
 		}
 	}
 	var errs []error

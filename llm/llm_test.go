@@ -731,3 +731,37 @@ func TestEmbeddingsTokenIDsReserved(t *testing.T) {
 		}
 	}
 }
+
+// A miss is paid in full: when the provider reports more than was
+// reserved (here an image the estimate counts as one media item, billed
+// as 10,000 tokens of input), the whole excess is owed, beyond the rule's
+// max_cost and beyond one burst of debt.
+func TestMissPaidInFull(t *testing.T) {
+	rule := policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "5000/min", Burst: int64p(3000)}
+	r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+	r.up.Output = 10
+	image := strings.Repeat("A", 40_000) // the stand-in bills 10,000 tokens for it
+	body := `{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,` + image + `"}}]}]}`
+	if resp, out := r.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, out)
+	}
+	rec := r.waitRecord(t)
+	used := rec.Usage.Sum()
+	if !rec.Reported || used < 10_000 {
+		t.Fatalf("recorded %+v, want the provider's report of 10,000 tokens or more", rec)
+	}
+	// The bucket owes used − 3,000: a token comes back after all of it is
+	// repaid, at 12 ms a token.
+	req := policy.Request{Tenant: "acme", Metered: true, Model: "m", Cost: 1}
+	var res policy.Resolution
+	if err := r.pol.Resolve(&req, &res); err != nil {
+		t.Fatal(err)
+	}
+	d, err := admit.Check(context.Background(), r.store, res.Charges...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Duration(used-3000+1) * 12 * time.Millisecond; d.Allowed || d.RetryAfter != want {
+		t.Errorf("after a call that used %d tokens of a bucket of 3,000: allowed %v, retry after %v, want refused for %v (the whole excess owed)", used, d.Allowed, d.RetryAfter, want)
+	}
+}

@@ -303,9 +303,9 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	want := map[string]bool{}
 	switch alg {
 	case admit.TokenBucket:
-		want = map[string]bool{"rate": true, "burst": true, "initial": true}
+		want = map[string]bool{"rate": true, "burst": true, "initial": true, "max_debt": true}
 	case admit.GCRA:
-		want = map[string]bool{"rate": true, "burst": true}
+		want = map[string]bool{"rate": true, "burst": true, "max_debt": true}
 	case admit.Combination:
 		want = map[string]bool{"rate": true, "burst": true, "initial": true, "floor": true}
 	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
@@ -318,10 +318,10 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	present := map[string]bool{
 		"rate": rs.Rate != "", "burst": rs.Burst != nil, "initial": rs.Initial != nil, "floor": rs.Floor != "",
 		"limit": rs.Limit != nil, "window": rs.Window != "", "max": rs.Max != nil, "lease_ttl": rs.LeaseTTL != "",
-		"period": rs.Period != "", "time_zone": rs.TimeZone != "", "anchor": rs.Anchor != "",
+		"period": rs.Period != "", "time_zone": rs.TimeZone != "", "anchor": rs.Anchor != "", "max_debt": rs.MaxDebt != nil,
 	}
-	optional := map[string]bool{"initial": true, "lease_ttl": true, "time_zone": true, "anchor": true}
-	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl", "period", "time_zone", "anchor"} {
+	optional := map[string]bool{"initial": true, "lease_ttl": true, "time_zone": true, "anchor": true, "max_debt": true}
+	for _, f := range []string{"rate", "burst", "initial", "floor", "limit", "window", "max", "lease_ttl", "period", "time_zone", "anchor", "max_debt"} {
 		switch {
 		case present[f] && !want[f]:
 			c.fail(path+"."+f, "not a parameter of %s", alg)
@@ -363,6 +363,18 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		c.fail(path+".max_cost", "must be at least 1")
 	}
 	c.unit(path, rs, r)
+	switch {
+	case rs.MaxDebt != nil && want["max_debt"]:
+		if *rs.MaxDebt < 1 {
+			c.fail(path+".max_debt", "must be at least 1")
+		}
+		r.MaxDebt = *rs.MaxDebt
+	case want["max_debt"] && r.Unit == UnitTokens:
+		// What an LLM call used beyond its reservation is debited after
+		// it, and owed in full: a debt capped at one burst would forgive
+		// the rest.
+		r.MaxDebt = admit.MostDebt(r.Rate)
+	}
 	if rs.Initial != nil && want["initial"] {
 		v := *rs.Initial
 		r.Initial = &v
@@ -391,6 +403,11 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		// holds: a debit is never refused, so an unbounded one would let
 		// any caller empty a bucket in one request.
 		r.MaxCost = r.Capacity()
+	}
+	if r.Unit != UnitRequests {
+		settle := r.Rule
+		settle.MaxCost = 0
+		r.settle = &settle
 	}
 	r.bucket = r.Name
 	if tier != "" {

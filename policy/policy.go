@@ -76,6 +76,9 @@ type Rule struct {
 
 	allActions bool
 	actions    []string
+	// settle is the rule as a metered call's settlement debits it: its
+	// max_cost bounds what a caller asks, not what a provider reports.
+	settle *admit.Rule
 	// attribute is the request attribute an attribute scope names.
 	attribute string
 	// billing: a quota anchored on each tenant's billing anchor.
@@ -145,6 +148,9 @@ func (r *Rule) Spec() RuleSpec {
 		s.Limit, s.Window = n(r.Limit), r.Window.String()
 	}
 	s.MaxCost = n(r.MaxCost)
+	if r.MaxDebt > 0 {
+		s.MaxDebt = n(r.MaxDebt)
+	}
 	if r.Shadow {
 		t := true
 		s.Shadow = &t
@@ -320,3 +326,15 @@ func (p *Policy) Tiers() []*Tier {
 // Spec returns the specification p was compiled from. The caller must not
 // modify it.
 func (p *Policy) Spec() *Spec { return &p.spec }
+
+// Settling returns the rule a metered call's excess (what the provider
+// reported beyond the reservation) is debited with: r without its
+// max_cost, which bounds what callers ask, so that the excess is owed in
+// full. The key and its state are r's. It is r's own rule for a rule in
+// requests.
+func (r *Rule) Settling() *admit.Rule {
+	if r.settle != nil {
+		return r.settle
+	}
+	return &r.Rule
+}

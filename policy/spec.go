@@ -65,6 +65,11 @@ type RuleSpec struct {
 	// the rule (a larger one is refused as invalid); by default the
 	// rule's capacity: its burst, limit or max.
 	MaxCost *int64 `json:"max_cost,omitempty"`
+	// MaxDebt bounds what a token_bucket or gcra rule owes after debits,
+	// in its units: by default one burst, and for a rule in tokens all it
+	// can repay in 100 years (what an LLM call used beyond its
+	// reservation is owed in full).
+	MaxDebt *int64 `json:"max_debt,omitempty"`
 
 	// Unit is what the rule counts: "requests" (the default), "tokens"
 	// (LLM tokens, each kind weighed by Weights) or "money" (the cost of

@@ -315,7 +315,10 @@ end
 local function bucketParams(R)
   local p = R.b
   if not p then
-    p = {n = R[5], q = R[6], r = R[7], burst = R[8], initial = R[9], remember = R[10]}
+    p = {n = R[5], q = R[6], r = R[7], burst = R[8], initial = R[9], remember = R[10], debt = R[8]}
+    -- a token bucket's or GCRA's debt bound (admit.Rule.MaxDebt), where a
+    -- combination keeps its floor
+    if (R.alg == 1 or R.alg == 2) and R[14] > 0 then p.debt = R[14] end
     R.b = p
   end
   return p
@@ -417,10 +420,10 @@ end
 -- for both stores. It returns the state to keep, then allowed, remaining,
 -- reset and retry: values, not a result table, for decideFast. A
 -- debit that does not fit is charged all the same, into a debt of at most
--- one burst (bucket.eval); what it then reports is step's to say.
+-- b.debt (bucket.eval); what it then reports is step's to say.
 local function bucketWhole(b, st, c, debit)
   local q, burst = b.q, b.burst
-  if debit then c = mmin(c, 2 * burst) end
+  if debit then c = mmin(c, burst + b.debt) end
   local ta, fresh = 0, true
   if st then
     ta = (st[1] - nu) * 1000 + st[2] - nsub
@@ -438,7 +441,7 @@ local function bucketWhole(b, st, c, debit)
     if c > 0 then keep = encode(na, 0) end
     return keep, 1, (left - fmod(left, q)) / q, na, 0
   end
-  if debit then return encode(mmin(na, 2 * ha), 0), 0, 0, 0, 0 end
+  if debit then return encode(mmin(na, (burst + b.debt) * q), 0), 0, 0, 0, 0 end
   local remaining = 0
   if ba < ha then
     local left = ha - ba
@@ -455,7 +458,7 @@ local function bucketEval(b, st, c, res, debit)
     keep, res.allowed, res.remaining, res.reset, res.retry = bucketWhole(b, st, c, debit)
     return keep
   end
-  if debit then c = mmin(c, 2 * b.burst) end
+  if debit then c = mmin(c, b.burst + b.debt) end
   local ta, tf, fresh
   if st then ta, tf, fresh = decode(b, st[1], st[2], st[3]) else ta, tf, fresh = decode(b) end
   local ba, bf = ta, tf
@@ -475,7 +478,7 @@ local function bucketEval(b, st, c, res, debit)
   res.allowed = 0
   res.remaining = 0
   if debit then
-    local ma, mf = span(b, 2 * b.burst)
+    local ma, mf = span(b, b.burst + b.debt)
     if less(ma, mf, na, nf) then na, nf = ma, mf end
     return encode(na, nf)
   end

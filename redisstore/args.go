@@ -137,6 +137,9 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 			remember = admit.RememberFull
 		}
 		bucket(p, r.Rate, r.Burst, initial, remember)
+		if r.Algorithm != admit.Combination {
+			p[9] = itoa(r.MaxDebt) // where a combination's floor goes
+		}
 		if r.Algorithm == admit.Combination {
 			n, per := r.Floor.N, int64(r.Floor.Per)
 			p[6], p[7], p[8], p[9] = itoa(n), itoa(per/n), itoa(per%n), itoa(n)

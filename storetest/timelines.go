@@ -76,6 +76,8 @@ func costs(s Step, c ...int64) Step { s.Costs = c; return s }
 // Timelines returns the conformance timelines. Each one runs on a new store.
 func Timelines() []Timeline {
 	tb := bucketRule("tb", admit.TokenBucket, admit.PerSecond(10), 5)
+	owing := bucketRule("owing", admit.TokenBucket, admit.PerSecond(10), 5)
+	owing.MaxDebt = 1000
 	fifty := int64(50)
 	initial := rule("initial", admit.TokenBucket, func(r *admit.Rule) {
 		r.Rate, r.Burst, r.Initial = admit.PerSecond(10), 100, &fifty
@@ -436,6 +438,21 @@ func Timelines() []Timeline {
 				no(10*time.Second+599*ms, 1, ms, 0),
 				ok(10*time.Second+600*ms, 1, 0),
 				debit(Step{At: 11 * time.Second, Cost: admit.MaxCost + 1, Err: admit.ErrInvalid}, 0),
+			},
+		},
+		{
+			// A rule's MaxDebt bounds the debt instead: 95 owed beyond
+			// the burst of 5 is 9.6 s to repay before a token; a debit
+			// of 5,000 owes at most 1,000.
+			Name:    "debit/bucket_max_debt",
+			Charges: []admit.Charge{key("d1m", "u", owing)},
+			Steps: []Step{
+				debit(ok(0, 100, 0), 0),
+				no(0, 1, 9600*ms, 0),
+				ok(9600*ms, 1, 0),
+				debit(ok(20*time.Second, 5000, 0), 0),
+				no(20*time.Second, 1, 100100*ms, 0),
+				ok(120100*ms, 1, 0),
 			},
 		},
 		{
