@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/admitdev/admit/policy"
 )
@@ -382,5 +383,44 @@ func TestCountTextFiles(t *testing.T) {
 func TestMediaTokensBound(t *testing.T) {
 	if MediaTokens < 85+8*170 {
 		t.Fatalf("MediaTokens %d is below the 1,445 tokens of GPT-4o's largest high-detail image", MediaTokens)
+	}
+}
+
+// A prompt of any size is counted in pieces of at most 64 KB, cut between
+// words, so that the tokenizer's memory does not grow with it; the count
+// of the pieces stays that of the whole, but for a token or so a cut.
+func TestCountInputInPieces(t *testing.T) {
+	words := strings.Repeat("lorem ipsum dolor sit amet ", 200_000) // 5.4 MB in one string
+	body := []byte(`{"model":"gpt-4o","messages":[{"role":"user","content":"` + words + `"},{"role":"user","content":"` + strings.Repeat("é", 100_000) + `"}]}`)
+	most, pieces := 0, 0
+	var whole int64
+	got, _ := CountInput(body, func(text string) int64 {
+		most, pieces = max(most, len(text)), pieces+1
+		if !utf8.ValidString(text) {
+			t.Fatalf("a piece cut inside a character: %q", text[len(text)-4:])
+		}
+		n := CountTokens("gpt-4o", text)
+		whole += n
+		return n
+	})
+	if most > countChunk {
+		t.Errorf("the count was given %d bytes at once, want at most %d", most, countChunk)
+	}
+	exact := CountTokens("gpt-4o", words) + CountTokens("gpt-4o", strings.Repeat("é", 100_000))
+	if whole < exact || whole > exact+int64(pieces)*2 {
+		t.Errorf("%d pieces counted %d tokens, the whole texts %d", pieces, whole, exact)
+	}
+	if got < whole {
+		t.Errorf("CountInput %d, below its text's %d", got, whole)
+	}
+}
+
+// BenchmarkCountLargePrompt counts a 5 MB prompt with GPT-4o's encoding.
+func BenchmarkCountLargePrompt(b *testing.B) {
+	body := []byte(`{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("lorem ipsum dolor sit amet ", 200_000) + `"}]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		CountInput(body, func(text string) int64 { return CountTokens("gpt-4o", text) })
 	}
 }

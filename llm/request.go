@@ -389,12 +389,32 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 			text = text[:0]
 		}
 	}
+	// Text is counted in pieces of at most countChunk bytes, cut where a
+	// word ends: a tokenizer's memory grows with what it is given, and a
+	// prompt of one 30 MB string once took half a gigabyte. A cut between
+	// words changes a count by a token or so in 64 KB.
 	addText := func(b []byte) {
 		if len(text) > 0 {
 			text = append(text, '\n')
 		}
-		text = append(text, b...)
-		if len(text) > 1<<16 {
+		for len(b) > 0 {
+			if len(text) >= countChunk {
+				flush()
+			}
+			n := min(len(b), countChunk-len(text))
+			if n < len(b) {
+				if n = cutAt(b, n); n == 0 {
+					if len(text) > 0 {
+						flush() // no room for a word: a piece of its own
+						continue
+					}
+					n = min(len(b), countChunk)
+				}
+			}
+			text = append(text, b[:n]...)
+			b = b[n:]
+		}
+		if len(text) >= countChunk {
 			flush()
 		}
 	}
@@ -478,6 +498,26 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 	}
 	flush()
 	return tokens + media*MediaTokens, media
+}
+
+// countChunk is the most text CountInput gives its count function at once.
+const countChunk = 64 << 10
+
+// cutAt returns where to cut b, at most n bytes in (n < len(b)): after
+// the last space or newline of the 256 bytes before n, else at the start
+// of a UTF-8 character; 0 when there is none.
+func cutAt(b []byte, n int) int {
+	for i := n; i > max(n-256, 0); i-- {
+		if b[i-1] == ' ' || b[i-1] == '\n' {
+			return i
+		}
+	}
+	for i := n; i > max(n-4, 0); i-- {
+		if b[i]&0xC0 != 0x80 {
+			return i
+		}
+	}
+	return 0
 }
 
 // unquote returns the text of a JSON string, quotes included in raw.
