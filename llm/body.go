@@ -40,6 +40,7 @@ type meteredBody struct {
 	long bool      // the current line passed maxEvent: it streams through
 	scan usageScan // the usage of a long line or a JSON body
 	skip bool      // drop the blank line that ends a dropped event
+	cr   bool      // the last read ended with a CR: an LF next is its CRLF
 	err  error
 }
 
@@ -97,11 +98,28 @@ func (b *meteredBody) process(p []byte) {
 		b.scan.write(p)
 		return
 	}
+	if b.cr && len(p) > 0 && p[0] == '\n' {
+		// The LF of a CRLF split between reads: the line it ends has
+		// ended.
+		b.out = append(b.out, '\n')
+		p = p[1:]
+	}
+	b.cr = false
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
+		// A line ends with LF, CR or CRLF (server-sent events allow
+		// each): a stream of CR-only lines streams too.
+		i := bytes.IndexAny(p, "\r\n")
 		chunk := p
 		if i >= 0 {
 			chunk = p[:i+1]
+			if p[i] == '\r' {
+				switch {
+				case i+1 < len(p) && p[i+1] == '\n':
+					chunk = p[:i+2]
+				case i+1 == len(p):
+					b.cr = true
+				}
+			}
 		}
 		p = p[len(chunk):]
 		switch {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/admitdev/admit/policy"
@@ -422,5 +423,49 @@ func BenchmarkCountLargePrompt(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		CountInput(body, func(text string) int64 { return CountTokens("gpt-4o", text) })
+	}
+}
+
+// A stream whose lines end with CR alone, as server-sent events allow,
+// streams event by event (it once waited for its end), and its usage is
+// read; so are CRLF lines split between reads.
+func TestStreamLineEndings(t *testing.T) {
+	for _, nl := range []string{"\r", "\r\n", "\n"} {
+		pr, pw := io.Pipe()
+		var got *meter
+		b := newMeteredBody(pr, ChatCompletions, true, false, func(m *meter, _ bool) { got = m })
+		first := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}" + nl + nl
+		go func() {
+			_, _ = io.WriteString(pw, first)
+		}()
+		buf := make([]byte, 4096)
+		read := make(chan error, 1)
+		var n int
+		go func() {
+			var err error
+			n, err = io.ReadAtLeast(b, buf, len(first))
+			read <- err
+		}()
+		select {
+		case err := <-read:
+			if err != nil || string(buf[:n]) != first {
+				t.Fatalf("%q: the first event read as %q (%v)", nl, buf[:n], err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%q: the first event is held back until the stream ends", nl)
+		}
+		go func() {
+			// The rest, its line ends split between writes.
+			for _, part := range strings.SplitAfter(`data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`+nl+nl+"data: [DONE]"+nl+nl, "\r") {
+				_, _ = io.WriteString(pw, part)
+			}
+			pw.Close()
+		}()
+		if _, err := io.Copy(io.Discard, b); err != nil {
+			t.Fatal(err)
+		}
+		if got == nil || got.usage != (policy.Tokens{3, 0, 0, 4, 0}) {
+			t.Errorf("%q: usage %+v", nl, got)
+		}
 	}
 }
