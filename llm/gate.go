@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -292,7 +293,7 @@ func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
 		}
 		if c > r.MaxCost {
 			p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Final: true, DeniedBy: r.Name,
-				Message: fmt.Sprintf("this request may use up to %d %s of rule %q, which allows at most %d in one request: lower its maximum output", c, r.Unit, r.Name, r.MaxCost)}
+				Message: fmt.Sprintf("this request may use up to %s of rule %q, which allows at most %s in one request: lower its maximum output", amount(r, c), r.Name, amount(r, r.MaxCost))}
 			if r.Unit == policy.UnitMoney {
 				p.Kind = "insufficient_quota"
 			}
@@ -309,8 +310,8 @@ func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
 	if !t.dec.Allowed {
 		for i, r := range t.res.Rules {
 			if res := &t.dec.Results[i]; res.Rule == t.dec.DeniedBy && !res.Allowed {
-				return g.refusal(r, res, fmt.Sprintf("rate limited by %q: this request needs %d %s and %d remain; retry after %d ms",
-					r.Name, t.costs[i], r.Unit, res.Remaining, max(res.RetryAfter, 0).Milliseconds()))
+				return g.refusal(r, res, fmt.Sprintf("rate limited by %q: this request needs %s and %s remain; retry after %d ms",
+					r.Name, amount(r, t.costs[i]), amount(r, res.Remaining), max(res.RetryAfter, 0).Milliseconds()))
 			}
 		}
 		return &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: "rate limited by " + t.dec.DeniedBy, RetryAfter: t.dec.RetryAfter}
@@ -407,4 +408,13 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// amount says n of r's units as a caller reads them: tokens, requests,
+// or money in the prices' currency units (a rule counts millionths).
+func amount(r *policy.Rule, n int64) string {
+	if r.Unit == policy.UnitMoney {
+		return policy.FormatDecimal(n, 6) + " in money (the prices' currency)"
+	}
+	return strconv.FormatInt(n, 10) + " " + r.Unit.String()
 }

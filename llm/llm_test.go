@@ -339,6 +339,10 @@ func TestMoneyBudget(t *testing.T) {
 	if resp.StatusCode != 429 || !strings.Contains(msg, `"insufficient_quota"`) || resp.Header.Get("X-Should-Retry") != "false" {
 		t.Fatalf("spent budget: %d %s %v", resp.StatusCode, msg, resp.Header)
 	}
+	// Amounts in the currency, not its millionths as "money".
+	if !strings.Contains(msg, "needs 0.000") || strings.Contains(msg, " money and") {
+		t.Errorf("a spent budget's message: %s, want the amounts in the currency", msg)
+	}
 	if spent > 600 || r.remaining("spend") != 600-spent {
 		t.Fatalf("spent %d µUSD of 600; the quota holds %d", spent, r.remaining("spend"))
 	}
@@ -700,7 +704,7 @@ func TestCompletionsReserveEveryAnswer(t *testing.T) {
 	// before the provider.
 	calls := r.up.Calls()
 	body = `{"model":"gpt-3.5-turbo-instruct","prompt":["a","b","c","d"],"best_of":32,"max_tokens":40}`
-	if resp, msg := r.post("/v1/completions", body); resp.StatusCode != 429 || r.up.Calls() != calls || !strings.Contains(msg, "at most 3000 in one request") {
+	if resp, msg := r.post("/v1/completions", body); resp.StatusCode != 429 || r.up.Calls() != calls || !strings.Contains(msg, "at most 3000 tokens in one request") {
 		t.Fatalf("5,120 output tokens against a 3,000-token bucket: %d %s", resp.StatusCode, msg)
 	}
 }
