@@ -139,7 +139,13 @@ func TestLLMProxyExample(t *testing.T) {
 	// The usage API and metrics say what each tenant used.
 	metrics := strings.TrimPrefix(p.stderr.String(), "")
 	addr := metricsAddr(t, metrics)
-	resp, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=frugal", nil, "")
+	// Only the platform reads usage: the admin token (ADMIT_ADMIN_TOKEN).
+	for _, h := range []map[string]string{nil, {"Authorization": "Bearer acme-key"}} {
+		if resp, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=frugal", h, ""); resp.StatusCode != 401 {
+			t.Errorf("the usage API with %v: %d %s, want 401", h, resp.StatusCode, body)
+		}
+	}
+	resp, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=frugal", adminAuth, "")
 	var usage struct {
 		Currency string `json:"currency"`
 		Usage    []struct {
@@ -158,6 +164,9 @@ func TestLLMProxyExample(t *testing.T) {
 		t.Errorf("metrics:\n%s", body)
 	}
 }
+
+// adminAuth presents the admin token the tests' commands run with.
+var adminAuth = map[string]string{"Authorization": "Bearer " + testAdminToken}
 
 // metricsAddr finds the metrics address in a proxy's log.
 func metricsAddr(t *testing.T, log string) string {
@@ -258,7 +267,7 @@ tenants:
 	addr := metricsAddr(t, a.stderr.String())
 	var day string
 	waitFor(t, func() bool {
-		_, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", nil, "")
+		_, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", adminAuth, "")
 		var u struct {
 			Usage []struct {
 				Day      string
@@ -272,7 +281,7 @@ tenants:
 		day = u.Usage[0].Day
 		return u.Usage[0].Requests == int64(admitted) && u.Usage[0].Tokens["output"] == int64(admitted)*90
 	}, "the usage of both proxies' calls in Redis")
-	if resp, _ := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme&from="+day+"&to=2020-01-01", nil, ""); resp.StatusCode != 400 {
+	if resp, _ := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme&from="+day+"&to=2020-01-01", adminAuth, ""); resp.StatusCode != 400 {
 		t.Errorf("a range that ends before it starts: %d", resp.StatusCode)
 	}
 
@@ -341,7 +350,7 @@ func TestLLMClientsWhoLeaveArePaidFor(t *testing.T) {
 	addr := metricsAddr(t, p.stderr.String())
 	var used int64
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		_, out := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", nil, "")
+		_, out := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", adminAuth, "")
 		var usage struct {
 			Usage []struct{ Tokens map[string]int64 } `json:"usage"`
 		}

@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -271,5 +276,32 @@ func llmDashboardHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
 		_, _ = w.Write(llmDashboard)
+	})
+}
+
+// usageGuard serves h, every tenant's usage, only to the platform: with a
+// token (server.admin_token or ADMIT_ADMIN_TOKEN) to callers that present
+// it as Authorization: Bearer, else to callers on the proxy's own host
+// (loopback), as the dashboard on a developer's machine is. A tenant that
+// reaches the metrics address reads no one's usage.
+func usageGuard(token string, h http.Handler) http.Handler {
+	sum := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token == "" {
+			host, _, _ := net.SplitHostPort(r.RemoteAddr)
+			if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
+				problem.Write(w, http.StatusForbidden, "the usage API answers only callers on this host unless a token is set (server.admin_token or ADMIT_ADMIN_TOKEN)")
+				return
+			}
+			h.ServeHTTP(w, r)
+			return
+		}
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if g := sha256.Sum256([]byte(got)); !ok || subtle.ConstantTimeCompare(g[:], sum[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="admit"`)
+			problem.Write(w, http.StatusUnauthorized, "the usage API needs the admin token as Authorization: Bearer")
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
 }

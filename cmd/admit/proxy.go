@@ -40,7 +40,9 @@ by the platform's, within the rules in tokens and money (reserved before,
 settled to the reported usage after); --upstream is then optional and
 serves every other path. --metrics then also serves /v1/llm/usage (every
 tenant and model's tokens by kind and cost; with ?tenant=, by day, from
-the store every proxy adds to) and /dashboard (a page of it).
+the store every proxy adds to; only with the admin token, ADMIT_ADMIN_TOKEN,
+as Authorization: Bearer, or without one to callers on this host) and
+/dashboard (a page of it).
 
 An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
@@ -152,7 +154,8 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		defer func() { stopFlush(); <-flushed }()
 		handler = h
 		metrics.Handle("GET /metrics", llmMetricsHandler(lim, meter))
-		metrics.Handle("GET /v1/llm/usage", meter.usageHandler())
+		token := first(b.cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
+		metrics.Handle("GET /v1/llm/usage", usageGuard(token, meter.usageHandler()))
 		metrics.Handle("GET /dashboard", llmDashboardHandler())
 	}
 	if f.metrics != "" {
