@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -70,6 +71,41 @@ type GateOptions struct {
 // use.
 type Gate struct {
 	opts GateOptions
+
+	mu sync.Mutex
+	// inFlight counts each tenant's calls between Enter and their end.
+	inFlight map[string]int64
+}
+
+// Enter counts a call of tenant in flight, or refuses it (a *Problem,
+// 429) when the tenant already has its tier's llm_in_flight: before its
+// body is read or counted, so that a flood of calls costs little. The
+// returned func ends the call; calling it again does nothing.
+func (g *Gate) Enter(tenant string) (leave func(), err error) {
+	limit := int64(policy.DefaultLLMInFlight)
+	if t, err := g.opts.Policy().TenantOrDefault(tenant); err == nil && t.Tier != nil && t.Tier.LLMInFlight > 0 {
+		limit = t.Tier.LLMInFlight
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.inFlight[tenant] >= limit {
+		return nil, &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", RetryAfter: time.Second,
+			Message: fmt.Sprintf("the tenant has %d LLM calls in flight through this proxy, its tier's llm_in_flight: retry when one ends", limit)}
+	}
+	if g.inFlight == nil {
+		g.inFlight = map[string]int64{}
+	}
+	g.inFlight[tenant]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if g.inFlight[tenant]--; g.inFlight[tenant] <= 0 {
+				delete(g.inFlight, tenant)
+			}
+		})
+	}, nil
 }
 
 // NewGate returns a Gate.

@@ -49,8 +49,14 @@ func newRig(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions) *rig {
 
 func newRigDrain(t *testing.T, rules []policy.RuleSpec, opts llm.GateOptions, drain time.Duration) *rig {
 	t.Helper()
+	return newRigTier(t, policy.TierSpec{Rules: rules}, opts, drain)
+}
+
+// newRigTier is newRigDrain for acme in the tier tier.
+func newRigTier(t *testing.T, tier policy.TierSpec, opts llm.GateOptions, drain time.Duration) *rig {
+	t.Helper()
 	pol, err := policy.Compile(&policy.Spec{
-		Tiers:   map[string]policy.TierSpec{"t": {Rules: rules}},
+		Tiers:   map[string]policy.TierSpec{"t": tier},
 		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
 	})
 	if err != nil {
@@ -768,4 +774,53 @@ func TestMissPaidInFull(t *testing.T) {
 	if want := time.Duration(used-3000+1) * 12 * time.Millisecond; d.Allowed || d.RetryAfter != want {
 		t.Errorf("after a call that used %d tokens of a bucket of 3,000: allowed %v, retry after %v, want refused for %v (the whole excess owed)", used, d.Allowed, d.RetryAfter, want)
 	}
+}
+
+// A tenant has at most its tier's llm_in_flight calls in flight through
+// a proxy: past it a call is refused before its body is read, and when
+// one ends the next passes.
+func TestLLMInFlightBound(t *testing.T) {
+	r := newRigTier(t, policy.TierSpec{Rules: []policy.RuleSpec{tokenRule()}, LLMInFlight: 2}, llm.GateOptions{}, 0)
+	r.up.HoldAnswer = make(chan struct{})
+	body := `{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if resp, _ := r.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+				t.Errorf("a call within the bound: %d", resp.StatusCode)
+			}
+		}()
+	}
+	for r.up.Calls() < 2 {
+		time.Sleep(time.Millisecond) // until both are with the provider
+	}
+	unread := &readCounter{r: strings.NewReader(body)}
+	resp, err := r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || !strings.Contains(string(msg), "llm_in_flight") || r.up.Calls() != 2 || unread.n != 0 {
+		t.Errorf("a third call in flight: %d %s, %d calls reached the provider, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, r.up.Calls(), unread.n)
+	}
+	close(r.up.HoldAnswer)
+	wg.Wait()
+	if resp, _ := r.post("/v1/chat/completions", body); resp.StatusCode != 200 {
+		t.Errorf("a call once the others ended: %d", resp.StatusCode)
+	}
+}
+
+// readCounter counts what is read of r.
+type readCounter struct {
+	r io.Reader
+	n int
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }

@@ -115,6 +115,18 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	if err != nil {
 		return fail(err)
 	}
+	leave, err := t.Gate.Enter(caller.Tenant)
+	if err != nil {
+		return fail(err)
+	}
+	// The call is over when its answer settles (the body's end or close,
+	// drained or not) or when it fails before one.
+	settled := false
+	defer func() {
+		if !settled {
+			leave()
+		}
+	}()
 	limit := t.MaxBody
 	if limit <= 0 {
 		limit = DefaultMaxBody
@@ -200,7 +212,9 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	// body, Gemini's stream as one JSON array without alt=sse) by its
 	// tail, where the last usage is.
 	stream := resp.StatusCode < 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	settled = true
 	mb := newMeteredBody(resp.Body, api, stream, askUsage, func(m *meter, ended bool) {
+		defer leave()
 		t.settle(settleCtx, ticket, settlement(m, ended, resp.StatusCode))
 	})
 	mb.cancel = cancel

@@ -85,7 +85,8 @@ func (c *compiler) compile(spec *Spec) {
 			continue
 		}
 		ts := spec.Tiers[name]
-		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts, Weight: c.weight(path+".weight", ts.Weight, 1)}
+		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts, Weight: c.weight(path+".weight", ts.Weight, 1),
+			LLMInFlight: c.inFlight(path+".llm_in_flight", ts.LLMInFlight)}
 		if len(ts.Rules) > MaxRulesPerTier {
 			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), MaxRulesPerTier)
 		}
@@ -552,6 +553,17 @@ func parseAnchor(s string, loc *time.Location) (time.Time, error) {
 		return t.Truncate(time.Second), nil
 	}
 	return time.Time{}, fmt.Errorf("anchor %q: want calendar, billing, a date such as 2026-01-15 or an RFC 3339 time", s)
+}
+
+// inFlight compiles a tier's llm_in_flight.
+func (c *compiler) inFlight(path string, n int64) int64 {
+	switch {
+	case n == 0:
+		return DefaultLLMInFlight
+	case n < 1 || n > 100_000:
+		c.fail(path, "%d: want 1 to 100000", n)
+	}
+	return n
 }
 
 func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {

@@ -227,6 +227,9 @@ type Tier struct {
 	Gateway Gateway
 	// Weight is the tier's tenants' weight in shared limits.
 	Weight int64
+	// LLMInFlight bounds each tenant's LLM calls in flight through one
+	// proxy (see TierSpec.LLMInFlight).
+	LLMInFlight int64
 	// Source is "config" or "admin": where the tier's definition came from.
 	Source string
 	Spec   TierSpec
