@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/bits"
 	"net/http"
+	"regexp"
 	"strconv"
 	"sync"
 	"time"
@@ -187,7 +188,7 @@ func (g *Gate) Begin(ctx context.Context, who policy.Request, req *Request) (*Ti
 	}
 	for _, r := range t.res.Rules {
 		if r.Unit == policy.UnitMoney && t.price == nil {
-			pr, ok := g.opts.Prices[req.Model]
+			pr, ok := g.priceOf(req.Model)
 			if !ok {
 				return nil, &Problem{Status: http.StatusBadRequest, Kind: "model_not_found",
 					Message: fmt.Sprintf("model %q has no price, and rule %q budgets money: ask the platform to price it", req.Model, r.Name)}
@@ -389,7 +390,7 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 	rec := &Record{Tenant: t.who.Tenant, User: t.who.User, Model: t.req.Model, API: t.req.API, At: time.Now(),
 		Usage: usage, Reported: s.Reported && !s.Keep, Status: s.Status}
 	price := t.price
-	if p, ok := g.opts.Prices[t.req.Model]; ok && price == nil {
+	if p, ok := g.priceOf(t.req.Model); ok && price == nil {
 		price = &p
 	}
 	if price != nil {
@@ -453,4 +454,23 @@ func amount(r *policy.Rule, n int64) string {
 		return policy.FormatDecimal(n, 6) + " in money (the prices' currency)"
 	}
 	return strconv.FormatInt(n, 10) + " " + r.Unit.String()
+}
+
+// snapshot matches the date a model's snapshot is named by, after its
+// family: gpt-4o-2024-08-06, claude-sonnet-4-5-20250929,
+// claude-3-5-sonnet@20241022, gemini-2.0-flash-001.
+var snapshot = regexp.MustCompile(`(?:[-@](?:\d{4}-\d{2}-\d{2}|\d{8})|-\d{3})$`)
+
+// priceOf returns model's price: its own, else its family's for a dated
+// snapshot the prices do not list (as the providers bill a snapshot at
+// its family's price).
+func (g *Gate) priceOf(model string) (Price, bool) {
+	if p, ok := g.opts.Prices[model]; ok {
+		return p, true
+	}
+	if loc := snapshot.FindStringIndex(model); loc != nil && loc[0] > 0 {
+		p, ok := g.opts.Prices[model[:loc[0]]]
+		return p, ok
+	}
+	return Price{}, false
 }

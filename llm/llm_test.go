@@ -824,3 +824,23 @@ func (c *readCounter) Read(p []byte) (int, error) {
 	c.n += n
 	return n, err
 }
+
+// A dated snapshot the prices do not list is priced as its family.
+func TestSnapshotPricedByFamily(t *testing.T) {
+	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "1"}
+	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{
+		Prices: map[string]llm.Price{"gpt-4o-mini": {150_000, 75_000, 150_000, 600_000, 600_000}, "claude-sonnet-4-5": {3_000_000, 300_000, 3_750_000, 15_000_000, 15_000_000}},
+	})
+	for _, model := range []string{"gpt-4o-mini-2024-07-18", "claude-sonnet-4-5-20250929", "claude-sonnet-4-5@20250929"} {
+		path, body := "/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
+		if strings.HasPrefix(model, "claude") {
+			path = "/v1/messages"
+		}
+		if resp, msg := r.post(path, body); resp.StatusCode != 200 {
+			t.Errorf("%s: %d %s", model, resp.StatusCode, msg)
+		}
+	}
+	if resp, msg := r.post("/v1/chat/completions", `{"model":"gpt-4o-mini-extra","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`); resp.StatusCode != 400 {
+		t.Errorf("a model of no listed family: %d %s", resp.StatusCode, msg)
+	}
+}
