@@ -176,7 +176,7 @@ func (b *meteredBody) endLine([]byte) {
 // observeScan meters the usage the scan found, if any.
 func (b *meteredBody) observeScan() {
 	if ev, ok := b.scan.usage(); ok {
-		b.m.observeEvent(&ev, nil)
+		b.m.observeEvent(&ev)
 	}
 }
 

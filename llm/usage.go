@@ -98,7 +98,7 @@ func (u *usageJSON) anthropicTokens() policy.Tokens {
 }
 
 // event is one JSON response or stream event, with the fields of every
-// API that carry usage or output.
+// API that carry usage.
 type event struct {
 	Type          string       `json:"type"`
 	Usage         *usageJSON   `json:"usage"`
@@ -109,30 +109,9 @@ type event struct {
 	Response *struct {
 		Usage *usageJSON `json:"usage"`
 	} `json:"response"`
-	Choices *[]struct {
-		Delta *struct {
-			Content   string `json:"content"`
-			Reasoning string `json:"reasoning_content"`
-			ToolCalls []struct {
-				Function struct {
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Delta *struct {
-		Text        string `json:"text"`
-		Thinking    string `json:"thinking"`
-		PartialJSON string `json:"partial_json"`
-	} `json:"delta"`
-	Candidates []struct {
-		Content struct {
-			Parts []struct {
-				Text string `json:"text"`
-			} `json:"parts"`
-		} `json:"content"`
-	} `json:"candidates"`
+	// Choices is read only for whether it is empty: OpenAI's usage-only
+	// chunk.
+	Choices *[]json.RawMessage `json:"choices"`
 }
 
 // meter reads the usage of one response, event by event. It keeps only
@@ -144,9 +123,6 @@ type meter struct {
 	// last).
 	usage         policy.Tokens
 	input, output bool
-	// relayed counts the output bytes and content events passed on, for
-	// a stream the client left before its usage came.
-	relayedBytes, relayedEvents int64
 }
 
 // reported says whether the response reported its usage.
@@ -158,43 +134,15 @@ func (m *meter) reported() bool { return m.input || m.output }
 // its usage must not see.
 func (m *meter) observe(data []byte) (usageChunk bool) {
 	if !hasObject(data, `"usage"`) && !hasObject(data, `"usageMetadata"`) && !bytes.Contains(data, []byte(`"message_start"`)) {
-		// A content event, the bulk of a stream: its text is measured
-		// where it lies, without decoding, so that a long stream makes
-		// no garbage.
-		m.relay(textBytes(data))
+		// A content event, the bulk of a stream: not decoded, so that a
+		// long stream makes no garbage.
 		return false
 	}
 	var ev event
 	if json.Unmarshal(data, &ev) != nil {
 		return false
 	}
-	return m.observeEvent(&ev, data)
-}
-
-// textKeys are the keys of the output text in the APIs' stream events.
-var textKeys = [...][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"delta"`), []byte(`"thinking"`),
-	[]byte(`"partial_json"`), []byte(`"arguments"`), []byte(`"reasoning_content"`)}
-
-// textBytes sums the lengths of the string values of textKeys in data.
-func textBytes(data []byte) int {
-	n := 0
-	for _, key := range textKeys {
-		for rest := data; ; {
-			i := bytes.Index(rest, key)
-			if i < 0 {
-				break
-			}
-			rest = rest[i+len(key):]
-			v := skipColon(rest)
-			if v < 0 || rest[v] != '"' {
-				continue
-			}
-			end := stringEnd(rest, v)
-			n += end - v - 1
-			rest = rest[end:]
-		}
-	}
-	return n
+	return m.observeEvent(&ev)
 }
 
 // hasObject reports whether key (quoted) in data has an object value.
@@ -229,9 +177,8 @@ func skipColon(b []byte) int {
 	return -1
 }
 
-// observeEvent is observe of a decoded event; data, its JSON, is read
-// again only for Responses' text deltas (nil: none).
-func (m *meter) observeEvent(ev *event, data []byte) (usageChunk bool) {
+// observeEvent is observe of a decoded event.
+func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 	switch m.api.Provider() {
 	case OpenAI:
 		u := ev.Usage
@@ -241,25 +188,6 @@ func (m *meter) observeEvent(ev *event, data []byte) (usageChunk bool) {
 		if u != nil {
 			m.usage, m.input, m.output = u.openAITokens(), true, true
 			usageChunk = ev.Choices != nil && len(*ev.Choices) == 0
-		}
-		if ev.Choices != nil {
-			for _, c := range *ev.Choices {
-				n := len(c.Text)
-				if d := c.Delta; d != nil {
-					n += len(d.Content) + len(d.Reasoning)
-					for _, tc := range d.ToolCalls {
-						n += len(tc.Function.Arguments)
-					}
-				}
-				m.relay(n)
-			}
-		}
-		if data != nil && (ev.Type == "response.output_text.delta" || ev.Type == "response.reasoning_text.delta" || ev.Type == "response.function_call_arguments.delta") {
-			var d struct {
-				Delta string `json:"delta"`
-			}
-			_ = json.Unmarshal(data, &d)
-			m.relay(len(d.Delta))
 		}
 	case Anthropic:
 		switch {
@@ -282,8 +210,6 @@ func (m *meter) observeEvent(ev *event, data []byte) (usageChunk bool) {
 			}
 		case ev.Usage != nil && ev.Type != "message_delta": // a whole message
 			m.usage, m.input, m.output = ev.Usage.anthropicTokens(), true, true
-		case ev.Type == "content_block_delta" && ev.Delta != nil:
-			m.relay(len(ev.Delta.Text) + len(ev.Delta.Thinking) + len(ev.Delta.PartialJSON))
 		}
 	case Gemini:
 		// Running totals: a chunk that carries them replaces the last;
@@ -291,26 +217,6 @@ func (m *meter) observeEvent(ev *event, data []byte) (usageChunk bool) {
 		if ev.UsageMetadata != nil {
 			m.usage, m.input, m.output = ev.UsageMetadata.tokens(), true, true
 		}
-		for _, c := range ev.Candidates {
-			n := 0
-			for _, p := range c.Content.Parts {
-				n += len(p.Text)
-			}
-			m.relay(n)
-		}
 	}
 	return usageChunk
-}
-
-func (m *meter) relay(n int) {
-	if n > 0 {
-		m.relayedBytes += int64(n)
-		m.relayedEvents++
-	}
-}
-
-// relayedOutput estimates the output tokens passed on so far: a content
-// event carries about one token, and a token about four bytes of text.
-func (m *meter) relayedOutput() int64 {
-	return max(m.relayedEvents, (m.relayedBytes+3)/4)
 }
