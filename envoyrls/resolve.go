@@ -204,10 +204,13 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	if len(c.attrs) > 0 {
 		r.Attributes = c.attrs
 	}
-	// Envoy names the client's address, and a tenant no api_key entry
-	// vouches for: one only a default tier knows is anonymous in shared
-	// limits.
+	// Envoy names the client's address (believed from a trusted peer
+	// only: Options.TrustedPeers), and a tenant no api_key entry vouches
+	// for: one only a default tier knows is anonymous in shared limits.
 	r.Client, r.Unvouched = r.IP, true
+	if c.peer != "" {
+		r.Client = c.peer
+	}
 	// Envoy's descriptors are the client's credentials: the one rule
 	// (policy.Authenticate) holds, with no caller trusted.
 	if err := p.AuthenticateRequest(r, false); err != nil {

@@ -3,12 +3,14 @@ package envoyrls
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/admitdev/admit"
@@ -79,6 +81,14 @@ type Options struct {
 	// Stats, if set, counts what envoyproxy/ratelimit's statistics count,
 	// under its names.
 	Stats *UpstreamStats
+	// TrustedPeers are the peers (Envoy, a mesh's sidecars) trusted to name
+	// the client's address in a remote_address entry as the anonymous
+	// caller it divides the anonymous part of a shared limit among. From
+	// any other peer the anonymous caller is the peer itself: a client
+	// that reaches the port could otherwise name as many addresses as it
+	// liked and take the part of every real one. (The entry still keys the
+	// rules of scope ip, as envoyproxy/ratelimit keys them.)
+	TrustedPeers []netip.Prefix
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
@@ -168,9 +178,12 @@ type call struct {
 	each    bool              // the domain counts every descriptor (charge: each)
 	req     policy.Request
 	attrs   map[string]string
-	dec     admit.Decision
-	key     []byte
-	sub     []byte
+	// peer is the address of a peer not trusted to name its clients
+	// (Options.TrustedPeers), "" when it is trusted or has none.
+	peer string
+	dec  admit.Decision
+	key  []byte
+	sub  []byte
 }
 
 // ShouldRateLimit decides a request: every descriptor is matched to its
@@ -209,6 +222,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 		return nil, 0, err
 	}
 	domain, ds := req.GetDomain(), req.GetDescriptors()
+	c.peer = s.untrustedPeer(ctx)
 	cfg := s.cfg.Load()
 	var p *policy.Policy
 	if s.opts.Policy != nil {
@@ -393,4 +407,24 @@ func grpcError(err error) error {
 		code = codes.DeadlineExceeded
 	}
 	return status.Error(code, err.Error())
+}
+
+// untrustedPeer returns the address of ctx's peer when it is a TCP peer
+// not in Options.TrustedPeers, else "".
+func (s *Service) untrustedPeer(ctx context.Context) string {
+	pr, ok := peer.FromContext(ctx)
+	if !ok || pr.Addr == nil {
+		return ""
+	}
+	ap, err := netip.ParseAddrPort(pr.Addr.String())
+	if err != nil {
+		return "" // not an IP peer: a Unix socket, in-process
+	}
+	a := ap.Addr().Unmap()
+	for _, p := range s.opts.TrustedPeers {
+		if p.Contains(a) {
+			return ""
+		}
+	}
+	return a.String()
 }

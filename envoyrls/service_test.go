@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync"
@@ -795,5 +796,43 @@ func TestCatalogSharedLimitInventedTenants(t *testing.T) {
 	}
 	if got < 45 {
 		t.Errorf("the victim got %d of the global bucket's 100 beside 200 invented tenants, want its half (the invented ones are one class)", got)
+	}
+}
+
+// TestAnonymousAddressesFromTrustedPeersOnly: the anonymous callers'
+// part of a shared limit is divided among their addresses, as a
+// remote_address entry names them only when the peer is trusted to
+// (Options.TrustedPeers). From another peer every address it names is
+// the peer itself: a client that reaches the port cannot split the
+// anonymous part into as many addresses as it likes (once, 250 invented
+// addresses left a real anonymous client 7 of 300).
+func TestAnonymousAddressesFromTrustedPeersOnly(t *testing.T) {
+	hundred := int64(100)
+	p, err := policy.Compile(&policy.Spec{
+		Global: []policy.RuleSpec{{Name: "global", Scope: "global", Algorithm: "token_bucket", Rate: "1/h", Burst: &hundred}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, trusted := range []bool{false, true} {
+		opts := Options{Policy: func() *policy.Policy { return p }}
+		if trusted {
+			opts.TrustedPeers = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
+		}
+		e := start(t, opts, nil)
+		b := desc("remote_address", "198.51.100.2")
+		e.ask(t, "admit", 0, b) // b wants the limit too
+		for n := 0; n < 200 && e.ask(t, "admit", 0, desc("remote_address", "203.0.113.9")).OverallCode == ok; n++ {
+		}
+		got := 0
+		for e.ask(t, "admit", 0, b).OverallCode == ok {
+			got++
+		}
+		switch {
+		case trusted && got < 20:
+			t.Errorf("from a trusted peer, an address beside another's flood got %d more, want its own part (about 24)", got)
+		case !trusted && got != 0:
+			t.Errorf("from an untrusted peer, the addresses it named got parts of their own: %d more for one after the others' flood", got)
+		}
 	}
 }

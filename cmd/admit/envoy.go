@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/netip"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -61,6 +62,9 @@ type envoyServing struct {
 	// settings ask, besides the configuration's envoy section.
 	limitHeaders    *envoyrls.LimitHeaderNames
 	dynamicMetadata bool
+	// trustedPeers are server.trusted_proxies: the peers whose
+	// remote_address entries name their clients.
+	trustedPeers []netip.Prefix
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
@@ -82,7 +86,7 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
 		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata || sv.dynamicMetadata, Charge: sv.charge,
 		LimitHeaders: sv.limitHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
-		Stats: sv.stats,
+		Stats: sv.stats, TrustedPeers: sv.trustedPeers,
 	})
 	if err != nil {
 		return nil, err

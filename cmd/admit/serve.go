@@ -382,7 +382,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return err
 	}
 	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats,
-		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata}, b, dec, srv)
+		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
