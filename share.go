@@ -146,6 +146,55 @@ type ShareState struct {
 	// Pool counts the key's classes (the pool's record) or the class's
 	// subs (a class's record).
 	Pool SharePool
+	// Top are, in a fixed window's or a quota's pool record, the classes
+	// that took most of the period ending at ClaimSeen: a class that took
+	// more than its part (its part shrinks as classes arrive) took it
+	// from the others' parts, which the others are still owed. Nil in
+	// other records; never changed once set (a new one replaces it), so
+	// that copies of a record may share it.
+	Top *ShareTop
+}
+
+// ShareTop holds a period's largest takers, largest first.
+type ShareTop [ShareTopK]ShareTaker
+
+// keep records t, the class's taking now: in place of its last, or of the
+// smallest when it took more.
+func (top *ShareTop) keep(t ShareTaker) {
+	i := ShareTopK - 1
+	for j := range top {
+		if top[j].Class == t.Class {
+			i = j
+			break
+		}
+	}
+	if top[i].Class != t.Class && top[i].Taken >= t.Taken {
+		return // smaller than the smallest kept
+	}
+	top[i] = t
+	for ; i > 0 && top[i].Taken > top[i-1].Taken; i-- {
+		top[i], top[i-1] = top[i-1], top[i]
+	}
+}
+
+// ShareTopK is how many of a period's largest takers a pool record keeps.
+const ShareTopK = 4
+
+// ShareTaker is what one class took of a period, with its weight.
+type ShareTaker struct {
+	// Class is a hash of the class's name (shareClassID); 0 is none.
+	Class         uint32
+	Weight, Taken int64
+}
+
+// shareClassID returns the 32-bit FNV-1a hash of a class's name, never 0.
+func shareClassID(class string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(class); i++ {
+		h ^= uint32(class[i])
+		h *= 16777619
+	}
+	return max(h, 1)
 }
 
 // Expiry returns when st is indistinguishable from a new record, for a
@@ -459,7 +508,33 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		}
 		return st.level(now, rate, cap)
 	}
-	lc := level(cls, rate, capC)
+	// Parts shrink as classes come: a class that took its part of a
+	// period when fewer wanted it holds more than its part now, taken from
+	// the parts of the others, who share the shortfall by weight (the
+	// period's largest takers tell who took more: the pool's Top). Without
+	// it, a class arriving late took its whole part out of what an earlier
+	// one had yet to take.
+	over, absorb := 0.0, 0.0
+	id := uint32(0)
+	if windowed && !alone {
+		id = shareClassID(in.Share.Class)
+		total := float64(in.Share.Weight) / s // the active classes' weight
+		wOver := 0.0
+		if pool.ClaimSeen == period && pool.Top != nil {
+			for _, t := range pool.Top {
+				if t.Class == 0 || t.Class == id {
+					continue
+				}
+				if x := float64(t.Taken) - min(float64(t.Weight)/total, 1)*sp.burst; x > 0 {
+					over, wOver = over+x, wOver+float64(t.Weight)
+				}
+			}
+		}
+		if rest := 1 - wOver/total; rest > 0 {
+			absorb = over * s / rest
+		}
+	}
+	lc := level(cls, rate, capC) - absorb
 	ls := 0.0
 	if hasSub {
 		ls = level(sub, subRate, capS)
@@ -485,12 +560,26 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	// their parts, but no more than their parts of what is left of the
 	// period. A class asking steadily within its part is never short,
 	// and what the others leave of theirs is lent as the period runs out.
+	// What the others have yet to take of their parts: a class that
+	// holds more than its part holds it out of theirs.
 	keep, keepTime := 0.0, 0.0
 	if windowed && !alone {
 		keepTime = (1 - s) * sp.rate * float64(res.ResetAfter)
-		keep = max(min((1-s)*sp.burst-max(taken(pool)-taken(cls), 0), keepTime), 0)
+		keep = max(min((1-s)*sp.burst-(taken(pool)-taken(cls))+over, keepTime), 0)
 	}
 	borrowable := func(rem, fc float64) float64 { return min(room(rem, fc)-reserve, rem-keep) }
+	// need is what a part of cap must hold to take cost x as its own: a
+	// bucket's, a full one, x or less (the class owes the rest, repaid at
+	// its rate); a period's, x itself, for what a class takes beyond its
+	// part of a period is the others' until it ends (two classes taking
+	// the ceiling at a window's start once left a third nothing). A part
+	// smaller than a unit admits one unit when untouched.
+	need := func(x, cap float64) float64 {
+		if windowed && cap >= 1 {
+			return x
+		}
+		return min(x, cap)
+	}
 	// What the class's sub may take of the class's part beyond its own,
 	// leaving the other subs theirs.
 	subLend := func(l float64) float64 { return l - (1-1/float64(n))*capC }
@@ -511,10 +600,10 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		// Within the class's part: its bucket holds the cost, or is full
 		// and the cost is more than its part but no more than one class
 		// takes at once (then it owes the rest, repaid at its rate).
-		assured := fc <= sp.once && lc >= min(fc, capC)
+		assured := fc <= sp.once && lc >= need(fc, capC)
 		subOwn := true
 		if hasSub && assured {
-			subOwn = ls >= min(fc, capS)
+			subOwn = ls >= need(fc, capS)
 			assured = subOwn || subLend(lc)-fc >= 0
 		}
 		switch {
@@ -540,8 +629,18 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		charge := func(st *ShareState, take, most float64) {
 			st.Claim, st.ClaimSeen = int64(min(taken(st)+take, most)), period
 		}
-		charge(&out.Charged[SharePoolRecord], takeC, 2*sp.burst)
+		pc := &out.Charged[SharePoolRecord]
+		var top ShareTop
+		if pc.ClaimSeen == period && pc.Top != nil {
+			top = *pc.Top
+		}
+		charge(pc, takeC, 2*sp.burst)
 		charge(&out.Charged[ShareClassRecord], takeC, capC+sp.burst)
+		if id == 0 {
+			id = shareClassID(in.Share.Class)
+		}
+		top.keep(ShareTaker{Class: id, Weight: in.Share.Weight, Taken: out.Charged[ShareClassRecord].Claim})
+		pc.Top = &top
 		if takeS > 0 {
 			charge(&out.Charged[ShareSubRecord], takeS, capS+sp.burst)
 		}
@@ -561,7 +660,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	if path == ShareAssured || path == ShareBorrowed {
 		after = out.Charged
 	}
-	lcA := level(&after[ShareClassRecord], rate, capC)
+	lcA := level(&after[ShareClassRecord], rate, capC) - absorb
 	own := lcA
 	if hasSub {
 		own = min(lcA, max(level(&after[ShareSubRecord], subRate, capS), subLend(lcA)))
@@ -588,7 +687,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	res.Shared += c // the rule holds what it held: nothing was charged
 	// Over its part as a class (every sub would be refused), or only as
 	// a sub; the wait is the class's then, what each sub waits at least.
-	whole := !(fc <= sp.once && lc >= min(fc, capC))
+	whole := !(fc <= sp.once && lc >= need(fc, capC))
 	res.ShareWhole = whole && hasSub
 	// The earliest the class could pass: its share refilled, the rule
 	// holding enough beyond the others' claims, or the next epoch, when

@@ -142,6 +142,73 @@ func TestShareWindowTimeline(t *testing.T) {
 	}
 }
 
+// TestShareWindowNoOverdraw: a class takes no more than its part of a
+// window as its own. Two classes asking the share ceiling (300 of 600)
+// at each window's start once took all of it while a third, active and
+// asking little, got nothing for the whole window: with three active,
+// a charge beyond a part of 200 is borrowed only from what the others
+// will not need, so each of the two takes 200 and the third its own.
+func TestShareWindowNoOverdraw(t *testing.T) {
+	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 600, Window: 10 * time.Second}
+	k := newShareKey(t, r)
+	v, a, b := Share{Class: "victim", Weight: 1}, Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	const w = int64(10 * time.Second)
+	start := 2 * w // a window's start
+	for _, c := range []Share{v, a, b} {
+		k.decide(c, t0+start-w+1, 1, false) // all three want the window
+	}
+	for _, c := range []Share{a, b} {
+		if res := k.decide(c, t0+start, 300, false); res.Allowed {
+			t.Errorf("%s took 300 of a window whose part is 200 at its start: %+v", c.Class, res)
+		}
+		if res := k.decide(c, t0+start, 200, false); !res.Allowed || res.Share != ShareAssured {
+			t.Errorf("%s, its part of 200: %+v", c.Class, res)
+		}
+	}
+	got := 0
+	for i := range 200 {
+		if k.decide(v, t0+start+int64(i)*int64(10*time.Millisecond), 1, false).Allowed {
+			got++
+		}
+	}
+	if got < 190 {
+		t.Errorf("the victim got %d of its part of 200 after the others took theirs", got)
+	}
+}
+
+// TestShareQuotaLateClass: a class that took its part of a day's quota
+// when two classes wanted it holds more than its part once a third comes
+// (500 of parts of 333). The third does not take its whole new part out
+// of the first's, which that one has yet to use (once the first ended the
+// day with 163 of its 333): the two share the shortfall, 83 each.
+func TestShareQuotaLateClass(t *testing.T) {
+	r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Day}
+	k := newShareKey(t, r)
+	v, a, n := Share{Class: "victim", Weight: 1}, Share{Class: "a", Weight: 1}, Share{Class: "n", Weight: 1}
+	m := int64(time.Minute)
+	if res := k.decide(v, t0+m, 1, false); !res.Allowed {
+		t.Fatalf("the victim's first: %+v", res)
+	}
+	if res := k.decide(a, t0+m, 500, false); !res.Allowed || res.Share != ShareAssured {
+		t.Fatalf("a's part beside the victim: %+v", res)
+	}
+	if res := k.decide(n, t0+10*m, 333, false); res.Allowed {
+		t.Errorf("a third class took 333 while the victim has 332 of its part to take and 499 remain: %+v", res)
+	}
+	if res := k.decide(n, t0+10*m, 167, false); !res.Allowed {
+		t.Errorf("the third class, its part less its half of the shortfall: %+v", res)
+	}
+	got := int64(0)
+	for i := range 33 {
+		if k.decide(v, t0+20*m+int64(i)*int64(time.Second), 10, false).Allowed {
+			got += 10
+		}
+	}
+	if got < 240 {
+		t.Errorf("the victim got %d more of its part of 333 (1 taken, 83 its half of the shortfall)", got)
+	}
+}
+
 // TestShareQuotaRecords: what a class took of a month's quota counts until
 // the month ends: its record is not forgotten with its epochs (an hour),
 // or it would take its part again.
@@ -366,4 +433,17 @@ func FuzzShare(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestShareTopKeep: a period's largest takers, largest first, each class
+// once.
+func TestShareTopKeep(t *testing.T) {
+	var top ShareTop
+	for _, x := range []ShareTaker{{1, 1, 5}, {2, 1, 3}, {3, 1, 9}, {1, 1, 7}, {4, 1, 1}, {5, 1, 2}, {6, 1, 4}, {2, 1, 10}} {
+		top.keep(x)
+	}
+	want := ShareTop{{2, 1, 10}, {3, 1, 9}, {1, 1, 7}, {6, 1, 4}}
+	if top != want {
+		t.Errorf("top %v, want %v", top, want)
+	}
 }

@@ -272,3 +272,54 @@ tenants:
 		t.Errorf("the victim got no slot in 10 s beside two classes renewing all 10 slots (%d renewals refused)", refusedRenewals.Load())
 	}
 }
+
+// TestSharedWindowTwoClassesAtTheCeiling: on a global fixed window of 600
+// a minute, with the victim active, an attacker's two classes (its tenant
+// key and an anonymous address) each ask the share ceiling, 300, at once
+// (once both were admitted at each window's start and the victim, asking
+// little, got nothing for the window). With three classes active a part
+// is 200: neither takes 300 as its own, and the victim gets what it asks.
+func TestSharedWindowTwoClassesAtTheCeiling(t *testing.T) {
+	cfg := `version: 1
+global:
+  - {name: global-minute, scope: global, algorithm: fixed_window, limit: 600, window: 1m}
+tiers:
+  free: {}
+tenants:
+  attacker: {tier: free, api_keys_sha256: ["` + policy.HashKey("attacker-key") + `"]}
+  victim: {tier: free, api_keys_sha256: ["` + policy.HashKey("victim-key") + `"]}
+`
+	s := serve(t, cfg, false)
+	// The window's end would give everyone a new one: start with time to spare.
+	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < 15*time.Second {
+		time.Sleep(left)
+	}
+	victim, attacker := []string{"X-API-Key", "victim-key"}, []string{"X-API-Key", "attacker-key"}
+	for _, who := range [][]string{victim, attacker, nil} { // all three want the window
+		if a := s.do("POST", "/v1/check", `{"cost":1}`, who...); a.status != http.StatusOK {
+			t.Fatalf("a first check of %v: %d %s", who, a.status, a.raw)
+		}
+	}
+	took := 0
+	for _, who := range [][]string{attacker, nil} {
+		if a := s.do("POST", "/v1/check", `{"cost":300}`, who...); a.status == http.StatusOK {
+			took += 300
+		} else if a.status != http.StatusTooManyRequests {
+			t.Fatalf("a check of 300: %d %s", a.status, a.raw)
+		}
+	}
+	report(t, "units of 600 the attacker's two classes took at once, asking 300 each", took)
+	if took > 0 {
+		t.Errorf("the attacker's two classes took %d of the window at once, asking the ceiling each; want neither over its part of 200", took)
+	}
+	got := 0
+	for range 20 {
+		if a := s.do("POST", "/v1/check", `{"cost":5}`, victim...); a.status == http.StatusOK {
+			got += 5
+		}
+	}
+	report(t, "the victim's checks of 5 admitted after the attacker's (of 100 asked)", got)
+	if got != 100 {
+		t.Errorf("the victim got %d of the 100 it asked, within its part of 200", got)
+	}
+}

@@ -829,6 +829,7 @@ end
 
 local function packState(st, k)
   if k == 7 then
+    if st[15] and st[15] ~= 0 then return pack('<dddddddddddddddddddddddddd', unpack(st, 1, 26)) end
     return pack('<dddddddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10], st[11], st[12], st[13], st[14])
   elseif k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
   elseif k == 2 then return pack('<dd', st[1], st[2])
@@ -885,22 +886,34 @@ end
 -- A fair charge (admit.Charge.Share) is decided with its class's share of
 -- the key (admit/share.go, DecideShare, which this mirrors): the key's
 -- pool of classes, the class's record and its sub's, each a string of
--- 14 doubles (see shareLoad), and for a concurrency key the sorted sets of
+-- 14 doubles, or 26 with a period's largest takers (see shareLoad), and for a concurrency key the sorted sets of
 -- the slots the class and its sub hold. SHARES[i] is charge i's share, or
 -- false: its weight w, whether it has a sub and was prepaid, its keys.
 local SHARES
-local NEWREC = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local NEWREC = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local RECLEN = 26
 
 -- A record: 1 level, 2 and 3 when (µs, ns; 0: new), 4 the class's rate
 -- then (units/ns), 5 epoch seen, 6 weight counted, 7 claim, 8 epoch
 -- claimed, then its pool: 9 epoch, 10 weight seen in it, 11 of that new,
--- 12 weight seen in the one before, 13 claims, 14 claims before.
+-- 12 weight seen in the one before, 13 claims, 14 claims before; a
+-- window's or quota's pool then its period's largest takers
+-- (admit.ShareTop), 15.. 26: class, weight, taken of each, largest first,
+-- kept only when there are any.
 local function shareLoad(key)
   local s = slotOf(key)
   local st = ST[s]
   if st == nil then
     local v = rcall('GET', key)
-    if v then st = {sunpack('<dddddddddddddd', v)} st[15] = nil else st = false end
+    if not v then
+      st = false
+    elseif #v >= 8 * RECLEN then
+      st = {sunpack('<dddddddddddddddddddddddddd', v)}
+      st[RECLEN + 1] = nil
+    else
+      st = {sunpack('<dddddddddddddd', v)}
+      for k = 15, RECLEN do st[k] = 0 end
+    end
     ST[s], SK[s] = st, 7
   end
   if not st then return NEWREC end
@@ -908,12 +921,34 @@ local function shareLoad(key)
 end
 
 local function recCopy(a)
-  return {a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14]}
+  local b = {}
+  for k = 1, RECLEN do b[k] = a[k] end
+  return b
 end
 
 local function recSame(a, b)
-  for k = 1, 14 do if a[k] ~= b[k] then return false end end
+  for k = 1, RECLEN do if a[k] ~= b[k] then return false end end
   return true
+end
+
+-- topKeep records in pool record p the class id's taking t (weight w), as
+-- admit.ShareTop.keep: in place of its last, or of the smallest when it
+-- took more; largest first.
+local function topKeep(p, id, w, t)
+  local i = 4
+  for j = 1, 4 do
+    if p[12 + 3 * j] == id then i = j break end
+  end
+  local o = 12 + 3 * i
+  if p[o] ~= id and p[o + 2] >= t then return end
+  p[o], p[o + 1], p[o + 2] = id, w, t
+  while i > 1 and p[12 + 3 * i + 2] > p[12 + 3 * (i - 1) + 2] do
+    local a, b = 12 + 3 * i, 12 + 3 * (i - 1)
+    p[a], p[b] = p[b], p[a]
+    p[a + 1], p[b + 1] = p[b + 1], p[a + 1]
+    p[a + 2], p[b + 2] = p[b + 2], p[a + 2]
+    i = i - 1
+  end
 end
 
 -- recExpiry returns in how many ns record st no longer matters
@@ -1075,7 +1110,27 @@ local function shareDecide(i, R, res, c, peek)
       if windowed then return cap - taken(st) end
       return recLevel(st, r, cap)
     end
-    local lc = lvl(cls, rate, capC)
+    -- a class holding more than its part of the period (parts shrink as
+    -- classes come) holds it out of the others', who share the shortfall
+    -- by weight (admit.decideRate's over and absorb)
+    local over, absorb, id = 0, 0, 0
+    if windowed and not alone then
+      id = tonumber(ssub(redis.sha1hex(sh.kc), 1, 8), 16) + 1
+      local total = w / s
+      local wOver = 0
+      if pool[8] == period then
+        for j = 1, 4 do
+          local o = 12 + 3 * j
+          if pool[o] ~= 0 and pool[o] ~= id then
+            local x = pool[o + 2] - mmin(pool[o + 1] / total, 1) * R.sb
+            if x > 0 then over, wOver = over + x, wOver + pool[o + 1] end
+          end
+        end
+      end
+      local rest = 1 - wOver / total
+      if rest > 0 then absorb = over * s / rest end
+    end
+    local lc = lvl(cls, rate, capC) - absorb
     local ls = 0
     if hasSub then ls = lvl(sub, subRate, capS) end
     local reserve = (1 - top) * R.sp
@@ -1090,9 +1145,14 @@ local function shareDecide(i, R, res, c, peek)
     local keep, keepTime = 0, 0
     if windowed and not alone then
       keepTime = (1 - s) * R.sr * resetNs
-      keep = mmax(mmin((1 - s) * R.sb - mmax(taken(pool) - taken(cls), 0), keepTime), 0)
+      keep = mmax(mmin((1 - s) * R.sb - (taken(pool) - taken(cls)) + over, keepTime), 0)
     end
     local function borrowable(rem, x) return mmin(room(rem, x) - reserve, rem - keep) end
+    -- a period's part holds the cost itself (admit.decideRate's need)
+    local function need(x, cap)
+      if windowed and cap >= 1 then return x end
+      return mmin(x, cap)
+    end
     local takeC, takeS = 0, 0
     if c == 0 then
     elseif sh.pre then
@@ -1101,10 +1161,10 @@ local function shareDecide(i, R, res, c, peek)
       path, takeC, takeS = 1, fc, fc
     elseif res.allowed == 0 then
     else
-      local assured = fc <= R.so and lc >= mmin(fc, capC)
+      local assured = fc <= R.so and lc >= need(fc, capC)
       local subOwn = true
       if hasSub and assured then
-        subOwn = ls >= mmin(fc, capS)
+        subOwn = ls >= need(fc, capS)
         assured = subOwn or subLend(lc) - fc >= 0
       end
       if assured then
@@ -1119,8 +1179,13 @@ local function shareDecide(i, R, res, c, peek)
     local cp, cc, cs = recCopy(pool), recCopy(cls), recCopy(sub)
     if paced and c > 0 and (path == 1 or path == 2) then recSet(cp, mmax(pace - fc, -R.sp), R.sr) end
     if takeC > 0 and windowed then
+      if cp[8] ~= period then
+        for k = 15, RECLEN do cp[k] = 0 end
+      end
       cp[7], cp[8] = floor(mmin(taken(cp) + takeC, 2 * R.sb)), period
       cc[7], cc[8] = floor(mmin(taken(cc) + takeC, capC + R.sb)), period
+      if id == 0 then id = tonumber(ssub(redis.sha1hex(sh.kc), 1, 8), 16) + 1 end
+      topKeep(cp, id, w, cc[7])
       if takeS > 0 then cs[7], cs[8] = floor(mmin(taken(cs) + takeS, capS + R.sb)), period end
     elseif takeC > 0 then
       recSet(cc, mmax(lc - takeC, -R.sb), rate)
@@ -1129,7 +1194,7 @@ local function shareDecide(i, R, res, c, peek)
     chg = {cp, cc, cs}
     local ac, as = cls, sub
     if path == 1 or path == 2 then ac, as = cc, cs end
-    local lcA = lvl(ac, rate, capC)
+    local lcA = lvl(ac, rate, capC) - absorb
     local ownA = lcA
     if hasSub then ownA = mmin(lcA, mmax(lvl(as, subRate, capS), subLend(lcA))) end
     local rem = res.remaining
@@ -1140,7 +1205,7 @@ local function shareDecide(i, R, res, c, peek)
     if path == 3 then
       res.allowed = 0
       res.pool = res.pool + c
-      local whole = not (fc <= R.so and lc >= mmin(fc, capC))
+      local whole = not (fc <= R.so and lc >= need(fc, capC))
       if whole and hasSub then res.whole = 1 end
       local wait = toEpoch
       if windowed and fc <= R.so then

@@ -66,6 +66,10 @@ func TestSharesMatchMemstore(t *testing.T) {
 			c.Cost = 0
 		case k == 1 && r.CheckDebit(0) == nil:
 			c.Debit, c.Cost = true, 1+int64(rng.IntN(10))
+		case k == 2 && r.Algorithm != admit.Concurrency:
+			// Up to the ceiling: classes that take their parts, and
+			// more, at once.
+			c.Cost = 1 + int64(rng.IntN(int(r.Capacity()/2)))
 		}
 		s := servers[i%2]
 		if err := s.Decide(ctx, []admit.Charge{c}, &got); err != nil {

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -62,7 +61,7 @@ func (h *frameHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	// What the server read past the upgrade request (frames a client sent
 	// without waiting for the 101) is read through the frameConn too.
-	fc := &frameConn{Conn: conn, maxFrames: h.maxFrames, timeout: h.timeout, done: make(chan struct{})}
+	fc := &frameConn{Conn: conn, maxFrames: h.maxFrames, timeout: h.timeout}
 	if n := brw.Reader.Buffered(); n > 0 {
 		b, _ := brw.Reader.Peek(n)
 		fc.pending = append([]byte(nil), b...)
@@ -86,12 +85,10 @@ type frameConn struct {
 	net.Conn
 	maxFrames int
 	timeout   time.Duration
-	pending   []byte        // read before the upgrade, to be read first
-	closing   atomic.Bool   // the gateway is closing the connection
-	dropped   int           // bytes dropped since closing
-	stalled   bool          // nothing more is read: Read waits for Close
-	done      chan struct{} // closed by Close
-	closeOnce sync.Once
+	pending   []byte      // read before the upgrade, to be read first
+	closing   atomic.Bool // the gateway is closing the connection
+	dropped   int         // bytes dropped since closing
+	stalled   bool        // nothing more is read
 
 	head      [14]byte      // the frame header being read
 	headLen   int           // bytes of it read; 0 between frames
@@ -112,7 +109,8 @@ func (c *frameConn) close() { c.closing.Store(true) }
 func (c *frameConn) Read(p []byte) (int, error) {
 	for {
 		if c.stalled {
-			<-c.done
+			// Nothing more is read: the library's close handshake ends at
+			// once rather than waiting out its timeout (5 s a connection).
 			return 0, net.ErrClosed
 		}
 		n, err := c.read(p)
@@ -135,12 +133,6 @@ func (c *frameConn) Read(p []byte) (int, error) {
 			return kept, err
 		}
 	}
-}
-
-// Close closes the connection, and ends a Read that waits for it.
-func (c *frameConn) Close() error {
-	c.closeOnce.Do(func() { close(c.done) })
-	return c.Conn.Close()
 }
 
 // read reads what comes next: what the server had buffered, then the
