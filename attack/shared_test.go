@@ -291,9 +291,7 @@ tenants:
 `
 	s := serve(t, cfg, false)
 	// The window's end would give everyone a new one: start with time to spare.
-	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < 15*time.Second {
-		time.Sleep(left)
-	}
+	minuteWithTimeToSpare(15 * time.Second)
 	victim, attacker := []string{"X-API-Key", "victim-key"}, []string{"X-API-Key", "attacker-key"}
 	for _, who := range [][]string{victim, attacker, nil} { // all three want the window
 		if a := s.do("POST", "/v1/check", `{"cost":1}`, who...); a.status != http.StatusOK {
@@ -321,5 +319,14 @@ tenants:
 	report(t, "the victim's checks of 5 admitted after the attacker's (of 100 asked)", got)
 	if got != 100 {
 		t.Errorf("the victim got %d of the 100 it asked, within its part of 200", got)
+	}
+}
+
+// minuteWithTimeToSpare waits, if less than spare is left of the current
+// minute (a window of a minute, aligned to the Unix epoch, as Admit's are),
+// for the next one to start.
+func minuteWithTimeToSpare(spare time.Duration) {
+	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < spare {
+		time.Sleep(left)
 	}
 }

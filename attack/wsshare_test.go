@@ -91,9 +91,7 @@ func TestGatewayGlobalLimitsShared(t *testing.T) {
 	// it borrow: a twentieth of the window, then 10 a second. A flood
 	// across the window's end would find a new window: wait for one that
 	// has time to spare.
-	if left := time.Minute - time.Duration(time.Now().UnixNano())%time.Minute; left < 10*time.Second {
-		time.Sleep(left)
-	}
+	minuteWithTimeToSpare(10 * time.Second)
 	start := time.Now()
 	for range 90 {
 		for _, w := range alpha {
