@@ -27,6 +27,9 @@ type Problem struct {
 	// FromProvider says the provider answered the error (rewritten), not
 	// Admit: it carries no X-Admit-Error.
 	FromProvider bool
+	// spent says the refusing budget holds nothing: any call of the
+	// tenant is refused alike for now.
+	spent bool
 }
 
 func (p *Problem) Error() string { return p.Message }

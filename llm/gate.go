@@ -63,6 +63,8 @@ type GateOptions struct {
 	Count func(model, text string) int64
 	// Record, if set, hears of every settled call.
 	Record func(*Record)
+	// Now reads the clock; default time.Now.
+	Now    func() time.Time
 	Logger *slog.Logger
 }
 
@@ -76,6 +78,54 @@ type Gate struct {
 	mu sync.Mutex
 	// inFlight counts each tenant's calls between Enter and their end.
 	inFlight map[string]int64
+	// spent are the tenants a budget that holds nothing refused lately,
+	// refused again by Enter for a little while without a look at the
+	// store or at the call's body.
+	spent map[string]spentRefusal
+}
+
+// spentRefusal is a remembered refusal by a budget that held nothing.
+type spentRefusal struct {
+	policy    *policy.Policy
+	at, until time.Time
+	p         Problem
+}
+
+// spentMemory is the most a refusal by a spent budget is remembered: a
+// refund of a call in flight may give some back any time.
+const spentMemory = time.Second
+
+// maxSpent bounds the refusals remembered; past it the oldest are dropped
+// as they expire, and new ones are not kept.
+const maxSpent = 100_000
+
+func (g *Gate) now() time.Time {
+	if g.opts.Now != nil {
+		return g.opts.Now()
+	}
+	return time.Now()
+}
+
+// rememberSpent keeps p, a refusal of tenant's call under pol by a budget
+// that held nothing, for the calls that follow.
+func (g *Gate) rememberSpent(tenant string, pol *policy.Policy, p *Problem) {
+	now := g.now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.spent == nil {
+		g.spent = map[string]spentRefusal{}
+	}
+	if len(g.spent) >= maxSpent {
+		for k, r := range g.spent {
+			if !now.Before(r.until) {
+				delete(g.spent, k)
+			}
+		}
+		if len(g.spent) >= maxSpent {
+			return
+		}
+	}
+	g.spent[tenant] = spentRefusal{policy: pol, at: now, until: now.Add(min(p.RetryAfter, spentMemory)), p: *p}
 }
 
 // Enter counts a call of tenant in flight, or refuses it (a *Problem,
@@ -84,11 +134,21 @@ type Gate struct {
 // returned func ends the call; calling it again does nothing.
 func (g *Gate) Enter(tenant string) (leave func(), err error) {
 	limit := int64(policy.DefaultLLMInFlight)
-	if t, err := g.opts.Policy().TenantOrDefault(tenant); err == nil && t.Tier != nil && t.Tier.LLMInFlight > 0 {
+	pol := g.opts.Policy()
+	if t, err := pol.TenantOrDefault(tenant); err == nil && t.Tier != nil && t.Tier.LLMInFlight > 0 {
 		limit = t.Tier.LLMInFlight
 	}
+	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if r, ok := g.spent[tenant]; ok {
+		if r.policy == pol && now.Before(r.until) {
+			p := r.p
+			p.RetryAfter = max(p.RetryAfter-now.Sub(r.at), time.Millisecond)
+			return nil, &p
+		}
+		delete(g.spent, tenant)
+	}
 	if g.inFlight[tenant] >= limit {
 		return nil, &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", RetryAfter: time.Second,
 			Message: fmt.Sprintf("the tenant has %d LLM calls in flight through this proxy, its tier's llm_in_flight: retry when one ends", limit)}
@@ -180,9 +240,17 @@ func (t *Ticket) Decision() (*admit.Decision, []*policy.Rule) { return &t.dec, t
 // the default, lowered to what the tightest budget leaves. A refusal is
 // a *Problem; nothing is reserved then.
 func (g *Gate) Begin(ctx context.Context, who policy.Request, req *Request) (*Ticket, error) {
+	p := g.opts.Policy()
+	t, err := g.begin(ctx, p, who, req)
+	if pr, ok := err.(*Problem); ok && pr.spent {
+		g.rememberSpent(who.Tenant, p, pr)
+	}
+	return t, err
+}
+
+func (g *Gate) begin(ctx context.Context, p *policy.Policy, who policy.Request, req *Request) (*Ticket, error) {
 	t := &Ticket{g: g, req: req, who: who}
 	t.who.Metered, t.who.Model = true, req.Model
-	p := g.opts.Policy()
 	if err := p.Resolve(&t.who, &t.res); err != nil {
 		return nil, err
 	}
@@ -304,7 +372,10 @@ func (g *Gate) room(ctx context.Context, t *Ticket, want int64) (int64, *Problem
 
 // refusal is the Problem of a refusal by rule r, whose result is res.
 func (g *Gate) refusal(r *policy.Rule, res *admit.Result, msg string) *Problem {
-	p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: msg, RetryAfter: res.RetryAfter, DeniedBy: r.Name}
+	p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: msg, RetryAfter: res.RetryAfter, DeniedBy: r.Name,
+		// A tenant's own budget (not one per user, model or action) that
+		// holds nothing refuses any call of the tenant alike.
+		spent: res.Remaining <= 0 && r.Scope == policy.ScopeTenant && !r.PerModel && !r.PerAction}
 	if p.RetryAfter <= 0 {
 		p.RetryAfter = res.ResetAfter
 	}

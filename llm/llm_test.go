@@ -844,3 +844,42 @@ func TestSnapshotPricedByFamily(t *testing.T) {
 		t.Errorf("a model of no listed family: %d %s", resp.StatusCode, msg)
 	}
 }
+
+// A tenant whose budget holds nothing is refused its next calls for a
+// moment before their bodies are read or counted, and without a look at
+// the store; a reload, or the moment's end, asks again.
+func TestSpentBudgetRefusedEarly(t *testing.T) {
+	clock := epoch
+	calls := policy.RuleSpec{Name: "calls", Scope: "tenant", Algorithm: "quota", Period: "day", Limit: int64p(3)}
+	r := newRig(t, []policy.RuleSpec{calls}, llm.GateOptions{Now: func() time.Time { return clock }})
+	body := `{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}],"max_tokens":100}`
+	for i := 0; ; i++ {
+		resp, msg := r.post("/v1/chat/completions", body)
+		if resp.StatusCode == 429 {
+			break
+		}
+		if i > 20 {
+			t.Fatalf("never spent: %d %s", resp.StatusCode, msg)
+		}
+	}
+	unread := &readCounter{r: strings.NewReader(body)}
+	resp, err := r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || unread.n != 0 || !strings.Contains(string(msg), `rate limited by \"calls\"`) {
+		t.Errorf("a call right after the budget was spent: %d %s, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, unread.n)
+	}
+	clock = clock.Add(2 * time.Second)
+	unread = &readCounter{r: strings.NewReader(body)}
+	resp, err = r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 429 || unread.n == 0 {
+		t.Errorf("a call once the moment passed: %d, %d body bytes read; want it read and decided again", resp.StatusCode, unread.n)
+	}
+}
