@@ -285,6 +285,9 @@ tenants:
 		t.Errorf("a range that ends before it starts: %d", resp.StatusCode)
 	}
 
+	// A proxy refuses a tenant whose budget holds nothing for up to a
+	// second without asking the store: past it, the store is asked.
+	time.Sleep(1100 * time.Millisecond)
 	srv.Kill()
 	resp, body := llmCall(t, "POST", a.url+"/v1/messages", map[string]string{"x-api-key": "acme-key"}, `{"model":"claude-haiku-4-5","max_tokens":10,"messages":[]}`)
 	if resp.StatusCode != 503 || !strings.Contains(body, `"type":"overloaded_error"`) || resp.Header.Get("Retry-After") == "" {
