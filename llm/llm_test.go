@@ -266,6 +266,9 @@ func TestClientLeavesMidStream(t *testing.T) {
 	if got, want := r.remaining("tokens"), 1000-u.Sum(); got != want {
 		t.Fatalf("bucket %d, want %d", got, want)
 	}
+	if u.Sum() < r.up.Billed() {
+		t.Errorf("charged %d for a call the provider may bill %d", u.Sum(), r.up.Billed())
+	}
 }
 
 // An upstream error without usage refunds the reservation; an answer
@@ -557,7 +560,10 @@ func TestClientLeavesBeforeAnswer(t *testing.T) {
 		close(r.up.HoldAnswer) // the provider finishes it, billing 2 × 200 and the input
 		<-done
 		rec := r.waitRecord(t)
-		billed := llmtest.InputTokens([]byte(body)) + 2*200
+		billed := r.up.Billed()
+		if want := llmtest.InputTokens([]byte(body)) + 2*200; billed != want {
+			t.Fatalf("the stand-in billed %d, want %d", billed, want)
+		}
 		charged := 1000 - r.remaining("tokens")
 		if charged < billed {
 			t.Errorf("drain %v: charged %d tokens for a call the provider billed %d", drain, charged, billed)

@@ -349,7 +349,10 @@ func TestLLMClientsWhoLeaveArePaidFor(t *testing.T) {
 	}
 	wg.Wait()
 	close(up.HoldAnswer) // the provider finishes every call
-	billed := calls * (llmtest.InputTokens([]byte(body)) + 60)
+	billed := up.Billed()
+	if want := calls * (llmtest.InputTokens([]byte(body)) + 60); billed != want {
+		t.Fatalf("the stand-in billed %d, want %d", billed, want)
+	}
 	addr := metricsAddr(t, p.stderr.String())
 	var used int64
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

@@ -54,16 +54,26 @@ type Upstream struct {
 	// bills) a call whose client went away.
 	HoldAnswer chan struct{}
 
-	calls atomic.Int64
-	mu    sync.Mutex
-	last  *http.Request
-	body  []byte
+	calls  atomic.Int64
+	billed atomic.Int64
+	mu     sync.Mutex
+	last   *http.Request
+	body   []byte
 	// Cancelled counts streams whose client went away.
 	Cancelled atomic.Int64
 }
 
 // Calls returns how many calls reached the stand-in.
 func (u *Upstream) Calls() int64 { return u.calls.Load() }
+
+// Billed returns the tokens the stand-in billed, as a provider bills
+// them: every call it received in full, its input and every token it
+// generates (reasoning included), whether or not its client stays for the
+// answer: a provider finishes a non-streamed answer whose client left,
+// and reasoning is made before the first token a client sees. (A
+// provider may bill a stream cut short for less; never for more.)
+// Errors bill nothing.
+func (u *Upstream) Billed() int64 { return u.billed.Load() }
 
 // Last returns the last call's request (headers, URL) and body.
 func (u *Upstream) Last() (*http.Request, []byte) {
@@ -302,6 +312,7 @@ func (s *answer) chat(legacy bool) {
 		}
 	}
 	out := s.outputTokens(max)
+	s.u.billed.Add(s.in + out*billed)
 	object := "chat.completion"
 	if legacy {
 		object = "text_completion"
@@ -361,6 +372,7 @@ func (s *answer) chat(legacy bool) {
 
 func (s *answer) responses() {
 	out := s.outputTokens(s.num("max_output_tokens"))
+	s.u.billed.Add(s.in + out)
 	resp := func(status string, usage any) map[string]any {
 		return map[string]any{"id": "resp_standin", "object": "response", "created_at": 1, "status": status, "model": s.req["model"],
 			"output": []any{}, "usage": usage}
@@ -394,6 +406,7 @@ func (s *answer) responses() {
 }
 
 func (s *answer) embeddings() {
+	s.u.billed.Add(s.in)
 	doc := map[string]any{"object": "list", "model": s.req["model"],
 		"data": []any{map[string]any{"object": "embedding", "index": 0, "embedding": []float64{0.1, 0.2, 0.3}}}}
 	if !s.u.NoUsage {
@@ -411,6 +424,7 @@ func (s *answer) messages() {
 		return
 	}
 	out := s.outputTokens(max)
+	s.u.billed.Add(s.in + s.u.Cached + s.u.CacheWrite + out)
 	usage := func(o int64) map[string]any {
 		return map[string]any{"input_tokens": s.in, "output_tokens": o,
 			"cache_read_input_tokens": s.u.Cached, "cache_creation_input_tokens": s.u.CacheWrite}
@@ -460,6 +474,7 @@ func (s *answer) messages() {
 
 func (s *answer) gemini(stream bool) {
 	out := s.outputTokens(s.num("generationConfig", "maxOutputTokens"))
+	s.u.billed.Add(s.in + out + s.u.Reasoning)
 	meta := func(o int64) map[string]any {
 		return map[string]any{"promptTokenCount": s.in, "cachedContentTokenCount": s.u.Cached, "candidatesTokenCount": o,
 			"thoughtsTokenCount": s.u.Reasoning, "totalTokenCount": s.in + o + s.u.Reasoning}
