@@ -178,13 +178,14 @@ func (top *ShareTop) keep(t ShareTaker) {
 }
 
 // ShareTopK is how many of a period's largest takers a pool record keeps.
-const ShareTopK = 4
+const ShareTopK = 8
 
-// ShareTaker is what one class took of a period, with its weight.
+// ShareTaker is what one class took of a period, with its weight and the
+// epoch it last took in.
 type ShareTaker struct {
 	// Class is a hash of the class's name (shareClassID); 0 is none.
-	Class         uint32
-	Weight, Taken int64
+	Class               uint32
+	Weight, Taken, Seen int64
 }
 
 // shareClassID returns the 32-bit FNV-1a hash of a class's name, never 0.
@@ -509,32 +510,21 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		return st.level(now, rate, cap)
 	}
 	// Parts shrink as classes come: a class that took its part of a
-	// period when fewer wanted it holds more than its part now, taken from
-	// the parts of the others, who share the shortfall by weight (the
-	// period's largest takers tell who took more: the pool's Top). Without
-	// it, a class arriving late took its whole part out of what an earlier
-	// one had yet to take.
-	over, absorb := 0.0, 0.0
+	// period when fewer wanted it may hold more than its part now, taken
+	// from the others' parts. What is left is divided by water-filling:
+	// the classes that hold more than the level they would share keep it
+	// (a taking is not given back), and the others share the rest by
+	// weight, each up to the same level per unit of weight. The period's
+	// largest takers (the pool's Top) are the ones that may hold more;
+	// the others are taken to hold less. Without it, classes arriving one
+	// after another each took their whole part out of an earlier one's.
+	lc := level(cls, rate, capC)
+	owed := 0.0 // what the other active classes may still take as theirs
 	id := uint32(0)
 	if windowed && !alone {
 		id = shareClassID(in.Share.Class)
-		total := float64(in.Share.Weight) / s // the active classes' weight
-		wOver := 0.0
-		if pool.ClaimSeen == period && pool.Top != nil {
-			for _, t := range pool.Top {
-				if t.Class == 0 || t.Class == id {
-					continue
-				}
-				if x := float64(t.Taken) - min(float64(t.Weight)/total, 1)*sp.burst; x > 0 {
-					over, wOver = over+x, wOver+float64(t.Weight)
-				}
-			}
-		}
-		if rest := 1 - wOver/total; rest > 0 {
-			absorb = over * s / rest
-		}
+		lc, owed = waterFill(sp.burst, float64(in.Share.Weight)/s, float64(in.Share.Weight), taken(cls), taken(pool), pool, id, e, period)
 	}
-	lc := level(cls, rate, capC) - absorb
 	ls := 0.0
 	if hasSub {
 		ls = level(sub, subRate, capS)
@@ -565,7 +555,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	keep, keepTime := 0.0, 0.0
 	if windowed && !alone {
 		keepTime = (1 - s) * sp.rate * float64(res.ResetAfter)
-		keep = max(min((1-s)*sp.burst-(taken(pool)-taken(cls))+over, keepTime), 0)
+		keep = max(min(owed, keepTime), 0)
 	}
 	borrowable := func(rem, fc float64) float64 { return min(room(rem, fc)-reserve, rem-keep) }
 	// need is what a part of cap must hold to take cost x as its own: a
@@ -639,7 +629,7 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 		if id == 0 {
 			id = shareClassID(in.Share.Class)
 		}
-		top.keep(ShareTaker{Class: id, Weight: in.Share.Weight, Taken: out.Charged[ShareClassRecord].Claim})
+		top.keep(ShareTaker{Class: id, Weight: in.Share.Weight, Taken: out.Charged[ShareClassRecord].Claim, Seen: e})
 		pc.Top = &top
 		if takeS > 0 {
 			charge(&out.Charged[ShareSubRecord], takeS, capS+sp.burst)
@@ -660,7 +650,10 @@ func decideRate(res *Result, sp *shareParams, pool, cls, sub *ShareState, in *Sh
 	if path == ShareAssured || path == ShareBorrowed {
 		after = out.Charged
 	}
-	lcA := level(&after[ShareClassRecord], rate, capC) - absorb
+	lcA := level(&after[ShareClassRecord], rate, capC)
+	if windowed && !alone {
+		lcA = lc - takeC // what it took, if it was charged
+	}
 	own := lcA
 	if hasSub {
 		own = min(lcA, max(level(&after[ShareSubRecord], subRate, capS), subLend(lcA)))
@@ -848,4 +841,72 @@ func (p *PreparedRule) ShareYields(pool, cls ShareState, held, now int64) bool {
 		own = cls.Claim
 	}
 	return held > entitled && pp.claims()-own > 0
+}
+
+// waterFill returns what a class of weight w, which took t of a period's
+// limit L, may still take as its own, and what the other active classes
+// may (owed), when the active classes weigh total, all of them took taken
+// (the pool's count), and pool's Top, for the period ending at period,
+// names the largest takers (id is the class's own entry, e the epoch).
+// The level per unit of weight, lambda, solves Σ max(t_j, lambda·w_j) =
+// L: a class that took more than lambda·w_j keeps it, the others share
+// the rest. A taker no longer active keeps what it took and shares nothing.
+func waterFill(limit, total, w, t, taken float64, pool *ShareState, id uint32, e, period int64) (mine, owed float64) {
+	type cand struct {
+		w, t   float64
+		active bool
+		fixed  bool // holds more than its level: keeps what it took
+	}
+	var cs [ShareTopK + 1]cand
+	cs[0] = cand{w: w, t: t, active: true}
+	n := 1
+	if pool.ClaimSeen == period && pool.Top != nil {
+		for _, tk := range pool.Top {
+			if tk.Class != 0 && tk.Class != id {
+				cs[n] = cand{w: float64(tk.Weight), t: float64(tk.Taken), active: tk.Seen >= e-1}
+				n++
+			}
+		}
+	}
+	fixedT, fixedW := 0.0, 0.0
+	level := func() float64 {
+		if total-fixedW <= 0 {
+			return 0
+		}
+		return max(limit-fixedT, 0) / (total - fixedW)
+	}
+	for {
+		lambda := level()
+		best, bestR := -1, 0.0
+		for j := range n {
+			c := &cs[j]
+			if c.fixed || c.active && c.t <= lambda*c.w {
+				continue
+			}
+			r := math.Inf(1) // an inactive taker keeps what it took
+			if c.active {
+				r = c.t / c.w
+			}
+			if best < 0 || r > bestR {
+				best, bestR = j, r
+			}
+		}
+		if best < 0 {
+			break
+		}
+		c := &cs[best]
+		c.fixed, fixedT = true, fixedT+c.t
+		if c.active {
+			fixedW += c.w
+		}
+	}
+	lambda := level()
+	mine = lambda*w - t
+	// The other active classes below their level: their weight and what
+	// they took (every class the Top does not name is among them).
+	restW, restT := total-fixedW, taken-fixedT
+	if !cs[0].fixed {
+		restW, restT = restW-w, restT-t
+	}
+	return mine, max(lambda*restW-restT, 0)
 }

@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -206,6 +207,53 @@ func TestShareQuotaLateClass(t *testing.T) {
 	}
 	if got < 240 {
 		t.Errorf("the victim got %d more of its part of 333 (1 taken, 83 its half of the shortfall)", got)
+	}
+}
+
+// TestShareQuotaSuccessiveArrivals: attacker classes arrive one after
+// another in a day's quota, each taking all it may, while the victim,
+// there first, keeps asking a unit; then the victim takes all it may.
+// Each newcomer shares what is left with the classes below their level,
+// so the victim ends with its part of what was left when the last came
+// (once 84 where that was 125, and 4 of 1,000 against six attackers, 16
+// their fair end).
+func TestShareQuotaSuccessiveArrivals(t *testing.T) {
+	for _, c := range []struct {
+		attackers int
+		want      int64 // the victim's fair end: its share of what was left
+	}{{3, 125}, {6, 16}} {
+		r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Day}
+		k := newShareKey(t, r)
+		v := Share{Class: "victim", Weight: 1}
+		at := t0 + int64(time.Minute)
+		most := func(sh Share) int64 {
+			took := int64(0)
+			for cost := int64(500); cost >= 1; {
+				if k.decide(sh, at, cost, false).Allowed {
+					took += cost
+				} else {
+					cost /= 2
+				}
+				at += int64(time.Millisecond)
+			}
+			return took
+		}
+		victim := int64(0)
+		if k.decide(v, at, 1, false).Allowed {
+			victim++
+		}
+		var took []int64
+		for i := range c.attackers {
+			took = append(took, most(Share{Class: fmt.Sprintf("a%d", i), Weight: 1}))
+			if k.decide(v, at, 1, false).Allowed { // still wants it
+				victim++
+			}
+		}
+		victim += most(v)
+		t.Logf("%d attackers took %v; the victim %d", c.attackers, took, victim)
+		if victim < c.want*9/10 {
+			t.Errorf("%d attackers arriving one after another left the victim %d, want about %d (its part of what was left)", c.attackers, victim, c.want)
+		}
 	}
 }
 
@@ -439,10 +487,13 @@ func FuzzShare(f *testing.F) {
 // once.
 func TestShareTopKeep(t *testing.T) {
 	var top ShareTop
-	for _, x := range []ShareTaker{{1, 1, 5}, {2, 1, 3}, {3, 1, 9}, {1, 1, 7}, {4, 1, 1}, {5, 1, 2}, {6, 1, 4}, {2, 1, 10}} {
+	tk := func(class uint32, taken int64) ShareTaker {
+		return ShareTaker{Class: class, Weight: 1, Taken: taken, Seen: 7}
+	}
+	for _, x := range []ShareTaker{tk(1, 5), tk(2, 3), tk(3, 9), tk(1, 7), tk(4, 1), tk(5, 2), tk(6, 4), tk(2, 10)} {
 		top.keep(x)
 	}
-	want := ShareTop{{2, 1, 10}, {3, 1, 9}, {1, 1, 7}, {6, 1, 4}}
+	want := ShareTop{tk(2, 10), tk(3, 9), tk(1, 7), tk(6, 4), tk(5, 2), tk(4, 1)}
 	if top != want {
 		t.Errorf("top %v, want %v", top, want)
 	}

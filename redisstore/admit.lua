@@ -59,6 +59,12 @@ local BOOKAHEAD = 250000000
 local MAXCOUNT = 4000000000 -- admit.MaxCount: a window counts debits up to it
 local TWO53 = 9007199254740992
 local SPLIT = 2097152 -- 2^21
+-- TOPK is admit.ShareTopK: a window's or quota's pool record keeps its
+-- period's TOPK largest takers, 4 numbers each, after the record's 14;
+-- RECFMT packs such a record, RECLEN doubles.
+local TOPK = 8
+local RECLEN = 14 + 4 * TOPK
+local RECFMT = '<dddddddddddddddddddddddddddddddddddddddddddddd'
 -- Redis gives a library's functions an empty globals table whose
 -- metatable reaches the real ones: every use of a global would cost two
 -- table look-ups and a metatable's. So the library keeps the ones it uses
@@ -829,7 +835,7 @@ end
 
 local function packState(st, k)
   if k == 7 then
-    if st[15] and st[15] ~= 0 then return pack('<dddddddddddddddddddddddddd', unpack(st, 1, 26)) end
+    if st[15] and st[15] ~= 0 then return pack(RECFMT, unpack(st, 1, RECLEN)) end
     return pack('<dddddddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10], st[11], st[12], st[13], st[14])
   elseif k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
   elseif k == 2 then return pack('<dd', st[1], st[2])
@@ -890,16 +896,16 @@ end
 -- the slots the class and its sub hold. SHARES[i] is charge i's share, or
 -- false: its weight w, whether it has a sub and was prepaid, its keys.
 local SHARES
-local NEWREC = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-local RECLEN = 26
+local NEWREC = {}
+for k = 1, RECLEN do NEWREC[k] = 0 end
 
 -- A record: 1 level, 2 and 3 when (µs, ns; 0: new), 4 the class's rate
 -- then (units/ns), 5 epoch seen, 6 weight counted, 7 claim, 8 epoch
 -- claimed, then its pool: 9 epoch, 10 weight seen in it, 11 of that new,
 -- 12 weight seen in the one before, 13 claims, 14 claims before; a
 -- window's or quota's pool then its period's largest takers
--- (admit.ShareTop), 15.. 26: class, weight, taken of each, largest first,
--- kept only when there are any.
+-- (admit.ShareTop), 15..: class, weight, taken and epoch seen of each,
+-- largest first, kept only when there are any.
 local function shareLoad(key)
   local s = slotOf(key)
   local st = ST[s]
@@ -908,7 +914,7 @@ local function shareLoad(key)
     if not v then
       st = false
     elseif #v >= 8 * RECLEN then
-      st = {sunpack('<dddddddddddddddddddddddddd', v)}
+      st = {sunpack(RECFMT, v)}
       st[RECLEN + 1] = nil
     else
       st = {sunpack('<dddddddddddddd', v)}
@@ -919,6 +925,7 @@ local function shareLoad(key)
   if not st then return NEWREC end
   return st
 end
+
 
 local function recCopy(a)
   local b = {}
@@ -931,24 +938,68 @@ local function recSame(a, b)
   return true
 end
 
--- topKeep records in pool record p the class id's taking t (weight w), as
--- admit.ShareTop.keep: in place of its last, or of the smallest when it
--- took more; largest first.
-local function topKeep(p, id, w, t)
-  local i = 4
-  for j = 1, 4 do
-    if p[12 + 3 * j] == id then i = j break end
+-- topAt returns where entry j (1..TOPK) of a pool's largest takers
+-- starts: class, weight, taken, seen.
+local function topAt(j) return 11 + 4 * j end
+
+-- topKeep records in pool record p the class id's taking t (weight w,
+-- epoch e), as admit.ShareTop.keep: in place of its last, or of the
+-- smallest when it took more; largest first.
+local function topKeep(p, id, w, t, e)
+  local i = TOPK
+  for j = 1, TOPK do
+    if p[topAt(j)] == id then i = j break end
   end
-  local o = 12 + 3 * i
+  local o = topAt(i)
   if p[o] ~= id and p[o + 2] >= t then return end
-  p[o], p[o + 1], p[o + 2] = id, w, t
-  while i > 1 and p[12 + 3 * i + 2] > p[12 + 3 * (i - 1) + 2] do
-    local a, b = 12 + 3 * i, 12 + 3 * (i - 1)
-    p[a], p[b] = p[b], p[a]
-    p[a + 1], p[b + 1] = p[b + 1], p[a + 1]
-    p[a + 2], p[b + 2] = p[b + 2], p[a + 2]
+  p[o], p[o + 1], p[o + 2], p[o + 3] = id, w, t, e
+  while i > 1 and p[topAt(i) + 2] > p[topAt(i - 1) + 2] do
+    local a, b = topAt(i), topAt(i - 1)
+    for k = 0, 3 do p[a + k], p[b + k] = p[b + k], p[a + k] end
     i = i - 1
   end
+end
+
+-- waterFill mirrors admit.waterFill: what a class of weight w that took t
+-- of a period's limit L may still take as its own, and what the other
+-- active classes may (owed), the active classes weighing total and all
+-- of them having taken taken, pool's largest takers (when of period) the
+-- ones that may hold more than their level.
+local function waterFill(L, total, w, t, taken, pool, id, e, period)
+  local cw, ct, ca, cf = {w}, {t}, {true}, {false}
+  local n = 1
+  if pool[8] == period then
+    for j = 1, TOPK do
+      local o = topAt(j)
+      if pool[o] ~= 0 and pool[o] ~= id then
+        n = n + 1
+        cw[n], ct[n], ca[n], cf[n] = pool[o + 1], pool[o + 2], pool[o + 3] >= e - 1, false
+      end
+    end
+  end
+  local fixedT, fixedW = 0, 0
+  local function level()
+    if total - fixedW <= 0 then return 0 end
+    return mmax(L - fixedT, 0) / (total - fixedW)
+  end
+  while true do
+    local lambda = level()
+    local best, bestR = 0, 0
+    for j = 1, n do
+      if not cf[j] and not (ca[j] and ct[j] <= lambda * cw[j]) then
+        local r = 1 / 0
+        if ca[j] then r = ct[j] / cw[j] end
+        if best == 0 or r > bestR then best, bestR = j, r end
+      end
+    end
+    if best == 0 then break end
+    cf[best], fixedT = true, fixedT + ct[best]
+    if ca[best] then fixedW = fixedW + cw[best] end
+  end
+  local lambda = level()
+  local restW, restT = total - fixedW, taken - fixedT
+  if not cf[1] then restW, restT = restW - w, restT - t end
+  return lambda * w - t, mmax(lambda * restW - restT, 0)
 end
 
 -- recExpiry returns in how many ns record st no longer matters
@@ -1110,27 +1161,14 @@ local function shareDecide(i, R, res, c, peek)
       if windowed then return cap - taken(st) end
       return recLevel(st, r, cap)
     end
-    -- a class holding more than its part of the period (parts shrink as
-    -- classes come) holds it out of the others', who share the shortfall
-    -- by weight (admit.decideRate's over and absorb)
-    local over, absorb, id = 0, 0, 0
+    -- what a class may still take of a period as its own, and the
+    -- others may, by water-filling (admit.decideRate)
+    local lc = lvl(cls, rate, capC)
+    local owed, id = 0, 0
     if windowed and not alone then
       id = tonumber(ssub(redis.sha1hex(sh.kc), 1, 8), 16) + 1
-      local total = w / s
-      local wOver = 0
-      if pool[8] == period then
-        for j = 1, 4 do
-          local o = 12 + 3 * j
-          if pool[o] ~= 0 and pool[o] ~= id then
-            local x = pool[o + 2] - mmin(pool[o + 1] / total, 1) * R.sb
-            if x > 0 then over, wOver = over + x, wOver + pool[o + 1] end
-          end
-        end
-      end
-      local rest = 1 - wOver / total
-      if rest > 0 then absorb = over * s / rest end
+      lc, owed = waterFill(R.sb, w / s, w, taken(cls), taken(pool), pool, id, e, period)
     end
-    local lc = lvl(cls, rate, capC) - absorb
     local ls = 0
     if hasSub then ls = lvl(sub, subRate, capS) end
     local reserve = (1 - top) * R.sp
@@ -1145,7 +1183,7 @@ local function shareDecide(i, R, res, c, peek)
     local keep, keepTime = 0, 0
     if windowed and not alone then
       keepTime = (1 - s) * R.sr * resetNs
-      keep = mmax(mmin((1 - s) * R.sb - (taken(pool) - taken(cls)) + over, keepTime), 0)
+      keep = mmax(mmin(owed, keepTime), 0)
     end
     local function borrowable(rem, x) return mmin(room(rem, x) - reserve, rem - keep) end
     -- a period's part holds the cost itself (admit.decideRate's need)
@@ -1185,7 +1223,7 @@ local function shareDecide(i, R, res, c, peek)
       cp[7], cp[8] = floor(mmin(taken(cp) + takeC, 2 * R.sb)), period
       cc[7], cc[8] = floor(mmin(taken(cc) + takeC, capC + R.sb)), period
       if id == 0 then id = tonumber(ssub(redis.sha1hex(sh.kc), 1, 8), 16) + 1 end
-      topKeep(cp, id, w, cc[7])
+      topKeep(cp, id, w, cc[7], e)
       if takeS > 0 then cs[7], cs[8] = floor(mmin(taken(cs) + takeS, capS + R.sb)), period end
     elseif takeC > 0 then
       recSet(cc, mmax(lc - takeC, -R.sb), rate)
@@ -1194,7 +1232,8 @@ local function shareDecide(i, R, res, c, peek)
     chg = {cp, cc, cs}
     local ac, as = cls, sub
     if path == 1 or path == 2 then ac, as = cc, cs end
-    local lcA = lvl(ac, rate, capC) - absorb
+    local lcA = lvl(ac, rate, capC)
+    if windowed and not alone then lcA = lc - takeC end
     local ownA = lcA
     if hasSub then ownA = mmin(lcA, mmax(lvl(as, subRate, capS), subLend(lcA))) end
     local rem = res.remaining
