@@ -94,3 +94,49 @@ func ExampleLimiter() {
 	// bob false tenant 1
 	// limit "user" is per tenant and the request's Who has no tenant
 }
+
+// A limit tenants share, divided fairly: each charge names its class of
+// callers (Charge.Share). Alone, a class takes at most the share ceiling
+// of the bucket (half, by default), so a class that comes later finds its
+// part at once.
+func Example_fairShare() {
+	clock := storetest.NewClock()
+	store := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer store.Close()
+
+	global := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 100}
+	take := func(class string) int {
+		share := &admit.Share{Class: class, Weight: 1}
+		var d admit.Decision
+		n := 0
+		for store.Decide(context.Background(), []admit.Charge{{Key: "global", Rule: global, Cost: 1, Share: share}}, &d) == nil && d.Allowed {
+			n++
+		}
+		return n
+	}
+	fmt.Println("acme alone takes:", take("tenant:acme"))
+	fmt.Println("globex, coming later, takes:", take("tenant:globex"))
+	// Output:
+	// acme alone takes: 50
+	// globex, coming later, takes: 50
+}
+
+// A debit charges a cost known after the work, whether it fits or not: a
+// bucket goes into debt, of at most MaxDebt (one burst by default), and
+// refuses until it is repaid at its rate.
+func ExampleRule_maxDebt() {
+	clock := storetest.NewClock()
+	store := memstore.New(&memstore.Options{Clock: clock.Now})
+	defer store.Close()
+
+	tokens := &admit.Rule{Name: "tokens", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10, MaxDebt: 1000}
+	var d admit.Decision
+	ctx := context.Background()
+	_ = store.Decide(ctx, []admit.Charge{{Key: "acme", Rule: tokens, Cost: 100, Debit: true}}, &d)
+	fmt.Println("a debit of 100 from 10:", d.Allowed)
+	_ = store.Decide(ctx, []admit.Charge{{Key: "acme", Rule: tokens, Cost: 1}}, &d)
+	fmt.Println("the next check:", d.Allowed, "retry after", d.RetryAfter)
+	// Output:
+	// a debit of 100 from 10: true
+	// the next check: false retry after 9.1s
+}

@@ -965,8 +965,9 @@ end
 -- active classes may (owed), the active classes weighing total and all
 -- of them having taken taken, pool's largest takers (when of period) the
 -- ones that may hold more than their level.
+local cw, ct, ca, cf = {}, {}, {}, {} -- waterFill's candidates, reused
 local function waterFill(L, total, w, t, taken, pool, id, e, period)
-  local cw, ct, ca, cf = {w}, {t}, {true}, {false}
+  cw[1], ct[1], ca[1], cf[1] = w, t, true, false
   local n = 1
   if pool[8] == period then
     for j = 1, TOPK do
