@@ -16,17 +16,18 @@ import (
 	"github.com/admitdev/admit/policy"
 )
 
-// Price is a model's price per million tokens of each kind, in millionths
-// of the currency (150000 is 0.15 per million tokens).
-type Price [policy.NumTokenKinds]int64
+// Rates are prices per million tokens of each kind (web searches: per
+// million searches), in millionths of the currency (150000 is 0.15 per
+// million tokens).
+type Rates [policy.NumTokenKinds]int64
 
-// Cost returns what t costs at p in millionths of the currency, rounded
+// Cost returns what t costs at r in millionths of the currency, rounded
 // up to a whole millionth, at most admit.MaxCost: exact integer
 // arithmetic, no floating point.
-func (p *Price) Cost(t policy.Tokens) int64 {
+func (r *Rates) Cost(t policy.Tokens) int64 {
 	var hi, lo uint64
 	for k, n := range t {
-		h, l := bits.Mul64(uint64(max(n, 0)), uint64(max(p[k], 0)))
+		h, l := bits.Mul64(uint64(max(n, 0)), uint64(max(r[k], 0)))
 		var c uint64
 		lo, c = bits.Add64(lo, l, 0)
 		hi += h + c
@@ -34,11 +35,60 @@ func (p *Price) Cost(t policy.Tokens) int64 {
 	if hi >= 1_000_000 {
 		return admit.MaxCost
 	}
-	q, r := bits.Div64(hi, lo, 1_000_000)
-	if r > 0 {
+	q, rem := bits.Div64(hi, lo, 1_000_000)
+	if rem > 0 {
 		q++
 	}
 	return int64(min(q, admit.MaxCost))
+}
+
+// Price is a model's price: its rates, those of a long context, and
+// those of its service tiers.
+type Price struct {
+	Rates
+	// LongContextAbove, when above 0, prices a call whose prompt (its
+	// input of every kind) has more tokens than that at LongContext, the
+	// whole call: as Anthropic and Google bill prompts past 200,000
+	// tokens.
+	LongContextAbove int64
+	LongContext      Rates
+	// Tiers price the calls a provider reports it served at a service
+	// tier, by the name it reports ("priority", "flex"); any other tier
+	// is priced at the model's own rates. A tier has no tiers of its own.
+	Tiers map[string]*Price
+}
+
+// RatesAt returns the rates of a call the provider served at tier ("" for
+// its default) and that used t.
+func (p *Price) RatesAt(tier string, t policy.Tokens) *Rates {
+	if tp, ok := p.Tiers[tier]; ok && tier != "" {
+		p = tp
+	}
+	if p.LongContextAbove > 0 && t.Prompt() > p.LongContextAbove {
+		return &p.LongContext
+	}
+	return &p.Rates
+}
+
+// Cost returns what a call served at tier that used t costs.
+func (p *Price) Cost(tier string, t policy.Tokens) int64 {
+	return p.RatesAt(tier, t).Cost(t)
+}
+
+// bound returns the rates that bound a call's cost before it is made:
+// each kind at the most the rates of the tier it asks for may charge it,
+// long context included when its prompt's estimate passes the threshold.
+func (p *Price) bound(tier string, input int64) Rates {
+	if tp, ok := p.Tiers[tier]; ok && tier != "" {
+		p = tp
+	}
+	r := p.Rates
+	if p.LongContextAbove > 0 && input > p.LongContextAbove {
+		for k, v := range p.LongContext {
+			r[k] = max(r[k], v)
+		}
+	}
+	return r
 }
 
 // GateOptions configure a Gate. Decider and Policy are required.
@@ -208,6 +258,10 @@ type Record struct {
 	// nothing, or the answer ended before its report.
 	Reported bool
 	Status   int
+	// ServiceTier is the tier the call was priced at: the one the
+	// provider reported, else the one the request asked for; "" for the
+	// default.
+	ServiceTier string
 }
 
 // Ticket is an admitted call: what it reserved, where, until settled.
@@ -219,6 +273,7 @@ type Ticket struct {
 	dec     admit.Decision
 	out     policy.Outcome
 	price   *Price
+	rates   Rates // the price's bound on the call, before it is made
 	maxOut  int64 // per choice, as sent
 	costs   []int64
 	settled bool
@@ -262,6 +317,7 @@ func (g *Gate) begin(ctx context.Context, p *policy.Policy, who policy.Request, 
 					Message: fmt.Sprintf("model %q has no price, and rule %q budgets money: ask the platform to price it", req.Model, r.Name)}
 			}
 			t.price = &pr
+			t.rates = pr.bound(req.ServiceTier, req.Input)
 		}
 	}
 	outPerChoice := req.MaxOutput
@@ -292,36 +348,48 @@ func (g *Gate) begin(ctx context.Context, p *policy.Policy, who policy.Request, 
 	return t, nil
 }
 
-// cost returns the upper bound of a call's cost at rule r: its input estimate,
-// as the input kind its rule weighs most, and out output tokens, as the
-// output kind weighed most.
+// cost returns the upper bound of a call's cost at rule r with out
+// output tokens per choice (see heaviest).
 func (t *Ticket) cost(r *policy.Rule, out int64) int64 {
-	input, output := t.req.Input, out*t.req.Choices
 	switch r.Unit {
 	case policy.UnitTokens:
-		return heaviest(r.Weights, input, output, r.Weights.Cost)
+		return heaviest(r.Weights, t.req, out, r.Weights.Cost)
 	case policy.UnitMoney:
-		return heaviest(*t.price, input, output, t.price.Cost)
+		return heaviest(t.rates, t.req, out, t.rates.Cost)
 	}
 	return max(t.who.Cost, 1)
 }
 
-// heaviest charges input as the input kind and output as the output kind
-// that weigh most, so that the bound holds whatever kinds the provider
-// reports.
-func heaviest(w [policy.NumTokenKinds]int64, input, output int64, cost func(policy.Tokens) int64) int64 {
+// heaviest bounds what req costs at weights (or rates) w with out output
+// tokens per choice: its input estimate as the input kind that weighs
+// most, its audio part as audio where that weighs more, the output of
+// all its choices as the output kind that weighs most, and its web
+// searches. Kinds the request cannot be billed are left out: audio
+// output unless it asks for audio, hour-long cache writes unless it may
+// make them.
+func heaviest(w [policy.NumTokenKinds]int64, req *Request, out int64, cost func(policy.Tokens) int64) int64 {
 	var t policy.Tokens
 	in := policy.Input
-	for _, k := range []policy.TokenKind{policy.CachedInput, policy.CacheWrite} {
-		if w[k] > w[in] {
+	for _, k := range []policy.TokenKind{policy.CachedInput, policy.CacheWrite, policy.CacheWriteLong} {
+		if w[k] > w[in] && (k != policy.CacheWriteLong || req.CacheLong) {
 			in = k
 		}
 	}
-	o := policy.Output
-	if w[policy.Reasoning] > w[o] {
-		o = policy.Reasoning
+	audio := min(req.AudioInput, req.Input)
+	t[in] = req.Input - audio
+	if w[policy.AudioInput] > w[in] {
+		t[policy.AudioInput] = audio
+	} else {
+		t[in] += audio
 	}
-	t[in], t[o] = input, output
+	o := policy.Output
+	for _, k := range []policy.TokenKind{policy.Reasoning, policy.AudioOutput} {
+		if w[k] > w[o] && (k != policy.AudioOutput || req.AudioOutput) {
+			o = k
+		}
+	}
+	t[o] = out * req.Choices
+	t[policy.WebSearch] = req.Searches
 	return cost(t)
 }
 
@@ -433,6 +501,9 @@ type Settlement struct {
 	Usage policy.Tokens
 	// Reported says the provider reported Usage.
 	Reported bool
+	// ServiceTier is the service tier the provider reports it served the
+	// call at, "" when it reports none.
+	ServiceTier string
 	// Keep charges the reservation as it stands, whatever Usage says:
 	// for a call that reported nothing.
 	Keep bool
@@ -457,17 +528,27 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 	if s.Keep {
 		usage = policy.Tokens{}
 		usage[policy.Input], usage[policy.Output] = t.req.Input, t.maxOut*t.req.Choices
+		usage[policy.WebSearch] = t.req.Searches
+	} else if t.req.API.Provider() != Anthropic && usage[policy.WebSearch] == 0 {
+		// OpenAI and Google bill searches without counting them in the
+		// usage they report: charged as reserved.
+		usage[policy.WebSearch] = t.req.Searches
+	}
+	tier := s.ServiceTier
+	if tier == "" {
+		tier = t.req.ServiceTier
 	}
 	rec := &Record{Tenant: t.who.Tenant, User: t.who.User, Model: t.req.Model, API: t.req.API, At: time.Now(),
-		Usage: usage, Reported: s.Reported && !s.Keep, Status: s.Status}
+		Usage: usage, Reported: s.Reported && !s.Keep, Status: s.Status, ServiceTier: tier}
 	price := t.price
 	if p, ok := g.priceOf(t.req.Model); ok && price == nil {
 		price = &p
 	}
 	if price != nil {
-		rec.Cost, rec.Priced = price.Cost(usage), true
+		rec.Cost, rec.Priced = price.Cost(tier, usage), true
 		if s.Keep { // as reserved: at the kinds priced highest
-			rec.Cost = heaviest(*price, usage[policy.Input], usage[policy.Output], price.Cost)
+			rates := price.bound(t.req.ServiceTier, t.req.Input)
+			rec.Cost = heaviest(rates, t.req, t.maxOut, rates.Cost)
 		}
 	}
 	if g.opts.Record != nil {
@@ -486,7 +567,7 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 		if r.Unit == policy.UnitTokens {
 			used = r.Weights.Cost(usage)
 		} else {
-			used = t.price.Cost(usage)
+			used = t.price.Cost(tier, usage)
 		}
 		c := t.res.Charges[i]
 		c.DryRun = false

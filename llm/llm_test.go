@@ -3,6 +3,8 @@ package llm_test
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -322,7 +324,7 @@ func TestCompressedAnswer(t *testing.T) {
 func TestMoneyBudget(t *testing.T) {
 	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "0.0006"}
 	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{
-		Prices: map[string]llm.Price{"gpt-4o-mini": {150_000, 75_000, 150_000, 600_000, 600_000}},
+		Prices: map[string]llm.Price{"gpt-4o-mini": {Rates: llm.Rates{150_000, 75_000, 150_000, 600_000, 600_000}}},
 	})
 	r.up.Output = 500
 	resp, msg := r.post("/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`)
@@ -835,7 +837,7 @@ func (c *readCounter) Read(p []byte) (int, error) {
 func TestSnapshotPricedByFamily(t *testing.T) {
 	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "1"}
 	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{
-		Prices: map[string]llm.Price{"gpt-4o-mini": {150_000, 75_000, 150_000, 600_000, 600_000}, "claude-sonnet-4-5": {3_000_000, 300_000, 3_750_000, 15_000_000, 15_000_000}},
+		Prices: map[string]llm.Price{"gpt-4o-mini": {Rates: llm.Rates{150_000, 75_000, 150_000, 600_000, 600_000}}, "claude-sonnet-4-5": {Rates: llm.Rates{3_000_000, 300_000, 3_750_000, 15_000_000, 15_000_000}}},
 	})
 	for _, model := range []string{"gpt-4o-mini-2024-07-18", "claude-sonnet-4-5-20250929", "claude-sonnet-4-5@20250929"} {
 		path, body := "/v1/chat/completions", `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}],"max_tokens":10}`
@@ -887,5 +889,147 @@ func TestSpentBudgetRefusedEarly(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 429 || unread.n == 0 {
 		t.Errorf("a call once the moment passed: %d, %d body bytes read; want it read and decided again", resp.StatusCode, unread.n)
+	}
+}
+
+// list prices the models of TestPricedAsBilled, in µUSD per million
+// tokens (web searches: per million searches).
+var listPrices = map[string]llm.Price{
+	"gpt-4o-audio-preview": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 2_500_000, policy.Output: 10_000_000,
+		policy.AudioInput: 40_000_000, policy.AudioOutput: 80_000_000})},
+	"gpt-5": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 1_250_000, policy.CachedInput: 125_000, policy.Output: 10_000_000}),
+		Tiers: map[string]*llm.Price{
+			"priority": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 2_500_000, policy.CachedInput: 250_000, policy.Output: 20_000_000})},
+		}},
+	"claude-sonnet-4-5": {
+		Rates: rates(map[policy.TokenKind]int64{policy.Input: 3_000_000, policy.CachedInput: 300_000, policy.CacheWrite: 3_750_000,
+			policy.CacheWriteLong: 6_000_000, policy.Output: 15_000_000, policy.WebSearch: 10_000_000_000}),
+		LongContextAbove: 200_000,
+		LongContext: rates(map[policy.TokenKind]int64{policy.Input: 6_000_000, policy.CachedInput: 600_000, policy.CacheWrite: 7_500_000,
+			policy.CacheWriteLong: 12_000_000, policy.Output: 22_500_000, policy.WebSearch: 10_000_000_000}),
+	},
+	"gemini-2.5-flash": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 300_000, policy.AudioInput: 1_000_000, policy.Output: 2_500_000})},
+}
+
+func rates(m map[policy.TokenKind]int64) llm.Rates {
+	var r llm.Rates
+	for k, v := range m {
+		r[k] = v
+	}
+	return r
+}
+
+// wavSecond is one second of 16 kHz 16-bit mono PCM WAV, in base64.
+func wavSecond() string {
+	h := make([]byte, 44+32000)
+	copy(h, "RIFF")
+	binary.LittleEndian.PutUint32(h[4:], uint32(len(h)-8))
+	copy(h[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(h[16:], 16)
+	binary.LittleEndian.PutUint16(h[20:], 1)
+	binary.LittleEndian.PutUint16(h[22:], 1)
+	binary.LittleEndian.PutUint32(h[24:], 16000)
+	binary.LittleEndian.PutUint32(h[28:], 32000)
+	binary.LittleEndian.PutUint16(h[32:], 2)
+	binary.LittleEndian.PutUint16(h[34:], 16)
+	copy(h[36:], "data")
+	binary.LittleEndian.PutUint32(h[40:], 32000)
+	return base64.StdEncoding.EncodeToString(h)
+}
+
+// Money is priced as the providers bill it: audio in and out, cache
+// writes by how long they are kept, web searches (reported, or as
+// reserved where the provider does not count them), service tiers asked
+// for or reported, and a long prompt's whole call at its long-context
+// rates. Each call's record costs what the list prices say, and the
+// budget loses exactly that.
+func TestPricedAsBilled(t *testing.T) {
+	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "100"}
+	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{Prices: listPrices})
+	type kinds = map[policy.TokenKind]int64
+	for _, c := range []struct {
+		name, path, body string
+		up               func(*llmtest.Upstream)
+		// want are the billed tokens beyond the text input the stand-in
+		// counts (added as Input) and its output; tier the tier billed.
+		want kinds
+		tier string
+		long bool
+	}{
+		{name: "openai_audio", path: "/v1/chat/completions",
+			body: `{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_completion_tokens":500,
+				"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + wavSecond() + `","format":"wav"}}]}]}`,
+			up: func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32; u.AudioOut = 300 }, want: kinds{policy.AudioInput: 32, policy.AudioOutput: 300}, tier: "default"},
+		{name: "anthropic_cache_1h_and_searches", path: "/v1/messages",
+			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}],
+				"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}],"messages":[{"role":"user","content":"news"}]}`,
+			up: func(u *llmtest.Upstream) {
+				u.Output = 100
+				u.Cached = 500
+				u.CacheWrite = 1000
+				u.CacheWrite1h = 2000
+				u.WebSearches = 3
+			},
+			want: kinds{policy.CachedInput: 500, policy.CacheWrite: 1000, policy.CacheWriteLong: 2000, policy.WebSearch: 3}, tier: "standard"},
+		{name: "anthropic_more_searches_than_reserved", path: "/v1/messages",
+			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"news"}]}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.WebSearches = 7 }, want: kinds{policy.WebSearch: 7}, tier: "standard"},
+		{name: "anthropic_long_context", path: "/v1/messages",
+			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"messages":[{"role":"user","content":"the rest of a long document"}]}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.Cached = 250_000 }, want: kinds{policy.CachedInput: 250_000}, tier: "standard", long: true},
+		{name: "openai_priority_asked", path: "/v1/chat/completions",
+			body: `{"model":"gpt-5","service_tier":"priority","max_completion_tokens":300,"messages":[{"role":"user","content":"fast"}]}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100 }, tier: "priority"},
+		{name: "openai_priority_served_unasked", path: "/v1/chat/completions",
+			body: `{"model":"gpt-5","stream":true,"max_completion_tokens":300,"messages":[{"role":"user","content":"auto"}]}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.ServiceTier = "priority" }, tier: "priority"},
+		{name: "openai_responses_search_not_counted", path: "/v1/responses",
+			body: `{"model":"gpt-5","input":"news","tools":[{"type":"web_search"}],"max_output_tokens":300}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100 }, want: kinds{policy.WebSearch: llm.DefaultSearches}, tier: "default"},
+		{name: "gemini_audio", path: "/v1beta/models/gemini-2.5-flash:generateContent",
+			body: `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + wavSecond() + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32 }, want: kinds{policy.AudioInput: 32}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r.up.Cached, r.up.CacheWrite, r.up.CacheWrite1h, r.up.AudioIn, r.up.AudioOut, r.up.WebSearches, r.up.ServiceTier = 0, 0, 0, 0, 0, 0, ""
+			c.up(r.up)
+			before := r.remaining("spend")
+			resp, msg := r.post(c.path, c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, msg)
+			}
+			_, sent := r.up.Last()
+			rec := r.records[len(r.records)-1]
+			var want policy.Tokens
+			for k, n := range c.want {
+				want[k] = n
+			}
+			want[policy.Input] = llmtest.InputTokens(sent)
+			want[policy.Output] = 100
+			if rec.Usage != want || !rec.Reported || rec.ServiceTier != c.tier {
+				t.Fatalf("recorded %v (reported %v, tier %q), want %v (tier %q)", rec.Usage, rec.Reported, rec.ServiceTier, want, c.tier)
+			}
+			p := listPrices[rec.Model]
+			if p.Tiers[c.tier] != nil {
+				p = *p.Tiers[c.tier]
+			}
+			rt := p.Rates
+			if c.long {
+				rt = p.LongContext
+			}
+			// The list price, computed apart: Σ tokens × rate, rounded up
+			// to a whole µUSD once per call.
+			var sum int64
+			for k, n := range want {
+				sum += n * rt[k]
+			}
+			cost := (sum + 999_999) / 1_000_000
+			if rec.Cost != cost {
+				t.Fatalf("cost %d µUSD, the list price is %d", rec.Cost, cost)
+			}
+			if got := before - r.remaining("spend"); got != cost {
+				t.Fatalf("the budget lost %d µUSD for a call that cost %d", got, cost)
+			}
+		})
 	}
 }

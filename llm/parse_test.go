@@ -469,3 +469,170 @@ func TestStreamLineEndings(t *testing.T) {
 		}
 	}
 }
+
+// The service tier is the document's own (or its response's), read by
+// its place like usage: a "service_tier" the model writes is not it.
+// Anthropic's hour-long cache writes and web searches are read apart.
+func TestBilledExtrasByStructure(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		api  API
+		body string
+		want policy.Tokens
+		tier string
+	}{
+		{"openai, a tier in the answer's text and a tool's arguments", ChatCompletions,
+			`{"choices":[{"message":{"content":"\"service_tier\":\"flex\"","tool_calls":[{"function":{"arguments":{"service_tier":"flex"}}}]}}],"service_tier":"priority",` +
+				`"usage":{"prompt_tokens":40,"completion_tokens":30,"prompt_tokens_details":{"cached_tokens":5,"audio_tokens":15},"completion_tokens_details":{"reasoning_tokens":4,"audio_tokens":20}}}`,
+			policy.Tokens{policy.Input: 20, policy.CachedInput: 5, policy.AudioInput: 15, policy.Output: 6, policy.Reasoning: 4, policy.AudioOutput: 20}, "priority"},
+		{"openai responses", Responses,
+			`{"object":"response","output":[{"content":[{"text":"{\"service_tier\":\"flex\"}"}]}],"service_tier":"flex","usage":{"input_tokens":3,"output_tokens":2}}`,
+			policy.Tokens{policy.Input: 3, policy.Output: 2}, "flex"},
+		{"openai, parts beyond their whole", ChatCompletions,
+			`{"usage":{"prompt_tokens":10,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":8,"audio_tokens":8},"completion_tokens_details":{"reasoning_tokens":-3,"audio_tokens":99}}}`,
+			policy.Tokens{policy.CachedInput: 8, policy.AudioInput: 2, policy.AudioOutput: 10}, ""},
+		{"anthropic", Messages,
+			`{"type":"message","content":[{"type":"text","text":"x"}],"usage":{"input_tokens":10,"output_tokens":7,"cache_read_input_tokens":3,"cache_creation_input_tokens":50,` +
+				`"cache_creation":{"ephemeral_5m_input_tokens":20,"ephemeral_1h_input_tokens":30},"server_tool_use":{"web_search_requests":4},"service_tier":"priority"}}`,
+			policy.Tokens{policy.Input: 10, policy.CachedInput: 3, policy.CacheWrite: 20, policy.CacheWriteLong: 30, policy.Output: 7, policy.WebSearch: 4}, "priority"},
+		{"gemini audio", GenerateContent,
+			`{"candidates":[],"usageMetadata":{"promptTokenCount":100,"candidatesTokenCount":50,"promptTokensDetails":[{"modality":"TEXT","tokenCount":36},{"modality":"AUDIO","tokenCount":64}],` +
+				`"candidatesTokensDetails":[{"modality":"AUDIO","tokenCount":45}]}}`,
+			policy.Tokens{policy.Input: 36, policy.AudioInput: 64, policy.Output: 5, policy.AudioOutput: 45}, ""},
+	} {
+		for _, piece := range []int{1, 5, 1 << 30} {
+			var got *meter
+			b := newMeteredBody(io.NopCloser(&pieces{data: []byte(c.body), n: piece}), c.api, false, false, func(m *meter, _ bool) { got = m })
+			if _, err := io.Copy(io.Discard, b); err != nil {
+				t.Fatal(err)
+			}
+			if got == nil || got.usage != c.want || got.tier != c.tier {
+				t.Errorf("%s, in pieces of %d: usage %v tier %q, want %v %q", c.name, piece, got.usage, got.tier, c.want, c.tier)
+			}
+		}
+	}
+	// Streamed: Anthropic's message_delta carries the cumulative cache
+	// writes and searches; OpenAI's last chunk its tier.
+	m := &meter{api: Messages}
+	m.observe([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1,"service_tier":"standard"}}}`))
+	m.observe([]byte(`{"type":"message_delta","usage":{"output_tokens":9,"cache_creation_input_tokens":12,"cache_creation":{"ephemeral_1h_input_tokens":12},"server_tool_use":{"web_search_requests":2}}}`))
+	if want := (policy.Tokens{policy.Input: 5, policy.Output: 9, policy.CacheWriteLong: 12, policy.WebSearch: 2}); m.usage != want || m.tier != "standard" {
+		t.Errorf("anthropic stream: %v %q, want %v standard", m.usage, m.tier, want)
+	}
+}
+
+// What a request may be billed beyond text is in its reservation: its
+// audio (a WAV's duration from its header, other audio at the lowest
+// rate a codec plays), an audio answer when it asks for one, an hour's
+// cache writes when it may make them, its web searches, the tier it asks
+// for and a long prompt's rates.
+func TestReserveBilledExtras(t *testing.T) {
+	second := make([]byte, 44+32000) // 1 s of 16 kHz 16-bit PCM
+	copy(second, "RIFF")
+	copy(second[8:], "WAVEfmt ")
+	second[20], second[22] = 1, 1
+	second[24], second[25] = 0x80, 0x3e // 16000
+	second[32] = 2
+	wav := base64.StdEncoding.EncodeToString(second)
+	mp3 := base64.StdEncoding.EncodeToString(make([]byte, 75_000)) // ≤ 100 s at 6 kbit/s
+	if got := AudioTokens([]byte(`"` + wav + `"`)); got != 33 {
+		t.Errorf("a second of WAV: %d tokens, want 33 (32/s, its 44-byte header rounded up)", got)
+	}
+	if got := AudioTokens([]byte(`"` + mp3 + `"`)); got != 3200 {
+		t.Errorf("75 KB of compressed audio: %d tokens, want 3200 (100 s at 32/s)", got)
+	}
+	// A header that claims a rate the provider would not play it at
+	// (not PCM) is not believed.
+	bad := bytes.Clone(second)
+	bad[20] = 3
+	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(bad) + `"`)); got < 1365 {
+		t.Errorf("a non-PCM WAV: %d tokens, want its size at 6 kbit/s", got)
+	}
+	parse := func(api API, model, body string) *Request {
+		t.Helper()
+		r, err := ParseRequest(api, model, []byte(body), func(_, s string) int64 { return int64(len(s)) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	r := parse(ChatCompletions, "", `{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"service_tier":"priority","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"`+mp3+`","format":"mp3"}}]}]}`)
+	if r.AudioInput != 3200 || !r.AudioOutput || r.ServiceTier != "priority" || r.Input < 3200 || r.Input > 3200+64 {
+		t.Errorf("openai audio: %+v", r)
+	}
+	if r := parse(ChatCompletions, "", `{"model":"m","messages":[{"role":"user","content":"audio"}]}`); r.AudioOutput || r.AudioInput != 0 {
+		t.Errorf("text only: %+v", r)
+	}
+	r = parse(Messages, "", `{"model":"c","max_tokens":10,"tools":[{"type":"web_search_20250305","max_uses":3},{"type":"web_search_20250305"},{"name":"f","input_schema":{}}],"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral","ttl":"\u0031h"}}],"messages":[]}`)
+	if r.Searches != 3+DefaultSearches || !r.CacheLong {
+		t.Errorf("anthropic tools: searches %d, cache for an hour %v", r.Searches, r.CacheLong)
+	}
+	if r := parse(Messages, "", `{"model":"c","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`); r.CacheLong || r.Searches != 0 {
+		t.Errorf("plain: %+v", r)
+	}
+	r = parse(Responses, "", `{"model":"gpt-5","input":"x","tools":[{"type":"web_search"},{"type":"web_search_preview"}],"max_tool_calls":3}`)
+	if r.Searches != 3 {
+		t.Errorf("responses: %d searches, want max_tool_calls 3", r.Searches)
+	}
+	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"`+wav+`"}}]}],"tools":[{"google_search":{}}],"generation_config":{"response_modalities":["AUDIO"]}}`)
+	if r.AudioInput != 33 || !r.AudioOutput || r.Searches != DefaultSearches {
+		t.Errorf("gemini: %+v", r)
+	}
+
+	// The bound: every kind at the most the call may be billed it.
+	price := Price{Rates: Rates{policy.Input: 1, policy.CachedInput: 1, policy.CacheWrite: 2, policy.CacheWriteLong: 5, policy.Output: 10,
+		policy.AudioInput: 40, policy.AudioOutput: 80, policy.WebSearch: 1000},
+		LongContextAbove: 1000, LongContext: Rates{policy.Input: 3, policy.Output: 30},
+		Tiers: map[string]*Price{"priority": {Rates: Rates{policy.Input: 7, policy.Output: 70}}}}
+	req := &Request{Input: 500, AudioInput: 200, Choices: 2, Searches: 3}
+	var want policy.Tokens
+	want[policy.CacheWrite], want[policy.AudioInput], want[policy.Output], want[policy.WebSearch] = 300, 200, 200, 3
+	if got, cost := heaviest(price.bound("", req.Input), req, 100, func(t policy.Tokens) int64 { return int64(t[policy.CacheWrite]*2 + t[policy.AudioInput]*40 + t[policy.Output]*10 + t[policy.WebSearch]*1000) }), int64(300*2+200*40+200*10+3*1000); got != cost {
+		t.Errorf("bound %d, want %d (%v)", got, cost, want)
+	}
+	req.CacheLong, req.AudioOutput = true, true
+	r2 := price.bound("", req.Input)
+	if got, cost := heaviest(r2, req, 100, r2.Cost), r2.Cost(policy.Tokens{policy.CacheWriteLong: 300, policy.AudioInput: 200, policy.AudioOutput: 200, policy.WebSearch: 3}); got != cost {
+		t.Errorf("with audio out and an hour's cache: bound %d, want %d", got, cost)
+	}
+	if b := price.bound("priority", 10); b[policy.Input] != 7 || b[policy.Output] != 70 {
+		t.Errorf("priority bound %v", b)
+	}
+	if b := price.bound("", 5000); b[policy.Input] != 3 || b[policy.Output] != 30 || b[policy.AudioOutput] != 80 {
+		t.Errorf("a long prompt's bound %v: each kind at the higher of its rates", b)
+	}
+	if c := price.Cost("flex", policy.Tokens{policy.Input: 1000}); c != 1 {
+		t.Errorf("an unpriced tier costs the model's rates: %d", c)
+	}
+	if c := price.Cost("priority", policy.Tokens{policy.Input: 1_000_000}); c != 7 {
+		t.Errorf("priority: %d", c)
+	}
+	if c := price.Cost("", policy.Tokens{policy.Input: 600_000, policy.CachedInput: 500_000}); c != 2 {
+		t.Errorf("a long prompt (1.1M tokens): %d, want the long-context rate 3 × 0.6 rounded up", c)
+	}
+}
+
+// An image sent to a model that counts images in more, cheaper tokens is
+// reserved at that model's worst case: gpt-4o-mini's high-detail image is
+// 48,169 tokens, not the 2,048 of other models.
+func TestImageTokensByModel(t *testing.T) {
+	body := func(model string) string {
+		return `{"model":"` + model + `","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}},` +
+			`{"type":"input_audio","input_audio":{"data":"AAAA","format":"mp3"}}]}]}`
+	}
+	count := func(_, s string) int64 { return int64(len(s)) }
+	base, err := ParseRequest(ChatCompletions, "", []byte(body("gpt-4o")), count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for model, per := range map[string]int64{"gpt-4o-mini-2024-07-18": 48_169, "gpt-4.1-nano": 3_779, "gpt-4o": MediaTokens} {
+		r, err := ParseRequest(ChatCompletions, "", []byte(body(model)), count)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One image, and one audio clip bound by its duration instead.
+		if got, want := r.Input-base.Input, per-MediaTokens; r.Media != 2 || got != want {
+			t.Errorf("%s: input %d (media %d), %d more than gpt-4o's, want %d", model, r.Input, r.Media, got, want)
+		}
+	}
+}

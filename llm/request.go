@@ -3,9 +3,12 @@ package llm
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/admitdev/admit/internal/httpx"
 )
@@ -32,6 +35,21 @@ type Request struct {
 	Media int64
 	// IncludeUsage says an OpenAI stream already asks for its usage.
 	IncludeUsage bool
+	// ServiceTier is the service tier the request asks for, as it names
+	// it ("priority", "flex", "auto"), "" when it names none.
+	ServiceTier string
+	// AudioInput is the part of Input that is audio (see AudioTokens);
+	// AudioOutput says the request may make the model answer in audio.
+	AudioInput  int64
+	AudioOutput bool
+	// CacheLong says the request may write to the provider's cache for an
+	// hour (an Anthropic cache_control with a ttl of "1h").
+	CacheLong bool
+	// Searches is the most web searches the request's tools may run: a
+	// tool's max_uses (Anthropic) or the call's max_tool_calls (OpenAI's
+	// Responses) where it sets one, else DefaultSearches for each search
+	// tool.
+	Searches int64
 
 	fields map[string]json.RawMessage
 	body   []byte
@@ -50,6 +68,24 @@ type Request struct {
 // cheaper tokens (gpt-4o-mini) can bill more: the excess is debited after
 // the call.
 const MediaTokens = 2048
+
+// ImageTokens returns the most input tokens one image may be billed as
+// by model, where that is more than MediaTokens: models that count an
+// image in more, cheaper tokens. OpenAI's gpt-4o-mini bills a
+// high-detail image 2,833 tokens plus 5,667 for each of at most 8 tiles;
+// the models that count 32-pixel patches (gpt-4.1-mini and -nano,
+// o4-mini, gpt-5-mini and -nano) bill at most 1,536 patches times a
+// multiplier of up to 2.46.
+func ImageTokens(model string) int64 {
+	switch {
+	case strings.HasPrefix(model, "gpt-4o-mini"):
+		return 2833 + 8*5667
+	case strings.HasPrefix(model, "gpt-4.1-mini"), strings.HasPrefix(model, "gpt-4.1-nano"), strings.HasPrefix(model, "o4-mini"),
+		strings.HasPrefix(model, "gpt-5-mini"), strings.HasPrefix(model, "gpt-5-nano"):
+		return (1536*246 + 99) / 100
+	}
+	return MediaTokens
+}
 
 // ErrBadRequest wraps what is wrong with a request body.
 var ErrBadRequest = errors.New("llm: bad request")
@@ -133,8 +169,102 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 	if r.Choices < 1 || r.Choices > maxChoices {
 		return nil, badRequest("%d choices: want 1 to %d", r.Choices, maxChoices)
 	}
-	r.Input, r.Media = CountInput(body, func(text string) int64 { return count(r.Model, text) })
+	if err := r.extras(api, body); err != nil {
+		return nil, err
+	}
+	in := countInput(body, func(text string) int64 { return count(r.Model, text) })
+	r.Input, r.Media, r.AudioInput = in.tokens, in.media, in.audio
+	if per := ImageTokens(r.Model); per > MediaTokens {
+		r.Input += (in.media - in.audioItems) * (per - MediaTokens)
+	}
 	return r, nil
+}
+
+// DefaultSearches is the number of web searches reserved for a search
+// tool that does not bound its uses; the searches the provider reports
+// settle it.
+const DefaultSearches = 5
+
+// extras reads what a request may be billed for beyond tokens of text:
+// its service tier, audio answers, hour-long cache writes and web
+// searches.
+func (r *Request) extras(api API, body []byte) error {
+	if api.Provider() != Gemini {
+		if err := r.str("service_tier", &r.ServiceTier); err != nil {
+			return err
+		}
+	}
+	switch api.Provider() {
+	case OpenAI:
+		var modalities []string
+		if raw := r.fields["modalities"]; raw != nil && string(raw) != "null" && json.Unmarshal(raw, &modalities) != nil {
+			return badRequest("\"modalities\" must be an array of strings")
+		}
+		r.AudioOutput = slices.Contains(modalities, "audio") || r.fields["audio"] != nil && string(r.fields["audio"]) != "null"
+	case Anthropic:
+		// A ttl spelled with escapes is still one: any escape counts.
+		r.CacheLong = bytes.Contains(body, []byte(`1h`)) || bytes.Contains(body, []byte(`\u`))
+	case Gemini:
+		_, raw, _ := either(r.fields, "generationConfig", "generation_config")
+		var gc map[string]json.RawMessage
+		_ = json.Unmarshal(raw, &gc)
+		_, mods, err := either(gc, "responseModalities", "response_modalities")
+		if err != nil {
+			return err
+		}
+		var modalities []string
+		if mods != nil && string(mods) != "null" && json.Unmarshal(mods, &modalities) != nil {
+			return badRequest("responseModalities must be an array of strings")
+		}
+		_, speech, _ := either(gc, "speechConfig", "speech_config")
+		r.AudioOutput = speech != nil || slices.ContainsFunc(modalities, func(m string) bool { return strings.EqualFold(m, "audio") })
+	}
+	return r.searches()
+}
+
+// searches reads the most web searches the request's tools may run.
+func (r *Request) searches() error {
+	raw := r.fields["tools"]
+	if raw == nil || string(raw) == "null" {
+		if o := r.fields["web_search_options"]; o != nil && string(o) != "null" {
+			r.Searches = 1 // a search model's call searches once
+		}
+		return nil
+	}
+	var tools []map[string]json.RawMessage
+	if json.Unmarshal(raw, &tools) != nil {
+		return badRequest("\"tools\" must be an array of objects")
+	}
+	var limit int64 = -1
+	if v := r.fields["max_tool_calls"]; v != nil && string(v) != "null" {
+		if json.Unmarshal(v, &limit) != nil || limit < 0 {
+			return badRequest("\"max_tool_calls\" must be a non-negative integer")
+		}
+	}
+	var n int64
+	for _, tool := range tools {
+		var typ string
+		_ = json.Unmarshal(tool["type"], &typ)
+		_, gs := tool["google_search"]
+		_, gsc := tool["googleSearch"]
+		_, gsr := tool["google_search_retrieval"]
+		_, gsrc := tool["googleSearchRetrieval"]
+		if !strings.HasPrefix(typ, "web_search") && !gs && !gsc && !gsr && !gsrc {
+			continue
+		}
+		uses := int64(DefaultSearches)
+		if v := tool["max_uses"]; v != nil && string(v) != "null" {
+			if json.Unmarshal(v, &uses) != nil || uses < 0 || uses > 1_000_000 {
+				return badRequest("a web search tool's max_uses must be an integer from 0 to 1000000")
+			}
+		}
+		n += uses
+	}
+	if limit >= 0 {
+		n = min(n, limit)
+	}
+	r.Searches = n
+	return nil
 }
 
 func (r *Request) str(name string, dst *string) error {
@@ -367,6 +497,16 @@ var tokenIDKeys = map[string]bool{"input": true, "prompt": true}
 // provider's report settles it. body must be valid JSON (ParseRequest
 // checks it first).
 func CountInput(body []byte, count func(text string) int64) (tokens, media int64) {
+	c := countInput(body, count)
+	return c.tokens, c.media
+}
+
+// inputCount is what countInput found: the estimate of a request's input
+// tokens, its media items, and the part of the estimate that is audio.
+type inputCount struct{ tokens, media, audio, audioItems int64 }
+
+func countInput(body []byte, count func(text string) int64) inputCount {
+	var tokens, media, audioItems, audio int64
 	type frame struct {
 		object bool
 		key    []byte // the key the value was under
@@ -376,6 +516,7 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 		// type: text when text/*, else media.
 		data       []byte
 		textType   bool // a media type text/*
+		audioType  bool // a media type audio/*
 		plainBytes bool // Anthropic's "type": "text" source: data is not base64
 	}
 	var stackBuf [16]frame
@@ -437,9 +578,14 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 			if len(stack) > 1 {
 				f := &stack[len(stack)-1]
 				if f.data != nil {
-					if f.textType {
+					switch {
+					case f.textType:
 						addText(decodeData(f.data, f.plainBytes))
-					} else {
+					case f.audioType:
+						media++
+						audioItems++
+						audio += AudioTokens(f.data)
+					default:
 						media++
 					}
 				}
@@ -469,12 +615,17 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 			case top.schema:
 				addText(unquote(raw))
 			case top.media:
+				if k == "data" && top.object && string(top.key) == "input_audio" {
+					audioItems++
+					audio += AudioTokens(raw)
+				}
 			case k == "data" && top.object:
 				top.data = raw
 			case mediaKeys[k]:
 				media++
 			case k == "mime_type" || k == "mimeType" || k == "media_type":
 				top.textType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"text/`))
+				top.audioType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"audio/`))
 			case k == "type":
 				top.plainBytes = string(raw) == `"text"`
 			case skipKeys[k]:
@@ -497,7 +648,36 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 		}
 	}
 	flush()
-	return tokens + media*MediaTokens, media
+	return inputCount{tokens: tokens + (media-audioItems)*MediaTokens + audio, media: media, audio: audio, audioItems: audioItems}
+}
+
+// AudioTokensPerSecond bounds the tokens a second of audio input is
+// billed as: Gemini counts 32, OpenAI's audio models about 10.
+const AudioTokensPerSecond = 32
+
+// minAudioByteRate is the fewest bytes a second of compressed audio
+// takes (6 kbit/s, below the lowest MP3 and Opus rates providers
+// accept): the longest a clip of unknown rate can play.
+const minAudioByteRate = 750
+
+// AudioTokens bounds the input tokens of one audio clip, data its base64
+// JSON string (quoted): its longest duration times AudioTokensPerSecond.
+// The duration of uncompressed PCM WAV is read from its header (the
+// sample rate and block size the provider decodes it with); any other
+// clip plays at most its size over minAudioByteRate.
+func AudioTokens(data []byte) int64 {
+	b := bytes.Trim(data, `"`)
+	size := int64(len(b)) * 3 / 4
+	rate := int64(minAudioByteRate)
+	head := make([]byte, 36)
+	if n, _ := base64.StdEncoding.Decode(head, b[:min(len(b), 48)]); n == 36 &&
+		string(head[0:4]) == "RIFF" && string(head[8:12]) == "WAVE" && string(head[12:16]) == "fmt " &&
+		binary.LittleEndian.Uint16(head[20:22]) == 1 { // PCM
+		sampleRate := int64(binary.LittleEndian.Uint32(head[24:28]))
+		blockAlign := int64(binary.LittleEndian.Uint16(head[32:34]))
+		rate = max(rate, sampleRate*blockAlign)
+	}
+	return max((size*AudioTokensPerSecond+rate-1)/rate, 1)
 }
 
 // countChunk is the most text CountInput gives its count function at once.

@@ -30,7 +30,12 @@ type usageScan struct {
 	// last is the last complete usage object found, and its key.
 	last    []byte
 	lastKey string
-	broken  bool // deeper than maxScanDepth or a usage too large: stop
+	// tier gathers the string value of the document's "service_tier"
+	// (or its "response"'s) while inTier; lastTier is the last one read.
+	tier     []byte
+	inTier   bool
+	lastTier string
+	broken   bool // deeper than maxScanDepth or a usage too large: stop
 }
 
 // scanFrame is an open object or array.
@@ -48,10 +53,13 @@ const (
 )
 
 // usageKeys are the keys whose names matter to usageScan.
-var usageKeys = [...]string{"usage", "usageMetadata", "response", "message"}
+var usageKeys = [...]string{"usage", "usageMetadata", "response", "message", "service_tier"}
+
+// maxTier bounds the service tier's name a usageScan keeps.
+const maxTier = 32
 
 func (s *usageScan) reset() {
-	*s = usageScan{stack: s.stack[:0], key: s.key[:0], capture: s.capture[:0], last: s.last[:0]}
+	*s = usageScan{stack: s.stack[:0], key: s.key[:0], capture: s.capture[:0], last: s.last[:0], tier: s.tier[:0]}
 }
 
 // write reads the next bytes of the document.
@@ -72,14 +80,19 @@ func (s *usageScan) write(p []byte) {
 			case s.escaped:
 				s.escaped = false
 				s.keyByte(c)
+				s.tierBytes(p[i : i+1])
 			case c == '\\':
 				s.escaped = true
 				s.keyByte(c)
+				s.tierBytes(p[i : i+1])
 			case c == '"':
 				s.inString = false
 				if s.inKey {
 					s.inKey = false
 					s.endKey()
+				}
+				if s.inTier {
+					s.inTier, s.lastTier = false, string(s.tier)
 				}
 			default:
 				// A run of plain string bytes: skip to its end at once.
@@ -88,6 +101,7 @@ func (s *usageScan) write(p []byte) {
 					j++
 				}
 				s.keyBytes(p[i:j])
+				s.tierBytes(p[i:j])
 				if s.capturing {
 					s.capture = append(s.capture, p[i+1:j]...)
 				}
@@ -100,6 +114,8 @@ func (s *usageScan) write(p []byte) {
 			s.inString = true
 			if top := s.top(); top != nil && top.object && top.expectKey {
 				s.inKey, s.keyLen, s.key = true, 0, s.key[:0]
+			} else if top != nil && top.object && top.key == "service_tier" && s.isTierPath() {
+				s.inTier, s.tier = true, s.tier[:0]
 			}
 		case '{', '[':
 			if len(s.stack) >= maxScanDepth {
@@ -188,6 +204,22 @@ func (s *usageScan) isUsagePath() bool {
 	return false
 }
 
+// isTierPath reports whether a string starting now is the service tier:
+// the value of "service_tier" in the document or in its "response".
+func (s *usageScan) isTierPath() bool {
+	st := s.stack
+	if len(st) > 0 && !st[0].object {
+		st = st[1:]
+	}
+	return len(st) == 1 || len(st) == 2 && st[0].object && st[0].key == "response"
+}
+
+func (s *usageScan) tierBytes(b []byte) {
+	if s.inTier && len(s.tier)+len(b) <= maxTier {
+		s.tier = append(s.tier, b...)
+	}
+}
+
 // usageKey names the usage object just read: "usageMetadata" or "usage".
 func (s *usageScan) usageKey() string {
 	if top := s.top(); top != nil && top.key == "usageMetadata" {
@@ -198,6 +230,7 @@ func (s *usageScan) usageKey() string {
 
 // usage returns the last usage object found as an event, false if none.
 func (s *usageScan) usage() (ev event, ok bool) {
+	ev.ServiceTier = s.lastTier
 	if len(s.last) == 0 {
 		return ev, false
 	}

@@ -229,7 +229,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 
 // settlement is how a call whose response m read ended.
 func settlement(m *meter, ended bool, status int) Settlement {
-	s := Settlement{Usage: m.usage, Reported: m.reported(), Status: status}
+	s := Settlement{Usage: m.usage, Reported: m.reported(), Status: status, ServiceTier: m.tier}
 	switch {
 	case status >= 400 && !s.Reported:
 		// An error without usage: nothing was generated; refund.

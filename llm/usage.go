@@ -15,9 +15,11 @@ type usageJSON struct {
 	CompletionTokens    *int64 `json:"completion_tokens"`
 	PromptTokensDetails *struct {
 		CachedTokens int64 `json:"cached_tokens"`
+		AudioTokens  int64 `json:"audio_tokens"`
 	} `json:"prompt_tokens_details"`
 	CompletionTokensDetails *struct {
 		ReasoningTokens int64 `json:"reasoning_tokens"`
+		AudioTokens     int64 `json:"audio_tokens"`
 	} `json:"completion_tokens_details"`
 	// OpenAI Responses and Anthropic.
 	InputTokens        *int64 `json:"input_tokens"`
@@ -30,6 +32,15 @@ type usageJSON struct {
 	} `json:"output_tokens_details"`
 	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	// Anthropic's cache writes by how long they are kept, its server
+	// tools' uses and the tier it served the call at.
+	CacheCreation *struct {
+		Ephemeral1h int64 `json:"ephemeral_1h_input_tokens"`
+	} `json:"cache_creation"`
+	ServerToolUse *struct {
+		WebSearchRequests int64 `json:"web_search_requests"`
+	} `json:"server_tool_use"`
+	ServiceTier string `json:"service_tier"`
 }
 
 // geminiUsage is Gemini's usageMetadata: running totals in a stream.
@@ -39,13 +50,36 @@ type geminiUsage struct {
 	CandidatesTokenCount    int64 `json:"candidatesTokenCount"`
 	ThoughtsTokenCount      int64 `json:"thoughtsTokenCount"`
 	ToolUsePromptTokenCount int64 `json:"toolUsePromptTokenCount"`
+	// The prompt's and the answer's counts by modality, of which audio
+	// is priced apart.
+	PromptTokensDetails     []geminiModality `json:"promptTokensDetails"`
+	CandidatesTokensDetails []geminiModality `json:"candidatesTokensDetails"`
+}
+
+type geminiModality struct {
+	Modality   string `json:"modality"`
+	TokenCount int64  `json:"tokenCount"`
+}
+
+// audio returns the tokens of the AUDIO modality in d.
+func audio(d []geminiModality) int64 {
+	var n int64
+	for _, m := range d {
+		if m.Modality == "AUDIO" {
+			n += max(m.TokenCount, 0)
+		}
+	}
+	return n
 }
 
 func (g *geminiUsage) tokens() policy.Tokens {
 	var t policy.Tokens
 	t[policy.CachedInput] = g.CachedContentTokenCount
-	t[policy.Input] = max(g.PromptTokenCount+g.ToolUsePromptTokenCount-g.CachedContentTokenCount, 0)
-	t[policy.Output] = g.CandidatesTokenCount
+	fresh := max(g.PromptTokenCount+g.ToolUsePromptTokenCount-g.CachedContentTokenCount, 0)
+	t[policy.AudioInput] = min(audio(g.PromptTokensDetails), fresh)
+	t[policy.Input] = fresh - t[policy.AudioInput]
+	t[policy.AudioOutput] = min(audio(g.CandidatesTokensDetails), max(g.CandidatesTokenCount, 0))
+	t[policy.Output] = g.CandidatesTokenCount - t[policy.AudioOutput]
 	t[policy.Reasoning] = g.ThoughtsTokenCount
 	return t
 }
@@ -66,23 +100,27 @@ func (u *usageJSON) openAITokens() policy.Tokens {
 	if u.InputTokens != nil || u.OutputTokens != nil {
 		in, out = val(u.InputTokens), val(u.OutputTokens)
 	}
-	var cached, reasoning int64
+	var cached, reasoning, audioIn, audioOut int64
 	if d := u.PromptTokensDetails; d != nil {
-		cached = d.CachedTokens
+		cached, audioIn = d.CachedTokens, d.AudioTokens
 	}
 	if d := u.InputTokensDetails; d != nil {
 		cached = d.CachedTokens
 	}
 	if d := u.CompletionTokensDetails; d != nil {
-		reasoning = d.ReasoningTokens
+		reasoning, audioOut = d.ReasoningTokens, d.AudioTokens
 	}
 	if d := u.OutputTokensDetails; d != nil {
 		reasoning = d.ReasoningTokens
 	}
-	t[policy.CachedInput] = min(cached, in)
-	t[policy.Input] = in - t[policy.CachedInput]
-	t[policy.Reasoning] = min(reasoning, out)
-	t[policy.Output] = out - t[policy.Reasoning]
+	// Each part at most what is left of its whole: a report whose parts
+	// exceed it charges the whole, never more.
+	t[policy.CachedInput] = min(max(cached, 0), in)
+	t[policy.AudioInput] = min(max(audioIn, 0), in-t[policy.CachedInput])
+	t[policy.Input] = in - t[policy.CachedInput] - t[policy.AudioInput]
+	t[policy.Reasoning] = min(max(reasoning, 0), out)
+	t[policy.AudioOutput] = min(max(audioOut, 0), out-t[policy.Reasoning])
+	t[policy.Output] = out - t[policy.Reasoning] - t[policy.AudioOutput]
 	return t
 }
 
@@ -92,9 +130,27 @@ func (u *usageJSON) anthropicTokens() policy.Tokens {
 	var t policy.Tokens
 	t[policy.Input] = val(u.InputTokens)
 	t[policy.CachedInput] = val(u.CacheReadInputTokens)
-	t[policy.CacheWrite] = val(u.CacheCreationInputTokens)
+	u.cacheWrites(&t)
 	t[policy.Output] = val(u.OutputTokens)
+	if u.ServerToolUse != nil {
+		t[policy.WebSearch] = u.ServerToolUse.WebSearchRequests
+	}
 	return t
+}
+
+// cacheWrites sets t's cache writes from Anthropic's usage: all of them,
+// of which those kept an hour are priced apart.
+func (u *usageJSON) cacheWrites(t *policy.Tokens) {
+	all := val(u.CacheCreationInputTokens)
+	var long int64
+	if u.CacheCreation != nil {
+		long = u.CacheCreation.Ephemeral1h
+	}
+	// An hour's writes reported beyond the total are all there is.
+	long = max(long, 0)
+	all = max(all, long)
+	t[policy.CacheWriteLong] = long
+	t[policy.CacheWrite] = all - long
 }
 
 // event is one JSON response or stream event, with the fields of every
@@ -107,8 +163,11 @@ type event struct {
 		Usage *usageJSON `json:"usage"`
 	} `json:"message"`
 	Response *struct {
-		Usage *usageJSON `json:"usage"`
+		Usage       *usageJSON `json:"usage"`
+		ServiceTier string     `json:"service_tier"`
 	} `json:"response"`
+	// ServiceTier is the tier OpenAI served a chat completion at.
+	ServiceTier string `json:"service_tier"`
 	// Choices is read only for whether it is empty: OpenAI's usage-only
 	// chunk.
 	Choices *[]json.RawMessage `json:"choices"`
@@ -123,6 +182,8 @@ type meter struct {
 	// last).
 	usage         policy.Tokens
 	input, output bool
+	// tier is the service tier the provider reported, if it did.
+	tier string
 }
 
 // reported says whether the response reported its usage.
@@ -177,13 +238,26 @@ func skipColon(b []byte) int {
 	return -1
 }
 
+// anthropicTier notes the service tier Anthropic's usage names.
+func (m *meter) anthropicTier(u *usageJSON) {
+	if u.ServiceTier != "" {
+		m.tier = u.ServiceTier
+	}
+}
+
 // observeEvent is observe of a decoded event.
 func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 	switch m.api.Provider() {
 	case OpenAI:
 		u := ev.Usage
+		if ev.ServiceTier != "" {
+			m.tier = ev.ServiceTier
+		}
 		if ev.Response != nil && ev.Response.Usage != nil {
 			u = ev.Response.Usage // response.completed, .incomplete, .failed
+			if ev.Response.ServiceTier != "" {
+				m.tier = ev.Response.ServiceTier
+			}
 		}
 		if u != nil {
 			m.usage, m.input, m.output = u.openAITokens(), true, true
@@ -194,6 +268,7 @@ func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 		case ev.Type == "message_start" && ev.Message != nil && ev.Message.Usage != nil:
 			// Input and cache counts; output so far (usually 1).
 			m.usage, m.input = ev.Message.Usage.anthropicTokens(), true
+			m.anthropicTier(ev.Message.Usage)
 		case ev.Type == "message_delta" && ev.Usage != nil:
 			// Cumulative: the latest replaces, never adds to, the
 			// output; input counts, when present, replace too.
@@ -205,11 +280,16 @@ func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 			if u.CacheReadInputTokens != nil {
 				m.usage[policy.CachedInput] = *u.CacheReadInputTokens
 			}
-			if u.CacheCreationInputTokens != nil {
-				m.usage[policy.CacheWrite] = *u.CacheCreationInputTokens
+			if u.CacheCreationInputTokens != nil || u.CacheCreation != nil {
+				u.cacheWrites(&m.usage)
 			}
+			if u.ServerToolUse != nil {
+				m.usage[policy.WebSearch] = u.ServerToolUse.WebSearchRequests
+			}
+			m.anthropicTier(u)
 		case ev.Usage != nil && ev.Type != "message_delta": // a whole message
 			m.usage, m.input, m.output = ev.Usage.anthropicTokens(), true, true
+			m.anthropicTier(ev.Usage)
 		}
 	case Gemini:
 		// Running totals: a chunk that carries them replaces the last;

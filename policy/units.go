@@ -37,33 +37,59 @@ func (u Unit) String() string {
 	return "requests"
 }
 
-// TokenKind is a kind of LLM token. The kinds are disjoint: a prompt
-// token is input, cached input or a cache write; an answer token is
-// output or reasoning.
+// TokenKind is a kind of LLM token, priced apart by the providers. The
+// kinds are disjoint: a prompt token is input, cached input, a cache
+// write (kept 5 minutes or 1 hour) or audio input; an answer token is
+// output, reasoning or audio output. WebSearch is not a token but a
+// count of the web searches a provider ran for the call, billed by the
+// search.
 type TokenKind int
 
 // The token kinds, in the order of Tokens.
 const (
-	Input       TokenKind = iota // prompt tokens read fresh
-	CachedInput                  // prompt tokens read from the provider's cache
-	CacheWrite                   // prompt tokens written to the provider's cache
-	Output                       // answer tokens
-	Reasoning                    // reasoning ("thinking") tokens, billed as output
+	Input          TokenKind = iota // prompt tokens read fresh
+	CachedInput                     // prompt tokens read from the provider's cache
+	CacheWrite                      // prompt tokens written to the provider's cache, kept 5 minutes
+	Output                          // answer tokens
+	Reasoning                       // reasoning ("thinking") tokens, billed as output
+	AudioInput                      // prompt tokens of audio
+	AudioOutput                     // answer tokens of audio
+	CacheWriteLong                  // prompt tokens written to the provider's cache, kept 1 hour
+	WebSearch                       // web searches run by the provider (not tokens)
 	NumTokenKinds
 )
 
 // TokenKindNames are the kinds' names in configuration, metrics and
 // usage records, by TokenKind.
-var TokenKindNames = [NumTokenKinds]string{"input", "cached_input", "cache_write", "output", "reasoning"}
+var TokenKindNames = [NumTokenKinds]string{"input", "cached_input", "cache_write", "output", "reasoning",
+	"audio_input", "audio_output", "cache_write_1h", "web_search"}
+
+// InputKinds and OutputKinds are the kinds of a prompt's tokens and of an
+// answer's.
+var (
+	InputKinds  = []TokenKind{Input, CachedInput, CacheWrite, CacheWriteLong, AudioInput}
+	OutputKinds = []TokenKind{Output, Reasoning, AudioOutput}
+)
 
 // Tokens counts tokens by kind.
 type Tokens [NumTokenKinds]int64
 
-// Sum returns the tokens of every kind.
+// Sum returns the tokens of every kind (web searches are not tokens).
 func (t Tokens) Sum() int64 {
 	var s int64
-	for _, n := range t {
-		s += n
+	for k, n := range t {
+		if TokenKind(k) != WebSearch {
+			s += n
+		}
+	}
+	return s
+}
+
+// Prompt returns the prompt's tokens, of every input kind.
+func (t Tokens) Prompt() int64 {
+	var s int64
+	for _, k := range InputKinds {
+		s += t[k]
 	}
 	return s
 }
@@ -72,8 +98,9 @@ func (t Tokens) Sum() int64 {
 // ⌈Σ tokens × weight ÷ 1000⌉.
 type Weights [NumTokenKinds]int64
 
-// EveryTokenWeighsOne is the default weighting: every kind counts 1.
-var EveryTokenWeighsOne = Weights{1000, 1000, 1000, 1000, 1000}
+// EveryTokenWeighsOne is the default weighting: every kind of token
+// counts 1; web searches, not tokens, count 0.
+var EveryTokenWeighsOne = Weights{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 0}
 
 // Cost returns the weighted count of t, rounded up, at most admit.MaxCost
 // past which no charge goes.
@@ -92,7 +119,8 @@ func (w Weights) Cost(t Tokens) int64 {
 }
 
 // parseWeights parses a weights map: kind name → a number from 0 to 1000
-// with at most three decimals. Kinds not named weigh 1.
+// with at most three decimals. Kinds not named weigh as
+// EveryTokenWeighsOne has them.
 func parseWeights(m map[string]string) (Weights, error) {
 	w := EveryTokenWeighsOne
 	for name, v := range m {

@@ -287,6 +287,26 @@ func (c *Config) CheckProxyActions() (unreachable []string, err error) {
 }
 
 // decoder decodes a YAML node tree into Go values by their json tags,
+// configFields gathers the configuration fields of struct type t by
+// their names, with their index paths; an embedded struct's fields are
+// its container's, as encoding/json has them.
+func configFields(t reflect.Type, index []int, fields map[string][]int, names *[]string) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		at := append(slices.Clip(index), i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			configFields(f.Type, at, fields, names)
+			continue
+		}
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || tag == "" {
+			continue // not configuration (Config.src)
+		}
+		fields[tag] = at
+		*names = append(*names, tag)
+	}
+}
+
 // strictly: unknown fields, wrong kinds and bad numbers are errors with the
 // node's position. It records the position of every path it decodes, so
 // that later checks can point at the field they reject.
@@ -329,17 +349,9 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 			d.fail(n, path, "want a mapping, got %s", yamlconf.KindName(n))
 			return
 		}
-		fields := map[string]int{}
+		fields := map[string][]int{}
 		names := []string{}
-		for i := 0; i < v.NumField(); i++ {
-			f := v.Type().Field(i)
-			tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-			if !f.IsExported() || tag == "" {
-				continue // not configuration (Config.src)
-			}
-			fields[tag] = i
-			names = append(names, tag)
-		}
+		configFields(v.Type(), nil, fields, &names)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, val := n.Content[i], n.Content[i+1]
 			fp := join(path, k.Value)
@@ -348,7 +360,7 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, path string) {
 				d.fail(k, fp, "unknown field %q (known: %s)", k.Value, strings.Join(names, ", "))
 				continue
 			}
-			d.value(val, v.Field(idx), fp)
+			d.value(val, v.FieldByIndex(idx), fp)
 		}
 	case reflect.Map:
 		if n.Kind != yaml.MappingNode {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -14,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/llm/llmtest"
+	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redistest"
 )
 
@@ -382,4 +385,210 @@ func TestLLMClientsWhoLeaveArePaidFor(t *testing.T) {
 	if left, _ := strconv.ParseInt(resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 10, 64); left > 1000-billed+refill {
 		t.Errorf("the budget holds %d of 1000 after calls billed %d", left, billed)
 	}
+}
+
+// TestLLMPricesScale: a long context or a tier that sets some kinds
+// scales the kinds it leaves unset as the kinds they default to.
+func TestLLMPricesScale(t *testing.T) {
+	c := LLMConfig{Prices: map[string]LLMPriceConfig{"m": {
+		LLMRatesConfig: LLMRatesConfig{Input: "2", CachedInput: "0.2", AudioInput: "40", Output: "10", CacheWrite1h: "4", WebSearch: "10"},
+		LongContext:    &LLMLongContextConfig{Above: 100, LLMRatesConfig: LLMRatesConfig{Input: "4", Output: "15"}},
+		ServiceTiers:   map[string]LLMTierConfig{"priority": {LLMRatesConfig: LLMRatesConfig{Input: "3"}}},
+	}}}
+	prices, err := c.prices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := prices["m"]
+	want := llm.Rates{policy.Input: 2e6, policy.CachedInput: 2e5, policy.CacheWrite: 2e6, policy.CacheWriteLong: 4e6, policy.Output: 10e6,
+		policy.Reasoning: 10e6, policy.AudioInput: 40e6, policy.AudioOutput: 10e6, policy.WebSearch: 10e9}
+	if p.Rates != want {
+		t.Errorf("rates %v, want %v", p.Rates, want)
+	}
+	long := llm.Rates{policy.Input: 4e6, policy.CachedInput: 4e5, policy.CacheWrite: 4e6, policy.CacheWriteLong: 8e6, policy.Output: 15e6,
+		policy.Reasoning: 15e6, policy.AudioInput: 80e6, policy.AudioOutput: 15e6, policy.WebSearch: 10e9}
+	if p.LongContextAbove != 100 || p.LongContext != long {
+		t.Errorf("long context above %d: %v, want %v", p.LongContextAbove, p.LongContext, long)
+	}
+	pr := p.Tiers["priority"]
+	if pr.Rates[policy.Input] != 3e6 || pr.Rates[policy.CachedInput] != 3e5 || pr.Rates[policy.Output] != 10e6 || pr.Rates[policy.AudioInput] != 60e6 {
+		t.Errorf("priority %v", pr.Rates)
+	}
+	// The tier has no long context of its own: the higher of its rates
+	// and the model's long-context ones.
+	if pr.LongContextAbove != 100 || pr.LongContext[policy.Input] != 4e6 || pr.LongContext[policy.AudioInput] != 80e6 {
+		t.Errorf("priority's long context %d %v", pr.LongContextAbove, pr.LongContext)
+	}
+}
+
+// TestLLMPricedAsBilledOnRedis: two proxies on one Redis, priced as
+// examples/llm/admit.yaml prices, charge each call what the provider's
+// list prices bill for it: an hour's cache writes and web searches, a
+// long prompt, a priority tier asked for and one served unasked, audio in
+// and out. The usage both proxies store adds up to the list price, and
+// the tenant's daily budget runs out at it.
+func TestLLMPricedAsBilledOnRedis(t *testing.T) {
+	example, err := os.ReadFile("../../examples/llm/admit.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := strings.Index(string(example), "  prices:\n")
+	end := strings.Index(string(example), "\ntiers:")
+	srv := redistest.Start(t)
+	cfg := `version: 1
+store:
+  backend: redis
+  redis:
+    addrs: ["` + srv.Addr + `"]
+llm:
+  providers:
+    openai: {base_url: "${OPENAI_BASE_URL}", api_key: "${OPENAI_API_KEY}"}
+    anthropic: {base_url: "${ANTHROPIC_BASE_URL}", api_key: "${ANTHROPIC_API_KEY}"}
+    gemini: {base_url: "${GOOGLE_GEMINI_BASE_URL}", api_key: "${GEMINI_API_KEY}"}
+` + string(example[start:end]) + `
+tiers:
+  t:
+    rules:
+      - {name: spend, scope: tenant, unit: money, algorithm: quota, period: day, time_zone: UTC, budget: "3"}
+tenants:
+  acme:
+    tier: t
+    api_keys_sha256: ["afacab3575137afa4e00d9cbcafcb14c9ae25f779d964eb0ea5b2c4eb5dfd163"]
+`
+	path := filepath.Join(t.TempDir(), "admit.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, up := llmProxy(t, path, "--data-dir", t.TempDir(), "--metrics", "127.0.0.1:0")
+	b := startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	prices := mustPrices(t, path)
+	wav := base64.StdEncoding.EncodeToString(append([]byte("RIFF\x00\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80\x3e\x00\x00\x00\x7d\x00\x00\x02\x00\x10\x00data"), make([]byte, 32004)...))
+	type kinds = map[policy.TokenKind]int64
+	var spent int64
+	for i, call := range []struct {
+		name, path, body string
+		set              func(*llmtest.Upstream)
+		extra            kinds
+		tier             string
+		long             bool
+	}{
+		{"an hour's cache writes and web searches", "/v1/messages",
+			`{"model":"claude-sonnet-4-5","max_tokens":400,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}],` +
+				`"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}],"messages":[{"role":"user","content":"news"}]}`,
+			func(u *llmtest.Upstream) { u.Cached, u.CacheWrite, u.CacheWrite1h, u.WebSearches = 500, 1000, 2000, 3 },
+			kinds{policy.CachedInput: 500, policy.CacheWrite: 1000, policy.CacheWriteLong: 2000, policy.WebSearch: 3}, "standard", false},
+		{"a long prompt", "/v1/messages",
+			`{"model":"claude-sonnet-4-5","max_tokens":400,"stream":true,"messages":[{"role":"user","content":"the rest"}]}`,
+			func(u *llmtest.Upstream) { u.Cached = 250_000 }, kinds{policy.CachedInput: 250_000}, "standard", true},
+		{"priority asked for", "/v1/chat/completions",
+			`{"model":"gpt-5","service_tier":"priority","max_completion_tokens":300,"messages":[{"role":"user","content":"fast"}]}`,
+			func(*llmtest.Upstream) {}, nil, "priority", false},
+		{"priority served unasked", "/v1/chat/completions",
+			`{"model":"gpt-5-2025-08-07","stream":true,"max_completion_tokens":300,"messages":[{"role":"user","content":"auto"}]}`,
+			func(u *llmtest.Upstream) { u.ServiceTier = "priority" }, nil, "priority", false},
+		{"audio in and out", "/v1/chat/completions",
+			`{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_completion_tokens":500,` +
+				`"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + wav + `","format":"wav"}}]}]}`,
+			func(u *llmtest.Upstream) { u.AudioIn, u.AudioOut = 32, 300 }, kinds{policy.AudioInput: 32, policy.AudioOutput: 300}, "default", false},
+		{"gemini audio", "/v1beta/models/gemini-2.5-flash:generateContent",
+			`{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + wav + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
+			func(u *llmtest.Upstream) { u.AudioIn = 32 }, kinds{policy.AudioInput: 32}, "", false},
+	} {
+		up.Output, up.Cached, up.CacheWrite, up.CacheWrite1h, up.WebSearches, up.ServiceTier, up.AudioIn, up.AudioOut = 100, 0, 0, 0, 0, "", 0, 0
+		call.set(up)
+		p := a
+		if i%2 == 1 {
+			p = b
+		}
+		resp, body := llmCall(t, "POST", p.url+call.path, map[string]string{"Authorization": "Bearer acme-key", "x-api-key": "acme-key", "x-goog-api-key": "acme-key"}, call.body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", call.name, resp.StatusCode, body)
+		}
+		_, sent := up.Last()
+		var tok policy.Tokens
+		for k, n := range call.extra {
+			tok[k] = n
+		}
+		tok[policy.Input], tok[policy.Output] = llmtest.InputTokens(sent), 100
+		model := strings.TrimSuffix(strings.TrimPrefix(call.path, "/v1beta/models/"), ":generateContent")
+		if !strings.HasPrefix(call.path, "/v1beta") {
+			var m struct{ Model string }
+			_ = json.Unmarshal([]byte(call.body), &m)
+			model = strings.TrimSuffix(m.Model, "-2025-08-07")
+		}
+		pr := prices[model]
+		if tp := pr.Tiers[call.tier]; tp != nil {
+			pr = *tp
+		}
+		rates := pr.Rates
+		if call.long {
+			rates = pr.LongContext
+		}
+		var sum int64
+		for k, n := range tok {
+			sum += n * rates[k]
+		}
+		cost := (sum + 999_999) / 1_000_000
+		t.Logf("%s: %s at the list price", call.name, policy.FormatDecimal(cost, 6))
+		spent += cost
+	}
+	addr := metricsAddr(t, a.stderr.String())
+	waitFor(t, func() bool {
+		_, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", adminAuth, "")
+		var u struct{ Usage []struct{ Requests int64 } }
+		if json.Unmarshal([]byte(body), &u) != nil {
+			return false
+		}
+		n := int64(0)
+		for _, row := range u.Usage {
+			n += row.Requests
+		}
+		return n == 6
+	}, "both proxies' calls in Redis")
+	_, body := llmCall(t, "GET", "http://"+addr+"/v1/llm/usage?tenant=acme", adminAuth, "")
+	var u struct{ Usage []struct{ Cost string } }
+	if err := json.Unmarshal([]byte(body), &u); err != nil {
+		t.Fatal(err)
+	}
+	var recorded int64
+	for _, row := range u.Usage {
+		n, err := policy.ParseDecimal(row.Cost, 6)
+		if err != nil {
+			t.Fatalf("cost %q: %v", row.Cost, err)
+		}
+		recorded += n
+	}
+	if recorded != spent {
+		t.Fatalf("the usage both proxies stored costs %s; the list prices bill %s (%s)", policy.FormatDecimal(recorded, 6), policy.FormatDecimal(spent, 6), body)
+	}
+	// The budget of 3 USD lost exactly that: a call that may cost what is
+	// left and a millionth more is refused, one that may cost what is
+	// left is not (gpt-5: 1.25 per million input, 10 per million output).
+	left := 3_000_000 - spent
+	t.Logf("spent %s of 3; %s left", policy.FormatDecimal(spent, 6), policy.FormatDecimal(left, 6))
+	up.ServiceTier, up.Output = "", 1
+	probe := func(maxOut int64) int {
+		body := `{"model":"gpt-5","max_completion_tokens":` + strconv.FormatInt(maxOut, 10) + `,"messages":[{"role":"user","content":"x"}]}`
+		resp, _ := llmCall(t, "POST", b.url+"/v1/chat/completions", map[string]string{"Authorization": "Bearer acme-key"}, body)
+		return resp.StatusCode
+	}
+	if code := probe(left/10 + 1); code != 429 {
+		t.Fatalf("a call that may cost more than the %d µUSD left: %d", left, code)
+	}
+	if code := probe(left/10 - 10); code != 200 {
+		t.Fatalf("a call that may cost what is left (%d µUSD): %d", left, code)
+	}
+}
+
+func mustPrices(t *testing.T, path string) map[string]llm.Price {
+	t.Helper()
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := cfg.LLM.prices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

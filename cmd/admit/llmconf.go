@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"maps"
+	"math/big"
 	"net/url"
 	"slices"
 	"strings"
@@ -54,15 +55,53 @@ type LLMProviderConfig struct {
 	MaxTokensField string `json:"max_tokens_field"`
 }
 
-// LLMPriceConfig is a model's prices per million tokens. Cached input and
-// cache writes cost what input costs unless set; reasoning what output
-// costs.
+// LLMPriceConfig is a model's prices: per million tokens of each kind,
+// per thousand web searches, and the model's long-context and
+// service-tier prices.
 type LLMPriceConfig struct {
-	Input       string `json:"input"`
-	CachedInput string `json:"cached_input"`
-	CacheWrite  string `json:"cache_write"`
-	Output      string `json:"output"`
-	Reasoning   string `json:"reasoning"`
+	LLMRatesConfig
+	// LongContext prices the calls whose prompt passes a number of tokens.
+	LongContext *LLMLongContextConfig `json:"long_context"`
+	// ServiceTiers price the calls a provider reports it served at a
+	// tier, by the tier's name ("priority", "flex").
+	ServiceTiers map[string]LLMTierConfig `json:"service_tiers"`
+}
+
+// LLMRatesConfig are prices per million tokens of each kind, as decimal
+// amounts of the currency, and per thousand web searches. At a model's
+// own rates, input and output are required; cached input, cache writes
+// and audio input cost what input costs unless set, hour-long cache
+// writes what cache writes cost, reasoning and audio output what output
+// costs, and web searches nothing.
+type LLMRatesConfig struct {
+	Input        string `json:"input"`
+	CachedInput  string `json:"cached_input"`
+	CacheWrite   string `json:"cache_write"`
+	CacheWrite1h string `json:"cache_write_1h"`
+	Output       string `json:"output"`
+	Reasoning    string `json:"reasoning"`
+	AudioInput   string `json:"audio_input"`
+	AudioOutput  string `json:"audio_output"`
+	WebSearch    string `json:"web_search"`
+}
+
+// LLMLongContextConfig prices a call whose prompt (input of every kind)
+// has more than Above tokens, the whole call, as Anthropic and Google
+// bill long prompts. A kind it does not set costs what the rates it
+// replaces say, scaled as the kind it defaults to is (see
+// LLMRatesConfig).
+type LLMLongContextConfig struct {
+	Above int64 `json:"above"`
+	LLMRatesConfig
+}
+
+// LLMTierConfig prices a service tier; a kind it does not set costs the
+// model's rate, scaled as the kind it defaults to is. A tier without its
+// own long context prices a long prompt at the higher of its rates and
+// the model's long-context rates.
+type LLMTierConfig struct {
+	LLMRatesConfig
+	LongContext *LLMLongContextConfig `json:"long_context"`
 }
 
 // The providers' own base URLs, for a provider configured without one.
@@ -107,35 +146,112 @@ func (c *LLMConfig) upstreams() (map[llm.Provider]llm.Upstream, error) {
 	return out, nil
 }
 
-// prices returns the configured prices in millionths per million tokens.
+// prices returns the configured prices in millionths per million tokens
+// (and per million web searches).
 func (c *LLMConfig) prices() (map[string]llm.Price, error) {
 	out := map[string]llm.Price{}
-	for model, pc := range c.Prices {
+	for _, model := range slices.Sorted(maps.Keys(c.Prices)) {
+		pc := c.Prices[model]
 		path := "llm.prices." + model
 		var p llm.Price
-		for _, f := range []struct {
-			kind policy.TokenKind
-			v    string
-			def  policy.TokenKind
-		}{{policy.Input, pc.Input, -1}, {policy.Output, pc.Output, -1}, {policy.CachedInput, pc.CachedInput, policy.Input},
-			{policy.CacheWrite, pc.CacheWrite, policy.Input}, {policy.Reasoning, pc.Reasoning, policy.Output}} {
-			name := policy.TokenKindNames[f.kind]
-			if f.v == "" {
-				if f.def < 0 {
-					return nil, &fieldError{path + "." + name, "missing: the price of a million " + name + " tokens, like \"0.15\""}
+		var err error
+		if p.Rates, err = pc.rates(path, nil); err != nil {
+			return nil, err
+		}
+		if p.LongContextAbove, p.LongContext, err = pc.LongContext.rates(path+".long_context", &p.Rates); err != nil {
+			return nil, err
+		}
+		for _, name := range slices.Sorted(maps.Keys(pc.ServiceTiers)) {
+			tc := pc.ServiceTiers[name]
+			tpath := path + ".service_tiers." + name
+			if name == "" || len(name) > 32 {
+				return nil, &fieldError{tpath, "a tier's name is from 1 to 32 characters, as the provider reports it (priority, flex)"}
+			}
+			tier := &llm.Price{}
+			if tier.Rates, err = tc.rates(tpath, &p.Rates); err != nil {
+				return nil, err
+			}
+			if tc.LongContext != nil {
+				if tier.LongContextAbove, tier.LongContext, err = tc.LongContext.rates(tpath+".long_context", &tier.Rates); err != nil {
+					return nil, err
 				}
-				p[f.kind] = p[f.def]
-				continue
+			} else if p.LongContextAbove > 0 {
+				tier.LongContextAbove = p.LongContextAbove
+				for k := range tier.LongContext {
+					tier.LongContext[k] = max(tier.Rates[k], p.LongContext[k])
+				}
 			}
-			n, err := policy.ParseDecimal(f.v, 6)
-			if err != nil || n > 1_000_000_000_000 {
-				return nil, &fieldError{path + "." + name, fmt.Sprintf("%q: want an amount per million tokens from 0 to 1000000 with at most 6 decimals", f.v)}
+			if p.Tiers == nil {
+				p.Tiers = map[string]*llm.Price{}
 			}
-			p[f.kind] = n
+			p.Tiers[name] = tier
 		}
 		out[model] = p
 	}
 	return out, nil
+}
+
+// rates parses rc at path. At a model's own rates (base nil), kinds it
+// does not set cost what the kinds they default to cost; in a long
+// context or a tier (base the rates it replaces), they cost what base
+// says, scaled as the kind they default to is: a long context that
+// doubles input doubles cache reads and audio input too.
+func (rc *LLMRatesConfig) rates(path string, base *llm.Rates) (llm.Rates, error) {
+	var r llm.Rates
+	for _, f := range []struct {
+		kind policy.TokenKind
+		v    string
+		def  policy.TokenKind // -1: required; NumTokenKinds: 0
+	}{{policy.Input, rc.Input, -1}, {policy.Output, rc.Output, -1}, {policy.CachedInput, rc.CachedInput, policy.Input},
+		{policy.CacheWrite, rc.CacheWrite, policy.Input}, {policy.CacheWriteLong, rc.CacheWrite1h, policy.CacheWrite},
+		{policy.Reasoning, rc.Reasoning, policy.Output}, {policy.AudioInput, rc.AudioInput, policy.Input},
+		{policy.AudioOutput, rc.AudioOutput, policy.Output}, {policy.WebSearch, rc.WebSearch, policy.NumTokenKinds}} {
+		name := policy.TokenKindNames[f.kind]
+		if f.v == "" {
+			switch {
+			case base != nil && f.def >= 0 && f.def < policy.NumTokenKinds && base[f.def] > 0:
+				// Scaled as the kind it defaults to is in this block.
+				n := new(big.Int).Mul(big.NewInt(base[f.kind]), big.NewInt(r[f.def]))
+				n.Add(n, big.NewInt(base[f.def]-1))
+				r[f.kind] = min(n.Quo(n, big.NewInt(base[f.def])).Int64(), 1_000_000_000_000_000)
+			case base != nil:
+				r[f.kind] = base[f.kind]
+			case f.def < 0:
+				return r, &fieldError{path + "." + name, "missing: the price of a million " + name + " tokens, like \"0.15\""}
+			case f.def < policy.NumTokenKinds:
+				r[f.kind] = r[f.def]
+			}
+			continue
+		}
+		n, err := policy.ParseDecimal(f.v, 6)
+		if f.kind == policy.WebSearch {
+			// Priced per thousand searches; kept per million.
+			if err != nil || n > 1_000_000_000_000 {
+				return r, &fieldError{path + "." + name, fmt.Sprintf("%q: want an amount per thousand searches from 0 to 1000000 with at most 6 decimals", f.v)}
+			}
+			r[f.kind] = n * 1000
+			continue
+		}
+		if err != nil || n > 1_000_000_000_000 {
+			return r, &fieldError{path + "." + name, fmt.Sprintf("%q: want an amount per million tokens from 0 to 1000000 with at most 6 decimals", f.v)}
+		}
+		r[f.kind] = n
+	}
+	return r, nil
+}
+
+// rates parses a long-context block: its threshold and its rates, kinds
+// it does not set costing what base says. A nil block prices nothing
+// apart.
+func (lc *LLMLongContextConfig) rates(path string, base *llm.Rates) (int64, llm.Rates, error) {
+	if lc == nil {
+		return 0, llm.Rates{}, nil
+	}
+	if lc.Above < 1 || lc.Above > 100_000_000 {
+		return 0, llm.Rates{}, &fieldError{path + ".above", fmt.Sprintf("%d: want the prompt tokens past which the long-context prices apply, from 1 to 100000000 (200000 for Claude and Gemini)", lc.Above)}
+	}
+	r, err := lc.LLMRatesConfig.rates(path, base)
+	return lc.Above, r, err
 }
 
 func (d *decoder) checkLLM(c *LLMConfig) {

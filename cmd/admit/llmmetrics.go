@@ -51,14 +51,15 @@ type llmMeter struct {
 	flushMu sync.Mutex
 	log     *slog.Logger
 
-	requests, tokens, cost, unreported *prometheus.Desc
+	requests, tokens, cost, unreported, searches *prometheus.Desc
 }
 
 func newLLMMeter(currency string, records io.Writer, store llm.UsageStore, log *slog.Logger) *llmMeter {
 	return &llmMeter{
 		currency: currency, rows: map[llmKey]*llmRow{}, records: records, store: store, log: log,
 		requests:   prometheus.NewDesc("admit_llm_requests_total", "LLM calls settled, per tenant and model.", []string{"tenant", "model"}, nil),
-		tokens:     prometheus.NewDesc("admit_llm_tokens_total", "LLM tokens used, per tenant, model and kind (input, cached_input, cache_write, output, reasoning).", []string{"tenant", "model", "kind"}, nil),
+		tokens:     prometheus.NewDesc("admit_llm_tokens_total", "LLM tokens used, per tenant, model and kind ("+strings.Join(policy.TokenKindNames[:policy.WebSearch], ", ")+").", []string{"tenant", "model", "kind"}, nil),
+		searches:   prometheus.NewDesc("admit_llm_web_searches_total", "Web searches LLM calls ran at the provider, per tenant and model.", []string{"tenant", "model"}, nil),
 		cost:       prometheus.NewDesc("admit_llm_cost_total", "What LLM calls cost at the configured prices, in the currency.", []string{"tenant", "model", "currency"}, nil),
 		unreported: prometheus.NewDesc("admit_llm_unreported_total", "LLM calls whose usage the provider did not report (estimated or charged their reservation).", []string{"tenant", "model"}, nil),
 	}
@@ -76,6 +77,9 @@ type billingRecord struct {
 	Cost     string           `json:"cost,omitempty"`
 	Currency string           `json:"currency,omitempty"`
 	Reported bool             `json:"reported"`
+	// ServiceTier is the tier the call was priced at, when not the
+	// default.
+	ServiceTier string `json:"service_tier,omitempty"`
 }
 
 func tokenMap(t policy.Tokens) map[string]int64 {
@@ -119,7 +123,7 @@ func (m *llmMeter) record(r *llm.Record) {
 	row.cost += r.Cost
 	if m.records != nil {
 		rec := billingRecord{At: r.At.UTC(), Tenant: r.Tenant, User: r.User, Model: r.Model, API: r.API.String(),
-			Status: r.Status, Tokens: tokenMap(r.Usage), Reported: r.Reported}
+			Status: r.Status, Tokens: tokenMap(r.Usage), Reported: r.Reported, ServiceTier: r.ServiceTier}
 		if r.Priced {
 			rec.Cost, rec.Currency = policy.FormatDecimal(r.Cost, 6), m.currency
 		}
@@ -182,6 +186,7 @@ func (m *llmMeter) Describe(ch chan<- *prometheus.Desc) {
 	ch <- m.tokens
 	ch <- m.cost
 	ch <- m.unreported
+	ch <- m.searches
 }
 
 // Collect implements prometheus.Collector.
@@ -192,9 +197,10 @@ func (m *llmMeter) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue, float64(row.requests), k.tenant, k.model)
 		ch <- prometheus.MustNewConstMetric(m.unreported, prometheus.CounterValue, float64(row.unreported), k.tenant, k.model)
 		ch <- prometheus.MustNewConstMetric(m.cost, prometheus.CounterValue, float64(row.cost)/1e6, k.tenant, k.model, m.currency)
-		for i, n := range row.tokens {
+		for i, n := range row.tokens[:policy.WebSearch] {
 			ch <- prometheus.MustNewConstMetric(m.tokens, prometheus.CounterValue, float64(n), k.tenant, k.model, policy.TokenKindNames[i])
 		}
+		ch <- prometheus.MustNewConstMetric(m.searches, prometheus.CounterValue, float64(row.tokens[policy.WebSearch]), k.tenant, k.model)
 	}
 }
 

@@ -29,8 +29,21 @@ type Upstream struct {
 	// Cached and Reasoning are the input tokens reported as read from the
 	// cache and the output tokens reported as reasoning.
 	Cached, Reasoning int64
-	// CacheWrite is what Anthropic reports as written to its cache.
-	CacheWrite int64
+	// CacheWrite is what Anthropic reports as written to its cache for 5
+	// minutes, CacheWrite1h for an hour.
+	CacheWrite, CacheWrite1h int64
+	// AudioIn is the audio part of the input, reported by OpenAI's chat
+	// completions and Gemini; AudioOut the audio answer, made when the
+	// request asks for audio (OpenAI's modalities, Gemini's
+	// responseModalities).
+	AudioIn, AudioOut int64
+	// WebSearches is how many web searches Anthropic reports it ran, when
+	// the request has a web search tool.
+	WebSearches int64
+	// ServiceTier, if set, is the tier every answer reports it was served
+	// at; else the tier the request asks for, if a tier a provider
+	// reports (priority, flex), else the provider's default.
+	ServiceTier string
 	// NoUsage answers without any usage.
 	NoUsage bool
 	// Gzip compresses the answers of clients that accept it.
@@ -271,12 +284,47 @@ func (s *answer) startStream() {
 
 func (s *answer) word() string { return "tok " + strings.Repeat("x", s.u.Padding) }
 
+// tier is the service tier the answer reports; def the provider's
+// default.
+func (s *answer) tier(def string) string {
+	if s.u.ServiceTier != "" {
+		return s.u.ServiceTier
+	}
+	if t, _ := s.req["service_tier"].(string); t == "priority" || t == "flex" {
+		return t
+	}
+	return def
+}
+
+// audioOut is the audio answer's tokens: AudioOut when the request asks
+// for audio, else 0.
+func (s *answer) audioOut() int64 {
+	asks := false
+	if mods, ok := s.req["modalities"].([]any); ok {
+		for _, m := range mods {
+			asks = asks || m == "audio"
+		}
+	}
+	if gc, ok := s.req["generationConfig"].(map[string]any); ok {
+		if mods, ok := gc["responseModalities"].([]any); ok {
+			for _, m := range mods {
+				asks = asks || strings.EqualFold(fmt.Sprint(m), "audio")
+			}
+		}
+	}
+	if !asks {
+		return 0
+	}
+	return s.u.AudioOut
+}
+
 func (s *answer) usage(out int64, openai bool) map[string]any {
 	if openai {
+		in, ao := s.in+s.u.AudioIn, s.audioOut()
 		return map[string]any{
-			"prompt_tokens": s.in, "completion_tokens": out, "total_tokens": s.in + out,
-			"prompt_tokens_details":     map[string]any{"cached_tokens": s.u.Cached},
-			"completion_tokens_details": map[string]any{"reasoning_tokens": s.u.Reasoning},
+			"prompt_tokens": in, "completion_tokens": out + ao, "total_tokens": in + out + ao,
+			"prompt_tokens_details":     map[string]any{"cached_tokens": s.u.Cached, "audio_tokens": s.u.AudioIn},
+			"completion_tokens_details": map[string]any{"reasoning_tokens": s.u.Reasoning, "audio_tokens": ao},
 		}
 	}
 	return map[string]any{
@@ -313,6 +361,9 @@ func (s *answer) chat(legacy bool) {
 	}
 	out := s.outputTokens(max)
 	s.u.billed.Add(s.in + out*billed)
+	if !legacy {
+		s.u.billed.Add(s.u.AudioIn + s.audioOut())
+	}
 	object := "chat.completion"
 	if legacy {
 		object = "text_completion"
@@ -330,7 +381,7 @@ func (s *answer) chat(legacy bool) {
 			}
 			choices = append(choices, c)
 		}
-		doc := map[string]any{"id": "cmpl-standin", "object": object, "created": 1, "model": s.req["model"], "choices": choices}
+		doc := map[string]any{"id": "cmpl-standin", "object": object, "created": 1, "model": s.req["model"], "choices": choices, "service_tier": s.tier("default")}
 		if !s.u.NoUsage {
 			doc["usage"] = s.usage(out*billed, true)
 		}
@@ -341,7 +392,7 @@ func (s *answer) chat(legacy bool) {
 	opts, _ := s.req["stream_options"].(map[string]any)
 	include, _ := opts["include_usage"].(bool)
 	chunk := func(choices []map[string]any, usage any) map[string]any {
-		return map[string]any{"id": "chatcmpl-standin", "object": object + ".chunk", "created": 1, "model": s.req["model"], "choices": choices, "usage": usage}
+		return map[string]any{"id": "chatcmpl-standin", "object": object + ".chunk", "created": 1, "model": s.req["model"], "choices": choices, "usage": usage, "service_tier": s.tier("default")}
 	}
 	i := int64(0)
 	for t := range out {
@@ -375,7 +426,7 @@ func (s *answer) responses() {
 	s.u.billed.Add(s.in + out)
 	resp := func(status string, usage any) map[string]any {
 		return map[string]any{"id": "resp_standin", "object": "response", "created_at": 1, "status": status, "model": s.req["model"],
-			"output": []any{}, "usage": usage}
+			"output": []any{}, "usage": usage, "service_tier": s.tier("default")}
 	}
 	final := resp("completed", nil)
 	if !s.u.NoUsage {
@@ -424,10 +475,20 @@ func (s *answer) messages() {
 		return
 	}
 	out := s.outputTokens(max)
-	s.u.billed.Add(s.in + s.u.Cached + s.u.CacheWrite + out)
+	s.u.billed.Add(s.in + s.u.Cached + s.u.CacheWrite + s.u.CacheWrite1h + out)
+	searches := int64(0)
+	if tools, ok := s.req["tools"].([]any); ok {
+		for _, t := range tools {
+			if m, ok := t.(map[string]any); ok && strings.HasPrefix(fmt.Sprint(m["type"]), "web_search") {
+				searches = s.u.WebSearches
+			}
+		}
+	}
 	usage := func(o int64) map[string]any {
 		return map[string]any{"input_tokens": s.in, "output_tokens": o,
-			"cache_read_input_tokens": s.u.Cached, "cache_creation_input_tokens": s.u.CacheWrite}
+			"cache_read_input_tokens": s.u.Cached, "cache_creation_input_tokens": s.u.CacheWrite + s.u.CacheWrite1h,
+			"cache_creation":  map[string]any{"ephemeral_5m_input_tokens": s.u.CacheWrite, "ephemeral_1h_input_tokens": s.u.CacheWrite1h},
+			"server_tool_use": map[string]any{"web_search_requests": searches}, "service_tier": s.tier("standard")}
 	}
 	msg := map[string]any{"id": "msg_standin", "type": "message", "role": "assistant", "model": s.req["model"],
 		"content": []any{map[string]any{"type": "text", "text": strings.Repeat(s.word(), int(out))}}, "stop_reason": "end_turn", "stop_sequence": nil}
@@ -474,10 +535,14 @@ func (s *answer) messages() {
 
 func (s *answer) gemini(stream bool) {
 	out := s.outputTokens(s.num("generationConfig", "maxOutputTokens"))
-	s.u.billed.Add(s.in + out + s.u.Reasoning)
+	ao := s.audioOut()
+	s.u.billed.Add(s.in + s.u.AudioIn + out + ao + s.u.Reasoning)
 	meta := func(o int64) map[string]any {
-		return map[string]any{"promptTokenCount": s.in, "cachedContentTokenCount": s.u.Cached, "candidatesTokenCount": o,
-			"thoughtsTokenCount": s.u.Reasoning, "totalTokenCount": s.in + o + s.u.Reasoning}
+		in := s.in + s.u.AudioIn
+		return map[string]any{"promptTokenCount": in, "cachedContentTokenCount": s.u.Cached, "candidatesTokenCount": o + ao,
+			"thoughtsTokenCount": s.u.Reasoning, "totalTokenCount": in + o + ao + s.u.Reasoning,
+			"promptTokensDetails":     []any{map[string]any{"modality": "TEXT", "tokenCount": s.in}, map[string]any{"modality": "AUDIO", "tokenCount": s.u.AudioIn}},
+			"candidatesTokensDetails": []any{map[string]any{"modality": "TEXT", "tokenCount": o}, map[string]any{"modality": "AUDIO", "tokenCount": ao}}}
 	}
 	cand := func(text string, finish string) []any {
 		c := map[string]any{"content": map[string]any{"role": "model", "parts": []any{map[string]any{"text": text}}}, "index": 0}
