@@ -2,6 +2,7 @@ package llm_test
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -59,6 +60,53 @@ func BenchmarkTransportSmallCall(b *testing.B) {
 			}
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
+		}
+	})
+}
+
+// BenchmarkLargePromptRefused is what a 4 MB prompt to gpt-4o costs the
+// proxy (its real tokenizer) when its tenant's budget holds 10,000
+// tokens: refused once the text counted passes them (refused), against
+// the count of the whole prompt that a call refused only at its
+// reservation once cost (whole).
+func BenchmarkLargePromptRefused(b *testing.B) {
+	limit := int64(10_000)
+	pol, err := policy.Compile(&policy.Spec{
+		Tiers: map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{
+			{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "quota", Period: "day", Limit: &limit},
+		}}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := memstore.New(nil)
+	defer s.Close()
+	gate, err := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(s, 1), Policy: func() *policy.Policy { return pol }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var prose strings.Builder
+	for prose.Len() < 4<<20 {
+		prose.WriteString("The quick brown fox jumps over the lazy dog, and then it naps in the sun. ")
+	}
+	body := []byte(`{"model":"gpt-4o","max_tokens":10,"messages":[{"role":"user","content":"` + prose.String() + `"}]}`)
+	b.Run("refused", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := gate.Parse(context.Background(), policy.Request{Tenant: "acme"}, llm.ChatCompletions, "", body); err == nil {
+				b.Fatal("admitted")
+			}
+		}
+	})
+	b.Run("whole", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if _, err := llm.ParseRequest(llm.ChatCompletions, "", body, llm.CountTokens); err != nil {
+				b.Fatal(err)
+			}
 		}
 	})
 }

@@ -393,18 +393,116 @@ func heaviest(w [policy.NumTokenKinds]int64, req *Request, out int64, cost func(
 	return cost(t)
 }
 
+// earlyLook is the body size past which Parse looks at a call's budgets
+// before it counts the call's input: counting a large prompt costs the
+// proxy more than the look.
+const earlyLook = 256 << 10
+
+// Parse reads the body of a call to api for who, as ParseRequest does
+// with the Gate's count. A body past 256 KB is counted only as far as
+// who's budgets have room for, by a look at them first: a call whose
+// input alone passes what a budget in tokens or money holds is refused
+// there (a *Problem, 429), without counting the rest, so that a refused
+// call costs the proxy less than an admitted one.
+func (g *Gate) Parse(ctx context.Context, who policy.Request, api API, model string, body []byte) (*Request, error) {
+	req, err := readRequest(api, model, body)
+	if err != nil {
+		return nil, err
+	}
+	if len(body) <= earlyLook {
+		req.countInput(g.opts.Count, -1)
+		return req, nil
+	}
+	limit, refusal, err := g.inputRoom(ctx, who, req)
+	if err != nil {
+		return nil, err
+	}
+	if !req.countInput(g.opts.Count, limit) {
+		return nil, refusal
+	}
+	return req, nil
+}
+
+// inputRoom returns the most input tokens req may have within who's
+// budgets in tokens and money, from a look at them, and the refusal of a
+// call with more; -1 when none bounds it. Input is taken at its lightest
+// kind, so that a call past the room would be refused by its
+// reservation too.
+func (g *Gate) inputRoom(ctx context.Context, who policy.Request, req *Request) (int64, *Problem, error) {
+	t := &Ticket{g: g, req: req, who: who}
+	t.who.Metered, t.who.Model = true, req.Model
+	p := g.opts.Policy()
+	if err := p.Resolve(&t.who, &t.res); err != nil {
+		return 0, nil, err
+	}
+	d, err := g.look(ctx, &t.res)
+	if err != nil {
+		return 0, nil, err
+	}
+	room := int64(-1)
+	var refusal *Problem
+	for i, r := range t.res.Rules {
+		if r.Unit == policy.UnitRequests || r.Shadow || i >= len(d.Results) {
+			continue
+		}
+		var w [policy.NumTokenKinds]int64
+		var per int64 // the weights' unit: thousandths of a token, millionths of a price
+		if r.Unit == policy.UnitTokens {
+			w, per = r.Weights, 1000
+		} else if pr, ok := g.priceOf(req.Model); ok {
+			w, per = pr.Rates, 1_000_000
+		} else {
+			continue // refused by Begin, unpriced
+		}
+		// The kinds text may be billed as: Anthropic alone reports cache
+		// writes.
+		lightest := min(w[policy.Input], w[policy.CachedInput])
+		if req.API.Provider() == Anthropic {
+			lightest = min(lightest, w[policy.CacheWrite])
+			if req.CacheLong {
+				lightest = min(lightest, w[policy.CacheWriteLong])
+			}
+		}
+		if lightest <= 0 {
+			continue
+		}
+		res := &d.Results[i]
+		left := max(min(res.Remaining, r.MaxCost), 0)
+		hi, lo := bits.Mul64(uint64(left), uint64(per))
+		n := int64(admit.MaxCost)
+		if hi < uint64(lightest) {
+			q, _ := bits.Div64(hi, lo, uint64(lightest))
+			n = int64(min(q, uint64(admit.MaxCost)))
+		}
+		if room < 0 || n < room {
+			room = n
+			refusal = g.refusal(r, res, fmt.Sprintf("rule %q leaves room for %d input tokens; this request's input is more", r.Name, n))
+		}
+	}
+	return room, refusal, nil
+}
+
+// look is a dry run of res's charges at cost 0: what each rule holds.
+func (g *Gate) look(ctx context.Context, res *policy.Resolution) (*admit.Decision, error) {
+	charges := make([]admit.Charge, len(res.Charges))
+	for i, c := range res.Charges {
+		c.Cost, c.DryRun = 0, true
+		charges[i] = c
+	}
+	look := policy.Resolution{Policy: res.Policy, Tenant: res.Tenant, Charges: charges, Rules: res.Rules}
+	var d admit.Decision
+	if _, err := g.opts.Decider.Decide(ctx, &look, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
 // room returns how many output tokens per choice the budgets of t leave,
 // at most want, from a look at them (a dry run); and the refusal to give
 // when that is too few.
 func (g *Gate) room(ctx context.Context, t *Ticket, want int64) (int64, *Problem, error) {
-	charges := make([]admit.Charge, len(t.res.Charges))
-	for i, c := range t.res.Charges {
-		c.Cost, c.DryRun = 0, true
-		charges[i] = c
-	}
-	look := policy.Resolution{Policy: t.res.Policy, Tenant: t.res.Tenant, Charges: charges, Rules: t.res.Rules}
-	var d admit.Decision
-	if _, err := g.opts.Decider.Decide(ctx, &look, &d); err != nil {
+	d, err := g.look(ctx, &t.res)
+	if err != nil {
 		return 0, nil, err
 	}
 	room := want

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1029,6 +1030,52 @@ func TestPricedAsBilled(t *testing.T) {
 			}
 			if got := before - r.remaining("spend"); got != cost {
 				t.Fatalf("the budget lost %d µUSD for a call that cost %d", got, cost)
+			}
+		})
+	}
+}
+
+// A large prompt whose input alone passes what its budget holds is
+// refused once the text counted passes the room, without counting the
+// rest: a refused call costs the proxy a piece of its prompt, not the
+// whole. One that fits is counted whole and admitted.
+func TestLargePromptRefusedBeforeCounted(t *testing.T) {
+	var counted atomic.Int64
+	count := func(_, text string) int64 { counted.Add(int64(len(text))); return int64(len(text)+2) / 3 }
+	for _, unit := range []string{"tokens", "money"} {
+		t.Run(unit, func(t *testing.T) {
+			counted.Store(0)
+			rule := policy.RuleSpec{Name: "budget", Scope: "tenant", Unit: "tokens", Algorithm: "quota", Period: "day", Limit: int64p(1_000_000)}
+			if unit == "money" {
+				rule.Limit, rule.Budget, rule.Unit = nil, "0.15", "money" // a million input tokens at 0.15
+			}
+			r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{Count: count, Prices: map[string]llm.Price{
+				"gpt-4o-mini": {Rates: llm.Rates{policy.Input: 150_000, policy.CachedInput: 75_000, policy.Output: 600_000}}}})
+			prompt := func(bytes int) string {
+				return `{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("word ", bytes/5) + `"}]}`
+			}
+			// 6 MB: 2,000,000 tokens at 3 bytes each, against a million
+			// (money: two million at the cached price, the lightest).
+			big := 6_000_000
+			if unit == "money" {
+				big = 12_000_000
+			}
+			resp, msg := r.post("/v1/chat/completions", prompt(big))
+			if resp.StatusCode != 429 || r.up.Calls() != 0 || !strings.Contains(msg, "input tokens") {
+				t.Fatalf("a prompt past the budget: %d %s (upstream calls %d)", resp.StatusCode, msg, r.up.Calls())
+			}
+			limit := int64(1_000_000 * 3)
+			if unit == "money" {
+				limit *= 2
+			}
+			if n := counted.Load(); n > limit+2*64<<10 {
+				t.Fatalf("counted %d bytes of a %d-byte prompt refused for passing %d", n, big, limit)
+			}
+			t.Logf("refused after counting %d of %d bytes", counted.Load(), big)
+			counted.Store(0)
+			resp, msg = r.post("/v1/chat/completions", prompt(1_500_000))
+			if resp.StatusCode != 200 || counted.Load() < 1_500_000 {
+				t.Fatalf("a prompt that fits: %d %s, %d bytes counted", resp.StatusCode, msg, counted.Load())
 			}
 		})
 	}

@@ -103,6 +103,16 @@ func (e *requestError) Is(target error) bool { return target == ErrBadRequest }
 // names (Gemini), "" when the body names it. count estimates the input
 // tokens of a text for the model.
 func ParseRequest(api API, model string, body []byte, count func(model, text string) int64) (*Request, error) {
+	r, err := readRequest(api, model, body)
+	if err != nil {
+		return nil, err
+	}
+	r.countInput(count, -1)
+	return r, nil
+}
+
+// readRequest is ParseRequest but for counting the input.
+func readRequest(api API, model string, body []byte) (*Request, error) {
 	r := &Request{API: api, Model: model, Choices: 1, body: body}
 	if err := json.Unmarshal(body, &r.fields); err != nil || r.fields == nil {
 		return nil, badRequest("the request body is not a JSON object")
@@ -172,12 +182,19 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 	if err := r.extras(api, body); err != nil {
 		return nil, err
 	}
-	in := countInput(body, func(text string) int64 { return count(r.Model, text) })
+	return r, nil
+}
+
+// countInput estimates r's input (see CountInput). With limit ≥ 0 it
+// stops once the text counted passes limit tokens, and reports false:
+// Input is then only a lower bound.
+func (r *Request) countInput(count func(model, text string) int64, limit int64) bool {
+	in := countInputUpTo(r.body, func(text string) int64 { return count(r.Model, text) }, limit)
 	r.Input, r.Media, r.AudioInput = in.tokens, in.media, in.audio
 	if per := ImageTokens(r.Model); per > MediaTokens {
 		r.Input += (in.media - in.audioItems) * (per - MediaTokens)
 	}
-	return r, nil
+	return !in.over
 }
 
 // DefaultSearches is the number of web searches reserved for a search
@@ -503,10 +520,21 @@ func CountInput(body []byte, count func(text string) int64) (tokens, media int64
 
 // inputCount is what countInput found: the estimate of a request's input
 // tokens, its media items, and the part of the estimate that is audio.
-type inputCount struct{ tokens, media, audio, audioItems int64 }
+type inputCount struct {
+	tokens, media, audio, audioItems int64
+	// over says the count stopped past its limit.
+	over bool
+}
 
 func countInput(body []byte, count func(text string) int64) inputCount {
+	return countInputUpTo(body, count, -1)
+}
+
+// countInputUpTo is countInput, stopping once the text counted passes
+// limit tokens when limit ≥ 0.
+func countInputUpTo(body []byte, count func(text string) int64, limit int64) inputCount {
 	var tokens, media, audioItems, audio int64
+	over := false
 	type frame struct {
 		object bool
 		key    []byte // the key the value was under
@@ -526,7 +554,10 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 	var text []byte
 	flush := func() {
 		if len(text) > 0 {
-			tokens += count(string(text))
+			if !over {
+				tokens += count(string(text))
+				over = limit >= 0 && tokens > limit
+			}
 			text = text[:0]
 		}
 	}
@@ -538,7 +569,7 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 		if len(text) > 0 {
 			text = append(text, '\n')
 		}
-		for len(b) > 0 {
+		for len(b) > 0 && !over {
 			if len(text) >= countChunk {
 				flush()
 			}
@@ -559,7 +590,7 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 			flush()
 		}
 	}
-	for i := 0; i < len(body); {
+	for i := 0; i < len(body) && !over; {
 		top := &stack[len(stack)-1]
 		switch c := body[i]; c {
 		case '{', '[':
@@ -648,7 +679,7 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 		}
 	}
 	flush()
-	return inputCount{tokens: tokens + (media-audioItems)*MediaTokens + audio, media: media, audio: audio, audioItems: audioItems}
+	return inputCount{tokens: tokens + (media-audioItems)*MediaTokens + audio, media: media, audio: audio, audioItems: audioItems, over: over}
 }
 
 // AudioTokensPerSecond bounds the tokens a second of audio input is

@@ -147,7 +147,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 			return fail(&Problem{Status: http.StatusRequestEntityTooLarge, Kind: "invalid_request_error", Message: fmt.Sprintf("the request body is over %d bytes", limit)})
 		}
 	}
-	req, err := ParseRequest(api, pathModel, body, t.Gate.opts.Count)
+	req, err := t.Gate.Parse(r.Context(), caller, api, pathModel, body)
 	if err != nil {
 		return fail(err)
 	}
