@@ -24,27 +24,34 @@ func (fixedAnswer) RoundTrip(r *http.Request) (*http.Response, error) {
 		Body: io.NopCloser(strings.NewReader(smallAnswer)), ContentLength: int64(len(smallAnswer)), Request: r}, nil
 }
 
-// BenchmarkTransportSmallCall is the metering of one small non-streamed
-// chat completion: parse, estimate, reserve a request and a token rule,
-// read the usage, settle. The upstream is a fixed answer in memory.
-func BenchmarkTransportSmallCall(b *testing.B) {
-	burst := int64(1_000_000_000)
+// benchGate is a Gate on a memory store for tenant acme, whose tier has
+// rules.
+func benchGate(b *testing.B, rules ...policy.RuleSpec) *llm.Gate {
+	b.Helper()
 	pol, err := policy.Compile(&policy.Spec{
-		Tiers: map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{
-			{Name: "requests", Scope: "tenant", Algorithm: "token_bucket", Rate: "1000000000/s", Burst: &burst},
-			{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "1000000000/s", Burst: &burst},
-		}}},
+		Tiers:   map[string]policy.TierSpec{"t": {Rules: rules}},
 		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
 	})
 	if err != nil {
 		b.Fatal(err)
 	}
 	s := memstore.New(nil)
-	defer s.Close()
+	b.Cleanup(func() { s.Close() })
 	gate, err := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(s, 1), Policy: func() *policy.Policy { return pol }})
 	if err != nil {
 		b.Fatal(err)
 	}
+	return gate
+}
+
+// BenchmarkTransportSmallCall is the metering of one small non-streamed
+// chat completion: parse, estimate, reserve a request and a token rule,
+// read the usage, settle. The upstream is a fixed answer in memory.
+func BenchmarkTransportSmallCall(b *testing.B) {
+	burst := int64(1_000_000_000)
+	gate := benchGate(b,
+		policy.RuleSpec{Name: "requests", Scope: "tenant", Algorithm: "token_bucket", Rate: "1000000000/s", Burst: &burst},
+		policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "token_bucket", Rate: "1000000000/s", Burst: &burst})
 	tr := &llm.Transport{Gate: gate, Base: fixedAnswer{}, Who: func(*http.Request) (policy.Request, error) {
 		return policy.Request{Tenant: "acme", Cost: 1}, nil
 	}}
@@ -71,21 +78,7 @@ func BenchmarkTransportSmallCall(b *testing.B) {
 // reservation once cost (whole).
 func BenchmarkLargePromptRefused(b *testing.B) {
 	limit := int64(10_000)
-	pol, err := policy.Compile(&policy.Spec{
-		Tiers: map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{
-			{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "quota", Period: "day", Limit: &limit},
-		}}},
-		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := memstore.New(nil)
-	defer s.Close()
-	gate, err := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(s, 1), Policy: func() *policy.Policy { return pol }})
-	if err != nil {
-		b.Fatal(err)
-	}
+	gate := benchGate(b, policy.RuleSpec{Name: "tokens", Scope: "tenant", Unit: "tokens", Algorithm: "quota", Period: "day", Limit: &limit})
 	var prose strings.Builder
 	for prose.Len() < 4<<20 {
 		prose.WriteString("The quick brown fox jumps over the lazy dog, and then it naps in the sun. ")

@@ -3,8 +3,6 @@ package llm_test
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -920,24 +918,6 @@ func rates(m map[policy.TokenKind]int64) llm.Rates {
 	return r
 }
 
-// wavSecond is one second of 16 kHz 16-bit mono PCM WAV, in base64.
-func wavSecond() string {
-	h := make([]byte, 44+32000)
-	copy(h, "RIFF")
-	binary.LittleEndian.PutUint32(h[4:], uint32(len(h)-8))
-	copy(h[8:], "WAVEfmt ")
-	binary.LittleEndian.PutUint32(h[16:], 16)
-	binary.LittleEndian.PutUint16(h[20:], 1)
-	binary.LittleEndian.PutUint16(h[22:], 1)
-	binary.LittleEndian.PutUint32(h[24:], 16000)
-	binary.LittleEndian.PutUint32(h[28:], 32000)
-	binary.LittleEndian.PutUint16(h[32:], 2)
-	binary.LittleEndian.PutUint16(h[34:], 16)
-	copy(h[36:], "data")
-	binary.LittleEndian.PutUint32(h[40:], 32000)
-	return base64.StdEncoding.EncodeToString(h)
-}
-
 // Money is priced as the providers bill it: audio in and out, cache
 // writes by how long they are kept, web searches (reported, or as
 // reserved where the provider does not count them), service tiers asked
@@ -959,7 +939,7 @@ func TestPricedAsBilled(t *testing.T) {
 	}{
 		{name: "openai_audio", path: "/v1/chat/completions",
 			body: `{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_completion_tokens":500,
-				"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + wavSecond() + `","format":"wav"}}]}]}`,
+				"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + llmtest.WAV(1) + `","format":"wav"}}]}]}`,
 			up: func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32; u.AudioOut = 300 }, want: kinds{policy.AudioInput: 32, policy.AudioOutput: 300}, tier: "default"},
 		{name: "anthropic_cache_1h_and_searches", path: "/v1/messages",
 			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}],
@@ -988,7 +968,7 @@ func TestPricedAsBilled(t *testing.T) {
 			body: `{"model":"gpt-5","input":"news","tools":[{"type":"web_search"}],"max_output_tokens":300}`,
 			up:   func(u *llmtest.Upstream) { u.Output = 100 }, want: kinds{policy.WebSearch: llm.DefaultSearches}, tier: "default"},
 		{name: "gemini_audio", path: "/v1beta/models/gemini-2.5-flash:generateContent",
-			body: `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + wavSecond() + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
+			body: `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + llmtest.WAV(1) + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
 			up:   func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32 }, want: kinds{policy.AudioInput: 32}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -1011,20 +991,7 @@ func TestPricedAsBilled(t *testing.T) {
 				t.Fatalf("recorded %v (reported %v, tier %q), want %v (tier %q)", rec.Usage, rec.Reported, rec.ServiceTier, want, c.tier)
 			}
 			p := listPrices[rec.Model]
-			if p.Tiers[c.tier] != nil {
-				p = *p.Tiers[c.tier]
-			}
-			rt := p.Rates
-			if c.long {
-				rt = p.LongContext
-			}
-			// The list price, computed apart: Σ tokens × rate, rounded up
-			// to a whole µUSD once per call.
-			var sum int64
-			for k, n := range want {
-				sum += n * rt[k]
-			}
-			cost := (sum + 999_999) / 1_000_000
+			cost := llmtest.ListCost(&p, c.tier, c.long, want)
 			if rec.Cost != cost {
 				t.Fatalf("cost %d µUSD, the list price is %d", rec.Cost, cost)
 			}

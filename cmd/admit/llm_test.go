@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -216,12 +215,7 @@ tenants:
     tier: t
     api_keys_sha256: ["afacab3575137afa4e00d9cbcafcb14c9ae25f779d964eb0ea5b2c4eb5dfd163"]
 `
-	path := filepath.Join(t.TempDir(), "admit.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a, up := llmProxy(t, path, "--data-dir", t.TempDir(), "--metrics", "127.0.0.1:0")
-	b := startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	a, b, up, _ := twoLLMProxies(t, cfg)
 	up.Output = 90
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -296,6 +290,20 @@ tenants:
 	if resp.StatusCode != 503 || !strings.Contains(body, `"type":"overloaded_error"`) || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("Redis down, on_error closed: %d %s", resp.StatusCode, body)
 	}
+}
+
+// twoLLMProxies starts two admit proxy processes on config cfg (a with
+// its metrics listener), every provider pointed at one stand-in; and the
+// config's path.
+func twoLLMProxies(t *testing.T, cfg string) (a, b *running, up *llmtest.Upstream, path string) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "admit.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, up = llmProxy(t, path, "--data-dir", t.TempDir(), "--metrics", "127.0.0.1:0")
+	b = startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	return a, b, up, path
 }
 
 // TestLLMConfigErrors: a wrong llm section or rule in tokens or money is
@@ -455,14 +463,9 @@ tenants:
     tier: t
     api_keys_sha256: ["afacab3575137afa4e00d9cbcafcb14c9ae25f779d964eb0ea5b2c4eb5dfd163"]
 `
-	path := filepath.Join(t.TempDir(), "admit.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	a, up := llmProxy(t, path, "--data-dir", t.TempDir(), "--metrics", "127.0.0.1:0")
-	b := startCmd(t, "proxy", "--config", path, "--listen", "127.0.0.1:0", "--data-dir", t.TempDir())
+	a, b, up, path := twoLLMProxies(t, cfg)
 	prices := mustPrices(t, path)
-	wav := base64.StdEncoding.EncodeToString(append([]byte("RIFF\x00\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00\x80\x3e\x00\x00\x00\x7d\x00\x00\x02\x00\x10\x00data"), make([]byte, 32004)...))
+	wav := llmtest.WAV(1)
 	type kinds = map[policy.TokenKind]int64
 	var spent int64
 	for i, call := range []struct {
@@ -517,18 +520,7 @@ tenants:
 			model = strings.TrimSuffix(m.Model, "-2025-08-07")
 		}
 		pr := prices[model]
-		if tp := pr.Tiers[call.tier]; tp != nil {
-			pr = *tp
-		}
-		rates := pr.Rates
-		if call.long {
-			rates = pr.LongContext
-		}
-		var sum int64
-		for k, n := range tok {
-			sum += n * rates[k]
-		}
-		cost := (sum + 999_999) / 1_000_000
+		cost := llmtest.ListCost(&pr, call.tier, call.long, tok)
 		t.Logf("%s: %s at the list price", call.name, policy.FormatDecimal(cost, 6))
 		spent += cost
 	}

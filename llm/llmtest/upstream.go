@@ -10,6 +10,8 @@ package llmtest
 
 import (
 	"compress/gzip"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +19,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/admitdev/admit/llm"
+	"github.com/admitdev/admit/policy"
 )
 
 // Upstream is the stand-in. Its fields may be set before it serves;
@@ -597,4 +602,45 @@ func (s *answer) gemini(stream bool) {
 // String describes the stand-in's settings, for test logs.
 func (u *Upstream) String() string {
 	return fmt.Sprintf("llmtest.Upstream{Output: %d, Cached: %d, Reasoning: %d}", u.Output, u.Cached, u.Reasoning)
+}
+
+// ListCost is what a call that used t costs at p, computed apart from
+// the Gate, as a provider's invoice adds it up: at the rates of the tier
+// it was served at (the model's own where p prices no such tier), its
+// long-context rates when long, Σ tokens × rate rounded up to a whole
+// millionth once per call. Counts and rates must be small enough that
+// their products fit an int64.
+func ListCost(p *llm.Price, tier string, long bool, t policy.Tokens) int64 {
+	if tp := p.Tiers[tier]; tp != nil {
+		p = tp
+	}
+	rates := p.Rates
+	if long {
+		rates = p.LongContext
+	}
+	var sum int64
+	for k, n := range t {
+		sum += n * rates[k]
+	}
+	return (sum + 999_999) / 1_000_000
+}
+
+// WAV returns seconds of silence as 16 kHz 16-bit mono PCM WAV, in
+// base64: audio input whose duration its header states.
+func WAV(seconds int) string {
+	data := 32000 * seconds
+	h := make([]byte, 44+data)
+	copy(h, "RIFF")
+	binary.LittleEndian.PutUint32(h[4:], uint32(len(h)-8))
+	copy(h[8:], "WAVEfmt ")
+	binary.LittleEndian.PutUint32(h[16:], 16)
+	binary.LittleEndian.PutUint16(h[20:], 1)     // PCM
+	binary.LittleEndian.PutUint16(h[22:], 1)     // mono
+	binary.LittleEndian.PutUint32(h[24:], 16000) // samples a second
+	binary.LittleEndian.PutUint32(h[28:], 32000) // bytes a second
+	binary.LittleEndian.PutUint16(h[32:], 2)     // bytes a sample
+	binary.LittleEndian.PutUint16(h[34:], 16)
+	copy(h[36:], "data")
+	binary.LittleEndian.PutUint32(h[40:], uint32(data))
+	return base64.StdEncoding.EncodeToString(h)
 }
