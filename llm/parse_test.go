@@ -587,7 +587,9 @@ func TestReserveBilledExtras(t *testing.T) {
 	req := &Request{Input: 500, AudioInput: 200, Choices: 2, Searches: 3}
 	var want policy.Tokens
 	want[policy.CacheWrite], want[policy.AudioInput], want[policy.Output], want[policy.WebSearch] = 300, 200, 200, 3
-	if got, cost := heaviest(price.bound("", req.Input), req, 100, func(t policy.Tokens) int64 { return int64(t[policy.CacheWrite]*2 + t[policy.AudioInput]*40 + t[policy.Output]*10 + t[policy.WebSearch]*1000) }), int64(300*2+200*40+200*10+3*1000); got != cost {
+	if got, cost := heaviest(price.bound("", req.Input), req, 100, func(t policy.Tokens) int64 {
+		return int64(t[policy.CacheWrite]*2 + t[policy.AudioInput]*40 + t[policy.Output]*10 + t[policy.WebSearch]*1000)
+	}), int64(300*2+200*40+200*10+3*1000); got != cost {
 		t.Errorf("bound %d, want %d (%v)", got, cost, want)
 	}
 	req.CacheLong, req.AudioOutput = true, true
