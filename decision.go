@@ -107,6 +107,17 @@ type Decision struct {
 	key     []byte
 }
 
+// Result returns the result of the charge of rule, false when d has none:
+// a Limiter's limits have names of their own.
+func (d *Decision) Result(rule string) (Result, bool) {
+	for i := range d.Results {
+		if d.Results[i].Rule == rule {
+			return d.Results[i], true
+		}
+	}
+	return Result{}, false
+}
+
 // Reset clears d for reuse, keeping the backing array of d.Results.
 func (d *Decision) Reset() {
 	// Field by field: the Limiter's buffers stay, untouched.

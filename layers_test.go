@@ -15,12 +15,12 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "llm/llmtest"}},
+	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage"}},
 	{"adapter helpers", []string{"internal/httpx"}},
-	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/usagetest", "llm/redisllm"}},
+	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},
 	{"uses of the whole", []string{"examples/*", "fault", "attack"}},

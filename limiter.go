@@ -1,9 +1,14 @@
 package admit
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
+	"net/netip"
+	"reflect"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -44,6 +49,7 @@ var scopeNames = [...]string{PerTenant, PerUser, PerAction, PerIP}
 type Limit struct {
 	rule Rule
 	per  uint8
+	v6   uint8 // IPv6 prefix bits an IP limit is kept per; 0: 64
 	err  error
 }
 
@@ -108,6 +114,32 @@ func (l Limit) Per(scopes ...string) Limit {
 	return l
 }
 
+// IPv6Prefix returns l, when kept per IP, kept per IPv6 network of the
+// given prefix length (1 to 128) rather than per /64, the default: one
+// host of IPv6 usually holds a whole /64, so a client could otherwise
+// take as many limits as it has addresses. IPv4 addresses are kept
+// whole.
+func (l Limit) IPv6Prefix(bits int) Limit {
+	if bits < 1 || bits > 128 {
+		e := Errorf(CodeInvalid, "limit %q: IPv6Prefix(%d): want 1 to 128", l.rule.Name, bits)
+		e.Field = "ip"
+		l.err = e
+		return l
+	}
+	l.v6 = uint8(bits)
+	return l
+}
+
+// MaxDebt returns l, a Bucket or GCRABucket, owing at most n after debits
+// (see Limiter.Debit) rather than one burst: what a debit takes beyond
+// what it holds is owed, repaid at its rate, up to n; past n it is not
+// counted. Set it to the most a debit may cost (tokens an LLM call may
+// use) so that none goes uncounted.
+func (l Limit) MaxDebt(n int64) Limit {
+	l.rule.MaxDebt = n
+	return l
+}
+
 // Leased returns l decided from allowances each server withdraws from a
 // shared store in batches (Distribution Leased): far fewer calls to the
 // store for a hot key, at the price of units held by one server being
@@ -138,11 +170,18 @@ const keyPrefix = "per:"
 // concurrent use.
 type Limiter struct {
 	store  Store
+	prefix string // keyPrefix, or a named Limiter's
+	closed atomic.Bool
 	rules  []*Rule
 	pers   []uint8
+	v6     []uint8 // per limit: the IPv6 prefix its IP is kept per
 	debits bool // some limit takes debits
 	seed   maphash.Seed
 	keys   [keyCacheSize]atomic.Pointer[cachedKey]
+	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
+	// decide into, so that they allocate nothing: the Decision they
+	// return is a copy without Results.
+	scratch sync.Pool
 }
 
 // keyCacheSize is how many recent keys a Limiter keeps, with their
@@ -159,7 +198,35 @@ type cachedKey struct {
 // NewLimiter returns a Limiter deciding limits in s. It checks every limit
 // now: a limit's parameters, its scopes, and that no two limits share a
 // name (each name keeps its own state).
+//
+// A limit's state in s is found by its name and scopes: Limiters in other
+// processes on the same shared store with a limit of the same name share
+// its state, as servers of one service should. Within one process, a
+// second Limiter on s with a limit of a name a live Limiter already keeps
+// is an error, since the two would share that state unknowingly: give
+// the limits names of their own, keep one Limiter, name the Limiters
+// apart with NewNamedLimiter, or Close the first.
 func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
+	return newLimiter(s, "", limits)
+}
+
+// NewNamedLimiter is NewLimiter for a Limiter named name (letters,
+// digits, '-', '_' and '.', at most 64 bytes), whose limits keep state
+// apart from those of Limiters of other names, and of unnamed ones, on
+// the same store: two parts of a program may each have a limit called
+// "api".
+func NewNamedLimiter(s Store, name string, limits ...Limit) (*Limiter, error) {
+	if name == "" || len(name) > 64 || strings.IndexFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}) >= 0 {
+		e := Errorf(CodeInvalid, "admit.NewNamedLimiter: name %q: want 1 to 64 letters, digits, '-', '_' or '.'", name)
+		e.Field = "name"
+		return nil, e
+	}
+	return newLimiter(s, name, limits)
+}
+
+func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 	if s == nil {
 		return nil, Errorf(CodeInvalid, "admit.NewLimiter: the store is nil; use memstore.New(nil) for one process")
 	}
@@ -169,7 +236,10 @@ func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
 	if len(limits) > MaxCharges {
 		return nil, Errorf(CodeInvalid, "admit.NewLimiter: %d limits, at most %d", len(limits), MaxCharges)
 	}
-	l := &Limiter{store: s, seed: maphash.MakeSeed()}
+	l := &Limiter{store: s, seed: maphash.MakeSeed(), prefix: keyPrefix}
+	if name != "" {
+		l.prefix = "per@" + name + ":"
+	}
 	seen := make(map[string]bool, len(limits))
 	for i := range limits {
 		lim := &limits[i]
@@ -198,9 +268,74 @@ func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
 		}
 		l.rules = append(l.rules, &r)
 		l.pers = append(l.pers, lim.per)
+		l.v6 = append(l.v6, cmp.Or(lim.v6, 64))
 		l.debits = l.debits || r.CheckDebit(1) == nil
 	}
+	if err := limiterNames.claim(l); err != nil {
+		return nil, err
+	}
 	return l, nil
+}
+
+// Close ends l: the names of its limits may be kept by another Limiter on
+// its store. Their state stays in the store. l decides nothing more
+// (CodeInvalid); Close does not close the store.
+func (l *Limiter) Close() error {
+	if l.closed.CompareAndSwap(false, true) {
+		limiterNames.release(l)
+	}
+	return nil
+}
+
+// limiterNames are the names of the limits live Limiters keep in each
+// store of this process.
+var limiterNames = nameRegistry{m: map[nameKey]*Limiter{}}
+
+type nameRegistry struct {
+	mu sync.Mutex
+	m  map[nameKey]*Limiter
+}
+
+// nameKey is a limit's name in a store, under a Limiter's key prefix.
+type nameKey struct {
+	store        any
+	prefix, name string
+}
+
+// comparableStore reports whether s can key a map: a store of a type that
+// cannot is not checked for shared names.
+func comparableStore(s Store) bool { return reflect.TypeOf(s).Comparable() }
+
+func (r *nameRegistry) claim(l *Limiter) error {
+	if !comparableStore(l.store) {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rule := range l.rules {
+		if _, taken := r.m[nameKey{l.store, l.prefix, rule.Name}]; taken {
+			e := Errorf(CodeInvalid, "limit %q is kept by another Limiter on this store: the two would share its state; give the limit a name of its own, keep one Limiter, name the Limiters apart (NewNamedLimiter), or Close the other", rule.Name)
+			e.Field = "name"
+			return e
+		}
+	}
+	for _, rule := range l.rules {
+		r.m[nameKey{l.store, l.prefix, rule.Name}] = l
+	}
+	return nil
+}
+
+func (r *nameRegistry) release(l *Limiter) {
+	if !comparableStore(l.store) {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rule := range l.rules {
+		if k := (nameKey{l.store, l.prefix, rule.Name}); r.m[k] == l {
+			delete(r.m, k)
+		}
+	}
 }
 
 // Rules returns the rules of l's limits, in the order NewLimiter was given
@@ -208,51 +343,82 @@ func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
 // them, never change them.
 func (l *Limiter) Rules() []*Rule { return l.rules }
 
-// Allow decides a request of cost 1 from w.
+// Allow decides a request of cost 1 from w. The Decision says whether it
+// was admitted and, from the limit closest to refusing (or the refusing
+// one), what remains and when to retry; its Results are nil: Decide
+// reports every limit.
 func (l *Limiter) Allow(ctx context.Context, w Who) (Decision, error) {
-	var d Decision
-	err := l.Decide(ctx, w, 1, &d)
-	return d, err
+	return l.summary(ctx, w, 1, false)
 }
 
-// AllowN decides a request of cost n ≥ 1 from w.
+// AllowN decides a request of cost n ≥ 1 from w, as Allow does.
 func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (Decision, error) {
-	var d Decision
-	err := l.Decide(ctx, w, n, &d)
-	return d, err
+	if n < 1 {
+		return Decision{}, costError("AllowN", n)
+	}
+	return l.summary(ctx, w, n, false)
 }
 
-// Peek reports what a request of cost 1 from w would find, charging
-// nothing.
+// Peek reports what a request of cost 1 from w would find, as Allow does,
+// charging nothing.
 func (l *Limiter) Peek(ctx context.Context, w Who) (Decision, error) {
-	var d Decision
-	err := l.decide(ctx, w, 0, false, &d)
-	return d, err
+	return l.summary(ctx, w, 0, false)
 }
 
 // Debit charges n ≥ 1, known only after the work (tokens an LLM call
 // took, bytes sent), to every limit of l that takes debits — all but
 // Concurrent ones — whether it fits or not: a limit goes into debt, and
-// later requests are refused until it is repaid. The Decision says whether
-// it fitted.
+// later requests are refused until it is repaid. A bucket owes at most
+// its MaxDebt (one burst unless Limit.MaxDebt sets more): what a debit
+// takes beyond it is not counted. A window's count may pass its limit by
+// any amount, refusing until the window ends.
+//
+// The debit is applied whatever the Decision says: Allowed reports
+// whether it fitted. When it did not, DeniedBy names the limit it put
+// furthest into debt, which holds nothing (Remaining 0) until RetryAfter,
+// when a request of cost 1 passes it again.
 func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (Decision, error) {
-	var d Decision
 	if n < 1 {
-		return d, costError("Debit", n)
+		return Decision{}, costError("Debit", n)
 	}
 	if !l.debits {
 		e := Errorf(CodeInvalid, "admit.Limiter.Debit: none of the limiter's limits takes debits (concurrency limits count requests in flight, not costs)")
 		e.Field = "debit"
-		return d, e
+		return Decision{}, e
 	}
-	err := l.decide(ctx, w, n, true, &d)
-	return d, err
+	return l.summary(ctx, w, n, true)
+}
+
+// summary decides into a scratch Decision and returns its summary.
+func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool) (Decision, error) {
+	d, _ := l.scratch.Get().(*Decision)
+	if d == nil {
+		d = new(Decision)
+	}
+	err := l.decide(ctx, w, cost, debit, d)
+	if debit && err == nil {
+		// Whether it fitted, from the debit that did not fit worst.
+		for i := range d.Results {
+			r := &d.Results[i]
+			if !r.Allowed && !r.Shadow && (d.Allowed || r.RetryAfter > d.RetryAfter) {
+				d.Allowed, d.DeniedBy, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter = false, r.Rule, r.Limit, r.Remaining, r.ResetAfter, r.RetryAfter
+			}
+		}
+	}
+	out := Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
+		RetryAfter: d.RetryAfter, DeniedBy: d.DeniedBy, Lease: d.Lease, At: d.At}
+	d.Reset()
+	l.scratch.Put(d)
+	return out, err
 }
 
 // Decide is AllowN writing its decision into d, whose Results it reuses:
 // a caller that keeps d makes no allocation per decision on the memory
 // store.
 func (l *Limiter) Decide(ctx context.Context, w Who, n int64, d *Decision) error {
+	if d == nil {
+		return nilArgument("Decide", "d", "the *Decision to write into")
+	}
 	if n < 1 {
 		d.Reset()
 		return costError("AllowN", n)
@@ -262,12 +428,22 @@ func (l *Limiter) Decide(ctx context.Context, w Who, n int64, d *Decision) error
 
 // Release frees the concurrency slots an admitted decision holds, if any.
 func (l *Limiter) Release(ctx context.Context, d *Decision) error {
+	if d == nil {
+		return nilArgument("Release", "d", "the admitted *Decision")
+	}
 	if d.Lease.ID == "" {
 		return nil
 	}
 	err := l.store.ReleaseLease(ctx, d.Lease.ID)
 	d.Lease = Lease{}
 	return err
+}
+
+// nilArgument is the error of a nil argument name to Limiter's method.
+func nilArgument(method, name, want string) error {
+	e := Errorf(CodeInvalid, "admit.Limiter.%s: %s is nil; want %s", method, name, want)
+	e.Field = name
+	return e
 }
 
 func costError(method string, n int64) error {
@@ -277,6 +453,10 @@ func costError(method string, n int64) error {
 }
 
 func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *Decision) error {
+	if l.closed.Load() {
+		d.Reset()
+		return Errorf(CodeInvalid, "admit.Limiter: closed")
+	}
 	// The charges and the key's bytes live in d, which a caller reuses,
 	// so that a decision allocates nothing once d has them: the charges
 	// escape to the heap, passed to a Store.
@@ -341,7 +521,19 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 			return nil
 		}
 	}
-	d.key = l.appendKey(d.key[:0], per, &k, r.Name)
+	if per&perIP != 0 {
+		// The cache holds the IP as the caller spelled it; the key, the
+		// address it names.
+		ip, err := normalIP(r, k.ip, int(l.v6[i]))
+		if err != nil {
+			return err
+		}
+		built := k
+		built.ip = ip
+		d.key = l.appendKey(d.key[:0], per, &built, r.Name)
+	} else {
+		d.key = l.appendKey(d.key[:0], per, &k, r.Name)
+	}
 	key := string(d.key)
 	e := &cachedKey{who: k, key: key}
 	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: KeyHash(key)}
@@ -382,9 +574,10 @@ type whoKey struct {
 }
 
 // appendKey appends the key of a limit kept per the scopes per: a Key
-// (see Key.String) whose Scope is keyPrefix and the scopes, joined by "+".
+// (see Key.String) whose Scope is l's prefix and the scopes, joined by
+// "+".
 func (l *Limiter) appendKey(b []byte, per uint8, k *whoKey, name string) []byte {
-	scope, n := len(keyPrefix), 0
+	scope, n := len(l.prefix), 0
 	for i, s := range scopeNames {
 		if per&(1<<i) != 0 {
 			scope += len(s)
@@ -396,7 +589,7 @@ func (l *Limiter) appendKey(b []byte, per uint8, k *whoKey, name string) []byte 
 	}
 	b = strconv.AppendInt(b, int64(scope), 10)
 	b = append(b, ':')
-	b = append(b, keyPrefix...)
+	b = append(b, l.prefix...)
 	n = 0
 	for i, s := range scopeNames {
 		if per&(1<<i) != 0 {
@@ -441,6 +634,30 @@ func appendField(b []byte, f string) []byte {
 
 // whoField reports a scope value that a limit of rule r needs and w lacks,
 // or that is too long to be a key.
+// normalIP returns the address s names, as limit r keeps it: an IPv4
+// address whole (also written IPv4-mapped, ::ffff:198.51.100.7), an IPv6
+// address as its network of v6 bits. s may carry a port (host:port,
+// [v6]:port, as http.Request.RemoteAddr has it), which is dropped, and an
+// IPv6 zone, also dropped. Anything else is an error.
+func normalIP(r *Rule, s string, v6 int) (string, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(s)
+		if perr != nil {
+			e := Errorf(CodeInvalid, "limit %q is per IP and the request's IP %q is not an IP address (nor host:port)", r.Name, s)
+			e.Field = "ip"
+			return "", e
+		}
+		a = ap.Addr()
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is6() && v6 < 128 {
+		p, _ := a.Prefix(v6)
+		return p.String(), nil
+	}
+	return a.String(), nil
+}
+
 func whoField(r *Rule, field, v string) error {
 	switch {
 	case v == "":

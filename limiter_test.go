@@ -35,6 +35,7 @@ func newLimiter(t *testing.T, s admit.Store, limits ...admit.Limit) *admit.Limit
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { l.Close() })
 	return l
 }
 
@@ -91,16 +92,110 @@ func TestLimiterKeys(t *testing.T) {
 	}
 	// A user and IP pair that would read as another if the two were
 	// simply joined.
-	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a:1", Action: "x", IP: "2"}); err != nil {
+	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a:1", Action: "x", IP: "2.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
 	first := rec.charges[4].Key
-	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a", Action: "x", IP: "1:2"}); err != nil {
+	if _, err := l.Allow(context.Background(), admit.Who{Tenant: "acme", User: "a", Action: "x", IP: "1::2.0.0.1"}); err != nil {
 		t.Fatal(err)
 	}
 	if rec.charges[4].Key == first {
 		t.Errorf("two user and IP pairs share the key %q", first)
 	}
+}
+
+// An IP is kept as the address it names: with or without its port, an
+// IPv4-mapped IPv6 address as the IPv4 one, an IPv6 address per /64 (or
+// the limit's prefix); what is not an address is an error.
+func TestLimiterIPs(t *testing.T) {
+	s, _ := clockStore(t)
+	l := newLimiter(t, s,
+		admit.Bucket("ip", admit.PerSecond(1), 1).Per(admit.PerIP),
+		admit.Bucket("host", admit.PerSecond(1), 1).Per(admit.PerIP).IPv6Prefix(128))
+	ctx := context.Background()
+	spent := func(ip string) string {
+		t.Helper()
+		d, err := l.Allow(ctx, admit.Who{IP: ip})
+		if err != nil {
+			t.Fatalf("%q: %v", ip, err)
+		}
+		if d.Allowed {
+			return ""
+		}
+		return d.DeniedBy
+	}
+	if got := spent("198.51.100.7"); got != "" {
+		t.Fatalf("first request: refused by %s", got)
+	}
+	for _, same := range []string{"198.51.100.7:443", "::ffff:198.51.100.7", "[::ffff:198.51.100.7]:8080"} {
+		if got := spent(same); got == "" {
+			t.Errorf("%q: admitted, a bucket of its own", same)
+		}
+	}
+	if got := spent("2001:db8::1"); got != "" {
+		t.Fatalf("an IPv6 host: refused by %s", got)
+	}
+	// Another address of the same /64: the per-/64 limit refuses it.
+	if got := spent("[2001:db8::2%eth0]:99"); got != "ip" {
+		t.Errorf("another host of the /64: %q, want refused by the /64's limit", got)
+	}
+	for _, bad := range []string{"not-an-ip", "198.51.100.7:", "1.2.3", "[2001:db8::1]"} {
+		if _, err := l.Allow(ctx, admit.Who{IP: bad}); admit.ErrorField(err) != "ip" {
+			t.Errorf("%q: %v, want an error about the IP", bad, err)
+		}
+	}
+	if _, err := admit.NewLimiter(s, admit.Bucket("v6", admit.PerSecond(1), 1).Per(admit.PerIP).IPv6Prefix(129)); admit.ErrorField(err) != "ip" {
+		t.Errorf("IPv6Prefix(129): %v", err)
+	}
+}
+
+// Two Limiters of one program on one store never share a limit's state
+// unknowingly: a second Limiter with a limit of a name the first keeps is
+// an error, until the first is closed; named Limiters keep apart.
+func TestLimitersNamespaced(t *testing.T) {
+	s, _ := clockStore(t)
+	ctx := context.Background()
+	a := newLimiter(t, s, admit.Window("api", 5, time.Minute))
+	if _, err := admit.NewLimiter(s, admit.Window("api", 5, time.Minute)); admit.ErrorField(err) != "name" || !strings.Contains(err.Error(), "another Limiter") {
+		t.Fatalf("a second Limiter keeping %q: %v", "api", err)
+	}
+	// On another store, or named apart, each keeps its own.
+	other, _ := clockStore(t)
+	b := newLimiter(t, other, admit.Window("api", 5, time.Minute))
+	checkout, err := admit.NewNamedLimiter(s, "checkout", admit.Window("api", 5, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer checkout.Close()
+	for range 5 {
+		for _, l := range []*admit.Limiter{a, b, checkout} {
+			if d, err := l.Allow(ctx, admit.Who{}); err != nil || !d.Allowed {
+				t.Fatalf("%+v %v", d, err)
+			}
+		}
+	}
+	for _, l := range []*admit.Limiter{a, b, checkout} {
+		if d, _ := l.Allow(ctx, admit.Who{}); d.Allowed {
+			t.Fatal("a sixth request in the minute admitted: state shared")
+		}
+	}
+	if _, err := admit.NewNamedLimiter(s, "check out", admit.Window("api", 5, time.Minute)); admit.ErrorField(err) != "name" {
+		t.Errorf("a name with a space: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allow(ctx, admit.Who{}); err == nil {
+		t.Error("a closed Limiter decided")
+	}
+	again, err := admit.NewLimiter(s, admit.Window("api", 5, time.Minute))
+	if err != nil {
+		t.Fatalf("after Close: %v", err)
+	}
+	if d, _ := again.Allow(ctx, admit.Who{}); d.Allowed {
+		t.Error("the state stays in the store after Close: want the window still spent")
+	}
+	again.Close()
 }
 
 func TestNewLimiterRefuses(t *testing.T) {
@@ -189,12 +284,20 @@ func TestLimiterAllOrNothing(t *testing.T) {
 	// later it is full again (2), and the tenant has refilled one token.
 	clock.Set(time.Second)
 	d, err := l.Peek(ctx, bob)
-	if err != nil || !d.Allowed || d.Results[0].Remaining != 2 || d.Results[1].Remaining != 1 {
-		t.Fatalf("peek at bob after 1s: %+v %v; want admitted, 2 left for bob and 1 for the tenant", d, err)
+	if err != nil || !d.Allowed || d.Remaining != 1 || d.Results != nil {
+		t.Fatalf("peek at bob after 1s: %+v %v; want admitted, 1 left (the tenant's, closest to refusing), no Results", d, err)
 	}
-	if d, _ := l.Peek(ctx, bob); d.Results[0].Remaining != 2 {
-		t.Errorf("a peek charged something: %+v", d.Results)
+	var full admit.Decision
+	if err := l.Decide(ctx, bob, 1, &full); err != nil || !full.Allowed || full.Results[0].Remaining != 1 || full.Results[1].Remaining != 0 {
+		t.Fatalf("a peek charged something: %+v %v; want 2 and 1 before this request", full.Results, err)
 	}
+	if r, ok := full.Result("tenant"); !ok || r.Remaining != 0 {
+		t.Errorf("Result(tenant) = %+v %v", r, ok)
+	}
+	if _, ok := full.Result("nobody"); ok {
+		t.Error("Result of a limit that is not there")
+	}
+	clock.Set(2 * time.Second)
 	if d, err := l.AllowN(ctx, bob, 2); err != nil || d.Allowed || d.DeniedBy != "tenant" {
 		t.Errorf("AllowN 2 with 1 left for the tenant: %+v %v", d, err)
 	}
@@ -219,11 +322,12 @@ func TestLimiterLimitsNeverShare(t *testing.T) {
 			t.Fatal(d, err)
 		}
 	}
-	d, err := l.Allow(context.Background(), w)
+	var d admit.Decision
+	err := l.Decide(context.Background(), w, 1, &d)
 	if err != nil || d.Allowed || d.DeniedBy != "second" {
 		t.Fatalf("11th: %+v %v, want refused by the bucket", d, err)
 	}
-	if day := d.Results[1]; day.Remaining != 990 || day.ResetAfter < time.Hour {
+	if day, _ := d.Result("day"); day.Remaining != 990 || day.ResetAfter < time.Hour {
 		t.Errorf("the day's window: %+v, want 990 left and a reset hours away", day)
 	}
 }
@@ -242,8 +346,8 @@ func TestLimiterDebit(t *testing.T) {
 	}
 	// The work took 1,500 tokens: more than the 999 the bucket holds.
 	debit, err := l.Debit(ctx, w, 1500)
-	if err != nil || len(debit.Results) != 1 || debit.Results[0].Allowed {
-		t.Fatalf("debit: %+v %v, want one result, not fitted", debit, err)
+	if err != nil || debit.Allowed || debit.DeniedBy != "tokens" || debit.Remaining != 0 || debit.RetryAfter != 5020*time.Millisecond {
+		t.Fatalf("debit: %+v %v, want applied and not fitted: 501 owed, 5.02 s to a token", debit, err)
 	}
 	if err := l.Release(ctx, &d); err != nil {
 		t.Fatal(err)

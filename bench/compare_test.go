@@ -147,7 +147,7 @@ func newAdmitLimiter(k *keys) limiter {
 		return admit.Bucket(strconv.Itoa(i), admit.PerSecond(scopes[i].perSecond), scopes[i].burst)
 	}
 	one, err1 := admit.NewLimiter(s, limit(0).Per(admit.PerUser))
-	three, err2 := admit.NewLimiter(s, limit(0).Per(admit.PerUser), limit(1).Per(admit.PerTenant), limit(2))
+	three, err2 := admit.NewNamedLimiter(s, "three", limit(0).Per(admit.PerUser), limit(1).Per(admit.PerTenant), limit(2))
 	if err := errors.Join(err1, err2); err != nil {
 		panic(err)
 	}
@@ -156,7 +156,11 @@ func newAdmitLimiter(k *keys) limiter {
 
 func (h *limiterHarness) worker() worker  { return &limiterWorker{limiterHarness: h} }
 func (h *limiterHarness) liveKeys() int64 { return h.s.Stats().Keys }
-func (h *limiterHarness) close()          { h.s.Close() }
+func (h *limiterHarness) close() {
+	h.one.Close()
+	h.three.Close()
+	h.s.Close()
+}
 
 func (w *limiterWorker) allow(u int) bool { return w.allowKey(w.k.users[u]) }
 
@@ -168,6 +172,26 @@ func (w *limiterWorker) allow3(u int) bool {
 func (w *limiterWorker) allowKey(key string) bool {
 	_ = w.one.Decide(context.Background(), admit.Who{User: key}, 1, &w.d)
 	return w.d.Allowed
+}
+
+// allowHarness decides through admit.Limiter.Allow, the call the README
+// shows: a Who per decision, the Decision returned by value.
+type allowHarness struct{ *limiterHarness }
+
+func newAdmitAllow(k *keys) limiter { return allowHarness{newAdmitLimiter(k).(*limiterHarness)} }
+
+func (h allowHarness) worker() worker { return h }
+
+func (h allowHarness) allow(u int) bool { return h.allowKey(h.k.users[u]) }
+
+func (h allowHarness) allow3(u int) bool {
+	d, _ := h.three.Allow(context.Background(), admit.Who{Tenant: h.k.tenants[u%tenants], User: h.k.users[u]})
+	return d.Allowed
+}
+
+func (h allowHarness) allowKey(key string) bool {
+	d, _ := h.one.Allow(context.Background(), admit.Who{User: key})
+	return d.Allowed
 }
 
 // --- golang.org/x/time/rate in a 256-shard map ---
@@ -300,6 +324,7 @@ var impls = []struct {
 }{
 	{"admit", newAdmit},
 	{"admit-limiter", newAdmitLimiter},
+	{"admit-allow", newAdmitAllow},
 	{"xrate", newXrate},
 	{"golimiter", newGoLimiter},
 	{"ulule", newUlule},

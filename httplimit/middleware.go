@@ -23,21 +23,36 @@ import (
 // is the wait itself, rounded up to whole seconds (admit proxy adds a
 // random share of a second, Options.RetryJitter).
 //
-// An error from who refuses the request: with the status its admit error
-// code maps to (admit.CodeUnauthenticated: 401, admit.CodePermission:
-// 403), 400 for any other error, its message as the problem's detail. A
-// Who that lacks a scope some limit is per is refused the same way (400),
-// never let through unlimited.
+// An error from who refuses the request: an *admit.Error with the status
+// its code maps to (admit.CodeUnauthenticated: 401, admit.CodePermission:
+// 403) and its message as the problem's detail; any other error with 400
+// and a detail of its own, the error's text going to the log only, since
+// it may say what the client must not see (a database's address). A Who
+// that lacks a scope some limit is per is refused the same way (400),
+// never let through unlimited. A store that fails answers 503 with a
+// detail that names no server.
+//
+// Middleware panics when l or who is nil, and the middleware when its
+// next handler is: wiring mistakes show at wiring, as net/http's do.
 //
 // A handler may charge a cost it learns while working with Debit. The
 // concurrency slots an admitted request holds are released when the next
 // handler returns.
 func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) func(http.Handler) http.Handler {
+	if l == nil {
+		panic("httplimit.Middleware: nil *admit.Limiter")
+	}
+	if who == nil {
+		panic("httplimit.Middleware: nil who func: say how a request names its caller")
+	}
 	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("httplimit.Middleware: nil next handler")
+		}
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			wh, err := who(r)
 			if err != nil {
-				writeError(w, r, whoError(err), 1, slog.Default())
+				writeError(w, r, whoError(err, slog.Default()), 1, slog.Default())
 				return
 			}
 			st := states.Get().(*requestState)
@@ -70,6 +85,9 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 // admit.Limiter.Debit); its error is the store's, or says that r did not
 // come through Middleware.
 func Debit(r *http.Request, n int64) error {
+	if r == nil {
+		return admit.Errorf(admit.CodeInvalid, "httplimit.Debit: the request is nil")
+	}
 	t, ok := r.Context().Value(debitKey{}).(*debitTarget)
 	if !ok {
 		return admit.Errorf(admit.CodeInvalid, "httplimit.Debit: the request did not come through httplimit.Middleware")
@@ -96,13 +114,15 @@ type requestState struct {
 var states = sync.Pool{New: func() any { return new(requestState) }}
 
 // whoError is the error a request is refused with when who failed: its own
-// when it is an admit error, else an invalid request.
-func whoError(err error) error {
+// when it is an admit error, else an invalid request that says nothing of
+// the error, which goes to log.
+func whoError(err error, log *slog.Logger) error {
 	var e *admit.Error
 	if errors.As(err, &e) {
 		return err
 	}
-	return admit.Errorf(admit.CodeInvalid, "%v", err)
+	log.Warn("httplimit: who could not identify the request's caller", "err", err)
+	return admit.Errorf(admit.CodeInvalid, "the request does not say who makes it")
 }
 
 // writeRefusal answers a refused decision: 429, Retry-After (seconds, as
@@ -129,6 +149,9 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 	switch status {
 	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
+		// The store's error names its servers; its outage is logged
+		// where it is seen, at a bounded rate.
+		detail = "the rate limiter's store is unavailable; retry later"
 	case http.StatusInternalServerError:
 		log.Error("httplimit: internal error", "err", err)
 		detail = "internal error"

@@ -138,6 +138,9 @@ type connection struct{ client rueidis.Client }
 
 // New returns a Store that uses client, which the caller keeps and closes.
 func New(client rueidis.Client, opts *Options) *Store {
+	if client == nil {
+		panic("redisstore.New: nil rueidis.Client; Open takes a URL")
+	}
 	mode := "standalone"
 	switch client.Mode() {
 	case rueidis.ClientModeCluster:
@@ -196,6 +199,9 @@ func Open(ctx context.Context, url string, opts *Options) (*Store, error) {
 
 // Dial connects to the deployment cfg describes and checks that it answers.
 func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
+	if ctx == nil {
+		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: the context is nil; use context.Background()")
+	}
 	co, err := cfg.clientOption()
 	if err != nil {
 		return nil, err

@@ -474,3 +474,18 @@ func TestFairSharesLeased(t *testing.T) {
 		return twoServers(t, clock, "fairleased", a, b)
 	})
 }
+
+// Wiring mistakes are errors or panics that name them, at once: a nil
+// context to Open, a nil client to New.
+func TestWiringMistakes(t *testing.T) {
+	//lint:ignore SA1012 the mistake under test
+	if _, err := redisstore.Open(nil, "redis://127.0.0.1:1", nil); err == nil || !strings.Contains(err.Error(), "context is nil") {
+		t.Errorf("Open(nil ctx): %v", err)
+	}
+	defer func() {
+		if msg, _ := recover().(string); !strings.Contains(msg, "nil rueidis.Client") {
+			t.Errorf("New(nil): panic %q", msg)
+		}
+	}()
+	redisstore.New(nil, nil)
+}
