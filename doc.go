@@ -22,9 +22,13 @@
 // limit costs its tenant nothing. A Who that lacks a scope some limit is
 // per is an error, never an unlimited request. AllowN takes a cost, Peek
 // charges nothing, Debit charges a cost known only after the work (it
-// goes into debt rather than refuse), and Decide reuses a Decision so that
-// a decision allocates nothing. httplimit.Middleware puts a Limiter in
-// front of net/http handlers.
+// goes into debt rather than refuse). None allocates on the memory store;
+// each reports the limit closest to refusing, and Decide fills a reused
+// Decision with every limit's Results. An IP is the address it names
+// (a port dropped, IPv6 kept per /64). Two Limiters of one program cannot
+// keep limits of one name in one store unless named apart
+// (NewNamedLimiter). httplimit.Middleware puts a Limiter in front of
+// net/http handlers.
 //
 // Errors are *Error values with a Code (ErrorCode) and, where one is at
 // fault, the field (ErrorField): the edge maps them to HTTP and gRPC
