@@ -100,6 +100,9 @@ type Decision struct {
 	// Refunder needs to give a charge back to the window it was counted
 	// in. The zero time means the store did not say.
 	At time.Time
+	// FailedOpen says the store could not be reached and every limit
+	// charged fails open (Limit.FailOpen): admitted, and counted nowhere.
+	FailedOpen bool
 
 	// A Limiter's charges and key bytes, kept for the next decision into
 	// this Decision (see Limiter.Decide).
@@ -125,6 +128,7 @@ func (d *Decision) Reset() {
 	d.Results = d.Results[:0]
 	d.Lease = Lease{}
 	d.At = time.Time{}
+	d.FailedOpen = false
 }
 
 // Summarize sets d's top-level fields from d.Results. Stores call it after

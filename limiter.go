@@ -130,6 +130,16 @@ func (l Limit) IPv6Prefix(bits int) Limit {
 	return l
 }
 
+// FailOpen returns l admitting requests, uncounted, while its store
+// cannot be reached (an error of CodeUnavailable), rather than failing
+// the decision with that error, as limits do by default. A decision is
+// admitted so only when every limit it charges fails open; the Decision
+// then says FailedOpen.
+func (l Limit) FailOpen() Limit {
+	l.rule.OnError = FailOpen
+	return l
+}
+
 // MaxDebt returns l, a Bucket or GCRABucket, owing at most n after debits
 // (see Limiter.Debit) rather than one burst: what a debit takes beyond
 // what it holds is owed, repaid at its rate, up to n; past n it is not
@@ -406,7 +416,7 @@ func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool) (D
 		}
 	}
 	out := Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
-		RetryAfter: d.RetryAfter, DeniedBy: d.DeniedBy, Lease: d.Lease, At: d.At}
+		RetryAfter: d.RetryAfter, DeniedBy: d.DeniedBy, Lease: d.Lease, At: d.At, FailedOpen: d.FailedOpen}
 	d.Reset()
 	l.scratch.Put(d)
 	return out, err
@@ -477,7 +487,30 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *
 		c.Rule, c.Cost, c.Debit = r, cost, debit
 		n++
 	}
-	return l.store.Decide(ctx, charges[:n], d)
+	err := l.store.Decide(ctx, charges[:n], d)
+	if err != nil && ErrorCode(err) == CodeUnavailable && failsOpen(charges[:n]) {
+		// Admitted without the store: each limit reports its whole
+		// capacity, since nothing is known of its level.
+		d.Reset()
+		for _, c := range charges[:n] {
+			capacity := c.Rule.Capacity()
+			d.Results = append(d.Results, Result{Rule: c.Rule.Name, Allowed: true, Shadow: c.Rule.Shadow, Debit: c.Debit, Limit: capacity, Remaining: capacity})
+		}
+		d.Summarize()
+		d.FailedOpen = true
+		return nil
+	}
+	return err
+}
+
+// failsOpen reports whether every charge's rule fails open.
+func failsOpen(charges []Charge) bool {
+	for _, c := range charges {
+		if c.Rule.OnError != FailOpen {
+			return false
+		}
+	}
+	return len(charges) > 0
 }
 
 // charge sets c's key (and its prepared hashes) for limit i and w, from the

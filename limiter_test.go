@@ -445,3 +445,29 @@ func TestRetryAfterSeconds(t *testing.T) {
 		}
 	}
 }
+
+// A limit that fails open admits, uncounted, while its store is down; a
+// decision with any limit that does not fails with the store's error.
+func TestLimiterFailOpen(t *testing.T) {
+	mem := memstore.New(nil)
+	t.Cleanup(func() { mem.Close() })
+	s := &storetest.Faulty{Store: mem}
+	open := newLimiter(t, s, admit.Bucket("open", admit.PerSecond(1), 1).Per(admit.PerUser).FailOpen())
+	mixed := newLimiter(t, s, admit.Bucket("open2", admit.PerSecond(1), 1).Per(admit.PerUser).FailOpen(), admit.Bucket("closed", admit.PerSecond(1), 1))
+	ctx := context.Background()
+	w := admit.Who{User: "alice"}
+	s.Down.Store(true)
+	for range 3 {
+		d, err := open.Allow(ctx, w)
+		if err != nil || !d.Allowed || !d.FailedOpen || d.Remaining != 1 {
+			t.Fatalf("store down, failing open: %+v %v", d, err)
+		}
+	}
+	if d, err := mixed.Allow(ctx, w); admit.ErrorCode(err) != admit.CodeUnavailable || d.Allowed {
+		t.Fatalf("store down, one limit failing closed: %+v %v", d, err)
+	}
+	s.Down.Store(false)
+	if d, err := open.Allow(ctx, w); err != nil || !d.Allowed || d.FailedOpen {
+		t.Fatalf("store back: %+v %v", d, err)
+	}
+}
