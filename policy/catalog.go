@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -253,15 +254,18 @@ func (c *Catalog) refreshLocked(ctx context.Context) error {
 }
 
 // PutTenant creates or replaces a tenant's tier and overrides. The tenant
-// keeps its API keys.
+// keeps its API keys, and its billing anchor and weight unless spec sets
+// them: a new tier does not move the day its quotas renew.
 func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*Tenant, error) {
 	if err := nameError(id); err != nil {
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
-		tc := &TenantChange{TenantSpec: TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides}}
+		tc := &TenantChange{TenantSpec: TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides, BillingAnchor: spec.BillingAnchor, Weight: spec.Weight}}
 		if old := c.cur.Load().tenants[id]; old != nil {
 			tc.APIKeysSHA256 = old.Spec.APIKeysSHA256
+			tc.BillingAnchor = cmp.Or(tc.BillingAnchor, old.Spec.BillingAnchor)
+			tc.Weight = cmp.Or(tc.Weight, old.Spec.Weight)
 		}
 		ch.Tenants[id] = tc
 		return nil

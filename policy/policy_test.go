@@ -285,3 +285,26 @@ func TestAuthenticateRequestThenResolve(t *testing.T) {
 }
 
 func allocs(f func()) float64 { return testing.AllocsPerRun(20, f) }
+
+// A tenant moved to another tier keeps its billing anchor and weight,
+// unless the change sets them: its quotas renew on the same day.
+func TestPutTenantKeepsBilling(t *testing.T) {
+	ctx := context.Background()
+	s := spec()
+	s.Tiers["premium"] = s.Tiers["free"]
+	s.Tenants["billed"] = TenantSpec{Tier: "free", BillingAnchor: "2026-01-15", Weight: 3}
+	c, err := NewCatalog(ctx, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn, err := c.PutTenant(ctx, "billed", TenantSpec{Tier: "premium"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn.Spec.BillingAnchor != "2026-01-15" || tn.Spec.Weight != 3 || tn.Tier.Name != "premium" {
+		t.Fatalf("after a tier change: %+v", tn.Spec)
+	}
+	if tn, err = c.PutTenant(ctx, "billed", TenantSpec{Tier: "free", BillingAnchor: "2026-02-01"}); err != nil || tn.Spec.BillingAnchor != "2026-02-01" {
+		t.Fatalf("a new anchor: %+v %v", tn, err)
+	}
+}

@@ -81,8 +81,10 @@ func (s *Server) handleTenantGet(w http.ResponseWriter, r *http.Request) {
 
 // tenantPut is the body of PUT /v1/admin/tenants/{id}.
 type tenantPut struct {
-	Tier      string            `json:"tier"`
-	Overrides []policy.RuleSpec `json:"overrides"`
+	Tier          string            `json:"tier"`
+	Overrides     []policy.RuleSpec `json:"overrides"`
+	BillingAnchor string            `json:"billing_anchor"`
+	Weight        int64             `json:"weight"`
 }
 
 func (s *Server) handleTenantPut(w http.ResponseWriter, r *http.Request) {
@@ -91,7 +93,7 @@ func (s *Server) handleTenantPut(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	t, err := s.catalog.PutTenant(r.Context(), r.PathValue("id"), policy.TenantSpec{Tier: body.Tier, Overrides: body.Overrides})
+	t, err := s.catalog.PutTenant(r.Context(), r.PathValue("id"), policy.TenantSpec{Tier: body.Tier, Overrides: body.Overrides, BillingAnchor: body.BillingAnchor, Weight: body.Weight})
 	if err != nil {
 		s.writeError(w, r, err)
 		return
