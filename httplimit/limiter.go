@@ -1,8 +1,19 @@
-// Package httplimit rate limits net/http servers with Admit: a middleware
-// that identifies who sent a request (API key, user header or JWT claim,
-// client IP behind trusted proxies), maps it to an action, decides it
-// against a policy and a store, and answers with RateLimit headers, 429
-// and Retry-After. admit proxy and the /v1/authz forward-auth endpoint are
+// Package httplimit rate limits net/http servers with Admit, two ways.
+//
+// Middleware puts an admit.Limiter in front of a handler: a func of the
+// program's own says who sent each request (an admit.Who), and the
+// Limiter's limits decide it, answering with RateLimit headers, 429 and
+// Retry-After. It is the way in for a Go program that sets its limits in
+// code:
+//
+//	handler = httplimit.Middleware(limiter, func(r *http.Request) (admit.Who, error) {
+//		return admit.Who{Tenant: r.Header.Get("X-Tenant"), IP: r.RemoteAddr}, nil
+//	})(handler)
+//
+// New builds a Limiter (this package's) that does the same from a policy
+// of tenants, tiers and rules, and identifies callers itself: API key,
+// user header or JWT claim, client IP behind trusted proxies, actions
+// from paths. admit proxy and the /v1/authz forward-auth endpoint are
 // built on it.
 //
 // Identification follows one rule: a request is believed only as far as
