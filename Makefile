@@ -75,6 +75,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzRedact -fuzztime=$(FUZZTIME) ./redisstore
 	$(GO) test -run='^$$' -fuzz=FuzzUsageScan -fuzztime=$(FUZZTIME) ./llm
+	$(GO) test -run='^$$' -fuzz=FuzzTopFields -fuzztime=$(FUZZTIME) ./llm
 	$(GO) test -run='^$$' -fuzz=FuzzCheckBody -fuzztime=$(FUZZTIME) ./internal/server
 	$(GO) test -run='^$$' -fuzz=FuzzParseConfig -fuzztime=$(FUZZTIME) ./cmd/admit
 	$(GO) test -run='^$$' -fuzz=FuzzParse$$ -fuzztime=$(FUZZTIME) ./envoyrls

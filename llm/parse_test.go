@@ -638,3 +638,42 @@ func TestImageTokensByModel(t *testing.T) {
 		}
 	}
 }
+
+// FuzzTopFields: the fields topFields finds in place are those
+// encoding/json decodes, byte for byte.
+func FuzzTopFields(f *testing.F) {
+	f.Add(`{"model":"m","max_tokens":10}`)
+	f.Add(` { "a" : [1,{"b":"}"}] , "\u0061":"x\"y" ,"n":-1.5e3,"t":true,"z":null} `)
+	f.Add(`[1,2]`)
+	f.Fuzz(func(t *testing.T, doc string) {
+		var want map[string]json.RawMessage
+		wantErr := json.Unmarshal([]byte(doc), &want) != nil || want == nil
+		got := topFields([]byte(doc))
+		if wantErr != (got == nil) {
+			t.Fatalf("%q: topFields %v, encoding/json error %v", doc, got, wantErr)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%q: %d fields, want %d", doc, len(got), len(want))
+		}
+		for k, v := range want {
+			if !bytes.Equal(got[k], v) {
+				t.Fatalf("%q: field %q = %q, want %q", doc, k, got[k], v)
+			}
+		}
+	})
+}
+
+// A prompt of 15 million token ids is counted in place: the request is
+// read without copying or decoding it.
+func TestLargePromptNotCopied(t *testing.T) {
+	body := []byte(`{"model":"gpt-3.5-turbo-instruct","max_tokens":10,"prompt":[` + strings.TrimSuffix(strings.Repeat("1,", 15_000_000), ",") + `]}`)
+	allocs := testing.AllocsPerRun(1, func() {
+		r, err := ParseRequest(Completions, "", body, func(_, s string) int64 { return int64(len(s)) })
+		if err != nil || r.Input < 15_000_000 || r.Choices != 1 {
+			t.Fatalf("%+v %v", r, err)
+		}
+	})
+	if allocs > 100 {
+		t.Errorf("%v allocations to read a prompt of token ids", allocs)
+	}
+}

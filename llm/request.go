@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/admitdev/admit/internal/httpx"
 )
@@ -114,7 +115,7 @@ func ParseRequest(api API, model string, body []byte, count func(model, text str
 // readRequest is ParseRequest but for counting the input.
 func readRequest(api API, model string, body []byte) (*Request, error) {
 	r := &Request{API: api, Model: model, Choices: 1, body: body}
-	if err := json.Unmarshal(body, &r.fields); err != nil || r.fields == nil {
+	if r.fields = topFields(body); r.fields == nil {
 		return nil, badRequest("the request body is not a JSON object")
 	}
 	// Read here, the last of two values wins; the provider's parser may
@@ -343,19 +344,10 @@ func (r *Request) choices(api API) error {
 	}
 	prompts := int64(1)
 	if raw := r.fields["prompt"]; api == Completions && len(raw) > 0 && raw[0] == '[' {
-		var list []json.RawMessage
-		if json.Unmarshal(raw, &list) != nil {
-			return badRequest("\"prompt\" must be a string or an array")
-		}
 		// An array of token ids is one prompt; an array of strings or
-		// of token-id arrays is one prompt per element.
-		k := int64(0)
-		for _, e := range list {
-			if len(e) > 0 && (e[0] == '"' || e[0] == '[') {
-				k++
-			}
-		}
-		prompts = max(k, 1)
+		// of token-id arrays is one prompt per element. Counted in place:
+		// decoding a prompt of millions of ids took gigabytes.
+		prompts = max(promptsIn(raw), 1)
 	}
 	per := max(n, bestOf)
 	if prompts > maxChoices || prompts*per > maxChoices {
@@ -363,6 +355,96 @@ func (r *Request) choices(api API) error {
 	}
 	r.Choices = prompts * per
 	return nil
+}
+
+// topFields returns the fields of the JSON object body, each value a
+// slice of body itself (a large prompt is not copied), the last of two
+// values of one name winning as encoding/json has it; nil when body is
+// not a valid JSON object.
+func topFields(body []byte) map[string]json.RawMessage {
+	if !json.Valid(body) {
+		return nil
+	}
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return nil
+	}
+	fields := map[string]json.RawMessage{}
+	for i = skipSpace(body, i+1); i < len(body) && body[i] == '"'; {
+		end := stringEnd(body, i)
+		key := string(body[i+1 : end])
+		if bytes.IndexByte(body[i:end], '\\') >= 0 || !utf8.Valid(body[i:end]) {
+			_ = json.Unmarshal(body[i:end+1], &key) // as encoding/json reads it
+		}
+		v := skipSpace(body, skipSpace(body, end+1)+1) // past the colon
+		e := valueEnd(body, v)
+		fields[key] = body[v:e:e]
+		if i = skipSpace(body, e); i < len(body) && body[i] == ',' {
+			i = skipSpace(body, i+1)
+		}
+	}
+	return fields
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// valueEnd returns the index just past the JSON value starting at b[i]
+// (valid JSON).
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			i = stringEnd(b, i)
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i // the end of the object holding a number or literal
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
+}
+
+// promptsIn counts the elements of the JSON array raw (valid JSON, as
+// ParseRequest checked) that are strings or arrays, without decoding it.
+func promptsIn(raw []byte) int64 {
+	var n int64
+	depth := 0
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case '"':
+			if depth == 1 {
+				n++
+			}
+			i = stringEnd(raw, i)
+		case '[', '{':
+			if depth == 1 && c == '[' {
+				n++
+			}
+			depth++
+		case ']', '}':
+			depth--
+		}
+	}
+	return n
 }
 
 // generationConfig reads a Gemini request's maximum output and candidate
