@@ -642,10 +642,12 @@ func TestProviderAccountHidden(t *testing.T) {
 		"X-Ratelimit-Limit-Requests":       {"10000"},
 		"Anthropic-Ratelimit-Tokens-Limit": {"400000"},
 		"Set-Cookie":                       {"__cf_bm=platform; path=/"},
+		"X-Goog-Project-Number":            {"987654321012"},
+		"Anthropic-Api-Key-Hint":           {"platform"},
 	}
 	chat := `{"model":"gpt-4o","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`
 	resp, _ := r.post("/v1/chat/completions", chat)
-	for _, h := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Ratelimit-Tokens-Limit", "Set-Cookie"} {
+	for _, h := range []string{"Openai-Organization", "Openai-Project", "Anthropic-Ratelimit-Tokens-Limit", "Set-Cookie", "X-Goog-Project-Number", "Anthropic-Api-Key-Hint"} {
 		if v := resp.Header.Get(h); v != "" {
 			t.Errorf("the tenant sees %s: %q", h, v)
 		}
@@ -666,13 +668,16 @@ func TestProviderAccountHidden(t *testing.T) {
 		{401, `{"error":{"message":"Incorrect API key provided: sk-platf***1234. You can find your API key at https://platform.openai.com","type":"invalid_request_error"}}`, ""},
 		{429, `{"error":{"message":"Rate limit reached for gpt-4o in organization org-platform123 on tokens per min (TPM): Limit 30000","type":"tokens"}}`, ""},
 		{500, `{"error":{"message":"internal failure of proj_platform456","type":"server_error"}}`, ""},
+		{400, `{"error":{"message":"Invalid 'user': user-PLATFORMUSER789 is not allowed","type":"invalid_request_error"}}`, "Invalid 'user'"},
+		{404, `{"error":{"code":404,"message":"Model not found for project 987654321012 (projects/platform-prod)","status":"NOT_FOUND"}}`, "Model not found"},
+		{422, `{"error":{"message":"Unprocessable: see ?project=987654321012","type":"invalid_request_error"}}`, "Unprocessable"},
 	} {
 		r.up.Fail, r.up.FailBody = c.status, c.body
 		resp, body := r.post("/v1/chat/completions", chat)
 		if resp.StatusCode != c.status {
 			t.Errorf("an upstream %d answered %d", c.status, resp.StatusCode)
 		}
-		for _, secret := range []string{"sk-", "org-platform", "proj_platform", "30000"} {
+		for _, secret := range []string{"sk-", "org-platform", "proj_platform", "30000", "PLATFORMUSER", "987654321012", "platform-prod"} {
 			if strings.Contains(body, secret) {
 				t.Errorf("an upstream %d: the tenant reads %q in %s", c.status, secret, body)
 			}

@@ -756,6 +756,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 				addText(lit)
 			case !top.object && !top.media && tokenIDKeys[string(top.key)] && (c == '-' || c >= '0' && c <= '9'):
 				tokens++
+				over = limit >= 0 && tokens > limit
 			}
 			i = j
 		}

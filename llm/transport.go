@@ -313,15 +313,22 @@ func setHeaders(h http.Header, t *Ticket) {
 	}
 }
 
-// scrubHeaders removes from a provider's answer the headers that describe
-// the platform's account rather than the tenant's call: its organization
-// and project, its own rate limits (the tenant's are set from its
-// rules), and cookies.
+// providerHeaders are the headers of a provider's answer a tenant sees:
+// what describes the answer itself. Any other (the platform's
+// organization, project and account rate limits, cookies, headers a
+// provider adds one day) is the platform's and is removed.
+var providerHeaders = map[string]bool{
+	"Content-Type": true, "Content-Encoding": true, "Content-Length": true, "Content-Language": true,
+	"Cache-Control": true, "Date": true, "Vary": true, "Transfer-Encoding": true,
+	"X-Request-Id": true, "Request-Id": true, "Openai-Processing-Ms": true, "Openai-Version": true,
+}
+
+// scrubHeaders keeps of a provider's answer's headers only
+// providerHeaders; the tenant's own rate limit headers are set after,
+// from its rules.
 func scrubHeaders(h http.Header) {
 	for k := range h {
-		switch lk := strings.ToLower(k); {
-		case lk == "set-cookie", lk == "openai-organization", lk == "openai-project", lk == "anthropic-organization-id",
-			strings.HasPrefix(lk, "x-ratelimit-"), strings.HasPrefix(lk, "anthropic-ratelimit-"), strings.HasPrefix(lk, "anthropic-priority-"):
+		if !providerHeaders[http.CanonicalHeaderKey(k)] {
 			delete(h, k)
 		}
 	}
@@ -384,9 +391,10 @@ func errorMessage(raw []byte) string {
 }
 
 // keyShaped matches what looks like a credential or an account id in a
-// provider's words: OpenAI's sk-, org- and proj_ ids, Google's AIza keys,
-// and long runs of key characters.
-var keyShaped = regexp.MustCompile(`(?:sk-|org-|proj_|proj-|AIza)[A-Za-z0-9_\-*.]+|[A-Za-z0-9_\-]{32,}`)
+// provider's words: OpenAI's sk-, org-, proj_ and user- ids, Google's
+// AIza keys and project names and numbers (projects/NAME, runs of 9 or
+// more digits), and long runs of key characters.
+var keyShaped = regexp.MustCompile(`(?:sk-|org-|proj_|proj-|user-|AIza)[A-Za-z0-9_\-*.]+|(?i:projects?)[/=: ]+[A-Za-z0-9_\-.]+|[0-9]{9,}|[A-Za-z0-9_\-]{32,}`)
 
 // redact removes from msg every credential the sent call carried and
 // anything key-shaped.
