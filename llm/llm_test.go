@@ -1052,3 +1052,27 @@ func TestLargePromptRefusedBeforeCounted(t *testing.T) {
 		})
 	}
 }
+
+// A Gemini stream carries running totals in its chunks: one that ends
+// cleanly before the chunk that says why it finished has not reported
+// its usage, and is charged its reservation, not the totals so far (once
+// 4 tokens recorded for 400 billed).
+func TestGeminiStreamEndedEarlyKeepsReservation(t *testing.T) {
+	r := newRig(t, []policy.RuleSpec{tokenRule()}, llm.GateOptions{})
+	r.up.Output = 400
+	r.up.Hold = make(chan struct{})
+	go func() {
+		for range 3 {
+			r.up.Hold <- struct{}{}
+		}
+		close(r.up.Hold) // the upstream ends the stream, cleanly, here
+	}()
+	resp, body := r.post("/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"hi"}]}],"generationConfig":{"maxOutputTokens":500}}`)
+	if resp.StatusCode != 200 || !strings.Contains(body, "usageMetadata") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	rec := r.records[len(r.records)-1]
+	if rec.Reported || rec.Usage[policy.Output] != 500 {
+		t.Fatalf("a stream ended before its last chunk: recorded %v (reported %v), want the reservation's 500 output tokens", rec.Usage, rec.Reported)
+	}
+}

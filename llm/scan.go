@@ -35,6 +35,8 @@ type usageScan struct {
 	tier     []byte
 	inTier   bool
 	lastTier string
+	// finished says a candidate's finishReason was read (Gemini).
+	finished bool
 	broken   bool // deeper than maxScanDepth or a usage too large: stop
 }
 
@@ -53,7 +55,7 @@ const (
 )
 
 // usageKeys are the keys whose names matter to usageScan.
-var usageKeys = [...]string{"usage", "usageMetadata", "response", "message", "service_tier"}
+var usageKeys = [...]string{"usage", "usageMetadata", "response", "message", "service_tier", "candidates", "finishReason"}
 
 // maxTier bounds the service tier's name a usageScan keeps.
 const maxTier = 32
@@ -116,6 +118,8 @@ func (s *usageScan) write(p []byte) {
 				s.inKey, s.keyLen, s.key = true, 0, s.key[:0]
 			} else if top != nil && top.object && top.key == "service_tier" && s.isTierPath() {
 				s.inTier, s.tier = true, s.tier[:0]
+			} else if top != nil && top.object && top.key == "finishReason" && s.isFinishPath() {
+				s.finished = true
 			}
 		case '{', '[':
 			if len(s.stack) >= maxScanDepth {
@@ -214,6 +218,17 @@ func (s *usageScan) isTierPath() bool {
 	return len(st) == 1 || len(st) == 2 && st[0].object && st[0].key == "response"
 }
 
+// isFinishPath reports whether a string starting now is a candidate's
+// finishReason: candidates[i].finishReason in the document, or in an
+// element of a document that is an array.
+func (s *usageScan) isFinishPath() bool {
+	st := s.stack
+	if len(st) > 0 && !st[0].object {
+		st = st[1:]
+	}
+	return len(st) == 3 && st[0].object && st[0].key == "candidates" && !st[1].object && st[2].object
+}
+
 func (s *usageScan) tierBytes(b []byte) {
 	if s.inTier && len(s.tier)+len(b) <= maxTier {
 		s.tier = append(s.tier, b...)
@@ -231,6 +246,11 @@ func (s *usageScan) usageKey() string {
 // usage returns the last usage object found as an event, false if none.
 func (s *usageScan) usage() (ev event, ok bool) {
 	ev.ServiceTier = s.lastTier
+	if s.finished {
+		ev.Candidates = append(ev.Candidates, struct {
+			FinishReason string `json:"finishReason"`
+		}{"STOP"})
+	}
 	if len(s.last) == 0 {
 		return ev, false
 	}

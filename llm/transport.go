@@ -233,7 +233,7 @@ func settlement(m *meter, ended bool, status int) Settlement {
 	switch {
 	case status >= 400 && !s.Reported:
 		// An error without usage: nothing was generated; refund.
-	case ended && m.input && m.output:
+	case ended && m.complete():
 	default:
 		s.Cut = !ended
 		// The provider reported nothing, or the answer ended before its

@@ -171,6 +171,10 @@ type event struct {
 	// Choices is read only for whether it is empty: OpenAI's usage-only
 	// chunk.
 	Choices *[]json.RawMessage `json:"choices"`
+	// Candidates are read for whether one finished: Gemini's last chunk.
+	Candidates []struct {
+		FinishReason string `json:"finishReason"`
+	} `json:"candidates"`
 }
 
 // meter reads the usage of one response, event by event. It keeps only
@@ -184,10 +188,20 @@ type meter struct {
 	input, output bool
 	// tier is the service tier the provider reported, if it did.
 	tier string
+	// finished says a Gemini answer's candidate said why it ended: its
+	// stream's last chunk, whose running totals are the final ones.
+	finished bool
 }
 
 // reported says whether the response reported its usage.
 func (m *meter) reported() bool { return m.input || m.output }
+
+// complete says whether the response reported its whole usage: input and
+// output, and for a Gemini stream, whose every chunk carries running
+// totals, the chunk that says why it finished.
+func (m *meter) complete() bool {
+	return m.input && m.output && (m.api != StreamGenerateContent || m.finished)
+}
 
 // observe reads one JSON document: a whole response body, or the data of
 // one stream event. It reports whether the event is an OpenAI usage-only
@@ -296,6 +310,9 @@ func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 		// one without them changes nothing.
 		if ev.UsageMetadata != nil {
 			m.usage, m.input, m.output = ev.UsageMetadata.tokens(), true, true
+		}
+		for _, c := range ev.Candidates {
+			m.finished = m.finished || c.FinishReason != ""
 		}
 	}
 	return usageChunk

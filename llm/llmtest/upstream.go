@@ -569,7 +569,11 @@ func (s *answer) gemini(stream bool) {
 		s.w.Header().Set("Content-Type", "application/json")
 		var chunks []any
 		for i := range out {
-			doc := map[string]any{"candidates": cand(s.word(), ""), "modelVersion": "standin"}
+			finish := ""
+			if i == out-1 {
+				finish = "STOP" // the last chunk says why the answer ended
+			}
+			doc := map[string]any{"candidates": cand(s.word(), finish), "modelVersion": "standin"}
 			if !s.u.NoUsage {
 				doc["usageMetadata"] = meta(i + 1)
 			}
