@@ -3,6 +3,7 @@ package llm
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"io"
 	"strconv"
@@ -530,23 +531,53 @@ func TestReserveBilledExtras(t *testing.T) {
 	second := make([]byte, 44+32000) // 1 s of 16 kHz 16-bit PCM
 	copy(second, "RIFF")
 	copy(second[8:], "WAVEfmt ")
+	second[16] = 16
 	second[20], second[22] = 1, 1
 	second[24], second[25] = 0x80, 0x3e // 16000
 	second[32] = 2
+	copy(second[36:], "data")
 	wav := base64.StdEncoding.EncodeToString(second)
-	mp3 := base64.StdEncoding.EncodeToString(make([]byte, 75_000)) // ≤ 100 s at 6 kbit/s
+	mp3 := base64.StdEncoding.EncodeToString(mp3Frames(3828)) // 100 s of 128 kbit/s frames
 	if got := AudioTokens([]byte(`"` + wav + `"`)); got != 33 {
 		t.Errorf("a second of WAV: %d tokens, want 33 (32/s, its 44-byte header rounded up)", got)
 	}
 	if got := AudioTokens([]byte(`"` + mp3 + `"`)); got != 3200 {
-		t.Errorf("75 KB of compressed audio: %d tokens, want 3200 (100 s at 32/s)", got)
+		t.Errorf("100 s of MP3: %d tokens, want 3200 (32/s)", got)
 	}
-	// A header that claims a rate the provider would not play it at
-	// (not PCM) is not believed.
-	bad := bytes.Clone(second)
-	bad[20] = 3
-	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(bad) + `"`)); got < 1365 {
-		t.Errorf("a non-PCM WAV: %d tokens, want its size at 6 kbit/s", got)
+	// 8-bit mono at 100 Hz: 600 s in 60 KB, by its header.
+	slow := bytes.Clone(second[:44])
+	slow[24], slow[25], slow[32] = 100, 0, 1
+	slow = append(slow, make([]byte, 60_000)...)
+	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(slow) + `"`)); got != (60_044*32+99)/100 {
+		t.Errorf("60 KB of 100 Hz WAV: %d tokens, want 600 s worth", got)
+	}
+	// FLAC of 8 hours of silence, 58 KB: by its stream header.
+	flac := []byte("fLaC\x00\x00\x00\x22")
+	si := make([]byte, 34)
+	binary.BigEndian.PutUint64(si[10:], 8000<<44|uint64(8000*28800))
+	flac = append(append(flac, si...), make([]byte, 58_000)...)
+	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(flac) + `"`)); got != 28800*32 {
+		t.Errorf("8 h of FLAC: %d tokens, want %d", got, 28800*32)
+	}
+	// Ogg Opus: its last page's granule position at 48 kHz.
+	ogg := append([]byte("OggS\x00\x02"), make([]byte, 20)...)
+	ogg = append(ogg, "OpusHead"...)
+	last := append([]byte("OggS\x00\x04"), make([]byte, 20)...)
+	binary.LittleEndian.PutUint64(last[6:], 48000*60)
+	ogg = append(append(ogg, make([]byte, 500)...), last...)
+	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(ogg) + `"`)); got != 60*32 {
+		t.Errorf("a minute of Opus: %d tokens, want %d", got, 60*32)
+	}
+	// A WAV of a compressed encoding (ADPCM), an AAC file, base64 that is
+	// not: their length is not known, and the bound is the most a call
+	// may take.
+	adpcm := bytes.Clone(second)
+	adpcm[20] = 2
+	for name, clip := range map[string]string{"adpcm": base64.StdEncoding.EncodeToString(adpcm),
+		"aac": base64.StdEncoding.EncodeToString(append([]byte("\xff\xf1\x50\x80"), make([]byte, 1000)...)), "garbage": "%%%"} {
+		if got := AudioTokens([]byte(`"` + clip + `"`)); got != MaxMediaTokens {
+			t.Errorf("%s: %d tokens, want MaxMediaTokens", name, got)
+		}
 	}
 	parse := func(api API, model, body string) *Request {
 		t.Helper()
@@ -558,7 +589,12 @@ func TestReserveBilledExtras(t *testing.T) {
 	}
 	r := parse(ChatCompletions, "", `{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"service_tier":"priority","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"`+mp3+`","format":"mp3"}}]}]}`)
 	if r.AudioInput != 3200 || !r.AudioOutput || r.ServiceTier != "priority" || r.Input < 3200 || r.Input > 3200+64 {
-		t.Errorf("openai audio: %+v", r)
+		t.Errorf("openai audio: audio %d of input %d, audio out %v, tier %q", r.AudioInput, r.Input, r.AudioOutput, r.ServiceTier)
+	}
+	// A video, or audio named by URL: the most a call may take.
+	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"file_data":{"mime_type":"audio/mp3","file_uri":"https://x/a.mp3"}},{"inline_data":{"mime_type":"video/mp4","data":"AAAA"}}]}]}`)
+	if r.AudioInput != MaxMediaTokens || r.Input < 2*MaxMediaTokens || r.Media != 2 {
+		t.Errorf("gemini audio by URL and an inline video: audio %d of input %d, %d media", r.AudioInput, r.Input, r.Media)
 	}
 	if r := parse(ChatCompletions, "", `{"model":"m","messages":[{"role":"user","content":"audio"}]}`); r.AudioOutput || r.AudioInput != 0 {
 		t.Errorf("text only: %+v", r)
@@ -617,6 +653,14 @@ func TestReserveBilledExtras(t *testing.T) {
 // An image sent to a model that counts images in more, cheaper tokens is
 // reserved at that model's worst case: gpt-4o-mini's high-detail image is
 // 48,169 tokens, not the 2,048 of other models.
+// mp3Frames returns n frames of MPEG-1 Layer III at 128 kbit/s, 44.1 kHz:
+// 1,152 samples each.
+func mp3Frames(n int) []byte {
+	frame := make([]byte, 417)
+	binary.BigEndian.PutUint32(frame, 0xFFFB9000)
+	return bytes.Repeat(frame, n)
+}
+
 func TestImageTokensByModel(t *testing.T) {
 	body := func(model string) string {
 		return `{"model":"` + model + `","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png","detail":"high"}},` +

@@ -3,7 +3,6 @@ package llm
 import (
 	"bytes"
 	"encoding/base64"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/httpx"
 )
 
@@ -615,7 +615,7 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 // countInputUpTo is countInput, stopping once the text counted passes
 // limit tokens when limit ≥ 0.
 func countInputUpTo(body []byte, count func(text string) int64, limit int64) inputCount {
-	var tokens, media, audioItems, audio int64
+	var tokens, media, audioItems, audio, video int64
 	over := false
 	type frame struct {
 		object bool
@@ -627,6 +627,8 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		data       []byte
 		textType   bool // a media type text/*
 		audioType  bool // a media type audio/*
+		videoType  bool // a media type video/*
+		fileRef    bool // a media file named by URL or id (file_uri)
 		plainBytes bool // Anthropic's "type": "text" source: data is not base64
 	}
 	var stackBuf [16]frame
@@ -690,17 +692,24 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		case '}', ']':
 			if len(stack) > 1 {
 				f := &stack[len(stack)-1]
-				if f.data != nil {
-					switch {
-					case f.textType:
-						addText(decodeData(f.data, f.plainBytes))
-					case f.audioType:
-						media++
-						audioItems++
-						audio += AudioTokens(f.data)
-					default:
-						media++
-					}
+				switch {
+				case f.data != nil && f.textType:
+					addText(decodeData(f.data, f.plainBytes))
+				case f.data != nil && f.audioType:
+					media++
+					audioItems++
+					audio += AudioTokens(f.data)
+				case (f.data != nil || f.fileRef) && f.videoType:
+					// Billed by its length, which its bytes do not say
+					// here: the most a call can take.
+					media += boolInt(f.data != nil)
+					audioItems++
+					video += MaxMediaTokens
+				case f.fileRef && f.audioType:
+					audioItems++
+					audio += MaxMediaTokens
+				case f.data != nil:
+					media++
 				}
 				key = f.key
 				stack = stack[:len(stack)-1]
@@ -728,17 +737,26 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 			case top.schema:
 				addText(unquote(raw))
 			case top.media:
-				if k == "data" && top.object && string(top.key) == "input_audio" {
+				switch {
+				case k == "data" && top.object && string(top.key) == "input_audio":
 					audioItems++
 					audio += AudioTokens(raw)
+				case k == "mime_type" || k == "mimeType":
+					// A file by reference (file_data): its type says
+					// whether it is billed by its length.
+					top.audioType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"audio/`))
+					top.videoType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"video/`))
+					top.fileRef = true
 				}
 			case k == "data" && top.object:
 				top.data = raw
 			case mediaKeys[k]:
 				media++
+				top.fileRef = top.object
 			case k == "mime_type" || k == "mimeType" || k == "media_type":
 				top.textType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"text/`))
 				top.audioType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"audio/`))
+				top.videoType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"video/`))
 			case k == "type":
 				top.plainBytes = string(raw) == `"text"`
 			case skipKeys[k]:
@@ -762,36 +780,14 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		}
 	}
 	flush()
-	return inputCount{tokens: tokens + (media-audioItems)*MediaTokens + audio, media: media, audio: audio, audioItems: audioItems, over: over}
+	return inputCount{tokens: min(tokens+(media-audioItems)*MediaTokens+audio+video, admit.MaxCost), media: media, audio: min(audio, admit.MaxCost), audioItems: audioItems, over: over}
 }
 
-// AudioTokensPerSecond bounds the tokens a second of audio input is
-// billed as: Gemini counts 32, OpenAI's audio models about 10.
-const AudioTokensPerSecond = 32
-
-// minAudioByteRate is the fewest bytes a second of compressed audio
-// takes (6 kbit/s, below the lowest MP3 and Opus rates providers
-// accept): the longest a clip of unknown rate can play.
-const minAudioByteRate = 750
-
-// AudioTokens bounds the input tokens of one audio clip, data its base64
-// JSON string (quoted): its longest duration times AudioTokensPerSecond.
-// The duration of uncompressed PCM WAV is read from its header (the
-// sample rate and block size the provider decodes it with); any other
-// clip plays at most its size over minAudioByteRate.
-func AudioTokens(data []byte) int64 {
-	b := bytes.Trim(data, `"`)
-	size := int64(len(b)) * 3 / 4
-	rate := int64(minAudioByteRate)
-	head := make([]byte, 36)
-	if n, _ := base64.StdEncoding.Decode(head, b[:min(len(b), 48)]); n == 36 &&
-		string(head[0:4]) == "RIFF" && string(head[8:12]) == "WAVE" && string(head[12:16]) == "fmt " &&
-		binary.LittleEndian.Uint16(head[20:22]) == 1 { // PCM
-		sampleRate := int64(binary.LittleEndian.Uint32(head[24:28]))
-		blockAlign := int64(binary.LittleEndian.Uint16(head[32:34]))
-		rate = max(rate, sampleRate*blockAlign)
+func boolInt(b bool) int64 {
+	if b {
+		return 1
 	}
-	return max((size*AudioTokensPerSecond+rate-1)/rate, 1)
+	return 0
 }
 
 // countChunk is the most text CountInput gives its count function at once.

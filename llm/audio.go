@@ -1,0 +1,233 @@
+package llm
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"strings"
+)
+
+// AudioTokensPerSecond bounds the tokens a second of audio input is
+// billed as: Gemini counts 32, OpenAI's audio models about 10.
+const AudioTokensPerSecond = 32
+
+// MaxMediaTokens bounds the input tokens of one audio or video item whose
+// duration is not known from its bytes (a format not read here, a file
+// given by URL or id): the largest context window of the models that
+// take them, Gemini's 1,048,576 tokens, past which a provider refuses the
+// call. It is the true bound, and a heavy one: send WAV, FLAC, MP3 or
+// Ogg inline to be reserved by duration.
+const MaxMediaTokens = 1 << 20
+
+// AudioTokens bounds the input tokens of one audio clip, data its base64
+// JSON string (quoted): its duration times AudioTokensPerSecond, at most
+// MaxMediaTokens. The duration is read from the clip as a decoder finds
+// it: a WAV's size over its sample rate and frame size (PCM, float, A-law
+// and μ-law), a FLAC's stream header, an MP3's frames one by one, an Ogg
+// stream's last granule position (Opus at 48 kHz, Vorbis at its header's
+// rate). A clip of any other format, or one whose duration cannot be read,
+// counts MaxMediaTokens: compressed audio of silence takes a few bytes a
+// second, so no size says how long a clip plays.
+func AudioTokens(data []byte) int64 {
+	b, err := decodeBase64(bytes.Trim(data, `"`))
+	if err != nil {
+		return MaxMediaTokens
+	}
+	seconds, ok := audioSeconds(b)
+	if !ok {
+		return MaxMediaTokens
+	}
+	return min(max(int64(seconds*AudioTokensPerSecond+0.999999), 1), MaxMediaTokens)
+}
+
+// decodeBase64 decodes data in any of the base64 alphabets JSON clients
+// use, with or without padding, ignoring the line breaks some insert.
+func decodeBase64(data []byte) ([]byte, error) {
+	if bytes.ContainsAny(data, "\\\r\n") {
+		data = bytes.ReplaceAll(data, []byte(`\n`), nil)
+		data = bytes.ReplaceAll(data, []byte(`\r`), nil)
+		data = bytes.ReplaceAll(data, []byte(`\/`), []byte(`/`))
+	}
+	var err error
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		out := make([]byte, enc.DecodedLen(len(data)))
+		var n int
+		if n, err = enc.Decode(out, data); err == nil {
+			return out[:n], nil
+		}
+	}
+	return nil, err
+}
+
+// audioSeconds returns how long the audio file b plays, and whether its
+// format is one read here.
+func audioSeconds(b []byte) (float64, bool) {
+	switch {
+	case len(b) >= 12 && string(b[0:4]) == "RIFF" && string(b[8:12]) == "WAVE":
+		return wavSeconds(b)
+	case len(b) >= 4 && string(b[0:4]) == "fLaC":
+		return flacSeconds(b)
+	case len(b) >= 4 && string(b[0:4]) == "OggS":
+		return oggSeconds(b)
+	case len(b) >= 3 && string(b[0:3]) == "ID3", len(b) >= 2 && b[0] == 0xFF && b[1]&0xE0 == 0xE0:
+		return mp3Seconds(b)
+	}
+	return 0, false
+}
+
+// wavSeconds reads a WAV's fmt chunk: its size over the bytes a second of
+// its samples take, for the uncompressed encodings (PCM, float, A-law,
+// μ-law) whose frames are fixed.
+func wavSeconds(b []byte) (float64, bool) {
+	for i := 12; i+8 <= len(b); {
+		id, size := string(b[i:i+4]), int(binary.LittleEndian.Uint32(b[i+4:i+8]))
+		if id == "fmt " && i+8+16 <= len(b) {
+			f := b[i+8:]
+			format := binary.LittleEndian.Uint16(f[0:2])
+			rate := float64(binary.LittleEndian.Uint32(f[4:8]))
+			frame := float64(binary.LittleEndian.Uint16(f[12:14]))
+			if format != 1 && format != 3 && format != 6 && format != 7 || rate < 1 || frame < 1 {
+				return 0, false
+			}
+			// The whole file, header included, as if it were samples: a
+			// data chunk that claims less than follows is not believed.
+			return float64(len(b)) / (rate * frame), true
+		}
+		if size < 0 || i+8+size+size%2 <= i {
+			break
+		}
+		i += 8 + size + size%2
+	}
+	return 0, false
+}
+
+// flacSeconds reads a FLAC stream's STREAMINFO: its total samples over its
+// sample rate; 0 samples (unknown) is not read.
+func flacSeconds(b []byte) (float64, bool) {
+	if len(b) < 8+34 || b[4]&0x7F != 0 { // the first block is STREAMINFO
+		return 0, false
+	}
+	si := b[8:]
+	v := binary.BigEndian.Uint64(si[10:18])
+	rate := float64(v >> 44)
+	total := float64(v & (1<<36 - 1))
+	if rate < 1 || total < 1 {
+		return 0, false
+	}
+	return total / rate, true
+}
+
+// oggSeconds reads an Ogg stream: the largest granule position of its
+// pages over its rate (48 kHz for Opus, the identification header's for
+// Vorbis).
+func oggSeconds(b []byte) (float64, bool) {
+	var rate float64
+	switch {
+	case bytes.Contains(b[:min(len(b), 512)], []byte("OpusHead")):
+		rate = 48000
+	default:
+		i := bytes.Index(b[:min(len(b), 512)], []byte("\x01vorbis"))
+		if i < 0 || i+16 > len(b) {
+			return 0, false
+		}
+		rate = float64(binary.LittleEndian.Uint32(b[i+12 : i+16]))
+	}
+	if rate < 1 {
+		return 0, false
+	}
+	var most uint64
+	for i := 0; ; i++ {
+		j := bytes.Index(b[i:], []byte("OggS"))
+		if j < 0 {
+			break
+		}
+		i += j
+		if i+14 <= len(b) {
+			if g := binary.LittleEndian.Uint64(b[i+6 : i+14]); g != ^uint64(0) {
+				most = max(most, g)
+			}
+		}
+	}
+	if most == 0 {
+		return 0, false
+	}
+	return float64(most) / rate, true
+}
+
+// mp3Seconds walks an MPEG audio stream frame by frame, as a decoder
+// does, after any ID3v2 tag: the samples of its frames over their rates.
+// Bytes that are not a frame are skipped; a free-format frame is not
+// read.
+func mp3Seconds(b []byte) (float64, bool) {
+	i := 0
+	if len(b) >= 10 && string(b[0:3]) == "ID3" {
+		i = 10 + int(b[6]&0x7F)<<21 | int(b[7]&0x7F)<<14 | int(b[8]&0x7F)<<7 | int(b[9]&0x7F)
+	}
+	var seconds float64
+	frames := 0
+	for i+4 <= len(b) {
+		h := binary.BigEndian.Uint32(b[i : i+4])
+		length, samples, rate := mpegFrame(h)
+		if length == 0 {
+			i++
+			continue
+		}
+		seconds += float64(samples) / float64(rate)
+		frames++
+		i += length
+	}
+	return seconds, frames > 0
+}
+
+// mpegFrame returns the length, samples and sample rate of the MPEG audio
+// frame whose header is h, 0 when h is not one.
+func mpegFrame(h uint32) (length, samples, rate int) {
+	if h>>21 != 0x7FF {
+		return 0, 0, 0
+	}
+	version := (h >> 19) & 3 // 0: 2.5, 2: 2, 3: 1
+	layer := (h >> 17) & 3   // 1: III, 2: II, 3: I
+	bitrateIdx := (h >> 12) & 15
+	rateIdx := (h >> 10) & 3
+	padding := int((h >> 9) & 1)
+	if version == 1 || layer == 0 || bitrateIdx == 0 || bitrateIdx == 15 || rateIdx == 3 {
+		return 0, 0, 0
+	}
+	rates := [3]int{44100, 48000, 32000}
+	rate = rates[rateIdx]
+	switch version {
+	case 2:
+		rate /= 2
+	case 0:
+		rate /= 4
+	}
+	v1 := version == 3
+	var kbps int
+	switch {
+	case v1 && layer == 3:
+		kbps = [...]int{0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448}[bitrateIdx]
+	case v1 && layer == 2:
+		kbps = [...]int{0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384}[bitrateIdx]
+	case v1:
+		kbps = [...]int{0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320}[bitrateIdx]
+	case layer == 3:
+		kbps = [...]int{0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256}[bitrateIdx]
+	default:
+		kbps = [...]int{0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160}[bitrateIdx]
+	}
+	switch {
+	case layer == 3: // Layer I
+		return (12*kbps*1000/rate + padding) * 4, 384, rate
+	case layer == 2 || v1: // Layer II, or Layer III of MPEG-1
+		return 144*kbps*1000/rate + padding, 1152, rate
+	default: // Layer III of MPEG-2 and 2.5
+		return 72*kbps*1000/rate + padding, 576, rate
+	}
+}
+
+// isTimedMedia reports whether a media type names audio or video, billed
+// by duration.
+func isTimedMedia(mime []byte) bool {
+	m := strings.ToLower(string(bytes.Trim(mime, `"`)))
+	return strings.HasPrefix(m, "audio/") || strings.HasPrefix(m, "video/")
+}
