@@ -591,6 +591,48 @@ func TestReserveBilledExtras(t *testing.T) {
 	if r.AudioInput != 3200 || !r.AudioOutput || r.ServiceTier != "priority" || r.Input < 3200 || r.Input > 3200+64 {
 		t.Errorf("openai audio: audio %d of input %d, audio out %v, tier %q", r.AudioInput, r.Input, r.AudioOutput, r.ServiceTier)
 	}
+	// PDFs by their pages: counted where the page objects are plain,
+	// else the most pages a provider reads; by URL, the most.
+	pdf := func(body string) string {
+		return base64.StdEncoding.EncodeToString([]byte("%PDF-1.7\n" + body))
+	}
+	threePages := pdf("1 0 obj <</Type /Pages /Count 3>> 2 0 obj <</Type/Page>> 3 0 obj <</Type /Page /Parent 1 0 R>> 4 0 obj <</Type\n/Page>>")
+	packed := pdf("5 0 obj <</Type /ObjStm /N 100>> stream ... endstream")
+	for name, c := range map[string]struct {
+		api  API
+		body string
+		want int64
+	}{
+		"claude, 3 pages":    {Messages, `{"model":"c","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"` + threePages + `"}}]}]}`, 3 * PageTokens},
+		"claude, packed":     {Messages, `{"model":"c","max_tokens":1,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"` + packed + `"}}]}]}`, MaxPDFPages * PageTokens},
+		"claude, by URL":     {Messages, `{"model":"c","max_tokens":1,"messages":[{"role":"user","content":[{"source":{"url":"https://x/a.pdf","type":"url"},"type":"document"}]}]}`, MaxPDFPages * PageTokens},
+		"openai, a data URL": {ChatCompletions, `{"model":"m","messages":[{"role":"user","content":[{"type":"file","file":{"filename":"a.pdf","file_data":"data:application/pdf;base64,` + threePages + `"}}]}]}`, 3 * PageTokens},
+		"gemini, by URI":     {GenerateContent, `{"contents":[{"parts":[{"file_data":{"mime_type":"application/pdf","file_uri":"gs://b/a.pdf"}}]}]}`, MaxPDFPages * PageTokens},
+	} {
+		model := ""
+		if c.api == GenerateContent {
+			model = "gemini-2.5-flash"
+		}
+		r := parse(c.api, model, c.body)
+		if r.Input < c.want || r.Input > c.want+200 || r.Media != 1 {
+			t.Errorf("%s: input %d (%d media), want %d and its framing", name, r.Input, r.Media, c.want)
+		}
+	}
+	// An image as tall as 40 of Gemini's 768-pixel tiles: 258 tokens each.
+	png := make([]byte, 33)
+	copy(png, "\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR")
+	binary.BigEndian.PutUint32(png[16:], 768)
+	binary.BigEndian.PutUint32(png[20:], 30000)
+	tall := base64.StdEncoding.EncodeToString(png)
+	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"inline_data":{"mime_type":"image/png","data":"`+tall+`"}}]}]}`)
+	if want := int64(40 * 258); r.Input < want || r.Input > want+50 {
+		t.Errorf("a 768×30000 image: input %d, want %d and framing", r.Input, want)
+	}
+	small := base64.StdEncoding.EncodeToString(png[:16])
+	r = parse(ChatCompletions, "", `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,`+small+`"}}]}]}`)
+	if r.Input < MediaTokens || r.Input > MediaTokens+50 {
+		t.Errorf("an image whose size is not read: input %d, want MediaTokens", r.Input)
+	}
 	// A video, or audio named by URL: the most a call may take.
 	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"file_data":{"mime_type":"audio/mp3","file_uri":"https://x/a.mp3"}},{"inline_data":{"mime_type":"video/mp4","data":"AAAA"}}]}]}`)
 	if r.AudioInput != MaxMediaTokens || r.Input < 2*MaxMediaTokens || r.Media != 2 {

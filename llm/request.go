@@ -615,7 +615,9 @@ func countInput(body []byte, count func(text string) int64) inputCount {
 // countInputUpTo is countInput, stopping once the text counted passes
 // limit tokens when limit ≥ 0.
 func countInputUpTo(body []byte, count func(text string) int64, limit int64) inputCount {
-	var tokens, media, audioItems, audio, video int64
+	// mediaTokens are the media items' tokens but audio's; audioItems
+	// counts the items whose tokens are audio's.
+	var tokens, media, mediaTokens, audioItems, audio int64
 	over := false
 	type frame struct {
 		object bool
@@ -624,12 +626,77 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		schema bool   // inside a tool or schema: everything in it is text
 		// An object's "data" string, judged when the object ends by its
 		// type: text when text/*, else media.
-		data       []byte
-		textType   bool // a media type text/*
-		audioType  bool // a media type audio/*
-		videoType  bool // a media type video/*
-		fileRef    bool // a media file named by URL or id (file_uri)
-		plainBytes bool // Anthropic's "type": "text" source: data is not base64
+		data      []byte
+		textType  bool // a media type text/*
+		audioType bool // a media type audio/*
+		videoType bool // a media type video/*
+		fileRef   bool // a media file named by URL or id (file_uri)
+		pdfType   bool // a media type application/pdf
+		imageType bool // a media type image/*
+		document  bool // Anthropic's "type": "document" block
+		// childMedia says a media item ended inside this object, and
+		// childTyped that its type was known (and its tokens counted).
+		childMedia, childTyped bool
+		plainBytes             bool // Anthropic's "type": "text" source: data is not base64
+	}
+	// item counts one media item of mime type m (lower case, without
+	// quotes), data its base64 string or nil when it is named by URL or
+	// id; it reports whether the type was one counted apart.
+	item := func(m string, data []byte) bool {
+		switch {
+		case strings.HasPrefix(m, "audio/"):
+			audioItems++
+			if data == nil {
+				audio += MaxMediaTokens
+			} else {
+				audio += AudioTokens(data)
+			}
+		case strings.HasPrefix(m, "video/"):
+			mediaTokens += MaxMediaTokens // billed by a length not known here
+		case m == "application/pdf":
+			mediaTokens += DocumentTokens(data)
+		case strings.HasPrefix(m, "image/") && data != nil:
+			mediaTokens += TiledImageTokens(data)
+		default:
+			mediaTokens += MediaTokens
+			return false
+		}
+		return true
+	}
+	// dataURL counts a media string that is a data: URL, as its type says;
+	// false when it is not one.
+	dataURL := func(raw []byte) bool {
+		rest, ok := bytes.CutPrefix(bytes.Trim(raw, `"`), []byte("data:"))
+		if !ok {
+			return false
+		}
+		head, payload, ok := bytes.Cut(rest, []byte(","))
+		if !ok {
+			return false
+		}
+		m, _, _ := bytes.Cut(head, []byte(";"))
+		return item(strings.ToLower(string(m)), payload)
+	}
+	setType := func(f *frame, raw []byte) {
+		m := bytes.ToLower(bytes.Trim(raw, `"`))
+		f.textType = bytes.HasPrefix(m, []byte("text/"))
+		f.audioType = bytes.HasPrefix(m, []byte("audio/"))
+		f.videoType = bytes.HasPrefix(m, []byte("video/"))
+		f.imageType = bytes.HasPrefix(m, []byte("image/"))
+		f.pdfType = string(m) == "application/pdf"
+	}
+	mimeOf := func(f *frame) string {
+		switch {
+		case f.audioType:
+			return "audio/"
+		case f.videoType:
+			return "video/"
+		case f.pdfType:
+			return "application/pdf"
+		case f.imageType:
+			return "image/"
+		}
+		return ""
 	}
 	var stackBuf [16]frame
 	stack := append(stackBuf[:0], frame{})
@@ -681,7 +748,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 			isSchema := top.schema || !top.media && schemaKeys[string(key)]
 			isMedia := !isSchema && (top.media || mediaKeys[string(key)])
 			if isMedia && !top.media {
-				media++
+				media++ // counted when it ends, by what it held
 			}
 			if c == '{' {
 				tokens += 4
@@ -692,24 +759,30 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		case '}', ']':
 			if len(stack) > 1 {
 				f := &stack[len(stack)-1]
+				parent := &stack[len(stack)-2]
 				switch {
 				case f.data != nil && f.textType:
 					addText(decodeData(f.data, f.plainBytes))
-				case f.data != nil && f.audioType:
-					media++
-					audioItems++
-					audio += AudioTokens(f.data)
-				case (f.data != nil || f.fileRef) && f.videoType:
-					// Billed by its length, which its bytes do not say
-					// here: the most a call can take.
-					media += boolInt(f.data != nil)
-					audioItems++
-					video += MaxMediaTokens
-				case f.fileRef && f.audioType:
-					audioItems++
-					audio += MaxMediaTokens
 				case f.data != nil:
+					// An inline item: Gemini's inline_data, Anthropic's
+					// base64 source.
 					media++
+					parent.childMedia = true
+					parent.childTyped = item(mimeOf(f), f.data)
+				case f.media && !parent.media:
+					// A media value, ended: a URL, an id, an object naming
+					// one (file_data), unless a data: URL counted it.
+					if !f.childTyped {
+						item(mimeOf(f), nil)
+					}
+					parent.childMedia = true
+					parent.childTyped = mimeOf(f) != ""
+				case f.fileRef:
+					parent.childMedia = true
+				}
+				if f.document && f.childMedia && !f.childTyped {
+					// Anthropic's document block by URL or id: a PDF.
+					mediaTokens += DocumentTokens(nil) - MediaTokens
 				}
 				key = f.key
 				stack = stack[:len(stack)-1]
@@ -741,24 +814,31 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 				case k == "data" && top.object && string(top.key) == "input_audio":
 					audioItems++
 					audio += AudioTokens(raw)
-				case k == "mime_type" || k == "mimeType":
-					// A file by reference (file_data): its type says
-					// whether it is billed by its length.
-					top.audioType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"audio/`))
-					top.videoType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"video/`))
-					top.fileRef = true
+					top.childTyped = true
+				case k == "mime_type" || k == "mimeType" || k == "media_type":
+					// A file by reference (file_data): its type says how
+					// it is billed.
+					setType(top, raw)
+				case dataURL(raw):
+					top.childTyped = true
 				}
 			case k == "data" && top.object:
 				top.data = raw
 			case mediaKeys[k]:
+				// A media string of its own: a URL, an id, a data: URL.
 				media++
-				top.fileRef = top.object
+				if !dataURL(raw) {
+					mediaTokens += MediaTokens
+					top.fileRef = top.object
+				} else {
+					top.childTyped = true
+				}
+				top.childMedia = true
 			case k == "mime_type" || k == "mimeType" || k == "media_type":
-				top.textType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"text/`))
-				top.audioType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"audio/`))
-				top.videoType = bytes.HasPrefix(bytes.ToLower(raw), []byte(`"video/`))
+				setType(top, raw)
 			case k == "type":
 				top.plainBytes = string(raw) == `"text"`
+				top.document = string(raw) == `"document"`
 			case skipKeys[k]:
 			default:
 				addText(unquote(raw))
@@ -780,14 +860,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		}
 	}
 	flush()
-	return inputCount{tokens: min(tokens+(media-audioItems)*MediaTokens+audio+video, admit.MaxCost), media: media, audio: min(audio, admit.MaxCost), audioItems: audioItems, over: over}
-}
-
-func boolInt(b bool) int64 {
-	if b {
-		return 1
-	}
-	return 0
+	return inputCount{tokens: min(tokens+mediaTokens+audio, admit.MaxCost), media: media, audio: min(audio, admit.MaxCost), audioItems: audioItems, over: over}
 }
 
 // countChunk is the most text CountInput gives its count function at once.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
-	"strings"
 )
 
 // AudioTokensPerSecond bounds the tokens a second of audio input is
@@ -225,9 +224,111 @@ func mpegFrame(h uint32) (length, samples, rate int) {
 	}
 }
 
-// isTimedMedia reports whether a media type names audio or video, billed
-// by duration.
-func isTimedMedia(mime []byte) bool {
-	m := strings.ToLower(string(bytes.Trim(mime, `"`)))
-	return strings.HasPrefix(m, "audio/") || strings.HasPrefix(m, "video/")
+// PageTokens bounds the input tokens of one page of a PDF: Claude bills a
+// page as its text and an image of it, 1,500 to 3,000 tokens; Gemini 258.
+const PageTokens = 3000
+
+// MaxPDFPages is the most pages of one PDF a provider reads (Claude's
+// 100; Gemini bills at most 258 a page, so its 1,000 pages stay below
+// this bound), for a PDF whose pages cannot be counted.
+const MaxPDFPages = 100
+
+// DocumentTokens bounds the input tokens of one PDF, data its base64
+// JSON string (quoted), nil for a PDF by URL or id: its pages times
+// PageTokens, the pages counted as a reader finds them (its page
+// objects); MaxPDFPages of them when they cannot be (page objects packed
+// in compressed streams, a PDF not inline).
+func DocumentTokens(data []byte) int64 {
+	pages := int64(MaxPDFPages)
+	if data != nil {
+		if b, err := decodeBase64(bytes.Trim(data, `"`)); err == nil {
+			if n := pdfPages(b); n > 0 {
+				pages = n
+			}
+		}
+	}
+	return pages * PageTokens
+}
+
+// pdfPages counts the page objects of a PDF (/Type /Page, not /Pages);
+// 0 when it has object streams, which may hold more.
+func pdfPages(b []byte) int64 {
+	if bytes.Contains(b, []byte("/ObjStm")) {
+		return 0
+	}
+	var n int64
+	for rest := b; ; {
+		i := bytes.Index(rest, []byte("/Type"))
+		if i < 0 {
+			return n
+		}
+		rest = rest[i+5:]
+		j := 0
+		for j < len(rest) && (rest[j] == ' ' || rest[j] == '\r' || rest[j] == '\n' || rest[j] == '\t') {
+			j++
+		}
+		if bytes.HasPrefix(rest[j:], []byte("/Page")) && (len(rest) == j+5 || !isNameChar(rest[j+5])) {
+			n++
+		}
+	}
+}
+
+func isNameChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// TiledImageTokens bounds the input tokens of one inline image, data its
+// base64 JSON string (quoted), for a model that counts images in tiles of
+// 768×768 pixels, 258 tokens each (Gemini), read from the image's size
+// (PNG, JPEG, GIF, WebP); at least MediaTokens, which bounds the models
+// that scale an image down (GPT-4o, Claude).
+func TiledImageTokens(data []byte) int64 {
+	b, err := decodeBase64(bytes.Trim(data, `"`))
+	if err != nil {
+		return MediaTokens
+	}
+	w, h, ok := imageSize(b)
+	if !ok {
+		return MediaTokens
+	}
+	tiles := ((w + 767) / 768) * ((h + 767) / 768)
+	return max(min(tiles*258, MaxMediaTokens), MediaTokens)
+}
+
+// imageSize reads the width and height of a PNG, GIF, WebP or JPEG image.
+func imageSize(b []byte) (w, h int64, ok bool) {
+	switch {
+	case len(b) >= 24 && string(b[1:4]) == "PNG":
+		return int64(binary.BigEndian.Uint32(b[16:20])), int64(binary.BigEndian.Uint32(b[20:24])), true
+	case len(b) >= 10 && string(b[0:3]) == "GIF":
+		return int64(binary.LittleEndian.Uint16(b[6:8])), int64(binary.LittleEndian.Uint16(b[8:10])), true
+	case len(b) >= 30 && string(b[0:4]) == "RIFF" && string(b[8:12]) == "WEBP":
+		switch string(b[12:16]) {
+		case "VP8X":
+			return 1 + int64(b[24]) | int64(b[25])<<8 | int64(b[26])<<16, 1 + int64(b[27]) | int64(b[28])<<8 | int64(b[29])<<16, true
+		case "VP8 ":
+			return int64(binary.LittleEndian.Uint16(b[26:28]) & 0x3FFF), int64(binary.LittleEndian.Uint16(b[28:30]) & 0x3FFF), true
+		case "VP8L":
+			v := binary.LittleEndian.Uint32(b[21:25])
+			return int64(v&0x3FFF) + 1, int64(v>>14&0x3FFF) + 1, true
+		}
+	case len(b) >= 4 && b[0] == 0xFF && b[1] == 0xD8:
+		// The frame header (SOF0–SOF15 but DHT, JPG and DAC) holds the size.
+		for i := 2; i+9 < len(b); {
+			if b[i] != 0xFF {
+				return 0, 0, false
+			}
+			m := b[i+1]
+			if m == 0xFF {
+				i++
+				continue
+			}
+			size := int(binary.BigEndian.Uint16(b[i+2 : i+4]))
+			if m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC {
+				return int64(binary.BigEndian.Uint16(b[i+7 : i+9])), int64(binary.BigEndian.Uint16(b[i+5 : i+7])), true
+			}
+			i += 2 + size
+		}
+	}
+	return 0, 0, false
 }
