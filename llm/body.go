@@ -33,6 +33,11 @@ type meteredBody struct {
 	// stops the call.
 	drain  time.Duration
 	cancel func()
+	// maxOutput, when positive, is the most output tokens the call was
+	// sent with, all its answers together; generated counts the stream's
+	// events that carry generated text, each at least one token, and the
+	// stream is cut once they pass maxOutput: the upstream ignored it.
+	maxOutput, generated int64
 
 	out  []byte // processed; returned from off on
 	off  int
@@ -169,8 +174,57 @@ func (b *meteredBody) endLine([]byte) {
 			b.skip = true
 			return
 		}
+		if b.maxOutput > 0 && generatesText(data) {
+			// Gemini's thoughts stream as text too, and may not count
+			// against its maximum: its running totals say. An event
+			// without text (a usage report) is never cut: what it
+			// reports is charged.
+			if b.m.api.Provider() != Gemini {
+				b.generated++
+			}
+			if max(b.generated, b.m.runningOutput()) > b.maxOutput {
+				b.cutAtMax()
+				return
+			}
+		}
 	}
 	b.out = append(b.out, line...)
+}
+
+// generatedKeys are the keys of a stream event's generated text: chat
+// and completion deltas, Responses' and Anthropic's deltas, Anthropic's
+// thinking and tool input, tool call arguments, Gemini's parts.
+var generatedKeys = [][]byte{[]byte(`"content":"`), []byte(`"text":"`), []byte(`"delta":"`),
+	[]byte(`"thinking":"`), []byte(`"partial_json":"`), []byte(`"arguments":"`)}
+
+// generatesText reports whether a stream event carries generated text: a
+// key of generatedKeys with a non-empty string. Such a key inside a string
+// is escaped (\"text\":) and does not match.
+func generatesText(data []byte) bool {
+	for _, k := range generatedKeys {
+		for rest := data; ; {
+			i := bytes.Index(rest, k)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(k):]
+			if len(rest) > 0 && rest[0] != '"' {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cutAtMax ends a stream that passed the maximum output it was sent: the
+// client's answer ends here, the upstream call is cancelled, and the call
+// is settled as cut (its reservation, the maximum, charged).
+func (b *meteredBody) cutAtMax() {
+	b.err = io.EOF
+	b.once.Do(func() { b.done(&b.m, false) })
+	if b.cancel != nil {
+		b.cancel()
+	}
 }
 
 // observeScan meters the usage the scan found, if any.

@@ -1076,3 +1076,34 @@ func TestGeminiStreamEndedEarlyKeepsReservation(t *testing.T) {
 		t.Fatalf("a stream ended before its last chunk: recorded %v (reported %v), want the reservation's 500 output tokens", rec.Usage, rec.Reported)
 	}
 }
+
+// A stream past the maximum it was sent (an upstream that ignores it) is
+// cut there: the client gets no more, the upstream call is cancelled, and
+// the call is charged its reservation, the maximum (once 3,000 tokens
+// relayed for max_tokens 100).
+func TestStreamCutAtMaximum(t *testing.T) {
+	for _, c := range []struct{ name, path, body string }{
+		{"openai", "/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"go on"}]}`},
+		{"anthropic", "/v1/messages", `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"go on"}]}`},
+		{"gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":100}}`},
+		{"responses", "/v1/responses", `{"model":"gpt-4o","stream":true,"max_output_tokens":100,"input":"go on"}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rule := tokenRule()
+			rule.Burst = int64p(5000)
+			r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+			r.up.Output, r.up.IgnoreMax = 3000, true
+			resp, body := r.post(c.path, c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if words := strings.Count(body, "tok "); words > 101 || words < 99 {
+				t.Errorf("the client got %d tokens of a stream sent with a maximum of 100", words)
+			}
+			rec := r.records[len(r.records)-1]
+			if rec.Reported || rec.Usage[policy.Output] != 100 {
+				t.Errorf("recorded %v (reported %v), want the reservation's 100 output tokens", rec.Usage, rec.Reported)
+			}
+		})
+	}
+}

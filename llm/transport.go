@@ -219,6 +219,9 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	})
 	mb.cancel = cancel
 	mb.drain = t.Drain
+	if stream && api != Embeddings {
+		mb.maxOutput = ticket.maxOut * req.Choices
+	}
 	resp.Body = mb
 	if askUsage {
 		resp.ContentLength = -1

@@ -196,6 +196,16 @@ type meter struct {
 // reported says whether the response reported its usage.
 func (m *meter) reported() bool { return m.input || m.output }
 
+// runningOutput is the output a stream's running totals report so far
+// (Gemini's, Anthropic's cumulative count): 0 for a stream that reports
+// its usage at its end only.
+func (m *meter) runningOutput() int64 {
+	if !m.output {
+		return 0
+	}
+	return m.usage[policy.Output] + m.usage[policy.AudioOutput]
+}
+
 // complete says whether the response reported its whole usage: input and
 // output, and for a Gemini stream, whose every chunk carries running
 // totals, the chunk that says why it finished.

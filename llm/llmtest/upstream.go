@@ -45,6 +45,9 @@ type Upstream struct {
 	// WebSearches is how many web searches Anthropic reports it ran, when
 	// the request has a web search tool.
 	WebSearches int64
+	// IgnoreMax makes Output tokens whatever the request's maximum, as a
+	// server that does not honour it would.
+	IgnoreMax bool
 	// ServiceTier, if set, is the tier every answer reports it was served
 	// at; else the tier the request asks for, if a tier a provider
 	// reports (priority, flex), else the provider's default.
@@ -234,7 +237,7 @@ func (s *answer) outputTokens(max int64) int64 {
 	if n == 0 {
 		n = 50
 	}
-	if max > 0 && n > max {
+	if max > 0 && n > max && !s.u.IgnoreMax {
 		n = max
 	}
 	return n
