@@ -185,7 +185,7 @@ type Limiter struct {
 	rules  []*Rule
 	pers   []uint8
 	v6     []uint8 // per limit: the IPv6 prefix its IP is kept per
-	debits bool // some limit takes debits
+	debits bool    // some limit takes debits
 	seed   maphash.Seed
 	keys   [keyCacheSize]atomic.Pointer[cachedKey]
 	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
