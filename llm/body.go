@@ -194,12 +194,13 @@ func (b *meteredBody) endLine([]byte) {
 // generatedKeys are the keys of a stream event's generated text: chat
 // and completion deltas, Responses' and Anthropic's deltas, Anthropic's
 // thinking and tool input, tool call arguments, Gemini's parts.
-var generatedKeys = [][]byte{[]byte(`"content":"`), []byte(`"text":"`), []byte(`"delta":"`),
-	[]byte(`"thinking":"`), []byte(`"partial_json":"`), []byte(`"arguments":"`)}
+var generatedKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"delta"`),
+	[]byte(`"thinking"`), []byte(`"partial_json"`), []byte(`"arguments"`)}
 
 // generatesText reports whether a stream event carries generated text: a
-// key of generatedKeys with a non-empty string. Such a key inside a string
-// is escaped (\"text\":) and does not match.
+// key of generatedKeys whose value is a non-empty string, with any space
+// around its colon. Such a key inside a string is escaped (\"text\")
+// and does not match.
 func generatesText(data []byte) bool {
 	for _, k := range generatedKeys {
 		for rest := data; ; {
@@ -208,7 +209,7 @@ func generatesText(data []byte) bool {
 				break
 			}
 			rest = rest[i+len(k):]
-			if len(rest) > 0 && rest[0] != '"' {
+			if v := skipColon(rest); v >= 0 && rest[v] == '"' && v+1 < len(rest) && rest[v+1] != '"' {
 				return true
 			}
 		}

@@ -1088,22 +1088,24 @@ func TestStreamCutAtMaximum(t *testing.T) {
 		{"gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":100}}`},
 		{"responses", "/v1/responses", `{"model":"gpt-4o","stream":true,"max_output_tokens":100,"input":"go on"}`},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			rule := tokenRule()
-			rule.Burst = int64p(5000)
-			r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
-			r.up.Output, r.up.IgnoreMax = 3000, true
-			resp, body := r.post(c.path, c.body)
-			if resp.StatusCode != 200 {
-				t.Fatalf("%d %s", resp.StatusCode, body)
-			}
-			if words := strings.Count(body, "tok "); words > 101 || words < 99 {
-				t.Errorf("the client got %d tokens of a stream sent with a maximum of 100", words)
-			}
-			rec := r.records[len(r.records)-1]
-			if rec.Reported || rec.Usage[policy.Output] != 100 {
-				t.Errorf("recorded %v (reported %v), want the reservation's 100 output tokens", rec.Usage, rec.Reported)
-			}
-		})
+		for _, spaced := range []bool{false, true} {
+			t.Run(c.name+map[bool]string{true: "_spaced"}[spaced], func(t *testing.T) {
+				rule := tokenRule()
+				rule.Burst = int64p(5000)
+				r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+				r.up.Output, r.up.IgnoreMax, r.up.Spaced = 3000, true, spaced
+				resp, body := r.post(c.path, c.body)
+				if resp.StatusCode != 200 {
+					t.Fatalf("%d %s", resp.StatusCode, body)
+				}
+				if words := strings.Count(body, "tok "); words > 101 || words < 99 {
+					t.Errorf("the client got %d tokens of a stream sent with a maximum of 100", words)
+				}
+				rec := r.records[len(r.records)-1]
+				if rec.Reported || rec.Usage[policy.Output] != 100 {
+					t.Errorf("recorded %v (reported %v), want the reservation's 100 output tokens", rec.Usage, rec.Reported)
+				}
+			})
+		}
 	}
 }

@@ -9,6 +9,7 @@
 package llmtest
 
 import (
+	"bytes"
 	"compress/gzip"
 	"encoding/base64"
 	"encoding/binary"
@@ -45,6 +46,9 @@ type Upstream struct {
 	// WebSearches is how many web searches Anthropic reports it ran, when
 	// the request has a web search tool.
 	WebSearches int64
+	// Spaced writes stream events' JSON with a space after each colon and
+	// comma, as some servers (Python's json.dumps) do.
+	Spaced bool
 	// IgnoreMax makes Output tokens whatever the request's maximum, as a
 	// server that does not honour it would.
 	IgnoreMax bool
@@ -273,6 +277,9 @@ func (s *answer) event(name string, v any, i int64) bool {
 		b.WriteString("data: " + raw + "\n\n")
 	} else {
 		j, _ := json.Marshal(v)
+		if s.u.Spaced {
+			j = bytes.ReplaceAll(bytes.ReplaceAll(j, []byte(`":`), []byte(`": `)), []byte(`,"`), []byte(`, "`))
+		}
 		b.WriteString("data: " + string(j) + "\n\n")
 	}
 	if _, err := io.WriteString(s.out, b.String()); err != nil {
