@@ -763,3 +763,23 @@ func TestLargePromptNotCopied(t *testing.T) {
 		t.Errorf("%v allocations to read a prompt of token ids", allocs)
 	}
 }
+
+// An object of more keys than any provider takes is refused before its
+// keys are checked for duplicates, which keeps them.
+func TestObjectKeysBounded(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","messages":[],"logit_bias":{`)
+	for i := range maxObjectKeys + 1 {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`"` + strconv.Itoa(i) + `":1`)
+	}
+	b.WriteString(`}}`)
+	if _, err := ParseRequest(ChatCompletions, "", []byte(b.String()), func(_, s string) int64 { return 1 }); err == nil || !strings.Contains(err.Error(), "keys") {
+		t.Fatalf("an object of %d keys: %v", maxObjectKeys+1, err)
+	}
+	if n := mostKeys([]byte(`{"a":{"b":1,"c":[{"d":1,"e":2,"f":3}]},"g":"{\"h\":1}"}`)); n != 3 {
+		t.Errorf("mostKeys = %d, want 3", n)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -121,6 +122,11 @@ func readRequest(api API, model string, body []byte) (*Request, error) {
 	// Read here, the last of two values wins; the provider's parser may
 	// take the first (a model, a max_tokens other than the one reserved
 	// for). Names are compared exactly: providers read them so.
+	if n := mostKeys(body); n > maxObjectKeys {
+		// Checked before the duplicates, whose check keeps an object's
+		// keys: 2.5 million of them took 200 MB.
+		return nil, badRequest("an object of the request body has %d keys; at most %d", n, maxObjectKeys)
+	}
 	if key, dup := httpx.DuplicateKey(body, false); dup {
 		return nil, badRequest("the request body is malformed: duplicate key %q", key)
 	}
@@ -357,6 +363,42 @@ func (r *Request) choices(api API) error {
 	return nil
 }
 
+// maxObjectKeys bounds the keys of one object of a request body, far
+// above what providers take (OpenAI's logit_bias: 300).
+const maxObjectKeys = 10_000
+
+// mostKeys returns the most keys one object of the JSON text body has
+// (body valid JSON), without keeping any.
+func mostKeys(body []byte) int {
+	var stackBuf [32]int // keys so far of each open object; -1 for an array
+	stack := stackBuf[:0]
+	most := 0
+	expectKey := false
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case '{':
+			stack, expectKey = append(stack, 0), true
+		case '[':
+			stack, expectKey = append(stack, -1), false
+		case '}', ']':
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+			expectKey = false
+		case ',':
+			expectKey = len(stack) > 0 && stack[len(stack)-1] >= 0
+		case '"':
+			if expectKey {
+				stack[len(stack)-1]++
+				most = max(most, stack[len(stack)-1])
+				expectKey = false
+			}
+			i = stringEnd(body, i)
+		}
+	}
+	return most
+}
+
 // topFields returns the fields of the JSON object body, each value a
 // slice of body itself (a large prompt is not copied), the last of two
 // values of one name winning as encoding/json has it; nil when body is
@@ -545,14 +587,35 @@ func (r *Request) Body(maxOutput int64, includeUsage bool) ([]byte, error) {
 	if len(set) == 0 {
 		return r.body, nil
 	}
-	out := make(map[string]json.RawMessage, len(r.fields)+len(set))
-	for k, v := range r.fields {
-		out[k] = v
+	// Written field by field into one buffer of the right size, the
+	// values as the client sent them: marshalling a map of a 30 MB body
+	// grew a buffer by doubling, and compacted every value again.
+	size := len(r.body) + 64
+	for _, v := range set {
+		size += len(v) + 32
 	}
-	for k, v := range set {
-		out[k] = v
+	out := make([]byte, 0, size)
+	out = append(out, '{')
+	for _, k := range slices.Sorted(maps.Keys(r.fields)) {
+		if _, replaced := set[k]; !replaced {
+			out = appendField(out, k, r.fields[k])
+		}
 	}
-	return json.Marshal(out)
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		out = appendField(out, k, set[k])
+	}
+	return append(out, '}'), nil
+}
+
+// appendField appends "key":value (and a comma before it unless it is
+// the first) to an object being written.
+func appendField(out []byte, key string, value json.RawMessage) []byte {
+	if len(out) > 1 {
+		out = append(out, ',')
+	}
+	k, _ := json.Marshal(key)
+	out = append(append(out, k...), ':')
+	return append(out, value...)
 }
 
 // mediaKeys name the fields whose strings are media, not text: base64

@@ -133,7 +133,7 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 	}
 	var body []byte
 	if r.Body != nil {
-		body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
+		body, err = readBody(r.Body, r.ContentLength, limit)
 		r.Body.Close()
 		if err != nil {
 			status := http.StatusBadRequest
@@ -228,6 +228,26 @@ func (t *Transport) roundTrip(r *http.Request, next func(*http.Request) (*http.R
 		resp.Header.Del("Content-Length")
 	}
 	return resp, nil
+}
+
+// readBody reads at most limit+1 bytes of a request body into a buffer
+// of the declared length, when it declares one within limit: growing a
+// buffer by doubling left as much again as garbage for a body of 30 MB.
+func readBody(r io.Reader, declared, limit int64) ([]byte, error) {
+	if declared <= 0 || declared > limit { // 0: unknown, in a client's request
+		return io.ReadAll(io.LimitReader(r, limit+1))
+	}
+	buf := make([]byte, declared, declared+1)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, err
+	}
+	// Anything past the declared length is the client's error; one more
+	// byte says so.
+	var extra [1]byte
+	if n, _ := r.Read(extra[:]); n > 0 {
+		return append(buf, extra[0]), nil
+	}
+	return buf, nil
 }
 
 // settlement is how a call whose response m read ended.
