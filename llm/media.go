@@ -27,8 +27,11 @@ const MaxMediaTokens = 1 << 20
 // rate). A clip of any other format, or one whose duration cannot be read,
 // counts MaxMediaTokens: compressed audio of silence takes a few bytes a
 // second, so no size says how long a clip plays.
-func AudioTokens(data []byte) int64 {
-	b, err := decodeBase64(bytes.Trim(data, `"`))
+func AudioTokens(data []byte) int64 { return audioTokens(unquote(data)) }
+
+// audioTokens is AudioTokens of b64, the string's value.
+func audioTokens(b64 []byte) int64 {
+	b, err := decodeBase64(b64)
 	if err != nil {
 		return MaxMediaTokens
 	}
@@ -39,13 +42,17 @@ func AudioTokens(data []byte) int64 {
 	return min(max(int64(seconds*AudioTokensPerSecond+0.999999), 1), MaxMediaTokens)
 }
 
-// decodeBase64 decodes data in any of the base64 alphabets JSON clients
-// use, with or without padding, ignoring the line breaks some insert.
+// decodeBase64 decodes data (a JSON string's value, unescaped) in any of
+// the base64 alphabets JSON clients use, with or without padding,
+// ignoring the line breaks and spaces some insert.
 func decodeBase64(data []byte) ([]byte, error) {
-	if bytes.ContainsAny(data, "\\\r\n") {
-		data = bytes.ReplaceAll(data, []byte(`\n`), nil)
-		data = bytes.ReplaceAll(data, []byte(`\r`), nil)
-		data = bytes.ReplaceAll(data, []byte(`\/`), []byte(`/`))
+	if bytes.ContainsAny(data, "\r\n\t ") {
+		data = bytes.Map(func(r rune) rune {
+			if r == '\r' || r == '\n' || r == '\t' || r == ' ' {
+				return -1
+			}
+			return r
+		}, data)
 	}
 	var err error
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
@@ -75,7 +82,8 @@ func audioSeconds(b []byte) (float64, bool) {
 }
 
 // wavSeconds reads a WAV's fmt chunk: its size over the bytes a second of
-// its samples take, for the uncompressed encodings (PCM, float, A-law,
+// its samples take (its rate times its channels' samples, or its block
+// size if smaller), for the uncompressed encodings (PCM, float, A-law,
 // μ-law) whose frames are fixed.
 func wavSeconds(b []byte) (float64, bool) {
 	for i := 12; i+8 <= len(b); {
@@ -83,11 +91,17 @@ func wavSeconds(b []byte) (float64, bool) {
 		if id == "fmt " && i+8+16 <= len(b) {
 			f := b[i+8:]
 			format := binary.LittleEndian.Uint16(f[0:2])
+			channels := float64(binary.LittleEndian.Uint16(f[2:4]))
 			rate := float64(binary.LittleEndian.Uint32(f[4:8]))
-			frame := float64(binary.LittleEndian.Uint16(f[12:14]))
-			if format != 1 && format != 3 && format != 6 && format != 7 || rate < 1 || frame < 1 {
+			// A frame is its channels' samples: a decoder sizes it so,
+			// whatever the block size the header claims; the smaller of
+			// the two, so that neither lie shortens the clip.
+			bits := float64(binary.LittleEndian.Uint16(f[14:16]))
+			frame := min(float64(binary.LittleEndian.Uint16(f[12:14])), channels*float64((int(bits)+7)/8))
+			if format != 1 && format != 3 && format != 6 && format != 7 || rate < 1 {
 				return 0, false
 			}
+			frame = max(frame, 1)
 			// The whole file, header included, as if it were samples: a
 			// data chunk that claims less than follows is not believed.
 			return float64(len(b)) / (rate * frame), true
@@ -239,9 +253,17 @@ const MaxPDFPages = 100
 // objects); MaxPDFPages of them when they cannot be (page objects packed
 // in compressed streams, a PDF not inline).
 func DocumentTokens(data []byte) int64 {
+	if data == nil {
+		return documentTokens(nil)
+	}
+	return documentTokens(unquote(data))
+}
+
+// documentTokens is DocumentTokens of b64, the string's value.
+func documentTokens(b64 []byte) int64 {
 	pages := int64(MaxPDFPages)
-	if data != nil {
-		if b, err := decodeBase64(bytes.Trim(data, `"`)); err == nil {
+	if b64 != nil {
+		if b, err := decodeBase64(b64); err == nil {
 			if n := pdfPages(b); n > 0 {
 				pages = n
 			}
@@ -282,8 +304,11 @@ func isNameChar(c byte) bool {
 // 768×768 pixels, 258 tokens each (Gemini), read from the image's size
 // (PNG, JPEG, GIF, WebP); at least MediaTokens, which bounds the models
 // that scale an image down (GPT-4o, Claude).
-func TiledImageTokens(data []byte) int64 {
-	b, err := decodeBase64(bytes.Trim(data, `"`))
+func TiledImageTokens(data []byte) int64 { return tiledImageTokens(unquote(data)) }
+
+// tiledImageTokens is TiledImageTokens of b64, the string's value.
+func tiledImageTokens(b64 []byte) int64 {
+	b, err := decodeBase64(b64)
 	if err != nil {
 		return MediaTokens
 	}

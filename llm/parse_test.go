@@ -534,7 +534,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	second[16] = 16
 	second[20], second[22] = 1, 1
 	second[24], second[25] = 0x80, 0x3e // 16000
-	second[32] = 2
+	second[32], second[34] = 2, 16
 	copy(second[36:], "data")
 	wav := base64.StdEncoding.EncodeToString(second)
 	mp3 := base64.StdEncoding.EncodeToString(mp3Frames(3828)) // 100 s of 128 kbit/s frames
@@ -546,7 +546,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	}
 	// 8-bit mono at 100 Hz: 600 s in 60 KB, by its header.
 	slow := bytes.Clone(second[:44])
-	slow[24], slow[25], slow[32] = 100, 0, 1
+	slow[24], slow[25], slow[32], slow[34] = 100, 0, 1, 8
 	slow = append(slow, make([]byte, 60_000)...)
 	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(slow) + `"`)); got != (60_044*32+99)/100 {
 		t.Errorf("60 KB of 100 Hz WAV: %d tokens, want 600 s worth", got)
@@ -639,14 +639,14 @@ func TestReserveBilledExtras(t *testing.T) {
 		t.Errorf("gemini audio by URL and an inline video: audio %d of input %d, %d media", r.AudioInput, r.Input, r.Media)
 	}
 	if r := parse(ChatCompletions, "", `{"model":"m","messages":[{"role":"user","content":"audio"}]}`); r.AudioOutput || r.AudioInput != 0 {
-		t.Errorf("text only: %+v", r)
+		t.Errorf("text only: audio %d, audio out %v", r.AudioInput, r.AudioOutput)
 	}
 	r = parse(Messages, "", `{"model":"c","max_tokens":10,"tools":[{"type":"web_search_20250305","max_uses":3},{"type":"web_search_20250305"},{"name":"f","input_schema":{}}],"system":[{"type":"text","text":"x","cache_control":{"type":"ephemeral","ttl":"\u0031h"}}],"messages":[]}`)
 	if r.Searches != 3+DefaultSearches || !r.CacheLong {
 		t.Errorf("anthropic tools: searches %d, cache for an hour %v", r.Searches, r.CacheLong)
 	}
 	if r := parse(Messages, "", `{"model":"c","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`); r.CacheLong || r.Searches != 0 {
-		t.Errorf("plain: %+v", r)
+		t.Errorf("plain: cache for an hour %v, searches %d", r.CacheLong, r.Searches)
 	}
 	r = parse(Responses, "", `{"model":"gpt-5","input":"x","tools":[{"type":"web_search"},{"type":"web_search_preview"}],"max_tool_calls":3}`)
 	if r.Searches != 3 {
@@ -654,7 +654,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	}
 	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"`+wav+`"}}]}],"tools":[{"google_search":{}}],"generation_config":{"response_modalities":["AUDIO"]}}`)
 	if r.AudioInput != 33 || !r.AudioOutput || r.Searches != DefaultSearches {
-		t.Errorf("gemini: %+v", r)
+		t.Errorf("gemini: audio %d, audio out %v, searches %d", r.AudioInput, r.AudioOutput, r.Searches)
 	}
 
 	// The bound: every kind at the most the call may be billed it.

@@ -703,23 +703,23 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		plainBytes             bool // Anthropic's "type": "text" source: data is not base64
 	}
 	// item counts one media item of mime type m (lower case, without
-	// quotes), data its base64 string or nil when it is named by URL or
-	// id; it reports whether the type was one counted apart.
-	item := func(m string, data []byte) bool {
+	// quotes), b64 its base64 text (unescaped) or nil when it is named by
+	// URL or id; it reports whether the type was one counted apart.
+	item := func(m string, b64 []byte) bool {
 		switch {
 		case strings.HasPrefix(m, "audio/"):
 			audioItems++
-			if data == nil {
+			if b64 == nil {
 				audio += MaxMediaTokens
 			} else {
-				audio += AudioTokens(data)
+				audio += audioTokens(b64)
 			}
 		case strings.HasPrefix(m, "video/"):
 			mediaTokens += MaxMediaTokens // billed by a length not known here
 		case m == "application/pdf":
-			mediaTokens += DocumentTokens(data)
-		case strings.HasPrefix(m, "image/") && data != nil:
-			mediaTokens += TiledImageTokens(data)
+			mediaTokens += documentTokens(b64)
+		case strings.HasPrefix(m, "image/") && b64 != nil:
+			mediaTokens += tiledImageTokens(b64)
 		default:
 			mediaTokens += MediaTokens
 			return false
@@ -729,7 +729,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 	// dataURL counts a media string that is a data: URL, as its type says;
 	// false when it is not one.
 	dataURL := func(raw []byte) bool {
-		rest, ok := bytes.CutPrefix(bytes.Trim(raw, `"`), []byte("data:"))
+		rest, ok := bytes.CutPrefix(unquote(raw), []byte("data:"))
 		if !ok {
 			return false
 		}
@@ -741,7 +741,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		return item(strings.ToLower(string(m)), payload)
 	}
 	setType := func(f *frame, raw []byte) {
-		m := bytes.ToLower(bytes.Trim(raw, `"`))
+		m := bytes.ToLower(unquote(raw)) // audio\/flac is audio/flac
 		f.textType = bytes.HasPrefix(m, []byte("text/"))
 		f.audioType = bytes.HasPrefix(m, []byte("audio/"))
 		f.videoType = bytes.HasPrefix(m, []byte("video/"))
@@ -831,7 +831,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 					// base64 source.
 					media++
 					parent.childMedia = true
-					parent.childTyped = item(mimeOf(f), f.data)
+					parent.childTyped = item(mimeOf(f), unquote(f.data))
 				case f.media && !parent.media:
 					// A media value, ended: a URL, an id, an object naming
 					// one (file_data), unless a data: URL counted it.
@@ -862,7 +862,8 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 			raw := body[i : end+1]
 			i = end + 1
 			if top.object && expectKey {
-				key, expectKey = raw[1:len(raw)-1], false
+				// As the provider reads it: mime\u005ftype is mime_type.
+				key, expectKey = unquote(raw), false
 				if top.schema {
 					addText(unquote(raw))
 				}
