@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/binary"
+	"regexp"
+	"strconv"
 )
 
 // AudioTokensPerSecond bounds the tokens a second of audio input is
@@ -114,20 +116,117 @@ func wavSeconds(b []byte) (float64, bool) {
 	return 0, false
 }
 
-// flacSeconds reads a FLAC stream's STREAMINFO: its total samples over its
-// sample rate; 0 samples (unknown) is not read.
+// flacSeconds reads a FLAC stream as a decoder does, frame by frame:
+// each frame's header (found by its sync code, checked by its CRC-8) says
+// how many samples it holds and at what rate. Its stream header's total,
+// which a decoder does not need, counts only when it says more.
 func flacSeconds(b []byte) (float64, bool) {
 	if len(b) < 8+34 || b[4]&0x7F != 0 { // the first block is STREAMINFO
 		return 0, false
 	}
-	si := b[8:]
-	v := binary.BigEndian.Uint64(si[10:18])
-	rate := float64(v >> 44)
-	total := float64(v & (1<<36 - 1))
-	if rate < 1 || total < 1 {
-		return 0, false
+	v := binary.BigEndian.Uint64(b[8+10 : 8+18])
+	streamRate := float64(v >> 44)
+	var declared float64
+	if total := float64(v & (1<<36 - 1)); streamRate >= 1 && total >= 1 {
+		declared = total / streamRate
 	}
-	return total / rate, true
+	i := 4
+	for i+4 <= len(b) { // past the metadata blocks
+		last := b[i]&0x80 != 0
+		i += 4 + (int(b[i+1])<<16 | int(b[i+2])<<8 | int(b[i+3]))
+		if last {
+			break
+		}
+	}
+	var framed float64
+	for ; i+6 <= len(b); i++ {
+		if b[i] != 0xFF || b[i+1]&0xFE != 0xF8 {
+			continue
+		}
+		if samples, rate, n := flacFrame(b[i:], streamRate); n > 0 {
+			framed += samples / rate
+			i += n - 1
+		}
+	}
+	seconds := max(framed, declared)
+	return seconds, seconds > 0
+}
+
+// flacFrame reads the FLAC frame header at the start of b: its samples,
+// their rate and the header's length; 0 length when b holds none.
+func flacFrame(b []byte, streamRate float64) (samples, rate float64, n int) {
+	bs, sr := b[2]>>4, b[2]&15
+	if bs == 0 || sr == 15 || b[3]>>4 > 10 || b[3]&1 != 0 || (b[3]>>1)&7 == 3 || (b[3]>>1)&7 == 7 {
+		return 0, 0, 0
+	}
+	i := 4
+	// The frame or sample number, UTF-8 coded in 1 to 7 bytes.
+	switch c := b[i]; {
+	case c < 0x80:
+		i++
+	case c >= 0xC0 && c < 0xFF:
+		extra := 0
+		for m := byte(0x40); c&m != 0 && extra < 6; m >>= 1 {
+			extra++
+		}
+		i += 1 + extra
+	default:
+		return 0, 0, 0
+	}
+	need := map[byte]int{6: 1, 7: 2}[bs] + map[byte]int{12: 1, 13: 2, 14: 2}[sr]
+	if i+need+1 > len(b) {
+		return 0, 0, 0
+	}
+	switch {
+	case bs == 1:
+		samples = 192
+	case bs <= 5:
+		samples = float64(int(576) << (bs - 2))
+	case bs == 6:
+		samples = float64(b[i]) + 1
+		i++
+	case bs == 7:
+		samples = float64(binary.BigEndian.Uint16(b[i:])) + 1
+		i += 2
+	default:
+		samples = float64(int(256) << (bs - 8))
+	}
+	rates := [...]float64{0, 88200, 176400, 192000, 8000, 16000, 22050, 24000, 32000, 44100, 48000, 96000}
+	switch {
+	case sr == 0:
+		rate = streamRate
+	case sr < 12:
+		rate = rates[sr]
+	case sr == 12:
+		rate = float64(b[i]) * 1000
+		i++
+	case sr == 13:
+		rate = float64(binary.BigEndian.Uint16(b[i:]))
+		i += 2
+	default:
+		rate = float64(binary.BigEndian.Uint16(b[i:])) * 10
+		i += 2
+	}
+	if rate < 1 || crc8(b[:i]) != b[i] {
+		return 0, 0, 0
+	}
+	return samples, rate, i + 1
+}
+
+// crc8 is FLAC's header checksum: polynomial x^8 + x^2 + x + 1.
+func crc8(b []byte) byte {
+	var c byte
+	for _, x := range b {
+		c ^= x
+		for range 8 {
+			if c&0x80 != 0 {
+				c = c<<1 ^ 0x07
+			} else {
+				c <<= 1
+			}
+		}
+	}
+	return c
 }
 
 // oggSeconds reads an Ogg stream: the largest granule position of its
@@ -272,32 +371,91 @@ func documentTokens(b64 []byte) int64 {
 	return pages * PageTokens
 }
 
-// pdfPages counts the page objects of a PDF (/Type /Page, not /Pages);
-// 0 when it has object streams, which may hold more.
+// pdfPages counts a PDF's pages as a reader does, down its page tree:
+// every reference in a /Kids array is a page or a node of more, so a page
+// listed twice, or a node shared by two parents, counts each time; and at
+// least its page objects. 0 when it cannot tell: object streams (which
+// may hold the tree) or a name written with # escapes.
 func pdfPages(b []byte) int64 {
-	if bytes.Contains(b, []byte("/ObjStm")) {
+	if bytes.Contains(b, []byte("/ObjStm")) || escapedName.Match(b) {
 		return 0
 	}
-	var n int64
-	for rest := b; ; {
-		i := bytes.Index(rest, []byte("/Type"))
-		if i < 0 {
-			return n
+	kids := map[int][]int{} // a node's children, by object number
+	var pages int64
+	objects := pdfObject.FindAllSubmatchIndex(b, -1)
+	for i, m := range objects {
+		num, _ := strconv.Atoi(string(b[m[2]:m[3]]))
+		body := b[m[1]:]
+		if i+1 < len(objects) {
+			body = b[m[1]:objects[i+1][0]] // at most to the next object
 		}
-		rest = rest[i+5:]
-		j := 0
-		for j < len(rest) && (rest[j] == ' ' || rest[j] == '\r' || rest[j] == '\n' || rest[j] == '\t') {
-			j++
+		if end := bytes.Index(body, []byte("endobj")); end >= 0 {
+			body = body[:end]
 		}
-		if bytes.HasPrefix(rest[j:], []byte("/Page")) && (len(rest) == j+5 || !isNameChar(rest[j+5])) {
-			n++
+		if pageType.Match(body) {
+			pages++
+		}
+		if k := pdfKids.FindSubmatch(body); k != nil {
+			for _, r := range pdfRef.FindAllSubmatch(k[1], -1) {
+				n, _ := strconv.Atoi(string(r[1]))
+				kids[num] = append(kids[num], n)
+			}
 		}
 	}
+	child := map[int]bool{}
+	for _, ks := range kids {
+		for _, k := range ks {
+			child[k] = true
+		}
+	}
+	// Each root down, memoized; at most MaxPDFPages counted, past which
+	// the bound is the same, and a cycle counts as that many.
+	memo := map[int]int64{}
+	var count func(n, depth int) int64
+	count = func(n, depth int) int64 {
+		ks, ok := kids[n]
+		if !ok {
+			return 1
+		}
+		if v, ok := memo[n]; ok {
+			return v
+		}
+		if depth > 64 {
+			return MaxPDFPages
+		}
+		memo[n] = MaxPDFPages // while counting: a cycle is the most
+		var sum int64
+		for _, k := range ks {
+			if sum += count(k, depth+1); sum >= MaxPDFPages {
+				break
+			}
+		}
+		memo[n] = min(sum, MaxPDFPages)
+		return memo[n]
+	}
+	var tree int64
+	roots := 0
+	for n := range kids {
+		if !child[n] {
+			tree += count(n, 0)
+			roots++
+		}
+	}
+	if roots == 0 && len(kids) > 0 {
+		tree = MaxPDFPages // nodes that are all each other's children
+	}
+	return max(tree, pages)
 }
 
-func isNameChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-}
+// The parts of a PDF pdfPages reads.
+var (
+	pdfObject   = regexp.MustCompile(`(\d+)\s+\d+\s+obj\b`)
+	pdfKids     = regexp.MustCompile(`/Kids\s*\[([^\]]*)\]`)
+	pdfRef      = regexp.MustCompile(`(\d+)\s+\d+\s+R\b`)
+	pageType    = regexp.MustCompile(`/Type\s*/Page\b`)
+	escapedName = regexp.MustCompile(`/[A-Za-z]*#[0-9A-Fa-f]{2}`)
+)
+
 
 // TiledImageTokens bounds the input tokens of one inline image, data its
 // base64 JSON string (quoted), for a model that counts images in tiles of

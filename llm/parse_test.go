@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -559,6 +560,20 @@ func TestReserveBilledExtras(t *testing.T) {
 	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(flac) + `"`)); got != 28800*32 {
 		t.Errorf("8 h of FLAC: %d tokens, want %d", got, 28800*32)
 	}
+	// FLAC whose stream header claims 1 s but whose frames hold an hour:
+	// the frames, as a decoder reads them.
+	lying := []byte("fLaC\x80\x00\x00\x22")
+	si = make([]byte, 34)
+	binary.BigEndian.PutUint64(si[10:], 8000<<44|8000)
+	lying = append(lying, si...)
+	for n := range 7032 { // 4,096 samples at 8 kHz each: 3,600 s
+		h := utf8.AppendRune([]byte{0xFF, 0xF8, 0xC4, 0x02}, rune(n))
+		h = append(h, crc8(h))
+		lying = append(append(lying, h...), 0x00, 0x80, 0x12, 0x34) // a constant subframe, CRC-16
+	}
+	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(lying) + `"`)); got < 3600*32 || got > 3601*32 {
+		t.Errorf("FLAC claiming 1 s with an hour of frames: %d tokens, want %d", got, 3600*32)
+	}
 	// Ogg Opus: its last page's granule position at 48 kHz.
 	ogg := append([]byte("OggS\x00\x02"), make([]byte, 20)...)
 	ogg = append(ogg, "OpusHead"...)
@@ -618,6 +633,21 @@ func TestReserveBilledExtras(t *testing.T) {
 			t.Errorf("%s: input %d (%d media), want %d and its framing", name, r.Input, r.Media, c.want)
 		}
 	}
+	// The page tree as a reader walks it: a page listed 30 times, a node
+	// shared by 3 parents; names written with escapes are not read.
+	for name, c := range map[string]struct {
+		pdf  string
+		want int64
+	}{
+		"listed 30 times": {"1 0 obj <</Type /Pages /Kids [" + strings.Repeat("2 0 R ", 30) + "] /Count 30>> endobj 2 0 obj <</Type /Page>> endobj", 30},
+		"a shared node":   {"1 0 obj <</Type /Pages /Kids [3 0 R 3 0 R 3 0 R]>> endobj 3 0 obj <</Type /Pages /Kids [4 0 R 5 0 R]>> endobj 4 0 obj <</Type /Page>> endobj 5 0 obj <</Type /Page>> endobj", 6},
+		"a cycle":         {"1 0 obj <</Type /Pages /Kids [2 0 R]>> endobj 2 0 obj <</Type /Pages /Kids [1 0 R]>> endobj", MaxPDFPages},
+		"escaped names":   {"1 0 obj <</Typ#65 /Pag#65>> endobj", 0},
+	} {
+		if got := pdfPages([]byte("%PDF-1.7\n" + c.pdf)); got != c.want {
+			t.Errorf("%s: %d pages, want %d", name, got, c.want)
+		}
+	}
 	// An image as tall as 40 of Gemini's 768-pixel tiles: 258 tokens each.
 	png := make([]byte, 33)
 	copy(png, "\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR")
@@ -632,6 +662,48 @@ func TestReserveBilledExtras(t *testing.T) {
 	r = parse(ChatCompletions, "", `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,`+small+`"}}]}]}`)
 	if r.Input < MediaTokens || r.Input > MediaTokens+50 {
 		t.Errorf("an image whose size is not read: input %d, want MediaTokens", r.Input)
+	}
+	// Read as the provider unescapes it: a media type with \/, a key with
+	// \u escapes, base64 with an escaped character.
+	flacB64 := base64.StdEncoding.EncodeToString(flac)
+	for name, body := range map[string]string{
+		"audio\\/flac":    `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio\/flac","data":"` + flacB64 + `"}}]}]}`,
+		"mime\\u005ftype": `{"contents":[{"parts":[{"inline\u005fdata":{"mime\u005ftype":"audio/flac","data":"` + flacB64 + `"}}]}]}`,
+		"escaped base64":  `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/flac","data":"` + fmt.Sprintf(`\u%04x`, flacB64[0]) + flacB64[1:] + `"}}]}]}`,
+	} {
+		if r := parse(GenerateContent, "gemini-2.5-flash", body); r.AudioInput != 28800*32 {
+			t.Errorf("%s: audio %d tokens, want %d", name, r.AudioInput, 28800*32)
+		}
+	}
+	// WAV whose block size lies: its frames are its channels' samples.
+	for _, align := range []byte{0xFF, 4} {
+		lie := bytes.Clone(slow)
+		lie[32], lie[33] = align, align&0xF0
+		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(lie) + `"`)); got != (60_044*32+99)/100 {
+			t.Errorf("100 Hz WAV with a block size of %d: %d tokens, want 600 s worth", int(align)|int(align&0xF0)<<8, got)
+		}
+	}
+	// Files by id or URL: a document unless an image; Gemini's by URI of
+	// no stated type, the most a call may take.
+	for name, c := range map[string]struct {
+		api  API
+		body string
+		want int64
+	}{
+		"chat file_id":          {ChatCompletions, `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-abc"}}]}]}`, DocumentTokens(nil)},
+		"responses file_url":    {Responses, `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, DocumentTokens(nil)},
+		"responses image id":    {Responses, `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_image","file_id":"file-abc"}]}]}`, MediaTokens},
+		"gemini fileData":       {GenerateContent, `{"contents":[{"parts":[{"fileData":{"fileUri":"https://youtube.com/watch?v=x"}}]}]}`, MaxMediaTokens},
+		"gemini file_data":      {GenerateContent, `{"contents":[{"parts":[{"file_data":{"file_uri":"https://youtube.com/watch?v=x"}}]}]}`, MaxMediaTokens},
+		"gemini fileData video": {GenerateContent, `{"contents":[{"parts":[{"fileData":{"mimeType":"video/mp4","fileUri":"gs://b/v.mp4"}}]}]}`, MaxMediaTokens},
+	} {
+		model := ""
+		if c.api == GenerateContent {
+			model = "gemini-2.5-flash"
+		}
+		if r := parse(c.api, model, c.body); r.Input < c.want || r.Input > c.want+100 {
+			t.Errorf("%s: input %d, want %d and framing", name, r.Input, c.want)
+		}
 	}
 	// A video, or audio named by URL: the most a call may take.
 	r = parse(GenerateContent, "gemini-2.5-flash", `{"contents":[{"parts":[{"file_data":{"mime_type":"audio/mp3","file_uri":"https://x/a.mp3"}},{"inline_data":{"mime_type":"video/mp4","data":"AAAA"}}]}]}`)

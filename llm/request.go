@@ -621,7 +621,7 @@ func appendField(out []byte, key string, value json.RawMessage) []byte {
 // mediaKeys name the fields whose strings are media, not text: base64
 // data, URLs of images and files.
 var mediaKeys = map[string]bool{
-	"data": true, "url": true, "image_url": true, "file_data": true, "file_id": true,
+	"data": true, "url": true, "image_url": true, "file_data": true, "file_id": true, "file_url": true,
 	"file_uri": true, "fileUri": true, "image": true, "input_audio": true,
 }
 
@@ -697,6 +697,8 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		pdfType   bool // a media type application/pdf
 		imageType bool // a media type image/*
 		document  bool // Anthropic's "type": "document" block
+		imageKind bool // a block of an image ("type": "input_image", "image", "image_url")
+		fileDoc   bool // a file_id or file_url: a file by id or URL, a document unless an image
 		// childMedia says a media item ended inside this object, and
 		// childTyped that its type was known (and its tokens counted).
 		childMedia, childTyped bool
@@ -834,14 +836,34 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 					parent.childTyped = item(mimeOf(f), unquote(f.data))
 				case f.media && !parent.media:
 					// A media value, ended: a URL, an id, an object naming
-					// one (file_data), unless a data: URL counted it.
-					if !f.childTyped {
-						item(mimeOf(f), nil)
+					// one (file_data), unless a data: URL counted it. A
+					// file by URI of no stated type may be a video.
+					switch m := mimeOf(f); {
+					case f.childTyped:
+					case m == "" && string(f.key) == "file_data":
+						mediaTokens += MaxMediaTokens
+					default:
+						item(m, nil)
 					}
 					parent.childMedia = true
-					parent.childTyped = mimeOf(f) != ""
+					parent.childTyped = mimeOf(f) != "" || string(f.key) == "file_data"
 				case f.fileRef:
+					// An object naming a file by URL or id, counted as
+					// media when its name was read: its type, where it
+					// says one, says more.
 					parent.childMedia = true
+					switch m := mimeOf(f); {
+					case m != "":
+						mediaTokens -= MediaTokens
+						item(m, nil)
+						parent.childTyped = true
+					case f.fileDoc && !f.imageKind:
+						mediaTokens += DocumentTokens(nil) - MediaTokens
+						parent.childTyped = true
+					case string(f.key) == "fileData":
+						mediaTokens += MaxMediaTokens - MediaTokens
+						parent.childTyped = true
+					}
 				}
 				if f.document && f.childMedia && !f.childTyped {
 					// Anthropic's document block by URL or id: a PDF.
@@ -894,6 +916,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 				if !dataURL(raw) {
 					mediaTokens += MediaTokens
 					top.fileRef = top.object
+					top.fileDoc = top.fileDoc || k == "file_id" || k == "file_url"
 				} else {
 					top.childTyped = true
 				}
@@ -903,6 +926,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 			case k == "type":
 				top.plainBytes = string(raw) == `"text"`
 				top.document = string(raw) == `"document"`
+				top.imageKind = string(raw) == `"input_image"` || string(raw) == `"image"` || string(raw) == `"image_url"`
 			case skipKeys[k]:
 			default:
 				addText(unquote(raw))
