@@ -140,3 +140,27 @@ func ExampleRule_maxDebt() {
 	// a debit of 100 from 10: true
 	// the next check: false retry after 9.1s
 }
+
+// A cost known after the work, and what a client's address names: Debit
+// charges it whether it fits or not, and says whether it did; an IP is
+// the address it names, its port dropped.
+func ExampleLimiter_Debit() {
+	store := memstore.New(&memstore.Options{Clock: storetest.NewClock().Now})
+	defer store.Close()
+	limiter, err := admit.NewNamedLimiter(store, "llm",
+		admit.Bucket("tokens", admit.PerSecond(100), 1000).Per(admit.PerIP).MaxDebt(100_000),
+	)
+	if err != nil {
+		panic(err)
+	}
+	defer limiter.Close()
+	ctx := context.Background()
+	client := admit.Who{IP: "198.51.100.7:52114"} // r.RemoteAddr
+	d, _ := limiter.Debit(ctx, client, 1500)      // the call took 1,500 tokens
+	fmt.Println("fitted:", d.Allowed, "wait:", d.RetryAfter)
+	d, _ = limiter.Allow(ctx, admit.Who{IP: "::ffff:198.51.100.7"}) // the same client
+	fmt.Println("next:", d.Allowed, d.DeniedBy)
+	// Output:
+	// fitted: false wait: 5.01s
+	// next: false tokens
+}
