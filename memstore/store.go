@@ -1,4 +1,13 @@
-// Package memstore is Admit's in-process store, the embedded default.
+// Package memstore is Admit's in-process store, the embedded default: the
+// state of every limit of one process, in memory.
+//
+//	store := memstore.New(nil) // defaults: Options says what they are
+//	defer store.Close()
+//	limiter, err := admit.NewLimiter(store, admit.Bucket("user", admit.PerSecond(10), 20).Per(admit.PerUser))
+//
+// A Store is safe for concurrent use; its state is lost when the process
+// ends (redisstore shares it between processes). Stats reports its keys
+// and memory; idle keys are swept in the background.
 //
 // # Layout
 //
