@@ -456,7 +456,6 @@ var (
 	escapedName = regexp.MustCompile(`/[A-Za-z]*#[0-9A-Fa-f]{2}`)
 )
 
-
 // TiledImageTokens bounds the input tokens of one inline image, data its
 // base64 JSON string (quoted), for a model that counts images in tiles of
 // 768×768 pixels, 258 tokens each (Gemini), read from the image's size
