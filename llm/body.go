@@ -174,7 +174,7 @@ func (b *meteredBody) endLine([]byte) {
 			b.skip = true
 			return
 		}
-		if b.maxOutput > 0 && generatesText(data) {
+		if b.maxOutput > 0 && generatesText(b.m.api, data) {
 			// Gemini's thoughts stream as text too, and may not count
 			// against its maximum: its running totals say. An event
 			// without text (a usage report) is never cut: what it
@@ -191,18 +191,30 @@ func (b *meteredBody) endLine([]byte) {
 	b.out = append(b.out, line...)
 }
 
-// generatedKeys are the keys of a stream event's generated text: chat
-// and completion deltas, Responses' and Anthropic's deltas, Anthropic's
-// thinking and tool input, tool call arguments, Gemini's parts.
-var generatedKeys = [][]byte{[]byte(`"content"`), []byte(`"text"`), []byte(`"delta"`),
-	[]byte(`"thinking"`), []byte(`"partial_json"`), []byte(`"arguments"`)}
+// generatedKeys are, by API, the keys of a stream event's generated
+// text, as its delta events carry it: a chat completion's content and
+// tool arguments, a completion's text, the Responses API's deltas (its
+// .done events repeat the text whole, and are not counted), Anthropic's
+// text, thinking and tool input. Gemini's are not counted: its thoughts
+// stream as text too, and its running totals say how much it made.
+var generatedKeys = map[API][][]byte{
+	ChatCompletions: {[]byte(`"content"`), []byte(`"arguments"`)},
+	Completions:     {[]byte(`"text"`)},
+	Responses:       {[]byte(`"delta"`)},
+	Messages:        {[]byte(`"text"`), []byte(`"thinking"`), []byte(`"partial_json"`)},
+}
 
-// generatesText reports whether a stream event carries generated text: a
-// key of generatedKeys whose value is a non-empty string, with any space
-// around its colon. Such a key inside a string is escaped (\"text\")
-// and does not match.
-func generatesText(data []byte) bool {
-	for _, k := range generatedKeys {
+// generatesText reports whether a stream event of api carries generated
+// text: a key of generatedKeys whose value is a non-empty string, with
+// any space around its colon; for Gemini, whether its chunk has text at
+// all. Such a key inside a string is escaped (\"text\") and does not
+// match.
+func generatesText(api API, data []byte) bool {
+	keys := generatedKeys[api]
+	if api.Provider() == Gemini {
+		keys = [][]byte{[]byte(`"text"`)}
+	}
+	for _, k := range keys {
 		for rest := data; ; {
 			i := bytes.Index(rest, k)
 			if i < 0 {

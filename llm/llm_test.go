@@ -1109,3 +1109,30 @@ func TestStreamCutAtMaximum(t *testing.T) {
 		}
 	}
 }
+
+// A stream that makes exactly its maximum is never cut, whatever events
+// repeat its text (the Responses API's .done events): it is relayed
+// whole and settled to its report.
+func TestStreamAtMaximumNotCut(t *testing.T) {
+	for _, c := range []struct{ name, path, body string }{
+		{"openai", "/v1/chat/completions", `{"model":"gpt-4o-mini","stream":true,"n":3,"max_tokens":100,"messages":[{"role":"user","content":"go on"}]}`},
+		{"anthropic", "/v1/messages", `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"go on"}]}`},
+		{"gemini", "/v1beta/models/gemini-2.5-flash:streamGenerateContent?alt=sse", `{"contents":[{"parts":[{"text":"go on"}]}],"generationConfig":{"maxOutputTokens":100}}`},
+		{"responses", "/v1/responses", `{"model":"gpt-4o","stream":true,"max_output_tokens":100,"input":"go on"}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rule := tokenRule()
+			rule.Burst = int64p(5000)
+			r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{})
+			r.up.Output = 100
+			resp, body := r.post(c.path, c.body)
+			if resp.StatusCode != 200 {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			rec := r.records[len(r.records)-1]
+			if !rec.Reported {
+				t.Fatalf("a stream at its maximum was cut: recorded %v, reported %v", rec.Usage, rec.Reported)
+			}
+		})
+	}
+}

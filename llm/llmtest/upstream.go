@@ -468,6 +468,14 @@ func (s *answer) responses() {
 			return
 		}
 	}
+	// The text whole again, as the API closes its part and item.
+	text := strings.Repeat(s.word(), int(out))
+	part := map[string]any{"type": "output_text", "text": text, "annotations": []any{}}
+	if !ev("response.output_text.done", map[string]any{"item_id": "msg_standin", "output_index": 0, "content_index": 0, "text": text}) ||
+		!ev("response.content_part.done", map[string]any{"item_id": "msg_standin", "output_index": 0, "content_index": 0, "part": part}) ||
+		!ev("response.output_item.done", map[string]any{"output_index": 0, "item": map[string]any{"type": "message", "id": "msg_standin", "status": "completed", "role": "assistant", "content": []any{part}}}) {
+		return
+	}
 	ev("response.completed", map[string]any{"response": final})
 }
 
