@@ -70,6 +70,17 @@ func decodeBase64(data []byte) ([]byte, error) {
 // audioSeconds returns how long the audio file b plays, and whether its
 // format is one read here.
 func audioSeconds(b []byte) (float64, bool) {
+	// An ID3v2 tag may lead any of them: a decoder skips it.
+	for len(b) >= 10 && string(b[0:3]) == "ID3" {
+		size := 10 + (int(b[6]&0x7F)<<21 | int(b[7]&0x7F)<<14 | int(b[8]&0x7F)<<7 | int(b[9]&0x7F))
+		if b[5]&0x10 != 0 {
+			size += 10 // a footer
+		}
+		if size > len(b) {
+			return 0, false
+		}
+		b = b[size:]
+	}
 	switch {
 	case len(b) >= 12 && string(b[0:4]) == "RIFF" && string(b[8:12]) == "WAVE":
 		return wavSeconds(b)
@@ -77,8 +88,12 @@ func audioSeconds(b []byte) (float64, bool) {
 		return flacSeconds(b)
 	case len(b) >= 4 && string(b[0:4]) == "OggS":
 		return oggSeconds(b)
-	case len(b) >= 3 && string(b[0:3]) == "ID3", len(b) >= 2 && b[0] == 0xFF && b[1]&0xE0 == 0xE0:
-		return mp3Seconds(b)
+	case len(b) >= 2 && b[0] == 0xFF:
+		// Bare frames: MPEG audio, or FLAC's without their stream
+		// header, each of which a decoder plays; the longer reading.
+		mp3, _ := mp3Seconds(b)
+		seconds := max(mp3, flacFrameSeconds(b, 0))
+		return seconds, seconds > 0
 	}
 	return 0, false
 }
@@ -138,18 +153,25 @@ func flacSeconds(b []byte) (float64, bool) {
 			break
 		}
 	}
-	var framed float64
-	for ; i+6 <= len(b); i++ {
+	seconds := max(flacFrameSeconds(b[min(i, len(b)):], streamRate), declared)
+	return seconds, seconds > 0
+}
+
+// flacFrameSeconds adds up the FLAC frames in b, each found by its sync
+// code and checked by its header's CRC-8: its samples over its rate (the
+// stream's, streamRate, where the frame names none).
+func flacFrameSeconds(b []byte, streamRate float64) float64 {
+	var seconds float64
+	for i := 0; i+6 <= len(b); i++ {
 		if b[i] != 0xFF || b[i+1]&0xFE != 0xF8 {
 			continue
 		}
 		if samples, rate, n := flacFrame(b[i:], streamRate); n > 0 {
-			framed += samples / rate
+			seconds += samples / rate
 			i += n - 1
 		}
 	}
-	seconds := max(framed, declared)
-	return seconds, seconds > 0
+	return seconds
 }
 
 // flacFrame reads the FLAC frame header at the start of b: its samples,
@@ -229,52 +251,106 @@ func crc8(b []byte) byte {
 	return c
 }
 
-// oggSeconds reads an Ogg stream: the largest granule position of its
-// pages over its rate (48 kHz for Opus, the identification header's for
-// Vorbis).
+// oggSeconds reads an Ogg stream as a decoder does, packet by packet:
+// an Opus packet's table of contents says how many frames of what length
+// it holds; a Vorbis audio packet makes at most half its stream's long
+// block. Its pages' granule positions, which a decoder does not need,
+// count only where they say more.
 func oggSeconds(b []byte) (float64, bool) {
-	var rate float64
-	switch {
-	case bytes.Contains(b[:min(len(b), 512)], []byte("OpusHead")):
-		rate = 48000
-	default:
-		i := bytes.Index(b[:min(len(b), 512)], []byte("\x01vorbis"))
-		if i < 0 || i+16 > len(b) {
-			return 0, false
+	var (
+		opus, vorbis    bool
+		rate, halfBlock float64
+		seconds         float64
+		granule, gRate  float64
+	)
+	oggPackets(b, func(p []byte, g uint64) {
+		switch {
+		case bytes.HasPrefix(p, []byte("OpusHead")):
+			opus, gRate = true, 48000
+		case bytes.HasPrefix(p, []byte("\x01vorbis")) && len(p) >= 29:
+			vorbis = true
+			rate = float64(binary.LittleEndian.Uint32(p[12:16]))
+			halfBlock = float64(int(1)<<(p[28]>>4)) / 2
+			gRate = rate
+		case bytes.HasPrefix(p, []byte("OpusTags")), len(p) > 0 && p[0]&1 == 1 && vorbis:
+			// Headers, not audio.
+		case opus && len(p) > 0:
+			seconds += opusPacketSeconds(p)
+		case vorbis && rate >= 1 && len(p) > 0:
+			seconds += halfBlock / rate
 		}
-		rate = float64(binary.LittleEndian.Uint32(b[i+12 : i+16]))
-	}
-	if rate < 1 {
+		if g != ^uint64(0) && gRate >= 1 {
+			granule = max(granule, float64(g)/gRate)
+		}
+	})
+	if !opus && !vorbis {
 		return 0, false
 	}
-	var most uint64
-	for i := 0; ; i++ {
-		j := bytes.Index(b[i:], []byte("OggS"))
-		if j < 0 {
-			break
-		}
-		i += j
-		if i+14 <= len(b) {
-			if g := binary.LittleEndian.Uint64(b[i+6 : i+14]); g != ^uint64(0) {
-				most = max(most, g)
+	seconds = max(seconds, granule)
+	return seconds, seconds > 0
+}
+
+// oggPackets calls f with the start of each packet of the Ogg pages in b
+// (its first bytes, within its page) and its page's granule position.
+func oggPackets(b []byte, f func(p []byte, granule uint64)) {
+	for i := 0; i+27 <= len(b); {
+		if string(b[i:i+4]) != "OggS" {
+			j := bytes.Index(b[i+1:], []byte("OggS"))
+			if j < 0 {
+				return
 			}
+			i += 1 + j
+			continue
 		}
+		n := int(b[i+26])
+		if i+27+n > len(b) {
+			return
+		}
+		granule := binary.LittleEndian.Uint64(b[i+6 : i+14])
+		pos := i + 27 + n
+		starts := b[i+5]&1 == 0 // not the rest of a packet begun before
+		for _, l := range b[i+27 : i+27+n] {
+			if starts && pos < len(b) {
+				f(b[pos:min(pos+int(l), len(b))], granule)
+			}
+			pos += int(l)
+			starts = l < 255
+		}
+		i = pos
 	}
-	if most == 0 {
-		return 0, false
+}
+
+// opusPacketSeconds is the length of an Opus packet by its table of
+// contents: its frames times their length.
+func opusPacketSeconds(p []byte) float64 {
+	config := p[0] >> 3
+	var frame float64 // milliseconds
+	switch {
+	case config < 12:
+		frame = [...]float64{10, 20, 40, 60}[config%4]
+	case config < 16:
+		frame = [...]float64{10, 20}[config%2]
+	default:
+		frame = [...]float64{2.5, 5, 10, 20}[config%4]
 	}
-	return float64(most) / rate, true
+	frames := 1.0
+	switch p[0] & 3 {
+	case 1, 2:
+		frames = 2
+	case 3:
+		if len(p) < 2 {
+			return 0
+		}
+		frames = float64(p[1] & 0x3F)
+	}
+	return frames * frame / 1000
 }
 
 // mp3Seconds walks an MPEG audio stream frame by frame, as a decoder
-// does, after any ID3v2 tag: the samples of its frames over their rates.
-// Bytes that are not a frame are skipped; a free-format frame is not
-// read.
+// does: the samples of its frames over their rates. Bytes that are not a
+// frame are skipped; a free-format frame is not read.
 func mp3Seconds(b []byte) (float64, bool) {
 	i := 0
-	if len(b) >= 10 && string(b[0:3]) == "ID3" {
-		i = 10 + int(b[6]&0x7F)<<21 | int(b[7]&0x7F)<<14 | int(b[8]&0x7F)<<7 | int(b[9]&0x7F)
-	}
 	var seconds float64
 	frames := 0
 	for i+4 <= len(b) {
@@ -372,16 +448,17 @@ func documentTokens(b64 []byte) int64 {
 }
 
 // pdfPages counts a PDF's pages as a reader does, down its page tree:
-// every reference in a /Kids array is a page or a node of more, so a page
-// listed twice, or a node shared by two parents, counts each time; and at
-// least its page objects. 0 when it cannot tell: object streams (which
-// may hold the tree) or a name written with # escapes.
+// every reference in a /Kids array (written in place or as an object of
+// its own) is a page or a node of more, so a page listed twice, or a node
+// shared by two parents, counts each time; and at least its page objects
+// and the largest /Count it states. Of two /Kids in one object (one of
+// them in a string), the longer counts. 0 when it cannot tell: object
+// streams (which may hold the tree) or a name written with # escapes.
 func pdfPages(b []byte) int64 {
 	if bytes.Contains(b, []byte("/ObjStm")) || escapedName.Match(b) {
 		return 0
 	}
-	kids := map[int][]int{} // a node's children, by object number
-	var pages int64
+	bodies := map[int][]byte{}
 	objects := pdfObject.FindAllSubmatchIndex(b, -1)
 	for i, m := range objects {
 		num, _ := strconv.Atoi(string(b[m[2]:m[3]]))
@@ -392,13 +469,34 @@ func pdfPages(b []byte) int64 {
 		if end := bytes.Index(body, []byte("endobj")); end >= 0 {
 			body = body[:end]
 		}
+		bodies[num] = body
+	}
+	refs := func(b []byte) []int {
+		var out []int
+		for _, r := range pdfRef.FindAllSubmatch(b, -1) {
+			n, _ := strconv.Atoi(string(r[1]))
+			out = append(out, n)
+		}
+		return out
+	}
+	kids := map[int][]int{} // a node's children, by object number
+	var pages, stated int64
+	for num, body := range bodies {
 		if pageType.Match(body) {
 			pages++
 		}
-		if k := pdfKids.FindSubmatch(body); k != nil {
-			for _, r := range pdfRef.FindAllSubmatch(k[1], -1) {
-				n, _ := strconv.Atoi(string(r[1]))
-				kids[num] = append(kids[num], n)
+		for _, c := range pdfCount.FindAllSubmatch(body, -1) {
+			n, _ := strconv.ParseInt(string(c[1]), 10, 64)
+			stated = max(stated, min(n, MaxPDFPages))
+		}
+		for _, k := range pdfKids.FindAllSubmatch(body, -1) {
+			list := k[1]
+			if k[2] != nil { // /Kids 5 0 R: the array is object 5
+				n, _ := strconv.Atoi(string(k[2]))
+				list = bodies[n]
+			}
+			if r := refs(list); len(r) > len(kids[num]) {
+				kids[num] = r
 			}
 		}
 	}
@@ -444,14 +542,15 @@ func pdfPages(b []byte) int64 {
 	if roots == 0 && len(kids) > 0 {
 		tree = MaxPDFPages // nodes that are all each other's children
 	}
-	return max(tree, pages)
+	return max(tree, pages, stated)
 }
 
 // The parts of a PDF pdfPages reads.
 var (
 	pdfObject   = regexp.MustCompile(`(\d+)\s+\d+\s+obj\b`)
-	pdfKids     = regexp.MustCompile(`/Kids\s*\[([^\]]*)\]`)
-	pdfRef      = regexp.MustCompile(`(\d+)\s+\d+\s+R\b`)
+	pdfKids     = regexp.MustCompile(`/Kids\s*(?:\[([^\]]*)\]|(\d+)\s+\d+\s*R)`)
+	pdfRef      = regexp.MustCompile(`(\d+)\s+\d+\s*R`)
+	pdfCount    = regexp.MustCompile(`/Count\s+(\d+)`)
 	pageType    = regexp.MustCompile(`/Type\s*/Page\b`)
 	escapedName = regexp.MustCompile(`/[A-Za-z]*#[0-9A-Fa-f]{2}`)
 )

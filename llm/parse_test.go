@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -574,14 +575,25 @@ func TestReserveBilledExtras(t *testing.T) {
 	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(lying) + `"`)); got < 3600*32 || got > 3601*32 {
 		t.Errorf("FLAC claiming 1 s with an hour of frames: %d tokens, want %d", got, 3600*32)
 	}
-	// Ogg Opus: its last page's granule position at 48 kHz.
-	ogg := append([]byte("OggS\x00\x02"), make([]byte, 20)...)
-	ogg = append(ogg, "OpusHead"...)
-	last := append([]byte("OggS\x00\x04"), make([]byte, 20)...)
-	binary.LittleEndian.PutUint64(last[6:], 48000*60)
-	ogg = append(append(ogg, make([]byte, 500)...), last...)
-	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(ogg) + `"`)); got != 60*32 {
-		t.Errorf("a minute of Opus: %d tokens, want %d", got, 60*32)
+	// The same behind an ID3 tag, or bare frames without the stream
+	// header: a decoder plays both.
+	id3 := append([]byte("ID3\x04\x00\x00\x00\x00\x00\x0a"), make([]byte, 10)...)
+	for name, clip := range map[string][]byte{"behind an ID3 tag": append(id3, lying...), "bare frames": lying[8+34:]} {
+		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(clip) + `"`)); got < 3600*32 || got > 3601*32 {
+			t.Errorf("an hour of FLAC frames %s: %d tokens, want %d", name, got, 3600*32)
+		}
+	}
+	// Ogg Opus: its packets' frames (20 ms each), whatever its pages'
+	// granule positions claim.
+	for _, granule := range []uint64{48000 * 60, 48} {
+		ogg := oggPage(2, 0, [][]byte{[]byte("OpusHead\x01\x01\x38\x01\x80\xbb\x00\x00\x00\x00\x00")})
+		ogg = append(ogg, oggPage(0, 0, [][]byte{[]byte("OpusTags")})...)
+		for range 60 {
+			ogg = append(ogg, oggPage(0, granule, slices.Repeat([][]byte{{0xF8, 0xFF, 0xFE}}, 50))...)
+		}
+		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(ogg) + `"`)); got != 60*32 {
+			t.Errorf("a minute of Opus, granules at %d: %d tokens, want %d", granule, got, 60*32)
+		}
 	}
 	// A WAV of a compressed encoding (ADPCM), an AAC file, base64 that is
 	// not: their length is not known, and the bound is the most a call
@@ -767,6 +779,21 @@ func TestReserveBilledExtras(t *testing.T) {
 // An image sent to a model that counts images in more, cheaper tokens is
 // reserved at that model's worst case: gpt-4o-mini's high-detail image is
 // 48,169 tokens, not the 2,048 of other models.
+// oggPage returns one Ogg page of packets (each under 255 bytes).
+func oggPage(headerType byte, granule uint64, packets [][]byte) []byte {
+	p := append([]byte("OggS\x00"), headerType)
+	p = binary.LittleEndian.AppendUint64(p, granule)
+	p = append(p, make([]byte, 12)...) // serial, sequence, checksum
+	p = append(p, byte(len(packets)))
+	for _, pk := range packets {
+		p = append(p, byte(len(pk)))
+	}
+	for _, pk := range packets {
+		p = append(p, pk...)
+	}
+	return p
+}
+
 // mp3Frames returns n frames of MPEG-1 Layer III at 128 kbit/s, 44.1 kHz:
 // 1,152 samples each.
 func mp3Frames(n int) []byte {
