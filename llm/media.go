@@ -451,14 +451,18 @@ func documentTokens(b64 []byte) int64 {
 // every reference in a /Kids array (written in place or as an object of
 // its own) is a page or a node of more, so a page listed twice, or a node
 // shared by two parents, counts each time; and at least its page objects
-// and the largest /Count it states. Of two /Kids in one object (one of
-// them in a string), the longer counts. 0 when it cannot tell: object
+// and the largest /Count it states. Of two /Kids of one object number (in
+// a string, or in another object of that number a reader may not
+// follow), the longer counts. 0 when it cannot tell: object
 // streams (which may hold the tree) or a name written with # escapes.
 func pdfPages(b []byte) int64 {
 	if bytes.Contains(b, []byte("/ObjStm")) || escapedName.Match(b) {
 		return 0
 	}
-	bodies := map[int][]byte{}
+	// Every occurrence of an object number counts: a reader follows
+	// its cross-reference table to one of them, which a count here
+	// cannot tell; the largest of what they say is the bound.
+	bodies := map[int][][]byte{}
 	objects := pdfObject.FindAllSubmatchIndex(b, -1)
 	for i, m := range objects {
 		num, _ := strconv.Atoi(string(b[m[2]:m[3]]))
@@ -469,7 +473,7 @@ func pdfPages(b []byte) int64 {
 		if end := bytes.Index(body, []byte("endobj")); end >= 0 {
 			body = body[:end]
 		}
-		bodies[num] = body
+		bodies[num] = append(bodies[num], body)
 	}
 	refs := func(b []byte) []int {
 		var out []int
@@ -481,22 +485,26 @@ func pdfPages(b []byte) int64 {
 	}
 	kids := map[int][]int{} // a node's children, by object number
 	var pages, stated int64
-	for num, body := range bodies {
-		if pageType.Match(body) {
-			pages++
-		}
-		for _, c := range pdfCount.FindAllSubmatch(body, -1) {
-			n, _ := strconv.ParseInt(string(c[1]), 10, 64)
-			stated = max(stated, min(n, MaxPDFPages))
-		}
-		for _, k := range pdfKids.FindAllSubmatch(body, -1) {
-			list := k[1]
-			if k[2] != nil { // /Kids 5 0 R: the array is object 5
-				n, _ := strconv.Atoi(string(k[2]))
-				list = bodies[n]
+	for num, all := range bodies {
+		for _, body := range all {
+			if pageType.Match(body) {
+				pages++
 			}
-			if r := refs(list); len(r) > len(kids[num]) {
-				kids[num] = r
+			for _, c := range pdfCount.FindAllSubmatch(body, -1) {
+				n, _ := strconv.ParseInt(string(c[1]), 10, 64)
+				stated = max(stated, min(n, MaxPDFPages))
+			}
+			for _, k := range pdfKids.FindAllSubmatch(body, -1) {
+				lists := [][]byte{k[1]}
+				if k[2] != nil { // /Kids 5 0 R: the array is object 5
+					n, _ := strconv.Atoi(string(k[2]))
+					lists = bodies[n]
+				}
+				for _, list := range lists {
+					if r := refs(list); len(r) > len(kids[num]) {
+						kids[num] = r
+					}
+				}
 			}
 		}
 	}
