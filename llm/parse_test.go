@@ -655,6 +655,11 @@ func TestReserveBilledExtras(t *testing.T) {
 		"a shared node":   {"1 0 obj <</Type /Pages /Kids [3 0 R 3 0 R 3 0 R]>> endobj 3 0 obj <</Type /Pages /Kids [4 0 R 5 0 R]>> endobj 4 0 obj <</Type /Page>> endobj 5 0 obj <</Type /Page>> endobj", 6},
 		"a cycle":         {"1 0 obj <</Type /Pages /Kids [2 0 R]>> endobj 2 0 obj <</Type /Pages /Kids [1 0 R]>> endobj", MaxPDFPages},
 		"escaped names":   {"1 0 obj <</Typ#65 /Pag#65>> endobj", 0},
+		"indirect kids":   {"1 0 obj <</Type /Pages /Kids 4 0 R>> endobj 4 0 obj [" + strings.Repeat("2 0 R ", 40) + "] endobj 2 0 obj <</Type /Page>> endobj", 40},
+		"a string first":  {"1 0 obj <</T (/Kids [2 0 R]) /Type /Pages /Kids [" + strings.Repeat("2 0 R", 40) + "]>> endobj 2 0 obj <</Type /Page>> endobj", 40},
+		"a stated count":  {"1 0 obj <</Type /Pages /Kids [2 0 R] /Count 70>> endobj 2 0 obj <</Type /Page>> endobj", 70},
+		"a later object of the same number": {"1 0 obj <</Type /Catalog /Pages 2 0 R>> endobj 2 0 obj <</Type /Pages /Kids [" + strings.Repeat("3 0 R ", 40) +
+			"] /Count 40>> endobj 3 0 obj <</Type /Page>> endobj % 2 0 obj << /Type /Pages /Kids [3 0 R] /Count 1 >> endobj", 40},
 	} {
 		if got := pdfPages([]byte("%PDF-1.7\n" + c.pdf)); got != c.want {
 			t.Errorf("%s: %d pages, want %d", name, got, c.want)
