@@ -140,11 +140,17 @@ local function countKey(key, endu)
   return key .. lastSuffix
 end
 
+-- SLACK (ms) is added to every key's expiry when the store was given a
+-- clock of its own: Redis expires keys by its clock, and a given clock
+-- that runs slower (a test's, stepped by a slow machine) would see keys
+-- vanish while they still hold state. With Redis's TIME it is 0.
+local SLACK = 0
+
 -- expireIn returns in how many ms, rounded up, a count's key for the
 -- period ending at endu expires: relative, as the clock may be one the
 -- store was given rather than Redis's.
 local function expireIn(endu)
-  return sformat('%d', mceil(((endu - nu) * 1000 - nsub) / 1000000))
+  return sformat('%d', mceil(((endu - nu) * 1000 - nsub) / 1000000) + SLACK)
 end
 
 -- LEGACYU: windows this long (µs) or shorter do not look for an admit_v7
@@ -653,7 +659,7 @@ local function logCommit(key, wu, c)
     if us == nceil then units, t = u + c, t - 1 end
   end
   rcall('HSET', key, I(t), pack('<dd', nceil, units), 'h', I(first), 't', I(t + 1), 'n', I(live + c))
-  rcall('PEXPIRE', key, I(mceil((nceil + wu - nu) / 1000)))
+  rcall('PEXPIRE', key, I(mceil((nceil + wu - nu) / 1000) + SLACK))
   return nceil
 end
 
@@ -846,7 +852,7 @@ end
 -- px returns a relative expiry in ms, ttl ns rounded up: a number, which
 -- redis.call prints as an integer (below 2^53, with no exponent).
 local function px(ttl)
-  return mceil(ttl / 1000000)
+  return mceil(ttl / 1000000) + SLACK
 end
 
 -- flush makes the writes put kept: each key's last state, or DEL. Setting
@@ -1330,7 +1336,7 @@ local function shareHold(i, id, e, ttl, cost)
       rcall('ZADD', key, unpack(args))
     end)
     local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-    rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
+    rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000) + SLACK))
     if key == sh.kh then
       rcall('HSET', REC, key, pack('<dddd', ttl, cost, R.sb, R.se))
     else
@@ -1475,7 +1481,7 @@ local function decide(out)
             end)
             counts[key] = have + cost
             local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-            rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
+            rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000) + SLACK))
             rcall('HSET', REC, key, pack('<dd', ttl, counts[key]))
             leaseExpiry = mmax(leaseExpiry, e)
             if SHARES[i] then shareHold(i, lease, e, ttl, cost) end
@@ -1487,7 +1493,7 @@ local function decide(out)
       if SHARES[i] then shareKeep(i, R, (results[i].allowed == 1 or DEBITS[i]) and cost > 0) end
     end
     if leaseExpiry > 0 then
-      rcall('PEXPIRE', REC, I(mceil((leaseExpiry - nu) / 1000)))
+      rcall('PEXPIRE', REC, I(mceil((leaseExpiry - nu) / 1000) + SLACK))
     end
     return reply(out, results, 1, leaseExpiry)
   end
@@ -1713,7 +1719,7 @@ local function reserve()
   end
   local at = encode(wait, 0)
   rcall('HSET', rec, 'at', pack('<dd', at[1], at[2]))
-  rcall('PEXPIRE', rec, I(mceil(wait / 1000000) + 60000))
+  rcall('PEXPIRE', rec, I(mceil(wait / 1000000) + 60000 + SLACK))
   return {nu, nsub, 1, wait}
 end
 
@@ -2123,14 +2129,14 @@ local function leaseOp(renew)
       end)
       local last = rcall('ZRANGE', key, -1, -1, 'WITHSCORES')
       if last[2] and tonumber(last[2]) > nu then
-        rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000)))
+        rcall('PEXPIRE', key, I(mceil((tonumber(last[2]) - nu) / 1000) + SLACK))
       else
         rcall('DEL', key)
       end
     end
   end
   if renew and held then
-    rcall('PEXPIRE', rec, I(mceil((expiry - nu) / 1000)))
+    rcall('PEXPIRE', rec, I(mceil((expiry - nu) / 1000) + SLACK))
   else
     rcall('DEL', rec)
   end
@@ -2172,8 +2178,10 @@ local function run(keys, args)
   if ARGV[2] == '' then
     local t = rcall('TIME')
     nu, nsub = tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+    SLACK = 0
   else
     nu, nsub = tonumber(ARGV[2]), tonumber(ARGV[3])
+    SLACK = 600000
   end
   -- Log entries and lease expiries are whole microseconds, rounded up.
   nceil = nu

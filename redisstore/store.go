@@ -73,7 +73,9 @@ type Options struct {
 	// before it lets a probe through; default 1s.
 	BreakerCooldown time.Duration
 	// Clock, if set, replaces Redis TIME as the clock. Tests use it; in
-	// production every server must read the same clock, Redis's.
+	// production every server must read the same clock, Redis's. Keys
+	// then expire 10 minutes later than Clock says they may, since Redis
+	// expires them by its own clock, which a stepped one can lag.
 	Clock func() time.Time
 	// ExactRefusals sends every decision to Redis. By default a decision
 	// that charges a key Redis refused, at least the refused cost, until
