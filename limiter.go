@@ -415,9 +415,10 @@ func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool) (D
 			}
 		}
 	}
-	out := Decision{Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, ResetAfter: d.ResetAfter,
-		RetryAfter: d.RetryAfter, DeniedBy: d.DeniedBy, Lease: d.Lease, At: d.At, FailedOpen: d.FailedOpen}
-	d.Reset()
+	// One copy, its buffers taken out: the next decision into d resets
+	// the rest.
+	out := *d
+	out.Results, out.charges, out.key = nil, nil, nil
 	l.scratch.Put(d)
 	return out, err
 }
