@@ -360,8 +360,11 @@ func TestLLMClientsWhoLeaveArePaidFor(t *testing.T) {
 	}
 	wg.Wait()
 	close(up.HoldAnswer) // the provider finishes every call
+	// Each call's handler bills once let go, on its own goroutine.
+	want := calls * (llmtest.InputTokens([]byte(body)) + 60)
+	waitFor(t, func() bool { return up.Billed() >= want }, "the stand-in to bill every call")
 	billed := up.Billed()
-	if want := calls * (llmtest.InputTokens([]byte(body)) + 60); billed != want {
+	if billed != want {
 		t.Fatalf("the stand-in billed %d, want %d", billed, want)
 	}
 	addr := metricsAddr(t, p.stderr.String())
