@@ -457,37 +457,46 @@ func TestDrainAfterClientLeft(t *testing.T) {
 	}
 }
 
-// With the store down and rules that fail open, calls pass unreserved,
-// are recorded, and settle without error to the caller.
+// With the store down, a budget in tokens that names no on_error fails
+// closed (a store made slow by load would otherwise let every call
+// through unreserved); one that says on_error: open lets calls pass
+// unreserved, recorded, settled without error to the caller.
 func TestStoreDownFailsOpen(t *testing.T) {
-	pol, err := policy.Compile(&policy.Spec{
-		Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{tokenRule()}}},
-		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem := memstore.New(nil)
-	defer mem.Close()
-	faulty := &storetest.Faulty{Store: mem}
-	faulty.Down.Store(true)
-	var records int
-	gate, _ := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(faulty, 1), Policy: func() *policy.Policy { return pol },
-		Record: func(*llm.Record) { records++ }})
-	up := &llmtest.Upstream{Output: 30}
-	srv := httptest.NewServer(up)
-	defer srv.Close()
-	client := &http.Client{Transport: &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
-		return policy.Request{Tenant: "acme", Cost: 1}, nil
-	}}}
-	resp, err := client.Post(srv.URL+"/v1/messages", "application/json", strings.NewReader(`{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || up.Calls() != 1 || records != 1 {
-		t.Fatalf("store down, failing open: status %d, upstream calls %d, records %d", resp.StatusCode, up.Calls(), records)
+	for _, onError := range []string{"", "open"} {
+		rule := tokenRule()
+		rule.OnError = onError
+		pol, err := policy.Compile(&policy.Spec{
+			Tiers:   map[string]policy.TierSpec{"t": {Rules: []policy.RuleSpec{rule}}},
+			Tenants: map[string]policy.TenantSpec{"acme": {Tier: "t"}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mem := memstore.New(nil)
+		defer mem.Close()
+		faulty := &storetest.Faulty{Store: mem}
+		faulty.Down.Store(true)
+		var records int
+		gate, _ := llm.NewGate(llm.GateOptions{Decider: policy.NewDecider(faulty, 1), Policy: func() *policy.Policy { return pol },
+			Record: func(*llm.Record) { records++ }})
+		up := &llmtest.Upstream{Output: 30}
+		srv := httptest.NewServer(up)
+		defer srv.Close()
+		client := &http.Client{Transport: &llm.Transport{Gate: gate, Who: func(*http.Request) (policy.Request, error) {
+			return policy.Request{Tenant: "acme", Cost: 1}, nil
+		}}}
+		resp, err := client.Post(srv.URL+"/v1/messages", "application/json", strings.NewReader(`{"model":"claude-haiku-4-5","max_tokens":50,"messages":[]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch {
+		case onError == "" && (resp.StatusCode != 503 || up.Calls() != 0 || !strings.Contains(string(body), `"overloaded_error"`)):
+			t.Fatalf("store down, a budget in tokens naming no on_error: %d %s, upstream calls %d; want 503 before the provider", resp.StatusCode, body, up.Calls())
+		case onError == "open" && (resp.StatusCode != 200 || up.Calls() != 1 || records != 1):
+			t.Fatalf("store down, on_error open: status %d, upstream calls %d, records %d", resp.StatusCode, up.Calls(), records)
+		}
 	}
 }
 

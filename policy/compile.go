@@ -384,6 +384,13 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if r.OnError, err = admit.ParseFailureMode(rs.OnError); err != nil {
 		c.fail(path+".on_error", "%v", err)
 	}
+	if r.OnError == admit.FailDefault && r.Unit != UnitRequests {
+		// A budget in tokens or money fails closed unless it says
+		// otherwise: admitted without the store, a call reserves
+		// nothing, and a store made slow enough to time out would let
+		// every call through.
+		r.OnError = admit.FailClosed
+	}
 	if r.Distribution, err = admit.ParseDistribution(rs.Distribution); err != nil {
 		c.fail(path+".distribution", "%v", err)
 	}
