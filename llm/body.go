@@ -195,26 +195,24 @@ func (b *meteredBody) endLine([]byte) {
 // text, as its delta events carry it: a chat completion's content and
 // tool arguments, a completion's text, the Responses API's deltas (its
 // .done events repeat the text whole, and are not counted), Anthropic's
-// text, thinking and tool input. Gemini's are not counted: its thoughts
-// stream as text too, and its running totals say how much it made.
+// text, thinking and tool input, Gemini's parts (whose events are not
+// counted: its thoughts stream as text too, and its running totals say
+// how much it made).
 var generatedKeys = map[API][][]byte{
-	ChatCompletions: {[]byte(`"content"`), []byte(`"arguments"`)},
-	Completions:     {[]byte(`"text"`)},
-	Responses:       {[]byte(`"delta"`)},
-	Messages:        {[]byte(`"text"`), []byte(`"thinking"`), []byte(`"partial_json"`)},
+	ChatCompletions:       {[]byte(`"content"`), []byte(`"arguments"`)},
+	Completions:           {[]byte(`"text"`)},
+	Responses:             {[]byte(`"delta"`)},
+	Messages:              {[]byte(`"text"`), []byte(`"thinking"`), []byte(`"partial_json"`)},
+	GenerateContent:       {[]byte(`"text"`)},
+	StreamGenerateContent: {[]byte(`"text"`)},
 }
 
 // generatesText reports whether a stream event of api carries generated
 // text: a key of generatedKeys whose value is a non-empty string, with
-// any space around its colon; for Gemini, whether its chunk has text at
-// all. Such a key inside a string is escaped (\"text\") and does not
-// match.
+// any space around its colon. Such a key inside a string is escaped
+// (\"text\") and does not match.
 func generatesText(api API, data []byte) bool {
-	keys := generatedKeys[api]
-	if api.Provider() == Gemini {
-		keys = [][]byte{[]byte(`"text"`)}
-	}
-	for _, k := range keys {
+	for _, k := range generatedKeys[api] {
 		for rest := data; ; {
 			i := bytes.Index(rest, k)
 			if i < 0 {

@@ -114,6 +114,20 @@ func (r *rig) post(path, body string) (*http.Response, string) {
 	return resp, string(b)
 }
 
+// postCounting is post, saying also how many bytes of the body the
+// transport read.
+func (r *rig) postCounting(path, body string) (resp *http.Response, msg string, read int) {
+	r.t.Helper()
+	unread := &readCounter{r: strings.NewReader(body)}
+	resp, err := r.client.Post(r.srv.URL+path, "application/json", unread)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, string(b), unread.n
+}
+
 // Every API's answer, streamed or not, is settled to the usage it
 // reports: what the bucket lost is exactly the reported tokens.
 func TestSettlesToReportedUsage(t *testing.T) {
@@ -822,15 +836,9 @@ func TestLLMInFlightBound(t *testing.T) {
 	for r.up.Calls() < 2 {
 		time.Sleep(time.Millisecond) // until both are with the provider
 	}
-	unread := &readCounter{r: strings.NewReader(body)}
-	resp, err := r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 429 || !strings.Contains(string(msg), "llm_in_flight") || r.up.Calls() != 2 || unread.n != 0 {
-		t.Errorf("a third call in flight: %d %s, %d calls reached the provider, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, r.up.Calls(), unread.n)
+	resp, msg, read := r.postCounting("/v1/chat/completions", body)
+	if resp.StatusCode != 429 || !strings.Contains(msg, "llm_in_flight") || r.up.Calls() != 2 || read != 0 {
+		t.Errorf("a third call in flight: %d %s, %d calls reached the provider, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, r.up.Calls(), read)
 	}
 	close(r.up.HoldAnswer)
 	wg.Wait()
@@ -888,25 +896,13 @@ func TestSpentBudgetRefusedEarly(t *testing.T) {
 			t.Fatalf("never spent: %d %s", resp.StatusCode, msg)
 		}
 	}
-	unread := &readCounter{r: strings.NewReader(body)}
-	resp, err := r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 429 || unread.n != 0 || !strings.Contains(string(msg), `rate limited by \"calls\"`) {
-		t.Errorf("a call right after the budget was spent: %d %s, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, unread.n)
+	resp, msg, read := r.postCounting("/v1/chat/completions", body)
+	if resp.StatusCode != 429 || read != 0 || !strings.Contains(msg, `rate limited by \"calls\"`) {
+		t.Errorf("a call right after the budget was spent: %d %s, %d body bytes read; want 429 before reading it", resp.StatusCode, msg, read)
 	}
 	clock = clock.Add(2 * time.Second)
-	unread = &readCounter{r: strings.NewReader(body)}
-	resp, err = r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", unread)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 429 || unread.n == 0 {
-		t.Errorf("a call once the moment passed: %d, %d body bytes read; want it read and decided again", resp.StatusCode, unread.n)
+	if resp, _, read = r.postCounting("/v1/chat/completions", body); resp.StatusCode != 429 || read == 0 {
+		t.Errorf("a call once the moment passed: %d, %d body bytes read; want it read and decided again", resp.StatusCode, read)
 	}
 }
 

@@ -20,7 +20,7 @@ const AudioTokensPerSecond = 32
 // Ogg inline to be reserved by duration.
 const MaxMediaTokens = 1 << 20
 
-// AudioTokens bounds the input tokens of one audio clip, data its base64
+// audioTokensJSON bounds the input tokens of one audio clip, data its base64
 // JSON string (quoted): its duration times AudioTokensPerSecond, at most
 // MaxMediaTokens. The duration is read from the clip as a decoder finds
 // it: a WAV's size over its sample rate and frame size (PCM, float, A-law
@@ -29,9 +29,9 @@ const MaxMediaTokens = 1 << 20
 // rate). A clip of any other format, or one whose duration cannot be read,
 // counts MaxMediaTokens: compressed audio of silence takes a few bytes a
 // second, so no size says how long a clip plays.
-func AudioTokens(data []byte) int64 { return audioTokens(unquote(data)) }
+func audioTokensJSON(data []byte) int64 { return audioTokens(unquote(data)) }
 
-// audioTokens is AudioTokens of b64, the string's value.
+// audioTokens is audioTokensJSON of b64, the string's value.
 func audioTokens(b64 []byte) int64 {
 	b, err := decodeBase64(b64)
 	if err != nil {
@@ -56,9 +56,12 @@ func decodeBase64(data []byte) ([]byte, error) {
 			return r
 		}, data)
 	}
+	// One buffer for every alphabet tried (the unpadded ones need the
+	// most): data that is none of them costs its size once, not four
+	// times.
+	out := make([]byte, base64.RawStdEncoding.DecodedLen(len(data)))
 	var err error
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
-		out := make([]byte, enc.DecodedLen(len(data)))
 		var n int
 		if n, err = enc.Decode(out, data); err == nil {
 			return out[:n], nil
@@ -195,7 +198,19 @@ func flacFrame(b []byte, streamRate float64) (samples, rate float64, n int) {
 	default:
 		return 0, 0, 0
 	}
-	need := map[byte]int{6: 1, 7: 2}[bs] + map[byte]int{12: 1, 13: 2, 14: 2}[sr]
+	need := 0 // the block size's and rate's bytes that follow
+	switch bs {
+	case 6:
+		need++
+	case 7:
+		need += 2
+	}
+	switch sr {
+	case 12:
+		need++
+	case 13, 14:
+		need += 2
+	}
 	if i+need+1 > len(b) {
 		return 0, 0, 0
 	}
@@ -422,19 +437,19 @@ const PageTokens = 3000
 // this bound), for a PDF whose pages cannot be counted.
 const MaxPDFPages = 100
 
-// DocumentTokens bounds the input tokens of one PDF, data its base64
+// documentTokensJSON bounds the input tokens of one PDF, data its base64
 // JSON string (quoted), nil for a PDF by URL or id: its pages times
 // PageTokens, the pages counted as a reader finds them (its page
 // objects); MaxPDFPages of them when they cannot be (page objects packed
 // in compressed streams, a PDF not inline).
-func DocumentTokens(data []byte) int64 {
+func documentTokensJSON(data []byte) int64 {
 	if data == nil {
 		return documentTokens(nil)
 	}
 	return documentTokens(unquote(data))
 }
 
-// documentTokens is DocumentTokens of b64, the string's value.
+// documentTokens is documentTokensJSON of b64, the string's value.
 func documentTokens(b64 []byte) int64 {
 	pages := int64(MaxPDFPages)
 	if b64 != nil {
@@ -563,14 +578,14 @@ var (
 	escapedName = regexp.MustCompile(`/[A-Za-z]*#[0-9A-Fa-f]{2}`)
 )
 
-// TiledImageTokens bounds the input tokens of one inline image, data its
+// tiledImageTokensJSON bounds the input tokens of one inline image, data its
 // base64 JSON string (quoted), for a model that counts images in tiles of
 // 768×768 pixels, 258 tokens each (Gemini), read from the image's size
 // (PNG, JPEG, GIF, WebP); at least MediaTokens, which bounds the models
 // that scale an image down (GPT-4o, Claude).
-func TiledImageTokens(data []byte) int64 { return tiledImageTokens(unquote(data)) }
+func tiledImageTokensJSON(data []byte) int64 { return tiledImageTokens(unquote(data)) }
 
-// tiledImageTokens is TiledImageTokens of b64, the string's value.
+// tiledImageTokens is tiledImageTokensJSON of b64, the string's value.
 func tiledImageTokens(b64 []byte) int64 {
 	b, err := decodeBase64(b64)
 	if err != nil {

@@ -540,17 +540,17 @@ func TestReserveBilledExtras(t *testing.T) {
 	copy(second[36:], "data")
 	wav := base64.StdEncoding.EncodeToString(second)
 	mp3 := base64.StdEncoding.EncodeToString(mp3Frames(3828)) // 100 s of 128 kbit/s frames
-	if got := AudioTokens([]byte(`"` + wav + `"`)); got != 33 {
+	if got := audioTokensJSON([]byte(`"` + wav + `"`)); got != 33 {
 		t.Errorf("a second of WAV: %d tokens, want 33 (32/s, its 44-byte header rounded up)", got)
 	}
-	if got := AudioTokens([]byte(`"` + mp3 + `"`)); got != 3200 {
+	if got := audioTokensJSON([]byte(`"` + mp3 + `"`)); got != 3200 {
 		t.Errorf("100 s of MP3: %d tokens, want 3200 (32/s)", got)
 	}
 	// 8-bit mono at 100 Hz: 600 s in 60 KB, by its header.
 	slow := bytes.Clone(second[:44])
 	slow[24], slow[25], slow[32], slow[34] = 100, 0, 1, 8
 	slow = append(slow, make([]byte, 60_000)...)
-	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(slow) + `"`)); got != (60_044*32+99)/100 {
+	if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(slow) + `"`)); got != (60_044*32+99)/100 {
 		t.Errorf("60 KB of 100 Hz WAV: %d tokens, want 600 s worth", got)
 	}
 	// FLAC of 8 hours of silence, 58 KB: by its stream header.
@@ -558,7 +558,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	si := make([]byte, 34)
 	binary.BigEndian.PutUint64(si[10:], 8000<<44|uint64(8000*28800))
 	flac = append(append(flac, si...), make([]byte, 58_000)...)
-	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(flac) + `"`)); got != 28800*32 {
+	if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(flac) + `"`)); got != 28800*32 {
 		t.Errorf("8 h of FLAC: %d tokens, want %d", got, 28800*32)
 	}
 	// FLAC whose stream header claims 1 s but whose frames hold an hour:
@@ -572,14 +572,14 @@ func TestReserveBilledExtras(t *testing.T) {
 		h = append(h, crc8(h))
 		lying = append(append(lying, h...), 0x00, 0x80, 0x12, 0x34) // a constant subframe, CRC-16
 	}
-	if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(lying) + `"`)); got < 3600*32 || got > 3601*32 {
+	if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(lying) + `"`)); got < 3600*32 || got > 3601*32 {
 		t.Errorf("FLAC claiming 1 s with an hour of frames: %d tokens, want %d", got, 3600*32)
 	}
 	// The same behind an ID3 tag, or bare frames without the stream
 	// header: a decoder plays both.
 	id3 := append([]byte("ID3\x04\x00\x00\x00\x00\x00\x0a"), make([]byte, 10)...)
 	for name, clip := range map[string][]byte{"behind an ID3 tag": append(id3, lying...), "bare frames": lying[8+34:]} {
-		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(clip) + `"`)); got < 3600*32 || got > 3601*32 {
+		if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(clip) + `"`)); got < 3600*32 || got > 3601*32 {
 			t.Errorf("an hour of FLAC frames %s: %d tokens, want %d", name, got, 3600*32)
 		}
 	}
@@ -591,7 +591,7 @@ func TestReserveBilledExtras(t *testing.T) {
 		for range 60 {
 			ogg = append(ogg, oggPage(0, granule, slices.Repeat([][]byte{{0xF8, 0xFF, 0xFE}}, 50))...)
 		}
-		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(ogg) + `"`)); got != 60*32 {
+		if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(ogg) + `"`)); got != 60*32 {
 			t.Errorf("a minute of Opus, granules at %d: %d tokens, want %d", granule, got, 60*32)
 		}
 	}
@@ -602,7 +602,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	adpcm[20] = 2
 	for name, clip := range map[string]string{"adpcm": base64.StdEncoding.EncodeToString(adpcm),
 		"aac": base64.StdEncoding.EncodeToString(append([]byte("\xff\xf1\x50\x80"), make([]byte, 1000)...)), "garbage": "%%%"} {
-		if got := AudioTokens([]byte(`"` + clip + `"`)); got != MaxMediaTokens {
+		if got := audioTokensJSON([]byte(`"` + clip + `"`)); got != MaxMediaTokens {
 			t.Errorf("%s: %d tokens, want MaxMediaTokens", name, got)
 		}
 	}
@@ -696,7 +696,7 @@ func TestReserveBilledExtras(t *testing.T) {
 	for _, align := range []byte{0xFF, 4} {
 		lie := bytes.Clone(slow)
 		lie[32], lie[33] = align, align&0xF0
-		if got := AudioTokens([]byte(`"` + base64.StdEncoding.EncodeToString(lie) + `"`)); got != (60_044*32+99)/100 {
+		if got := audioTokensJSON([]byte(`"` + base64.StdEncoding.EncodeToString(lie) + `"`)); got != (60_044*32+99)/100 {
 			t.Errorf("100 Hz WAV with a block size of %d: %d tokens, want 600 s worth", int(align)|int(align&0xF0)<<8, got)
 		}
 	}
@@ -707,8 +707,8 @@ func TestReserveBilledExtras(t *testing.T) {
 		body string
 		want int64
 	}{
-		"chat file_id":          {ChatCompletions, `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-abc"}}]}]}`, DocumentTokens(nil)},
-		"responses file_url":    {Responses, `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, DocumentTokens(nil)},
+		"chat file_id":          {ChatCompletions, `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"file","file":{"file_id":"file-abc"}}]}]}`, documentTokensJSON(nil)},
+		"responses file_url":    {Responses, `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_file","file_url":"https://x/a.pdf"}]}]}`, documentTokensJSON(nil)},
 		"responses image id":    {Responses, `{"model":"gpt-4o","input":[{"role":"user","content":[{"type":"input_image","file_id":"file-abc"}]}]}`, MediaTokens},
 		"gemini fileData":       {GenerateContent, `{"contents":[{"parts":[{"fileData":{"fileUri":"https://youtube.com/watch?v=x"}}]}]}`, MaxMediaTokens},
 		"gemini file_data":      {GenerateContent, `{"contents":[{"parts":[{"file_data":{"file_uri":"https://youtube.com/watch?v=x"}}]}]}`, MaxMediaTokens},

@@ -40,7 +40,8 @@ type Request struct {
 	// ServiceTier is the service tier the request asks for, as it names
 	// it ("priority", "flex", "auto"), "" when it names none.
 	ServiceTier string
-	// AudioInput is the part of Input that is audio (see AudioTokens);
+	// AudioInput is the part of Input that is audio (its clips by their
+	// length, at AudioTokensPerSecond);
 	// AudioOutput says the request may make the model answer in audio.
 	AudioInput  int64
 	AudioOutput bool
@@ -71,14 +72,14 @@ type Request struct {
 // the call.
 const MediaTokens = 2048
 
-// ImageTokens returns the most input tokens one image may be billed as
+// modelImageTokens returns the most input tokens one image may be billed as
 // by model, where that is more than MediaTokens: models that count an
 // image in more, cheaper tokens. OpenAI's gpt-4o-mini bills a
 // high-detail image 2,833 tokens plus 5,667 for each of at most 8 tiles;
 // the models that count 32-pixel patches (gpt-4.1-mini and -nano,
 // o4-mini, gpt-5-mini and -nano) bill at most 1,536 patches times a
 // multiplier of up to 2.46.
-func ImageTokens(model string) int64 {
+func modelImageTokens(model string) int64 {
 	switch {
 	case strings.HasPrefix(model, "gpt-4o-mini"):
 		return 2833 + 8*5667
@@ -198,7 +199,7 @@ func readRequest(api API, model string, body []byte) (*Request, error) {
 func (r *Request) countInput(count func(model, text string) int64, limit int64) bool {
 	in := countInputUpTo(r.body, func(text string) int64 { return count(r.Model, text) }, limit)
 	r.Input, r.Media, r.AudioInput = in.tokens, in.media, in.audio
-	if per := ImageTokens(r.Model); per > MediaTokens {
+	if per := modelImageTokens(r.Model); per > MediaTokens {
 		r.Input += (in.media - in.audioItems) * (per - MediaTokens)
 	}
 	return !in.over
@@ -858,7 +859,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 						item(m, nil)
 						parent.childTyped = true
 					case f.fileDoc && !f.imageKind:
-						mediaTokens += DocumentTokens(nil) - MediaTokens
+						mediaTokens += documentTokensJSON(nil) - MediaTokens
 						parent.childTyped = true
 					case string(f.key) == "fileData":
 						mediaTokens += MaxMediaTokens - MediaTokens
@@ -867,7 +868,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 				}
 				if f.document && f.childMedia && !f.childTyped {
 					// Anthropic's document block by URL or id: a PDF.
-					mediaTokens += DocumentTokens(nil) - MediaTokens
+					mediaTokens += documentTokensJSON(nil) - MediaTokens
 				}
 				key = f.key
 				stack = stack[:len(stack)-1]
@@ -899,7 +900,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 				switch {
 				case k == "data" && top.object && string(top.key) == "input_audio":
 					audioItems++
-					audio += AudioTokens(raw)
+					audio += audioTokensJSON(raw)
 					top.childTyped = true
 				case k == "mime_type" || k == "mimeType" || k == "media_type":
 					// A file by reference (file_data): its type says how
