@@ -578,14 +578,11 @@ var (
 	escapedName = regexp.MustCompile(`/[A-Za-z]*#[0-9A-Fa-f]{2}`)
 )
 
-// tiledImageTokensJSON bounds the input tokens of one inline image, data its
-// base64 JSON string (quoted), for a model that counts images in tiles of
-// 768×768 pixels, 258 tokens each (Gemini), read from the image's size
-// (PNG, JPEG, GIF, WebP); at least MediaTokens, which bounds the models
-// that scale an image down (GPT-4o, Claude).
-func tiledImageTokensJSON(data []byte) int64 { return tiledImageTokens(unquote(data)) }
-
-// tiledImageTokens is tiledImageTokensJSON of b64, the string's value.
+// tiledImageTokens bounds the input tokens of one inline image, b64 its
+// base64 text, for a model that counts images in tiles of 768×768
+// pixels, 258 tokens each (Gemini), read from the image's size (PNG,
+// JPEG, GIF, WebP); at least MediaTokens, which bounds the models that
+// scale an image down (GPT-4o, Claude).
 func tiledImageTokens(b64 []byte) int64 {
 	b, err := decodeBase64(b64)
 	if err != nil {
