@@ -68,10 +68,11 @@ bench-redis: deps ## the Redis store vs redis_rate and redis-benchmark (docs/ben
 
 fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzKey -fuzztime=$(FUZZTIME) .
-	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) .
-	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) .
-	$(GO) test -run='^$$' -fuzz=FuzzShare -fuzztime=$(FUZZTIME) .
-	$(GO) test -run='^$$' -fuzz=FuzzKthExpiry -fuzztime=$(FUZZTIME) .
+	$(GO) test -run='^$$' -fuzz=FuzzBucket -fuzztime=$(FUZZTIME) ./internal/engine
+	$(GO) test -run='^$$' -fuzz=FuzzWindows -fuzztime=$(FUZZTIME) ./internal/engine
+	$(GO) test -run='^$$' -fuzz=FuzzShare -fuzztime=$(FUZZTIME) ./internal/engine
+	$(GO) test -run='^$$' -fuzz=FuzzKthExpiry -fuzztime=$(FUZZTIME) ./internal/engine
+	$(GO) test -run='^$$' -fuzz=FuzzQuota -fuzztime=$(FUZZTIME) ./internal/engine
 	$(GO) test -run='^$$' -fuzz=FuzzParseRate -fuzztime=$(FUZZTIME) .
 	$(GO) test -run='^$$' -fuzz=FuzzRedact -fuzztime=$(FUZZTIME) ./redisstore
 	$(GO) test -run='^$$' -fuzz=FuzzUsageScan -fuzztime=$(FUZZTIME) ./llm

@@ -46,13 +46,11 @@
 //
 // # For store implementations
 //
-// The algorithms are pure transitions (Step, StepTo, StepReserve,
-// StepCancel, Log, LeaseSet) with the time passed in as Unix nanoseconds,
-// in integer arithmetic with no float and no drift: the memory store, the
-// Redis store's function and the simulator share one definition and one
-// set of test vectors. PreparedRule, RuleCache, KeyHash, TenantHash and
-// CheckDebits are what a store derives once and reuses; storetest is the
-// conformance suite every store runs.
+// A Store decides a set of charges all or nothing (Decide), books
+// capacity ahead (Reserve), renews and releases concurrency leases, and
+// resets keys; a Refunder also gives back what was charged. The stores of
+// this module, memstore and redisstore, share one engine, with one set of
+// test vectors; storetest is the conformance suite every store runs.
 //
 // This package imports no store, network or configuration library.
 package admit

@@ -357,22 +357,25 @@ func (l *Limiter) Rules() []*Rule { return l.rules }
 // was admitted and, from the limit closest to refusing (or the refusing
 // one), what remains and when to retry; its Results are nil: Decide
 // reports every limit.
-func (l *Limiter) Allow(ctx context.Context, w Who) (Decision, error) {
-	return l.summary(ctx, w, 1, false)
+func (l *Limiter) Allow(ctx context.Context, w Who) (d Decision, err error) {
+	err = l.summary(ctx, w, 1, false, &d)
+	return d, err
 }
 
 // AllowN decides a request of cost n ≥ 1 from w, as Allow does.
-func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (Decision, error) {
+func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (d Decision, err error) {
 	if n < 1 {
 		return Decision{}, costError("AllowN", n)
 	}
-	return l.summary(ctx, w, n, false)
+	err = l.summary(ctx, w, n, false, &d)
+	return d, err
 }
 
 // Peek reports what a request of cost 1 from w would find, as Allow does,
 // charging nothing.
-func (l *Limiter) Peek(ctx context.Context, w Who) (Decision, error) {
-	return l.summary(ctx, w, 0, false)
+func (l *Limiter) Peek(ctx context.Context, w Who) (d Decision, err error) {
+	err = l.summary(ctx, w, 0, false, &d)
+	return d, err
 }
 
 // Debit charges n ≥ 1, known only after the work (tokens an LLM call
@@ -387,7 +390,7 @@ func (l *Limiter) Peek(ctx context.Context, w Who) (Decision, error) {
 // whether it fitted. When it did not, DeniedBy names the limit it put
 // furthest into debt, which holds nothing (Remaining 0) until RetryAfter,
 // when a request of cost 1 passes it again.
-func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (Decision, error) {
+func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (d Decision, err error) {
 	if n < 1 {
 		return Decision{}, costError("Debit", n)
 	}
@@ -396,11 +399,13 @@ func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (Decision, error) {
 		e.Field = "debit"
 		return Decision{}, e
 	}
-	return l.summary(ctx, w, n, true)
+	err = l.summary(ctx, w, n, true, &d)
+	return d, err
 }
 
-// summary decides into a scratch Decision and returns its summary.
-func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool) (Decision, error) {
+// summary decides into a scratch Decision and writes its summary, without
+// Results, to out.
+func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool, out *Decision) error {
 	d, _ := l.scratch.Get().(*Decision)
 	if d == nil {
 		d = new(Decision)
@@ -415,12 +420,12 @@ func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool) (D
 			}
 		}
 	}
-	// One copy, its buffers taken out: the next decision into d resets
-	// the rest.
-	out := *d
-	out.Results, out.charges, out.key = nil, nil, nil
+	// The summary alone: the buffers stay with d, and the next decision
+	// into d resets the rest.
+	out.Allowed, out.Limit, out.Remaining, out.ResetAfter, out.RetryAfter, out.DeniedBy = d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.DeniedBy
+	out.Lease, out.At, out.FailedOpen = d.Lease, d.At, d.FailedOpen
 	l.scratch.Put(d)
-	return out, err
+	return err
 }
 
 // Decide is AllowN writing its decision into d, whose Results it reuses:
@@ -570,7 +575,7 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 	}
 	key := string(d.key)
 	e := &cachedKey{who: k, key: key}
-	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: KeyHash(key)}
+	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: keyHash(key)}
 	if k.tenant != "" {
 		e.prepared.tenant, e.prepared.hasTenant = tenantHash(k.tenant), true
 	}

@@ -81,11 +81,11 @@ func TestLimiterKeys(t *testing.T) {
 			t.Errorf("charge %d: %+v", i, c)
 		}
 		// The prepared hashes a store reads must be the key's own.
-		if h := c.KeyHash(); h != admit.KeyHash(c.Key) {
-			t.Errorf("charge %d: prepared key hash %x, want %x", i, h, admit.KeyHash(c.Key))
+		if h := c.KeyHash(); h != (&admit.Charge{Key: c.Key}).KeyHash() {
+			t.Errorf("charge %d: prepared key hash %x, want %x", i, h, (&admit.Charge{Key: c.Key}).KeyHash())
 		}
 		th, ok := c.TenantHash()
-		wh, wok := admit.TenantHash(c.Key)
+		wh, wok := (&admit.Charge{Key: c.Key}).TenantHash()
 		if th != wh || ok != wok {
 			t.Errorf("charge %d: prepared tenant hash %x %v, want %x %v", i, th, ok, wh, wok)
 		}
@@ -423,6 +423,25 @@ func TestLimiterZeroAllocations(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = l.Decide(ctx, w, 1, &d) }); n != 0 {
 		t.Errorf("%v allocations per decision of a known Who, want 0", n)
+	}
+	// The calls that return a Decision: its summary, without Results,
+	// from a scratch Decision the Limiter keeps.
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops buffers")
+	}
+	for name, call := range map[string]func() (admit.Decision, error){
+		"Allow":  func() (admit.Decision, error) { return l.Allow(ctx, w) },
+		"AllowN": func() (admit.Decision, error) { return l.AllowN(ctx, w, 3) },
+		"Peek":   func() (admit.Decision, error) { return l.Peek(ctx, w) },
+		"Debit":  func() (admit.Decision, error) { return l.Debit(ctx, w, 2) },
+	} {
+		got, err := call()
+		if err != nil || !got.Allowed || got.Results != nil || got.Limit != 1_000_000 {
+			t.Fatalf("%s: %+v, %v; want admitted, a summary with its limit and no Results", name, got, err)
+		}
+		if n := testing.AllocsPerRun(100, func() { _, _ = call() }); n != 0 {
+			t.Errorf("%s: %v allocations per call, want 0", name, n)
+		}
 	}
 }
 

@@ -12,14 +12,14 @@ import (
 // a charge prepared once (Prepare) carries both hashes, and a store that
 // decides it reads neither the key nor its tenant again.
 
-// keySeed makes KeyHash random per process, so that no one can choose keys
+// keySeed makes keyHash random per process, so that no one can choose keys
 // that collide.
 var keySeed = maphash.MakeSeed()
 
-// KeyHash returns a 64-bit hash of key, never 0. It is the same for equal
+// keyHash returns a 64-bit hash of key, never 0. It is the same for equal
 // keys within a process, and random across processes: stores of one
 // process index their state by it.
-func KeyHash(key string) uint64 {
+func keyHash(key string) uint64 {
 	h := maphash.String(keySeed, key)
 	if h == 0 {
 		h = 1
@@ -27,11 +27,11 @@ func KeyHash(key string) uint64 {
 	return h
 }
 
-// TenantHash returns a 64-bit hash of the tenant of key (see Key), the same
+// keyTenantHash returns a 64-bit hash of the tenant of key (see Key), the same
 // in every process and version (FNV-1a), so that stores shared by several
 // processes can place a tenant's keys together; and whether key has a
 // tenant. A key that Key did not make is its own tenant.
-func TenantHash(key string) (uint64, bool) {
+func keyTenantHash(key string) (uint64, bool) {
 	tenant := key
 	if k, err := ParseKey(key); err == nil {
 		tenant = k.Tenant
@@ -42,7 +42,7 @@ func TenantHash(key string) (uint64, bool) {
 	return tenantHash(tenant), true
 }
 
-// tenantHash is TenantHash of a key whose tenant is tenant: FNV-1a.
+// tenantHash is keyTenantHash of a key whose tenant is tenant: FNV-1a.
 func tenantHash(tenant string) uint64 {
 	h := uint64(14695981039346656037)
 	for i := 0; i < len(tenant); i++ {
@@ -74,27 +74,32 @@ func (c *Charge) Prepare() {
 		c.prepared = preparedKey{}
 		return
 	}
-	c.prepared = preparedKey{data: unsafe.StringData(c.Key), len: uint32(len(c.Key)), key: KeyHash(c.Key)}
-	c.prepared.tenant, c.prepared.hasTenant = TenantHash(c.Key)
+	c.prepared = preparedKey{data: unsafe.StringData(c.Key), len: uint32(len(c.Key)), key: keyHash(c.Key)}
+	c.prepared.tenant, c.prepared.hasTenant = keyTenantHash(c.Key)
 }
 
 func (c *Charge) preparedHolds() bool {
 	return c.prepared.key != 0 && c.prepared.data == unsafe.StringData(c.Key) && int(c.prepared.len) == len(c.Key)
 }
 
-// KeyHash returns KeyHash(c.Key), as Prepare computed it if it still holds.
+// KeyHash returns a 64-bit hash of c.Key, never 0, as Prepare computed it
+// if it still holds. It is the same for equal keys within a process, and
+// random across processes: stores of one process index their state by it.
 func (c *Charge) KeyHash() uint64 {
 	if c.preparedHolds() {
 		return c.prepared.key
 	}
-	return KeyHash(c.Key)
+	return keyHash(c.Key)
 }
 
-// TenantHash returns TenantHash(c.Key), as Prepare computed it if it still
-// holds.
+// TenantHash returns a 64-bit hash of the tenant of c.Key (see Key), the
+// same in every process and version (FNV-1a), so that stores shared by
+// several processes can place a tenant's keys together; and whether the
+// key has a tenant. A key that Key did not make is its own tenant. It is
+// as Prepare computed it if that still holds.
 func (c *Charge) TenantHash() (uint64, bool) {
 	if c.preparedHolds() {
 		return c.prepared.tenant, c.prepared.hasTenant
 	}
-	return TenantHash(c.Key)
+	return keyTenantHash(c.Key)
 }

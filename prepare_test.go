@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // TestPrepare: a prepared charge gives the hashes of its key, and a charge
@@ -19,21 +20,21 @@ func TestPrepare(t *testing.T) {
 	for _, k := range keys {
 		c := admit.Charge{Key: k}
 		c.Prepare()
-		if got, want := c.KeyHash(), admit.KeyHash(k); got != want || got == 0 {
+		if got, want := c.KeyHash(), (&admit.Charge{Key: k}).KeyHash(); got != want || got == 0 {
 			t.Errorf("%q: KeyHash %x, want %x (non-zero)", k, got, want)
 		}
 		gh, gok := c.TenantHash()
-		wh, wok := admit.TenantHash(k)
+		wh, wok := (&admit.Charge{Key: k}).TenantHash()
 		if gh != wh || gok != wok {
 			t.Errorf("%q: TenantHash %x %v, want %x %v", k, gh, gok, wh, wok)
 		}
 		for _, other := range []string{k + "x", strings.Clone(k), admit.Key{Scope: "user", Tenant: "beta", Subject: "al", Rule: "r"}.String()} {
 			d := c
 			d.Key = other
-			if d.KeyHash() != admit.KeyHash(other) {
+			if d.KeyHash() != keyHash(other) {
 				t.Errorf("%q prepared, Key replaced by %q: KeyHash is the old key's", k, other)
 			}
-			wantH, wantOK := admit.TenantHash(other)
+			wantH, wantOK := keyTenantHash(other)
 			if h, ok := d.TenantHash(); h != wantH || ok != wantOK {
 				t.Errorf("%q prepared, Key replaced by %q: TenantHash is the old key's", k, other)
 			}
@@ -41,15 +42,15 @@ func TestPrepare(t *testing.T) {
 	}
 	// A tenant's keys share the tenant hash; keys of no tenant have none;
 	// a key Key did not make is its own tenant.
-	a1, _ := admit.TenantHash(keys[0])
-	a2, _ := admit.TenantHash(admit.Key{Scope: "tenant", Tenant: "acme", Rule: "x"}.String())
+	a1, _ := keyTenantHash(keys[0])
+	a2, _ := keyTenantHash(admit.Key{Scope: "tenant", Tenant: "acme", Rule: "x"}.String())
 	if a1 != a2 {
 		t.Error("two keys of tenant acme have different tenant hashes")
 	}
-	if _, ok := admit.TenantHash(keys[1]); ok {
+	if _, ok := keyTenantHash(keys[1]); ok {
 		t.Error("a global key has a tenant")
 	}
-	if _, ok := admit.TenantHash("not-a-key"); !ok {
+	if _, ok := keyTenantHash("not-a-key"); !ok {
 		t.Error("a key Key did not make has no tenant")
 	}
 	// Reading a prepared charge's hashes allocates nothing (parsing the
@@ -94,7 +95,7 @@ func TestMaxCost(t *testing.T) {
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	p, err := r.Prepare()
+	p, err := engine.Prepare(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestMaxCost(t *testing.T) {
 		}
 	}
 	r.MaxCost = 60 // changed after Prepare: the preparation follows
-	if p, err = r.Prepare(); err != nil || p.CheckCost(60) != nil {
+	if p, err = engine.Prepare(r); err != nil || p.CheckCost(60) != nil {
 		t.Errorf("MaxCost raised to 60 after Prepare: %v, %v", err, p.CheckCost(60))
 	}
 	for _, bad := range []int64{-1, admit.MaxCost + 1} {
@@ -118,3 +119,9 @@ func TestMaxCost(t *testing.T) {
 		}
 	}
 }
+
+// keyHash is the hash a charge of key k gives, unprepared.
+func keyHash(k string) uint64 { return (&admit.Charge{Key: k}).KeyHash() }
+
+// keyTenantHash is the tenant hash a charge of key k gives, unprepared.
+func keyTenantHash(k string) (uint64, bool) { return (&admit.Charge{Key: k}).TenantHash() }

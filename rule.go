@@ -4,6 +4,8 @@ import (
 	"math/bits"
 	"time"
 	"unsafe"
+
+	"github.com/admitdev/admit/internal/ruleslot"
 )
 
 // Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
@@ -259,8 +261,10 @@ type Rule struct {
 	// rule exactly (the default) or from leased allowances.
 	Distribution Distribution
 
-	prepared unsafe.Pointer // *PreparedRule; see Prepare
+	prepared unsafe.Pointer // the engine's preparation of the rule; see package ruleslot
 }
+
+func init() { ruleslot.Offset = unsafe.Offsetof(Rule{}.prepared) }
 
 // Validate reports the first parameter of r that is missing or out of
 // bounds. Stores validate every rule they are given; Validate lets a
@@ -454,38 +458,12 @@ func (r *Rule) CheckDebit(cost int64) error {
 	return e
 }
 
-// CheckDebits reports whether charges mix a check and a debit of one key,
-// which a decision refuses: were the decision refused, the check would
-// report what the key holds with the debits before it and not those after
-// it, an answer that depends on the order of the charges. Charging one key
-// twice the same way is fine.
-func CheckDebits(charges []Charge) error {
-	for i := range charges {
-		if !charges[i].Debit {
-			continue
-		}
-		for j := range charges {
-			if !charges[j].Debit && charges[j].Key == charges[i].Key {
-				return Errorf(CodeInvalid, "key %q is both checked and debited in one decision", charges[i].Key)
-			}
-		}
-	}
-	return nil
-}
-
 // LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
 func (r *Rule) LeaseTTLOrDefault() time.Duration {
 	if r.LeaseTTL > 0 {
 		return r.LeaseTTL
 	}
 	return DefaultLeaseTTL
-}
-
-func (r *Rule) initial() int64 {
-	if r.Initial != nil {
-		return *r.Initial
-	}
-	return r.Burst
 }
 
 // MostDebt returns the largest MaxDebt a bucket of rate may owe: MaxCount
@@ -501,3 +479,7 @@ func MostDebt(rate Rate) int64 {
 	q, _ := bits.Div64(hi, lo, uint64(rate.Per))
 	return int64(min(q, uint64(MaxCount)))
 }
+
+// Reservable reports whether a can book future capacity: token buckets and
+// GCRA can.
+func (a Algorithm) Reservable() bool { return a == TokenBucket || a == GCRA }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/bench/load"
+	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -101,7 +102,9 @@ func TestRedisReport(t *testing.T) {
 
 	// The client: the same script call through rueidis (auto-pipelining)
 	// and through go-redis (a connection per call in flight).
-	if err := store.LoadFunctions(ctx); err != nil {
+	// A decision through the store loads the function if it is missing.
+	var first admit.Decision
+	if err := store.Decide(ctx, charges(0, 1), &first); err != nil {
 		t.Fatal(err)
 	}
 	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr}, ForceSingleClient: true, DisableCache: true})
@@ -115,16 +118,16 @@ func TestRedisReport(t *testing.T) {
 		runs := map[string][]measure{}
 		for range rounds {
 			runs["rueidis"] = append(runs["rueidis"], measureLoad(srv.Addr, callers, d, func(i int) error {
-				keys, args := store.Command(charges(i%users, 1))
-				return rc.Do(ctx, rc.B().Fcall().Function(redisstore.FunctionName).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
+				keys, args := redishook.Command(store, charges(i%users, 1))
+				return rc.Do(ctx, rc.B().Fcall().Function(redishook.FunctionName).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()).Error()
 			}))
 			runs["go-redis"] = append(runs["go-redis"], measureLoad(srv.Addr, callers, d, func(i int) error {
-				keys, args := store.Command(charges(i%users, 1))
+				keys, args := redishook.Command(store, charges(i%users, 1))
 				a := make([]any, len(args))
 				for j := range args {
 					a[j] = args[j]
 				}
-				return gr.FCall(ctx, redisstore.FunctionName, keys, a...).Err()
+				return gr.FCall(ctx, redishook.FunctionName, keys, a...).Err()
 			}))
 		}
 		a, b := median(runs["rueidis"]), median(runs["go-redis"])
@@ -136,11 +139,11 @@ func TestRedisReport(t *testing.T) {
 	fmt.Println("\n| scopes | callers | redis-benchmark FCALL/s |")
 	fmt.Println("|---|---|---|")
 	for _, scopes := range []int{1, 3} {
-		keys, args := store.Command(charges(7, scopes))
+		keys, args := redishook.Command(store, charges(7, scopes))
 		keys[0] = "admit:{bench}user:__rand_int__"
 		for _, callers := range []int{1, 16, 64} {
 			cmd := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(srv.Port), "-c", strconv.Itoa(callers), "-n", strconv.Itoa(min(20000*callers, 400000)), "-r", "10000", "-q",
-				"FCALL", redisstore.FunctionName, strconv.Itoa(len(keys))}, keys...)
+				"FCALL", redishook.FunctionName, strconv.Itoa(len(keys))}, keys...)
 			cmd = append(cmd, args...)
 			var rates []float64
 			for range rounds {

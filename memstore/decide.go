@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // scratch is a decision's per-charge working space. Decisions of up to
@@ -13,9 +14,9 @@ import (
 const inlineCharges = 8
 
 type scratch struct {
-	rules  []*admit.PreparedRule
+	rules  []*engine.PreparedRule
 	hashes []uint64
-	next   [][2]admit.State
+	next   [][2]engine.State
 	dirty  uint32 // bit i: next[i] differs from the stored state
 	dup    bool   // some key is charged twice
 	// fair holds the fair charges' working sets; protect is hashes and
@@ -25,11 +26,11 @@ type scratch struct {
 }
 
 // validate checks every charge and appends its prepared rule to rules.
-func validate(charges []admit.Charge, rules []*admit.PreparedRule) ([]*admit.PreparedRule, error) {
+func validate(charges []admit.Charge, rules []*engine.PreparedRule) ([]*engine.PreparedRule, error) {
 	if len(charges) > admit.MaxCharges {
 		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
-	if err := admit.CheckDebits(charges); err != nil {
+	if err := engine.CheckDebits(charges); err != nil {
 		return nil, err
 	}
 	for i := range charges {
@@ -42,11 +43,11 @@ func validate(charges []admit.Charge, rules []*admit.PreparedRule) ([]*admit.Pre
 	return rules, nil
 }
 
-func prepare(c *admit.Charge) (*admit.PreparedRule, error) {
+func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 	if c.Key == "" {
 		return nil, admit.ErrEmptyKey
 	}
-	p, err := c.Rule.Prepare()
+	p, err := engine.Prepare(c.Rule)
 	if err != nil {
 		return nil, err
 	}
@@ -75,17 +76,17 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 		if err != nil {
 			return err
 		}
-		if c.Rule.Algorithm.Slots() == 1 {
+		if engine.Slots(c.Rule.Algorithm) == 1 {
 			s.decideOne(c, p, d)
 			return nil
 		}
 	}
-	var ruleBuf [inlineCharges]*admit.PreparedRule
+	var ruleBuf [inlineCharges]*engine.PreparedRule
 	var hashBuf [inlineCharges]uint64
-	var nextBuf [inlineCharges][2]admit.State
+	var nextBuf [inlineCharges][2]engine.State
 	sc := scratch{rules: ruleBuf[:0], hashes: hashBuf[:0], next: nextBuf[:0]}
 	if len(charges) > inlineCharges {
-		sc = scratch{rules: make([]*admit.PreparedRule, 0, len(charges)), hashes: make([]uint64, 0, len(charges)), next: make([][2]admit.State, 0, len(charges))}
+		sc = scratch{rules: make([]*engine.PreparedRule, 0, len(charges)), hashes: make([]uint64, 0, len(charges)), next: make([][2]engine.State, 0, len(charges))}
 	}
 	var err error
 	if sc.rules, err = validate(charges, sc.rules); err != nil {
@@ -144,14 +145,14 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 // decideOne decides a single charge of a one-slot algorithm, the common
 // case, without the bookkeeping of multi-key decisions: with one charge,
 // the state Step returns is the one to keep whether it admitted or not.
-func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decision) {
+func (s *Store) decideOne(c *admit.Charge, p *engine.PreparedRule, d *admit.Decision) {
 	h := c.KeyHash()
 	sh := &s.shards[s.shardOf(h)]
 	d.Results = slices.Grow(d.Results, 1)[:1]
 	res := &d.Results[0]
 	sh.mu.Lock()
 	now := s.now()
-	var st admit.State
+	var st engine.State
 	i := sh.t.find(h)
 	if i >= 0 {
 		st = sh.t.slots[i].st
@@ -178,7 +179,7 @@ func (s *Store) decideOne(c *admit.Charge, p *admit.PreparedRule, d *admit.Decis
 // rather than what it would have held, so it is evaluated again at cost 0
 // (a debit at its cost); when a key is charged twice every charge is, in
 // order, so that they chain through unchanged or debited states. New keys
-// that a look must record (see admit.Step) are recorded, and debited keys
+// that a look must record (see engine.Step) are recorded, and debited keys
 // kept.
 func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, now int64) {
 	for i := range charges {
@@ -193,7 +194,7 @@ func (s *Store) refuse(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 				r.Remaining, r.ResetAfter, r.Shared = peek.Remaining, peek.ResetAfter, peek.Shared
 			}
 		}
-		if sc.dirty&(1<<i) != 0 && charges[i].Rule.Algorithm.Slots() > 0 {
+		if sc.dirty&(1<<i) != 0 && engine.Slots(charges[i].Rule.Algorithm) > 0 {
 			s.putState(charges[i].Rule, sc.hashes[i], sc.next[i], sc.protect)
 		}
 		if c := &charges[i]; c.Share != nil && (c.Debit || !r.Allowed) {
@@ -224,7 +225,7 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 	cost, extra := c.Cost, int64(0)
 	if peek && !c.Debit {
 		cost = 0
-	} else if !peek && c.Rule.Algorithm.Slots() == 0 {
+	} else if !peek && engine.Slots(c.Rule.Algorithm) == 0 {
 		extra = pending(charges, sc, i)
 	}
 	sh := &s.shards[s.shardOf(h)]
@@ -242,7 +243,7 @@ func (s *Store) eval(res *admit.Result, charges []admit.Charge, i int, sc *scrat
 		}
 		return
 	}
-	var st [2]admit.State
+	var st [2]engine.State
 	chained := false
 	for j := i - 1; j >= 0; j-- { // a key charged twice sees the first charge
 		if sc.hashes[j] == h {
@@ -302,7 +303,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			fc = sc.fairOf(i)
 			s.keepShare(fc, (d.Results[i].Allowed || c.Debit) && c.Cost > 0, sc.protect)
 		}
-		if c.Rule.Algorithm.Slots() > 0 {
+		if engine.Slots(c.Rule.Algorithm) > 0 {
 			// Refused shadow charges and peeks keep the state Step
 			// returned for them, which charges nothing.
 			if sc.dirty&(1<<i) != 0 {
@@ -317,7 +318,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 		case admit.SlidingLog:
 			lg := side(&sh.logs, h, true)
 			lg.Commit(c.Rule, now, c.Cost)
-			s.put(sh, h, admit.State{Expiry: lg.Expiry(c.Rule.Window)}, sc.protect)
+			s.put(sh, h, engine.State{Expiry: lg.Expiry(c.Rule.Window)}, sc.protect)
 		case admit.Concurrency:
 			if lease == nil {
 				lease = &leaseRecord{num: s.leaseNext.Add(1)}
@@ -330,7 +331,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			set.Commit(now, lease.num, c.Cost, now+ttl)
 			lease.refs = append(lease.refs, leaseRef{h: h, ttl: ttl})
 			lease.expiry = max(lease.expiry, now+ttl)
-			s.put(sh, h, admit.State{Expiry: set.Expiry()}, sc.protect)
+			s.put(sh, h, engine.State{Expiry: set.Expiry()}, sc.protect)
 			if fc != nil {
 				s.commitHeld(fc, lease, now, c.Cost, ttl, sc.protect)
 			}
@@ -376,7 +377,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		sh.mu.Lock()
 		if j := sh.t.find(h); j >= 0 {
 			st := sh.t.slots[j].st
-			if next := admit.StepRefund(c.Rule, st, s.now(), at.UnixNano(), c.Cost); next != st {
+			if next := engine.StepRefund(c.Rule, st, s.now(), at.UnixNano(), c.Cost); next != st {
 				s.put(sh, h, next, []uint64{h})
 			}
 		}

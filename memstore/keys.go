@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // second returns the hash of a combination's burst bucket. It differs from
@@ -44,7 +45,7 @@ func (s *Store) unlock(l *lockSet) {
 }
 
 // putState stores the states of a counter algorithm's key.
-func (s *Store) putState(r *admit.Rule, h uint64, next [2]admit.State, protect []uint64) {
+func (s *Store) putState(r *admit.Rule, h uint64, next [2]engine.State, protect []uint64) {
 	sh := &s.shards[s.shardOf(h)]
 	s.put(sh, h, next[0], protect)
 	if r.Algorithm == admit.Combination {
@@ -55,7 +56,7 @@ func (s *Store) putState(r *admit.Rule, h uint64, next [2]admit.State, protect [
 // put stores st under h in sh, which the caller holds. A state that is
 // already new is dropped instead. protect lists the hashes of the current
 // decision, which eviction must spare.
-func (s *Store) put(sh *shard, h uint64, st admit.State, protect []uint64) {
+func (s *Store) put(sh *shard, h uint64, st engine.State, protect []uint64) {
 	i := sh.t.find(h)
 	switch {
 	case i >= 0 && st.Expiry != 0:

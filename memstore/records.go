@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 type leaseRecord struct {
@@ -26,7 +27,7 @@ type leaseRef struct {
 // fairRef names the records of the key whose class holdings a lease ref
 // is: its rule, its pool's and the class's record.
 type fairRef struct {
-	p           *admit.PreparedRule
+	p           *engine.PreparedRule
 	pool, class uint64
 }
 
@@ -85,7 +86,7 @@ func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) 
 		if set := sh.leases[ref.h]; set != nil && set.Renew(now, l.num, now+ref.ttl) {
 			held = true
 			expiry = max(expiry, now+ref.ttl)
-			s.put(sh, ref.h, admit.State{Expiry: set.Expiry()}, nil)
+			s.put(sh, ref.h, engine.State{Expiry: set.Expiry()}, nil)
 		}
 		sh.mu.Unlock()
 	}
@@ -150,7 +151,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		rules:  make([]*admit.Rule, len(charges)),
 		costs:  make([]int64, len(charges)),
 	}
-	next := make([]admit.State, len(charges))
+	next := make([]engine.State, len(charges))
 	var locks lockSet
 	for i := range charges {
 		rec.hashes[i] = charges[i].KeyHash()
@@ -162,7 +163,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	wait := int64(0)
 	for i := range charges {
 		h := rec.hashes[i]
-		st, chained := admit.State{}, false
+		st, chained := engine.State{}, false
 		for j := i - 1; j >= 0; j-- {
 			if rec.hashes[j] == h {
 				st, chained = next[j], true
@@ -173,7 +174,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 			st = s.shards[s.shardOf(h)].t.get(h)
 		}
 		var w int64
-		next[i], w = admit.StepReserve(rec.rules[i], st, now, rec.costs[i])
+		next[i], w = engine.StepReserve(rec.rules[i], st, now, rec.costs[i])
 		if !rec.rules[i].Shadow {
 			wait = max(wait, w)
 		}
@@ -218,7 +219,7 @@ func (s *Store) CancelReservation(ctx context.Context, id string) error {
 	}
 	for i, h := range rec.hashes {
 		sh := &s.shards[s.shardOf(h)]
-		s.put(sh, h, admit.StepCancel(rec.rules[i], sh.t.get(h), now, rec.costs[i]), nil)
+		s.put(sh, h, engine.StepCancel(rec.rules[i], sh.t.get(h), now, rec.costs[i]), nil)
 	}
 	return nil
 }

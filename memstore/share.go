@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Fair charges (admit.Charge.Share) keep records beside their key: the
@@ -73,11 +74,11 @@ func errShareReserve(i int) error {
 // fairCharge is a decision's working set for one fair charge.
 type fairCharge struct {
 	i       int
-	p       *admit.PreparedRule
+	p       *engine.PreparedRule
 	recs    [3]uint64 // pool, class, sub
 	held    [2]uint64 // a concurrency key's class and sub holdings; 0: none
-	in      admit.ShareInput
-	out     admit.ShareOutcome
+	in      engine.ShareInput
+	out     engine.ShareOutcome
 	decided bool
 }
 
@@ -105,7 +106,7 @@ func (sc *scratch) fairOf(i int) *fairCharge {
 // prepareFair appends to fair the working set of every fair charge, and
 // to protect its records' hashes; hashes and rules are the charges'. The
 // records share their key's shard, so they need no lock of their own.
-func (s *Store) prepareFair(charges []admit.Charge, hashes []uint64, rules []*admit.PreparedRule, fair []fairCharge, protect []uint64) ([]fairCharge, []uint64) {
+func (s *Store) prepareFair(charges []admit.Charge, hashes []uint64, rules []*engine.PreparedRule, fair []fairCharge, protect []uint64) ([]fairCharge, []uint64) {
 	for i := range charges {
 		c := &charges[i]
 		if c.Share == nil {
@@ -132,17 +133,17 @@ func (s *Store) prepareFair(charges []admit.Charge, hashes []uint64, rules []*ad
 
 // shareRecord returns the record under h, or a new one when there is none
 // or it expired.
-func (s *Store) shareRecord(sh *shard, h uint64, now int64) admit.ShareState {
+func (s *Store) shareRecord(sh *shard, h uint64, now int64) engine.ShareState {
 	if h == 0 {
-		return admit.ShareState{}
+		return engine.ShareState{}
 	}
 	if i := sh.t.find(h); i < 0 || sh.t.slots[i].st.Expiry <= now {
-		return admit.ShareState{}
+		return engine.ShareState{}
 	}
 	if st := sh.shares[h]; st != nil {
 		return *st
 	}
-	return admit.ShareState{}
+	return engine.ShareState{}
 }
 
 // held returns the slots the holdings under h hold at now.
@@ -161,7 +162,7 @@ func held(sh *shard, h uint64, now int64) int64 {
 // outcome of the decision as it was.
 func (s *Store) decideShare(res *admit.Result, c *admit.Charge, fc *fairCharge, now int64, peek bool) {
 	sh := &s.shards[s.shardOf(fc.recs[0])]
-	in := admit.ShareInput{
+	in := engine.ShareInput{
 		Pool: s.shareRecord(sh, fc.recs[0], now), Class: s.shareRecord(sh, fc.recs[1], now), Sub: s.shareRecord(sh, fc.recs[2], now),
 		Share: c.Share, Cost: c.Cost, Debit: c.Debit,
 		Held: held(sh, fc.held[0], now), SubHeld: held(sh, fc.held[1], now),
@@ -190,7 +191,7 @@ func (s *Store) keepShare(fc *fairCharge, charged bool, protect []uint64) {
 		}
 		h := fc.recs[k]
 		st := recs[k]
-		s.put(sh, h, admit.State{Expiry: st.Expiry(fc.p)}, protect)
+		s.put(sh, h, engine.State{Expiry: st.Expiry(fc.p)}, protect)
 		if sh.t.find(h) < 0 {
 			continue // already new: dropped
 		}
@@ -198,7 +199,7 @@ func (s *Store) keepShare(fc *fairCharge, charged bool, protect []uint64) {
 			*p = st
 		} else {
 			if sh.shares == nil {
-				sh.shares = map[uint64]*admit.ShareState{}
+				sh.shares = map[uint64]*engine.ShareState{}
 			}
 			v := st
 			sh.shares[h] = &v
@@ -221,6 +222,6 @@ func (s *Store) commitHeld(fc *fairCharge, lease *leaseRecord, now, cost, ttl in
 			ref.fair = &fairRef{p: fc.p, pool: fc.recs[0], class: fc.recs[1]}
 		}
 		lease.refs = append(lease.refs, ref)
-		s.put(sh, h, admit.State{Expiry: set.Expiry()}, protect)
+		s.put(sh, h, engine.State{Expiry: set.Expiry()}, protect)
 	}
 }

@@ -11,13 +11,13 @@
 //
 // # Layout
 //
-// Keys are hashed with admit.KeyHash (hash/maphash, a random seed per
+// Keys are hashed with admit.Charge.KeyHash (hash/maphash, a random seed per
 // process), or carry their hash already (admit.Charge.Prepare). The top bits
 // of the hash choose one of Shards shards; each shard is a mutex over an
-// open-addressing table of 24-byte slots (hash and admit.State), so a live
+// open-addressing table of 24-byte slots (hash and a 16-byte state), so a live
 // key costs about 24 to 55 bytes whatever the length of its name, and a
 // decision allocates nothing. Sliding logs and concurrency keys keep their
-// variable-size state (an admit.Log or admit.LeaseSet) in a side map of
+// variable-size state (a ring of times, a set of leases) in a side map of
 // their shard.
 //
 // Keys are identified by their 64-bit hash alone. Two distinct keys share
@@ -37,7 +37,7 @@
 // # Expiry and eviction
 //
 // Every state records the instant it becomes equivalent to a new key's
-// (admit.State.Expiry). Decisions treat older states as new, so expiry is exact
+// (its expiry). Decisions treat older states as new, so expiry is exact
 // whenever the sweeper runs; the sweeper only gives the memory back, every
 // SweepInterval, shard by shard. When MaxKeys live keys are held, inserting
 // a new key evicts one: among eight occupied slots sampled from a random
@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Options configure a Store. The zero Options is valid and gives the
@@ -100,9 +101,9 @@ type Store struct {
 type shard struct {
 	mu     sync.Mutex
 	t      table
-	logs   map[uint64]*admit.Log
-	leases map[uint64]*admit.LeaseSet
-	shares map[uint64]*admit.ShareState
+	logs   map[uint64]*engine.Log
+	leases map[uint64]*engine.LeaseSet
+	shares map[uint64]*engine.ShareState
 	rnd    uint64
 	_      [64]byte // keep hot shard headers on separate cache lines
 }

@@ -1,13 +1,13 @@
 package memstore
 
-import "github.com/admitdev/admit"
+import "github.com/admitdev/admit/internal/engine"
 
 // slot is one key: its 64-bit hash (0 marks an empty slot) and its state.
 // Keys are not stored, only hashed, which is what keeps a key at 24 bytes
 // of table; see the package comment for what that costs in accuracy.
 type slot struct {
 	h  uint64
-	st admit.State
+	st engine.State
 }
 
 // table is an open-addressing hash table with linear probing and
@@ -35,15 +35,15 @@ func (t *table) find(h uint64) int {
 	}
 }
 
-func (t *table) get(h uint64) admit.State {
+func (t *table) get(h uint64) engine.State {
 	if i := t.find(h); i >= 0 {
 		return t.slots[i].st
 	}
-	return admit.State{}
+	return engine.State{}
 }
 
 // insert adds h, which must be absent, growing the table when needed.
-func (t *table) insert(h uint64, st admit.State) {
+func (t *table) insert(h uint64, st engine.State) {
 	if (t.count+1)*8 > len(t.slots)*7 {
 		t.resize(max(2*len(t.slots), minTableSize))
 	}

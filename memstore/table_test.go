@@ -4,7 +4,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // TestTableModel checks the open-addressing table, including backward-shift
@@ -25,7 +25,7 @@ func TestTableModel(t *testing.T) {
 			tb.slots[j].st.Expiry = int64(i)
 			model[h] = int64(i)
 		default:
-			tb.insert(h, admit.State{Expiry: int64(i)})
+			tb.insert(h, engine.State{Expiry: int64(i)})
 			model[h] = int64(i)
 		}
 		if i%10_000 == 0 || i == 199_999 {

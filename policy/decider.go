@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 )
 
@@ -46,7 +47,7 @@ type Decider struct {
 	localClosed bool
 	// shares caches each rule's local share; weakly keyed, so rules of
 	// past policies leave it.
-	shares admit.RuleCache[*admit.Rule]
+	shares engine.RuleCache[*admit.Rule]
 
 	// downSince is when the current outage began (Unix nanoseconds), 0
 	// while the store answers; lastFailure is when a call last failed;

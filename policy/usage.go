@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // UsageRecord is what one tenant did with one quota in one of its periods:
@@ -196,7 +197,7 @@ func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision) {
 		if r.Algorithm != admit.Quota || ch.DryRun {
 			continue
 		}
-		p, err := ch.Rule.Prepare()
+		p, err := engine.Prepare(ch.Rule)
 		if err != nil {
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // maxSpan bounds every time a rule makes the script compute with: a
@@ -83,7 +84,7 @@ func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 
 // argsCache maps rules to their arguments, weakly: every reload or admin
 // change compiles new rules, and the cache must not keep the old ones.
-var argsCache admit.RuleCache[*ruleArgs]
+var argsCache engine.RuleCache[*ruleArgs]
 
 // argsOf returns the cached arguments of r, computing and checking them on
 // first use. Rules are immutable once in use (see admit.Rule), so the
@@ -95,7 +96,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 			a.fill(r)
 			// A batch's rule text carries the rule's share parameters
 			// too (admit.lua, ruleOf), for its fair charges.
-			p, _ := r.Prepare()
+			p, _ := engine.Prepare(r)
 			sp := p.ShareParams()
 			a.text = strings.Join(a.fixed[:], ",") + "," + strings.Join([]string{
 				itoa(int64(sp.Family)), strconv.FormatFloat(sp.Rate, 'g', -1, 64), strconv.FormatFloat(sp.Burst, 'g', -1, 64),

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Batching. Redis spends about as long starting a function call as
@@ -131,7 +132,7 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 // r in progress and of the next: the script, which knows no time zones,
 // takes the first of them after its clock's now.
 func (s *Store) quotaEnds(r *admit.Rule) (string, string) {
-	p, err := r.Prepare()
+	p, err := engine.Prepare(r)
 	if err != nil {
 		return "0", "0" // validate refused it before any call is made
 	}

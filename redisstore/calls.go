@@ -9,6 +9,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 )
 
 // call is one script call: its keys and arguments.
@@ -89,13 +90,13 @@ func (s *Store) run(ctx context.Context, c call) ([]int64, error) {
 func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int64, error) {
 	loaded := false
 	for {
-		cmd := client.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		cmd := client.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
 		v, err := client.Do(ctx, cmd).AsIntSlice()
 		if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && s.cluster && ctx.Err() == nil {
 			// The slot's master, as the client knows it, is not there:
 			// after a failover, its replica may serve the slot already.
 			if node := s.slotOwner(ctx, client, c.keys[0]); node != nil {
-				nv, nerr := node.Do(ctx, node.B().Fcall().Function(FunctionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()).AsIntSlice()
+				nv, nerr := node.Do(ctx, node.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()).AsIntSlice()
 				if re, ok := rueidis.IsRedisErr(nerr); !ok || !isRedirect(re) {
 					// A redirect means the cluster's account was
 					// already old: the first failure stands.
@@ -106,7 +107,7 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 		re, ok := rueidis.IsRedisErr(err)
 		switch {
 		case ok && !loaded && strings.Contains(re.Error(), "Function not found"):
-			if err := s.LoadFunctions(ctx); err != nil {
+			if err := s.loadFunctions(ctx); err != nil {
 				return nil, err
 			}
 			loaded = true
@@ -126,7 +127,7 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 	}
 }
 
-// FunctionName is the library's function; a new library version that
+// functionName is the library's function (redishook.FunctionName); a new library version that
 // changes the arguments gets a new name, so that servers of two versions
 // can share a deployment during an upgrade (the states they keep are the
 // same). admit_v2 added batches (op "b"); admit_v3 the flag x, a
@@ -141,12 +142,12 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 // run, they count those apart. admit_v9 decides fair charges (the flag
 // s, a share per charge and the share's keys) and says how a share
 // decided each charge in its reply.
-const FunctionName = "admit_v9"
+const functionName = redishook.FunctionName
 
-// LoadFunctions loads the decision engine library on every node (FUNCTION
+// loadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
 // store calls it by itself when Redis says the function is missing.
-func (s *Store) LoadFunctions(ctx context.Context) error {
+func (s *Store) loadFunctions(ctx context.Context) error {
 	client, err := s.client()
 	if err != nil {
 		return err

@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // tagOf returns the hash tag of a charge's key: its tenant's hash
-// (admit.TenantHash, stable across processes and versions, as a tag must
+// (admit.Charge.TenantHash, stable across processes and versions, as a tag must
 // be; a collision only puts two tenants in one slot), "g" for keys without
 // a tenant.
 func tagOf(c *admit.Charge) string {
@@ -77,7 +78,7 @@ func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
 	if len(charges) > admit.MaxCharges {
 		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
-	if err := admit.CheckDebits(charges); err != nil {
+	if err := engine.CheckDebits(charges); err != nil {
 		return nil, err
 	}
 	ras := make([]*ruleArgs, len(charges))
@@ -113,7 +114,7 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 		if err := c.Share.Validate(); err != nil {
 			return nil, err
 		}
-		if p, err := c.Rule.Prepare(); err == nil && !c.Debit {
+		if p, err := engine.Prepare(c.Rule); err == nil && !c.Debit {
 			if err := p.CheckShareCost(c.Cost); err != nil {
 				return nil, err
 			}
@@ -463,11 +464,8 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	return nil
 }
 
-// Command returns the keys and arguments of the script call that deciding
-// charges alone makes (in a single group, as outside Cluster), so that
-// tools can replay a decision with FCALL. The charges must be valid and
-// take no lease.
-func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
+// command is redishook.Command.
+func (s *Store) command(charges []admit.Charge) (keys, args []string) {
 	ras, _ := validate(charges, false)
 	return s.batchArgs([]*job{s.newJob(context.Background(), jobSpec{charges: charges, ras: ras, g: s.groups(charges, false)[0], how: decideCharge})})
 }

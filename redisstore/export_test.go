@@ -1,9 +1,12 @@
 package redisstore
 
 import (
+	"context"
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
+	"github.com/redis/rueidis"
 )
 
 // HoldBatches makes the decisions s is asked for outside Cluster queue
@@ -71,3 +74,15 @@ func Refusals(s *Store) int {
 
 // TagOf returns the hash tag of c's Redis keys.
 func TagOf(c admit.Charge) string { return tagOf(&c) }
+
+// New returns a Store that uses client, which the test keeps and closes.
+func New(client rueidis.Client, opts *Options) *Store { return withClient(client, opts) }
+
+// LoadFunctions loads the store's function library on every node.
+func (s *Store) LoadFunctions(ctx context.Context) error { return s.loadFunctions(ctx) }
+
+// Command is redishook.Command.
+func (s *Store) Command(charges []admit.Charge) (keys, args []string) { return s.command(charges) }
+
+// Client is redishook.Client.
+func (s *Store) Client() rueidis.Client { return redishook.Client(s) }

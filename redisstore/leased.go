@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Leased allowances. A rule with Distribution admit.Leased is decided from
@@ -236,7 +237,7 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 // back, so the decision stays all or nothing. A charge short of units
 // first gets a withdrawal, which the callers of its key wait for.
 func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
-	if err := admit.CheckDebits(charges); err != nil {
+	if err := engine.CheckDebits(charges); err != nil {
 		return err
 	}
 	for i := range charges {

@@ -2,6 +2,20 @@
 // bucket lives in Redis (standalone, Sentinel or Cluster), so any number of
 // Admit servers share exact limits without replicating anything themselves.
 //
+//	store, err := redisstore.Open(ctx, "redis://localhost:6379/0", nil)
+//	if err != nil {
+//		return err // the URL is wrong, or Redis does not answer
+//	}
+//	defer store.Close()
+//	limiter, err := admit.NewLimiter(store, admit.Bucket("user", admit.PerSecond(10), 20).Per(admit.PerUser))
+//
+// Open takes redis://, rediss:// (TLS), redis+sentinel:// and
+// redis+cluster:// URLs (ParseURL says what each holds); Options sets the
+// key prefix, the timeout of every call and the circuit breaker. Redis 7.0
+// or later is needed. Every process that opens the same Redis with the
+// same prefix shares the limits of the same names (admit.NewNamedLimiter
+// keeps a Limiter's limits apart from others').
+//
 // # One round trip per decision
 //
 // Every algorithm runs inside Redis as one Lua function (admit.lua, a
@@ -55,6 +69,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 )
 
 //go:embed admit.lua
@@ -138,10 +153,11 @@ var _ admit.Store = (*Store)(nil)
 // set it once, when it connects.
 type connection struct{ client rueidis.Client }
 
-// New returns a Store that uses client, which the caller keeps and closes.
-func New(client rueidis.Client, opts *Options) *Store {
+// withClient returns a Store that uses client, which the caller keeps and
+// closes (tests wrap a client of their own).
+func withClient(client rueidis.Client, opts *Options) *Store {
 	if client == nil {
-		panic("redisstore.New: nil rueidis.Client; Open takes a URL")
+		panic("redisstore: nil rueidis.Client; Open takes a URL")
 	}
 	mode := "standalone"
 	switch client.Mode() {
@@ -215,7 +231,7 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 	}
-	s := New(client, opts)
+	s := withClient(client, opts)
 	s.own = true
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
@@ -241,7 +257,7 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 		if client == nil {
 			return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 		}
-		s := New(client, opts)
+		s := withClient(client, opts)
 		s.own = true
 		return s, nil
 	}
@@ -291,15 +307,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Client returns the store's Redis client, or nil while a store from
-// DialLazy has not connected yet.
-func (s *Store) Client() rueidis.Client {
-	if c := s.conn.Load(); c != nil {
-		return c.client
-	}
-	return nil
-}
-
 // client returns the store's Redis client, or CodeUnavailable while it has
 // none yet.
 func (s *Store) client() (rueidis.Client, error) {
@@ -316,17 +323,6 @@ func (s *Store) Prefix() string { return s.prefix }
 
 // Timeout returns the bound of every call the store makes.
 func (s *Store) Timeout() time.Duration { return s.timeout }
-
-// Call makes one call to Redis, f, as the store makes its own: through its
-// circuit breaker (refused at once, with CodeUnavailable, while it is
-// open), within its timeout, and counted in Health. It is for packages
-// that keep their own data in the store's Redis, such as gateway sessions,
-// so that they fail as fast as decisions during an outage. An error f
-// returns is CodeUnavailable, unless it is a Redis reply, which f should
-// keep to itself: Call counts it as a bug (CodeInternal).
-func (s *Store) Call(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
-	return s.do(ctx, f)
-}
 
 // Ping checks that Redis answers (every master, in Cluster) within the
 // timeout. It does not go through the breaker, so readiness probes see the
@@ -402,4 +398,19 @@ func (s *Store) Health() Health {
 // String describes the store for logs.
 func (s *Store) String() string {
 	return fmt.Sprintf("redis (%s)", s.mode)
+}
+
+func init() {
+	redishook.Call = func(store any, ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
+		return store.(*Store).do(ctx, f)
+	}
+	redishook.Client = func(store any) rueidis.Client {
+		if c := store.(*Store).conn.Load(); c != nil {
+			return c.client
+		}
+		return nil
+	}
+	redishook.Command = func(store any, charges []admit.Charge) (keys, args []string) {
+		return store.(*Store).command(charges)
+	}
 }

@@ -3,8 +3,8 @@
 // request admitted or refused, and the state of the limit over time.
 //
 // It is what `admit simulate` and the dashboard's simulator run: the same
-// state transitions the stores use (admit.PreparedRule.StepTo, admit.Log,
-// admit.LeaseSet), so a picture shows what a server would decide.
+// state transitions the stores use (engine.PreparedRule.StepTo, engine.Log,
+// engine.LeaseSet), so a picture shows what a server would decide.
 package simulate
 
 import (

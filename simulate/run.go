@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -106,9 +107,9 @@ type Result struct {
 
 // keyState is the state of one key of one rule, whichever algorithm.
 type keyState struct {
-	st     [2]admit.State
-	log    *admit.Log
-	leases *admit.LeaseSet
+	st     [2]engine.State
+	log    *engine.Log
+	leases *engine.LeaseSet
 	// recent are the key's admitted requests within the last period, for
 	// Summary.MostInPeriod; periodStart is the quota period they are in.
 	recent      []time.Duration
@@ -118,12 +119,12 @@ type keyState struct {
 
 type lane struct {
 	*Lane
-	prep   *admit.PreparedRule
+	prep   *engine.PreparedRule
 	keys   map[string]*keyState
 	focus  string // the key Points follow
 	streak int64
 	res    admit.Result
-	next   [2]admit.State
+	next   [2]engine.State
 	ks     *keyState
 	made   *int // keys given a state, in all lanes
 	// applies and allowed are this request's, between decide and commit.
@@ -158,7 +159,7 @@ func Run(rules []*policy.Rule, events []Event, opt Options) (*Result, error) {
 	out := &Result{Start: opt.Start, Duration: opt.Duration, Requests: len(events)}
 	lanes := make([]*lane, len(rules))
 	for i, r := range rules {
-		prep, err := r.Prepare()
+		prep, err := engine.Prepare(&r.Rule)
 		if err != nil {
 			return nil, fmt.Errorf("rule %s: %v", r.Name, err)
 		}
@@ -261,9 +262,9 @@ func (l *lane) decide(e *Event, now int64) {
 		ks = &keyState{}
 		switch r.Algorithm {
 		case admit.SlidingLog:
-			ks.log = &admit.Log{}
+			ks.log = &engine.Log{}
 		case admit.Concurrency:
-			ks.leases = &admit.LeaseSet{}
+			ks.leases = &engine.LeaseSet{}
 		}
 		l.keys[k] = ks
 		*l.made++
@@ -330,9 +331,9 @@ func (l *lane) sample(start int64, at time.Duration) {
 		ks = &keyState{}
 		switch l.Rule.Algorithm {
 		case admit.SlidingLog:
-			ks.log = &admit.Log{}
+			ks.log = &engine.Log{}
 		case admit.Concurrency:
-			ks.leases = &admit.LeaseSet{}
+			ks.leases = &engine.LeaseSet{}
 		}
 	}
 	l.Points = append(l.Points, Point{At: at, Level: l.peek(ks, now)})

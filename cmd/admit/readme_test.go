@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 // walkthrough returns the README's walk through the demo tenants: its
@@ -59,7 +65,7 @@ func walkthrough(t *testing.T, base string) (script string, check []string) {
 // walk-through undoes its changes to the catalog).
 func TestREADMEWalkthrough(t *testing.T) {
 	dir := t.TempDir()
-	tokens := map[string]string{"ADMIT_ADMIN_TOKEN": "admin-secret", "ADMIT_SERVICE_TOKEN": "backend-secret"}
+	tokens := readmeServeEnv(t)
 	var runs [2][]string
 	for i := range runs {
 		srv := startCmdEnv(t, tokens, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", dir)
@@ -96,5 +102,175 @@ func TestREADMEWalkthrough(t *testing.T) {
 		if strings.Join(got, " ") != want {
 			t.Errorf("run %d: statuses %s\nwant %s", i+1, strings.Join(got, " "), want)
 		}
+	}
+}
+
+// readmeBlock returns the first shell block of README.md after marker.
+func readmeBlock(t *testing.T, marker string) string {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), marker)
+	_, block, ok2 := strings.Cut(after, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 {
+		t.Fatalf("README.md has no shell block after %q", marker)
+	}
+	return block
+}
+
+// shellWords splits a command line as bash does.
+func shellWords(t *testing.T, line string) []string {
+	t.Helper()
+	out, err := exec.Command("bash", "-c", `printf '%s\0' `+line).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", line, err)
+	}
+	return strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+}
+
+// TestREADMESimulate runs the README's simulate command as it is written
+// (drawing into a temporary file), and make pictures draws the README's
+// picture with the same command.
+func TestREADMESimulate(t *testing.T) {
+	block := readmeBlock(t, "drawn by `make pictures`:")
+	line := strings.TrimSpace(strings.ReplaceAll(block, "\\\n", " "))
+	args, ok := strings.CutPrefix(line, "go run ./cmd/admit ")
+	if !ok {
+		t.Fatalf("the simulate block runs %q", line)
+	}
+	words := shellWords(t, args)
+	out := filepath.Join(t.TempDir(), "seed004.png")
+	found := false
+	for i, w := range words {
+		if w == "--out" && i+1 < len(words) {
+			if words[i+1] != "docs/img/seed004.png" {
+				t.Errorf("the README's picture is docs/img/seed004.png, the command draws %s", words[i+1])
+			}
+			words[i+1], found = out, true
+		}
+	}
+	if !found {
+		t.Fatal("the simulate command has no --out")
+	}
+	var stderr bytes.Buffer
+	if code := run(context.Background(), words, &env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}); code != 0 {
+		t.Fatalf("%v exited %d: %s", words, code, stderr.String())
+	}
+	png, err := os.ReadFile(out)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG\r\n")) {
+		t.Fatalf("no PNG drawn: %v", err)
+	}
+	makefile, err := os.ReadFile("../../Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, recipe, _ := strings.Cut(string(makefile), "\npictures:")
+	recipe, _, _ = strings.Cut(recipe, "\n\n")
+	recipe = strings.Join(strings.Fields(strings.ReplaceAll(recipe, "\\\n", " ")), " ")
+	if !strings.Contains(recipe, "$(GO) run ./cmd/admit "+strings.Join(strings.Fields(args), " ")) {
+		t.Errorf("make pictures runs\n%s\nnot the README's\n%s", recipe, args)
+	}
+}
+
+// readmeServeEnv returns the environment the README's walk-through starts
+// admit serve with, checking that it starts it as the two commands do.
+func readmeServeEnv(t *testing.T) map[string]string {
+	t.Helper()
+	words := shellWords(t, strings.TrimSpace(readmeBlock(t, "## A walk through the demo tenants")))
+	environ := map[string]string{}
+	for len(words) > 0 && strings.Contains(words[0], "=") {
+		k, v, _ := strings.Cut(words[0], "=")
+		environ[k] = v
+		words = words[1:]
+	}
+	if strings.Join(words, " ") != "go run ./cmd/admit serve" || environ["ADMIT_ADMIN_TOKEN"] == "" || environ["ADMIT_SERVICE_TOKEN"] == "" {
+		t.Fatalf("the walk-through starts %v with %v, want go run ./cmd/admit serve with both tokens", words, environ)
+	}
+	return environ
+}
+
+// TestREADMESessions runs the README's WebSocket session block against
+// admit serve on the demo configuration: the curl that opens a session,
+// then a client connecting with its URL, sending its message and reading
+// the echo it shows; a third connection of the session is refused with
+// 429, as its last line says.
+func TestREADMESessions(t *testing.T) {
+	srv := startCmdEnv(t, readmeServeEnv(t), "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir())
+	block := readmeBlock(t, "for the sample client, or from a shell:")
+	host := strings.TrimPrefix(srv.url, "http://")
+	var curl, url, send, echo string
+	for _, line := range strings.Split(block, "\n") {
+		comment := strings.TrimSpace(strings.TrimLeft(line, "# "))
+		switch {
+		case strings.HasPrefix(line, "curl "):
+			curl = strings.ReplaceAll(line, "localhost:8080", host)
+		case strings.HasPrefix(comment, "websocat "):
+			url = strings.Trim(strings.TrimPrefix(comment, "websocat "), `"`)
+		case strings.HasPrefix(comment, "{"):
+			send = comment
+		case strings.HasPrefix(comment, "→ "):
+			echo = strings.TrimPrefix(comment, "→ ")
+		}
+	}
+	if curl == "" || url == "" || send == "" || echo == "" || !strings.Contains(block, "a third connection of the session is 429") {
+		t.Fatalf("the session block lacks a step:\n%s", block)
+	}
+	out, err := exec.Command("bash", "-c", curl).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", curl, err)
+	}
+	var opened struct {
+		Tenant    string `json:"tenant"`
+		SessionID string `json:"session_id"`
+		ExpiresAt string `json:"expires_at"`
+	}
+	if err := json.Unmarshal(out, &opened); err != nil || opened.Tenant != "tenant-1" || opened.SessionID == "" || opened.ExpiresAt == "" {
+		t.Fatalf("%s answered %s (%v), want the tenant, a session and its expiry", curl, out, err)
+	}
+	url = strings.Replace(strings.ReplaceAll(url, "localhost:8080", host), "session=…", "session="+opened.SessionID, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var conns []*websocket.Conn
+	for i := range 2 {
+		c, _, err := websocket.Dial(ctx, url, nil)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i+1, err)
+		}
+		defer c.CloseNow()
+		conns = append(conns, c)
+	}
+	if err := conns[0].Write(ctx, websocket.MessageText, []byte(send)); err != nil {
+		t.Fatal(err)
+	}
+	_, got, err := conns[0].Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gotFields, wantFields map[string]any
+	if err := json.Unmarshal(got, &gotFields); err != nil {
+		t.Fatalf("echo %s: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(echo), &wantFields); err != nil {
+		t.Fatalf("the README's echo %s: %v", echo, err)
+	}
+	for k, want := range wantFields {
+		if want == "…" {
+			if gotFields[k] == nil || gotFields[k] == "" {
+				t.Errorf("echo %s has no %s", got, k)
+			}
+		} else if gotFields[k] != want {
+			t.Errorf("echo %s: %s is %v, the README says %v", got, k, gotFields[k], want)
+		}
+	}
+	_, resp, err := websocket.Dial(ctx, url, nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusTooManyRequests {
+		code := 0
+		if resp != nil {
+			code = resp.StatusCode
+		}
+		t.Errorf("third connection of the session: %v, status %d, want 429", err, code)
 	}
 }

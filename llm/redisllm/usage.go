@@ -12,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
@@ -50,7 +51,7 @@ func (u *Usage) Add(ctx context.Context, recs []*llm.Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	return u.store.Call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	return redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		cmds := make(rueidis.Commands, 0, len(recs)*(len(counts)+4))
 		for _, r := range recs {
 			day := time.Date(r.At.UTC().Year(), r.At.UTC().Month(), r.At.UTC().Day(), 0, 0, 0, 0, time.UTC)
@@ -86,7 +87,7 @@ func (u *Usage) Add(ctx context.Context, recs []*llm.Record) error {
 // dropped as they are met.
 func (u *Usage) Usage(ctx context.Context, tenant string, from, to time.Time) ([]llm.DayUsage, error) {
 	var out []llm.DayUsage
-	err := u.store.Call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err := redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		idx := u.index(tenant)
 		first := time.Date(from.UTC().Year(), from.UTC().Month(), from.UTC().Day(), 0, 0, 0, 0, time.UTC)
 		lo := strconv.FormatInt(first.Unix(), 10)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 )
@@ -159,7 +160,7 @@ func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
 // client returns the store's client, or CodeUnavailable while it has none
 // yet (a store dialed lazily).
 func (c *Store) client() (rueidis.Client, error) {
-	if client := c.store.Client(); client != nil {
+	if client := redishook.Client(c.store); client != nil {
 		return client, nil
 	}
 	return nil, admit.Errorf(admit.CodeUnavailable, "redischanges: no connection to Redis yet")

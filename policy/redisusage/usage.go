@@ -12,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 )
@@ -50,7 +51,7 @@ func member(r *policy.UsageRecord) string {
 
 // AddUsage implements policy.UsageStore, in one round trip.
 func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
-	return u.store.Call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	return redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		cmds := make(rueidis.Commands, 0, 7*len(recs))
 		for i := range recs {
 			r := &recs[i]
@@ -80,7 +81,7 @@ func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
 // are dropped as they are met.
 func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]policy.UsageRecord, error) {
 	var out []policy.UsageRecord
-	err := u.store.Call(ctx, func(ctx context.Context, c rueidis.Client) error {
+	err := redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		idx := u.index(tenant)
 		// A period that overlaps [from, to) starts before to and at most
 		// the longest period before from.

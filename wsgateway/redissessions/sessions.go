@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 )
@@ -151,7 +152,7 @@ return 1`)
 // it. Replies, errors included, are the caller's to read.
 func (ss *Sessions) exec(ctx context.Context, script *rueidis.Lua, id string, args ...string) (rueidis.RedisResult, error) {
 	var res rueidis.RedisResult
-	err := ss.store.Call(ctx, func(ctx context.Context, client rueidis.Client) error {
+	err := redishook.Call(ss.store, ctx, func(ctx context.Context, client rueidis.Client) error {
 		res = script.Exec(ctx, client, ss.keys(id), args)
 		err := res.Error()
 		if _, reply := rueidis.IsRedisErr(err); reply || rueidis.IsRedisNil(err) {
@@ -313,7 +314,7 @@ func (ss *Sessions) listen(ctx context.Context) {
 		}
 	})
 	for ctx.Err() == nil {
-		if client := ss.store.Client(); client != nil {
+		if client := redishook.Client(ss.store); client != nil {
 			_ = client.Receive(hooked, client.B().Subscribe().Channel(ss.channel).Build(), func(m rueidis.PubSubMessage) {
 				ss.dispatch([]byte(m.Message))
 			})

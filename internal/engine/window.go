@@ -1,6 +1,10 @@
-package admit
+package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
 
 // Windows are aligned to the Unix epoch, so every store and every server
 // agrees on where a window starts without sharing anything but the clock.
@@ -10,7 +14,7 @@ import "time"
 // (sliding).
 
 // fixed window: A = the end of the counted window (its expiry), B = count.
-func stepFixed(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
+func stepFixed(r *admit.Rule, s State, now, cost int64, res *admit.Result, debit bool) State {
 	w := int64(r.Window)
 	end := now - now%w + w
 	if s.Expiry != end {
@@ -24,7 +28,7 @@ func stepFixed(r *Rule, s State, now, cost int64, res *Result, debit bool) State
 
 // stepCount counts up to limit in a period that ends at end, or at the end
 // s holds while it runs: a fixed window, or a quota's calendar period.
-func stepCount(limit int64, s State, now, end, cost int64, res *Result, debit bool) State {
+func stepCount(limit int64, s State, now, end, cost int64, res *admit.Result, debit bool) State {
 	count := int64(0)
 	if s.Expiry > now {
 		count, end = int64(s.Count), s.Expiry
@@ -41,7 +45,7 @@ func stepCount(limit int64, s State, now, end, cost int64, res *Result, debit bo
 	res.Remaining = max(limit-count, 0)
 	res.RetryAfter = durNs(end - now)
 	if debit {
-		return State{Expiry: end, Count: uint32(min(count+cost, MaxCount))}
+		return State{Expiry: end, Count: uint32(min(count+cost, admit.MaxCount))}
 	}
 	return s
 }
@@ -53,7 +57,7 @@ func stepCount(limit int64, s State, now, end, cost int64, res *Result, debit bo
 // The request is admitted iff prev·(W−e)/W + cur + cost <= limit, where e is
 // the time elapsed in the current window. The comparison is made exactly,
 // multiplied through by W in 128 bits, so there is no rounding at all.
-func stepSliding(r *Rule, s State, now, cost int64, res *Result, debit bool) State {
+func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, debit bool) State {
 	w := int64(r.Window)
 	start := now - now%w
 	end := start + w
@@ -94,7 +98,7 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result, debit bool) Sta
 		return s
 	}
 	if debit { // what it meets after is for the caller to ask (see stepTo)
-		return State{Expiry: end + w, Count: uint32(min(cur+cost, MaxCount)), Prev: uint32(prev)}
+		return State{Expiry: end + w, Count: uint32(min(cur+cost, admit.MaxCount)), Prev: uint32(prev)}
 	}
 	// The earliest instant the same request would pass, if nothing else
 	// is admitted meanwhile.
@@ -116,25 +120,25 @@ func stepSliding(r *Rule, s State, now, cost int64, res *Result, debit bool) Sta
 // bucket gets the tokens back; a window or quota gets them back only from
 // the count of the window or period at fell in, while it lasts, never
 // below zero. r must take refunds (Rule.CheckRefund).
-func StepRefund(r *Rule, s State, now, at, cost int64) State {
+func StepRefund(r *admit.Rule, s State, now, at, cost int64) State {
 	if s.Expiry <= now || cost <= 0 {
 		return s
 	}
 	give := func(n uint32) uint32 { return n - uint32(min(int64(n), cost)) }
 	switch r.Algorithm {
-	case TokenBucket, GCRA:
+	case admit.TokenBucket, admit.GCRA:
 		b := mainBucket(r)
 		return b.unreserve(s, now, cost)
-	case FixedWindow:
+	case admit.FixedWindow:
 		w := int64(r.Window)
 		if s.Expiry == at-at%w+w {
 			s.Count = give(s.Count)
 		}
-	case Quota:
+	case admit.Quota:
 		if _, end := r.PeriodAt(time.Unix(0, at)); s.Expiry == end.UnixNano() {
 			s.Count = give(s.Count)
 		}
-	case SlidingWindow:
+	case admit.SlidingWindow:
 		w := int64(r.Window)
 		switch end := at - at%w + w; s.Expiry - w {
 		case end: // at's window is still the current one

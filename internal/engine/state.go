@@ -1,4 +1,6 @@
-package admit
+package engine
+
+import "github.com/admitdev/admit"
 
 // State is the compact state of one key of the counter algorithms (token
 // bucket, GCRA, fixed and sliding window, and each half of a combination).
@@ -22,21 +24,6 @@ type State struct {
 // Fresh reports whether s is equivalent to a new key at now.
 func (s State) Fresh(now int64) bool { return s.Expiry <= now }
 
-// Slots returns how many States a key of algorithm a uses: 2 for a
-// combination (floor and burst bucket), 1 for the other counter algorithms
-// and 0 for the sliding log and concurrency, which keep a Log or a LeaseSet
-// instead.
-func (a Algorithm) Slots() int {
-	switch a {
-	case Combination:
-		return 2
-	case SlidingLog, Concurrency:
-		return 0
-	default:
-		return 1
-	}
-}
-
 // Step is the pure transition of the counter algorithms: it decides a
 // request of cost at now against st and returns the states to keep: if the
 // request was admitted, the charged states; if not, states equal to st in
@@ -47,22 +34,22 @@ func (a Algorithm) Slots() int {
 // peeks. Step does not validate: r must
 // pass Validate and cost must pass r.CheckCost. For SlidingLog and
 // Concurrency, which need a Log or a LeaseSet, Step reports a refusal.
-func Step(r *Rule, st [2]State, now, cost int64) (next [2]State, res Result) {
+func Step(r *admit.Rule, st [2]State, now, cost int64) (next [2]State, res admit.Result) {
 	next = StepTo(&res, r, st, now, cost)
 	return next, res
 }
 
 // StepTo is Step writing the result into *res, which it overwrites: stores
 // decide into a reused Decision without copying results around.
-func StepTo(res *Result, r *Rule, st [2]State, now, cost int64) (next [2]State) {
+func StepTo(res *admit.Result, r *admit.Rule, st [2]State, now, cost int64) (next [2]State) {
 	b := bucketsOf(r)
 	return stepTo(res, r, &b, st, now, cost, false)
 }
 
 // stepTo is StepTo with r's buckets, for a charge or a debit.
-func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64, debit bool) (next [2]State) {
-	if r.Algorithm == Combination {
-		*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
+func stepTo(res *admit.Result, r *admit.Rule, b *buckets, st [2]State, now, cost int64, debit bool) (next [2]State) {
+	if r.Algorithm == admit.Combination {
+		*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
 		return stepCombination(b, st, now, cost, res)
 	}
 	next = st
@@ -73,30 +60,45 @@ func stepTo(res *Result, r *Rule, b *buckets, st [2]State, now, cost int64, debi
 // stepOne is stepTo for the algorithms of one State. A debit is charged
 // whether it fits or not; res says whether it fitted and, when it did
 // not, what a request of cost 1 meets after it.
-func stepOne(res *Result, r *Rule, b *buckets, s State, now, cost int64, debit bool) State {
-	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity(), Debit: debit}
+func stepOne(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost int64, debit bool) State {
+	*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity(), Debit: debit}
 	next := stepOneAs(res, r, b, s, now, cost, debit)
 	if debit && !res.Allowed {
-		var after Result
+		var after admit.Result
 		stepOneAs(&after, r, b, next, now, 1, false)
 		res.Remaining, res.ResetAfter, res.RetryAfter = after.Remaining, after.ResetAfter, after.RetryAfter
-		if r.Algorithm == FixedWindow || r.Algorithm == Quota {
+		if r.Algorithm == admit.FixedWindow || r.Algorithm == admit.Quota {
 			res.Over = max(int64(next.Count)-r.Limit, 0)
 		}
 	}
 	return next
 }
 
-func stepOneAs(res *Result, r *Rule, b *buckets, s State, now, cost int64, debit bool) State {
+func stepOneAs(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost int64, debit bool) State {
 	switch r.Algorithm {
-	case TokenBucket, GCRA:
+	case admit.TokenBucket, admit.GCRA:
 		return b.main.eval(res, s, now, cost, debit)
-	case Quota:
+	case admit.Quota:
 		return stepQuota(r, b.period, s, now, cost, res, debit)
-	case FixedWindow:
+	case admit.FixedWindow:
 		return stepFixed(r, s, now, cost, res, debit)
-	case SlidingWindow:
+	case admit.SlidingWindow:
 		return stepSliding(r, s, now, cost, res, debit)
 	}
 	return s
+}
+
+// Slots returns how many States a key of algorithm a uses: 2 for a
+// combination (floor and burst bucket), 1 for the other counter algorithms
+// and 0 for the sliding log and concurrency, which keep a Log or a LeaseSet
+// instead.
+func Slots(a admit.Algorithm) int {
+	switch a {
+	case admit.Combination:
+		return 2
+	case admit.SlidingLog, admit.Concurrency:
+		return 0
+	default:
+		return 1
+	}
 }

@@ -1,9 +1,11 @@
-package admit
+package engine
 
 import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit"
 )
 
 // shareKey is the states a store keeps for one key of a shared rule: the
@@ -17,9 +19,9 @@ type shareKey struct {
 	held  int64
 }
 
-func newShareKey(t *testing.T, r *Rule) *shareKey {
+func newShareKey(t *testing.T, r *admit.Rule) *shareKey {
 	t.Helper()
-	p, err := r.Prepare()
+	p, err := Prepare(r)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,11 +30,11 @@ func newShareKey(t *testing.T, r *Rule) *shareKey {
 
 // decide decides a charge of cost for share at now (ns after t0), all or
 // nothing as a store does, and returns the result.
-func (k *shareKey) decide(share Share, now, cost int64, debit bool) Result {
-	var res Result
+func (k *shareKey) decide(share admit.Share, now, cost int64, debit bool) admit.Result {
+	var res admit.Result
 	next := k.st
-	if k.p.rule.Algorithm == Concurrency {
-		res = Result{Rule: k.p.rule.Name, Limit: k.p.rule.Max}
+	if k.p.rule.Algorithm == admit.Concurrency {
+		res = admit.Result{Rule: k.p.rule.Name, Limit: k.p.rule.Max}
 		if k.held+cost <= k.p.rule.Max {
 			res.Allowed, res.Remaining = true, k.p.rule.Max-k.held-cost
 		} else {
@@ -51,7 +53,7 @@ func (k *shareKey) decide(share Share, now, cost int64, debit bool) Result {
 	if admitted {
 		recs = out.Charged
 		k.st = next
-		if k.p.rule.Algorithm == Concurrency {
+		if k.p.rule.Algorithm == admit.Concurrency {
 			k.held += cost
 			k.slots[share.Class] += cost
 		}
@@ -68,17 +70,17 @@ const t0 = int64(1_767_225_600_000_000_000) // 2026-01-01, a second's start
 // TestShareBucketTimeline: a bucket of 10 tokens and 10/s shared by equal
 // classes.
 func TestShareBucketTimeline(t *testing.T) {
-	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10}
+	r := &admit.Rule{Name: "g", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10}
 	k := newShareKey(t, r)
-	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	a, b := admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	// Alone, a takes the share ceiling of the stock at once (half): 5.
 	for i := range 5 {
-		if res := k.decide(a, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+		if res := k.decide(a, t0, 1, false); !res.Allowed || res.Share != admit.ShareAssured {
 			t.Fatalf("a's check %d alone: %+v", i, res)
 		}
 	}
 	res := k.decide(a, t0, 1, false)
-	if res.Allowed || res.Share != ShareRefused || res.Shared != 5 || res.RetryAfter != 100*time.Millisecond {
+	if res.Allowed || res.Share != admit.ShareRefused || res.Shared != 5 || res.RetryAfter != 100*time.Millisecond {
 		t.Fatalf("a's sixth check alone: %+v, want refused over its share, 5 left, retry 100ms (its next token)", res)
 	}
 	// But a takes the rule's rate: a token 100 ms later.
@@ -87,7 +89,7 @@ func TestShareBucketTimeline(t *testing.T) {
 	}
 	// b arrives and finds its part at once: half the burst, 5.
 	for i := range 5 {
-		if res := k.decide(b, t0+int64(100*time.Millisecond), 1, false); !res.Allowed || res.Share != ShareAssured {
+		if res := k.decide(b, t0+int64(100*time.Millisecond), 1, false); !res.Allowed || res.Share != admit.ShareAssured {
 			t.Fatalf("b's check %d: %+v", i, res)
 		}
 	}
@@ -108,18 +110,18 @@ func TestShareBucketTimeline(t *testing.T) {
 // part gets all it asks beside one flooding; what it leaves is lent as the
 // window runs out; the parts come back when the window ends.
 func TestShareWindowTimeline(t *testing.T) {
-	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 100, Window: 10 * time.Second}
+	r := &admit.Rule{Name: "w", Algorithm: admit.FixedWindow, Limit: 100, Window: 10 * time.Second}
 	k := newShareKey(t, r)
-	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	a, b := admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	for i := range 50 {
-		if res := k.decide(a, t0, 1, false); res.Share != ShareAssured {
+		if res := k.decide(a, t0, 1, false); res.Share != admit.ShareAssured {
 			t.Fatalf("a's check %d alone: %+v", i, res)
 		}
 	}
-	if res := k.decide(a, t0+int64(5*time.Second), 1, false); res.Share == ShareAssured {
+	if res := k.decide(a, t0+int64(5*time.Second), 1, false); res.Share == admit.ShareAssured {
 		t.Errorf("half a window later, a's part of the window came back: %+v", res)
 	}
-	if res := k.decide(a, t0+int64(10*time.Second), 1, false); res.Share != ShareAssured {
+	if res := k.decide(a, t0+int64(10*time.Second), 1, false); res.Share != admit.ShareAssured {
 		t.Errorf("the next window, a's part: %+v", res)
 	}
 
@@ -150,19 +152,19 @@ func TestShareWindowTimeline(t *testing.T) {
 // a charge beyond a part of 200 is borrowed only from what the others
 // will not need, so each of the two takes 200 and the third its own.
 func TestShareWindowNoOverdraw(t *testing.T) {
-	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 600, Window: 10 * time.Second}
+	r := &admit.Rule{Name: "w", Algorithm: admit.FixedWindow, Limit: 600, Window: 10 * time.Second}
 	k := newShareKey(t, r)
-	v, a, b := Share{Class: "victim", Weight: 1}, Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	v, a, b := admit.Share{Class: "victim", Weight: 1}, admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	const w = int64(10 * time.Second)
 	start := 2 * w // a window's start
-	for _, c := range []Share{v, a, b} {
+	for _, c := range []admit.Share{v, a, b} {
 		k.decide(c, t0+start-w+1, 1, false) // all three want the window
 	}
-	for _, c := range []Share{a, b} {
+	for _, c := range []admit.Share{a, b} {
 		if res := k.decide(c, t0+start, 300, false); res.Allowed {
 			t.Errorf("%s took 300 of a window whose part is 200 at its start: %+v", c.Class, res)
 		}
-		if res := k.decide(c, t0+start, 200, false); !res.Allowed || res.Share != ShareAssured {
+		if res := k.decide(c, t0+start, 200, false); !res.Allowed || res.Share != admit.ShareAssured {
 			t.Errorf("%s, its part of 200: %+v", c.Class, res)
 		}
 	}
@@ -183,14 +185,14 @@ func TestShareWindowNoOverdraw(t *testing.T) {
 // of the first's, which that one has yet to use (once the first ended the
 // day with 163 of its 333): the two share the shortfall, 83 each.
 func TestShareQuotaLateClass(t *testing.T) {
-	r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Day}
+	r := &admit.Rule{Name: "q", Algorithm: admit.Quota, Limit: 1000, Period: admit.Day}
 	k := newShareKey(t, r)
-	v, a, n := Share{Class: "victim", Weight: 1}, Share{Class: "a", Weight: 1}, Share{Class: "n", Weight: 1}
+	v, a, n := admit.Share{Class: "victim", Weight: 1}, admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "n", Weight: 1}
 	m := int64(time.Minute)
 	if res := k.decide(v, t0+m, 1, false); !res.Allowed {
 		t.Fatalf("the victim's first: %+v", res)
 	}
-	if res := k.decide(a, t0+m, 500, false); !res.Allowed || res.Share != ShareAssured {
+	if res := k.decide(a, t0+m, 500, false); !res.Allowed || res.Share != admit.ShareAssured {
 		t.Fatalf("a's part beside the victim: %+v", res)
 	}
 	if res := k.decide(n, t0+10*m, 333, false); res.Allowed {
@@ -222,11 +224,11 @@ func TestShareQuotaSuccessiveArrivals(t *testing.T) {
 		attackers int
 		want      int64 // the victim's fair end: its share of what was left
 	}{{3, 125}, {6, 16}} {
-		r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Day}
+		r := &admit.Rule{Name: "q", Algorithm: admit.Quota, Limit: 1000, Period: admit.Day}
 		k := newShareKey(t, r)
-		v := Share{Class: "victim", Weight: 1}
+		v := admit.Share{Class: "victim", Weight: 1}
 		at := t0 + int64(time.Minute)
-		most := func(sh Share) int64 {
+		most := func(sh admit.Share) int64 {
 			took := int64(0)
 			for cost := int64(500); cost >= 1; {
 				if k.decide(sh, at, cost, false).Allowed {
@@ -244,7 +246,7 @@ func TestShareQuotaSuccessiveArrivals(t *testing.T) {
 		}
 		var took []int64
 		for i := range c.attackers {
-			took = append(took, most(Share{Class: fmt.Sprintf("a%d", i), Weight: 1}))
+			took = append(took, most(admit.Share{Class: fmt.Sprintf("a%d", i), Weight: 1}))
 			if k.decide(v, at, 1, false).Allowed { // still wants it
 				victim++
 			}
@@ -261,9 +263,9 @@ func TestShareQuotaSuccessiveArrivals(t *testing.T) {
 // the month ends: its record is not forgotten with its epochs (an hour),
 // or it would take its part again.
 func TestShareQuotaRecords(t *testing.T) {
-	r := &Rule{Name: "q", Algorithm: Quota, Limit: 1000, Period: Month}
+	r := &admit.Rule{Name: "q", Algorithm: admit.Quota, Limit: 1000, Period: admit.Month}
 	k := newShareKey(t, r)
-	a := Share{Class: "a", Weight: 1}
+	a := admit.Share{Class: "a", Weight: 1}
 	k.decide(a, t0, 10, false)
 	end := time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 	rec := k.recs["a"]
@@ -278,9 +280,9 @@ func TestShareQuotaRecords(t *testing.T) {
 // TestShareWeights: classes of weights 3 and 1 take 3/4 and 1/4 of the
 // burst.
 func TestShareWeights(t *testing.T) {
-	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 40}
+	r := &admit.Rule{Name: "g", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 40}
 	k := newShareKey(t, r)
-	heavy, light := Share{Class: "heavy", Weight: 3}, Share{Class: "light", Weight: 1}
+	heavy, light := admit.Share{Class: "heavy", Weight: 3}, admit.Share{Class: "light", Weight: 1}
 	k.decide(light, t0, 0, false) // a look counts no one
 	k.decide(light, t0, 1, false) // light is active
 	got := 0
@@ -302,9 +304,9 @@ func TestShareWeights(t *testing.T) {
 // TestShareEpochs: a class that stops asking counts for two epochs, then
 // no longer, and the other takes the whole rate again.
 func TestShareEpochs(t *testing.T) {
-	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10} // epoch 1 s
+	r := &admit.Rule{Name: "g", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10} // epoch 1 s
 	k := newShareKey(t, r)
-	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	a, b := admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	k.decide(b, t0, 1, false)
 	for k.decide(a, t0, 1, false).Allowed {
 	}
@@ -318,7 +320,7 @@ func TestShareEpochs(t *testing.T) {
 }
 
 // shareOf returns share's part of k at now, as a look sees it.
-func shareOf(k *shareKey, share Share, now int64) float64 {
+func shareOf(k *shareKey, share admit.Share, now int64) float64 {
 	in := ShareInput{Pool: k.pool, Class: k.recs[share.Class], Share: &share}
 	pool, cls := in.Pool, in.Class
 	e := now/k.p.share.epoch + 1
@@ -331,23 +333,23 @@ func shareOf(k *shareKey, share Share, now int64) float64 {
 // and is never refused; a look (cost 0) reports what the class may take
 // and keeps nothing.
 func TestShareDebitsAndLooks(t *testing.T) {
-	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 20}
+	r := &admit.Rule{Name: "g", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 20}
 	k := newShareKey(t, r)
-	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	a, b := admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	k.decide(b, t0, 1, false)
 	pool := k.pool
 	look := k.decide(a, t0, 0, false)
 	if k.pool != pool || look.Remaining != 10 {
 		t.Errorf("a look: pool changed %v, remaining %d, want unchanged and 10 (a's part)", k.pool != pool, look.Remaining)
 	}
-	if res := k.decide(a, t0, 15, true); res.Share != ShareAssured {
+	if res := k.decide(a, t0, 15, true); res.Share != admit.ShareAssured {
 		t.Fatalf("a's debit of 15: %+v", res)
 	}
 	if lv := k.recs["a"].Level; lv != -5 {
 		t.Errorf("a's part after a debit of 15: %v, want -5", lv)
 	}
 	// a is in debt: nothing of its own, and the rule's 4 left are b's.
-	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != ShareRefused {
+	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != admit.ShareRefused {
 		t.Errorf("a in debt: %+v, want refused over its share", res)
 	}
 }
@@ -355,14 +357,14 @@ func TestShareDebitsAndLooks(t *testing.T) {
 // TestShareSubs: the anonymous callers' part is divided among their
 // addresses equally.
 func TestShareSubs(t *testing.T) {
-	r := &Rule{Name: "g", Algorithm: TokenBucket, Rate: PerSecond(1), Burst: 40}
+	r := &admit.Rule{Name: "g", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 40}
 	k := newShareKey(t, r)
-	tenant := Share{Class: "tenant:x", Weight: 1}
+	tenant := admit.Share{Class: "tenant:x", Weight: 1}
 	k.decide(tenant, t0, 1, false)
-	one, two := Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.1"}, Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.2"}
+	one, two := admit.Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.1"}, admit.Share{Class: "anonymous", Weight: 1, Sub: "192.0.2.2"}
 	k.decide(two, t0, 1, false) // the second address is active
 	got := 0
-	for k.decide(one, t0, 1, false).Share == ShareAssured {
+	for k.decide(one, t0, 1, false).Share == admit.ShareAssured {
 		got++
 	}
 	if got != 10 {
@@ -373,27 +375,27 @@ func TestShareSubs(t *testing.T) {
 // TestShareSlots: concurrency slots held within the entitled part, beyond
 // it up to the ceiling, and not while a class below its part has claimed.
 func TestShareSlots(t *testing.T) {
-	r := &Rule{Name: "slots", Algorithm: Concurrency, Max: 10}
+	r := &admit.Rule{Name: "slots", Algorithm: admit.Concurrency, Max: 10}
 	k := newShareKey(t, r)
-	a, b := Share{Class: "a", Weight: 1}, Share{Class: "b", Weight: 1}
+	a, b := admit.Share{Class: "a", Weight: 1}, admit.Share{Class: "b", Weight: 1}
 	// Alone, a holds at most the ceiling: 5.
 	for i := range 5 {
 		if res := k.decide(a, t0, 1, false); !res.Allowed {
 			t.Fatalf("a's slot %d: %+v", i, res)
 		}
 	}
-	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != ShareRefused {
+	if res := k.decide(a, t0, 1, false); res.Allowed || res.Share != admit.ShareRefused {
 		t.Fatalf("a's sixth slot alone: %+v, want refused at the ceiling", res)
 	}
 	// b takes its 5; the rule is full; b asks for a sixth (beyond its
 	// part, no claim), a frees one and b borrows it.
 	for i := range 5 {
-		if res := k.decide(b, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+		if res := k.decide(b, t0, 1, false); !res.Allowed || res.Share != admit.ShareAssured {
 			t.Fatalf("b's slot %d: %+v", i, res)
 		}
 	}
 	// A third class, refused while the rule is full, claims its part (3).
-	c := Share{Class: "c", Weight: 1}
+	c := admit.Share{Class: "c", Weight: 1}
 	if res := k.decide(c, t0, 1, false); res.Allowed {
 		t.Fatalf("c on a full rule: %+v", res)
 	}
@@ -406,7 +408,7 @@ func TestShareSlots(t *testing.T) {
 	if res := k.decide(b, t0, 1, false); res.Allowed {
 		t.Errorf("b borrowed the slot c claimed: %+v", res)
 	}
-	if res := k.decide(c, t0, 1, false); !res.Allowed || res.Share != ShareAssured {
+	if res := k.decide(c, t0, 1, false); !res.Allowed || res.Share != admit.ShareAssured {
 		t.Errorf("c's claimed slot: %+v", res)
 	}
 	if cl := k.recs["c"].Claim; cl != 0 {
@@ -424,27 +426,27 @@ func FuzzShare(f *testing.F) {
 	f.Add(uint8(3), uint32(600), uint32(6000), []byte{9, 200, 3, 1, 0, 255, 17})
 	f.Add(uint8(7), uint32(4), uint32(1), []byte{1, 1, 1, 2, 2, 2, 3, 3})
 	f.Fuzz(func(t *testing.T, alg uint8, n, size uint32, steps []byte) {
-		algs := []Algorithm{TokenBucket, GCRA, FixedWindow, SlidingWindow, SlidingLog, Combination, Concurrency, Quota}
-		r := &Rule{Name: "g", Algorithm: algs[int(alg)%len(algs)]}
+		algs := []admit.Algorithm{admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog, admit.Combination, admit.Concurrency, admit.Quota}
+		r := &admit.Rule{Name: "g", Algorithm: algs[int(alg)%len(algs)]}
 		n, size = n%1000+1, size%10_000+1
 		switch r.Algorithm {
-		case TokenBucket, GCRA:
-			r.Rate, r.Burst = PerSecond(int64(n)), int64(size)
-		case Combination:
-			r.Rate, r.Burst, r.Floor = PerSecond(int64(n)), int64(size), PerSecond(int64(n))
-		case FixedWindow, SlidingWindow:
+		case admit.TokenBucket, admit.GCRA:
+			r.Rate, r.Burst = admit.PerSecond(int64(n)), int64(size)
+		case admit.Combination:
+			r.Rate, r.Burst, r.Floor = admit.PerSecond(int64(n)), int64(size), admit.PerSecond(int64(n))
+		case admit.FixedWindow, admit.SlidingWindow:
 			r.Limit, r.Window = int64(size), time.Duration(n)*time.Second
-		case SlidingLog:
-			r.Limit, r.Window = min(int64(size), MaxSlidingLogLimit), time.Duration(n)*time.Second
-		case Concurrency:
+		case admit.SlidingLog:
+			r.Limit, r.Window = min(int64(size), admit.MaxSlidingLogLimit), time.Duration(n)*time.Second
+		case admit.Concurrency:
 			r.Max = min(int64(size), 1000)
-		case Quota:
-			r.Limit, r.Period = int64(size), Day
+		case admit.Quota:
+			r.Limit, r.Period = int64(size), admit.Day
 		}
 		if err := r.Validate(); err != nil {
 			t.Skip(err)
 		}
-		if r.Algorithm == SlidingLog {
+		if r.Algorithm == admit.SlidingLog {
 			t.Skip("a log's state is a Log, not a State") // decided by the stores' suites
 		}
 		k := newShareKey(t, r)
@@ -452,9 +454,9 @@ func FuzzShare(f *testing.F) {
 		for i := 0; i+1 < len(steps); i += 2 {
 			op, arg := steps[i], steps[i+1]
 			now += int64(arg) * int64(time.Millisecond) * int64(op%7)
-			share := Share{Class: string(rune('a' + op%4)), Weight: int64(op%5) + 1}
+			share := admit.Share{Class: string(rune('a' + op%4)), Weight: int64(op%5) + 1}
 			if op%11 == 0 {
-				share = Share{Class: "anonymous", Weight: 2, Sub: string(rune('0' + arg%5))}
+				share = admit.Share{Class: "anonymous", Weight: 2, Sub: string(rune('0' + arg%5))}
 			}
 			cost := int64(arg % 4)
 			most := r.MostAtOnce()
@@ -464,11 +466,11 @@ func FuzzShare(f *testing.F) {
 			debit := op%13 == 0 && r.CheckDebit(0) == nil
 			res := k.decide(share, now, cost, debit)
 			switch {
-			case res.Share == ShareRefused && res.RetryAfter <= 0:
+			case res.Share == admit.ShareRefused && res.RetryAfter <= 0:
 				t.Fatalf("step %d: a share refusal without a wait: %+v", i, res)
 			case res.Remaining < 0, res.Shared < 0:
 				t.Fatalf("step %d: negative: %+v", i, res)
-			case res.Share != ShareNone && res.Remaining > res.Shared+cost:
+			case res.Share != admit.ShareNone && res.Remaining > res.Shared+cost:
 				t.Fatalf("step %d: the class may take %d of a rule holding %d: %+v", i, res.Remaining, res.Shared, res)
 			}
 			for name, st := range k.recs {

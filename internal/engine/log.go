@@ -1,8 +1,10 @@
-package admit
+package engine
 
 import (
 	"slices"
 	"time"
+
+	"github.com/admitdev/admit"
 )
 
 func durNs(ns int64) time.Duration { return time.Duration(max(ns, 0)) }
@@ -42,14 +44,14 @@ func (l *Log) Expiry(window time.Duration) int64 {
 // Eval decides a request of cost at now without changing l. pending counts
 // units this same decision already placed in l at now (a request that
 // charges one key twice).
-func (l *Log) Eval(r *Rule, now, cost, pending int64) (res Result) {
+func (l *Log) Eval(r *admit.Rule, now, cost, pending int64) (res admit.Result) {
 	l.EvalTo(&res, r, now, cost, pending)
 	return res
 }
 
 // EvalTo is Eval writing into *res.
-func (l *Log) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
-	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Limit}
+func (l *Log) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending int64) {
+	*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Limit}
 	first := l.firstLive(now, r.Window)
 	live := int64(l.size-first) + pending
 	if live+cost <= r.Limit {
@@ -79,7 +81,7 @@ func (l *Log) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
 
 // Commit drops the entries that left the window and records cost units at
 // now. The caller has decided, with Eval, that they fit.
-func (l *Log) Commit(r *Rule, now, cost int64) {
+func (l *Log) Commit(r *admit.Rule, now, cost int64) {
 	first := l.firstLive(now, r.Window)
 	l.head = (l.head + first) % max(len(l.ts), 1)
 	l.size -= first
@@ -136,14 +138,14 @@ func (s *LeaseSet) Expiry() int64 {
 
 // Eval decides a request for cost slots at now without changing s; pending
 // counts slots this same decision already took.
-func (s *LeaseSet) Eval(r *Rule, now, cost, pending int64) (res Result) {
+func (s *LeaseSet) Eval(r *admit.Rule, now, cost, pending int64) (res admit.Result) {
 	s.EvalTo(&res, r, now, cost, pending)
 	return res
 }
 
 // EvalTo is Eval writing into *res.
-func (s *LeaseSet) EvalTo(res *Result, r *Rule, now, cost, pending int64) {
-	*res = Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Max}
+func (s *LeaseSet) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending int64) {
+	*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Max}
 	live := s.Live(now) + pending
 	res.ResetAfter = durNs(s.Expiry() - now)
 	if live+cost <= r.Max {

@@ -1,6 +1,10 @@
-package admit
+package engine
 
-import "time"
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
 
 // A bucket is a token bucket kept as a theoretical arrival time (TAT), the
 // virtual-scheduling form of GCRA: the bucket is full when TAT <= now and
@@ -18,26 +22,26 @@ type bucket struct {
 	remember       int64 // nanoseconds a full bucket is kept; see RememberFull
 }
 
-func newBucket(rate Rate, burst, initial int64) bucket {
+func newBucket(rate admit.Rate, burst, initial int64) bucket {
 	b := bucket{n: uint64(rate.N), per: uint64(rate.Per), burst: burst, initial: initial, debt: burst}
 	if q := b.per / b.n; q*b.n == b.per { // the common case, such as 100/s
 		b.whole = int64(q)
 	}
 	if initial < burst {
-		b.remember = int64(RememberFull)
+		b.remember = int64(admit.RememberFull)
 	}
 	return b
 }
 
-func mainBucket(r *Rule) bucket {
-	b := newBucket(r.Rate, r.Burst, r.initial())
-	if r.MaxDebt > 0 && r.Algorithm != Combination {
+func mainBucket(r *admit.Rule) bucket {
+	b := newBucket(r.Rate, r.Burst, initialOf(r))
+	if r.MaxDebt > 0 && r.Algorithm != admit.Combination {
 		b.debt = r.MaxDebt
 	}
 	return b
 }
 
-func floorBucket(r *Rule) bucket { return newBucket(r.Floor, r.Floor.N, r.Floor.N) }
+func floorBucket(r *admit.Rule) bucket { return newBucket(r.Floor, r.Floor.N, r.Floor.N) }
 
 // fine is the instant ns + frac/n nanoseconds, 0 <= frac < n.
 type fine struct{ ns, frac int64 }
@@ -114,7 +118,7 @@ func (b *bucket) encode(t fine) State {
 // charged all the same: the bucket goes into debt, by at most b.debt
 // tokens (one burst unless the rule says otherwise: its TAT at most
 // (burst+debt)·T after now), repaid at its rate.
-func (b *bucket) eval(res *Result, s State, now, c int64, debit bool) State {
+func (b *bucket) eval(res *admit.Result, s State, now, c int64, debit bool) State {
 	if debit {
 		// More than burst+debt lands on the cap whatever the TAT; no
 		// more is ever multiplied, so a large debit cannot overflow.
@@ -187,9 +191,9 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	return next
 }
 
-func stepCombination(bs *buckets, st [2]State, now, cost int64, res *Result) [2]State {
+func stepCombination(bs *buckets, st [2]State, now, cost int64, res *admit.Result) [2]State {
 	fb, bb := &bs.floor, &bs.main
-	var f, b Result
+	var f, b admit.Result
 	var next [2]State
 	floorFits := cost <= fb.burst
 	if floorFits {
@@ -215,21 +219,17 @@ func stepCombination(bs *buckets, st [2]State, now, cost int64, res *Result) [2]
 	return next
 }
 
-// Reservable reports whether a can book future capacity: token buckets and
-// GCRA can.
-func (a Algorithm) Reservable() bool { return a == TokenBucket || a == GCRA }
-
 // StepReserve books cost in a token_bucket or gcra state at now whatever
 // the wait, and returns the state to keep and the wait in nanoseconds until
 // the booking conforms. The caller keeps the old state when the wait is too
 // long.
-func StepReserve(r *Rule, s State, now, cost int64) (State, int64) {
+func StepReserve(r *admit.Rule, s State, now, cost int64) (State, int64) {
 	b := mainBucket(r)
 	return b.reserve(s, now, cost)
 }
 
 // StepCancel gives back cost booked by StepReserve.
-func StepCancel(r *Rule, s State, now, cost int64) State {
+func StepCancel(r *admit.Rule, s State, now, cost int64) State {
 	b := mainBucket(r)
 	return b.unreserve(s, now, cost)
 }

@@ -1,9 +1,11 @@
-package admit
+package engine
 
 import (
 	"runtime"
 	"sync"
 	"weak"
+
+	"github.com/admitdev/admit"
 )
 
 // RuleCache keeps values derived from rules (a store's arguments for a
@@ -21,14 +23,14 @@ type RuleCache[V any] struct {
 // Get returns the value of r, computing it with derive on first use. Two
 // concurrent first uses may both call derive; one result is kept and
 // returned to both.
-func (c *RuleCache[V]) Get(r *Rule, derive func(*Rule) V) V {
+func (c *RuleCache[V]) Get(r *admit.Rule, derive func(*admit.Rule) V) V {
 	wp := weak.Make(r)
 	if v, ok := c.m.Load(wp); ok {
 		return v.(V)
 	}
 	v, loaded := c.m.LoadOrStore(wp, derive(r))
 	if !loaded {
-		runtime.AddCleanup(r, func(wp weak.Pointer[Rule]) { c.m.Delete(wp) }, wp)
+		runtime.AddCleanup(r, func(wp weak.Pointer[admit.Rule]) { c.m.Delete(wp) }, wp)
 	}
 	return v.(V)
 }

@@ -1,4 +1,4 @@
-package admit_test
+package engine_test
 
 import (
 	"runtime"
@@ -6,10 +6,11 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 func TestRuleCacheComputesOnce(t *testing.T) {
-	var c admit.RuleCache[int64]
+	var c engine.RuleCache[int64]
 	r := &admit.Rule{Name: "r", Burst: 7}
 	calls := 0
 	f := func(r *admit.Rule) int64 { calls++; return r.Burst * 2 }
@@ -23,7 +24,7 @@ func TestRuleCacheComputesOnce(t *testing.T) {
 }
 
 func TestRuleCacheEntriesGoWithTheirRules(t *testing.T) {
-	var c admit.RuleCache[int64]
+	var c engine.RuleCache[int64]
 	keep := &admit.Rule{Burst: 1}
 	c.Get(keep, func(r *admit.Rule) int64 { return r.Burst })
 	for i := range 100 {

@@ -1,8 +1,10 @@
-package admit
+package engine
 
 import (
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit"
 )
 
 const base = int64(1_767_225_600_000_000_000) // 2026-01-01T00:00:00Z, day-aligned
@@ -18,7 +20,7 @@ type tstep struct {
 
 // runSteps runs a timeline through the pure transition, keeping the state
 // of admitted steps, as a store would.
-func runSteps(t *testing.T, r *Rule, steps []tstep) {
+func runSteps(t *testing.T, r *admit.Rule, steps []tstep) {
 	t.Helper()
 	if err := r.Validate(); err != nil {
 		t.Fatal(err)
@@ -37,14 +39,14 @@ func runSteps(t *testing.T, r *Rule, steps []tstep) {
 func TestExtremeRates(t *testing.T) {
 	day := 24 * time.Hour
 	t.Run("1/d", func(t *testing.T) {
-		runSteps(t, &Rule{Algorithm: TokenBucket, Rate: Rate{1, day}, Burst: 1}, []tstep{
+		runSteps(t, &admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: day}, Burst: 1}, []tstep{
 			{at: 0, cost: 1, ok: true},
 			{at: day - 1, cost: 1, retry: 1},
 			{at: day, cost: 1, ok: true},
 		})
 	})
 	t.Run("1e9/s", func(t *testing.T) {
-		runSteps(t, &Rule{Algorithm: GCRA, Rate: PerSecond(1e9), Burst: 1e9}, []tstep{
+		runSteps(t, &admit.Rule{Algorithm: admit.GCRA, Rate: admit.PerSecond(1e9), Burst: 1e9}, []tstep{
 			{at: 0, cost: 1e9, ok: true},
 			{at: 1, cost: 2, rem: 1, retry: 1},
 			{at: time.Millisecond, cost: 1e6, ok: true},
@@ -52,16 +54,16 @@ func TestExtremeRates(t *testing.T) {
 	})
 	t.Run("7e8/s", func(t *testing.T) {
 		// 1/0.7 ns a token: exact after a millisecond of refill.
-		runSteps(t, &Rule{Algorithm: TokenBucket, Rate: PerSecond(7e8), Burst: 1e6}, []tstep{
+		runSteps(t, &admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(7e8), Burst: 1e6}, []tstep{
 			{at: 0, cost: 1e6, ok: true},
 			{at: time.Millisecond, cost: 700_000, ok: true},
 			{at: time.Millisecond, cost: 1, retry: 2}, // 1.43ns, rounded up
 		})
 	})
 	t.Run("year window", func(t *testing.T) {
-		runSteps(t, &Rule{Algorithm: SlidingWindow, Limit: MaxCount, Window: MaxRatePeriod}, []tstep{
-			{at: 0, cost: MaxCost, ok: true, rem: MaxCount - MaxCost},
-			{at: 0, cost: MaxCost, ok: true, rem: MaxCount - 2*MaxCost},
+		runSteps(t, &admit.Rule{Algorithm: admit.SlidingWindow, Limit: admit.MaxCount, Window: admit.MaxRatePeriod}, []tstep{
+			{at: 0, cost: admit.MaxCost, ok: true, rem: admit.MaxCount - admit.MaxCost},
+			{at: 0, cost: admit.MaxCost, ok: true, rem: admit.MaxCount - 2*admit.MaxCost},
 		})
 	})
 }
@@ -70,7 +72,7 @@ func TestExtremeRates(t *testing.T) {
 // nanosecond it may, and refuses each one nanosecond earlier: integer
 // arithmetic with exact thirds of nanoseconds never drifts.
 func TestLongRunExactness(t *testing.T) {
-	r := &Rule{Algorithm: TokenBucket, Rate: PerSecond(3), Burst: 3}
+	r := &admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(3), Burst: 3}
 	st, _ := Step(r, [2]State{}, base, 3)
 	for k := int64(1); k <= 300_000; k++ {
 		at := base + (k*int64(time.Second)+2)/3
@@ -89,40 +91,40 @@ func TestRuleValidate(t *testing.T) {
 	i := func(n int64) *int64 { return &n }
 	// Each bad rule, and the field its error is about.
 	bad := []struct {
-		r     Rule
+		r     admit.Rule
 		field string
 	}{
-		{Rule{}, "algorithm"},
-		{Rule{Algorithm: TokenBucket, Rate: PerSecond(0), Burst: 1}, "rate"},
-		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 0}, "burst"},
-		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(11)}, "initial"},
-		{Rule{Algorithm: GCRA, Rate: PerSecond(10), Burst: 10, Initial: i(1)}, "initial"},
-		{Rule{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 100_000}, "burst"}, // 273 years to refill
-		{Rule{Algorithm: TokenBucket, Rate: PerSecond(2e9), Burst: 1}, "rate"},                 // faster than 1/ns
-		{Rule{Algorithm: FixedWindow, Limit: 10, Window: time.Microsecond}, "window"},
-		{Rule{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit + 1, Window: time.Second}, "limit"},
-		{Rule{Algorithm: Combination, Rate: PerSecond(1), Burst: 10}, "floor"},
-		{Rule{Algorithm: Concurrency, Max: 0}, "max"},
-		{Rule{Algorithm: Concurrency, Max: 1, LeaseTTL: -1}, "lease_ttl"},
-		{Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, MaxDebt: -1}, "max_debt"},
-		{Rule{Algorithm: TokenBucket, Rate: Rate{1, 24 * time.Hour}, Burst: 10, MaxDebt: 100_000}, "max_debt"}, // 273 years to repay
-		{Rule{Algorithm: Combination, Rate: PerSecond(1), Burst: 10, Floor: PerSecond(1), MaxDebt: 5}, "max_debt"},
-		{Rule{Algorithm: FixedWindow, Limit: 10, Window: time.Second, MaxDebt: 5}, "max_debt"},
+		{admit.Rule{}, "algorithm"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(0), Burst: 1}, "rate"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 0}, "burst"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10, Initial: i(11)}, "initial"},
+		{admit.Rule{Algorithm: admit.GCRA, Rate: admit.PerSecond(10), Burst: 10, Initial: i(1)}, "initial"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: 24 * time.Hour}, Burst: 100_000}, "burst"}, // 273 years to refill
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(2e9), Burst: 1}, "rate"},                         // faster than 1/ns
+		{admit.Rule{Algorithm: admit.FixedWindow, Limit: 10, Window: time.Microsecond}, "window"},
+		{admit.Rule{Algorithm: admit.SlidingLog, Limit: admit.MaxSlidingLogLimit + 1, Window: time.Second}, "limit"},
+		{admit.Rule{Algorithm: admit.Combination, Rate: admit.PerSecond(1), Burst: 10}, "floor"},
+		{admit.Rule{Algorithm: admit.Concurrency, Max: 0}, "max"},
+		{admit.Rule{Algorithm: admit.Concurrency, Max: 1, LeaseTTL: -1}, "lease_ttl"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10, MaxDebt: -1}, "max_debt"},
+		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: 24 * time.Hour}, Burst: 10, MaxDebt: 100_000}, "max_debt"}, // 273 years to repay
+		{admit.Rule{Algorithm: admit.Combination, Rate: admit.PerSecond(1), Burst: 10, Floor: admit.PerSecond(1), MaxDebt: 5}, "max_debt"},
+		{admit.Rule{Algorithm: admit.FixedWindow, Limit: 10, Window: time.Second, MaxDebt: 5}, "max_debt"},
 	}
 	for _, c := range bad {
 		err := c.r.Validate()
-		if err == nil || ErrorCode(err) != CodeInvalid {
+		if err == nil || admit.ErrorCode(err) != admit.CodeInvalid {
 			t.Errorf("%+v: Validate() = %v, want an invalid error", c.r, err)
 		}
-		if got := ErrorField(err); got != c.field {
+		if got := admit.ErrorField(err); got != c.field {
 			t.Errorf("%+v: the error is about %q, want %q (%v)", c.r, got, c.field, err)
 		}
 	}
-	good := Rule{Algorithm: TokenBucket, Rate: PerSecond(10), Burst: 10, Initial: i(0)}
+	good := admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 10, Initial: i(0)}
 	if err := good.Validate(); err != nil {
 		t.Errorf("Validate() = %v", err)
 	}
-	if err := good.CheckCost(11); ErrorCode(err) != CodeInvalid {
+	if err := good.CheckCost(11); admit.ErrorCode(err) != admit.CodeInvalid {
 		t.Errorf("cost > burst: %v", err)
 	}
 	if n := testing.AllocsPerRun(100, func() { _ = good.Validate(); _ = good.CheckCost(1) }); n != 0 {

@@ -1,8 +1,10 @@
-package admit
+package engine
 
 import (
 	"slices"
 	"testing"
+
+	"github.com/admitdev/admit"
 )
 
 // FuzzKthExpiry holds the window that finds a refusal's k-th soonest expiry
@@ -34,14 +36,14 @@ func FuzzKthExpiry(f *testing.F) {
 // BenchmarkFullLeaseSetRefusal is one refusal of a concurrency key holding
 // MaxConcurrency slots: what a caller at its limit costs per request.
 func BenchmarkFullLeaseSetRefusal(b *testing.B) {
-	r := &Rule{Name: "c", Algorithm: Concurrency, Max: MaxConcurrency}
+	r := &admit.Rule{Name: "c", Algorithm: admit.Concurrency, Max: admit.MaxConcurrency}
 	var s LeaseSet
-	for i := range MaxConcurrency {
-		s.Commit(0, uint64(i), 1, int64(1e9+i*7919%MaxConcurrency))
+	for i := range admit.MaxConcurrency {
+		s.Commit(0, uint64(i), 1, int64(1e9+i*7919%admit.MaxConcurrency))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	var res Result
+	var res admit.Result
 	for b.Loop() {
 		s.EvalTo(&res, r, 1, 1, 0)
 	}

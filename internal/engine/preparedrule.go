@@ -1,9 +1,12 @@
-package admit
+package engine
 
 import (
 	"sync/atomic"
 	"time"
 	"unsafe"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/ruleslot"
 )
 
 // A store validates every rule it is given, on every decision, and a
@@ -14,7 +17,7 @@ import (
 // PreparedRule is a rule that passed Validate, with what deciding by it
 // derives from its parameters. Rule.Prepare returns it.
 type PreparedRule struct {
-	rule   *Rule
+	rule   *admit.Rule
 	params ruleParams
 	most   int64 // the largest cost a request may charge; see CheckCost
 	b      buckets
@@ -31,22 +34,22 @@ type buckets struct {
 // ruleParams are the parameters of a rule that Validate reads: while they
 // stay as they were, a rule stays valid and its buckets stay the same.
 type ruleParams struct {
-	algorithm        Algorithm
-	rate, floor      Rate
+	algorithm        admit.Algorithm
+	rate, floor      admit.Rate
 	burst, initial   int64
 	limit, max       int64
 	maxCost          int64
 	shareCeiling     int64
 	maxDebt          int64
 	window, leaseTTL time.Duration
-	period           Period
+	period           admit.Period
 	location         *time.Location
 	anchor           time.Time
 }
 
-func (r *Rule) params() ruleParams {
+func paramsOf(r *admit.Rule) ruleParams {
 	return ruleParams{
-		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: r.initial(),
+		algorithm: r.Algorithm, rate: r.Rate, floor: r.Floor, burst: r.Burst, initial: initialOf(r),
 		limit: r.Limit, max: r.Max, maxCost: r.MaxCost, shareCeiling: r.ShareCeiling, maxDebt: r.MaxDebt, window: r.Window, leaseTTL: r.LeaseTTL,
 		period: r.Period, location: r.Location, anchor: r.Anchor,
 	}
@@ -55,32 +58,32 @@ func (r *Rule) params() ruleParams {
 // holds reports whether p is r's preparation and r's parameters are still
 // those p was prepared from. It compares only what r's algorithm reads,
 // field by field: this runs on every decision.
-func (p *PreparedRule) holds(r *Rule) bool {
+func (p *PreparedRule) holds(r *admit.Rule) bool {
 	q := &p.params
 	if p.rule != r || r.Algorithm != q.algorithm || r.MaxCost != q.maxCost || r.ShareCeiling != q.shareCeiling {
 		return false
 	}
 	switch r.Algorithm {
-	case TokenBucket, GCRA:
-		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.MaxDebt == q.maxDebt
-	case Combination:
-		return r.Rate == q.rate && r.Burst == q.burst && r.initial() == q.initial && r.Floor == q.floor
-	case FixedWindow, SlidingWindow, SlidingLog:
+	case admit.TokenBucket, admit.GCRA:
+		return r.Rate == q.rate && r.Burst == q.burst && initialOf(r) == q.initial && r.MaxDebt == q.maxDebt
+	case admit.Combination:
+		return r.Rate == q.rate && r.Burst == q.burst && initialOf(r) == q.initial && r.Floor == q.floor
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
 		return r.Limit == q.limit && r.Window == q.window
-	case Quota:
+	case admit.Quota:
 		return r.Limit == q.limit && r.Period == q.period && r.Location == q.location && r.Anchor.Equal(q.anchor)
-	case Concurrency:
+	case admit.Concurrency:
 		return r.Max == q.max && r.LeaseTTL == q.leaseTTL
 	}
 	return false
 }
 
-func bucketsOf(r *Rule) buckets {
+func bucketsOf(r *admit.Rule) buckets {
 	var b buckets
 	switch r.Algorithm {
-	case TokenBucket, GCRA:
+	case admit.TokenBucket, admit.GCRA:
 		b.main = mainBucket(r)
-	case Combination:
+	case admit.Combination:
 		b.main, b.floor = mainBucket(r), floorBucket(r)
 	}
 	return b
@@ -88,9 +91,9 @@ func bucketsOf(r *Rule) buckets {
 
 // prepareBuckets is bucketsOf for a rule kept prepared: a quota's period
 // in progress is kept too.
-func prepareBuckets(r *Rule) buckets {
+func prepareBuckets(r *admit.Rule) buckets {
 	b := bucketsOf(r)
-	if r.Algorithm == Quota {
+	if r.Algorithm == admit.Quota {
 		b.period = new(periods)
 	}
 	return b
@@ -103,9 +106,9 @@ func prepareBuckets(r *Rule) buckets {
 // changed is validated and prepared afresh; a copy of a rule is prepared
 // on its own. Concurrent calls are safe; changing r while it is used is
 // not, as for any rule.
-func (r *Rule) Prepare() (*PreparedRule, error) {
+func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if r != nil {
-		p := (*PreparedRule)(atomic.LoadPointer(&r.prepared))
+		p := (*PreparedRule)(atomic.LoadPointer(ruleslot.Of(unsafe.Pointer(r))))
 		if p != nil && p.holds(r) {
 			return p, nil
 		}
@@ -113,20 +116,20 @@ func (r *Rule) Prepare() (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: r.params(), b: prepareBuckets(r), most: r.MostAtOnce(), share: shareParamsOf(r)}
+	p := &PreparedRule{rule: r, params: paramsOf(r), b: prepareBuckets(r), most: r.MostAtOnce(), share: shareParamsOf(r)}
 	if r.MaxCost > 0 {
 		p.most = min(p.most, r.MaxCost)
 	}
-	atomic.StorePointer(&r.prepared, unsafe.Pointer(p))
+	atomic.StorePointer(ruleslot.Of(unsafe.Pointer(r)), unsafe.Pointer(p))
 	return p, nil
 }
 
 // Rule returns the rule p was prepared from.
-func (p *PreparedRule) Rule() *Rule { return p.rule }
+func (p *PreparedRule) Rule() *admit.Rule { return p.rule }
 
 // CheckCost is p.Rule().CheckCost(cost).
 func (p *PreparedRule) CheckCost(cost int64) error {
-	if cost < 0 || cost > MaxCost || cost > p.most {
+	if cost < 0 || cost > admit.MaxCost || cost > p.most {
 		return p.rule.CheckCost(cost) // for its error
 	}
 	return nil
@@ -135,12 +138,39 @@ func (p *PreparedRule) CheckCost(cost int64) error {
 // StepTo is StepTo(res, p.Rule(), st, now, cost) without deriving anything
 // from the rule again; with debit, cost is a debit (see Charge.Debit), for
 // the rules that take them (see CheckDebit).
-func (p *PreparedRule) StepTo(res *Result, st [2]State, now, cost int64, debit bool) (next [2]State) {
+func (p *PreparedRule) StepTo(res *admit.Result, st [2]State, now, cost int64, debit bool) (next [2]State) {
 	return stepTo(res, p.rule, &p.b, st, now, cost, debit)
 }
 
 // StepOneTo is StepTo for the algorithms whose key has one State (see
 // Algorithm.Slots).
-func (p *PreparedRule) StepOneTo(res *Result, s State, now, cost int64, debit bool) State {
+func (p *PreparedRule) StepOneTo(res *admit.Result, s State, now, cost int64, debit bool) State {
 	return stepOne(res, p.rule, &p.b, s, now, cost, debit)
+}
+
+// initialOf is r's initial balance: r.Initial, or a full burst.
+func initialOf(r *admit.Rule) int64 {
+	if r.Initial != nil {
+		return *r.Initial
+	}
+	return r.Burst
+}
+
+// CheckDebits reports whether charges mix a check and a debit of one key,
+// which a decision refuses: were the decision refused, the check would
+// report what the key holds with the debits before it and not those after
+// it, an answer that depends on the order of the charges. Charging one key
+// twice the same way is fine.
+func CheckDebits(charges []admit.Charge) error {
+	for i := range charges {
+		if !charges[i].Debit {
+			continue
+		}
+		for j := range charges {
+			if !charges[j].Debit && charges[j].Key == charges[i].Key {
+				return admit.Errorf(admit.CodeInvalid, "key %q is both checked and debited in one decision", charges[i].Key)
+			}
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package admit_test
+package engine_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // TestRulePrepare: a rule is prepared once and the preparation kept; a
@@ -55,16 +56,16 @@ func TestRulePrepare(t *testing.T) {
 	}
 	for _, c := range changes {
 		r := rules[c.alg]()
-		p1, err := r.Prepare()
+		p1, err := engine.Prepare(r)
 		if err != nil {
 			t.Fatalf("%s: %v", c.alg, err)
 		}
-		if p2, _ := r.Prepare(); p2 != p1 || p1.Rule() != r {
+		if p2, _ := engine.Prepare(r); p2 != p1 || p1.Rule() != r {
 			t.Errorf("%s: prepared twice, or for another rule", c.alg)
 		}
 		c.change(r)
 		var e *admit.Error
-		_, err = r.Prepare()
+		_, err = engine.Prepare(r)
 		if !errors.As(err, &e) {
 			t.Errorf("%s, %s changed to an invalid value: Prepare = %v, want its error", c.alg, c.field, err)
 			continue
@@ -76,21 +77,21 @@ func TestRulePrepare(t *testing.T) {
 
 	// A valid change gives a new preparation that decides by the new value.
 	r := rules["gcra"]()
-	p1, _ := r.Prepare()
+	p1, _ := engine.Prepare(r)
 	r.Burst = 8
-	p2, err := r.Prepare()
+	p2, err := engine.Prepare(r)
 	if err != nil || p2 == p1 {
 		t.Fatalf("burst changed: %v, same preparation %v", err, p2 == p1)
 	}
 	var res admit.Result
-	p2.StepOneTo(&res, admit.State{}, time.Now().UnixNano(), 1, false)
+	p2.StepOneTo(&res, engine.State{}, time.Now().UnixNano(), 1, false)
 	if res.Limit != 8 || res.Remaining != 7 {
 		t.Errorf("burst 8, one taken: limit %d remaining %d, want 8 and 7", res.Limit, res.Remaining)
 	}
 
 	// A copy is prepared on its own.
 	cp := *r
-	p3, err := cp.Prepare()
+	p3, err := engine.Prepare(&cp)
 	if err != nil || p3 == p2 || p3.Rule() != &cp {
 		t.Errorf("a copy of a prepared rule: %v, shares its preparation %v", err, p3 == p2)
 	}
@@ -104,7 +105,7 @@ func TestRulePrepareConcurrent(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				if p, err := r.Prepare(); err != nil || p.Rule() != r {
+				if p, err := engine.Prepare(r); err != nil || p.Rule() != r {
 					t.Errorf("Prepare: %v", err)
 					return
 				}

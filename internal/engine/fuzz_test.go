@@ -1,15 +1,17 @@
-package admit
+package engine
 
 import (
 	"testing"
 	"time"
 	_ "time/tzdata" // FuzzQuota's zones
+
+	"github.com/admitdev/admit"
 )
 
 // checkRetry asserts what RetryAfter promises: the same request passes
 // exactly RetryAfter later if nothing else happens, and not a nanosecond
 // sooner.
-func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, Result) {
+func checkRetry(t *testing.T, r *admit.Rule, st [2]State, now, cost int64) ([2]State, admit.Result) {
 	t.Helper()
 	next, res := Step(r, st, now, cost)
 	checkPrepared(t, r, st, now, cost, next, res)
@@ -45,10 +47,10 @@ func checkRetry(t *testing.T, r *Rule, st [2]State, now, cost int64) ([2]State, 
 // that does not is charged anyway, after which a request of cost 1 is
 // refused until exactly RetryAfter. next and res are nil when the charge
 // was not made.
-func checkDebit(t *testing.T, r *Rule, s State, now, cost int64, next *State, res *Result) {
+func checkDebit(t *testing.T, r *admit.Rule, s State, now, cost int64, next *State, res *admit.Result) {
 	t.Helper()
-	p, _ := r.Prepare()
-	var d Result
+	p, _ := Prepare(r)
+	var d admit.Result
 	debited := p.StepOneTo(&d, s, now, cost, true)
 	if !d.Debit || d.Rule != r.Name || d.Limit != r.Capacity() {
 		t.Fatalf("%+v: debit %d reported as %+v", r, cost, d)
@@ -63,7 +65,7 @@ func checkDebit(t *testing.T, r *Rule, s State, now, cost int64, next *State, re
 	if d.Remaining != 0 || d.RetryAfter <= 0 {
 		t.Fatalf("%+v at %d: a debit of %d in debt reports %+v", r, now, cost, d)
 	}
-	var one Result
+	var one admit.Result
 	p.StepOneTo(&one, debited, now+int64(d.RetryAfter)-1, 1, false)
 	if one.Allowed {
 		t.Fatalf("%+v: after a debit of %d at %d, a request passes before RetryAfter %v", r, cost, now, d.RetryAfter)
@@ -75,22 +77,22 @@ func checkDebit(t *testing.T, r *Rule, s State, now, cost int64, next *State, re
 }
 
 // checkPrepared asserts that r prepared decides exactly as r does.
-func checkPrepared(t *testing.T, r *Rule, st [2]State, now, cost int64, next [2]State, res Result) {
+func checkPrepared(t *testing.T, r *admit.Rule, st [2]State, now, cost int64, next [2]State, res admit.Result) {
 	t.Helper()
-	p, err := r.Prepare()
+	p, err := Prepare(r)
 	if err != nil {
 		t.Fatalf("%+v: Prepare: %v", r, err)
 	}
-	for _, c := range []int64{cost, -1, 0, r.Capacity(), r.Capacity() + 1, MaxCost + 1} {
+	for _, c := range []int64{cost, -1, 0, r.Capacity(), r.Capacity() + 1, admit.MaxCost + 1} {
 		if (p.CheckCost(c) == nil) != (r.CheckCost(c) == nil) {
 			t.Fatalf("%+v: cost %d: prepared CheckCost %v, CheckCost %v", r, c, p.CheckCost(c), r.CheckCost(c))
 		}
 	}
-	var pres Result
+	var pres admit.Result
 	if pnext := p.StepTo(&pres, st, now, cost, false); pnext != next || pres != res {
 		t.Fatalf("%+v at %d cost %d: prepared %v %+v, unprepared %v %+v", r, now, cost, pnext, pres, next, res)
 	}
-	if r.Algorithm.Slots() == 1 {
+	if Slots(r.Algorithm) == 1 {
 		if one := p.StepOneTo(&pres, st[0], now, cost, false); one != next[0] || pres != res {
 			t.Fatalf("%+v at %d cost %d: StepOneTo %v %+v, StepTo %v %+v", r, now, cost, one, pres, next[0], res)
 		}
@@ -99,13 +101,13 @@ func checkPrepared(t *testing.T, r *Rule, st [2]State, now, cost int64, next [2]
 
 // fuzzStart rejects inputs outside the documented bounds and maps start to
 // an instant within a year after base.
-func fuzzStart(r *Rule, cost, gap, start int64) (int64, bool) {
-	if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(MaxRatePeriod) {
+func fuzzStart(r *admit.Rule, cost, gap, start int64) (int64, bool) {
+	if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(admit.MaxRatePeriod) {
 		return 0, false
 	}
-	now := base + start%int64(MaxRatePeriod)
+	now := base + start%int64(admit.MaxRatePeriod)
 	if now < base {
-		now += int64(MaxRatePeriod)
+		now += int64(admit.MaxRatePeriod)
 	}
 	return now, true
 }
@@ -119,12 +121,12 @@ func FuzzBucket(f *testing.F) {
 	f.Add(uint8(1), int64(3), int64(time.Second), int64(3), int64(2), int64(7), int64(333333333), int64(1), int64(1), int64(1))
 	f.Add(uint8(2), int64(1e9), int64(time.Second), int64(4e9), int64(1e9), int64(1), int64(2), int64(1), int64(time.Second), int64(2))
 	f.Fuzz(func(t *testing.T, alg uint8, n, per, burst, cost, initial, gap, floorN, floorPer, start int64) {
-		r := &Rule{Algorithm: []Algorithm{TokenBucket, GCRA, Combination}[alg%3], Rate: Rate{n, time.Duration(per)}, Burst: burst}
-		if r.Algorithm == TokenBucket && initial >= 0 {
+		r := &admit.Rule{Algorithm: []admit.Algorithm{admit.TokenBucket, admit.GCRA, admit.Combination}[alg%3], Rate: admit.Rate{N: n, Per: time.Duration(per)}, Burst: burst}
+		if r.Algorithm == admit.TokenBucket && initial >= 0 {
 			r.Initial = &initial
 		}
-		if r.Algorithm == Combination {
-			r.Floor = Rate{floorN, time.Duration(floorPer)}
+		if r.Algorithm == admit.Combination {
+			r.Floor = admit.Rate{N: floorN, Per: time.Duration(floorPer)}
 		}
 		now, ok := fuzzStart(r, cost, gap, start)
 		if !ok {
@@ -134,7 +136,7 @@ func FuzzBucket(f *testing.F) {
 		admitted := int64(0)
 		first := now
 		for range 20 {
-			var res Result
+			var res admit.Result
 			st, res = checkRetry(t, r, st, now, cost)
 			if res.Allowed {
 				admitted += cost
@@ -143,12 +145,12 @@ func FuzzBucket(f *testing.F) {
 		}
 		// Everything admitted in [first, now−gap] fits in the burst plus
 		// the refill of that interval (both buckets for a combination).
-		limit := func(rate Rate, b int64) int64 {
+		limit := func(rate admit.Rate, b int64) int64 {
 			q, _ := mul(uint64(now-gap-first), uint64(rate.N)).div(uint64(rate.Per))
 			return b + q
 		}
 		bound := limit(r.Rate, r.Burst)
-		if r.Algorithm == Combination {
+		if r.Algorithm == admit.Combination {
 			bound += limit(r.Floor, r.Floor.N)
 		}
 		if admitted > bound {
@@ -161,11 +163,11 @@ func FuzzBucket(f *testing.F) {
 func FuzzWindows(f *testing.F) {
 	f.Add(false, int64(10), int64(time.Second), int64(1), int64(100_000_000), int64(0))
 	f.Add(true, int64(10), int64(time.Second), int64(3), int64(77_777_777), int64(5))
-	f.Add(true, int64(4e9), int64(MaxRatePeriod), int64(1e9), int64(time.Hour), int64(-9))
+	f.Add(true, int64(4e9), int64(admit.MaxRatePeriod), int64(1e9), int64(time.Hour), int64(-9))
 	f.Fuzz(func(t *testing.T, sliding bool, limit, window, cost, gap, start int64) {
-		r := &Rule{Algorithm: FixedWindow, Limit: limit, Window: time.Duration(window)}
+		r := &admit.Rule{Algorithm: admit.FixedWindow, Limit: limit, Window: time.Duration(window)}
 		if sliding {
-			r.Algorithm = SlidingWindow
+			r.Algorithm = admit.SlidingWindow
 		}
 		now, ok := fuzzStart(r, cost, gap, start)
 		if !ok {
@@ -174,7 +176,7 @@ func FuzzWindows(f *testing.F) {
 		var st [2]State
 		perWindow := map[int64]int64{}
 		for range 30 {
-			var res Result
+			var res admit.Result
 			if st, res = checkRetry(t, r, st, now, cost); res.Allowed {
 				perWindow[now/window] += cost
 			}
@@ -201,7 +203,7 @@ func FuzzQuota(f *testing.F) {
 		if err != nil {
 			t.Fatal(err) // time/tzdata holds them all
 		}
-		r := &Rule{Algorithm: Quota, Limit: limit, Period: Period(period%4 + 1), Location: loc}
+		r := &admit.Rule{Algorithm: admit.Quota, Limit: limit, Period: admit.Period(period%4 + 1), Location: loc}
 		if anchorDays != 0 {
 			r.Anchor = time.Unix(0, base).Add(time.Duration(anchorDays%4000) * 24 * time.Hour).Add(time.Duration(anchorDays%86400) * time.Second)
 		}
@@ -217,7 +219,7 @@ func FuzzQuota(f *testing.F) {
 			if s.After(tn) || !tn.Before(e) {
 				t.Fatalf("%v is not in its period [%v, %v)", tn.In(loc), s, e)
 			}
-			var res Result
+			var res admit.Result
 			if st, res = checkRetry(t, r, st, now, cost); res.Allowed {
 				perPeriod[s.UnixNano()] += cost
 			}

@@ -1,4 +1,4 @@
-package admit_test
+package engine_test
 
 import (
 	"context"

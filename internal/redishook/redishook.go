@@ -1,0 +1,41 @@
+// Package redishook gives the packages of this module that keep their own
+// data in a redisstore's Redis (gateway sessions, the shared catalog, usage
+// records) what redisstore keeps out of its API: the store's rueidis
+// client and calls through its breaker. Benchmarks replay a decision's
+// function call with Command and FunctionName.
+//
+// Package redisstore sets the hooks when it starts, before any package
+// that imports it runs; each takes a *redisstore.Store.
+package redishook
+
+import (
+	"context"
+
+	"github.com/admitdev/admit"
+	"github.com/redis/rueidis"
+)
+
+// FunctionName is the name of the store's Redis function. A library
+// version that changes the function's arguments gets a new name, so that
+// servers of two versions can share a deployment during an upgrade.
+const FunctionName = "admit_v9"
+
+var (
+	// Call makes one call to Redis, f, as the store makes its own:
+	// through its circuit breaker (refused at once, with
+	// CodeUnavailable, while it is open), within its timeout, and
+	// counted in its health, so that data kept beside the limits fails as
+	// fast as decisions during an outage. An error f returns is
+	// CodeUnavailable, unless it is a Redis reply, which f should keep to
+	// itself: Call counts it as a bug (CodeInternal).
+	Call func(store any, ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error
+
+	// Client returns the store's client, or nil while a lazily dialled
+	// store has not connected yet.
+	Client func(store any) rueidis.Client
+
+	// Command returns the keys and arguments of the function call that
+	// deciding charges alone makes (in a single group, as outside
+	// Cluster). The charges must be valid and take no lease.
+	Command func(store any, charges []admit.Charge) (keys, args []string)
+)
