@@ -16,7 +16,7 @@ var layers = []struct {
 	packages []string
 }{
 	{"the rule's slot", []string{"internal/ruleslot"}},
-	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api"}},
+	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest"}},
 	{"the engine", []string{"internal/engine", "internal/redishook"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},

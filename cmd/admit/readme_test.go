@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit/internal/readmetest"
 	"github.com/coder/websocket"
 )
 
@@ -105,22 +106,6 @@ func TestREADMEWalkthrough(t *testing.T) {
 	}
 }
 
-// readmeBlock returns the first shell block of README.md after marker.
-func readmeBlock(t *testing.T, marker string) string {
-	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(readme), marker)
-	_, block, ok2 := strings.Cut(after, "```sh\n")
-	block, _, ok3 := strings.Cut(block, "```")
-	if !ok || !ok2 || !ok3 {
-		t.Fatalf("README.md has no shell block after %q", marker)
-	}
-	return block
-}
-
 // shellWords splits a command line as bash does.
 func shellWords(t *testing.T, line string) []string {
 	t.Helper()
@@ -135,7 +120,7 @@ func shellWords(t *testing.T, line string) []string {
 // (drawing into a temporary file), and make pictures draws the README's
 // picture with the same command.
 func TestREADMESimulate(t *testing.T) {
-	block := readmeBlock(t, "drawn by `make pictures`:")
+	block := readmetest.Block(t, "drawn by `make pictures`:", "sh")
 	line := strings.TrimSpace(strings.ReplaceAll(block, "\\\n", " "))
 	args, ok := strings.CutPrefix(line, "go run ./cmd/admit ")
 	if !ok {
@@ -179,7 +164,7 @@ func TestREADMESimulate(t *testing.T) {
 // admit serve with, checking that it starts it as the two commands do.
 func readmeServeEnv(t *testing.T) map[string]string {
 	t.Helper()
-	words := shellWords(t, strings.TrimSpace(readmeBlock(t, "## A walk through the demo tenants")))
+	words := shellWords(t, strings.TrimSpace(readmetest.Block(t, "## A walk through the demo tenants", "sh")))
 	environ := map[string]string{}
 	for len(words) > 0 && strings.Contains(words[0], "=") {
 		k, v, _ := strings.Cut(words[0], "=")
@@ -199,7 +184,7 @@ func readmeServeEnv(t *testing.T) map[string]string {
 // 429, as its last line says.
 func TestREADMESessions(t *testing.T) {
 	srv := startCmdEnv(t, readmeServeEnv(t), "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir())
-	block := readmeBlock(t, "for the sample client, or from a shell:")
+	block := readmetest.Block(t, "for the sample client, or from a shell:", "sh")
 	host := strings.TrimPrefix(srv.url, "http://")
 	var curl, url, send, echo string
 	for _, line := range strings.Split(block, "\n") {

@@ -3,10 +3,10 @@ package main
 import (
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 
+	"github.com/admitdev/admit/internal/readmetest"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/storetest"
 )
@@ -56,25 +56,9 @@ func TestExample(t *testing.T) {
 // newHandler, to the byte but for its indentation, so that what a reader
 // copies compiles and does what TestExample checks.
 func TestREADME(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "In a `net/http` server (`examples/middleware`):")
-	if !ok {
-		t.Fatal("README.md has no middleware section")
-	}
-	_, block, ok := strings.Cut(section, "```go\n")
-	block, _, ok2 := strings.Cut(block, "```")
-	if !ok || !ok2 {
-		t.Fatal("the middleware section has no Go block")
-	}
+	block := readmetest.Block(t, "In a `net/http` server (`examples/middleware`):", "go")
 	indented := "\t" + strings.ReplaceAll(strings.TrimSuffix(block, "\n"), "\n", "\n\t") + "\n"
-	if !strings.Contains(string(prog), indented) {
+	if !strings.Contains(readmetest.File(t, "main.go"), indented) {
 		t.Errorf("README.md's middleware block is not in examples/middleware/main.go:\n%s", block)
 	}
 }

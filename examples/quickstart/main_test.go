@@ -3,10 +3,9 @@ package main
 import (
 	"io"
 	"os"
-	"path/filepath"
-	"runtime"
-	"strings"
 	"testing"
+
+	"github.com/admitdev/admit/internal/readmetest"
 )
 
 // TestQuickStart runs the README's quick start and checks what it prints.
@@ -29,26 +28,7 @@ func TestQuickStart(t *testing.T) {
 // TestREADME: the quick start in README.md is this program, to the byte,
 // so that what a reader copies compiles.
 func TestREADME(t *testing.T) {
-	_, here, _, _ := runtime.Caller(0)
-	dir := filepath.Dir(here)
-	readme, err := os.ReadFile(filepath.Join(dir, "..", "..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog, err := os.ReadFile(filepath.Join(dir, "main.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, section, ok := strings.Cut(string(readme), "## Quick start (library)")
-	if !ok {
-		t.Fatal("README.md has no Quick start (library) section")
-	}
-	_, block, ok := strings.Cut(section, "```go\n")
-	block, _, ok2 := strings.Cut(block, "```")
-	if !ok || !ok2 {
-		t.Fatal("the quick start section has no Go block")
-	}
-	if block != string(prog) {
+	if block := readmetest.Block(t, "## Quick start (library)", "go"); block != readmetest.File(t, "main.go") {
 		t.Errorf("README.md's quick start differs from examples/quickstart/main.go:\n%s", block)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/admitdev/admit/internal/readmetest"
 	"github.com/admitdev/admit/redistest"
 )
 
@@ -40,20 +41,8 @@ func TestExample(t *testing.T) {
 // TestREADME: the line README.md gives for opening the store in Redis is
 // this example's, but for the URL it reads from a flag.
 func TestREADME(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	prog, err := os.ReadFile("main.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(readme), "(`examples/redis`): `")
-	line, _, ok2 := strings.Cut(after, "`")
-	if !ok || !ok2 {
-		t.Fatal("README.md names no line of examples/redis")
-	}
-	if want := strings.Replace(line, `"redis://…"`, "url", 1); !strings.Contains(string(prog), "\t"+want) {
+	line := readmetest.Inline(t, "(`examples/redis`): ")
+	if want := strings.Replace(line, `"redis://…"`, "url", 1); !strings.Contains(readmetest.File(t, "main.go"), "\t"+want) {
 		t.Errorf("README.md's %q is not in examples/redis/main.go (as %q)", line, want)
 	}
 }
