@@ -215,6 +215,17 @@ type Store interface {
 	Close() error
 }
 
+// A RuleChecker is a Store that cannot decide every valid rule, a store
+// with bounds of its own (Redis keeps times in whole microseconds and
+// windows of at most 52 days): NewLimiter asks it about each limit, so
+// that a limit it cannot decide is refused at wiring rather than at every
+// request.
+type RuleChecker interface {
+	// CheckRule reports why the store cannot decide r, a valid rule, or
+	// nil.
+	CheckRule(r *Rule) error
+}
+
 // A Refunder gives back what admitted charges took, when the cost turns
 // out smaller than the one charged (an LLM call reserved for its longest
 // answer and gave a short one). Stores that keep counts implement it.

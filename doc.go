@@ -21,9 +21,11 @@
 // charged; a refused request charges none, so a user refused by its own
 // limit costs its tenant nothing. A Who that lacks a scope some limit is
 // per is an error, never an unlimited request. AllowN takes a cost, Peek
-// charges nothing, Debit charges a cost known only after the work (it
-// goes into debt rather than refuse). None allocates on the memory store;
-// each reports the limit closest to refusing, and Decide fills a reused
+// answers what Allow would and charges nothing, Debit charges a cost
+// known only after the work (it goes into debt rather than refuse). On
+// the memory store none allocates for a caller seen lately (a new key is
+// built once; a Concurrent limit makes a lease); each reports the limit
+// closest to refusing, and Decide fills a reused
 // Decision with every limit's Results. An IP is the address it names
 // (a port dropped, IPv6 kept per /64). Two Limiters of one program cannot
 // keep limits of one name in one store unless named apart

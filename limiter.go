@@ -216,6 +216,12 @@ type cachedKey struct {
 // is an error, since the two would share that state unknowingly: give
 // the limits names of their own, keep one Limiter, name the Limiters
 // apart with NewNamedLimiter, or Close the first.
+// The check knows a store by its value: two handles opened on one Redis,
+// or a store and a wrapper around it, are two stores to it, and a store of
+// a type that cannot be compared (a struct holding a slice) is not checked.
+//
+// A store that cannot decide every valid rule says so (RuleChecker): a
+// limit it cannot decide is an error here, not at every request.
 func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
 	return newLimiter(s, "", limits)
 }
@@ -239,6 +245,10 @@ func NewNamedLimiter(s Store, name string, limits ...Limit) (*Limiter, error) {
 func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 	if s == nil {
 		return nil, Errorf(CodeInvalid, "admit.NewLimiter: the store is nil; use memstore.New(nil) for one process")
+	}
+	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
+		// A store whose constructor failed, its error unread.
+		return nil, Errorf(CodeInvalid, "admit.NewLimiter: the store is a nil %T; check the error of the call that made it", s)
 	}
 	if len(limits) == 0 {
 		return nil, Errorf(CodeInvalid, "admit.NewLimiter: no limits; a Limiter with none would admit everything")
@@ -275,6 +285,11 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 		r := lim.rule // a copy the Limiter owns
 		if err := r.Validate(); err != nil {
 			return nil, err
+		}
+		if rc, ok := s.(RuleChecker); ok {
+			if err := rc.CheckRule(&r); err != nil {
+				return nil, err
+			}
 		}
 		l.rules = append(l.rules, &r)
 		l.pers = append(l.pers, lim.per)
@@ -358,7 +373,7 @@ func (l *Limiter) Rules() []*Rule { return l.rules }
 // one), what remains and when to retry; its Results are nil: Decide
 // reports every limit.
 func (l *Limiter) Allow(ctx context.Context, w Who) (d Decision, err error) {
-	err = l.summary(ctx, w, 1, false, &d)
+	err = l.summary(ctx, w, 1, charging, &d)
 	return d, err
 }
 
@@ -367,14 +382,15 @@ func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (d Decision, err e
 	if n < 1 {
 		return Decision{}, costError("AllowN", n)
 	}
-	err = l.summary(ctx, w, n, false, &d)
+	err = l.summary(ctx, w, n, charging, &d)
 	return d, err
 }
 
-// Peek reports what a request of cost 1 from w would find, as Allow does,
-// charging nothing.
+// Peek reports what Allow would decide for w now, charging nothing: a
+// request of cost 1 (a dry run, see Charge.DryRun), admitted or refused
+// as Allow would, with what remains and when to retry.
 func (l *Limiter) Peek(ctx context.Context, w Who) (d Decision, err error) {
-	err = l.summary(ctx, w, 0, false, &d)
+	err = l.summary(ctx, w, 1, peeking, &d)
 	return d, err
 }
 
@@ -399,19 +415,19 @@ func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (d Decision, err er
 		e.Field = "debit"
 		return Decision{}, e
 	}
-	err = l.summary(ctx, w, n, true, &d)
+	err = l.summary(ctx, w, n, debiting, &d)
 	return d, err
 }
 
 // summary decides into a scratch Decision and writes its summary, without
 // Results, to out.
-func (l *Limiter) summary(ctx context.Context, w Who, cost int64, debit bool, out *Decision) error {
+func (l *Limiter) summary(ctx context.Context, w Who, cost int64, how chargeHow, out *Decision) error {
 	d, _ := l.scratch.Get().(*Decision)
 	if d == nil {
 		d = new(Decision)
 	}
-	err := l.decide(ctx, w, cost, debit, d)
-	if debit && err == nil {
+	err := l.decide(ctx, w, cost, how, d)
+	if how == debiting && err == nil {
 		// Whether it fitted, from the debit that did not fit worst.
 		for i := range d.Results {
 			r := &d.Results[i]
@@ -439,7 +455,7 @@ func (l *Limiter) Decide(ctx context.Context, w Who, n int64, d *Decision) error
 		d.Reset()
 		return costError("AllowN", n)
 	}
-	return l.decide(ctx, w, n, false, d)
+	return l.decide(ctx, w, n, charging, d)
 }
 
 // Release frees the concurrency slots an admitted decision holds, if any.
@@ -468,7 +484,16 @@ func costError(method string, n int64) error {
 	return e
 }
 
-func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *Decision) error {
+// chargeHow is how a decision charges its limits.
+type chargeHow uint8
+
+const (
+	charging chargeHow = iota // admitted or refused, all or nothing
+	debiting                  // charged whether it fits or not (Debit)
+	peeking                   // decided and reported, nothing charged (Peek)
+)
+
+func (l *Limiter) decide(ctx context.Context, w Who, cost int64, how chargeHow, d *Decision) error {
 	if l.closed.Load() {
 		d.Reset()
 		return Errorf(CodeInvalid, "admit.Limiter: closed")
@@ -482,7 +507,7 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *
 	charges := d.charges[:len(l.rules)]
 	n := 0
 	for i, r := range l.rules {
-		if debit && r.CheckDebit(1) != nil {
+		if how == debiting && r.CheckDebit(1) != nil {
 			continue
 		}
 		c := &charges[n]
@@ -490,7 +515,7 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, debit bool, d *
 			d.Reset()
 			return err
 		}
-		c.Rule, c.Cost, c.Debit = r, cost, debit
+		c.Rule, c.Cost, c.Debit, c.DryRun = r, cost, how == debiting, how == peeking
 		n++
 	}
 	err := l.store.Decide(ctx, charges[:n], d)

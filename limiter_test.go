@@ -217,6 +217,11 @@ func TestNewLimiterRefuses(t *testing.T) {
 		{"no rate", s, []admit.Limit{admit.Bucket("b", admit.Rate{}, 1)}, "rate", "rate"},
 		{"no window", s, []admit.Limit{admit.Window("w", 1, 0)}, "window", "window"},
 		{"long name", s, []admit.Limit{admit.Bucket(strings.Repeat("n", 200), admit.PerSecond(1), 1)}, "name", "at most 128"},
+		// A constructor's failure, its error unread: refused now, not at
+		// the first request.
+		{"typed nil store", (*memstore.Store)(nil), []admit.Limit{ok}, "", "nil *memstore.Store"},
+		// A limit the store says it cannot decide.
+		{"store's bounds", checkingStore{s}, []admit.Limit{ok, admit.Window("long", 1, 90*24*time.Hour)}, "window", "longer than this store's"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l, err := admit.NewLimiter(tc.store, tc.limits...)
@@ -284,8 +289,8 @@ func TestLimiterAllOrNothing(t *testing.T) {
 	// later it is full again (2), and the tenant has refilled one token.
 	clock.Set(time.Second)
 	d, err := l.Peek(ctx, bob)
-	if err != nil || !d.Allowed || d.Remaining != 1 || d.Results != nil {
-		t.Fatalf("peek at bob after 1s: %+v %v; want admitted, 1 left (the tenant's, closest to refusing), no Results", d, err)
+	if err != nil || !d.Allowed || d.Remaining != 0 || d.Results != nil {
+		t.Fatalf("peek at bob after 1s: %+v %v; want admitted, none left after it (the tenant's one token, closest to refusing), no Results", d, err)
 	}
 	var full admit.Decision
 	if err := l.Decide(ctx, bob, 1, &full); err != nil || !full.Allowed || full.Results[0].Remaining != 1 || full.Results[1].Remaining != 0 {
@@ -489,4 +494,53 @@ func TestLimiterFailOpen(t *testing.T) {
 	if d, err := open.Allow(ctx, w); err != nil || !d.Allowed || d.FailedOpen {
 		t.Fatalf("store back: %+v %v", d, err)
 	}
+}
+
+// TestPeekAsAllow: Peek answers what Allow would, for every limit a
+// Limiter builds: admitted while the limit holds one more request, and
+// once it is spent refused, by it, with when to retry, charging nothing
+// either way (no lease held, the next Allow admitted as before).
+func TestPeekAsAllow(t *testing.T) {
+	for _, lim := range []admit.Limit{
+		admit.Bucket("bucket", admit.PerSecond(1), 2),
+		admit.GCRABucket("gcra", admit.PerSecond(1), 2),
+		admit.Window("window", 2, time.Minute),
+		admit.Sliding("sliding", 2, time.Minute),
+		admit.CalendarQuota("quota", 2, admit.Day, time.UTC),
+		admit.Concurrent("concurrent", 2),
+	} {
+		s, _ := clockStore(t)
+		l := newLimiter(t, s, lim)
+		ctx := context.Background()
+		name := l.Rules()[0].Name
+		for i := range 2 {
+			p, err := l.Peek(ctx, admit.Who{})
+			if err != nil || !p.Allowed || p.Lease.ID != "" {
+				t.Fatalf("%s: peek %d: %+v %v; want admitted, no lease", name, i+1, p, err)
+			}
+			if d, err := l.Allow(ctx, admit.Who{}); err != nil || !d.Allowed {
+				t.Fatalf("%s: allow %d after a peek: %+v %v", name, i+1, d, err)
+			}
+		}
+		p, err := l.Peek(ctx, admit.Who{})
+		if err != nil || p.Allowed || p.DeniedBy != name || p.Remaining != 0 || p.RetryAfter <= 0 {
+			t.Fatalf("%s: peek at a spent limit: %+v %v; want refused by it, nothing left, a retry time", name, p, err)
+		}
+		if d, err := l.Allow(ctx, admit.Who{}); err != nil || d.Allowed || d.RetryAfter != p.RetryAfter {
+			t.Errorf("%s: allow after the refused peek: %+v %v; want refused, retry as the peek said (%v)", name, d, err, p.RetryAfter)
+		}
+	}
+}
+
+// checkingStore is a store that decides windows of at most a day
+// (admit.RuleChecker).
+type checkingStore struct{ admit.Store }
+
+func (checkingStore) CheckRule(r *admit.Rule) error {
+	if r.Window > 24*time.Hour {
+		e := admit.Errorf(admit.CodeInvalid, "rule %q: window %v is longer than this store's day", r.Name, r.Window)
+		e.Field = "window"
+		return e
+	}
+	return nil
 }

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -23,14 +25,19 @@ import (
 // is the wait itself, rounded up to whole seconds (admit proxy adds a
 // random share of a second, Options.RetryJitter).
 //
-// An error from who refuses the request: an *admit.Error with the status
-// its code maps to (admit.CodeUnauthenticated: 401, admit.CodePermission:
-// 403) and its message as the problem's detail; any other error with 400
-// and a detail of its own, the error's text going to the log only, since
-// it may say what the client must not see (a database's address). A Who
-// that lacks a scope some limit is per is refused the same way (400),
-// never let through unlimited. A store that fails answers 503 with a
-// detail that names no server.
+// An error from who refuses the request with the status its code maps to
+// (an *admit.Error's: admit.CodeUnauthenticated 401, admit.CodePermission
+// 403; any other error 400). The client sees the message of an
+// *admit.Error that who returns as it is, wrapping nothing, such as
+// admit.Errorf(admit.CodeUnauthenticated, "no API key"); of any other
+// error (one that wraps a cause, or is wrapped) only a detail of its own,
+// the error going to the log, since its text may say what the client must
+// not see (a database's address). A Who that lacks a scope some limit is
+// per, or an IP that is not one, is refused with 400 and says which. A
+// store that fails answers 503 with a detail that names no server, and
+// the outage is logged (at most once every 10 seconds); any other error of
+// the limiter (a limit the store cannot decide, a closed Limiter) is the
+// program's, not the client's: 500, logged.
 //
 // Middleware panics when l or who is nil, and the middleware when its
 // next handler is: wiring mistakes show at wiring, as net/http's do.
@@ -58,7 +65,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 			st := states.Get().(*requestState)
 			defer states.Put(st)
 			if err := l.Decide(r.Context(), wh, 1, &st.d); err != nil {
-				writeError(w, r, err, 1, slog.Default())
+				writeError(w, r, decideError(err), 1, slog.Default())
 				return
 			}
 			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
@@ -113,16 +120,54 @@ type requestState struct {
 
 var states = sync.Pool{New: func() any { return new(requestState) }}
 
-// whoError is the error a request is refused with when who failed: its own
-// when it is an admit error, else an invalid request that says nothing of
-// the error, which goes to log.
+// whoError is the error a request is refused with when who failed: its
+// own when it is an *admit.Error that wraps nothing (a message written for
+// the client), else one of its code that says nothing of it, the error
+// going to log.
 func whoError(err error, log *slog.Logger) error {
+	if e, ok := err.(*admit.Error); ok && e.Err == nil && e.Code != admit.CodeInternal && e.Code != admit.CodeUnavailable {
+		return e
+	}
+	code := admit.CodeInvalid
 	var e *admit.Error
 	if errors.As(err, &e) {
+		code = e.Code
+	}
+	switch code {
+	case admit.CodeUnauthenticated:
+		log.Warn("httplimit: who refused the request's credential", "err", logText(err))
+		return admit.Errorf(code, "the request's credential is missing or unknown")
+	case admit.CodePermission:
+		log.Warn("httplimit: who refused the request's caller", "err", logText(err))
+		return admit.Errorf(code, "the caller may not make this request")
+	case admit.CodeUnavailable, admit.CodeInternal:
+		return err // writeError shows neither, and logs both
+	}
+	log.Warn("httplimit: who could not identify the request's caller", "err", logText(err))
+	return admit.Errorf(admit.CodeInvalid, "the request does not say who makes it")
+}
+
+// whoFields are the fields of a limiter's errors about the Who a request
+// names: the client's to fix.
+var whoFields = map[string]bool{"tenant": true, "user": true, "action": true, "ip": true}
+
+// decideError is the error a request is refused with when the limiter
+// failed: a store's outage as it is (503), an error about the request's
+// Who as it is (400, the limiter's own message), and anything else (a
+// limit the store cannot decide, a closed Limiter) the program's: an
+// internal error, which writeError logs and does not show.
+func decideError(err error) error {
+	var e *admit.Error
+	if !errors.As(err, &e) {
 		return err
 	}
-	log.Warn("httplimit: who could not identify the request's caller", "err", err)
-	return admit.Errorf(admit.CodeInvalid, "the request does not say who makes it")
+	switch {
+	case e.Code == admit.CodeUnavailable, e.Code == admit.CodeInvalid && whoFields[e.Field]:
+		return err
+	case e.Code == admit.CodeInternal:
+		return err
+	}
+	return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}
 }
 
 // writeRefusal answers a refused decision: 429, Retry-After (seconds, as
@@ -149,15 +194,38 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 	switch status {
 	case http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
-		// The store's error names its servers; its outage is logged
-		// where it is seen, at a bounded rate.
+		// The store's error names its servers: the log has it, once
+		// every outageLogEvery at most, however many requests fail.
+		if now := time.Now().UnixNano(); now-lastOutageLog.Load() >= int64(outageLogEvery) {
+			lastOutageLog.Store(now)
+			log.Error("httplimit: the rate limiter's store is unavailable", "err", logText(err))
+		}
 		detail = "the rate limiter's store is unavailable; retry later"
 	case http.StatusInternalServerError:
-		log.Error("httplimit: internal error", "err", err)
+		log.Error("httplimit: internal error", "err", logText(err))
 		detail = "internal error"
 	}
 	problem.Write(w, status, detail)
 }
+
+// logText is err's text with the text of its causes, which an
+// *admit.Error's message may leave out.
+func logText(err error) string {
+	s := err.Error()
+	for e := errors.Unwrap(err); e != nil; e = errors.Unwrap(e) {
+		if t := e.Error(); !strings.Contains(s, t) {
+			s += ": " + t
+		}
+	}
+	return s
+}
+
+// outageLogEvery bounds how often a store's outage is logged: it fails
+// every request while it lasts.
+const outageLogEvery = 10 * time.Second
+
+// lastOutageLog is when an outage was last logged, in Unix nanoseconds.
+var lastOutageLog atomic.Int64
 
 // endUnreadBody closes the connection of a request refused before its
 // body was read (httpx.CloseUnreadBody). Behind BodyTimeout, which keeps

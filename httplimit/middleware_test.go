@@ -1,10 +1,13 @@
 package httplimit_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -276,8 +279,8 @@ func TestMiddlewareConcurrency(t *testing.T) {
 		t.Fatalf("the request made while the first ran: %v, want 429", nested)
 	}
 	d, err := l.Peek(context.Background(), admit.Who{Tenant: "acme"})
-	if err != nil || !d.Allowed || d.Remaining != 1 {
-		t.Errorf("after both returned: %+v %v, want the slot free", d, err)
+	if err != nil || !d.Allowed || d.Remaining != 0 {
+		t.Errorf("after both returned: %+v %v, want the slot free (a request admitted, none left after it)", d, err)
 	}
 }
 
@@ -344,3 +347,97 @@ func TestPolicyLimiterUnidentified(t *testing.T) {
 		}
 	}
 }
+
+// captureLog sends slog's default logger to a buffer until the test ends.
+func captureLog(t *testing.T) *bytes.Buffer {
+	var buf bytes.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	return &buf
+}
+
+// TestMiddlewareHidesWrappedWhoErrors: a who error the client sees is an
+// *admit.Error returned as it is; one that wraps a cause, or is wrapped,
+// answers with its code's status and a detail of the middleware's own,
+// its text (a DSN here) going to the log only.
+func TestMiddlewareHidesWrappedWhoErrors(t *testing.T) {
+	logged := captureLog(t)
+	l, err := admit.NewLimiter(newStore(t), admit.Bucket("user", admit.PerSecond(1), 100).Per(admit.PerTenant, admit.PerUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := errors.New("dial postgres://app:s3cret@10.0.0.5:5432/users: connection refused")
+	for _, tc := range []struct {
+		name string
+		err  error
+		code int
+	}{
+		{"wrapping a sentinel", fmt.Errorf("tenant lookup via %w: %w", dsn, admit.ErrPermission), http.StatusForbidden},
+		{"an admit error wrapping the cause", admit.Errorf(admit.CodeUnauthenticated, "token check: %w", dsn), http.StatusUnauthorized},
+		{"an admit error with the cause", &admit.Error{Code: admit.CodePermission, Err: dsn}, http.StatusForbidden},
+		{"joined", errors.Join(dsn, admit.ErrUnauthenticated), http.StatusUnauthorized},
+		{"an invalid request wrapping the cause", admit.Errorf(admit.CodeInvalid, "bad tenant: %w", dsn), http.StatusBadRequest},
+		{"the store's outage", fmt.Errorf("%w: %w", dsn, admit.ErrUnavailable), http.StatusServiceUnavailable},
+		{"an internal error", &admit.Error{Code: admit.CodeInternal, Message: "lookup", Err: dsn}, http.StatusInternalServerError},
+	} {
+		logged.Reset()
+		httplimit.ForgetOutageLog()
+		h := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) { return admit.Who{}, tc.err })(http.NotFoundHandler())
+		w := get(h, "/", "acme", "alice")
+		if w.Code != tc.code || strings.Contains(w.Body.String(), "postgres") || strings.Contains(w.Body.String(), "10.0.0.5") {
+			t.Errorf("%s: %d %s; want %d, no DSN", tc.name, w.Code, w.Body, tc.code)
+		}
+		if !strings.Contains(logged.String(), "10.0.0.5") {
+			t.Errorf("%s: the log has not the error: %q", tc.name, logged)
+		}
+	}
+}
+
+// TestMiddlewareLimiterFailures: what fails in the limiter is shown to the
+// client only when it is about the request (its Who); a store's outage is
+// 503 naming no server and logged once every 10 seconds at most, however
+// many requests fail; a closed Limiter or a limit the store cannot decide
+// is the program's fault: 500, logged.
+func TestMiddlewareLimiterFailures(t *testing.T) {
+	logged := captureLog(t)
+	down := &failingStore{err: &admit.Error{Code: admit.CodeUnavailable, Message: "redis 10.1.2.3:6379: connection refused"}}
+	l, err := admit.NewLimiter(down, admit.Bucket("user", admit.PerSecond(1), 100).Per(admit.PerTenant, admit.PerUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := httplimit.Middleware(l, byHeader)(http.NotFoundHandler())
+	httplimit.ForgetOutageLog()
+	for i := range 20 {
+		w := get(h, "/", "acme", "alice")
+		if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "10.1.2.3") || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("request %d with the store down: %d %s", i+1, w.Code, w.Body)
+		}
+	}
+	if n := strings.Count(logged.String(), "10.1.2.3"); n != 1 {
+		t.Errorf("20 requests during an outage logged it %d times, want once:\n%s", n, logged)
+	}
+
+	logged.Reset()
+	down.err = &admit.Error{Code: admit.CodeInvalid, Message: `rule "w": window of 2160h0m0s is longer than the store's`}
+	if w := get(h, "/", "acme", "alice"); w.Code != http.StatusInternalServerError || strings.Contains(w.Body.String(), "2160h") || !strings.Contains(logged.String(), "2160h") {
+		t.Errorf("the store cannot decide a limit: %d %s, log %q; want 500, the reason logged, not shown", w.Code, w.Body, logged)
+	}
+	if w := get(h, "/", "", "alice"); w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), "has no tenant") {
+		t.Errorf("a Who without its tenant: %d %s; want 400 saying so", w.Code, w.Body)
+	}
+
+	logged.Reset()
+	l.Close()
+	if w := get(h, "/", "acme", "alice"); w.Code != http.StatusInternalServerError || strings.Contains(w.Body.String(), "closed") || !strings.Contains(logged.String(), "closed") {
+		t.Errorf("a closed Limiter: %d %s, log %q; want 500, logged", w.Code, w.Body, logged)
+	}
+}
+
+// failingStore fails every decision with err.
+type failingStore struct {
+	admit.Store
+	err error
+}
+
+func (s *failingStore) Decide(context.Context, []admit.Charge, *admit.Decision) error { return s.err }

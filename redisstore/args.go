@@ -68,6 +68,12 @@ func CheckRule(r *admit.Rule) error {
 	return nil
 }
 
+// CheckRule is the package's CheckRule, so that admit.NewLimiter refuses
+// at wiring a limit this store cannot decide (admit.RuleChecker).
+func (s *Store) CheckRule(r *admit.Rule) error { return CheckRule(r) }
+
+var _ admit.RuleChecker = (*Store)(nil)
+
 // bucketSpan returns burst × per / n and whether it is within maxSpan.
 func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 	// burst ≤ 4e9 and per ≤ 366 days: compare burst·per with maxSpan·n

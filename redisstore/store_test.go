@@ -489,3 +489,34 @@ func TestWiringMistakes(t *testing.T) {
 	}()
 	redisstore.New(nil, nil)
 }
+
+// TestLimiterRefusesWhatRedisCannotDecide: a limit valid on its own that
+// the Redis store cannot decide (a window past its 52 days, a window of a
+// fraction of a microsecond) is refused by admit.NewLimiter, at wiring,
+// with the store's reason; never a 400 at every request.
+func TestLimiterRefusesWhatRedisCannotDecide(t *testing.T) {
+	cfg, err := redisstore.ParseURL("redis://127.0.0.1:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := redisstore.DialLazy(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, lim := range []admit.Limit{
+		admit.Window("w90d", 10, 90*24*time.Hour),
+		admit.Bucket("b-1-per-100d", admit.Rate{N: 1, Per: 100 * 24 * time.Hour}, 1),
+		admit.Window("wfrac", 10, time.Millisecond+500*time.Nanosecond),
+	} {
+		l, err := admit.NewLimiter(s, lim)
+		if err == nil || admit.ErrorCode(err) != admit.CodeInvalid || !strings.Contains(err.Error(), "Redis") {
+			t.Errorf("%v: NewLimiter = %v, %v; want the Redis store's refusal", lim, l, err)
+		}
+	}
+	if l, err := admit.NewLimiter(s, admit.Window("w1h", 10, time.Hour)); err != nil {
+		t.Errorf("a window of an hour: %v", err)
+	} else {
+		l.Close()
+	}
+}

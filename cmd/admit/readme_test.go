@@ -70,6 +70,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 	var runs [2][]string
 	for i := range runs {
 		srv := startCmdEnv(t, tokens, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", dir)
+		checkFirstHeaders(t, srv.url)
 		script, check := walkthrough(t, srv.url)
 		cmd := exec.Command("bash", "-c", script)
 		var stderr bytes.Buffer
@@ -257,5 +258,38 @@ func TestREADMESessions(t *testing.T) {
 			code = resp.StatusCode
 		}
 		t.Errorf("third connection of the session: %v, status %d, want 429", err, code)
+	}
+}
+
+// checkFirstHeaders: the walk-through's first request, to a server just
+// started, answers with the RateLimit-Policy and RateLimit headers its
+// comment shows (as far as the comment goes before "...").
+func checkFirstHeaders(t *testing.T, base string) {
+	t.Helper()
+	block := readmetest.Block(t, "then:\n\n", "sh")
+	var body string
+	want := map[string]string{}
+	for _, line := range strings.Split(block, "\n") {
+		if strings.HasPrefix(line, "curl -si localhost:8080/v1/check -d '") && body == "" {
+			body = strings.TrimSuffix(strings.TrimPrefix(line, "curl -si localhost:8080/v1/check -d '"), "'")
+		}
+		for _, h := range []string{"RateLimit-Policy", "RateLimit"} {
+			if _, v, ok := strings.Cut(line, " "+h+": "); ok && strings.HasPrefix(line, "#") && want[h] == "" {
+				want[h] = strings.TrimSuffix(v, ", ...")
+			}
+		}
+	}
+	if body == "" || want["RateLimit"] == "" || want["RateLimit-Policy"] == "" {
+		t.Fatalf("the walk-through's first request or its headers are not in README.md: %q %v", body, want)
+	}
+	resp, err := http.Post(base+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for h, v := range want {
+		if got := resp.Header.Get(h); !strings.HasPrefix(got, v) {
+			t.Errorf("the first request's %s is %q; README.md says it begins %q", h, got, v)
+		}
 	}
 }
