@@ -3,6 +3,8 @@ package admit
 import (
 	"context"
 	"time"
+
+	"github.com/admitdev/admit/internal/slots"
 )
 
 // MaxCharges bounds the charges of one decision. A request resolves to a
@@ -42,7 +44,7 @@ type Charge struct {
 	// first served.
 	Share *Share
 
-	prepared preparedKey // see Prepare
+	prepared slots.Key // its key's hashes, once prepared (see package slots)
 }
 
 // Result is the decision for one charge.

@@ -15,7 +15,7 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"the rule's slot", []string{"internal/ruleslot"}},
+	{"the slots of rules and charges", []string{"internal/slots"}},
 	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest"}},
 	{"the engine", []string{"internal/engine", "internal/redishook"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
@@ -118,7 +118,7 @@ func TestLayersRule(t *testing.T) {
 		{"examples/hierarchy", "memstore", true},
 		{"", "yamlconf", false},
 		{"", "internal/engine", false},
-		{"", "internal/ruleslot", true},
+		{"", "internal/slots", true},
 		{"memstore", "internal/engine", true},
 		{"internal/engine", "memstore", false},
 	} {

@@ -11,7 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
+
+	"github.com/admitdev/admit/internal/slots"
 )
 
 // Who is what a caller knows of a request: the scopes a Limit can be kept
@@ -202,7 +203,7 @@ const keyCacheSize = 1 << 13
 type cachedKey struct {
 	who      whoKey
 	key      string
-	prepared preparedKey
+	prepared slots.Key
 }
 
 // NewLimiter returns a Limiter deciding limits in s. It checks every limit
@@ -600,10 +601,7 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 	}
 	key := string(d.key)
 	e := &cachedKey{who: k, key: key}
-	e.prepared = preparedKey{data: unsafe.StringData(key), len: uint32(len(key)), key: keyHash(key)}
-	if k.tenant != "" {
-		e.prepared.tenant, e.prepared.hasTenant = tenantHash(k.tenant), true
-	}
+	e.prepared = slots.Of(key, k.tenant)
 	victim := &set[(h>>32)&3]
 	for j := range set {
 		if set[j].Load() == nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/storetest"
 )
@@ -81,11 +82,11 @@ func TestLimiterKeys(t *testing.T) {
 			t.Errorf("charge %d: %+v", i, c)
 		}
 		// The prepared hashes a store reads must be the key's own.
-		if h := c.KeyHash(); h != (&admit.Charge{Key: c.Key}).KeyHash() {
-			t.Errorf("charge %d: prepared key hash %x, want %x", i, h, (&admit.Charge{Key: c.Key}).KeyHash())
+		if h := engine.KeyHash(&c); h != engine.KeyHash(&admit.Charge{Key: c.Key}) {
+			t.Errorf("charge %d: prepared key hash %x, want %x", i, h, engine.KeyHash(&admit.Charge{Key: c.Key}))
 		}
-		th, ok := c.TenantHash()
-		wh, wok := (&admit.Charge{Key: c.Key}).TenantHash()
+		th, ok := engine.TenantHash(&c)
+		wh, wok := engine.TenantHash(&admit.Charge{Key: c.Key})
 		if th != wh || ok != wok {
 			t.Errorf("charge %d: prepared tenant hash %x %v, want %x %v", i, th, ok, wh, wok)
 		}

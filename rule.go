@@ -4,8 +4,6 @@ import (
 	"math/bits"
 	"time"
 	"unsafe"
-
-	"github.com/admitdev/admit/internal/ruleslot"
 )
 
 // Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
@@ -261,10 +259,8 @@ type Rule struct {
 	// rule exactly (the default) or from leased allowances.
 	Distribution Distribution
 
-	prepared unsafe.Pointer // the engine's preparation of the rule; see package ruleslot
+	prepared unsafe.Pointer // the engine's preparation of the rule; see package slots
 }
-
-func init() { ruleslot.Offset = unsafe.Offsetof(Rule{}.prepared) }
 
 // Validate reports the first parameter of r that is missing or out of
 // bounds. Stores validate every rule they are given; Validate lets a

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	golimiter "github.com/sethvargo/go-limiter"
 	"github.com/sethvargo/go-limiter/memorystore"
@@ -96,13 +97,13 @@ func newAdmit(k *keys) limiter {
 	a := &admitLimiter{s: memstore.New(&memstore.Options{SweepInterval: time.Hour}), rule: rules[0], one: make([]admit.Charge, len(k.users)), three: make([]admit.Charge, 3*len(k.users))}
 	for u, name := range k.users {
 		a.one[u] = admit.Charge{Key: name, Rule: rules[0], Cost: 1}
-		a.one[u].Prepare()
+		engine.PrepareCharge(&a.one[u])
 		c := a.three[3*u : 3*u+3]
 		c[0] = a.one[u]
 		c[1] = admit.Charge{Key: k.tenants[u%tenants], Rule: rules[1], Cost: 1}
 		c[2] = admit.Charge{Key: "global", Rule: rules[2], Cost: 1}
-		c[1].Prepare()
-		c[2].Prepare()
+		engine.PrepareCharge(&c[1])
+		engine.PrepareCharge(&c[2])
 	}
 	return a
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 )
 
@@ -31,7 +32,7 @@ func BenchmarkQuota(b *testing.B) {
 		charges := make([]admit.Charge, 1000)
 		for i := range charges {
 			charges[i] = admit.Charge{Key: "tenant:" + strconv.Itoa(i), Rule: tc.rule, Cost: 1}
-			charges[i].Prepare()
+			engine.PrepareCharge(&charges[i])
 		}
 		s := memstore.New(nil)
 		b.Run(tc.name+"/serial", func(b *testing.B) {

@@ -11,8 +11,8 @@
 //
 // # Layout
 //
-// Keys are hashed with admit.Charge.KeyHash (hash/maphash, a random seed per
-// process), or carry their hash already (admit.Charge.Prepare). The top bits
+// Keys are hashed with hash/maphash (a random seed per
+// process), or carry their hash already (a Limiter's charges do). The top bits
 // of the hash choose one of Shards shards; each shard is a mutex over an
 // open-addressing table of 24-byte slots (hash and a 16-byte state), so a live
 // key costs about 24 to 55 bytes whatever the length of its name, and a

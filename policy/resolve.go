@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Bounds on what one request may carry.
@@ -276,7 +277,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	}
 	// Hashed here, while the key is hot, once for every store that reads
 	// the charge (the decision, a local fallback, a retry).
-	res.Charges[len(res.Charges)-1].Prepare()
+	engine.PrepareCharge(&res.Charges[len(res.Charges)-1])
 	res.Rules = append(res.Rules, r)
 }
 

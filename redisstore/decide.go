@@ -10,11 +10,11 @@ import (
 )
 
 // tagOf returns the hash tag of a charge's key: its tenant's hash
-// (admit.Charge.TenantHash, stable across processes and versions, as a tag must
+// (engine.TenantHash, stable across processes and versions, as a tag must
 // be; a collision only puts two tenants in one slot), "g" for keys without
 // a tenant.
 func tagOf(c *admit.Charge) string {
-	h, ok := c.TenantHash()
+	h, ok := engine.TenantHash(c)
 	if !ok {
 		return "g"
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -162,7 +163,7 @@ func (c *conn) messageCharges(p *policy.Policy, l *limits) (*msgCharges, error) 
 	m := &msgCharges{policy: p, limits: l, shared: c.g.sharedOf(p)}
 	rule := l.messages[0]
 	own := admit.Charge{Key: c.msgKey, Rule: &rule.Rule, Cost: 1}
-	own.Prepare()
+	engine.PrepareCharge(&own)
 	if len(m.shared.message) == 0 {
 		m.charges, m.rules = []admit.Charge{own}, l.messages[:]
 	} else {

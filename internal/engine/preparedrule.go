@@ -6,7 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/admitdev/admit"
-	"github.com/admitdev/admit/internal/ruleslot"
+	"github.com/admitdev/admit/internal/slots"
 )
 
 // A store validates every rule it is given, on every decision, and a
@@ -108,7 +108,7 @@ func prepareBuckets(r *admit.Rule) buckets {
 // not, as for any rule.
 func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if r != nil {
-		p := (*PreparedRule)(atomic.LoadPointer(ruleslot.Of(unsafe.Pointer(r))))
+		p := (*PreparedRule)(atomic.LoadPointer(slots.Rule(unsafe.Pointer(r))))
 		if p != nil && p.holds(r) {
 			return p, nil
 		}
@@ -120,7 +120,7 @@ func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if r.MaxCost > 0 {
 		p.most = min(p.most, r.MaxCost)
 	}
-	atomic.StorePointer(ruleslot.Of(unsafe.Pointer(r)), unsafe.Pointer(p))
+	atomic.StorePointer(slots.Rule(unsafe.Pointer(r)), unsafe.Pointer(p))
 	return p, nil
 }
 

@@ -1,4 +1,4 @@
-package admit_test
+package engine_test
 
 import (
 	"errors"
@@ -19,23 +19,23 @@ func TestPrepare(t *testing.T) {
 	}
 	for _, k := range keys {
 		c := admit.Charge{Key: k}
-		c.Prepare()
-		if got, want := c.KeyHash(), (&admit.Charge{Key: k}).KeyHash(); got != want || got == 0 {
+		engine.PrepareCharge(&c)
+		if got, want := engine.KeyHash(&c), engine.KeyHash(&admit.Charge{Key: k}); got != want || got == 0 {
 			t.Errorf("%q: KeyHash %x, want %x (non-zero)", k, got, want)
 		}
-		gh, gok := c.TenantHash()
-		wh, wok := (&admit.Charge{Key: k}).TenantHash()
+		gh, gok := engine.TenantHash(&c)
+		wh, wok := engine.TenantHash(&admit.Charge{Key: k})
 		if gh != wh || gok != wok {
 			t.Errorf("%q: TenantHash %x %v, want %x %v", k, gh, gok, wh, wok)
 		}
 		for _, other := range []string{k + "x", strings.Clone(k), admit.Key{Scope: "user", Tenant: "beta", Subject: "al", Rule: "r"}.String()} {
 			d := c
 			d.Key = other
-			if d.KeyHash() != keyHash(other) {
+			if engine.KeyHash(&d) != keyHash(other) {
 				t.Errorf("%q prepared, Key replaced by %q: KeyHash is the old key's", k, other)
 			}
 			wantH, wantOK := keyTenantHash(other)
-			if h, ok := d.TenantHash(); h != wantH || ok != wantOK {
+			if h, ok := engine.TenantHash(&d); h != wantH || ok != wantOK {
 				t.Errorf("%q prepared, Key replaced by %q: TenantHash is the old key's", k, other)
 			}
 		}
@@ -57,8 +57,8 @@ func TestPrepare(t *testing.T) {
 	// key for its tenant would not either; BenchmarkKeyHash shows the
 	// time saved).
 	c := admit.Charge{Key: keys[0]}
-	c.Prepare()
-	if n := testing.AllocsPerRun(100, func() { _ = c.KeyHash(); _, _ = c.TenantHash() }); n != 0 {
+	engine.PrepareCharge(&c)
+	if n := testing.AllocsPerRun(100, func() { _ = engine.KeyHash(&c); _, _ = engine.TenantHash(&c) }); n != 0 {
 		t.Errorf("reading a prepared charge's hashes allocates %v times", n)
 	}
 }
@@ -67,13 +67,13 @@ func BenchmarkKeyHash(b *testing.B) {
 	c := admit.Charge{Key: admit.Key{Scope: "user", Tenant: "acme", Subject: "user-12345", Rule: "requests"}.String()}
 	b.Run("unprepared", func(b *testing.B) {
 		for range b.N {
-			_ = c.KeyHash()
+			_ = engine.KeyHash(&c)
 		}
 	})
-	c.Prepare()
+	engine.PrepareCharge(&c)
 	b.Run("prepared", func(b *testing.B) {
 		for range b.N {
-			_ = c.KeyHash()
+			_ = engine.KeyHash(&c)
 		}
 	})
 }
@@ -121,7 +121,7 @@ func TestMaxCost(t *testing.T) {
 }
 
 // keyHash is the hash a charge of key k gives, unprepared.
-func keyHash(k string) uint64 { return (&admit.Charge{Key: k}).KeyHash() }
+func keyHash(k string) uint64 { return engine.KeyHash(&admit.Charge{Key: k}) }
 
 // keyTenantHash is the tenant hash a charge of key k gives, unprepared.
-func keyTenantHash(k string) (uint64, bool) { return (&admit.Charge{Key: k}).TenantHash() }
+func keyTenantHash(k string) (uint64, bool) { return engine.TenantHash(&admit.Charge{Key: k}) }

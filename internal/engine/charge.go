@@ -1,0 +1,34 @@
+package engine
+
+import (
+	"unsafe"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/slots"
+)
+
+// PrepareCharge computes once what a store computes of c on every
+// decision: the hash of its key (KeyHash) and of its key's tenant
+// (TenantHash). Charges decided many times gain most; policy.Resolve
+// prepares every charge it makes. A prepared charge is never wrong, only
+// faster: when c.Key is replaced by another string, the hashes no longer
+// hold and are computed afresh.
+func PrepareCharge(c *admit.Charge) {
+	*slots.Charge(unsafe.Pointer(c)) = slots.Prepare(c.Key)
+}
+
+// KeyHash returns a 64-bit hash of c.Key, never 0, as PrepareCharge (or
+// the Limiter that made c) computed it if it still holds. It is the same
+// for equal keys within a process, and random across processes: stores of
+// one process index their state by it.
+func KeyHash(c *admit.Charge) uint64 {
+	return slots.Charge(unsafe.Pointer(c)).KeyHash(c.Key)
+}
+
+// TenantHash returns a 64-bit hash of the tenant of c.Key (see admit.Key),
+// the same in every process and version (FNV-1a), so that stores shared
+// by several processes can place a tenant's keys together; and whether the
+// key has a tenant. A key admit.Key did not make is its own tenant.
+func TenantHash(c *admit.Charge) (uint64, bool) {
+	return slots.Charge(unsafe.Pointer(c)).TenantHash(c.Key)
+}
