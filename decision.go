@@ -221,7 +221,7 @@ type Store interface {
 // with bounds of its own (Redis keeps times in whole microseconds and
 // windows of at most 52 days): NewLimiter asks it about each limit, so
 // that a limit it cannot decide is refused at wiring rather than at every
-// request.
+// request. A Store that wraps another should pass CheckRule on.
 type RuleChecker interface {
 	// CheckRule reports why the store cannot decide r, a valid rule, or
 	// nil.

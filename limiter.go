@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"hash/maphash"
+	"math/bits"
 	"net/netip"
 	"reflect"
 	"strconv"
@@ -188,16 +189,17 @@ type Limiter struct {
 	v6     []uint8 // per limit: the IPv6 prefix its IP is kept per
 	debits bool    // some limit takes debits
 	seed   maphash.Seed
-	keys   [keyCacheSize]atomic.Pointer[cachedKey]
+	keys   []atomic.Pointer[cachedKey] // keyCacheSize per limit, a power of two in all
 	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
 	// decide into, so that they allocate nothing: the Decision they
 	// return is a copy without Results.
 	scratch sync.Pool
 }
 
-// keyCacheSize is how many recent keys a Limiter keeps, with their
-// hashes, so that deciding for a known Who makes no key: a fixed array,
-// which a caller sending endless new names can only cycle through.
+// keyCacheSize is how many recent keys a Limiter keeps per limit, with
+// their hashes, so that deciding for a known Who makes no key: a fixed
+// array (8,192 per limit, rounded up to a power of two in all), which a
+// caller sending endless new names can only cycle through.
 const keyCacheSize = 1 << 13
 
 type cachedKey struct {
@@ -297,6 +299,9 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 		l.v6 = append(l.v6, cmp.Or(lim.v6, 64))
 		l.debits = l.debits || r.CheckDebit(1) == nil
 	}
+	// Each (Who, limit) pair takes an entry: the cache grows with the
+	// limits, so that as many callers stay cached with eight as with one.
+	l.keys = make([]atomic.Pointer[cachedKey], keyCacheSize<<bits.Len(uint(len(l.rules)-1)))
 	if err := limiterNames.claim(l); err != nil {
 		return nil, err
 	}
@@ -328,9 +333,10 @@ type nameKey struct {
 	prefix, name string
 }
 
-// comparableStore reports whether s can key a map: a store of a type that
-// cannot is not checked for shared names.
-func comparableStore(s Store) bool { return reflect.TypeOf(s).Comparable() }
+// comparableStore reports whether s can key a map: a store that cannot (a
+// struct holding a slice, or holding an interface whose value does) is
+// not checked for shared names.
+func comparableStore(s Store) bool { return reflect.ValueOf(s).Comparable() }
 
 func (r *nameRegistry) claim(l *Limiter) error {
 	if !comparableStore(l.store) {
@@ -579,7 +585,7 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 	}
 	h := l.hashWho(&k)
 	// A key may sit in any of the 4 slots of its set (one cache line).
-	set := l.keys[h&(keyCacheSize-1)&^3:][:4]
+	set := l.keys[h&uint64(len(l.keys)-1)&^3:][:4]
 	for j := range set {
 		if e := set[j].Load(); e != nil && e.who == k {
 			c.Key, c.prepared = e.key, e.prepared

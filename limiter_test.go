@@ -545,3 +545,53 @@ func (checkingStore) CheckRule(r *admit.Rule) error {
 	}
 	return nil
 }
+
+// TestLimiterUnhashableStore: a store value that cannot key a map (here a
+// comparable wrapper holding a store of a type with a slice) is not
+// checked for shared names, and never panics NewLimiter.
+func TestLimiterUnhashableStore(t *testing.T) {
+	s, _ := clockStore(t)
+	type tagged struct {
+		admit.Store
+		labels []string
+	}
+	type traced struct{ admit.Store }
+	store := traced{tagged{s, []string{"a"}}}
+	for range 2 {
+		l, err := admit.NewLimiter(store, admit.Bucket("b", admit.PerSecond(1), 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
+}
+
+// TestLimiterCacheGrowsWithLimits: a Limiter of eight limits per user
+// keeps as many callers' keys as one of one limit: a thousand callers
+// seen in turn are decided without building a key (no allocation).
+func TestLimiterCacheGrowsWithLimits(t *testing.T) {
+	s, _ := clockStore(t)
+	var limits []admit.Limit
+	for i := range 8 {
+		limits = append(limits, admit.Bucket("user-"+strconv.Itoa(i), admit.PerSecond(1_000_000), 1_000_000).Per(admit.PerUser))
+	}
+	l := newLimiter(t, s, limits...)
+	ctx := context.Background()
+	users := make([]admit.Who, 1000)
+	for i := range users {
+		users[i] = admit.Who{User: "user-" + strconv.Itoa(i)}
+	}
+	var d admit.Decision
+	for _, w := range users {
+		if err := l.Decide(ctx, w, 1, &d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	i := 0
+	if n := testing.AllocsPerRun(5000, func() {
+		_ = l.Decide(ctx, users[i%len(users)], 1, &d)
+		i++
+	}); n != 0 {
+		t.Errorf("%v allocations per decision of a known caller, 8 limits, 1,000 callers; want 0", n)
+	}
+}

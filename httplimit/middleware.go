@@ -39,7 +39,8 @@ import (
 // the limiter (a limit the store cannot decide, a closed Limiter) is the
 // program's, not the client's: 500, logged.
 //
-// Middleware panics when l or who is nil, and the middleware when its
+// Middleware panics when l or who is nil or l was not made by
+// admit.NewLimiter, and the middleware when its
 // next handler is: wiring mistakes show at wiring, as net/http's do.
 //
 // A handler may charge a cost it learns while working with Debit. The
@@ -48,6 +49,9 @@ import (
 func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("httplimit.Middleware: nil *admit.Limiter")
+	}
+	if len(l.Rules()) == 0 {
+		panic("httplimit.Middleware: an *admit.Limiter with no limits; make it with admit.NewLimiter")
 	}
 	if who == nil {
 		panic("httplimit.Middleware: nil who func: say how a request names its caller")
@@ -125,14 +129,17 @@ var states = sync.Pool{New: func() any { return new(requestState) }}
 // the client), else one of its code that says nothing of it, the error
 // going to log.
 func whoError(err error, log *slog.Logger) error {
-	if e, ok := err.(*admit.Error); ok && e.Err == nil && e.Code != admit.CodeInternal && e.Code != admit.CodeUnavailable {
+	if e, ok := err.(*admit.Error); ok && e != nil && e.Err == nil && e.Code != admit.CodeInternal && e.Code != admit.CodeUnavailable {
 		return e
 	}
 	code := admit.CodeInvalid
 	var e *admit.Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && e != nil {
 		code = e.Code
 	}
+	// A new error of the code found, which carries nothing of err: its
+	// status is its code's alone (no wrapped error, such as a body too
+	// large, may choose another and show err's text).
 	switch code {
 	case admit.CodeUnauthenticated:
 		log.Warn("httplimit: who refused the request's credential", "err", logText(err))
@@ -140,8 +147,12 @@ func whoError(err error, log *slog.Logger) error {
 	case admit.CodePermission:
 		log.Warn("httplimit: who refused the request's caller", "err", logText(err))
 		return admit.Errorf(code, "the caller may not make this request")
-	case admit.CodeUnavailable, admit.CodeInternal:
-		return err // writeError shows neither, and logs both
+	case admit.CodeUnavailable:
+		log.Error("httplimit: who could not reach what identifies callers", "err", logText(err))
+		return admit.Errorf(code, "unavailable")
+	case admit.CodeInternal:
+		log.Error("httplimit: who failed", "err", logText(err))
+		return admit.Errorf(code, "internal error")
 	}
 	log.Warn("httplimit: who could not identify the request's caller", "err", logText(err))
 	return admit.Errorf(admit.CodeInvalid, "the request does not say who makes it")
@@ -211,6 +222,9 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 // logText is err's text with the text of its causes, which an
 // *admit.Error's message may leave out.
 func logText(err error) string {
+	if e, ok := err.(*admit.Error); ok && e == nil {
+		return "a nil *admit.Error"
+	}
 	s := err.Error()
 	for e := errors.Unwrap(err); e != nil; e = errors.Unwrap(e) {
 		if t := e.Error(); !strings.Contains(s, t) {

@@ -146,6 +146,7 @@ func TestMiddlewareWiringMistakes(t *testing.T) {
 		"*admit.Limiter": func() { httplimit.Middleware(nil, byHeader) },
 		"who":            func() { httplimit.Middleware(l, nil) },
 		"next handler":   func() { httplimit.Middleware(l, byHeader)(nil) },
+		"NewLimiter":     func() { httplimit.Middleware(&admit.Limiter{}, byHeader) },
 	} {
 		func() {
 			defer func() {
@@ -380,6 +381,10 @@ func TestMiddlewareHidesWrappedWhoErrors(t *testing.T) {
 		{"an invalid request wrapping the cause", admit.Errorf(admit.CodeInvalid, "bad tenant: %w", dsn), http.StatusBadRequest},
 		{"the store's outage", fmt.Errorf("%w: %w", dsn, admit.ErrUnavailable), http.StatusServiceUnavailable},
 		{"an internal error", &admit.Error{Code: admit.CodeInternal, Message: "lookup", Err: dsn}, http.StatusInternalServerError},
+		// A wrapped error that would choose its own status (a body too
+		// large: 413) and show its text.
+		{"an internal error wrapping a body too large", admit.Errorf(admit.CodeInternal, "lookup in %v failed: %w", dsn, &http.MaxBytesError{Limit: 1024}), http.StatusInternalServerError},
+		{"joined with a body too large", errors.Join(admit.Errorf(admit.CodeUnavailable, "%v", dsn), &http.MaxBytesError{Limit: 1024}), http.StatusServiceUnavailable},
 	} {
 		logged.Reset()
 		httplimit.ForgetOutageLog()
@@ -391,6 +396,13 @@ func TestMiddlewareHidesWrappedWhoErrors(t *testing.T) {
 		if !strings.Contains(logged.String(), "10.0.0.5") {
 			t.Errorf("%s: the log has not the error: %q", tc.name, logged)
 		}
+	}
+	// A nil *admit.Error returned as an error (a typed nil): refused,
+	// never a panic.
+	var none *admit.Error
+	h := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) { return admit.Who{}, none })(http.NotFoundHandler())
+	if w := get(h, "/", "acme", "alice"); w.Code != http.StatusBadRequest {
+		t.Errorf("a typed nil *admit.Error from who: %d %s, want 400", w.Code, w.Body)
 	}
 }
 

@@ -70,7 +70,7 @@ func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 // Decide implements admit.Store.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	d.Reset()
-	if len(charges) == 1 && !charges[0].DryRun && charges[0].Share == nil {
+	if len(charges) == 1 && charges[0].Share == nil {
 		c := &charges[0]
 		p, err := prepare(c)
 		if err != nil {
@@ -144,7 +144,8 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 
 // decideOne decides a single charge of a one-slot algorithm, the common
 // case, without the bookkeeping of multi-key decisions: with one charge,
-// the state Step returns is the one to keep whether it admitted or not.
+// the state Step returns is the one to keep whether it admitted or not
+// (unless the charge is a dry run, which keeps nothing).
 func (s *Store) decideOne(c *admit.Charge, p *engine.PreparedRule, d *admit.Decision) {
 	h := engine.KeyHash(c)
 	sh := &s.shards[s.shardOf(h)]
@@ -159,7 +160,8 @@ func (s *Store) decideOne(c *admit.Charge, p *engine.PreparedRule, d *admit.Deci
 	}
 	next := p.StepOneTo(res, st, now, c.Cost, c.Debit)
 	switch {
-	case next == st:
+	case c.DryRun, next == st:
+		// A dry run leaves the store as it found it.
 	case i >= 0 && next.Expiry != 0:
 		sh.t.slots[i].st = next
 	default:

@@ -43,7 +43,7 @@ func CheckRule(r *admit.Rule) error {
 		return err
 	}
 	tooLong := func(field string, d time.Duration) error {
-		return admit.Errorf(admit.CodeInvalid, "rule %q: %s of %v is longer than the Redis store's %v", r.Name, field, d, time.Duration(maxSpan).Round(time.Hour))
+		return admit.Errorf(admit.CodeInvalid, "rule %q: %s of %v is longer than the Redis store's %v", r.Name, field, d, time.Duration(maxSpan).Truncate(time.Second))
 	}
 	switch r.Algorithm {
 	case admit.TokenBucket, admit.GCRA, admit.Combination:

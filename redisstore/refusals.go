@@ -48,7 +48,8 @@ var maxRefusals = 1 << 16 // a variable for the tests
 type refusal struct {
 	rule   *admit.Rule
 	cost   int64     // the smallest cost refused until then
-	until  time.Time // local clock, from before the call was sent
+	sent   time.Time // local clock, when the call that refused was sent
+	until  time.Time // local clock: sent + the refusal's wait (at most concHold for concurrency)
 	result admit.Result
 }
 
@@ -85,7 +86,7 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		return false
 	}
 	for i := range charges {
-		if charges[i].Debit {
+		if charges[i].Debit || charges[i].DryRun {
 			return false
 		}
 	}
@@ -127,7 +128,10 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		if i == by {
 			res = r.result
 			res.Remaining = 0
-			res.RetryAfter = r.until.Sub(now)
+			// The wait Redis gave, less the time since: for a
+			// concurrency key, longer than the local hold (a lease's
+			// expiry), as Redis would answer.
+			res.RetryAfter = r.result.RetryAfter - now.Sub(r.sent)
 			res.ResetAfter = max(res.ResetAfter-r.result.RetryAfter+res.RetryAfter, res.RetryAfter)
 		}
 		d.Results = append(d.Results, res)
@@ -195,7 +199,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 		if c.Rule.Algorithm == admit.Concurrency {
 			until = sent.Add(min(d.Results[i].RetryAfter, concHold))
 		}
-		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, until: until, result: d.Results[i]}
+		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, sent: sent, until: until, result: d.Results[i]}
 	}
 	rs.n.Store(int64(len(rs.m)))
 }

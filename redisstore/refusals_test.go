@@ -211,12 +211,14 @@ func TestLocalConcurrencyRefusals(t *testing.T) {
 	slots := &admit.Rule{Name: "slots", Algorithm: admit.Concurrency, Max: 2, LeaseTTL: time.Hour}
 	tenant := &admit.Rule{Name: "t", Algorithm: admit.Concurrency, Max: 100, LeaseTTL: time.Hour}
 	share := &admit.Share{Class: "tenant:a", Weight: 1}
+	dry := false
 	decide := func(shared bool) (admit.Decision, int64) {
 		t.Helper()
 		c := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "a", Rule: "t"}.String(), Rule: tenant, Cost: 1}, {Key: "global-slots", Rule: slots, Cost: 1}}
 		if shared {
 			c[1].Share = share
 		}
+		c[0].DryRun, c[1].DryRun = dry, dry
 		before := s.Health().Calls
 		var d admit.Decision
 		if err := s.Decide(ctx, c, &d); err != nil {
@@ -238,12 +240,22 @@ func TestLocalConcurrencyRefusals(t *testing.T) {
 			}
 			held = append(held, d.Lease.ID)
 		}
-		if d, calls := decide(shared); d.Allowed || calls != 1 {
-			t.Fatalf("shared %v: over the limit: allowed %v after %d calls", shared, d.Allowed, calls)
+		first, calls := decide(shared)
+		if first.Allowed || calls != 1 {
+			t.Fatalf("shared %v: over the limit: allowed %v after %d calls", shared, first.Allowed, calls)
 		}
-		if d, calls := decide(shared); d.Allowed || calls != 0 {
-			t.Fatalf("shared %v: again: allowed %v after %d calls, want a local refusal", shared, d.Allowed, calls)
+		// Refused here, with the wait Redis gave (a lease's expiry, an
+		// hour away; the share's turn, seconds away), not the local
+		// hold's 250 ms.
+		if d, calls := decide(shared); d.Allowed || calls != 0 || d.RetryAfter != first.RetryAfter || d.RetryAfter <= 250*time.Millisecond {
+			t.Fatalf("shared %v: again: allowed %v, retry after %v (Redis said %v), after %d calls; want a local refusal with Redis's wait", shared, d.Allowed, d.RetryAfter, first.RetryAfter, calls)
 		}
+		// A dry run asks Redis, refusal known or not.
+		dry = true
+		if d, calls := decide(shared); d.Allowed || calls != 1 || d.RetryAfter != first.RetryAfter {
+			t.Fatalf("shared %v: a dry run: allowed %v, retry after %v, after %d calls; want Redis's answer", shared, d.Allowed, d.RetryAfter, calls)
+		}
+		dry = false
 		clock.Set(clock.Now().Sub(storetest.Epoch) + 251*time.Millisecond)
 		if d, calls := decide(shared); d.Allowed || calls != 1 {
 			t.Fatalf("shared %v: after 251 ms: allowed %v after %d calls, want Redis's refusal", shared, d.Allowed, calls)

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 )
 
 // Mode is how a Redis deployment is reached.
@@ -256,8 +257,9 @@ func ParseURL(s string) (Config, error) {
 // error messages: everything between the scheme and the URL's last '@',
 // but a Sentinel master's name (the last '@'-part before the hosts), is
 // "***", and so is every query parameter but the TLS settings ParseURL
-// reads. The master's name is shown only when it is a plain name (see
-// PlainName): "mymaster:secret@h1" is "***@h1". It holds for a URL that does not parse as
+// reads. The master's name is shown only when it is a plain name
+// (letters, digits, '.', '-' and '_', as master names are):
+// "mymaster:secret@h1" is "***@h1". It holds for a URL that does not parse as
 // well: a password may hold '/', '?', '#' or '@' not percent-encoded. A
 // string without "://" that holds an '@' is "***" whole.
 func Redact(s string) string {
@@ -284,7 +286,7 @@ func Redact(s string) string {
 			if cred != "" {
 				b.WriteString("***@")
 			}
-			if PlainName(master) {
+			if redishook.PlainName(master) {
 				b.WriteString(master)
 			} else {
 				b.WriteString("***")
@@ -313,19 +315,6 @@ func Redact(s string) string {
 	return b.String()
 }
 
-// PlainName reports whether s, a Sentinel master's name, is one that logs
-// and errors may show: letters, digits, '.', '-' and '_', as master names
-// are. Any other, a name followed by ":password" say, is shown as "***".
-func PlainName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return s != ""
-}
-
 // tlsParam are the query parameters of a store URL, which Redact shows.
 var tlsParam = map[string]bool{"tls_ca_file": true, "tls_cert_file": true, "tls_key_file": true, "tls_server_name": true, "tls_skip_hostname_verification": true}
 
@@ -333,7 +322,7 @@ var tlsParam = map[string]bool{"tls_ca_file": true, "tls_cert_file": true, "tls_
 func (c Config) String() string {
 	s := string(c.Mode) + " " + strings.Join(c.Addrs, ",")
 	if c.MasterName != "" {
-		if PlainName(c.MasterName) {
+		if redishook.PlainName(c.MasterName) {
 			s += " master " + c.MasterName
 		} else {
 			s += " master ***"

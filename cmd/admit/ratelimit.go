@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/envoyrls"
-	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/internal/redishook"
 )
 
 const ratelimitUsage = `Usage: admit ratelimit
@@ -318,11 +318,11 @@ func redactAddrs(addrs string, sentinel bool) string {
 		_, perr := strconv.Atoi(port)
 		switch {
 		case i == 0 && sentinel:
-			if !redisstore.PlainName(p) {
+			if !redishook.PlainName(p) {
 				parts[i] = "***"
 			}
-		case err == nil && perr == nil && redisstore.PlainName(strings.NewReplacer(":", "", "[", "", "]", "").Replace(host)):
-		case err != nil && redisstore.PlainName(p):
+		case err == nil && perr == nil && redishook.PlainName(strings.NewReplacer(":", "", "[", "", "]", "").Replace(host)):
+		case err != nil && redishook.PlainName(p):
 		default:
 			parts[i] = "***"
 		}

@@ -2,7 +2,8 @@
 // data in a redisstore's Redis (gateway sessions, the shared catalog, usage
 // records) what redisstore keeps out of its API: the store's rueidis
 // client and calls through its breaker. Benchmarks replay a decision's
-// function call with Command and FunctionName.
+// function call with Command and FunctionName; the command checks the
+// names a log may show with PlainName.
 //
 // Package redisstore sets the hooks when it starts, before any package
 // that imports it runs; each takes a *redisstore.Store.
@@ -39,3 +40,16 @@ var (
 	// Cluster). The charges must be valid and take no lease.
 	Command func(store any, charges []admit.Charge) (keys, args []string)
 )
+
+// PlainName reports whether s, a Sentinel master's name, is one that logs
+// and errors may show: letters, digits, '.', '-' and '_', as master names
+// are. Any other, a name followed by ":password" say, is shown as "***".
+func PlainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return s != ""
+}
