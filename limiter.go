@@ -192,7 +192,7 @@ type Limiter struct {
 	keys   []atomic.Pointer[cachedKey] // keyCacheSize per limit, a power of two in all
 	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
 	// decide into, so that they allocate nothing: the Decision they
-	// return is a copy without Results.
+	// return gets the summary alone, without Results.
 	scratch sync.Pool
 }
 
@@ -219,6 +219,7 @@ type cachedKey struct {
 // is an error, since the two would share that state unknowingly: give
 // the limits names of their own, keep one Limiter, name the Limiters
 // apart with NewNamedLimiter, or Close the first.
+//
 // The check knows a store by its value: two handles opened on one Redis,
 // or a store and a wrapper around it, are two stores to it, and a store of
 // a type that cannot be compared (a struct holding a slice) is not checked.
