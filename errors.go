@@ -82,8 +82,12 @@ func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: err.Error(), Err: errors.Unwrap(err)}
 }
 
-// Error returns the message.
+// Error returns the message. A nil *Error, returned as an error by
+// mistake, says so rather than panic.
 func (e *Error) Error() string {
+	if e == nil {
+		return "<nil *admit.Error>"
+	}
 	if e.Message == "" && e.Err != nil {
 		return e.Err.Error()
 	}
@@ -91,12 +95,17 @@ func (e *Error) Error() string {
 }
 
 // Unwrap returns the cause, if any.
-func (e *Error) Unwrap() error { return e.Err }
+func (e *Error) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
 
 // Is reports whether target is the sentinel error of e's code.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && t.Message != "" && t == sentinel(e.Code)
+	return ok && e != nil && t.Message != "" && t == sentinel(e.Code)
 }
 
 func sentinel(c Code) *Error {
@@ -125,7 +134,7 @@ func sentinel(c Code) *Error {
 // err != nil first.
 func ErrorCode(err error) Code {
 	var e *Error
-	if errors.As(err, &e) {
+	if errors.As(err, &e) && e != nil {
 		return e.Code
 	}
 	return CodeInternal
@@ -135,7 +144,7 @@ func ErrorCode(err error) Code {
 // one, or "".
 func ErrorField(err error) string {
 	for err != nil {
-		if e, ok := err.(*Error); ok && e.Field != "" {
+		if e, ok := err.(*Error); ok && e != nil && e.Field != "" {
 			return e.Field
 		}
 		err = errors.Unwrap(err)

@@ -565,33 +565,3 @@ func TestLimiterUnhashableStore(t *testing.T) {
 		defer l.Close()
 	}
 }
-
-// TestLimiterCacheGrowsWithLimits: a Limiter of eight limits per user
-// keeps as many callers' keys as one of one limit: a thousand callers
-// seen in turn are decided without building a key (no allocation).
-func TestLimiterCacheGrowsWithLimits(t *testing.T) {
-	s, _ := clockStore(t)
-	var limits []admit.Limit
-	for i := range 8 {
-		limits = append(limits, admit.Bucket("user-"+strconv.Itoa(i), admit.PerSecond(1_000_000), 1_000_000).Per(admit.PerUser))
-	}
-	l := newLimiter(t, s, limits...)
-	ctx := context.Background()
-	users := make([]admit.Who, 1000)
-	for i := range users {
-		users[i] = admit.Who{User: "user-" + strconv.Itoa(i)}
-	}
-	var d admit.Decision
-	for _, w := range users {
-		if err := l.Decide(ctx, w, 1, &d); err != nil {
-			t.Fatal(err)
-		}
-	}
-	i := 0
-	if n := testing.AllocsPerRun(5000, func() {
-		_ = l.Decide(ctx, users[i%len(users)], 1, &d)
-		i++
-	}); n != 0 {
-		t.Errorf("%v allocations per decision of a known caller, 8 limits, 1,000 callers; want 0", n)
-	}
-}

@@ -169,8 +169,8 @@ var whoFields = map[string]bool{"tenant": true, "user": true, "action": true, "i
 // internal error, which writeError logs and does not show.
 func decideError(err error) error {
 	var e *admit.Error
-	if !errors.As(err, &e) {
-		return err
+	if !errors.As(err, &e) || e == nil {
+		return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}
 	}
 	switch {
 	case e.Code == admit.CodeUnavailable, e.Code == admit.CodeInvalid && whoFields[e.Field]:
@@ -222,9 +222,6 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 // logText is err's text with the text of its causes, which an
 // *admit.Error's message may leave out.
 func logText(err error) string {
-	if e, ok := err.(*admit.Error); ok && e == nil {
-		return "a nil *admit.Error"
-	}
 	s := err.Error()
 	for e := errors.Unwrap(err); e != nil; e = errors.Unwrap(e) {
 		if t := e.Error(); !strings.Contains(s, t) {

@@ -400,9 +400,11 @@ func TestMiddlewareHidesWrappedWhoErrors(t *testing.T) {
 	// A nil *admit.Error returned as an error (a typed nil): refused,
 	// never a panic.
 	var none *admit.Error
-	h := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) { return admit.Who{}, none })(http.NotFoundHandler())
-	if w := get(h, "/", "acme", "alice"); w.Code != http.StatusBadRequest {
-		t.Errorf("a typed nil *admit.Error from who: %d %s, want 400", w.Code, w.Body)
+	for name, err := range map[string]error{"as is": none, "wrapped": fmt.Errorf("identify: %w", none)} {
+		h := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) { return admit.Who{}, err })(http.NotFoundHandler())
+		if w := get(h, "/", "acme", "alice"); w.Code != http.StatusBadRequest {
+			t.Errorf("a typed nil *admit.Error from who, %s: %d %s, want 400", name, w.Code, w.Body)
+		}
 	}
 }
 

@@ -213,10 +213,18 @@ func hasLeases(charges []admit.Charge, g group) bool {
 // Decide implements admit.Store. Decisions with a leased charge go
 // through allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	var err error
 	if anyLeasable(charges) {
-		return s.decideLeased(ctx, charges, d)
+		err = s.decideLeased(ctx, charges, d)
+	} else {
+		err = s.decideExact(ctx, charges, d)
 	}
-	return s.decideExact(ctx, charges, d)
+	if s.refused.n.Load() > 0 && slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.Debit }) {
+		// A debit moves a key's wait: a refusal remembered before it
+		// would answer the old one. The next decision asks Redis.
+		s.forgetDebited(charges)
+	}
+	return err
 }
 
 // decideExact decides charges in Redis, group by group.
@@ -388,7 +396,7 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 // back in Redis, by Redis's clock, exactly as a Cluster decision that
 // failed half way gives back what it charged. A quota's is given back
 // only when the period at fell in is the current one by this server's
-// clock and does not end within quotaRefundMargin: the script cannot tell
+// clock and does not end within 2 seconds: the script cannot tell
 // a quota's periods apart, and a refund must never reach the next period.
 func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
 	now := s.now()

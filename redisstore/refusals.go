@@ -204,6 +204,19 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	rs.n.Store(int64(len(rs.m)))
 }
 
+// forgetDebited drops the refusals of the keys charges debit.
+func (s *Store) forgetDebited(charges []admit.Charge) {
+	rs := &s.refused
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for i := range charges {
+		if c := &charges[i]; c.Debit {
+			delete(rs.m, refusalKey{key: c.Key})
+		}
+	}
+	rs.n.Store(int64(len(rs.m)))
+}
+
 // forgetRefusals drops the refusals of charges' keys, as Reset clears
 // them in Redis.
 func (s *Store) forgetRefusals(charges []admit.Charge) {

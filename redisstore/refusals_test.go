@@ -275,3 +275,34 @@ func TestLocalConcurrencyRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalRefusalAfterDebit: a debit into a key refused here moves its
+// wait; the refusal remembered before it is dropped, so that the next
+// decision answers the new wait, as Redis (and a dry run) would, not the
+// old one.
+func TestLocalRefusalAfterDebit(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	s := redisstore.New(dial(t, "redis://"+srv.Addr).Client(), &redisstore.Options{Clock: clock.Now, Timeout: 10 * time.Second, Prefix: "debitrefuse:"})
+	defer s.Close()
+	ctx := context.Background()
+	llm := &admit.Rule{Name: "llm", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 10, MaxDebt: 1000}
+	decide := func(cost int64, debit, dry bool) admit.Decision {
+		t.Helper()
+		var d admit.Decision
+		if err := s.Decide(ctx, []admit.Charge{{Key: "tenant:acme", Rule: llm, Cost: cost, Debit: debit, DryRun: dry}}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	decide(10, false, false)
+	if d := decide(1, false, false); d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("the empty bucket: %+v, want refused for 1s", d)
+	}
+	decide(600, true, false) // 600 tokens of debt: 10 minutes more
+	d := decide(1, false, false)
+	peek := decide(1, false, true)
+	if d.Allowed || d.RetryAfter != peek.RetryAfter || d.RetryAfter < 10*time.Minute {
+		t.Fatalf("after a debit of 600: refused for %v, a dry run says %v; want the debt's wait (over 10 minutes) from both", d.RetryAfter, peek.RetryAfter)
+	}
+}
