@@ -105,7 +105,7 @@ func (e *Error) Unwrap() error {
 // Is reports whether target is the sentinel error of e's code.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	return ok && e != nil && t.Message != "" && t == sentinel(e.Code)
+	return ok && e != nil && t != nil && t.Message != "" && t == sentinel(e.Code)
 }
 
 func sentinel(c Code) *Error {

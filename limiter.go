@@ -190,8 +190,6 @@ type Limiter struct {
 	debits bool    // some limit takes debits
 	seed   maphash.Seed
 	keys   []atomic.Pointer[cachedKey] // keyCacheSize per limit, a power of two in all
-	// keysBuilt counts the keys built for callers the cache did not hold.
-	keysBuilt atomic.Int64
 	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
 	// decide into, so that they allocate nothing: the Decision they
 	// return gets the summary alone, without Results.
@@ -221,6 +219,10 @@ type cachedKey struct {
 // is an error, since the two would share that state unknowingly: give
 // the limits names of their own, keep one Limiter, name the Limiters
 // apart with NewNamedLimiter, or Close the first.
+//
+// A Limiter keeps the keys of the callers it saw last, 8,192 per limit
+// (64 KiB of pointers per limit, and the keys themselves), so that a
+// known caller's decision builds no key.
 //
 // The check knows a store by its value: two handles opened on one Redis,
 // or a store and a wrapper around it, are two stores to it, and a store of
@@ -398,7 +400,8 @@ func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (d Decision, err e
 
 // Peek reports what Allow would decide for w now, charging nothing: a
 // request of cost 1 (a dry run, see Charge.DryRun), admitted or refused
-// as Allow would, with what remains and when to retry.
+// as Allow would, with when to retry. Its Remaining is what Allow would
+// leave: one less than the limit holds now when it would admit.
 func (l *Limiter) Peek(ctx context.Context, w Who) (d Decision, err error) {
 	err = l.summary(ctx, w, 1, peeking, &d)
 	return d, err
@@ -613,7 +616,6 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 		d.key = l.appendKey(d.key[:0], per, &k, r.Name)
 	}
 	key := string(d.key)
-	l.keysBuilt.Add(1)
 	e := &cachedKey{who: k, key: key}
 	e.prepared = slots.Of(key, k.tenant)
 	victim := &set[(h>>32)&7]

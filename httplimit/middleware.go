@@ -27,9 +27,10 @@ import (
 //
 // An error from who refuses the request with the status its code maps to
 // (an *admit.Error's: admit.CodeUnauthenticated 401, admit.CodePermission
-// 403; any other error 400). The client sees the message of an
-// *admit.Error that who returns as it is, wrapping nothing, such as
-// admit.Errorf(admit.CodeUnauthenticated, "no API key"); of any other
+// 403, admit.CodeUnavailable 503; any other error 400). The client sees
+// the message of an *admit.Error that who returns as it is, wrapping
+// nothing, such as admit.Errorf(admit.CodeUnauthenticated, "no API key"),
+// unless its code is internal or unavailable; of any other
 // error (one that wraps a cause, or is wrapped) only a detail of its own,
 // the error going to the log, since its text may say what the client must
 // not see (a database's address). A Who that lacks a scope some limit is
@@ -63,7 +64,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			wh, err := who(r)
 			if err != nil {
-				writeError(w, r, whoError(err, slog.Default()), 1, slog.Default())
+				writeWhoError(w, r, whoError(err, slog.Default()))
 				return
 			}
 			st := states.Get().(*requestState)
@@ -124,11 +125,12 @@ type requestState struct {
 
 var states = sync.Pool{New: func() any { return new(requestState) }}
 
-// whoError is the error a request is refused with when who failed: its
-// own when it is an *admit.Error that wraps nothing (a message written for
-// the client), else one of its code that says nothing of it, the error
-// going to log.
-func whoError(err error, log *slog.Logger) error {
+// whoError is what the client is told when who failed: who's own
+// *admit.Error when it is one that wraps nothing (a message written for
+// the client) of a code the client can act on, else a message of the
+// middleware's for the code found, the error going to log (an outage at
+// most once every outageLogEvery).
+func whoError(err error, log *slog.Logger) *admit.Error {
 	if e, ok := err.(*admit.Error); ok && e != nil && e.Err == nil && e.Code != admit.CodeInternal && e.Code != admit.CodeUnavailable {
 		return e
 	}
@@ -148,14 +150,28 @@ func whoError(err error, log *slog.Logger) error {
 		log.Warn("httplimit: who refused the request's caller", "err", logText(err))
 		return admit.Errorf(code, "the caller may not make this request")
 	case admit.CodeUnavailable:
-		log.Error("httplimit: who could not reach what identifies callers", "err", logText(err))
-		return admit.Errorf(code, "unavailable")
+		if lastWhoOutageLog.due() {
+			log.Error("httplimit: who could not reach what identifies callers", "err", logText(err))
+		}
+		return admit.Errorf(code, "the request's caller cannot be identified now; retry later")
 	case admit.CodeInternal:
 		log.Error("httplimit: who failed", "err", logText(err))
 		return admit.Errorf(code, "internal error")
 	}
 	log.Warn("httplimit: who could not identify the request's caller", "err", logText(err))
 	return admit.Errorf(admit.CodeInvalid, "the request does not say who makes it")
+}
+
+// writeWhoError answers a request who could not identify with e, which
+// whoError made (and logged the cause of): the status of its code, its
+// message, and Retry-After when it is an outage.
+func writeWhoError(w http.ResponseWriter, r *http.Request, e *admit.Error) {
+	endUnreadBody(w, r)
+	status := problem.Status(e)
+	if status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	problem.Write(w, status, e.Message)
 }
 
 // whoFields are the fields of a limiter's errors about the Who a request
@@ -172,10 +188,7 @@ func decideError(err error) error {
 	if !errors.As(err, &e) || e == nil {
 		return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}
 	}
-	switch {
-	case e.Code == admit.CodeUnavailable, e.Code == admit.CodeInvalid && whoFields[e.Field]:
-		return err
-	case e.Code == admit.CodeInternal:
+	if e.Code == admit.CodeUnavailable || e.Code == admit.CodeInternal || e.Code == admit.CodeInvalid && whoFields[e.Field] {
 		return err
 	}
 	return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}
@@ -207,8 +220,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error, retryAfter in
 		w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 		// The store's error names its servers: the log has it, once
 		// every outageLogEvery at most, however many requests fail.
-		if now := time.Now().UnixNano(); now-lastOutageLog.Load() >= int64(outageLogEvery) {
-			lastOutageLog.Store(now)
+		if lastOutageLog.due() {
 			log.Error("httplimit: the rate limiter's store is unavailable", "err", logText(err))
 		}
 		detail = "the rate limiter's store is unavailable; retry later"
@@ -235,8 +247,19 @@ func logText(err error) string {
 // every request while it lasts.
 const outageLogEvery = 10 * time.Second
 
-// lastOutageLog is when an outage was last logged, in Unix nanoseconds.
-var lastOutageLog atomic.Int64
+// lastOutageLog and lastWhoOutageLog are when the store's outage, and
+// an outage of what who asks, were last logged.
+var lastOutageLog, lastWhoOutageLog logClock
+
+// logClock is when something was last logged, in Unix nanoseconds.
+type logClock struct{ at atomic.Int64 }
+
+// due reports whether outageLogEvery has passed since c was last due, and
+// if so makes now the last time: of concurrent callers, one is told.
+func (c *logClock) due() bool {
+	now, last := time.Now().UnixNano(), c.at.Load()
+	return now-last >= int64(outageLogEvery) && c.at.CompareAndSwap(last, now)
+}
 
 // endUnreadBody closes the connection of a request refused before its
 // body was read (httpx.CloseUnreadBody). Behind BodyTimeout, which keeps

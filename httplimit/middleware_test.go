@@ -455,3 +455,32 @@ type failingStore struct {
 }
 
 func (s *failingStore) Decide(context.Context, []admit.Charge, *admit.Decision) error { return s.err }
+
+// TestMiddlewareWhoOutage: a who that cannot reach what identifies callers
+// answers 503 saying so, not blaming the limiter's store, and its log does
+// not use up the store outage's: a store outage right after is logged.
+func TestMiddlewareWhoOutage(t *testing.T) {
+	logged := captureLog(t)
+	httplimit.ForgetOutageLog()
+	down := &failingStore{err: &admit.Error{Code: admit.CodeUnavailable, Message: "redis 10.1.2.3:6379: connection refused"}}
+	l, err := admit.NewLimiter(down, admit.Bucket("user", admit.PerSecond(1), 100).Per(admit.PerTenant, admit.PerUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	authDown := httplimit.Middleware(l, func(*http.Request) (admit.Who, error) {
+		return admit.Who{}, admit.Errorf(admit.CodeUnavailable, "auth db 10.9.9.9 down")
+	})(http.NotFoundHandler())
+	for range 3 {
+		w := get(authDown, "/", "acme", "alice")
+		if w.Code != http.StatusServiceUnavailable || strings.Contains(w.Body.String(), "store") || strings.Contains(w.Body.String(), "10.9.9.9") || w.Header().Get("Retry-After") == "" {
+			t.Fatalf("who's outage: %d %s", w.Code, w.Body)
+		}
+	}
+	if n := strings.Count(logged.String(), "10.9.9.9"); n != 1 {
+		t.Errorf("three requests while who's database is down logged it %d times, want once:\n%s", n, logged)
+	}
+	h := httplimit.Middleware(l, byHeader)(http.NotFoundHandler())
+	if w := get(h, "/", "acme", "alice"); w.Code != http.StatusServiceUnavailable || !strings.Contains(logged.String(), "10.1.2.3") {
+		t.Errorf("the store's outage after who's: %d, log %q; want 503 and the store's outage logged", w.Code, logged)
+	}
+}

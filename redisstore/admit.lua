@@ -4,8 +4,8 @@
 -- of decisions — in one call (FCALL admit_v9 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
--- CPU a decision costs. It mirrors the Go algorithms of package admit
--- (bucket.go, window.go, log.go) and must decide exactly as they do; the
+-- CPU a decision costs. It mirrors the Go algorithms of the module's engine
+-- (internal/engine: bucket.go, window.go, log.go) and must decide exactly as they do; the
 -- conformance suite (storetest) runs against both.
 --
 -- Numbers. Lua numbers are doubles: integers are exact below 2^53. The
@@ -896,7 +896,7 @@ end
 -- Shares ------------------------------------------------------------------
 
 -- A fair charge (admit.Charge.Share) is decided with its class's share of
--- the key (admit/share.go, DecideShare, which this mirrors): the key's
+-- the key (internal/engine/share.go, DecideShare, which this mirrors): the key's
 -- pool of classes, the class's record and its sub's, each a string of
 -- 14 doubles, or 26 with a period's largest takers (see shareLoad), and for a concurrency key the sorted sets of
 -- the slots the class and its sub hold. SHARES[i] is charge i's share, or

@@ -127,21 +127,8 @@ func (s *Store) fcall(ctx context.Context, client rueidis.Client, c call) ([]int
 	}
 }
 
-// functionName is the library's function (redishook.FunctionName); a new library version that
-// changes the arguments gets a new name, so that servers of two versions
-// can share a deployment during an upgrade (the states they keep are the
-// same). admit_v2 added batches (op "b"); admit_v3 the flag x, a
-// decision another Cluster group refused; admit_v4 debits (a cost "dN");
-// admit_v6 withdrawals for leased rules (the flag w); admit_v7 a
-// bucket's withdrawal that books its refill ahead, which a server of an
-// earlier version would take for tokens in hand; admit_v8 keeps a
-// window's or a quota's count as an integer in a key of its own per
-// period (counted by INCRBY), and op x, reset. admit_v8 carries the
-// count an admit_v7 state holds for a quota's period, or a window longer
-// than a minute, over into its own key; while servers of both versions
-// run, they count those apart. admit_v9 decides fair charges (the flag
-// s, a share per charge and the share's keys) and says how a share
-// decided each charge in its reply.
+// functionName is the library's function; redishook.FunctionName says
+// what each version changed.
 const functionName = redishook.FunctionName
 
 // loadFunctions loads the decision engine library on every node (FUNCTION

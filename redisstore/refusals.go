@@ -28,9 +28,10 @@ import (
 // capacity comes back whenever a lease is released, which is how they are
 // meant to be used. A release on this server forgets the refusals of its
 // keys at once; one on another server may leave a slot refused here for
-// up to concHold. A decision with a debit or a dry run is always sent: a
-// debit is applied whatever the others decide, and a dry run asks what
-// Redis holds.
+// up to concHold. A decision with a debit is always sent: a debit is
+// applied whatever the others decide. A dry run is answered as the
+// decision it mirrors would be, refused here too, so that a look
+// (Limiter.Peek) says what the decision would.
 
 // concHold bounds how long a refused concurrency key is refused locally:
 // a full limit's slot may come back on another server any time, and then
@@ -86,7 +87,7 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		return false
 	}
 	for i := range charges {
-		if charges[i].Debit || charges[i].DryRun {
+		if charges[i].Debit {
 			return false
 		}
 	}
@@ -210,8 +211,8 @@ func (s *Store) forgetDebited(charges []admit.Charge) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for i := range charges {
-		if c := &charges[i]; c.Debit {
-			delete(rs.m, refusalKey{key: c.Key})
+		if charges[i].Debit {
+			rs.forget(&charges[i])
 		}
 	}
 	rs.n.Store(int64(len(rs.m)))
@@ -224,14 +225,19 @@ func (s *Store) forgetRefusals(charges []admit.Charge) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for i := range charges {
-		c := &charges[i]
-		delete(rs.m, refusalKey{key: c.Key})
-		if c.Share != nil {
-			delete(rs.m, refusalKey{c.Key, c.Share.Class, ""})
-			delete(rs.m, refusalKey{c.Key, c.Share.Class, c.Share.Sub})
-		}
+		rs.forget(&charges[i])
 	}
 	rs.n.Store(int64(len(rs.m)))
+}
+
+// forget drops the refusals of c's key: its own, and its class's and
+// sub's when it carries a share. The caller holds rs.mu.
+func (rs *refusals) forget(c *admit.Charge) {
+	delete(rs.m, refusalKey{key: c.Key})
+	if c.Share != nil {
+		delete(rs.m, refusalKey{c.Key, c.Share.Class, ""})
+		delete(rs.m, refusalKey{c.Key, c.Share.Class, c.Share.Sub})
+	}
 }
 
 // forgetReleased drops the refusals a release of a lease may end, whose

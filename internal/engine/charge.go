@@ -32,3 +32,12 @@ func KeyHash(c *admit.Charge) uint64 {
 func TenantHash(c *admit.Charge) (uint64, bool) {
 	return slots.Charge(unsafe.Pointer(c)).TenantHash(c.Key)
 }
+
+// The slots are reached by the offsets package admit records when it
+// starts, before this package's init: an offset of 0 would read a rule's
+// or a charge's first field as its slot.
+func init() {
+	if slots.RuleOffset == 0 || slots.ChargeOffset == 0 {
+		panic("engine: package admit recorded no slot offsets")
+	}
+}

@@ -12,10 +12,10 @@ import (
 // A store validates every rule it is given, on every decision, and a
 // bucket's decision derives its refill interval from the rule's rate, a
 // division, every time. Neither changes while the rule does not, so a rule
-// prepares both once (Rule.Prepare) and keeps them with itself.
+// prepares both once (Prepare) and keeps them with itself.
 
 // PreparedRule is a rule that passed Validate, with what deciding by it
-// derives from its parameters. Rule.Prepare returns it.
+// derives from its parameters. Prepare returns it.
 type PreparedRule struct {
 	rule   *admit.Rule
 	params ruleParams
@@ -143,7 +143,7 @@ func (p *PreparedRule) StepTo(res *admit.Result, st [2]State, now, cost int64, d
 }
 
 // StepOneTo is StepTo for the algorithms whose key has one State (see
-// Algorithm.Slots).
+// Slots).
 func (p *PreparedRule) StepOneTo(res *admit.Result, s State, now, cost int64, debit bool) State {
 	return stepOne(res, p.rule, &p.b, s, now, cost, debit)
 }

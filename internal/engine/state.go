@@ -21,9 +21,6 @@ type State struct {
 	Prev uint32
 }
 
-// Fresh reports whether s is equivalent to a new key at now.
-func (s State) Fresh(now int64) bool { return s.Expiry <= now }
-
 // Step is the pure transition of the counter algorithms: it decides a
 // request of cost at now against st and returns the states to keep: if the
 // request was admitted, the charged states; if not, states equal to st in

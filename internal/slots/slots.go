@@ -57,6 +57,9 @@ func Prepare(key string) Key {
 // Of is Prepare for a key whose tenant is known ("" for none): a Limiter
 // builds its keys and knows their tenants.
 func Of(key, tenant string) Key {
+	if uint64(len(key)) > 1<<32-1 {
+		return Key{}
+	}
 	k := Key{data: unsafe.StringData(key), len: uint32(len(key)), hash: Hash(key)}
 	if tenant != "" {
 		k.tenant, k.hasTenant = TenantHash(tenant), true
