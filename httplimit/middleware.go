@@ -185,10 +185,7 @@ var whoFields = map[string]bool{"tenant": true, "user": true, "action": true, "i
 // internal error, which writeError logs and does not show.
 func decideError(err error) error {
 	var e *admit.Error
-	if !errors.As(err, &e) || e == nil {
-		return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}
-	}
-	if e.Code == admit.CodeUnavailable || e.Code == admit.CodeInternal || e.Code == admit.CodeInvalid && whoFields[e.Field] {
+	if errors.As(err, &e) && e != nil && (e.Code == admit.CodeUnavailable || e.Code == admit.CodeInternal || e.Code == admit.CodeInvalid && whoFields[e.Field]) {
 		return err
 	}
 	return &admit.Error{Code: admit.CodeInternal, Message: "the rate limiter failed: " + err.Error(), Err: err}

@@ -222,7 +222,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	if s.refused.n.Load() > 0 && slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.Debit }) {
 		// A debit moves a key's wait: a refusal remembered before it
 		// would answer the old one. The next decision asks Redis.
-		s.forgetDebited(charges)
+		s.forgetRefusals(charges, true)
 	}
 	return err
 }
@@ -426,7 +426,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 	if len(keep) == 0 {
 		return nil
 	}
-	s.forgetRefusals(keep)
+	s.forgetRefusals(keep, false)
 	u := at.UnixMicro()
 	for _, g := range s.groups(keep, s.cluster) {
 		c := s.newCall("u", itoa(u), itoa(at.UnixNano()-u*1000), "", keep, g, "")
@@ -452,7 +452,7 @@ var _ admit.Refunder = (*Store)(nil)
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	s.forget(charges)
-	s.forgetRefusals(charges)
+	s.forgetRefusals(charges, false)
 	if _, err := validate(charges, false); err != nil {
 		return err
 	}

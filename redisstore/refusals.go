@@ -205,27 +205,17 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	rs.n.Store(int64(len(rs.m)))
 }
 
-// forgetDebited drops the refusals of the keys charges debit.
-func (s *Store) forgetDebited(charges []admit.Charge) {
+// forgetRefusals drops the refusals of charges' keys, as Reset clears
+// them in Redis; with debitsOnly, of the keys charges debit, whose wait a
+// debit moves.
+func (s *Store) forgetRefusals(charges []admit.Charge, debitsOnly bool) {
 	rs := &s.refused
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for i := range charges {
-		if charges[i].Debit {
+		if !debitsOnly || charges[i].Debit {
 			rs.forget(&charges[i])
 		}
-	}
-	rs.n.Store(int64(len(rs.m)))
-}
-
-// forgetRefusals drops the refusals of charges' keys, as Reset clears
-// them in Redis.
-func (s *Store) forgetRefusals(charges []admit.Charge) {
-	rs := &s.refused
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	for i := range charges {
-		rs.forget(&charges[i])
 	}
 	rs.n.Store(int64(len(rs.m)))
 }

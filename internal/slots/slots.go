@@ -43,16 +43,7 @@ var TenantOf func(key string) string
 
 // Prepare returns the prepared hashes of key: a key too long to prepare
 // (past 4 GiB) prepares nothing and is hashed on every use.
-func Prepare(key string) Key {
-	if uint64(len(key)) > 1<<32-1 {
-		return Key{}
-	}
-	k := Key{data: unsafe.StringData(key), len: uint32(len(key)), hash: Hash(key)}
-	if t := TenantOf(key); t != "" {
-		k.tenant, k.hasTenant = TenantHash(t), true
-	}
-	return k
-}
+func Prepare(key string) Key { return Of(key, TenantOf(key)) }
 
 // Of is Prepare for a key whose tenant is known ("" for none): a Limiter
 // builds its keys and knows their tenants.
