@@ -14,6 +14,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit/redistest"
@@ -52,7 +53,9 @@ descriptors:
 //
 // At this version the peer answers a quota over its limit OK, with its
 // limit, nothing remaining and no reset, and never refuses a request for
-// its quotas.
+// its quotas: admit ratelimit answers so with ADMIT_QUOTA_ANSWERS=reported
+// (its default answers as upstream's later main does). The dynamic
+// metadata (RESPONSE_DYNAMIC_METADATA) must be the same too.
 func TestQuotaModeAsThePeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds envoyproxy/ratelimit")
@@ -78,6 +81,10 @@ func TestQuotaModeAsThePeer(t *testing.T) {
 			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 			"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + grpcPort,
 			"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + freePort(t, "127.0.0.1"),
+			"RESPONSE_DYNAMIC_METADATA=true",
+			// Quota answers of the peer's version (admit ratelimit's
+			// default answers as upstream's later main does).
+			"ADMIT_QUOTA_ANSWERS=reported",
 		}
 		startProcess(t, "127.0.0.1:"+grpcPort, env, bin, args...)
 		conn, err := grpc.NewClient("127.0.0.1:"+grpcPort, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -153,6 +160,9 @@ func TestQuotaModeAsThePeer(t *testing.T) {
 			t.Logf("%s, step %d: %s", sc.name, i+1, describeRLS(p))
 			if got, want := describeRLS(a), describeRLS(p); got != want && got != describeRLS(p, 1) && got != describeRLS(p, -1) {
 				t.Errorf("%s, step %d (hits %d):\nadmit ratelimit      %s\nenvoyproxy/ratelimit %s", sc.name, i+1, s.hits, got, want)
+			}
+			if !proto.Equal(a.GetDynamicMetadata(), p.GetDynamicMetadata()) {
+				t.Errorf("%s, step %d: dynamic metadata\nadmit ratelimit      %v\nenvoyproxy/ratelimit %v", sc.name, i+1, a.GetDynamicMetadata(), p.GetDynamicMetadata())
 			}
 		}
 	}

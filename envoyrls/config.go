@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/yamlconf"
@@ -80,11 +82,13 @@ type Limit struct {
 	// Shadow limits are counted and reported but never refuse
 	// (shadow_mode).
 	Shadow bool
-	// Quota limits (quota_mode) do not refuse a request on their own:
-	// their descriptors answer OK, and the request is over the limit only
-	// when every quota descriptor it has is. The service reports them in
-	// dynamic metadata.
+	// Quota limits (quota_mode) do not refuse a request on their own: the
+	// request is over the limit only when every group of quota descriptors
+	// it has is (Options.QuotaAnswers says how they answer).
 	Quota bool
+	// Metadata is the descriptor's metadata block, which dynamic metadata
+	// repeats for the descriptors a request passed (QuotaGroups).
+	Metadata *structpb.Struct
 
 	RequestsPerUnit uint32
 	Unit            Unit
@@ -95,8 +99,8 @@ type Limit struct {
 	// limit refuses everything, as in envoyproxy/ratelimit).
 	rule *policy.Rule
 	// strict is a quota limit's rule decided as a normal one: when a
-	// request has a single quota descriptor, "every quota descriptor over
-	// its limit" is that one being over, which the store decides exactly.
+	// request's quota descriptors form one group, "every group over its
+	// limit" is any of them being over, which the store decides exactly.
 	strict *policy.Rule
 
 	file      string // where the rate_limit block is, for Check's errors
@@ -142,6 +146,45 @@ const (
 	// the limit too, as envoyproxy/ratelimit counts them (charge: each).
 	ChargeEach
 )
+
+// QuotaAnswers is how quota_mode descriptors answer: envoyproxy/ratelimit
+// changed its answers in 2026, and a deployment replacing it keeps the
+// answers of the version it ran.
+type QuotaAnswers uint8
+
+const (
+	// QuotaGroups answers as envoyproxy/ratelimit's main branch has since
+	// spring 2026. A quota descriptor over its limit answers OVER_LIMIT,
+	// with its limit and reset. Quota descriptors form groups: those of
+	// one backend_name and model_name_override entry (a model behind a
+	// backend), else each descriptor by all its entries; a group is over
+	// when any of its descriptors is. The request is over its limit when
+	// a regular descriptor is or every group is, so a request may fail
+	// over from an exhausted model to another. Dynamic metadata carries
+	// the metadata blocks of the descriptors that passed, leaving out
+	// those of an exhausted group, and passedBackends: the backend and
+	// model pairs still available.
+	QuotaGroups QuotaAnswers = iota
+	// QuotaReported answers as its main branch of 2026-01-22 (the version
+	// the module proxy serves): a quota descriptor over its limit answers
+	// OK, with its limit, nothing remaining and no reset, and never
+	// refuses a request; dynamic metadata lists quotaModeEnabled and
+	// quotaModeViolations, the indexes of the quota descriptors over.
+	// Under charge: all, a request whose quota descriptors are all over
+	// is refused, and nothing is counted.
+	QuotaReported
+)
+
+// ParseQuotaAnswers parses a QuotaAnswers name: groups or reported.
+func ParseQuotaAnswers(s string) (QuotaAnswers, error) {
+	switch s {
+	case "groups":
+		return QuotaGroups, nil
+	case "reported":
+		return QuotaReported, nil
+	}
+	return 0, admit.Errorf(admit.CodeInvalid, "quota answers %q: want groups (envoyproxy/ratelimit since spring 2026: a quota over answers OVER_LIMIT, the request refused when every group is over) or reported (its main of 2026-01-22: a quota over answers OK, never refusing)", s)
+}
 
 // ChargeOf returns what domain's file says of charge.
 func (c *Config) ChargeOf(domain string) Charge {

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
@@ -276,7 +277,8 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 			continue
 		}
 		// metadata (envoyproxy/ratelimit, April 2026) is data for the
-		// operator's own tools: accepted, whatever it holds, and unused.
+		// data plane: dynamic metadata repeats it for the descriptors a
+		// request passed.
 		f := p.mapping(dn, "a descriptor", "key", "value", "rate_limit", "descriptors", "shadow_mode",
 			"quota_mode", "detailed_metric", "value_to_metric", "share_threshold", "metadata")
 		if f == nil {
@@ -326,12 +328,31 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 		}
 		if rl := f["rate_limit"]; rl != nil {
 			nd.limit = p.rateLimit(rl, full, shadow, quota)
+			if md := f["metadata"]; md != nil && nd.limit != nil {
+				nd.limit.Metadata = p.metadata(md)
+			}
 		}
 		if sub := f["descriptors"]; sub != nil {
 			nd.next = p.descriptors(sub, full+".", depth+1)
 		}
 	}
 	return lv
+}
+
+// metadata parses a descriptor's metadata block: a mapping of any depth
+// whose keys are strings.
+func (p *parser) metadata(n *yaml.Node) *structpb.Struct {
+	var m map[string]any
+	if n.Kind != yaml.MappingNode || n.Decode(&m) != nil {
+		p.fail(n, "metadata: want a mapping with string keys, not %s", yamlconf.KindName(n))
+		return nil
+	}
+	st, err := structpb.NewStruct(m)
+	if err != nil {
+		p.fail(n, "metadata: %v", err)
+		return nil
+	}
+	return st
 }
 
 // rateLimit parses a rate_limit block.

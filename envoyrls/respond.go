@@ -2,11 +2,13 @@ package envoyrls
 
 import (
 	"math"
+	"slices"
 	"strconv"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -19,46 +21,69 @@ import (
 // the headers and metadata the options ask for.
 func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitRequest, c *call, out policy.Outcome, quotas int) {
 	now := s.opts.Now()
+	groups := s.opts.QuotaAnswers == QuotaGroups
 	best, bestRemaining := -1, int64(math.MaxInt64)
-	var violations []int
+	// violations are the quota descriptors over their limit; passed, the
+	// descriptors with a limit that passed it (QuotaGroups' metadata).
+	var violations, passed []int
 	// The descriptor envoyproxy/ratelimit's own headers describe: the last
 	// over its limit (a quota's aside), else the first with the least
 	// remaining.
 	limited, limitedRemaining := -1, uint32(math.MaxUint32)
 	for i := range c.descs {
 		st, over := s.status(c, &c.descs[i], out, now)
+		quota := c.isQuota(&c.descs[i])
 		if st.CurrentLimit != nil && st.LimitRemaining < limitedRemaining {
 			limited, limitedRemaining = i, st.LimitRemaining
 		}
-		if l := c.descs[i].limit; st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && (l == nil || !l.Quota || !c.each) {
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && (!quota || !groups && !c.each) {
 			limited, limitedRemaining = i, 0
 		}
 		if s.opts.Stats != nil {
 			s.countStats(req, c, i, out)
 		}
-		if l := c.descs[i].limit; over && l != nil && l.Quota {
+		switch {
+		case over && quota && groups:
+			// As envoyproxy/ratelimit answers a quota over its limit
+			// since spring 2026: over, with its reset; whether the
+			// request is depends on its group and the others.
+			violations = append(violations, i)
+			st.Code, st.LimitRemaining = rlsv3.RateLimitResponse_OVER_LIMIT, 0
+		case over && quota:
 			violations = append(violations, i)
 			if c.each {
-				// As envoyproxy/ratelimit answers a quota over its limit:
-				// reported (here and in the metadata), never refusing.
+				// As its main of 2026-01-22 answers a quota over its
+				// limit: reported (here and in the metadata), never
+				// refusing.
 				st = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, CurrentLimit: st.CurrentLimit, LimitRemaining: st.LimitRemaining}
 			}
+		case st.Code == rlsv3.RateLimitResponse_OK && c.descs[i].kind != kindUnlimited:
+			passed = append(passed, i)
 		}
 		resp.Statuses[i] = st
-		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT {
+		if st.Code == rlsv3.RateLimitResponse_OVER_LIMIT && !(quota && groups) {
 			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		if st.CurrentLimit != nil && int64(st.LimitRemaining) < bestRemaining {
 			best, bestRemaining = i, int64(st.LimitRemaining)
 		}
 	}
-	if quotas > 0 && len(violations) == quotas && !c.each {
+	switch {
+	case groups && quotas > 0 && c.groupsAllOver(violations):
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	case !groups && quotas > 0 && len(violations) == quotas && !c.each:
 		// Every quota descriptor is over: the request is (Admit's
 		// quota mode, with charge: all).
 		for _, i := range violations {
 			resp.Statuses[i].Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT && s.opts.GlobalShadow {
+		resp.OverallCode = rlsv3.RateLimitResponse_OK
+		if s.opts.Stats != nil {
+			s.opts.Stats.Add("ratelimit.service.global_shadow_mode", 1)
+		}
 	}
 	if s.opts.ResponseHeaders && best >= 0 {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(resp.Statuses, best)
@@ -67,7 +92,88 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 		resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, limitHeaders(h, resp.Statuses[limited], now)...)
 	}
 	if s.opts.DynamicMetadata {
-		resp.DynamicMetadata = dynamicMetadata(req, violations, quotas > 0)
+		f := requestMetadata(req)
+		if groups {
+			c.passedMetadata(f, req, passed, violations)
+		} else {
+			quotaViolations(f, violations, quotas > 0)
+		}
+		resp.DynamicMetadata = &structpb.Struct{Fields: f}
+	}
+}
+
+// groupsAllOver reports whether every quota group has a descriptor among
+// violations.
+func (c *call) groupsAllOver(violations []int) bool {
+	over := 0
+	for n, i := range violations {
+		if !slices.ContainsFunc(violations[:n], func(j int) bool { return c.group[j] == c.group[i] }) {
+			over++
+		}
+	}
+	return over == c.groups
+}
+
+// passedMetadata adds to f what envoyproxy/ratelimit's dynamic metadata
+// says of the descriptors that passed since spring 2026: their limits'
+// metadata blocks merged (the first descriptor's value kept where two
+// say), and passedBackends, the backend and model pairs of the quota
+// groups still available. A passed descriptor of an exhausted group is
+// left out of both.
+func (c *call) passedMetadata(f map[string]*structpb.Value, req *rlsv3.RateLimitRequest, passed, violations []int) {
+	merged := map[string]*structpb.Value{}
+	var backends []*structpb.Value
+	var seen []string
+	for _, i := range passed {
+		if g := c.group[i]; g != "" && slices.ContainsFunc(violations, func(j int) bool { return c.group[j] == g }) {
+			continue
+		}
+		if l := c.descs[i].limit; l != nil && l.Metadata != nil {
+			mergeStruct(merged, l.Metadata.GetFields())
+		}
+		if c.group[i] == "" || slices.Contains(seen, c.group[i]) {
+			continue
+		}
+		seen = append(seen, c.group[i])
+		pair := map[string]*structpb.Value{}
+		for _, e := range req.GetDescriptors()[i].GetEntries() {
+			if k := e.GetKey(); k == EntryBackendName || k == EntryModelNameOverride {
+				pair[k] = structpb.NewStringValue(e.GetValue())
+			}
+		}
+		if len(pair) > 0 {
+			for _, k := range []string{EntryBackendName, EntryModelNameOverride} {
+				if pair[k] == nil {
+					pair[k] = structpb.NewStringValue("")
+				}
+			}
+			backends = append(backends, structpb.NewStructValue(&structpb.Struct{Fields: pair}))
+		}
+	}
+	if len(merged) > 0 {
+		f["metadata"] = structpb.NewStructValue(&structpb.Struct{Fields: merged})
+	}
+	if c.groups > 0 && len(backends) > 0 {
+		f["passedBackends"] = structpb.NewListValue(&structpb.ListValue{Values: backends})
+	}
+}
+
+// mergeStruct adds src's fields to dst: a field dst lacks is copied (not
+// shared: dst is the response's), one both hold as structs is merged,
+// and dst keeps any other it has.
+func mergeStruct(dst, src map[string]*structpb.Value) {
+	for k, v := range src {
+		d, ok := dst[k]
+		if !ok {
+			dst[k] = proto.Clone(v).(*structpb.Value)
+			continue
+		}
+		if ds, ss := d.GetStructValue(), v.GetStructValue(); ds != nil && ss != nil {
+			if ds.Fields == nil {
+				ds.Fields = map[string]*structpb.Value{}
+			}
+			mergeStruct(ds.Fields, ss.Fields)
+		}
 	}
 }
 
@@ -87,9 +193,10 @@ func limitHeaders(h *LimitHeaderNames, st *rlsv3.RateLimitResponse_DescriptorSta
 	}
 }
 
-// dynamicMetadata is the response's dynamic metadata, in the shape
-// envoyproxy/ratelimit gives it.
-func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, quota bool) *structpb.Struct {
+// requestMetadata is what envoyproxy/ratelimit's dynamic metadata says of
+// the request: the domain, the descriptors (entries as "key=value", limit
+// and hitsAddend) and the request's hitsAddend.
+func requestMetadata(req *rlsv3.RateLimitRequest) map[string]*structpb.Value {
 	descs := make([]*structpb.Value, 0, len(req.GetDescriptors()))
 	for _, d := range req.GetDescriptors() {
 		entries := make([]*structpb.Value, len(d.GetEntries()))
@@ -106,13 +213,20 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, quota bool) 
 		descs = append(descs, structpb.NewStructValue(&structpb.Struct{Fields: f}))
 	}
 	f := map[string]*structpb.Value{
-		"domain":           structpb.NewStringValue(req.GetDomain()),
-		"descriptors":      structpb.NewListValue(&structpb.ListValue{Values: descs}),
-		"quotaModeEnabled": structpb.NewBoolValue(quota),
+		"domain":      structpb.NewStringValue(req.GetDomain()),
+		"descriptors": structpb.NewListValue(&structpb.ListValue{Values: descs}),
 	}
 	if h := req.GetHitsAddend(); h != 0 {
 		f["hitsAddend"] = structpb.NewNumberValue(float64(h))
 	}
+	return f
+}
+
+// quotaViolations adds to f what envoyproxy/ratelimit's dynamic metadata
+// said of quota descriptors at its main of 2026-01-22: quotaModeEnabled,
+// and quotaModeViolations, the indexes of those over their limit.
+func quotaViolations(f map[string]*structpb.Value, violations []int, quota bool) {
+	f["quotaModeEnabled"] = structpb.NewBoolValue(quota)
 	if len(violations) > 0 {
 		vs := make([]*structpb.Value, len(violations))
 		for i, v := range violations {
@@ -120,7 +234,6 @@ func dynamicMetadata(req *rlsv3.RateLimitRequest, violations []int, quota bool) 
 		}
 		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: vs})
 	}
-	return &structpb.Struct{Fields: f}
 }
 
 // status builds one descriptor's status from the decision, and says

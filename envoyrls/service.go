@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -60,8 +63,7 @@ type Options struct {
 	// DynamicMetadata fills the response's dynamic_metadata as
 	// envoyproxy/ratelimit does with RESPONSE_DYNAMIC_METADATA: the domain,
 	// the descriptors (entries as "key=value", hitsAddend), the request's
-	// hitsAddend, quotaModeEnabled and quotaModeViolations (the indexes of
-	// the quota descriptors over their limit).
+	// hitsAddend, and what QuotaAnswers says of quota descriptors.
 	DynamicMetadata bool
 	// ResponseHeaders adds X-RateLimit-Limit, -Remaining and -Reset
 	// (draft-polli-ratelimit-headers-03, as Envoy's own filter writes
@@ -72,6 +74,20 @@ type Options struct {
 	// these names: the limit, remaining and reset of the descriptor over
 	// its limit, else of the one with the least remaining.
 	LimitHeaders *LimitHeaderNames
+	// QuotaAnswers is how quota_mode descriptors answer: QuotaGroups (the
+	// default) or QuotaReported.
+	QuotaAnswers QuotaAnswers
+	// QuotaAll makes every descriptor of a domain that counts each hit
+	// (charge: each) a quota descriptor, as envoyproxy/ratelimit's
+	// QUOTA_MODE setting does. A domain of charge: all keeps its files'
+	// quota_mode.
+	QuotaAll bool
+	// GlobalShadow answers OK to every request, whatever its descriptors
+	// say (their statuses unchanged), and counts each request it let
+	// through in ratelimit.service.global_shadow_mode, as
+	// envoyproxy/ratelimit's SHADOW_MODE setting does. Under charge: all,
+	// such a request is not counted: it was refused.
+	GlobalShadow bool
 	// Charge is how a domain whose file does not say counts its hits:
 	// ChargeAll (the default, also for ChargeDefault) or ChargeEach, as
 	// envoyproxy/ratelimit counts.
@@ -168,16 +184,21 @@ type descState struct {
 
 // call holds one request's buffers; calls are pooled.
 type call struct {
-	entries []Entry
-	descs   []descState
-	refs    []int // charge index per descriptor charge
-	never   []bool
-	all     policy.Resolution // every descriptor's charges, in order
-	one     policy.Resolution // one catalog descriptor's
-	dry     bool              // the decision was a dry run: nothing charged
-	each    bool              // the domain counts every descriptor (charge: each)
-	req     policy.Request
-	attrs   map[string]string
+	entries  []Entry
+	descs    []descState
+	refs     []int // charge index per descriptor charge
+	never    []bool
+	all      policy.Resolution // every descriptor's charges, in order
+	one      policy.Resolution // one catalog descriptor's
+	dry      bool              // the decision was a dry run: nothing charged
+	each     bool              // the domain counts every descriptor (charge: each)
+	quotaAll bool              // every descriptor is a quota one (Options.QuotaAll)
+	// group is each quota descriptor's group key (QuotaGroups), "" for
+	// the others; groups counts the distinct keys.
+	group  []string
+	groups int
+	req    policy.Request
+	attrs  map[string]string
 	// peer is the address of a peer not trusted to name its clients
 	// (Options.TrustedPeers), "" when it is trusted or has none.
 	peer string
@@ -231,6 +252,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	configured := cfg.HasDomain(domain)
 	catalog := p != nil && domain == s.opts.CatalogDomain && !configured
 	c.each = configured && s.chargesEach(cfg, domain)
+	c.quotaAll = c.each && s.opts.QuotaAll
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(ds))}
 	if !catalog && !configured {
@@ -247,7 +269,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	if err := s.resolve(c, req, cfg, p, catalog); err != nil {
 		return nil, 0, err
 	}
-	quotas := c.prepareCounting()
+	quotas := c.prepareCounting(req, s.opts.QuotaAnswers)
 	out, err := s.decideCharges(ctx, c, quotas)
 	if err != nil {
 		return nil, out, err
@@ -274,15 +296,35 @@ func checkRequest(req *rlsv3.RateLimitRequest) error {
 	return nil
 }
 
-// prepareCounting sets how c's charges count, and returns how many quota
-// descriptors c has: with charge: each, every charge is a debit (counted
-// whether it fits or not, as upstream counts); else a lone quota
-// descriptor is decided strictly.
-func (c *call) prepareCounting() (quotas int) {
+// isQuota reports whether st is a quota descriptor.
+func (c *call) isQuota(st *descState) bool {
+	return st.limit != nil && (st.limit.Quota || c.quotaAll) && st.kind != kindUnlimited
+}
+
+// prepareCounting sets how c's charges count, groups c's quota
+// descriptors as answers says, and returns how many groups there are
+// (QuotaGroups) or how many quota descriptors (QuotaReported): with
+// charge: each, every charge is a debit (counted whether it fits or not,
+// as upstream counts); else the quota descriptors of a request with a
+// single group (one descriptor, when reported) are decided strictly.
+func (c *call) prepareCounting(req *rlsv3.RateLimitRequest, answers QuotaAnswers) (quotas int) {
+	c.group = c.group[:0]
+	c.groups = 0
 	for i := range c.descs {
-		if st := &c.descs[i]; st.limit != nil && st.limit.Quota && st.kind != kindUnlimited {
+		key := ""
+		if c.isQuota(&c.descs[i]) {
 			quotas++
+			if answers == QuotaGroups {
+				key = quotaGroup(req.GetDescriptors()[i])
+				if !slices.Contains(c.group, key) {
+					c.groups++
+				}
+			}
 		}
+		c.group = append(c.group, key)
+	}
+	if answers == QuotaGroups {
+		quotas = c.groups
 	}
 	if c.each {
 		for i := range c.all.Charges {
@@ -294,6 +336,36 @@ func (c *call) prepareCounting() (quotas int) {
 		c.strictQuota()
 	}
 	return quotas
+}
+
+// The descriptor entries that name a quota descriptor's group: a model
+// behind a backend.
+const (
+	EntryBackendName       = "backend_name"
+	EntryModelNameOverride = "model_name_override"
+)
+
+// quotaGroup is d's quota group: its backend_name and model_name_override
+// entries, else all its entries.
+func quotaGroup(d *rlv3.RateLimitDescriptor) string {
+	var backend, model string
+	var all strings.Builder
+	for _, e := range d.GetEntries() {
+		switch e.GetKey() {
+		case EntryBackendName:
+			backend = e.GetValue()
+		case EntryModelNameOverride:
+			model = e.GetValue()
+		}
+		all.WriteString(e.GetKey())
+		all.WriteByte('=')
+		all.WriteString(e.GetValue())
+		all.WriteByte(';')
+	}
+	if backend != "" || model != "" {
+		return backend + "|" + model
+	}
+	return all.String()
 }
 
 // decideCharges decides c's charges. A request that some descriptor
@@ -352,26 +424,44 @@ func (c *call) strictQuota() {
 	}
 }
 
-// allQuotasOver reports whether every quota descriptor of c's (dry)
-// decision is over its limit.
+// allQuotasOver reports whether every quota group (every quota
+// descriptor, when reported) of c's dry decision is over its limit.
 func (c *call) allQuotasOver(out policy.Outcome) bool {
 	if out == policy.FailedOpen || len(c.dec.Results) != len(c.all.Charges) {
 		return false
 	}
 	for i := range c.descs {
-		st := &c.descs[i]
-		if st.limit == nil || !st.limit.Quota || st.kind == kindUnlimited {
+		if !c.isQuota(&c.descs[i]) || c.descOver(i) {
 			continue
 		}
-		over := st.kind == kindRefuseAll
-		for _, j := range c.refs[st.from:st.to] {
-			over = over || !c.dec.Results[j].Allowed || c.never[j]
-		}
-		if !over {
+		// Descriptor i passed: so did its group, unless another member
+		// is over.
+		if c.group[i] == "" || !c.groupOver(c.group[i]) {
 			return false
 		}
 	}
 	return true
+}
+
+// descOver reports whether descriptor i's decision put it over its limit.
+func (c *call) descOver(i int) bool {
+	st := &c.descs[i]
+	over := st.kind == kindRefuseAll
+	for _, j := range c.refs[st.from:st.to] {
+		over = over || !c.dec.Results[j].Allowed || c.never[j]
+	}
+	return over
+}
+
+// groupOver reports whether a quota descriptor of group key is over its
+// limit.
+func (c *call) groupOver(key string) bool {
+	for i, k := range c.group {
+		if k == key && c.descOver(i) {
+			return true
+		}
+	}
+	return false
 }
 
 // unknownError is an error envoyproxy/ratelimit answers with UNKNOWN (its

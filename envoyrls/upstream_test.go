@@ -155,11 +155,7 @@ descriptors:
 	}
 }
 
-// TestQuotaMode: quota descriptors do not refuse on their own; the request
-// is over its limit when every quota descriptor it has is, and the
-// violations are reported in dynamic metadata.
-func TestQuotaMode(t *testing.T) {
-	e := start(t, Options{DynamicMetadata: true, Config: parse(t, `
+const quotaRules = `
 domain: d
 descriptors:
   - key: q1
@@ -170,7 +166,114 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
   - key: n
     rate_limit: {unit: minute, requests_per_unit: 10}
-`)}, nil)
+    metadata: {route: {cluster: main}, owner: n}
+  - key: backend_name
+    descriptors:
+      - key: model_name_override
+        descriptors:
+          - key: tenant
+            quota_mode: true
+            rate_limit: {unit: minute, requests_per_unit: 1}
+            metadata: {route: {bucket: tenant, cluster: other}}
+          - key: default
+            quota_mode: true
+            rate_limit: {unit: minute, requests_per_unit: 5}
+            metadata: {route: {bucket: default}}
+`
+
+// TestQuotaMode: with the default QuotaGroups, a quota descriptor over its
+// limit answers OVER_LIMIT; the request is over when a regular descriptor
+// is or every quota group is, and then (charge: all) nothing is counted.
+func TestQuotaMode(t *testing.T) {
+	e := start(t, Options{DynamicMetadata: true, Config: parse(t, quotaRules)}, nil)
+	// One quota descriptor: over when it is, and then nothing is counted.
+	if r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a")); r.OverallCode != ok || r.Statuses[1].LimitRemaining != 9 {
+		t.Fatalf("first: %v", r)
+	}
+	r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, ok}) || r.Statuses[1].LimitRemaining != 9 || r.Statuses[0].DurationUntilReset.GetSeconds() == 0 {
+		t.Fatalf("q1 over: %v", r)
+	}
+	md := r.GetDynamicMetadata().GetFields()
+	if md["domain"].GetStringValue() != "d" || md["quotaModeEnabled"] != nil || md["quotaModeViolations"] != nil {
+		t.Fatalf("metadata: %v", md)
+	}
+	// n passed, q1's group is over: n's metadata is repeated.
+	if got := md["metadata"].GetStructValue().GetFields()["owner"].GetStringValue(); got != "n" {
+		t.Fatalf("passed metadata: %v", md)
+	}
+	// Two groups: q1 is over, q2 has room: OK, q1 over.
+	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, over, ok, ok}) || r.Statuses[2].LimitRemaining != 8 || r.Statuses[1].LimitRemaining != 1 {
+		t.Fatalf("q1 over, q2 not: %v", r)
+	}
+	e.ask(t, "d", 0, desc("q2", "a"))
+	// Both over: the request is, and counts nothing.
+	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, over, ok}) || r.Statuses[2].LimitRemaining != 8 {
+		t.Fatalf("both over: %v", r)
+	}
+	// Without quota descriptors, no passedBackends.
+	if r := e.ask(t, "d", 0, desc("n", "b")); r.GetDynamicMetadata().GetFields()["passedBackends"] != nil {
+		t.Fatalf("no quota: %v", r.GetDynamicMetadata())
+	}
+}
+
+// TestQuotaGroups: the quota descriptors of one backend_name and
+// model_name_override are one group, over when any of them is; the request
+// is over when every group is; dynamic metadata names the backends still
+// available and merges the metadata of the descriptors that passed,
+// leaving out those of an exhausted group. Both ways of counting answer
+// the same here.
+func TestQuotaGroups(t *testing.T) {
+	for _, charge := range []Charge{ChargeAll, ChargeEach} {
+		e := start(t, Options{DynamicMetadata: true, Charge: charge, Config: parse(t, quotaRules)}, nil)
+		model := func(m, bucket string) *rlext.RateLimitDescriptor {
+			return desc("backend_name", "be", "model_name_override", m, bucket, "x")
+		}
+		backends := func(r *rlsv3.RateLimitResponse) []string {
+			var out []string
+			for _, v := range r.GetDynamicMetadata().GetFields()["passedBackends"].GetListValue().GetValues() {
+				f := v.GetStructValue().GetFields()
+				out = append(out, f["backend_name"].GetStringValue()+"/"+f["model_name_override"].GetStringValue())
+			}
+			return out
+		}
+		r := e.ask(t, "d", 0, model("m1", "tenant"), model("m1", "default"), model("m2", "default"))
+		if r.OverallCode != ok || !same(backends(r), []string{"be/m1", "be/m2"}) {
+			t.Fatalf("%v first: %v", charge, r)
+		}
+		// The tenant's bucket of m1 is spent: m1's group is over, m2's is
+		// not; the request fails over to m2.
+		r = e.ask(t, "d", 0, model("m1", "tenant"), model("m1", "default"), model("m2", "default"))
+		if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, over, ok, ok}) || !same(backends(r), []string{"be/m2"}) {
+			t.Fatalf("%v m1's tenant over: %v", charge, r)
+		}
+		// m1's default bucket passed, but its group is spent: its metadata
+		// is left out.
+		route := r.GetDynamicMetadata().GetFields()["metadata"].GetStructValue().GetFields()["route"].GetStructValue().GetFields()
+		if route["bucket"].GetStringValue() != "default" || route["cluster"] != nil {
+			t.Fatalf("%v metadata: %v", charge, r.GetDynamicMetadata())
+		}
+		// m1 alone: one group, over: the request is.
+		if r := e.ask(t, "d", 0, model("m1", "tenant"), model("m1", "default")); r.OverallCode != over || backends(r) != nil {
+			t.Fatalf("%v m1 alone: %v", charge, r)
+		}
+		// Metadata blocks merge, the first descriptor's value kept.
+		r = e.ask(t, "d", 0, desc("n", "c"), model("m3", "tenant"))
+		route = r.GetDynamicMetadata().GetFields()["metadata"].GetStructValue().GetFields()["route"].GetStructValue().GetFields()
+		if r.OverallCode != ok || route["cluster"].GetStringValue() != "main" || route["bucket"].GetStringValue() != "tenant" {
+			t.Fatalf("%v merged: %v", charge, r.GetDynamicMetadata())
+		}
+	}
+}
+
+// TestQuotaReported: with QuotaReported, quota descriptors answer as
+// envoyproxy/ratelimit's main of 2026-01-22: never refusing, over their
+// limit reported OK (nothing remaining, no reset) and in
+// quotaModeViolations.
+func TestQuotaReported(t *testing.T) {
+	e := start(t, Options{DynamicMetadata: true, Charge: ChargeEach, QuotaAnswers: QuotaReported, Config: parse(t, quotaRules)}, nil)
 	violations := func(r *rlsv3.RateLimitResponse) []float64 {
 		var out []float64
 		for _, v := range r.GetDynamicMetadata().GetFields()["quotaModeViolations"].GetListValue().GetValues() {
@@ -178,31 +281,52 @@ descriptors:
 		}
 		return out
 	}
-	// One quota descriptor: over when it is, and then nothing is counted.
-	if r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a")); r.OverallCode != ok || r.Statuses[1].LimitRemaining != 9 {
-		t.Fatalf("first: %v", r)
+	e.ask(t, "d", 0, desc("q1", "a"))
+	r := e.ask(t, "d", 0, desc("n", "a"), desc("q1", "a"))
+	if q := r.Statuses[1]; r.OverallCode != ok || r.Statuses[0].LimitRemaining != 9 || q.Code != ok || q.LimitRemaining != 0 || q.DurationUntilReset != nil || !same(violations(r), []float64{1}) {
+		t.Fatalf("regular beside a quota over: %v", r)
 	}
-	r := e.ask(t, "d", 0, desc("q1", "a"), desc("n", "a"))
-	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, ok}) || r.Statuses[1].LimitRemaining != 9 || !same(violations(r), []float64{0}) {
-		t.Fatalf("q1 over: %v", r)
-	}
-	if !r.GetDynamicMetadata().GetFields()["quotaModeEnabled"].GetBoolValue() || r.GetDynamicMetadata().GetFields()["domain"].GetStringValue() != "d" {
+	if !r.GetDynamicMetadata().GetFields()["quotaModeEnabled"].GetBoolValue() || r.GetDynamicMetadata().GetFields()["metadata"] != nil {
 		t.Fatalf("metadata: %v", r.GetDynamicMetadata())
 	}
-	// Two: q1 is over, q2 has room: OK, q1 reported.
-	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
-	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok}) || !same(violations(r), []float64{0}) || r.Statuses[2].LimitRemaining != 8 {
-		t.Fatalf("q1 over, q2 not: %v", r)
+	if r := e.ask(t, "d", 0, desc("q1", "a")); r.OverallCode != ok {
+		t.Fatalf("a quota alone over its limit: %v, want OK", r)
 	}
-	e.ask(t, "d", 0, desc("q2", "a"))
-	// Both over: the request is, and counts nothing.
-	r = e.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
-	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, over, ok}) || !same(violations(r), []float64{0, 1}) || r.Statuses[2].LimitRemaining != 8 {
-		t.Fatalf("both over: %v", r)
+	// charge: all keeps Admit's own quota mode: a request whose quota
+	// descriptors are all over is refused, and counts nothing.
+	all := start(t, Options{DynamicMetadata: true, QuotaAnswers: QuotaReported, Config: parse(t, quotaRules)}, nil)
+	all.ask(t, "d", 0, desc("q1", "a"))
+	r = all.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, ok, ok, ok}) || !same(violations(r), []float64{0}) {
+		t.Fatalf("all, q1 over, q2 not: %v", r)
 	}
-	// Without quota descriptors nothing is said of them.
-	if r := e.ask(t, "d", 0, desc("n", "b")); r.GetDynamicMetadata().GetFields()["quotaModeEnabled"].GetBoolValue() || len(violations(r)) != 0 {
-		t.Fatalf("no quota: %v", r.GetDynamicMetadata())
+	all.ask(t, "d", 0, desc("q2", "a"))
+	r = all.ask(t, "d", 0, desc("q1", "a"), desc("q2", "a"), desc("n", "a"))
+	if !same(codesOf(r), []rlsv3.RateLimitResponse_Code{over, over, over, ok}) || r.Statuses[2].LimitRemaining != 9 {
+		t.Fatalf("all, both over: %v", r)
+	}
+}
+
+// TestGlobalModes: QuotaAll makes every descriptor of a charge: each
+// domain a quota one (QUOTA_MODE); GlobalShadow answers OK whatever the
+// descriptors say (SHADOW_MODE), their statuses unchanged.
+func TestGlobalModes(t *testing.T) {
+	e := start(t, Options{Charge: ChargeEach, QuotaAll: true, Config: parse(t, quotaRules)}, nil)
+	e.ask(t, "d", 0, desc("n", "a"), desc("q1", "a"))
+	for range 9 {
+		e.ask(t, "d", 0, desc("n", "a"))
+	}
+	// n is spent (a quota now), q2 is not: OK.
+	if r := e.ask(t, "d", 0, desc("n", "a"), desc("q2", "a")); !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, over, ok}) {
+		t.Fatalf("QuotaAll, n over, q2 not: %v", r)
+	}
+	if r := e.ask(t, "d", 0, desc("n", "a"), desc("q1", "a")); r.OverallCode != over {
+		t.Fatalf("QuotaAll, both over: %v", r)
+	}
+	sh := start(t, Options{GlobalShadow: true, Config: parse(t, quotaRules)}, nil)
+	sh.ask(t, "d", 0, desc("q1", "a"))
+	if r := sh.ask(t, "d", 0, desc("q1", "a")); !same(codesOf(r), []rlsv3.RateLimitResponse_Code{ok, over}) {
+		t.Fatalf("GlobalShadow: %v", r)
 	}
 }
 
@@ -297,17 +421,13 @@ descriptors:
 		t.Errorf("shadow after 28 hits of 20: remaining %d, want 0 (counted)", r.Statuses[0].LimitRemaining)
 	}
 	// A regular descriptor under its limit beside a quota descriptor over
-	// its own: the quota is reported (OK, nothing left, no reset), the
-	// request admitted and the regular one counted, as the pinned
-	// envoyproxy/ratelimit answers (a run of it: OK, OK/4, OK/0).
+	// its own: the quota answers OVER_LIMIT with its reset, and as the
+	// request's only quota group is over, so is the request; the regular
+	// one is counted.
 	e.ask(t, "d", 0, desc("quota", "q"))
 	r := e.ask(t, "d", 0, desc("regular", "r"), desc("quota", "q"))
-	if q := r.Statuses[1]; r.OverallCode != ok || r.Statuses[0].LimitRemaining != 4 || q.Code != ok || q.LimitRemaining != 0 || q.DurationUntilReset != nil || q.CurrentLimit.GetRequestsPerUnit() != 1 {
-		t.Fatalf("regular beside a quota over: %v, want OK, 4 of 5 left, the quota OK with none left", r)
-	}
-	// Every quota over: still OK.
-	if r := e.ask(t, "d", 0, desc("quota", "q")); r.OverallCode != ok {
-		t.Fatalf("a quota alone over its limit: %v, want OK", r)
+	if q := r.Statuses[1]; r.OverallCode != over || r.Statuses[0].LimitRemaining != 4 || q.Code != over || q.LimitRemaining != 0 || q.DurationUntilReset.GetSeconds() == 0 || q.CurrentLimit.GetRequestsPerUnit() != 1 {
+		t.Fatalf("regular beside a quota over: %v, want OVER_LIMIT, 4 of 5 left, the quota over", r)
 	}
 	// Check, then debit, on 2 a minute: the 4th check is refused.
 	var checks []rlsv3.RateLimitResponse_Code

@@ -113,8 +113,8 @@ type EnvoyConfig struct {
 	// the responses Envoy sends.
 	ResponseHeaders bool `json:"response_headers"`
 	// DynamicMetadata fills the responses' dynamic metadata (the domain,
-	// descriptors and quota mode violations), as envoyproxy/ratelimit's
-	// RESPONSE_DYNAMIC_METADATA does.
+	// descriptors, and what --envoy-quota says of quota descriptors), as
+	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	DynamicMetadata bool `json:"dynamic_metadata"`
 }
 

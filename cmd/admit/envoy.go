@@ -62,6 +62,10 @@ type envoyServing struct {
 	// settings ask, besides the configuration's envoy section.
 	limitHeaders    *envoyrls.LimitHeaderNames
 	dynamicMetadata bool
+	// quota says how quota_mode descriptors answer; quotaAll and
+	// globalShadow are envoyproxy/ratelimit's QUOTA_MODE and SHADOW_MODE.
+	quota                  envoyrls.QuotaAnswers
+	quotaAll, globalShadow bool
 	// trustedPeers are server.trusted_proxies: the peers whose
 	// remote_address entries name their clients.
 	trustedPeers []netip.Prefix
@@ -86,7 +90,7 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
 		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata || sv.dynamicMetadata, Charge: sv.charge,
 		LimitHeaders: sv.limitHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
-		Stats: sv.stats, TrustedPeers: sv.trustedPeers,
+		Stats: sv.stats, TrustedPeers: sv.trustedPeers, QuotaAnswers: sv.quota, QuotaAll: sv.quotaAll, GlobalShadow: sv.globalShadow,
 	})
 	if err != nil {
 		return nil, err

@@ -70,8 +70,14 @@ this command).
                                   named LIMIT_LIMIT_HEADER,
                                   LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER
                                   (RateLimit-Limit, -Remaining, -Reset)
-  RESPONSE_DYNAMIC_METADATA       the request and its quota violations in the
-                                  response's dynamic metadata
+  RESPONSE_DYNAMIC_METADATA       the request, and the metadata of the
+                                  descriptors it passed, in the response's
+                                  dynamic metadata
+  QUOTA_MODE                      every descriptor is a quota descriptor
+                                  (domains counted each hit; a file's
+                                  charge: all keeps its quota_mode lines)
+  SHADOW_MODE                     answer OK to every request, counting those
+                                  let through in global_shadow_mode
   LOG_LEVEL, LOG_FORMAT           debug, info, warn, error; text or json
   ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
                                   timeouts); default none
@@ -81,6 +87,14 @@ this command).
                                   envoyproxy/ratelimit counts; all: a request's
                                   counters all charged or none (admit serve's
                                   default); a file's charge: line wins
+  ADMIT_QUOTA_ANSWERS             groups (the default): quota_mode answers as
+                                  envoyproxy/ratelimit's main since spring
+                                  2026 (a quota over answers OVER_LIMIT; the
+                                  request is refused when every group of
+                                  quotas, one per backend_name and
+                                  model_name_override, is over); reported: as
+                                  its main of 2026-01-22 (a quota over answers
+                                  OK and never refuses)
 
 Settings of envoyproxy/ratelimit's own implementation (pool sizes, local
 caches, pipelining, jitter, the debug port) are accepted and not used.
@@ -221,6 +235,16 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 	if f.dynamicMetadata, err = boolean("RESPONSE_DYNAMIC_METADATA", false); err != nil {
 		return nil, nil, err
+	}
+	if f.quotaAll, err = boolean("QUOTA_MODE", false); err != nil {
+		return nil, nil, err
+	}
+	if f.globalShadow, err = boolean("SHADOW_MODE", false); err != nil {
+		return nil, nil, err
+	}
+	f.envoyQuota = get("ADMIT_QUOTA_ANSWERS", "groups")
+	if _, err := envoyrls.ParseQuotaAnswers(f.envoyQuota); err != nil {
+		return nil, nil, fmt.Errorf("ADMIT_QUOTA_ANSWERS=%q: want groups (envoyproxy/ratelimit since spring 2026, the default) or reported (its main of 2026-01-22)", f.envoyQuota)
 	}
 	return f, log, nil
 }

@@ -116,6 +116,9 @@ func TestRatelimitEnvironmentRefused(t *testing.T) {
 		"NEAR_LIMIT_RATIO=2":                          "NEAR_LIMIT_RATIO",
 		"FORCE_START_WITHOUT_INITIAL_CONFIG=no?":      "",
 		"ADMIT_CHARGE=some":                           "ADMIT_CHARGE",
+		"ADMIT_QUOTA_ANSWERS=never":                   "ADMIT_QUOTA_ANSWERS",
+		"QUOTA_MODE=on-sundays":                       "QUOTA_MODE",
+		"SHADOW_MODE=perhaps":                         "SHADOW_MODE",
 	} {
 		vars := map[string]string{}
 		for _, kv := range strings.Fields(env) {
@@ -524,5 +527,42 @@ func ratelimitRuntime(t *testing.T, files map[string]string) func(more ...string
 			m[more[i]] = more[i+1]
 		}
 		return m
+	}
+}
+
+// TestRatelimitGlobalModes: admit ratelimit reads envoyproxy/ratelimit's
+// SHADOW_MODE (every request OK, counted in global_shadow_mode) and
+// QUOTA_MODE (every descriptor a quota one: the request refused only when
+// every descriptor is over), and answers quota groups by default.
+func TestRatelimitGlobalModes(t *testing.T) {
+	env := ratelimitRuntime(t, map[string]string{"rl.yaml": "domain: rl\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n" +
+		"  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"})
+	ask := func(c rlsv3.RateLimitServiceClient, keys ...string) *rlsv3.RateLimitResponse {
+		req := &rlsv3.RateLimitRequest{Domain: "rl"}
+		for _, k := range keys {
+			req.Descriptors = append(req.Descriptors, &rlext.RateLimitDescriptor{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: k, Value: "v"}}})
+		}
+		resp, err := c.ShouldRateLimit(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	metrics := freeAddr(t)
+	shadow := rlsClient(t, startCmdEnv(t, env("USE_STATSD", "false", "USE_PROMETHEUS", "true", "PROMETHEUS_ADDR", metrics, "SHADOW_MODE", "true"), "ratelimit").grpc)
+	ask(shadow, "a")
+	if r := ask(shadow, "a"); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("SHADOW_MODE, a over: %v, want OK overall, a OVER_LIMIT", r)
+	}
+	if _, body := get(t, "http://"+metrics+"/metrics"); !strings.Contains(body, "ratelimit_service_global_shadow_mode 1") {
+		t.Errorf("global_shadow_mode not counted:\n%s", body)
+	}
+	quota := rlsClient(t, startCmdEnv(t, env("USE_STATSD", "false", "QUOTA_MODE", "true"), "ratelimit").grpc)
+	ask(quota, "a")
+	if r := ask(quota, "a", "b"); r.OverallCode != rlsv3.RateLimitResponse_OK || r.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("QUOTA_MODE, a over, b not: %v, want OK overall, a OVER_LIMIT", r)
+	}
+	if r := ask(quota, "a", "b"); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("QUOTA_MODE, both over: %v", r)
 	}
 }

@@ -116,6 +116,12 @@ type serveFlags struct {
 	// from its environment).
 	limitHeaders    *envoyrls.LimitHeaderNames
 	dynamicMetadata bool
+	// envoyQuota is how quota_mode descriptors answer: groups or
+	// reported. quotaAll and globalShadow are envoyproxy/ratelimit's
+	// QUOTA_MODE and SHADOW_MODE (admit ratelimit sets them from its
+	// environment).
+	envoyQuota             string
+	quotaAll, globalShadow bool
 }
 
 func serve(ctx context.Context, args []string, e *env) int {
@@ -130,6 +136,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.grpcTLS.ca, "grpc-tls-ca", "", "CA bundle `file`: gRPC clients must show a certificate it signed (mutual TLS)")
 	fs.StringVar(&f.grpcClientSAN, "grpc-tls-client-san", "", "with --grpc-tls-ca, accept only client certificates that name `SAN`")
 	fs.StringVar(&f.envoyCharge, "envoy-charge", "all", "how envoyproxy/ratelimit domains whose file has no charge: line count hits: `all` (a request's counters all charged or none) or each (every descriptor counted on its own, past its limit too, as envoyproxy/ratelimit counts)")
+	fs.StringVar(&f.envoyQuota, "envoy-quota", "groups", "how envoyproxy/ratelimit's quota_mode descriptors answer: `groups` (as it does since spring 2026: a quota over its limit answers OVER_LIMIT, and the request is refused when every group of quotas, one per backend_name and model_name_override, is over) or reported (as its main of 2026-01-22: a quota over its limit answers OK, never refusing)")
 	fs.StringVar(&f.envoyXDS, "envoy-xds", "", "take envoyproxy/ratelimit's configuration from the xDS server at `host:port` (RateLimitConfig resources, state of the world, as Envoy Gateway serves them)")
 	fs.StringVar(&f.xdsNode, "envoy-xds-node", "envoy-ratelimit", "node `ID` to give the xDS server")
 	fs.StringVar(&f.xdsTLS.cert, "envoy-xds-tls-cert", "", "client certificate `file` for the xDS server (PEM)")
@@ -381,8 +388,13 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
+	quota, err := envoyrls.ParseQuotaAnswers(f.envoyQuota)
+	if err != nil {
+		return err
+	}
 	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats,
-		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies}, b, dec, srv)
+		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies,
+		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}

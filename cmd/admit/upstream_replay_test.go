@@ -13,6 +13,7 @@ import (
 
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit/redistest"
 )
@@ -83,6 +84,20 @@ descriptors:
     quota_mode: true
     rate_limit: {unit: hour, requests_per_unit: 1}
 `,
+	// The limits of upstream's integration-test scripts quota.sh and
+	// token-quota.sh, and of its service tests of quota groups.
+	"quota.yaml": `domain: quota
+descriptors:
+  - {key: q1, value: limit, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: q2, value: limit, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - {key: tokens, value: limit, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 2}}
+  - key: backend_name
+    descriptors:
+      - key: model_name_override
+        descriptors:
+          - {key: tenant, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+          - {key: default, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 2}}
+`,
 }
 
 // replayStep is one request and what upstream answers and counts.
@@ -90,6 +105,7 @@ type replayStep struct {
 	domain string
 	hits   uint32
 	descs  [][]string // each descriptor's keys and values
+	check  bool       // every descriptor says hits_addend 0
 	over   bool       // the overall code is OVER_LIMIT
 	// want is each descriptor's status: "OK" or "OVER", the limit as
 	// "20/MINUTE" ("" for none), and the remaining.
@@ -201,16 +217,54 @@ func replayScenarios() []replayScenario {
 		{domain: "service", hits: 1, descs: [][]string{{"shadow", "m"}, {"regular", "m"}}, over: true, want: []string{st("OK", "1/HOUR", 0), st("OVER", "1/HOUR", 0)},
 			stats: map[string]uint64{"service.shadow.shadow_mode": 2, "service.regular.over_limit": 1}},
 	}})
-	// Quota mode: a quota over its limit is reported, OK, and refuses
-	// nothing, alone, beside another quota, or beside a regular limit,
-	// which decides (the pinned upstream binary answers so too).
-	sc = append(sc, replayScenario{name: "quota mode", from: "service TestServicePerDescriptorQuotaMode, TestServiceQuotaModeOnly", steps: []replayStep{
+	// Quota mode, as upstream's main answers since spring 2026: a quota
+	// over its limit answers OVER_LIMIT; the request is over when a
+	// regular descriptor is or every quota group is (here each quota
+	// descriptor is a group of its own).
+	sc = append(sc, replayScenario{name: "quota mode", from: "service TestServicePerDescriptorQuotaMode, TestServiceMixedPerDescriptorModes, TestServiceQuotaModeOnly*", steps: []replayStep{
 		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
-		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
-		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, want: []string{st("OK", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
-		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, over: true, want: []string{st("OVER", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}}, over: true, want: []string{st("OVER", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, over: true, want: []string{st("OK", "1/HOUR", 0), st("OVER", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"regular", "a"}, {"quota", "a"}}, over: true, want: []string{st("OVER", "1/HOUR", 0), st("OVER", "1/HOUR", 0)}},
 		{domain: "service", hits: 1, descs: [][]string{{"q2", "a"}}, want: []string{st("OK", "1/HOUR", 0)}},
-		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}, {"q2", "a"}}, want: []string{st("OK", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}, {"q2", "a"}}, over: true, want: []string{st("OVER", "1/HOUR", 0), st("OVER", "1/HOUR", 0)}},
+		{domain: "service", hits: 1, descs: [][]string{{"quota", "a"}, {"q2", "b"}}, want: []string{st("OVER", "1/HOUR", 0), st("OK", "1/HOUR", 0)}},
+	}})
+	sc = append(sc, replayScenario{name: "quota.sh", from: "integration-test/scripts/quota.sh", steps: []replayStep{
+		{domain: "quota", hits: 1, descs: [][]string{{"q1", "limit"}, {"q2", "limit"}}, want: []string{st("OK", "1/MINUTE", 0), st("OK", "2/MINUTE", 1)}},
+		{domain: "quota", hits: 1, descs: [][]string{{"q1", "limit"}, {"q2", "limit"}}, want: []string{st("OVER", "1/MINUTE", 0), st("OK", "2/MINUTE", 0)}},
+		{domain: "quota", hits: 1, descs: [][]string{{"q1", "limit"}, {"q2", "limit"}}, over: true, want: []string{st("OVER", "1/MINUTE", 0), st("OVER", "2/MINUTE", 0)}},
+	}})
+	// A check (hits_addend 0) then a debit (1) per call, as an LLM
+	// gateway asks before and after a call.
+	var tokens []replayStep
+	for i := range 4 {
+		check := replayStep{domain: "quota", check: true, descs: [][]string{{"tokens", "limit"}}, want: []string{st("OK", "2/MINUTE", 2-min(i, 2))}}
+		if i == 3 {
+			check.over, check.want = true, []string{st("OVER", "2/MINUTE", 0)}
+		}
+		debit := replayStep{domain: "quota", hits: 1, descs: [][]string{{"tokens", "limit"}}, want: []string{st("OK", "2/MINUTE", 1-i)}}
+		if i >= 2 {
+			debit.over, debit.want = true, []string{st("OVER", "2/MINUTE", 0)}
+		}
+		tokens = append(tokens, check, debit)
+	}
+	sc = append(sc, replayScenario{name: "token-quota.sh", from: "integration-test/scripts/token-quota.sh", steps: tokens})
+	// Quota groups: the descriptors of one backend_name and
+	// model_name_override are one group, over when any is; the request is
+	// over when every group is.
+	model := func(backend, model, bucket string) []string {
+		return []string{"backend_name", backend, "model_name_override", model, bucket, "x"}
+	}
+	sc = append(sc, replayScenario{name: "quota groups", from: "service TestServiceQuotaModeSameGroup*, TestServiceQuotaModeMultiModel*", steps: []replayStep{
+		{domain: "quota", hits: 1, descs: [][]string{model("be", "m1", "tenant"), model("be", "m1", "default")}, want: []string{st("OK", "1/HOUR", 0), st("OK", "2/HOUR", 1)}},
+		// The tenant's bucket over, the model's default not: the group
+		// is over, and with it the request.
+		{domain: "quota", hits: 1, descs: [][]string{model("be", "m1", "tenant"), model("be", "m1", "default")}, over: true, want: []string{st("OVER", "1/HOUR", 0), st("OK", "2/HOUR", 0)}},
+		// Another model still has quota: the request fails over to it.
+		{domain: "quota", hits: 1, descs: [][]string{model("be", "m1", "tenant"), model("be", "m2", "default")}, want: []string{st("OVER", "1/HOUR", 0), st("OK", "2/HOUR", 1)}},
+		{domain: "quota", hits: 1, descs: [][]string{model("be", "m1", "default"), model("be", "m2", "default")}, want: []string{st("OVER", "2/HOUR", 0), st("OK", "2/HOUR", 0)}},
+		{domain: "quota", hits: 1, descs: [][]string{model("be", "m1", "default"), model("be", "m2", "default")}, over: true, want: []string{st("OVER", "2/HOUR", 0), st("OVER", "2/HOUR", 0)}},
 	}})
 	sc = append(sc, replayScenario{name: "unlimited", from: "service TestUnlimited", steps: []replayStep{
 		{domain: "service", hits: 1, descs: [][]string{{"free", "f"}}, want: []string{st("OK", "", 4294967295)}},
@@ -240,19 +294,14 @@ func init() {
 			}
 			all = append(all, fmt.Sprintf("two limits, the second over after 10 step %d: descriptor 0 %s, upstream %s", i+1, got, st("OK", "20/MINUTE", 20-(i+1))))
 		}
-		// Admit's own quota mode: a request whose every quota descriptor
-		// is over is refused, and a lone quota is decided strictly.
+		// A request refused is not counted: after a quota group refused
+		// once, its other counters stand lower than upstream's.
 		all = append(all,
-			"quota mode step 2: descriptor 0 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
-			"quota mode step 2: over true, upstream false",
-			"quota mode step 3: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
-			"quota mode step 3: over true, upstream false",
-			"quota mode step 4: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
-			"quota mode step 6: descriptor 0 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
-			"quota mode step 6: descriptor 1 OVER 1/HOUR 0, upstream OK 1/HOUR 0",
-			"quota mode step 6: over true, upstream false")
+			"quota groups step 2: descriptor 1 OK 2/HOUR 1, upstream OK 2/HOUR 0",
+			"quota groups step 4: descriptor 0 OK 2/HOUR 0, upstream OVER 2/HOUR 0",
+			"token-quota.sh step 7: descriptor 0 OK 2/MINUTE 0, upstream OVER 2/MINUTE 0",
+			"token-quota.sh step 7: over false, upstream true")
 		if store == "memory" {
-			// Not counted while the quota refused: 1 left.
 			all = append(all, "quota mode step 3: descriptor 0 OK 1/HOUR 1, upstream OK 1/HOUR 0",
 				"quota mode step 4: descriptor 0 OK 1/HOUR 1, upstream OVER 1/HOUR 0")
 		} else {
@@ -332,6 +381,9 @@ func replayRequest(t *testing.T, c rlsv3.RateLimitServiceClient, s replayStep) r
 		d := &rlext.RateLimitDescriptor{}
 		for i := 0; i+1 < len(kv); i += 2 {
 			d.Entries = append(d.Entries, &rlext.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+		}
+		if s.check {
+			d.HitsAddend = wrapperspb.UInt64(0)
 		}
 		req.Descriptors = append(req.Descriptors, d)
 	}
