@@ -105,11 +105,22 @@ const (
 	// fixed and sliding windows and quotas can be leased (see
 	// Algorithm.Leasable).
 	Leased
+	// Counted counts every charge of a fixed window on its own, as
+	// envoyproxy/ratelimit counts hits: each charge must be a debit
+	// (Charge.Debit) or part of a dry run, and is added to the window's
+	// count whatever the count holds, never all or nothing with the
+	// decision's other charges. A store shared by servers may then count
+	// with its cheapest means (the Redis store: plain INCRBY, no script)
+	// and keep the counts apart from those of the rule's other
+	// distributions. Only fixed windows are counted, and no fair shares.
+	// Configuration files cannot name it: it is for adapters that count
+	// every hit (envoyrls, with charge: each).
+	Counted
 )
 
-var distributionNames = [...]string{Exact: "exact", Leased: "leased"}
+var distributionNames = [...]string{Exact: "exact", Leased: "leased", Counted: "counted"}
 
-// String returns "exact" or "leased".
+// String returns "exact", "leased" or "counted".
 func (d Distribution) String() string {
 	if int(d) < len(distributionNames) {
 		return distributionNames[d]
@@ -122,7 +133,7 @@ func ParseDistribution(s string) (Distribution, error) {
 	if s == "" {
 		return Exact, nil
 	}
-	for d, name := range distributionNames {
+	for d, name := range distributionNames[:Counted] {
 		if name == s {
 			return Distribution(d), nil
 		}
@@ -270,8 +281,10 @@ func (r *Rule) Validate() error {
 		return Errorf(CodeInvalid, "rule is nil")
 	}
 	switch {
-	case r.Distribution > Leased:
+	case r.Distribution > Counted:
 		return r.fail("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
+	case r.Distribution == Counted && r.Algorithm != FixedWindow:
+		return r.fail("distribution", Errorf(CodeInvalid, "only fixed_window counts every charge on its own, not %v", r.Algorithm))
 	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
 		return r.fail("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
 	}

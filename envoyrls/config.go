@@ -102,9 +102,22 @@ type Limit struct {
 	// request's quota descriptors form one group, "every group over its
 	// limit" is any of them being over, which the store decides exactly.
 	strict *policy.Rule
+	// counted is rule as a domain that counts each hit decides it, when
+	// rule is an exact fixed window: admit.Counted, which a store may
+	// count with its cheapest means.
+	counted *admit.Rule
 
 	file      string // where the rate_limit block is, for Check's errors
 	line, col int
+}
+
+// countEach sets l.counted from l.rule.
+func (l *Limit) countEach() {
+	if r := &l.rule.Rule; r.Algorithm == admit.FixedWindow && r.Distribution == admit.Exact {
+		c := *r
+		c.Distribution = admit.Counted
+		l.counted = &c
+	}
 }
 
 // Rule returns the rule the store decides for l: a fixed window unless the

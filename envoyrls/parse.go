@@ -476,6 +476,7 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 		return l
 	}
 	l.rule = &policy.Rule{Rule: *r, Scope: "envoy"}
+	l.countEach()
 	if quota {
 		l.strict = &policy.Rule{Rule: *r, Scope: "envoy"}
 		l.strict.Shadow = shadow

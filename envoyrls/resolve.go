@@ -316,6 +316,7 @@ func (s *Service) override(o *rlext.RateLimitDescriptor_RateLimitOverride) (*Lim
 			return nil, err
 		}
 		l.rule = &policy.Rule{Rule: r, Scope: "envoy"}
+		l.countEach()
 	}
 	s.overMu.Lock()
 	defer s.overMu.Unlock()

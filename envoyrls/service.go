@@ -332,6 +332,13 @@ func (c *call) prepareCounting(req *rlsv3.RateLimitRequest, answers QuotaAnswers
 			// extension: sliding_log) stays all or nothing.
 			c.all.Charges[i].Debit = c.all.Charges[i].Rule.CheckDebit(1) == nil
 		}
+		for i := range c.descs {
+			if l := c.descs[i].limit; l != nil && l.counted != nil {
+				for _, j := range c.refs[c.descs[i].from:c.descs[i].to] {
+					c.all.Charges[j].Rule = l.counted
+				}
+			}
+		}
 	} else if quotas == 1 {
 		c.strictQuota()
 	}

@@ -51,6 +51,9 @@ func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := engine.CheckCounted(c); err != nil {
+		return nil, err
+	}
 	if c.Share != nil {
 		if err := c.Share.Validate(); err != nil {
 			return nil, err

@@ -103,6 +103,9 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	if ra.err != nil {
 		return nil, ra.err
 	}
+	if err := engine.CheckCounted(c); err != nil {
+		return nil, err
+	}
 	check := c.Rule.CheckCost
 	if c.Debit {
 		check = c.Rule.CheckDebit
@@ -210,9 +213,18 @@ func hasLeases(charges []admit.Charge, g group) bool {
 	return false
 }
 
-// Decide implements admit.Store. Decisions with a leased charge go
-// through allowances (see leased.go); the others are decided in Redis.
+// Decide implements admit.Store. Counted charges are counted with plain
+// commands (see counted.go); decisions with a leased charge go through
+// allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if slices.ContainsFunc(charges, func(c admit.Charge) bool { return isCounted(&c) }) {
+		return s.decideCounted(ctx, charges, d)
+	}
+	return s.decideOthers(ctx, charges, d)
+}
+
+// decideOthers decides charges of which none is counted.
+func (s *Store) decideOthers(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	var err error
 	if anyLeasable(charges) {
 		err = s.decideLeased(ctx, charges, d)
@@ -413,6 +425,12 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		if c.Cost == 0 {
 			continue
 		}
+		if isCounted(&c) {
+			if err := s.refundCounted(ctx, &c, at); err != nil {
+				return err
+			}
+			continue
+		}
 		if c.Rule.Algorithm == admit.Quota {
 			_, was := c.Rule.PeriodAt(at)
 			_, is := c.Rule.PeriodAt(now)
@@ -451,6 +469,20 @@ var _ admit.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	if slices.ContainsFunc(charges, func(c admit.Charge) bool { return isCounted(&c) }) {
+		var others []admit.Charge
+		for i := range charges {
+			if !isCounted(&charges[i]) {
+				others = append(others, charges[i])
+			} else if err := s.resetCounted(ctx, &charges[i]); err != nil {
+				return err
+			}
+		}
+		if len(others) == 0 {
+			return nil
+		}
+		charges = others
+	}
 	s.forget(charges)
 	s.forgetRefusals(charges, false)
 	if _, err := validate(charges, false); err != nil {

@@ -145,6 +145,8 @@ type Store struct {
 	views                         clusterViews  // see cluster.go
 
 	batchers []atomic.Pointer[batcher] // see batch.go
+	tallier  tallier                   // see counted.go
+	expiries expiryTable
 }
 
 var _ admit.Store = (*Store)(nil)

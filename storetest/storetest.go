@@ -23,6 +23,7 @@ func Run(t *testing.T, newStore Factory) {
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
 	t.Run("Refunds", func(t *testing.T) { RunRefunds(t, newStore) })
 	t.Run("ShareRenewals", func(t *testing.T) { RunShareRenewals(t, newStore) })
+	t.Run("Counted", func(t *testing.T) { RunCounted(t, newStore) })
 }
 
 // RunTimelines runs every timeline, each against a new store.

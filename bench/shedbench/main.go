@@ -214,7 +214,9 @@ func run(workers int, work time.Duration, overload float64, d, timeout time.Dura
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "admit")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/admitdev/admit/cmd/admit").CombinedOutput(); err != nil {
+	build := exec.Command("go", "build", "-o", bin, "./cmd/admit")
+	build.Dir = ".." // the command's own module, whose go.sum has its dependencies
+	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building admit: %v: %s", err, out)
 	}
 	up, stopUp, err := upstream(workers, work)

@@ -156,6 +156,22 @@ func initialOf(r *admit.Rule) int64 {
 	return r.Burst
 }
 
+// CheckCounted reports whether c may be decided under its rule's
+// distribution: a charge of an admit.Counted rule must be a debit, or a
+// dry run's, and take no share.
+func CheckCounted(c *admit.Charge) error {
+	if c.Rule.Distribution != admit.Counted {
+		return nil
+	}
+	switch {
+	case !c.Debit && !c.DryRun:
+		return admit.Errorf(admit.CodeInvalid, "rule %q counts every hit on its own (distribution counted): charge it as a debit", c.Rule.Name)
+	case c.Share != nil:
+		return admit.Errorf(admit.CodeInvalid, "rule %q counts every hit on its own (distribution counted): it keeps no shares", c.Rule.Name)
+	}
+	return nil
+}
+
 // CheckDebits reports whether charges mix a check and a debit of one key,
 // which a decision refuses: were the decision refused, the check would
 // report what the key holds with the debits before it and not those after

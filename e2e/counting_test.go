@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/admitdev/admit/redistest"
+)
+
+// TestRatelimitCountsAcrossProcesses: two admit ratelimit processes on one
+// redis-server, counting as envoyproxy/ratelimit counts (its default),
+// are hammered on one descriptor at once: exactly the limit's requests
+// are admitted, every hit is counted, and Redis ran plain commands only —
+// no function call, an INCRBY per hit at most (hits that meet in a
+// pipeline are added together), and one PEXPIRE per process for the
+// window's one key, which lives no longer than its window.
+func TestRatelimitCountsAcrossProcesses(t *testing.T) {
+	const limit, perProcess, callers = 300, 400, 8
+	redis := redistest.Start(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(conf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := "domain: hits\ndescriptors:\n  - {key: user, rate_limit: {unit: hour, requests_per_unit: " + strconv.Itoa(limit) + "}}\n"
+	if err := os.WriteFile(filepath.Join(conf, "hits.yaml"), []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	var clients []rlsv3.RateLimitServiceClient
+	for range 2 {
+		port := freePort(t, "127.0.0.1")
+		startProcess(t, "127.0.0.1:"+port, []string{
+			"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_URL=" + redis.Addr,
+			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+			"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port,
+		}, "admit", "ratelimit")
+		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
+	}
+	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
+		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		return r
+	}
+	// An hour's window: the test does not cross one unless it starts in
+	// its last seconds.
+	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < time.Minute {
+		time.Sleep(left + 100*time.Millisecond)
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range clients {
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perProcess / callers {
+					if r := ask(c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+						admitted.Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if got := admitted.Load(); got != limit {
+		t.Errorf("admitted %d of %d hits on a limit of %d: want exactly the limit", got, 2*perProcess, limit)
+	}
+	if r := ask(clients[0], 0); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].LimitRemaining != 0 {
+		t.Errorf("a check after %d hits: %v", 2*perProcess, r)
+	}
+	stats := commandStats(t, redis.Addr)
+	t.Logf("Redis ran, for %d hits: %v", 2*perProcess, stats)
+	if stats["fcall"] != 0 || stats["incrby"] == 0 || stats["incrby"] > 2*perProcess || stats["pexpire"] < 1 || stats["pexpire"] > 2 {
+		t.Errorf("Redis ran %v for %d hits on one key from two processes: want no fcall, at most one incrby per hit, one or two pexpire", stats, 2*perProcess)
+	}
+	n, err := redistest.Command(redis.Addr, "DBSIZE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := redistest.Command(redis.Addr, "RANDOMKEY")
+	if err != nil || n != "1" || !strings.HasPrefix(key, "admit:#") || len(key) != len("admit:#")+22 {
+		t.Fatalf("%s keys, one of them %q (%v): want one counted key, admit:# and 22 characters", n, key, err)
+	}
+	ttl, err := redistest.Command(redis.Addr, "PTTL", key)
+	if ms, _ := strconv.ParseInt(strings.TrimSpace(ttl), 10, 64); err != nil || ms <= 0 || ms > int64((time.Hour+2*time.Second)/time.Millisecond) {
+		t.Errorf("the key's PTTL is %q (%v): want at most the window and 2 s", ttl, err)
+	}
+}
+
+// commandStats returns how many times the Redis at addr ran each command
+// since it started (INFO commandstats).
+func commandStats(t *testing.T, addr string) map[string]int64 {
+	t.Helper()
+	info, err := redistest.Command(addr, "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out
+}

@@ -1,0 +1,451 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+// Counted rules. A rule of distribution admit.Counted counts every charge
+// on its own, whatever the count holds, as envoyproxy/ratelimit counts
+// hits: nothing is all or nothing, so nothing needs a script. Its charges
+// are plain commands, pipelined: one INCRBY per key of the window, the hits
+// of every decision that meet in a batch added together (each decision
+// then reads its own place from the total), and a PEXPIRE when this
+// server first counts in the key's window, not on every hit. A function
+// call costs Redis about half again what a client's INCRBY does, and the
+// peer sends an EXPIRE with every INCRBY: Redis does less than half the
+// peer's work per hit this way.
+//
+// A counted key is Prefix, '#' and 22 characters: the first 128 bits of
+// the SHA-256 of the rule's window, the window's end and the charge's key,
+// in base64url. Two counts share a key only if SHA-256 collides there; a
+// client cannot aim at another's count (that is a second preimage). The
+// key is shorter than envoyproxy/ratelimit's own (domain, entries and
+// window start), so a live counter costs Redis less memory than the
+// peer's. The window is the server's clock's, as in the peer: servers
+// whose clocks disagree count a window's last moments in different keys.
+const (
+	// maxTallyBatch bounds the decisions one pipeline carries.
+	maxTallyBatch = 256
+	// expiryEntries is the size of the table of keys whose expiry this
+	// server has set in their window: a key whose entry another key took
+	// since has its expiry set again, which costs a command and nothing
+	// else.
+	expiryEntries = 1 << 16
+	// countedSlack is how long a counted key outlives its window, for a
+	// Redis clock a little ahead of the server's and the command's
+	// transit.
+	countedSlack = 2 * time.Second
+)
+
+// tally is one decision's counted charges waiting for a pipeline: their
+// keys, costs and expiries (ms from now), and after the pipeline each
+// charge's count after it.
+type tally struct {
+	ctx    context.Context
+	keys   []string
+	hashes [][2]uint64
+	costs  []int64
+	ttls   []int64
+	counts []int64
+	err    error
+	done   chan struct{} // closed when counts or err are set; nil when its caller sends it
+}
+
+// tallier batches tallies as batcher does decisions: a tally goes at once
+// while fewer than maxFlight pipelines are in flight, else it waits and the
+// next pipeline takes every tally waiting.
+type tallier struct {
+	mu     sync.Mutex
+	queue  []*tally
+	flying int
+}
+
+// expiryTable remembers, for each of its entries, the last key whose
+// expiry this server set.
+type expiryTable struct {
+	mu sync.Mutex
+	e  [][2]uint64
+}
+
+// first reports whether the key of hash h has no entry, and gives it one.
+func (t *expiryTable) first(h [2]uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.e == nil {
+		t.e = make([][2]uint64, expiryEntries)
+	}
+	i := h[0] % expiryEntries
+	if t.e[i] == h {
+		return false
+	}
+	t.e[i] = h
+	return true
+}
+
+// forget drops the entries of keys whose pipeline failed: their expiry
+// may not be set.
+func (t *expiryTable) forget(hs [][2]uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, h := range hs {
+		if t.e != nil && t.e[h[0]%expiryEntries] == h {
+			t.e[h[0]%expiryEntries] = [2]uint64{}
+		}
+	}
+}
+
+// isCounted reports whether c is decided by counting (see admit.Counted).
+func isCounted(c *admit.Charge) bool {
+	return c.Rule != nil && c.Rule.Distribution == admit.Counted
+}
+
+// countedKey returns the key of c's count in the window ending at end (ns
+// since the epoch), and its hash.
+func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
+	var scratch [256]byte
+	b := binary.LittleEndian.AppendUint64(scratch[:0], uint64(c.Rule.Window))
+	b = binary.LittleEndian.AppendUint64(b, uint64(end))
+	b = append(b, c.Key...)
+	sum := sha256.Sum256(b)
+	var key [64]byte
+	k := append(key[:0], s.prefix...)
+	k = append(k, '#')
+	k = base64.RawURLEncoding.AppendEncode(k, sum[:16])
+	return string(k), [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
+}
+
+// decideCounted decides charges of which some are counted: those are
+// counted, the others decided as ever, all or nothing among themselves
+// (a debit never refuses the decision it is in).
+func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if len(charges) > admit.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	dry := false
+	var idx []int
+	var others []admit.Charge
+	for i := range charges {
+		// Every charge is checked before any is counted.
+		if _, err := checkCharge(i, &charges[i], false); err != nil {
+			return err
+		}
+		if isCounted(&charges[i]) {
+			idx = append(idx, i)
+		} else {
+			others = append(others, charges[i])
+		}
+		dry = dry || charges[i].DryRun
+	}
+	now := s.now()
+	t := &tally{ctx: ctx}
+	for _, i := range idx {
+		c := &charges[i]
+		w := int64(c.Rule.Window)
+		n := now.UnixNano()
+		end := n - n%w + w
+		key, h := s.countedKey(c, end)
+		t.keys, t.hashes, t.costs = append(t.keys, key), append(t.hashes, h), append(t.costs, c.Cost)
+		t.ttls = append(t.ttls, (end-n+int64(time.Millisecond)-1)/int64(time.Millisecond)+s.countedSlack().Milliseconds())
+	}
+	var err error
+	if dry {
+		err = s.readTally(t)
+	} else {
+		err = s.tallyCall(t)
+	}
+	if err != nil {
+		return err
+	}
+	var rest admit.Decision
+	if len(others) > 0 {
+		if err := s.decideOthers(ctx, others, &rest); err != nil {
+			return err
+		}
+	}
+	d.Reset()
+	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
+	d.Lease, d.At = rest.Lease, now
+	if !rest.At.IsZero() {
+		d.At = rest.At
+	}
+	k, o := 0, 0
+	for i := range charges {
+		if !isCounted(&charges[i]) {
+			d.Results[i] = rest.Results[o]
+			o++
+			continue
+		}
+		countedResult(&d.Results[i], &charges[i], t.counts[k], now)
+		k++
+	}
+	d.Summarize()
+	return nil
+}
+
+// countedSlack is how long past its window a counted key lives: with a
+// clock of the store's own (tests), as long as the script's keys get.
+func (s *Store) countedSlack() time.Duration {
+	if s.clock != nil {
+		return 10 * time.Minute
+	}
+	return countedSlack
+}
+
+// countedResult is what a fixed window decides of debit c when its count
+// after it is count, as admit's engine decides it: within the limit, what
+// remains; past it, refused until the window ends, and how far past.
+func countedResult(res *admit.Result, c *admit.Charge, count int64, now time.Time) {
+	r := c.Rule
+	w := int64(r.Window)
+	n := now.UnixNano()
+	left := time.Duration(w - n%w)
+	*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Debit: c.Debit, Limit: r.Capacity(), ResetAfter: left}
+	if count <= r.Limit {
+		res.Allowed, res.Remaining = true, r.Limit-count
+		return
+	}
+	if !c.Debit { // a dry run's check: what it meets, before its cost
+		res.Remaining = max(r.Limit-(count-c.Cost), 0)
+	}
+	res.RetryAfter = left
+	if c.Debit {
+		res.Over = min(count, admit.MaxCount) - r.Limit
+	}
+}
+
+// readTally reads t's counts for a dry run: what each key holds, plus the
+// costs of t's charges before it and its own.
+func (s *Store) readTally(t *tally) error {
+	return s.do(t.ctx, func(ctx context.Context, client rueidis.Client) error {
+		cmds := make(rueidis.Commands, len(t.keys))
+		for i, k := range t.keys {
+			cmds[i] = client.B().Get().Key(k).Build()
+		}
+		t.counts = make([]int64, len(t.keys))
+		for i, r := range client.DoMulti(ctx, cmds...) {
+			v, err := r.AsInt64()
+			if err != nil && !rueidis.IsRedisNil(err) {
+				return err
+			}
+			t.counts[i] = v
+			for j := range i + 1 {
+				if t.keys[j] == t.keys[i] {
+					t.counts[i] += t.costs[j]
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// tallyCall counts t in a pipeline of its own or, while pipelines are in
+// flight, in the next one.
+func (s *Store) tallyCall(t *tally) error {
+	b := &s.tallier
+	b.mu.Lock()
+	if b.flying < maxFlight && len(b.queue) == 0 {
+		b.flying++
+		b.mu.Unlock()
+		s.sendTallies([]*tally{t})
+		s.tallied()
+		return t.err
+	}
+	t.done = make(chan struct{})
+	b.queue = append(b.queue, t)
+	b.mu.Unlock()
+	select {
+	case <-t.done:
+		return t.err
+	case <-t.ctx.Done():
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", t.ctx.Err())
+	}
+}
+
+// tallied ends a pipeline: the tallies queued meanwhile go in the next,
+// sent by a new goroutine.
+func (s *Store) tallied() {
+	if next := s.nextTallies(); next != nil {
+		go func() {
+			for batch := next; batch != nil; batch = s.nextTallies() {
+				s.sendTallies(batch)
+			}
+		}()
+	}
+}
+
+// nextTallies takes the next batch from the queue, answering the tallies
+// whose callers gave up, or, when none is left, ends the pipeline that
+// just landed.
+func (s *Store) nextTallies() []*tally {
+	b := &s.tallier
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.queue) > 0 {
+		k := min(len(b.queue), maxTallyBatch)
+		batch := make([]*tally, 0, k)
+		for _, t := range b.queue[:k] {
+			if err := t.ctx.Err(); err != nil {
+				t.err = admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
+				t.finish()
+				continue
+			}
+			batch = append(batch, t)
+		}
+		n := copy(b.queue, b.queue[k:])
+		clear(b.queue[n:])
+		b.queue = b.queue[:n]
+		if len(batch) > 0 {
+			return batch
+		}
+	}
+	b.flying--
+	return nil
+}
+
+func (t *tally) finish() {
+	if t.done != nil {
+		close(t.done)
+	}
+}
+
+// countOp is one key's command in a pipeline: the hits of every tally on
+// it, added together.
+type countOp struct {
+	key    string
+	hash   [2]uint64
+	total  int64
+	ttl    int64
+	expire bool // a PEXPIRE follows the INCRBY
+}
+
+// sendTallies counts batch in one pipeline and gives every tally its
+// counts.
+func (s *Store) sendTallies(batch []*tally) {
+	var ops []countOp
+	at := make(map[string]int, len(batch))
+	// place[t][i]: the op of tally t's charge i, and the total on that
+	// key after it.
+	place := make([][][2]int64, len(batch))
+	for ti, t := range batch {
+		place[ti] = make([][2]int64, len(t.keys))
+		for i, key := range t.keys {
+			k, ok := at[key]
+			if !ok {
+				k = len(ops)
+				at[key] = k
+				ops = append(ops, countOp{key: key, hash: t.hashes[i], ttl: t.ttls[i]})
+			}
+			ops[k].total += t.costs[i]
+			place[ti][i] = [2]int64{int64(k), ops[k].total}
+		}
+	}
+	var sent [][2]uint64
+	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		cmds := make(rueidis.Commands, 0, 2*len(ops))
+		for i := range ops {
+			op := &ops[i]
+			if op.total == 0 {
+				cmds = append(cmds, client.B().Get().Key(op.key).Build())
+				continue
+			}
+			cmds = append(cmds, client.B().Incrby().Key(op.key).Increment(op.total).Build())
+			if s.expiries.first(op.hash) {
+				op.expire = true
+				sent = append(sent, op.hash)
+				cmds = append(cmds, client.B().Pexpire().Key(op.key).Milliseconds(op.ttl).Build())
+			}
+		}
+		resps := client.DoMulti(ctx, cmds...)
+		counts := make([]int64, len(ops))
+		var again rueidis.Commands
+		r := 0
+		for i := range ops {
+			op := &ops[i]
+			v, err := resps[r].AsInt64()
+			if err != nil && !(op.total == 0 && rueidis.IsRedisNil(err)) {
+				return err
+			}
+			r++
+			if op.expire {
+				if err := resps[r].Error(); err != nil {
+					return err
+				}
+				r++
+			} else if op.total > 0 && v == op.total {
+				// The key is new though this server had set its expiry:
+				// Redis lost it (a restart, a failover). Set it again.
+				again = append(again, client.B().Pexpire().Key(op.key).Milliseconds(op.ttl).Build())
+			}
+			counts[i] = v
+		}
+		for _, r := range client.DoMulti(ctx, again...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		for ti, t := range batch {
+			t.counts = make([]int64, len(t.keys))
+			for i := range t.keys {
+				k, after := place[ti][i][0], place[ti][i][1]
+				// The tallies of a batch count in their order: this
+				// charge's count is the key's, less what came after it.
+				t.counts[i] = counts[k] - (ops[k].total - after)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.expiries.forget(sent)
+		for _, t := range batch {
+			t.err = err
+		}
+	}
+	for _, t := range batch {
+		t.finish()
+	}
+}
+
+// refundCounted gives back charge c, counted in the window that holds at,
+// if that window is the current one: its count less c's cost, never below
+// zero.
+func (s *Store) refundCounted(ctx context.Context, c *admit.Charge, at time.Time) error {
+	w := int64(c.Rule.Window)
+	n, a := s.now().UnixNano(), at.UnixNano()
+	if a-a%w != n-n%w || c.Cost <= 0 {
+		return nil
+	}
+	key, _ := s.countedKey(c, n-n%w+w)
+	return s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+		v, err := client.Do(ctx, client.B().Decrby().Key(key).Decrement(c.Cost).Build()).AsInt64()
+		switch {
+		case err != nil:
+		case v == -c.Cost:
+			// The key was gone (it expired, or Redis lost it): the
+			// DECRBY made it, without an expiry.
+			err = client.Do(ctx, client.B().Del().Key(key).Build()).Error()
+		case v < 0:
+			err = client.Do(ctx, client.B().Incrby().Key(key).Increment(-v).Build()).Error()
+		}
+		return err
+	})
+}
+
+// resetCounted deletes charge c's count of the current window.
+func (s *Store) resetCounted(ctx context.Context, c *admit.Charge) error {
+	w := int64(c.Rule.Window)
+	n := s.now().UnixNano()
+	key, _ := s.countedKey(c, n-n%w+w)
+	return s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+		return client.Do(ctx, client.B().Del().Key(key).Build()).Error()
+	})
+}

@@ -1,0 +1,158 @@
+package redisstore_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/redistest"
+)
+
+// commandCalls returns how many times the Redis at addr ran each command
+// (INFO commandstats).
+func commandCalls(t *testing.T, addr string) map[string]int64 {
+	t.Helper()
+	info, err := redistest.Command(addr, "INFO", "commandstats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if ok && strings.HasPrefix(name, "cmdstat_") {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			out[strings.TrimPrefix(name, "cmdstat_")] = n
+		}
+	}
+	return out
+}
+
+// TestCountedCommands: a counted key costs one INCRBY per debit (none
+// merged here: one at a time), one PEXPIRE per window and server, and no
+// function call; its key is the prefix, '#' and 22 characters, and lives
+// its window and 2 s. A key Redis lost (FLUSHALL, as a restart without
+// persistence) is given its expiry again when it is made anew.
+func TestCountedCommands(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 1000, Window: time.Hour, Distribution: admit.Counted}
+	debit := func(n int) {
+		t.Helper()
+		var d admit.Decision
+		for range n {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1, Debit: true}}, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < 10*time.Second {
+		time.Sleep(left + 100*time.Millisecond) // one window for the whole test
+	}
+	debit(50)
+	calls := commandCalls(t, srv.Addr)
+	if calls["incrby"] != 50 || calls["pexpire"] != 1 || calls["fcall"] != 0 {
+		t.Fatalf("50 debits of one key ran %v: want 50 incrby, 1 pexpire, no fcall", calls)
+	}
+	key, err := redistest.Command(srv.Addr, "RANDOMKEY")
+	if err != nil || !strings.HasPrefix(key, "admit:#") || len(key) != len("admit:#")+22 {
+		t.Fatalf("key %q (%v)", key, err)
+	}
+	check := func() {
+		t.Helper()
+		ttl, err := redistest.Command(srv.Addr, "PTTL", key)
+		if ms, _ := strconv.ParseInt(ttl, 10, 64); err != nil || ms <= 0 || ms > int64((time.Hour+2*time.Second)/time.Millisecond) {
+			t.Fatalf("PTTL %q (%v): want at most an hour and 2 s", ttl, err)
+		}
+	}
+	check()
+	if _, err := redistest.Command(srv.Addr, "FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	debit(1)
+	check()
+	if calls := commandCalls(t, srv.Addr); calls["pexpire"] != 2 {
+		t.Fatalf("after the key was lost: %v, want a second pexpire", calls)
+	}
+}
+
+// TestCountedAcrossStores: stores of their own connections (as servers)
+// hammer one counted key at once: every debit is counted once, in a place
+// of its own, and debits that meet in a pipeline are sent as one INCRBY.
+func TestCountedAcrossStores(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Hour, Distribution: admit.Counted}
+	const stores, goroutines, each = 3, 16, 50
+	places := make(chan int64, stores*goroutines*each)
+	var wg sync.WaitGroup
+	for range stores {
+		s := dial(t, "redis://"+srv.Addr)
+		for range goroutines {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var d admit.Decision
+				for range each {
+					if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: rule, Cost: 1, Debit: true}}, &d); err != nil {
+						t.Error(err)
+						return
+					}
+					if r := d.Results[0]; r.Allowed {
+						places <- rule.Limit - r.Remaining
+					} else {
+						places <- rule.Limit + r.Over
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(places)
+	seen := make([]bool, stores*goroutines*each+1)
+	for p := range places {
+		if p < 1 || p >= int64(len(seen)) || seen[p] {
+			t.Fatalf("place %d given twice or out of range", p)
+		}
+		seen[p] = true
+	}
+	calls := commandCalls(t, srv.Addr)
+	t.Logf("%d debits: %v", stores*goroutines*each, calls)
+	if calls["incrby"] > stores*goroutines*each || calls["pexpire"] > stores {
+		t.Fatalf("%v", calls)
+	}
+}
+
+// TestCountedStoreDown: with Redis gone, a counted debit fails as
+// unavailable, and counts once Redis is back.
+func TestCountedStoreDown(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Hour, Distribution: admit.Counted}
+	srv.Stop()
+	var d admit.Decision
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1, Debit: true}}, &d); admit.ErrorCode(err) != admit.CodeUnavailable {
+		t.Fatalf("Redis down: %v, want unavailable", err)
+	}
+	srv.Restart(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1, Debit: true}}, &d)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !d.Allowed || d.Results[0].Remaining != 9 {
+		t.Fatalf("after Redis came back: %+v", d)
+	}
+}

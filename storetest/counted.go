@@ -1,0 +1,145 @@
+package storetest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// RunCounted checks rules of distribution admit.Counted: every debit is
+// counted past the limit and reports its place; a dry run reads without
+// counting; a charge that is neither is refused; a counted debit beside a
+// refusing charge is counted all the same; refunds and resets apply; and
+// concurrent debits of one key each get a place of their own.
+func RunCounted(t *testing.T, newStore Factory) {
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute, Distribution: admit.Counted}
+	t.Run("timeline", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		clock.Set(10 * time.Second)
+		debit := func(key string, cost int64) admit.Result {
+			t.Helper()
+			var d admit.Decision
+			if err := s.Decide(ctx, []admit.Charge{{Key: key, Rule: rule, Cost: cost, Debit: true}}, &d); err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed || len(d.Results) != 1 {
+				t.Fatalf("a debit refused its decision: %+v", d)
+			}
+			return d.Results[0]
+		}
+		type want struct {
+			allowed         bool
+			remaining, over int64
+			retry           time.Duration
+		}
+		for i, w := range []want{{true, 2, 0, 0}, {true, 1, 0, 0}, {true, 0, 0, 0}, {false, 0, 1, 50 * time.Second}, {false, 0, 2, 50 * time.Second}} {
+			r := debit("k", 1)
+			if r.Allowed != w.allowed || r.Remaining != w.remaining || r.Over != w.over || r.RetryAfter != w.retry || r.ResetAfter != 50*time.Second || !r.Debit || r.Limit != 3 {
+				t.Fatalf("debit %d: %+v, want %+v and a reset in 50s", i+1, r, w)
+			}
+		}
+		// A check (cost 0) counts nothing and finds the count over.
+		if r := debit("k", 0); r.Allowed || r.Over != 2 {
+			t.Fatalf("check: %+v", r)
+		}
+		// A dry run of cost 1 reads: over, nothing remaining.
+		var d admit.Decision
+		if err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1, DryRun: true}}, &d); err != nil || d.Allowed || d.Results[0].Remaining != 0 {
+			t.Fatalf("dry run: %+v, %v", d, err)
+		}
+		// Another key, dry then for real.
+		if err := s.Decide(ctx, []admit.Charge{{Key: "other", Rule: rule, Cost: 2, DryRun: true}}, &d); err != nil || !d.Allowed || d.Results[0].Remaining != 1 {
+			t.Fatalf("dry run of a fresh key: %+v, %v", d, err)
+		}
+		if r := debit("other", 1); r.Remaining != 2 {
+			t.Fatalf("the dry run counted: %+v", r)
+		}
+		// The next window starts afresh.
+		clock.Set(time.Minute + time.Second)
+		if r := debit("k", 1); !r.Allowed || r.Remaining != 2 || r.ResetAfter != 59*time.Second {
+			t.Fatalf("next window: %+v", r)
+		}
+		// A charge that is not a debit is refused.
+		err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, &d)
+		if admit.ErrorCode(err) != admit.CodeInvalid {
+			t.Fatalf("a check of a counted rule: %v, want invalid", err)
+		}
+	})
+	t.Run("beside a refusal", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 1}
+		charges := []admit.Charge{{Key: "b", Rule: bucket, Cost: 1}, {Key: "k", Rule: rule, Cost: 1, Debit: true}, {Key: "b2", Rule: bucket, Cost: 1}}
+		var d admit.Decision
+		for i := range 2 {
+			if err := s.Decide(ctx, charges, &d); err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed != (i == 0) || d.Results[1].Remaining != int64(2-i) || d.Results[0].Allowed != (i == 0) || d.Results[0].Rule != "bucket" {
+				t.Fatalf("decision %d: %+v", i+1, d)
+			}
+		}
+	})
+	t.Run("refunds and resets", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		c := admit.Charge{Key: "k", Rule: rule, Cost: 2, Debit: true}
+		var d admit.Decision
+		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil {
+			t.Fatal(err)
+		}
+		if f, ok := s.(admit.Refunder); ok {
+			if err := f.Refund(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, d.At); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 0, Debit: true}}, &d); err != nil || d.Results[0].Remaining != 2 {
+				t.Fatalf("after a refund of 1 of 2: %+v, %v", d.Results, err)
+			}
+		}
+		if err := s.Reset(ctx, []admit.Charge{{Key: "k", Rule: rule}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil || d.Results[0].Remaining != 1 {
+			t.Fatalf("after a reset: %+v, %v", d.Results, err)
+		}
+	})
+	t.Run("places", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		big := *rule
+		big.Limit = 100
+		places := make(chan int64, exactAttempts)
+		hammerN(t, exactAttempts, func(d *admit.Decision) error {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: &big, Cost: 1, Debit: true}}, d); err != nil {
+				return err
+			}
+			r := d.Results[0]
+			if r.Allowed {
+				places <- big.Limit - r.Remaining
+			} else {
+				places <- big.Limit + r.Over
+			}
+			return nil
+		})
+		close(places)
+		var got []int64
+		for p := range places {
+			got = append(got, p)
+		}
+		slices.Sort(got)
+		for i, p := range got {
+			if p != int64(i+1) {
+				t.Fatalf("%d debits of one key: place %d is %d; every debit must count once, in a place of its own", exactAttempts, i+1, p)
+			}
+		}
+	})
+}
