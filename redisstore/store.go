@@ -32,6 +32,13 @@
 // (see batch.go). A lone decision is sent at once; nothing waits for a
 // batch to fill.
 //
+// Rules of distribution admit.Counted (fixed windows whose every charge
+// is a debit, as envoyproxy/ratelimit counts hits) take no function: their
+// charges are plain pipelined INCRBYs, the hits that meet in a pipeline
+// added together, with a PEXPIRE when this process first counts in a
+// key's window (see counted.go). Their keys are Prefix, '#' and a hash of
+// the window and the charge's key.
+//
 // # Keys and Cluster
 //
 // Redis keys are Prefix + "{" + tag + "}" + the charge's key. The tag is a
