@@ -20,6 +20,14 @@
 //
 //	cd bench && go run ./rlspeer -memory 1000000
 //
+// With -three it measures three targets in one run, each as its users run
+// it: envoyproxy/ratelimit, admit ratelimit (run by envoyproxy/ratelimit's
+// environment, counting each hit as it does) and admit serve (all or
+// nothing), and with -memory N their memory per live counter after the
+// rounds, in a domain of hourly windows of its own.
+//
+//	cd bench && go run ./rlspeer -three -rounds 5 -memory 300000
+//
 // Everything listens on 127.0.0.1; the processes it starts are stopped by
 // PID when it ends, and it ends by itself after rounds × 3 × duration.
 package main
@@ -57,7 +65,8 @@ func main() {
 	conns := flag.Int("conns", 4, "gRPC connections per target the callers share (Envoy keeps one per worker)")
 	duration := flag.Duration("duration", 3*time.Second, "length of one measured round")
 	rounds := flag.Int("rounds", 3, "rounds of each target, alternating")
-	charge := flag.String("charge", "all", "Admit's charging mode for the domain: all (its default) or each (envoyproxy/ratelimit's)")
+	charge := flag.String("charge", "all", "Admit's charging mode for the domain: all (its default) or each (envoyproxy/ratelimit's); ignored with -three")
+	three := flag.Bool("three", false, "measure three targets in one run: envoyproxy/ratelimit, admit ratelimit (its defaults: charge each) and admit serve (charge all); with -memory N, the memory per live counter of each too, after the rounds")
 	distribution := flag.String("distribution", "exact", "Admit's distribution of both limits: exact (its default) or leased (allowances)")
 	users := flag.Int("users", load.RLSUsers, "users the requests spread over (at most 10,000): fewer make hotter keys")
 	memory := flag.Int("memory", 0, "measure Redis memory per live key over this many distinct users instead")
@@ -78,7 +87,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "rlspeer: -memory: want 0 to 10000000")
 		os.Exit(2)
 	}
-	if err := run(*callers, *conns, *duration, *rounds, *charge, *distribution, *users, *memory); err != nil {
+	if err := run(*callers, *conns, *duration, *rounds, *charge, *distribution, *users, *memory, *three); err != nil {
 		fmt.Fprintln(os.Stderr, "rlspeer:", err)
 		os.Exit(1)
 	}
@@ -198,7 +207,7 @@ type row struct {
 	failed           int64
 }
 
-func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users, memory int) error {
+func run(callers, conns int, d time.Duration, rounds int, charge, distribution string, users, memory int, three bool) error {
 	dir, err := os.MkdirTemp("", "rlspeer-")
 	if err != nil {
 		return err
@@ -213,11 +222,19 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		return err
 	}
 	conf := load.RLSConfig
-	if memory > 0 {
+	if memory > 0 && !three {
 		conf = strings.ReplaceAll(conf, "unit: second", "unit: hour")
 	}
+	// With -three, the memory phase counts in a domain of hourly windows
+	// of its own, so that the servers of the rounds serve it too.
+	memConf := strings.ReplaceAll(strings.ReplaceAll(load.RLSConfig, "unit: second", "unit: hour"), "domain: bench", "domain: "+memDomain)
 	if err := os.WriteFile(filepath.Join(confDir, "bench.yaml"), []byte(conf), 0o644); err != nil {
 		return err
+	}
+	if three {
+		if err := os.WriteFile(filepath.Join(confDir, "benchmem.yaml"), []byte(memConf), 0o644); err != nil {
+			return err
+		}
 	}
 	// Admit reads the same file, but for its charge: line, which the
 	// peer would refuse.
@@ -225,11 +242,17 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	if err := os.MkdirAll(admitConf, 0o755); err != nil {
 		return err
 	}
+	if three {
+		charge = "all"
+		if err := os.WriteFile(filepath.Join(admitConf, "benchmem.yaml"), []byte("charge: all\n"+admitLimits(memConf, distribution)), 0o644); err != nil {
+			return err
+		}
+	}
 	if err := os.WriteFile(filepath.Join(admitConf, "bench.yaml"), []byte("charge: "+charge+"\n"+admitLimits(conf, distribution)), 0o644); err != nil {
 		return err
 	}
 
-	var ports [6]int
+	var ports [8]int
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return err
@@ -278,13 +301,27 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		return err
 	}
 
-	targets := []struct {
-		name string
-		p    *proc
-		addr string
-	}{{"envoyproxy/ratelimit", upstream, upstreamAddr}, {"admit", admit, admitAddr}}
-	if memory > 0 {
-		return measureMemory(redisAddr, targets[0].addr, targets[1].addr, memory, callers)
+	targets := []target{{"envoyproxy/ratelimit", upstream, upstreamAddr}, {"admit", admit, admitAddr}}
+	if three {
+		// admit ratelimit, run as envoyproxy/ratelimit is run: its
+		// environment, its runtime directory, its defaults.
+		rl, err := start("admit-ratelimit", []string{
+			"USE_STATSD=false", "LOG_LEVEL=error", "REDIS_URL=" + redisAddr, "ADMIT_DATA_DIR=" + filepath.Join(dir, "data-rl"),
+			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+			"HOST=127.0.0.1", "PORT=" + strconv.Itoa(ports[6]), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(ports[7]),
+		}, admitBin, "ratelimit")
+		if err != nil {
+			return err
+		}
+		defer rl.stop()
+		rlAddr := "127.0.0.1:" + strconv.Itoa(ports[7])
+		if err := ready(rlAddr, rl); err != nil {
+			return err
+		}
+		targets = []target{targets[0], {"admit ratelimit", rl, rlAddr}, {"admit serve", admit, admitAddr}}
+	}
+	if memory > 0 && !three {
+		return measureMemory(redisAddr, "bench", targets, memory, callers)
 	}
 	reqs := load.RLSRequests("bench", false)[:users]
 	measure := func(p *proc, addr string) (row, error) {
@@ -324,8 +361,12 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		}, nil
 	}
 
-	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, Admit's charge: %s, distribution: %s, %d rounds of %v, one redis-server\n",
-		callers, conns, min(load.RLSTenants, users), users, charge, distribution, rounds, d)
+	mode := "Admit's charge: " + charge
+	if three {
+		mode = "admit ratelimit's charge: each, admit serve's: all"
+	}
+	fmt.Printf("rlspeer: %d callers over %d connections per target, %d tenants, %d users, 2 descriptors per request, %s, distribution: %s, %d rounds of %v, one redis-server\n",
+		callers, conns, min(load.RLSTenants, users), users, mode, distribution, rounds, d)
 	fmt.Printf("%-6s %-22s %12s %10s %10s %14s %14s %12s %12s %7s\n", "round", "target", "decisions/s", "p50", "p99", "server µs/dec", "redis µs/dec", "cmd µs/dec", "cmds/dec", "errors")
 	all := map[string][]row{}
 	for i := range rounds {
@@ -347,7 +388,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	fmt.Println("medians, admit ÷ envoyproxy/ratelimit:")
+	fmt.Println("medians, and each ÷ envoyproxy/ratelimit's:")
 	for _, m := range []struct {
 		what string
 		f    func(row) float64
@@ -360,8 +401,28 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		{"redis command µs/dec.", func(r row) float64 { return r.commandUS }},
 		{"redis commands/dec.", func(r row) float64 { return r.calls }},
 	} {
-		a, u := median("admit", m.f), median("envoyproxy/ratelimit", m.f)
-		fmt.Printf("  %-24s admit %12.1f  envoyproxy/ratelimit %12.1f  ratio %.2f\n", m.what, a, u, a/u)
+		u := median("envoyproxy/ratelimit", m.f)
+		line := fmt.Sprintf("  %-24s envoyproxy/ratelimit %10.1f", m.what, u)
+		for _, t := range targets[1:] {
+			a := median(t.name, m.f)
+			line += fmt.Sprintf("  %s %10.1f (%.2f)", t.name, a, a/u)
+		}
+		fmt.Println(line)
+	}
+	if memory > 0 {
+		fmt.Println()
+		return measureMemory(redisAddr, memDomain, targets, memory, callers)
 	}
 	return nil
+}
+
+// memDomain is the domain of hourly windows -three's memory phase counts
+// in.
+const memDomain = "benchmem"
+
+// target is a rate limit service measured.
+type target struct {
+	name string
+	p    *proc
+	addr string
 }

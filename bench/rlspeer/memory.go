@@ -21,11 +21,11 @@ import (
 // measureMemory sends n requests of n distinct users (in load.RLSTenants
 // tenants) to each target in turn, on a redis-server emptied before each,
 // and prints how much used_memory grew per key Redis then holds.
-func measureMemory(redisAddr, upstreamAddr, admitAddr string, n, callers int) error {
+func measureMemory(redisAddr, domain string, targets []target, n, callers int) error {
 	fmt.Printf("rlspeer -memory: %d distinct users in %d tenants, 2 descriptors per request (hourly windows), one redis-server emptied before each target\n", n, load.RLSTenants)
 	fmt.Printf("%-22s %10s %14s %14s %12s\n", "target", "keys", "used_memory +", "bytes/key", "requests/s")
 	results := map[string]float64{}
-	for _, t := range []struct{ name, addr string }{{"envoyproxy/ratelimit", upstreamAddr}, {"admit", admitAddr}} {
+	for _, t := range targets {
 		if _, err := redistest.Command(redisAddr, "FLUSHALL"); err != nil {
 			return err
 		}
@@ -34,7 +34,7 @@ func measureMemory(redisAddr, upstreamAddr, admitAddr string, n, callers int) er
 			return err
 		}
 		start := time.Now()
-		if err := sendDistinct(t.addr, n, callers); err != nil {
+		if err := sendDistinct(t.addr, domain, n, callers); err != nil {
 			return fmt.Errorf("%s: %w", t.name, err)
 		}
 		elapsed := time.Since(start)
@@ -62,13 +62,15 @@ func measureMemory(redisAddr, upstreamAddr, admitAddr string, n, callers int) er
 		}
 		fmt.Printf("%-22s %10d %14d %14.1f %12.0f   e.g. %q = %q\n", t.name, keys, after-before, per, float64(n)/elapsed.Seconds(), sample, value)
 	}
-	fmt.Printf("bytes per live key, admit ÷ envoyproxy/ratelimit: %.2f\n", results["admit"]/results["envoyproxy/ratelimit"])
+	for _, t := range targets[1:] {
+		fmt.Printf("bytes per live key, %s ÷ envoyproxy/ratelimit: %.2f\n", t.name, results[t.name]/results["envoyproxy/ratelimit"])
+	}
 	return nil
 }
 
 // sendDistinct sends one request per user 0..n-1 to the rate limit
 // service at addr from callers goroutines, and fails on any answer but OK.
-func sendDistinct(addr string, n, callers int) error {
+func sendDistinct(addr, domain string, n, callers int) error {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -91,7 +93,7 @@ func sendDistinct(addr string, n, callers int) error {
 					return &rlext.RateLimitDescriptor_Entry{Key: k, Value: v}
 				}
 				t := entry("tenant", "tenant-"+strconv.FormatInt(u%load.RLSTenants, 10))
-				req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*rlext.RateLimitDescriptor{
+				req := &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*rlext.RateLimitDescriptor{
 					{Entries: []*rlext.RateLimitDescriptor_Entry{t}},
 					{Entries: []*rlext.RateLimitDescriptor_Entry{t, entry("user", "user-"+strconv.FormatInt(u, 10))}},
 				}}
