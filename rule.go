@@ -105,16 +105,17 @@ const (
 	// fixed and sliding windows and quotas can be leased (see
 	// Algorithm.Leasable).
 	Leased
-	// Counted counts every charge of a fixed window on its own, as
-	// envoyproxy/ratelimit counts hits: each charge must be a debit
-	// (Charge.Debit) or part of a dry run, and is added to the window's
-	// count whatever the count holds, never all or nothing with the
-	// decision's other charges. A store shared by servers may then count
-	// with its cheapest means (the Redis store: plain INCRBY, no script)
-	// and keep the counts apart from those of the rule's other
-	// distributions. Only fixed windows are counted, and no fair shares.
-	// Configuration files cannot name it: it is for adapters that count
-	// every hit (envoyrls, with charge: each).
+	// Counted keeps a fixed window's count where a store shared by
+	// servers adds to it with its cheapest means (the Redis store: plain
+	// pipelined INCRBY, no script), apart from the counts of the rule's
+	// other distributions. A debit is counted whatever the count holds,
+	// as envoyproxy/ratelimit counts hits. Any other charge is counted at
+	// once and taken back when it does not fit or its decision is
+	// refused: decisions stay all or nothing and never admit past the
+	// limit, but a count taken back was visible to other decisions for
+	// that moment, which may refuse one of them. Only fixed windows are
+	// counted, and no fair shares. Configuration files cannot name it: it
+	// is for adapters that count a fixed window's hits (envoyrls).
 	Counted
 )
 
@@ -451,10 +452,14 @@ func (r *Rule) costError(cost int64, format string, args ...any) error {
 
 // CheckDebit reports whether r takes a debit of cost (see Charge.Debit):
 // token buckets, GCRA and fixed and sliding windows do, of any cost from
-// 0 to MaxCost, and to r.MaxCost when it is set. A combination (which
-// half would owe?), a sliding log (one entry per unit, which a debt would
-// grow without bound) and concurrency (a lease is not a cost) do not.
+// 0 to MaxCost (a Counted window up to MaxCount, the most it counts), and
+// to r.MaxCost when it is set. A combination (which half would owe?), a
+// sliding log (one entry per unit, which a debt would grow without bound)
+// and concurrency (a lease is not a cost) do not.
 func (r *Rule) CheckDebit(cost int64) error {
+	if r.Distribution == Counted && cost > MaxCost && cost <= MaxCount && (r.MaxCost == 0 || cost <= r.MaxCost) {
+		return nil
+	}
 	if err := r.checkMaxCost(cost); err != nil {
 		return err
 	}

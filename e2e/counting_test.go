@@ -98,8 +98,8 @@ func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 	}
 	stats := commandStats(t, redis.Addr)
 	t.Logf("Redis ran, for %d hits: %v", 2*perProcess, stats)
-	if stats["fcall"] != 0 || stats["incrby"] == 0 || stats["incrby"] > 2*perProcess || stats["pexpire"] < 1 || stats["pexpire"] > 2 {
-		t.Errorf("Redis ran %v for %d hits on one key from two processes: want no fcall, at most one incrby per hit, one or two pexpire", stats, 2*perProcess)
+	if stats["fcall"] != 0 || stats["incrby"] == 0 || stats["incrby"] > 2*perProcess || stats["pexpire"] < 1 || stats["pexpire"] > 4 {
+		t.Errorf("Redis ran %v for %d hits on one key from two processes: want no fcall, at most one incrby per hit, a pexpire per process (twice when its pipelines cross)", stats, 2*perProcess)
 	}
 	n, err := redistest.Command(redis.Addr, "DBSIZE")
 	if err != nil {

@@ -102,22 +102,38 @@ type Limit struct {
 	// request's quota descriptors form one group, "every group over its
 	// limit" is any of them being over, which the store decides exactly.
 	strict *policy.Rule
-	// counted is rule as a domain that counts each hit decides it, when
-	// rule is an exact fixed window: admit.Counted, which a store may
-	// count with its cheapest means.
-	counted *admit.Rule
+	// counted and strictCounted are rule and strict as the service
+	// decides them when they are exact fixed windows: admit.Counted,
+	// which a store counts with its cheapest means.
+	counted, strictCounted *admit.Rule
 
 	file      string // where the rate_limit block is, for Check's errors
 	line, col int
 }
 
-// countEach sets l.counted from l.rule.
+// countEach sets l.counted from l.rule, and l.strictCounted from
+// l.strict.
 func (l *Limit) countEach() {
-	if r := &l.rule.Rule; r.Algorithm == admit.FixedWindow && r.Distribution == admit.Exact {
-		c := *r
+	counted := func(p *policy.Rule) *admit.Rule {
+		if p == nil || p.Algorithm != admit.FixedWindow || p.Distribution != admit.Exact {
+			return nil
+		}
+		c := p.Rule
 		c.Distribution = admit.Counted
-		l.counted = &c
+		return &c
 	}
+	l.counted, l.strictCounted = counted(l.rule), counted(l.strict)
+}
+
+// countedRule returns the admit.Counted copy of r, one of l's rules, or r.
+func (l *Limit) countedRule(r *admit.Rule) *admit.Rule {
+	switch {
+	case l.counted != nil && r == &l.rule.Rule:
+		return l.counted
+	case l.strictCounted != nil && l.strict != nil && r == &l.strict.Rule:
+		return l.strictCounted
+	}
+	return r
 }
 
 // Rule returns the rule the store decides for l: a fixed window unless the

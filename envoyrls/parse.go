@@ -339,20 +339,88 @@ func (p *parser) descriptors(n *yaml.Node, parent string, depth int) *level {
 	return lv
 }
 
-// metadata parses a descriptor's metadata block: a mapping of any depth
-// whose keys are strings.
+// metadata parses a descriptor's metadata block: a mapping of any depth.
+// Its scalars keep their YAML types (numbers, booleans, null), and any
+// other scalar is its text, as envoyproxy/ratelimit's YAML reading gives
+// it (a date stays "2026-12-31"); keys are their text.
 func (p *parser) metadata(n *yaml.Node) *structpb.Struct {
-	var m map[string]any
-	if n.Kind != yaml.MappingNode || n.Decode(&m) != nil {
-		p.fail(n, "metadata: want a mapping with string keys, not %s", yamlconf.KindName(n))
+	if n.Kind != yaml.MappingNode {
+		p.fail(n, "metadata: want a mapping, not %s", yamlconf.KindName(n))
 		return nil
 	}
-	st, err := structpb.NewStruct(m)
-	if err != nil {
-		p.fail(n, "metadata: %v", err)
+	budget := maxMetadataValues
+	v := p.metadataValue(n, 0, &budget)
+	if v == nil {
 		return nil
 	}
-	return st
+	return v.GetStructValue()
+}
+
+// maxMetadataValues bounds the values of one metadata block, aliases
+// expanded: a few anchors can otherwise stand for billions of values.
+const maxMetadataValues = 10000
+
+// metadataValue converts n, at depth, spending budget, or fails and
+// returns nil.
+func (p *parser) metadataValue(n *yaml.Node, depth int, budget *int) *structpb.Value {
+	if depth > MaxDepth {
+		p.fail(n, "metadata nested %d deep; at most %d", depth, MaxDepth)
+		return nil
+	}
+	if *budget--; *budget < 0 {
+		p.fail(n, "metadata holds more than %d values", maxMetadataValues)
+		return nil
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		return p.metadataValue(n.Alias, depth+1, budget)
+	case yaml.MappingNode:
+		f := make(map[string]*structpb.Value, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, vn := n.Content[i], n.Content[i+1]
+			if k.Kind == yaml.AliasNode {
+				k = k.Alias
+			}
+			if k.Kind != yaml.ScalarNode {
+				p.fail(k, "metadata: a key is %s; want a scalar", yamlconf.KindName(k))
+				return nil
+			}
+			v := p.metadataValue(vn, depth+1, budget)
+			if v == nil {
+				return nil
+			}
+			f[k.Value] = v
+		}
+		return structpb.NewStructValue(&structpb.Struct{Fields: f})
+	case yaml.SequenceNode:
+		l := make([]*structpb.Value, 0, len(n.Content))
+		for _, c := range n.Content {
+			v := p.metadataValue(c, depth+1, budget)
+			if v == nil {
+				return nil
+			}
+			l = append(l, v)
+		}
+		return structpb.NewListValue(&structpb.ListValue{Values: l})
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			return structpb.NewNullValue()
+		case "!!bool":
+			var b bool
+			if n.Decode(&b) == nil {
+				return structpb.NewBoolValue(b)
+			}
+		case "!!int", "!!float":
+			var f float64
+			if n.Decode(&f) == nil {
+				return structpb.NewNumberValue(f)
+			}
+		}
+		return structpb.NewStringValue(n.Value)
+	}
+	p.fail(n, "metadata: %s is not a value", yamlconf.KindName(n))
+	return nil
 }
 
 // rateLimit parses a rate_limit block.
@@ -476,11 +544,11 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 		return l
 	}
 	l.rule = &policy.Rule{Rule: *r, Scope: "envoy"}
-	l.countEach()
 	if quota {
 		l.strict = &policy.Rule{Rule: *r, Scope: "envoy"}
 		l.strict.Shadow = shadow
 	}
+	l.countEach()
 	return l
 }
 

@@ -68,8 +68,9 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 const overrideFullKey = "limit-override"
 
 // hits returns a descriptor's cost: its own hits_addend if set (0 asks
-// without counting), else the request's, where 0 means 1. never is set when
-// the cost is more than any charge may carry.
+// without counting), else the request's, where 0 means 1, at most
+// admit.MaxCount (no window counts further). never is set when the cost is
+// more than a charge may carry but a counted debit's (see call.add).
 func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64, never bool) {
 	n := max(1, uint64(req.GetHitsAddend()))
 	if h := d.GetHitsAddend(); h != nil {
@@ -78,10 +79,7 @@ func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64
 	if d.GetIsNegativeHits() {
 		n = 0 // a refund: Admit gives nothing back, and reports the counters
 	}
-	if n > admit.MaxCost {
-		return admit.MaxCost, true
-	}
-	return int64(n), false
+	return int64(min(n, admit.MaxCount)), n > admit.MaxCost
 }
 
 // readEntries copies a descriptor's entries into c.entries, bounded.
@@ -155,6 +153,12 @@ func (c *call) add(ch admit.Charge, r *policy.Rule, never bool) {
 	c.all.Rules = append(c.all.Rules, r)
 	c.never = append(c.never, false)
 	x := &c.all.Charges[j]
+	if never && c.each && x.Rule.Algorithm == admit.FixedWindow && x.Rule.Distribution == admit.Exact {
+		// Counted as envoyproxy/ratelimit counts, whatever its cost: a
+		// cost past admit.MaxCount takes the count past any limit, as
+		// the cost itself would.
+		never = false
+	}
 	if never || !c.each && x.Rule.CheckCost(x.Cost) != nil {
 		// More than the rule can ever admit at once: over the limit
 		// whatever the counter holds, which a peek reports.
@@ -170,7 +174,7 @@ func (c *call) add(ch admit.Charge, r *policy.Rule, never bool) {
 // tenants and rules and adds its charges.
 func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int64, never bool) error {
 	r := &c.req
-	*r = policy.Request{Cost: cost, Kind: policy.Requests}
+	*r = policy.Request{Cost: min(cost, admit.MaxCost), Kind: policy.Requests}
 	clear(c.attrs)
 	for _, e := range c.entries {
 		switch e.Key {

@@ -33,6 +33,9 @@ func (s *Service) respond(resp *rlsv3.RateLimitResponse, req *rlsv3.RateLimitReq
 	for i := range c.descs {
 		st, over := s.status(c, &c.descs[i], out, now)
 		quota := c.isQuota(&c.descs[i])
+		if l := c.descs[i].limit; l != nil && l.Shadow {
+			over = false // reported OK, a shadow limit's quota is never over
+		}
 		if st.CurrentLimit != nil && st.LimitRemaining < limitedRemaining {
 			limited, limitedRemaining = i, st.LimitRemaining
 		}

@@ -296,9 +296,18 @@ func checkRequest(req *rlsv3.RateLimitRequest) error {
 	return nil
 }
 
-// isQuota reports whether st is a quota descriptor.
+// isQuota reports whether st is a quota descriptor: one of a quota limit,
+// or with QuotaAll any but an unlimited one (a descriptor without a limit
+// is then a group never over, as in envoyproxy/ratelimit).
 func (c *call) isQuota(st *descState) bool {
-	return st.limit != nil && (st.limit.Quota || c.quotaAll) && st.kind != kindUnlimited
+	return st.kind != kindUnlimited && (c.quotaAll || st.limit != nil && st.limit.Quota)
+}
+
+// quotaOver reports whether quota descriptor i is over its limit: a shadow
+// limit's never is, as its status says OK.
+func (c *call) quotaOver(i int) bool {
+	l := c.descs[i].limit
+	return l != nil && !l.Shadow && c.descOver(i)
 }
 
 // prepareCounting sets how c's charges count, groups c's quota
@@ -307,6 +316,7 @@ func (c *call) isQuota(st *descState) bool {
 // charge: each, every charge is a debit (counted whether it fits or not,
 // as upstream counts); else the quota descriptors of a request with a
 // single group (one descriptor, when reported) are decided strictly.
+// Exact fixed windows are then decided as admit.Counted.
 func (c *call) prepareCounting(req *rlsv3.RateLimitRequest, answers QuotaAnswers) (quotas int) {
 	c.group = c.group[:0]
 	c.groups = 0
@@ -332,15 +342,15 @@ func (c *call) prepareCounting(req *rlsv3.RateLimitRequest, answers QuotaAnswers
 			// extension: sliding_log) stays all or nothing.
 			c.all.Charges[i].Debit = c.all.Charges[i].Rule.CheckDebit(1) == nil
 		}
-		for i := range c.descs {
-			if l := c.descs[i].limit; l != nil && l.counted != nil {
-				for _, j := range c.refs[c.descs[i].from:c.descs[i].to] {
-					c.all.Charges[j].Rule = l.counted
-				}
-			}
-		}
 	} else if quotas == 1 {
 		c.strictQuota()
+	}
+	for i := range c.descs {
+		if l := c.descs[i].limit; l != nil && l.counted != nil {
+			for _, j := range c.refs[c.descs[i].from:c.descs[i].to] {
+				c.all.Charges[j].Rule = l.countedRule(c.all.Charges[j].Rule)
+			}
+		}
 	}
 	return quotas
 }
@@ -438,7 +448,7 @@ func (c *call) allQuotasOver(out policy.Outcome) bool {
 		return false
 	}
 	for i := range c.descs {
-		if !c.isQuota(&c.descs[i]) || c.descOver(i) {
+		if !c.isQuota(&c.descs[i]) || c.quotaOver(i) {
 			continue
 		}
 		// Descriptor i passed: so did its group, unless another member
@@ -464,7 +474,7 @@ func (c *call) descOver(i int) bool {
 // limit.
 func (c *call) groupOver(key string) bool {
 	for i, k := range c.group {
-		if k == key && c.descOver(i) {
+		if k == key && c.quotaOver(i) {
 			return true
 		}
 	}

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -469,5 +470,82 @@ func TestUpstreamConfigErrors(t *testing.T) {
 				t.Errorf("got %v\nwant the file named and %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestLargeHitsCounted: with charge: each, a fixed window counts a hit of
+// any cost, as envoyproxy/ratelimit does: 2e9 fits a limit of 4e9, and a
+// cost past admit.MaxCost (up to 2⁶⁴−1) is counted, so the next check is
+// refused. Red team, 2026-11-26: such costs were refused and not counted.
+func TestLargeHitsCounted(t *testing.T) {
+	e := start(t, Options{Charge: ChargeEach, Config: parse(t, `
+domain: d
+descriptors:
+  - {key: huge, rate_limit: {unit: day, requests_per_unit: 4000000000}}
+  - {key: five, rate_limit: {unit: minute, requests_per_unit: 5}}
+`)}, nil)
+	if r := e.ask(t, "d", 0, hitsOf(desc("huge", "a"), 2_000_000_000)); r.OverallCode != ok || r.Statuses[0].LimitRemaining != 2_000_000_000 {
+		t.Fatalf("2e9 of 4e9: %v", r)
+	}
+	if r := e.ask(t, "d", 0, hitsOf(desc("huge", "a"), 2_000_000_001)); r.OverallCode != over {
+		t.Fatalf("2e9+1 more: %v", r)
+	}
+	for _, n := range []uint64{1_000_000_001, 1 << 63, 1<<64 - 1} {
+		key := strconv.FormatUint(n, 10)
+		if r := e.ask(t, "d", 0, hitsOf(desc("five", key), n)); r.OverallCode != over {
+			t.Fatalf("%d hits of 5: %v", n, r)
+		}
+		if r := e.ask(t, "d", 0, hitsOf(desc("five", key), 0)); r.OverallCode != over || r.Statuses[0].LimitRemaining != 0 {
+			t.Fatalf("a check after %d hits of 5: %v, want refused (counted)", n, r)
+		}
+	}
+}
+
+// TestShadowQuota: a quota limit in shadow mode answers OK over its limit
+// and its group is never over; with QuotaAll, so is a shadow limit's, and
+// a descriptor no limit matches is a group never over. Red team,
+// 2026-11-26: they answered OVER_LIMIT and refused requests.
+func TestShadowQuota(t *testing.T) {
+	rules := parse(t, `
+domain: d
+descriptors:
+  - {key: sh, shadow_mode: true, quota_mode: true, rate_limit: {unit: minute, requests_per_unit: 1}}
+  - {key: shr, shadow_mode: true, rate_limit: {unit: minute, requests_per_unit: 0}}
+  - {key: one, rate_limit: {unit: minute, requests_per_unit: 1}}
+`)
+	for _, charge := range []Charge{ChargeAll, ChargeEach} {
+		e := start(t, Options{Charge: charge, Config: rules}, nil)
+		for i := range 3 {
+			if r := e.ask(t, "d", 0, desc("sh", "1")); r.OverallCode != ok || r.Statuses[0].Code != ok {
+				t.Fatalf("%v, shadow quota, ask %d: %v", charge, i+1, r)
+			}
+		}
+	}
+	e := start(t, Options{Charge: ChargeEach, QuotaAll: true, Config: rules}, nil)
+	e.ask(t, "d", 0, desc("one", "1"))
+	if r := e.ask(t, "d", 0, desc("shr", "1"), desc("one", "1")); r.OverallCode != ok || r.Statuses[0].Code != ok {
+		t.Fatalf("QuotaAll, a shadow limit beside one over: %v", r)
+	}
+	if r := e.ask(t, "d", 0, desc("nothing", "1"), desc("one", "1")); r.OverallCode != ok {
+		t.Fatalf("QuotaAll, an unmatched descriptor beside one over: %v", r)
+	}
+}
+
+// TestMetadataScalars: metadata scalars keep their YAML types, and the
+// others their text (a date is "2026-12-31"), as envoyproxy/ratelimit
+// reads them. Red team, 2026-11-26: a date refused the file.
+func TestMetadataScalars(t *testing.T) {
+	e := start(t, Options{DynamicMetadata: true, Config: parse(t, `
+domain: d
+descriptors:
+  - key: k
+    metadata: {expires: 2026-12-31, at: 2026-12-31T10:00:00Z, n: 3, f: 1.5, b: true, z: ~, s: text, l: [1, a]}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`)}, nil)
+	md := e.ask(t, "d", 0, desc("k", "v")).GetDynamicMetadata().GetFields()["metadata"].GetStructValue().GetFields()
+	if md["expires"].GetStringValue() != "2026-12-31" || md["at"].GetStringValue() != "2026-12-31T10:00:00Z" || md["n"].GetNumberValue() != 3 ||
+		md["f"].GetNumberValue() != 1.5 || !md["b"].GetBoolValue() || md["z"].GetNullValue() != 0 || md["z"] == nil || md["s"].GetStringValue() != "text" ||
+		len(md["l"].GetListValue().GetValues()) != 2 {
+		t.Fatalf("metadata %v", md)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Counted rules. A rule of distribution admit.Counted counts every charge
@@ -124,12 +126,20 @@ func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
 	return string(k), [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
 }
 
-// decideCounted decides charges of which some are counted: those are
-// counted, the others decided as ever, all or nothing among themselves
-// (a debit never refuses the decision it is in).
+// decideCounted decides charges of which some are counted. Counted debits
+// are counted whatever they find. A counted charge that is not a debit is
+// counted too, at once, and taken back if it does not fit, or if the
+// decision is refused: the others are decided after the counts, as a dry
+// run when a count refused, all or nothing among themselves. A count taken
+// back was visible to other decisions for that moment, which may refuse
+// one of them (never admit one too many: a decision is admitted only by
+// counts within the limit, counts that were taken back included).
 func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if len(charges) > admit.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	if err := engine.CheckDebits(charges); err != nil {
+		return err
 	}
 	dry := false
 	var idx []int
@@ -166,11 +176,61 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	if err != nil {
 		return err
 	}
-	var rest admit.Decision
-	if len(others) > 0 {
-		if err := s.decideOthers(ctx, others, &rest); err != nil {
-			return err
+	// A check counted past its limit is taken back; a refusing one
+	// refuses the decision.
+	var back []int
+	refused := false
+	for k, i := range idx {
+		if c := &charges[i]; !dry && !c.Debit && c.Cost > 0 && t.counts[k] > c.Rule.Limit {
+			back = append(back, k)
+			refused = refused || !c.Rule.Shadow
 		}
+	}
+	// The others, decided as ever; when a count refused already, as a
+	// dry run to report what they hold, their debits apart and for real.
+	var rest, debits admit.Decision
+	var restOf, debitOf []int // the charges' places in rest and debits
+	if len(others) > 0 {
+		part := others
+		if refused {
+			var owed []admit.Charge
+			part = nil
+			for i := range others {
+				if others[i].Debit {
+					owed = append(owed, others[i])
+				} else {
+					c := others[i]
+					c.DryRun = true
+					part = append(part, c)
+				}
+			}
+			if len(owed) > 0 {
+				if err := s.decideOthers(ctx, owed, &debits); err != nil {
+					return err
+				}
+			}
+		}
+		if len(part) > 0 {
+			if err := s.decideOthers(ctx, part, &rest); err != nil {
+				return errors.Join(err, s.takeBack(t, checks(charges, idx, dry)))
+			}
+			refused = refused || !rest.Allowed
+		}
+		for i := range charges {
+			switch {
+			case isCounted(&charges[i]):
+			case refused && charges[i].Debit && len(part) < len(others):
+				debitOf = append(debitOf, i)
+			default:
+				restOf = append(restOf, i)
+			}
+		}
+	}
+	if refused && !dry {
+		back = checks(charges, idx, dry)
+	}
+	if err := s.takeBack(t, back); err != nil {
+		return err
 	}
 	d.Reset()
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
@@ -178,18 +238,76 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	if !rest.At.IsZero() {
 		d.At = rest.At
 	}
-	k, o := 0, 0
-	for i := range charges {
-		if !isCounted(&charges[i]) {
-			d.Results[i] = rest.Results[o]
-			o++
-			continue
+	for o, i := range restOf {
+		d.Results[i] = rest.Results[o]
+	}
+	for o, i := range debitOf {
+		d.Results[i] = debits.Results[o]
+	}
+	for k, i := range idx {
+		res := &d.Results[i]
+		countedResult(res, &charges[i], t.counts[k], now)
+		if c := &charges[i]; refused && !dry && !c.Debit {
+			// Refused, the check reports what its key holds without the
+			// decision's checks, as memstore does.
+			held := t.counts[k]
+			for j := range k + 1 {
+				if t.keys[j] == t.keys[k] && !charges[idx[j]].Debit {
+					held -= t.costs[j]
+				}
+			}
+			res.Remaining = max(c.Rule.Limit-held, 0)
 		}
-		countedResult(&d.Results[i], &charges[i], t.counts[k], now)
-		k++
 	}
 	d.Summarize()
 	return nil
+}
+
+// checks returns the places in t of the counted charges that are not
+// debits and counted something: what a refused decision takes back.
+func checks(charges []admit.Charge, idx []int, dry bool) []int {
+	var ks []int
+	for k, i := range idx {
+		if !dry && !charges[i].Debit && charges[i].Cost > 0 {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// takeBack takes back the counts of t's charges at places ks. A count that
+// would go below zero (Redis lost the key since) is brought back to zero,
+// with its expiry.
+func (s *Store) takeBack(t *tally, ks []int) error {
+	if len(ks) == 0 {
+		return nil
+	}
+	// Not the caller's context: a count must be taken back even when the
+	// caller has gone.
+	return s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		cmds := make(rueidis.Commands, len(ks))
+		for j, k := range ks {
+			cmds[j] = client.B().Decrby().Key(t.keys[k]).Decrement(t.costs[k]).Build()
+		}
+		var fix rueidis.Commands
+		for j, r := range client.DoMulti(ctx, cmds...) {
+			v, err := r.AsInt64()
+			if err != nil {
+				return err
+			}
+			if v < 0 {
+				k := ks[j]
+				fix = append(fix, client.B().Incrby().Key(t.keys[k]).Increment(-v).Build(),
+					client.B().Pexpire().Key(t.keys[k]).Milliseconds(t.ttls[k]).Build())
+			}
+		}
+		for _, r := range client.DoMulti(ctx, fix...) {
+			if err := r.Error(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // countedSlack is how long past its window a counted key lives: with a

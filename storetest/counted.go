@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,9 +12,10 @@ import (
 
 // RunCounted checks rules of distribution admit.Counted: every debit is
 // counted past the limit and reports its place; a dry run reads without
-// counting; a charge that is neither is refused; a counted debit beside a
-// refusing charge is counted all the same; refunds and resets apply; and
-// concurrent debits of one key each get a place of their own.
+// counting; a check is all or nothing with the decision's other charges; a
+// counted debit beside a refusing charge is counted all the same; refunds
+// and resets apply; concurrent debits of one key each get a place of their
+// own, and concurrent checks admit exactly the limit.
 func RunCounted(t *testing.T, newStore Factory) {
 	ctx := context.Background()
 	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute, Distribution: admit.Counted}
@@ -60,15 +62,99 @@ func RunCounted(t *testing.T, newStore Factory) {
 		if r := debit("other", 1); r.Remaining != 2 {
 			t.Fatalf("the dry run counted: %+v", r)
 		}
+		// A counted debit takes any cost up to admit.MaxCount.
+		huge := *rule
+		huge.Limit = admit.MaxCount
+		if err := s.Decide(ctx, []admit.Charge{{Key: "huge", Rule: &huge, Cost: 3_000_000_000, Debit: true}}, &d); err != nil || !d.Allowed || d.Results[0].Remaining != 1_000_000_000 {
+			t.Fatalf("a debit of 3e9 of 4e9: %+v, %v", d, err)
+		}
 		// The next window starts afresh.
 		clock.Set(time.Minute + time.Second)
 		if r := debit("k", 1); !r.Allowed || r.Remaining != 2 || r.ResetAfter != 59*time.Second {
 			t.Fatalf("next window: %+v", r)
 		}
-		// A charge that is not a debit is refused.
-		err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, &d)
-		if admit.ErrorCode(err) != admit.CodeInvalid {
-			t.Fatalf("a check of a counted rule: %v, want invalid", err)
+		// A charge that is not a debit is all or nothing: counted when it
+		// fits (2 of 3 after the debit), refused and not counted when it
+		// does not.
+		check := func(cost int64) admit.Result {
+			t.Helper()
+			if err := s.Decide(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: cost}}, &d); err != nil {
+				t.Fatal(err)
+			}
+			return d.Results[0]
+		}
+		if r := check(2); !r.Allowed || r.Remaining != 0 || !d.Allowed {
+			t.Fatalf("a check of 2 with 2 left: %+v", r)
+		}
+		if r := check(1); r.Allowed || d.Allowed || r.Remaining != 0 || r.RetryAfter != 59*time.Second {
+			t.Fatalf("a check of 1 with none left: %+v", r)
+		}
+		clock.Set(2*time.Minute + time.Second)
+		check(2)
+		if r := check(2); r.Allowed || r.Remaining != 1 {
+			t.Fatalf("a check of 2 with 1 left: %+v, want refused, 1 remaining", r)
+		}
+		if r := check(1); !r.Allowed || r.Remaining != 0 {
+			t.Fatalf("the refused check was counted: %+v", r)
+		}
+		// A shadow rule's check over its limit: reported, not counted,
+		// the decision admitted.
+		shadow := *rule
+		shadow.Shadow = true
+		for i := range 5 {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "sh", Rule: &shadow, Cost: 1}}, &d); err != nil || !d.Allowed || d.Results[0].Allowed != (i < 3) {
+				t.Fatalf("shadow check %d: %+v, %v", i+1, d, err)
+			}
+		}
+	})
+	t.Run("checks beside others", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 2}
+		var d admit.Decision
+		decide := func(charges ...admit.Charge) {
+			t.Helper()
+			if err := s.Decide(ctx, charges, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The bucket refuses (spent): the counted check is taken back.
+		decide(admit.Charge{Key: "b", Rule: bucket, Cost: 2})
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1}, admit.Charge{Key: "b", Rule: bucket, Cost: 1})
+		if d.Allowed || !d.Results[0].Allowed || d.Results[1].Allowed {
+			t.Fatalf("the bucket refusing: %+v", d)
+		}
+		// The count refuses: the bucket is not charged, and a debit
+		// beside them is.
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 3})
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1}, admit.Charge{Key: "b2", Rule: bucket, Cost: 1}, admit.Charge{Key: "owed", Rule: bucket, Cost: 1, Debit: true})
+		if d.Allowed || d.Results[0].Allowed || !d.Results[1].Allowed || !d.Results[2].Allowed || d.Results[2].Remaining != 1 {
+			t.Fatalf("the count refusing: %+v", d)
+		}
+		decide(admit.Charge{Key: "b2", Rule: bucket, Cost: 2}, admit.Charge{Key: "owed", Rule: bucket, Cost: 0, Debit: true})
+		if !d.Allowed || d.Results[1].Remaining != 1 {
+			t.Fatalf("b2 was charged, or the debit was not: %+v", d)
+		}
+	})
+	t.Run("admitted", func(t *testing.T) {
+		t.Parallel()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		big := *rule
+		big.Limit = 100
+		var admitted atomic.Int64
+		hammerN(t, exactAttempts, func(d *admit.Decision) error {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: &big, Cost: 1}}, d); err != nil {
+				return err
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+			return nil
+		})
+		if got := admitted.Load(); got != big.Limit {
+			t.Fatalf("%d checks of one key admitted %d, want exactly its limit, %d", exactAttempts, got, big.Limit)
 		}
 	})
 	t.Run("beside a refusal", func(t *testing.T) {

@@ -157,17 +157,10 @@ func initialOf(r *admit.Rule) int64 {
 }
 
 // CheckCounted reports whether c may be decided under its rule's
-// distribution: a charge of an admit.Counted rule must be a debit, or a
-// dry run's, and take no share.
+// distribution: a charge of an admit.Counted rule takes no share.
 func CheckCounted(c *admit.Charge) error {
-	if c.Rule.Distribution != admit.Counted {
-		return nil
-	}
-	switch {
-	case !c.Debit && !c.DryRun:
-		return admit.Errorf(admit.CodeInvalid, "rule %q counts every hit on its own (distribution counted): charge it as a debit", c.Rule.Name)
-	case c.Share != nil:
-		return admit.Errorf(admit.CodeInvalid, "rule %q counts every hit on its own (distribution counted): it keeps no shares", c.Rule.Name)
+	if c.Rule.Distribution == admit.Counted && c.Share != nil {
+		return admit.Errorf(admit.CodeInvalid, "rule %q is counted with plain counts (distribution counted): it keeps no shares", c.Rule.Name)
 	}
 	return nil
 }
