@@ -50,9 +50,8 @@ bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, mem
 	cd bench && $(GO) run ./rlsbench -callers 64 -duration 3s -rounds 3
 	cd bench && $(GO) run ./rlsbench -store redis -callers 64 -duration 3s -rounds 3
 
-bench-rls-peer: deps ## admit serve vs envoyproxy/ratelimit on one Redis, side by side (docs/benchmarks.md)
-	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5
-	cd bench && $(GO) run ./rlspeer -callers 64 -duration 3s -rounds 5 -charge each
+bench-rls-peer: deps ## envoyproxy/ratelimit, admit ratelimit and admit serve on one Redis, side by side (docs/benchmarks.md)
+	cd bench && $(GO) run ./rlspeer -three -callers 64 -duration 3s -rounds 5 -memory 300000
 
 bench-fair: deps ## the limits tenants share, through two admit serve on one Redis: what each tenant gets, 60 s a scenario (docs/security.md, "Shared limits"); about 10 minutes
 	cd bench && $(GO) run ./fairbench -duration 60s

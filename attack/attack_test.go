@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -138,19 +137,13 @@ func report(t *testing.T, what string, v any) {
 // names since it started (INFO commandstats).
 func commandCalls(t *testing.T, addr string, names ...string) int64 {
 	t.Helper()
-	info, err := redistest.Command(addr, "INFO", "commandstats")
+	calls, err := redistest.CommandCalls(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var n int64
-	for _, line := range strings.Split(info, "\n") {
-		for _, name := range names {
-			rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+name+":calls=")
-			if ok {
-				v, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-				n += v
-			}
-		}
+	for _, name := range names {
+		n += calls[name]
 	}
 	return n
 }

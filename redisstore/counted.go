@@ -277,7 +277,10 @@ func checks(charges []admit.Charge, idx []int, dry bool) []int {
 
 // takeBack takes back the counts of t's charges at places ks. A count that
 // would go below zero (Redis lost the key since) is brought back to zero,
-// with its expiry.
+// with its expiry. It is not tried again when Redis fails: a DECRBY whose
+// reply was lost may have been applied, and applying it twice could admit
+// past the limit. A count left refuses more until its window ends, never
+// less.
 func (s *Store) takeBack(t *tally, ks []int) error {
 	if len(ks) == 0 {
 		return nil
@@ -381,12 +384,12 @@ func (s *Store) tallyCall(t *tally) error {
 	t.done = make(chan struct{})
 	b.queue = append(b.queue, t)
 	b.mu.Unlock()
-	select {
-	case <-t.done:
-		return t.err
-	case <-t.ctx.Done():
-		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", t.ctx.Err())
-	}
+	// No giving up on the caller's context here: a tally taken into a
+	// pipeline is counted, and its caller must know, to take back what
+	// it counted. One whose caller gave up before that is dropped, and
+	// answered so (nextTallies); a pipeline ends within the timeout.
+	<-t.done
+	return t.err
 }
 
 // tallied ends a pipeline: the tallies queued meanwhile go in the next,

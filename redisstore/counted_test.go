@@ -14,23 +14,14 @@ import (
 	"github.com/admitdev/admit/redistest"
 )
 
-// commandCalls returns how many times the Redis at addr ran each command
-// (INFO commandstats).
+// commandCalls returns how many times the Redis at addr ran each command.
 func commandCalls(t *testing.T, addr string) map[string]int64 {
 	t.Helper()
-	info, err := redistest.Command(addr, "INFO", "commandstats")
+	calls, err := redistest.CommandCalls(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]int64{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-		if ok && strings.HasPrefix(name, "cmdstat_") {
-			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-			out[strings.TrimPrefix(name, "cmdstat_")] = n
-		}
-	}
-	return out
+	return calls
 }
 
 // TestCountedCommands: a counted key costs one INCRBY per debit (none

@@ -414,6 +414,24 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// CommandCalls returns how many times the server at addr ran each command
+// since its last CONFIG RESETSTAT, by lower-case name (INFO commandstats).
+func CommandCalls(addr string) (map[string]int64, error) {
+	info, err := Command(addr, "INFO", "commandstats")
+	if err != nil {
+		return nil, err
+	}
+	calls := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if ok && strings.HasPrefix(name, "cmdstat_") {
+			n, _, _ := strings.Cut(rest, ",")
+			calls[strings.TrimPrefix(name, "cmdstat_")], _ = strconv.ParseInt(n, 10, 64)
+		}
+	}
+	return calls, nil
+}
+
 // ScriptStats returns how many script and function calls (EVAL, EVALSHA,
 // FCALL) the server at addr ran since its last CONFIG RESETSTAT, and the
 // time it spent in them, in µs (INFO commandstats).
