@@ -18,9 +18,14 @@ import (
 // own, and concurrent checks admit exactly the limit.
 func RunCounted(t *testing.T, newStore Factory) {
 	ctx := context.Background()
-	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute, Distribution: admit.Counted}
+	// Each test has rules of its own: a store prepares a rule on first
+	// use, which a copy of it made by another test would race with.
+	newRule := func() *admit.Rule {
+		return &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Minute, Distribution: admit.Counted}
+	}
 	t.Run("timeline", func(t *testing.T) {
 		t.Parallel()
+		rule := newRule()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
 		clock.Set(10 * time.Second)
@@ -63,9 +68,9 @@ func RunCounted(t *testing.T, newStore Factory) {
 			t.Fatalf("the dry run counted: %+v", r)
 		}
 		// A counted debit takes any cost up to admit.MaxCount.
-		huge := *rule
+		huge := newRule()
 		huge.Limit = admit.MaxCount
-		if err := s.Decide(ctx, []admit.Charge{{Key: "huge", Rule: &huge, Cost: 3_000_000_000, Debit: true}}, &d); err != nil || !d.Allowed || d.Results[0].Remaining != 1_000_000_000 {
+		if err := s.Decide(ctx, []admit.Charge{{Key: "huge", Rule: huge, Cost: 3_000_000_000, Debit: true}}, &d); err != nil || !d.Allowed || d.Results[0].Remaining != 1_000_000_000 {
 			t.Fatalf("a debit of 3e9 of 4e9: %+v, %v", d, err)
 		}
 		// The next window starts afresh.
@@ -99,16 +104,17 @@ func RunCounted(t *testing.T, newStore Factory) {
 		}
 		// A shadow rule's check over its limit: reported, not counted,
 		// the decision admitted.
-		shadow := *rule
+		shadow := newRule()
 		shadow.Shadow = true
 		for i := range 5 {
-			if err := s.Decide(ctx, []admit.Charge{{Key: "sh", Rule: &shadow, Cost: 1}}, &d); err != nil || !d.Allowed || d.Results[0].Allowed != (i < 3) {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "sh", Rule: shadow, Cost: 1}}, &d); err != nil || !d.Allowed || d.Results[0].Allowed != (i < 3) {
 				t.Fatalf("shadow check %d: %+v, %v", i+1, d, err)
 			}
 		}
 	})
 	t.Run("checks beside others", func(t *testing.T) {
 		t.Parallel()
+		rule := newRule()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
 		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 2}
@@ -141,11 +147,11 @@ func RunCounted(t *testing.T, newStore Factory) {
 		t.Parallel()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
-		big := *rule
+		big := newRule()
 		big.Limit = 100
 		var admitted atomic.Int64
 		hammerN(t, exactAttempts, func(d *admit.Decision) error {
-			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: &big, Cost: 1}}, d); err != nil {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: big, Cost: 1}}, d); err != nil {
 				return err
 			}
 			if d.Allowed {
@@ -159,6 +165,7 @@ func RunCounted(t *testing.T, newStore Factory) {
 	})
 	t.Run("beside a refusal", func(t *testing.T) {
 		t.Parallel()
+		rule := newRule()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
 		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 1}
@@ -175,6 +182,7 @@ func RunCounted(t *testing.T, newStore Factory) {
 	})
 	t.Run("refunds and resets", func(t *testing.T) {
 		t.Parallel()
+		rule := newRule()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
 		c := admit.Charge{Key: "k", Rule: rule, Cost: 2, Debit: true}
@@ -201,11 +209,11 @@ func RunCounted(t *testing.T, newStore Factory) {
 		t.Parallel()
 		clock := NewClock()
 		s := newStore(t, clock.Now)
-		big := *rule
+		big := newRule()
 		big.Limit = 100
 		places := make(chan int64, exactAttempts)
 		hammerN(t, exactAttempts, func(d *admit.Decision) error {
-			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: &big, Cost: 1, Debit: true}}, d); err != nil {
+			if err := s.Decide(ctx, []admit.Charge{{Key: "hot", Rule: big, Cost: 1, Debit: true}}, d); err != nil {
 				return err
 			}
 			r := d.Results[0]
