@@ -57,8 +57,11 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	if len(replaced) > 0 {
 		c.replace(replaced)
 	}
-	if len(c.all.Charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(c.all.Charges), admit.MaxCharges)
+	// A domain that counts each hit decides more charges than one
+	// decision takes in several (see Service.run): its hits are counted
+	// each on its own anyway.
+	if n := len(c.all.Charges); n > admit.MaxCharges && !(c.each && n <= MaxDescriptors) {
+		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", n, admit.MaxCharges)
 	}
 	return nil
 }

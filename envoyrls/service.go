@@ -423,7 +423,29 @@ func (s *Service) run(ctx context.Context, c *call, dry bool) (policy.Outcome, e
 	for i := range c.all.Charges {
 		c.all.Charges[i].DryRun = dry
 	}
-	return s.opts.Decider.Decide(ctx, &c.all, &c.dec)
+	if len(c.all.Charges) <= admit.MaxCharges {
+		return s.opts.Decider.Decide(ctx, &c.all, &c.dec)
+	}
+	// More charges than one decision takes (a domain that counts each
+	// hit, see resolve): decided a decision's worth at a time, the
+	// results in order, the outcome the worst of them.
+	out := policy.Stored
+	var part admit.Decision
+	c.dec.Reset()
+	for from := 0; from < len(c.all.Charges); from += admit.MaxCharges {
+		to := min(len(c.all.Charges), from+admit.MaxCharges)
+		r := policy.Resolution{Policy: c.all.Policy, Tenant: c.all.Tenant, Charges: c.all.Charges[from:to], Rules: c.all.Rules[from:to]}
+		o, err := s.opts.Decider.Decide(ctx, &r, &part)
+		if err != nil {
+			return o, err
+		}
+		out = max(out, o)
+		if o != policy.FailedOpen {
+			c.dec.Results = append(c.dec.Results, part.Results...)
+		}
+	}
+	c.dec.Summarize()
+	return out, nil
 }
 
 // strictQuota decides the one quota descriptor of a request by its strict

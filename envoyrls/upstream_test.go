@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -9,6 +10,8 @@ import (
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -547,5 +550,27 @@ descriptors:
 		md["f"].GetNumberValue() != 1.5 || !md["b"].GetBoolValue() || md["z"].GetNullValue() != 0 || md["z"] == nil || md["s"].GetStringValue() != "text" ||
 		len(md["l"].GetListValue().GetValues()) != 2 {
 		t.Fatalf("metadata %v", md)
+	}
+}
+
+// TestManyHitsOneRequest: with charge: each, a request of more charges
+// than one decision takes (a descriptor repeated 64 times) is decided in
+// several: every hit counted. Red team, 2026-11-26: INVALID_ARGUMENT.
+func TestManyHitsOneRequest(t *testing.T) {
+	e := start(t, Options{Charge: ChargeEach, Config: parse(t, "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: minute, requests_per_unit: 40}}\n")}, nil)
+	ds := make([]*rlext.RateLimitDescriptor, MaxDescriptors)
+	for i := range ds {
+		ds[i] = desc("k", "v")
+	}
+	r := e.ask(t, "d", 0, ds...)
+	if r.OverallCode != over || r.Statuses[38].Code != ok || r.Statuses[39].LimitRemaining != 0 || r.Statuses[40].Code != over || r.Statuses[63].Code != over {
+		t.Fatalf("64 hits of 40: %v", r)
+	}
+	if r := e.ask(t, "d", 0, hitsOf(desc("k", "v"), 0)); r.OverallCode != over || r.Statuses[0].LimitRemaining != 0 {
+		t.Fatalf("a check after: %v", r)
+	}
+	all := start(t, Options{Config: parse(t, "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: minute, requests_per_unit: 40}}\n")}, nil)
+	if _, err := all.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d", Descriptors: ds}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("charge: all, 64 charges: %v, want InvalidArgument", err)
 	}
 }
