@@ -836,3 +836,28 @@ func TestAnonymousAddressesFromTrustedPeersOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestCallerGaveUp: a request whose caller has given up (its deadline
+// passed) while the store was being asked is answered with the caller's
+// error, not let through by on_error open: a client could otherwise choose
+// its deadline to pass a spent limit. Red team, 2026-11-26: OK answers
+// past a spent limit for deadlines of 200–500 µs.
+func TestCallerGaveUp(t *testing.T) {
+	m := memstore.New(nil)
+	t.Cleanup(func() { m.Close() })
+	f := &storetest.Faulty{Store: m}
+	svc, err := New(Options{Decider: policy.NewDecider(f, 1), Config: parse(t, "domain: d\ndescriptors:\n  - {key: k, rate_limit: {unit: minute, requests_per_unit: 1}}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Down.Store(true)
+	req := &rlsv3.RateLimitRequest{Domain: "d", Descriptors: []*rlext.RateLimitDescriptor{desc("k", "v")}}
+	if r, err := svc.ShouldRateLimit(context.Background(), req); err != nil || r.OverallCode != ok {
+		t.Fatalf("store down, on_error open: %v %v", r, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r, err := svc.ShouldRateLimit(ctx, req); status.Code(err) != codes.Canceled {
+		t.Fatalf("caller gone, store down: %v %v, want Canceled", r, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,6 +152,12 @@ func (d *Decider) decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 	}
 	if admit.ErrorCode(err) != admit.CodeUnavailable {
 		return Stored, err
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// The caller gave up (its deadline passed, it went away), not the
+		// store: no failure mode applies, or a caller could choose its
+		// deadline to be let through.
+		return Stored, errors.Join(cerr, err)
 	}
 	return d.Failover(ctx, res, dec, err)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -157,6 +158,11 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		dry = dry || charges[i].DryRun
 	}
 	now := s.now()
+	if !dry && s.refuseLocally(charges, now, d) {
+		// A counted key refused a moment ago (see learnRefusals): its
+		// traffic touches none of the request's shared counts.
+		return nil
+	}
 	t := &tally{ctx: ctx}
 	for _, i := range idx {
 		c := &charges[i]
@@ -190,9 +196,11 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	// dry run to report what they hold, their debits apart and for real.
 	var rest, debits admit.Decision
 	var restOf, debitOf []int // the charges' places in rest and debits
+	othersDry := false
 	if len(others) > 0 {
 		part := others
 		if refused {
+			othersDry = true
 			var owed []admit.Charge
 			part = nil
 			for i := range others {
@@ -240,6 +248,11 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	}
 	for o, i := range restOf {
 		d.Results[i] = rest.Results[o]
+		if r := &d.Results[i]; r.Allowed && othersDry && charges[i].Cost > 0 {
+			// Decided as a dry run to report them: what they hold, as
+			// a refused decision reports, not what would remain.
+			r.Remaining += charges[i].Cost
+		}
 	}
 	for o, i := range debitOf {
 		d.Results[i] = debits.Results[o]
@@ -260,7 +273,36 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		}
 	}
 	d.Summarize()
+	if !d.Allowed && !dry {
+		s.learnCountedRefusals(charges, d, now)
+	}
 	return nil
+}
+
+// learnCountedRefusals remembers the refusals of d, a refused decision of
+// charges with counted ones (see learnRefusals), but of its refused counts
+// only the one of the smallest limit. A count may stand raised by the
+// checks of others' refused decisions, about to be taken back: remembering
+// a wide count (a tenant's) refused while a user hammers its own spent one
+// would refuse the whole tenant. The narrowest refused count is the one
+// the request's own traffic most likely filled.
+func (s *Store) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, now time.Time) {
+	narrow := -1
+	for i := range charges {
+		if c, r := &charges[i], &d.Results[i]; isCounted(c) && !r.Allowed && !r.Shadow && !c.Debit &&
+			(narrow < 0 || c.Rule.Limit < charges[narrow].Rule.Limit) {
+			narrow = i
+		}
+	}
+	var learn []admit.Charge
+	var of admit.Decision
+	for i := range charges {
+		if !isCounted(&charges[i]) || i == narrow {
+			learn = append(learn, charges[i])
+			of.Results = append(of.Results, d.Results[i])
+		}
+	}
+	s.learnRefusals(learn, &of, now)
 }
 
 // checks returns the places in t of the counted charges that are not
@@ -275,42 +317,117 @@ func checks(charges []admit.Charge, idx []int, dry bool) []int {
 	return ks
 }
 
-// takeBack takes back the counts of t's charges at places ks. A count that
-// would go below zero (Redis lost the key since) is brought back to zero,
-// with its expiry. It is not tried again when Redis fails: a DECRBY whose
-// reply was lost may have been applied, and applying it twice could admit
-// past the limit. A count left refuses more until its window ends, never
-// less.
+// takeBack takes back the counts of t's charges at places ks, each by
+// takeBackScript: never below zero, and never on a key that is gone (it
+// expired, or Redis lost it), which a plain DECRBY would make anew,
+// negative and without an expiry. It is not tried again when Redis fails:
+// one whose reply was lost may have been applied, and applying it twice
+// could admit past the limit. A count left refuses more until its window
+// ends, never less.
 func (s *Store) takeBack(t *tally, ks []int) error {
 	if len(ks) == 0 {
 		return nil
 	}
+	keys := make([]string, len(ks))
+	costs := make([]int64, len(ks))
+	for j, k := range ks {
+		keys[j], costs[j] = t.keys[k], t.costs[k]
+	}
+	return s.lower(keys, costs)
+}
+
+// takeBackScript lowers the count in KEYS[1] by ARGV[1], to no less than
+// zero, if the key is there; its expiry stays.
+var takeBackScript = rueidis.NewLuaScript(`local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local n = tonumber(v) - tonumber(ARGV[1])
+if n < 0 then n = 0 end
+redis.call('SET', KEYS[1], n, 'KEEPTTL')
+return n`)
+
+// lower runs takeBackScript on each key, by its cost.
+func (s *Store) lower(keys []string, costs []int64) error {
 	// Not the caller's context: a count must be taken back even when the
 	// caller has gone.
 	return s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		cmds := make(rueidis.Commands, len(ks))
-		for j, k := range ks {
-			cmds[j] = client.B().Decrby().Key(t.keys[k]).Decrement(t.costs[k]).Build()
+		execs := make([]rueidis.LuaExec, len(keys))
+		for j, k := range keys {
+			execs[j] = rueidis.LuaExec{Keys: []string{k}, Args: []string{strconv.FormatInt(costs[j], 10)}}
 		}
-		var fix rueidis.Commands
-		for j, r := range client.DoMulti(ctx, cmds...) {
-			v, err := r.AsInt64()
-			if err != nil {
-				return err
-			}
-			if v < 0 {
-				k := ks[j]
-				fix = append(fix, client.B().Incrby().Key(t.keys[k]).Increment(-v).Build(),
-					client.B().Pexpire().Key(t.keys[k]).Milliseconds(t.ttls[k]).Build())
-			}
-		}
-		for _, r := range client.DoMulti(ctx, fix...) {
+		for _, r := range takeBackScript.ExecMulti(ctx, client, execs...) {
 			if err := r.Error(); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// maxExpiryFixes bounds the keys waiting for their expiry to be set again.
+const maxExpiryFixes = 1 << 16
+
+// fixExpiries sets again, in the background, the expiry of keys a failed
+// pipeline counted in: its INCRBY may have landed and made a key, with no
+// PEXPIRE after it. Setting an expiry is idempotent, so it is tried every
+// second until Redis answers (or the store closes); a key gone stays gone,
+// and one whose window has ended expires at once.
+func (s *Store) fixExpiries(ops []countOp) {
+	s.fixMu.Lock()
+	for _, op := range ops {
+		if len(s.fixes) < maxExpiryFixes && op.total > 0 {
+			s.fixes = append(s.fixes, expiryFix{key: op.key, at: time.Now().Add(time.Duration(op.ttl) * time.Millisecond)})
+		}
+	}
+	start := !s.fixing && len(s.fixes) > 0
+	s.fixing = s.fixing || start
+	s.fixMu.Unlock()
+	if start {
+		go s.retryExpiries()
+	}
+}
+
+// retryExpiries runs fixExpiries' retries until none is left.
+func (s *Store) retryExpiries() {
+	for {
+		select {
+		case <-s.closed:
+			return
+		case <-time.After(time.Second):
+		}
+		s.fixMu.Lock()
+		fixes := s.fixes
+		s.fixes = nil
+		s.fixMu.Unlock()
+		err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+			cmds := make(rueidis.Commands, len(fixes))
+			for i, f := range fixes {
+				cmds[i] = client.B().Pexpire().Key(f.key).Milliseconds(max(time.Until(f.at).Milliseconds(), 1)).Build()
+			}
+			for _, r := range client.DoMulti(ctx, cmds...) {
+				if err := r.Error(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		s.fixMu.Lock()
+		if err != nil {
+			s.fixes = append(fixes, s.fixes...)
+			s.fixes = s.fixes[:min(len(s.fixes), maxExpiryFixes)]
+		}
+		if len(s.fixes) == 0 {
+			s.fixing = false
+			s.fixMu.Unlock()
+			return
+		}
+		s.fixMu.Unlock()
+	}
+}
+
+// expiryFix is a key whose expiry is to be set again, to at.
+type expiryFix struct {
+	key string
+	at  time.Time
 }
 
 // countedSlack is how long past its window a counted key lives: with a
@@ -470,7 +587,6 @@ func (s *Store) sendTallies(batch []*tally) {
 			place[ti][i] = [2]int64{int64(k), ops[k].total}
 		}
 	}
-	var sent [][2]uint64
 	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		cmds := make(rueidis.Commands, 0, 2*len(ops))
 		for i := range ops {
@@ -482,7 +598,6 @@ func (s *Store) sendTallies(batch []*tally) {
 			cmds = append(cmds, client.B().Incrby().Key(op.key).Increment(op.total).Build())
 			if s.expiries.first(op.hash) {
 				op.expire = true
-				sent = append(sent, op.hash)
 				cmds = append(cmds, client.B().Pexpire().Key(op.key).Milliseconds(op.ttl).Build())
 			}
 		}
@@ -526,7 +641,14 @@ func (s *Store) sendTallies(batch []*tally) {
 		return nil
 	})
 	if err != nil {
-		s.expiries.forget(sent)
+		// The INCRBYs may have landed all the same: their keys' expiries
+		// are set again, and this server sets them with its next hit too.
+		hs := make([][2]uint64, len(ops))
+		for i := range ops {
+			hs[i] = ops[i].hash
+		}
+		s.expiries.forget(hs)
+		s.fixExpiries(ops)
 		for _, t := range batch {
 			t.err = err
 		}
@@ -538,27 +660,15 @@ func (s *Store) sendTallies(batch []*tally) {
 
 // refundCounted gives back charge c, counted in the window that holds at,
 // if that window is the current one: its count less c's cost, never below
-// zero.
-func (s *Store) refundCounted(ctx context.Context, c *admit.Charge, at time.Time) error {
+// zero, never on a key that is gone (see takeBack).
+func (s *Store) refundCounted(c *admit.Charge, at time.Time) error {
 	w := int64(c.Rule.Window)
 	n, a := s.now().UnixNano(), at.UnixNano()
 	if a-a%w != n-n%w || c.Cost <= 0 {
 		return nil
 	}
 	key, _ := s.countedKey(c, n-n%w+w)
-	return s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
-		v, err := client.Do(ctx, client.B().Decrby().Key(key).Decrement(c.Cost).Build()).AsInt64()
-		switch {
-		case err != nil:
-		case v == -c.Cost:
-			// The key was gone (it expired, or Redis lost it): the
-			// DECRBY made it, without an expiry.
-			err = client.Do(ctx, client.B().Del().Key(key).Build()).Error()
-		case v < 0:
-			err = client.Do(ctx, client.B().Incrby().Key(key).Increment(-v).Build()).Error()
-		}
-		return err
-	})
+	return s.lower([]string{key}, []int64{c.Cost})
 }
 
 // resetCounted deletes charge c's count of the current window.

@@ -213,3 +213,116 @@ func TestCountedChecksNeverOver(t *testing.T) {
 		t.Fatalf("admitted %d: want at most the tenant's limit, %d, and at least that less the %d decisions in flight", got, tenant.Limit, stores*goroutines)
 	}
 }
+
+// TestCountedKeysLost: a refund of a key Redis lost makes no key (a plain
+// DECRBY would make it negative and without an expiry); and a pipeline
+// that timed out while Redis was frozen, its INCRBY landing after, leaves
+// no key without an expiry: the store sets it again once Redis answers.
+// Red team, 2026-11-26: keys at -1 with no TTL, limits passed.
+func TestCountedKeysLost(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s, err := redisstore.Open(ctx, "redis://"+srv.Addr, &redisstore.Options{Timeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 5, Window: time.Hour, Distribution: admit.Counted}
+	c := admit.Charge{Key: "k", Rule: rule, Cost: 1, Debit: true}
+	var d admit.Decision
+	if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redistest.Command(srv.Addr, "FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Refund(ctx, []admit.Charge{c}, d.At); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := redistest.Command(srv.Addr, "DBSIZE"); err != nil || n != "0" {
+		t.Fatalf("a refund of a lost key left %s keys (%v)", n, err)
+	}
+	// Its expiry known set, the key is lost, then counted while Redis is
+	// frozen: the call times out, the INCRBY lands when Redis thaws.
+	if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redistest.Command(srv.Addr, "FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Freeze()
+	err = s.Decide(ctx, []admit.Charge{c}, &d)
+	srv.Thaw()
+	if err == nil {
+		t.Fatal("a call to a frozen Redis answered")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		key, _ := redistest.Command(srv.Addr, "RANDOMKEY")
+		ttl, _ := redistest.Command(srv.Addr, "PTTL", key)
+		if ms, _ := strconv.ParseInt(ttl, 10, 64); key != "" && ms > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key %q has PTTL %s 10 s after Redis thawed", key, ttl)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestCountedRefusedLocally: a key whose count refused is refused here a
+// moment, without Redis: a user hammering past its own limit does not keep
+// its tenant's count raised by checks about to be taken back (with the
+// store's clock stopped, the moment never ends). Red team, 2026-11-26:
+// such traffic starved the tenant at 3 of 10.
+func TestCountedRefusedLocally(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	clock := func() time.Time { return time.Date(2026, 1, 1, 0, 0, 30, 0, time.UTC) }
+	s, err := redisstore.Open(ctx, "redis://"+srv.Addr, &redisstore.Options{Clock: clock, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Hour, Distribution: admit.Counted}
+	user := &admit.Rule{Name: "user", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Hour, Distribution: admit.Counted}
+	ask := func(u string) bool {
+		var d admit.Decision
+		if err := s.Decide(ctx, []admit.Charge{{Key: "t", Rule: tenant, Cost: 1}, {Key: u, Rule: user, Cost: 1}}, &d); err != nil {
+			t.Error(err)
+		}
+		return d.Allowed
+	}
+	for range 3 {
+		ask("bad")
+	}
+	before := commandCalls(t, srv.Addr)["incrby"]
+	const goroutines, each = 16, 50
+	var wg sync.WaitGroup
+	for range goroutines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if ask("bad") {
+					t.Error("a spent user admitted")
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	// At most each goroutine's first ask reached Redis before the first
+	// refusal was known: two INCRBYs each.
+	if n := commandCalls(t, srv.Addr)["incrby"] - before; n > 2*goroutines {
+		t.Fatalf("%d asks of a spent user ran %d INCRBYs: want at most %d", goroutines*each, n, 2*goroutines)
+	}
+	admitted := 0
+	for i := range 10 {
+		if ask("u" + strconv.Itoa(i)) {
+			admitted++
+		}
+	}
+	if admitted != 7 {
+		t.Fatalf("other users admitted %d, want the tenant's 7 left", admitted)
+	}
+}

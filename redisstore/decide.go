@@ -426,7 +426,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 			continue
 		}
 		if isCounted(&c) {
-			if err := s.refundCounted(ctx, &c, at); err != nil {
+			if err := s.refundCounted(&c, at); err != nil {
 				return err
 			}
 			continue

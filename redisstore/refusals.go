@@ -197,7 +197,9 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 			continue
 		}
 		until := sent.Add(d.Results[i].RetryAfter)
-		if c.Rule.Algorithm == admit.Concurrency {
+		if c.Rule.Algorithm == admit.Concurrency || isCounted(c) {
+			// A counted key's count may fall back when the checks of
+			// refused decisions are taken back: held a moment only.
 			until = sent.Add(min(d.Results[i].RetryAfter, concHold))
 		}
 		rs.m[k] = refusal{rule: c.Rule, cost: c.Cost, sent: sent, until: until, result: d.Results[i]}

@@ -154,6 +154,9 @@ type Store struct {
 	batchers []atomic.Pointer[batcher] // see batch.go
 	tallier  tallier                   // see counted.go
 	expiries expiryTable
+	fixMu    sync.Mutex
+	fixes    []expiryFix
+	fixing   bool
 }
 
 var _ admit.Store = (*Store)(nil)

@@ -135,8 +135,8 @@ func RunCounted(t *testing.T, newStore Factory) {
 		// beside them is.
 		decide(admit.Charge{Key: "k", Rule: rule, Cost: 3})
 		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1}, admit.Charge{Key: "b2", Rule: bucket, Cost: 1}, admit.Charge{Key: "owed", Rule: bucket, Cost: 1, Debit: true})
-		if d.Allowed || d.Results[0].Allowed || !d.Results[1].Allowed || !d.Results[2].Allowed || d.Results[2].Remaining != 1 {
-			t.Fatalf("the count refusing: %+v", d)
+		if d.Allowed || d.Results[0].Allowed || !d.Results[1].Allowed || d.Results[1].Remaining != 2 || !d.Results[2].Allowed || d.Results[2].Remaining != 1 {
+			t.Fatalf("the count refusing: %+v, want the bucket reporting what it holds (2) and the debit charged", d)
 		}
 		decide(admit.Charge{Key: "b2", Rule: bucket, Cost: 2}, admit.Charge{Key: "owed", Rule: bucket, Cost: 0, Debit: true})
 		if !d.Allowed || d.Results[1].Remaining != 1 {
