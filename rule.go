@@ -452,12 +452,12 @@ func (r *Rule) costError(cost int64, format string, args ...any) error {
 
 // CheckDebit reports whether r takes a debit of cost (see Charge.Debit):
 // token buckets, GCRA and fixed and sliding windows do, of any cost from
-// 0 to MaxCost (a Counted window up to MaxCount, the most it counts), and
-// to r.MaxCost when it is set. A combination (which half would owe?), a
+// 0 to MaxCost (a Counted window without a MaxCost of its own up to
+// MaxCount, the most it counts), and to r.MaxCost when it is set. A combination (which half would owe?), a
 // sliding log (one entry per unit, which a debt would grow without bound)
 // and concurrency (a lease is not a cost) do not.
 func (r *Rule) CheckDebit(cost int64) error {
-	if r.Distribution == Counted && cost > MaxCost && cost <= MaxCount && (r.MaxCost == 0 || cost <= r.MaxCost) {
+	if r.Distribution == Counted && r.MaxCost == 0 && cost > MaxCost && cost <= MaxCount {
 		return nil
 	}
 	if err := r.checkMaxCost(cost); err != nil {

@@ -98,6 +98,8 @@ type parser struct {
 	file string
 	errs yamlconf.Errors
 	each bool // the file being parsed says charge: each
+	// metaLeft is how many metadata values the file may still hold.
+	metaLeft int
 }
 
 func (p *parser) fail(n *yaml.Node, format string, args ...any) {
@@ -107,6 +109,7 @@ func (p *parser) fail(n *yaml.Node, format string, args ...any) {
 // parseFile parses one file: its domain, its descriptor tree, the
 // position of its domain field and whether it says charge: each.
 func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
+	p.metaLeft = maxFileMetadataValues
 	if len(data) > MaxFileSize {
 		p.fail(nil, "%d bytes; at most %d", len(data), MaxFileSize)
 		return "", nil, nil, ChargeDefault
@@ -348,17 +351,22 @@ func (p *parser) metadata(n *yaml.Node) *structpb.Struct {
 		p.fail(n, "metadata: want a mapping, not %s", yamlconf.KindName(n))
 		return nil
 	}
-	budget := maxMetadataValues
+	budget := min(maxMetadataValues, p.metaLeft)
 	v := p.metadataValue(n, 0, &budget)
 	if v == nil {
 		return nil
 	}
+	p.metaLeft -= min(maxMetadataValues, p.metaLeft) - budget
 	return v.GetStructValue()
 }
 
-// maxMetadataValues bounds the values of one metadata block, aliases
-// expanded: a few anchors can otherwise stand for billions of values.
-const maxMetadataValues = 10000
+// maxMetadataValues and maxFileMetadataValues bound the values of one
+// metadata block and of a file's, aliases expanded: a few anchors can
+// otherwise stand for billions of values.
+const (
+	maxMetadataValues     = 10000
+	maxFileMetadataValues = 100000
+)
 
 // metadataValue converts n, at depth, spending budget, or fails and
 // returns nil.
@@ -368,7 +376,7 @@ func (p *parser) metadataValue(n *yaml.Node, depth int, budget *int) *structpb.V
 		return nil
 	}
 	if *budget--; *budget < 0 {
-		p.fail(n, "metadata holds more than %d values", maxMetadataValues)
+		p.fail(n, "metadata holds more than %d values (and a file %d)", maxMetadataValues, maxFileMetadataValues)
 		return nil
 	}
 	switch n.Kind {

@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -8,7 +9,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -120,9 +120,8 @@ func (c *call) groupsAllOver(violations []int) bool {
 // passedMetadata adds to f what envoyproxy/ratelimit's dynamic metadata
 // says of the descriptors that passed since spring 2026: their limits'
 // metadata blocks merged (the first descriptor's value kept where two
-// say), and passedBackends, the backend and model pairs of the quota
-// groups still available. A passed descriptor of an exhausted group is
-// left out of both.
+// say), and passedBackends, the backend and model pairs they name. A
+// passed descriptor of an exhausted quota group is left out of both.
 func (c *call) passedMetadata(f map[string]*structpb.Value, req *rlsv3.RateLimitRequest, passed, violations []int) {
 	merged := map[string]*structpb.Value{}
 	var backends []*structpb.Value
@@ -134,23 +133,13 @@ func (c *call) passedMetadata(f map[string]*structpb.Value, req *rlsv3.RateLimit
 		if l := c.descs[i].limit; l != nil && l.Metadata != nil {
 			mergeStruct(merged, l.Metadata.GetFields())
 		}
-		if c.group[i] == "" || slices.Contains(seen, c.group[i]) {
-			continue
-		}
-		seen = append(seen, c.group[i])
-		pair := map[string]*structpb.Value{}
-		for _, e := range req.GetDescriptors()[i].GetEntries() {
-			if k := e.GetKey(); k == EntryBackendName || k == EntryModelNameOverride {
-				pair[k] = structpb.NewStringValue(e.GetValue())
-			}
-		}
-		if len(pair) > 0 {
-			for _, k := range []string{EntryBackendName, EntryModelNameOverride} {
-				if pair[k] == nil {
-					pair[k] = structpb.NewStringValue("")
-				}
-			}
-			backends = append(backends, structpb.NewStructValue(&structpb.Struct{Fields: pair}))
+		d := req.GetDescriptors()[i]
+		backend, model, named := modelOf(d)
+		if g := quotaGroup(d); named && !slices.Contains(seen, g) {
+			seen = append(seen, g)
+			backends = append(backends, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				EntryBackendName: structpb.NewStringValue(backend), EntryModelNameOverride: structpb.NewStringValue(model),
+			}}))
 		}
 	}
 	if len(merged) > 0 {
@@ -161,22 +150,26 @@ func (c *call) passedMetadata(f map[string]*structpb.Value, req *rlsv3.RateLimit
 	}
 }
 
-// mergeStruct adds src's fields to dst: a field dst lacks is copied (not
-// shared: dst is the response's), one both hold as structs is merged,
-// and dst keeps any other it has.
+// mergeStruct adds src's fields to dst: a field dst lacks is src's (shared,
+// never written through: it is a limit's), one both hold as structs is
+// merged into a new struct, and dst keeps any other it has.
 func mergeStruct(dst, src map[string]*structpb.Value) {
 	for k, v := range src {
 		d, ok := dst[k]
 		if !ok {
-			dst[k] = proto.Clone(v).(*structpb.Value)
+			dst[k] = v
 			continue
 		}
-		if ds, ss := d.GetStructValue(), v.GetStructValue(); ds != nil && ss != nil {
-			if ds.Fields == nil {
-				ds.Fields = map[string]*structpb.Value{}
-			}
-			mergeStruct(ds.Fields, ss.Fields)
+		ds, ss := d.GetStructValue(), v.GetStructValue()
+		if ds == nil || ss == nil {
+			continue
 		}
+		m := maps.Clone(ds.GetFields())
+		if m == nil {
+			m = map[string]*structpb.Value{}
+		}
+		mergeStruct(m, ss.GetFields())
+		dst[k] = structpb.NewStructValue(&structpb.Struct{Fields: m})
 	}
 }
 

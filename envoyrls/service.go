@@ -5,7 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
-	"strings"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -362,11 +362,23 @@ const (
 	EntryModelNameOverride = "model_name_override"
 )
 
-// quotaGroup is d's quota group: its backend_name and model_name_override
-// entries, else all its entries.
+// quotaGroup names d's quota group: the descriptors that name one backend
+// and model (see modelOf) are one group, and any other is a group of its
+// own entries.
 func quotaGroup(d *rlv3.RateLimitDescriptor) string {
-	var backend, model string
-	var all strings.Builder
+	if backend, model, named := modelOf(d); named {
+		return "m" + strconv.Itoa(len(backend)) + ":" + backend + model
+	}
+	b := []byte{'e'}
+	for _, e := range d.GetEntries() {
+		b = appendField(appendField(b, e.GetKey()), e.GetValue())
+	}
+	return string(b)
+}
+
+// modelOf returns the values of d's backend_name and model_name_override
+// entries, and whether it names either.
+func modelOf(d *rlv3.RateLimitDescriptor) (backend, model string, named bool) {
 	for _, e := range d.GetEntries() {
 		switch e.GetKey() {
 		case EntryBackendName:
@@ -374,15 +386,8 @@ func quotaGroup(d *rlv3.RateLimitDescriptor) string {
 		case EntryModelNameOverride:
 			model = e.GetValue()
 		}
-		all.WriteString(e.GetKey())
-		all.WriteByte('=')
-		all.WriteString(e.GetValue())
-		all.WriteByte(';')
 	}
-	if backend != "" || model != "" {
-		return backend + "|" + model
-	}
-	return all.String()
+	return backend, model, backend != "" || model != ""
 }
 
 // decideCharges decides c's charges. A request that some descriptor

@@ -183,6 +183,8 @@ descriptors:
             quota_mode: true
             rate_limit: {unit: minute, requests_per_unit: 5}
             metadata: {route: {bucket: default}}
+          - key: plain
+            rate_limit: {unit: minute, requests_per_unit: 5}
 `
 
 // TestQuotaMode: with the default QuotaGroups, a quota descriptor over its
@@ -262,6 +264,10 @@ func TestQuotaGroups(t *testing.T) {
 		// m1 alone: one group, over: the request is.
 		if r := e.ask(t, "d", 0, model("m1", "tenant"), model("m1", "default")); r.OverallCode != over || backends(r) != nil {
 			t.Fatalf("%v m1 alone: %v", charge, r)
+		}
+		// A regular descriptor that passed names its backend too.
+		if r := e.ask(t, "d", 0, model("m1", "tenant"), model("m9", "plain")); r.OverallCode != over || !same(backends(r), []string{"be/m9"}) {
+			t.Fatalf("%v a regular descriptor's backend: %v", charge, r)
 		}
 		// Metadata blocks merge, the first descriptor's value kept.
 		r = e.ask(t, "d", 0, desc("n", "c"), model("m3", "tenant"))

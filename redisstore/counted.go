@@ -8,6 +8,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,6 +62,7 @@ type tally struct {
 	ttls   []int64
 	counts []int64
 	err    error
+	failed []int         // charges whose key Redis refused to count (err says why)
 	done   chan struct{} // closed when counts or err are set; nil when its caller sends it
 }
 
@@ -112,6 +114,16 @@ func isCounted(c *admit.Charge) bool {
 	return c.Rule != nil && c.Rule.Distribution == admit.Counted
 }
 
+// anyCounted reports whether some of charges are counted.
+func anyCounted(charges []admit.Charge) bool {
+	for i := range charges {
+		if isCounted(&charges[i]) {
+			return true
+		}
+	}
+	return false
+}
+
 // countedKey returns the key of c's count in the window ending at end (ns
 // since the epoch), and its hash.
 func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
@@ -157,6 +169,12 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		}
 		dry = dry || charges[i].DryRun
 	}
+	if dry {
+		// A decision is a dry run as a whole, whichever charge says so.
+		for i := range others {
+			others[i].DryRun = true
+		}
+	}
 	now := s.now()
 	if !dry && s.refuseLocally(charges, now, d) {
 		// A counted key refused a moment ago (see learnRefusals): its
@@ -180,6 +198,16 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		err = s.tallyCall(t)
 	}
 	if err != nil {
+		if t.failed != nil {
+			// Some keys were counted: their checks are taken back.
+			var ks []int
+			for _, k := range checks(charges, idx, dry) {
+				if !slices.Contains(t.failed, k) {
+					ks = append(ks, k)
+				}
+			}
+			err = errors.Join(err, s.takeBack(t, ks))
+		}
 		return err
 	}
 	// A check counted past its limit is taken back; a refusing one
@@ -187,8 +215,10 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	var back []int
 	refused := false
 	for k, i := range idx {
-		if c := &charges[i]; !dry && !c.Debit && c.Cost > 0 && t.counts[k] > c.Rule.Limit {
-			back = append(back, k)
+		if c := &charges[i]; !dry && !c.Debit && t.counts[k] > c.Rule.Limit {
+			if c.Cost > 0 {
+				back = append(back, k)
+			}
 			refused = refused || !c.Rule.Shadow
 		}
 	}
@@ -214,7 +244,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			}
 			if len(owed) > 0 {
 				if err := s.decideOthers(ctx, owed, &debits); err != nil {
-					return err
+					return errors.Join(err, s.takeBack(t, checks(charges, idx, dry)))
 				}
 			}
 		}
@@ -504,7 +534,8 @@ func (s *Store) tallyCall(t *tally) error {
 	// No giving up on the caller's context here: a tally taken into a
 	// pipeline is counted, and its caller must know, to take back what
 	// it counted. One whose caller gave up before that is dropped, and
-	// answered so (nextTallies); a pipeline ends within the timeout.
+	// answered so (nextTallies); each pipeline ahead of it ends within
+	// the timeout.
 	<-t.done
 	return t.err
 }
@@ -566,6 +597,11 @@ type countOp struct {
 	expire bool // a PEXPIRE follows the INCRBY
 }
 
+// countCeiling is where a counted key's count is held: far past any limit
+// (admit.MaxCount), and far from the int64 Redis counts in, so that a
+// count's take-backs never bring it under a limit again.
+const countCeiling = 1 << 62
+
 // sendTallies counts batch in one pipeline and gives every tally its
 // counts.
 func (s *Store) sendTallies(batch []*tally) {
@@ -603,24 +639,41 @@ func (s *Store) sendTallies(batch []*tally) {
 		}
 		resps := client.DoMulti(ctx, cmds...)
 		counts := make([]int64, len(ops))
+		// opErr: Redis refused that key's command (it holds no count:
+		// another program wrote it), which fails only the tallies on it.
+		opErr := make([]error, len(ops))
 		var again rueidis.Commands
 		r := 0
 		for i := range ops {
 			op := &ops[i]
 			v, err := resps[r].AsInt64()
-			if err != nil && !(op.total == 0 && rueidis.IsRedisNil(err)) {
+			r++
+			switch re, isReply := rueidis.IsRedisErr(err); {
+			case err == nil, op.total == 0 && rueidis.IsRedisNil(err):
+			case isReply && strings.Contains(re.Error(), "overflow"):
+				v = countCeiling // see below
+			case isReply:
+				opErr[i] = admit.Errorf(admit.CodeInternal, "redisstore: counted key %s: %v", op.key, re)
+			default:
 				return err
 			}
-			r++
 			if op.expire {
 				if err := resps[r].Error(); err != nil {
-					return err
+					if _, isReply := rueidis.IsRedisErr(err); !isReply {
+						return err
+					}
 				}
 				r++
 			} else if op.total > 0 && v == op.total {
 				// The key is new though this server had set its expiry:
 				// Redis lost it (a restart, a failover). Set it again.
 				again = append(again, client.B().Pexpire().Key(op.key).Milliseconds(op.ttl).Build())
+			}
+			if v >= countCeiling {
+				// Far past any limit: held there, so that debits of a
+				// long window never overflow Redis's integer.
+				v = countCeiling
+				again = append(again, client.B().Set().Key(op.key).Value(strconv.FormatInt(countCeiling, 10)).Keepttl().Build())
 			}
 			counts[i] = v
 		}
@@ -631,8 +684,13 @@ func (s *Store) sendTallies(batch []*tally) {
 		}
 		for ti, t := range batch {
 			t.counts = make([]int64, len(t.keys))
+			t.failed = nil
 			for i := range t.keys {
 				k, after := place[ti][i][0], place[ti][i][1]
+				if opErr[k] != nil {
+					t.err = opErr[k]
+					t.failed = append(t.failed, i)
+				}
 				// The tallies of a batch count in their order: this
 				// charge's count is the key's, less what came after it.
 				t.counts[i] = counts[k] - (ops[k].total - after)

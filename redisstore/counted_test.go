@@ -326,3 +326,52 @@ func TestCountedRefusedLocally(t *testing.T) {
 		t.Fatalf("other users admitted %d, want the tenant's 7 left", admitted)
 	}
 }
+
+// TestCountedKeyNotACount: a counted key another program wrote a string
+// into fails the decisions that count it, with a clear error, and no
+// other: a decision beside it in the pipeline is answered, and the checks
+// of the failed one counted elsewhere are taken back.
+func TestCountedKeyNotACount(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 1, Window: time.Hour, Distribution: admit.Counted}
+	bad := admit.Charge{Key: "bad", Rule: rule, Cost: 1}
+	if _, err := redistest.Command(srv.Addr, "SET", redisstore.CountedKey(s, &bad), "x"); err != nil {
+		t.Fatal(err)
+	}
+	var d admit.Decision
+	err := s.Decide(ctx, []admit.Charge{{Key: "good", Rule: rule, Cost: 1}, bad}, &d)
+	if admit.ErrorCode(err) != admit.CodeInternal || !strings.Contains(err.Error(), "not an integer") {
+		t.Fatalf("a key holding no count: %v", err)
+	}
+	if err := s.Decide(ctx, []admit.Charge{{Key: "good", Rule: rule, Cost: 1}}, &d); err != nil || !d.Allowed {
+		t.Fatalf("good's check was left counted: %+v, %v", d, err)
+	}
+	if err := s.Decide(ctx, []admit.Charge{{Key: "other", Rule: rule, Cost: 1}}, &d); err != nil || !d.Allowed {
+		t.Fatalf("another key: %+v, %v", d, err)
+	}
+}
+
+// TestCountedCeiling: a count past any limit is held at a ceiling far
+// from Redis's integer's end, so that debits of a long window never make
+// INCRBY fail.
+func TestCountedCeiling(t *testing.T) {
+	srv := redistest.Start(t)
+	s := dial(t, "redis://"+srv.Addr)
+	ctx := context.Background()
+	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 5, Window: time.Hour, Distribution: admit.Counted}
+	c := admit.Charge{Key: "k", Rule: rule, Cost: admit.MaxCount, Debit: true}
+	if _, err := redistest.Command(srv.Addr, "SET", redisstore.CountedKey(s, &c), strconv.FormatInt(1<<63-2, 10), "PX", "60000"); err != nil {
+		t.Fatal(err)
+	}
+	var d admit.Decision
+	for range 2 {
+		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil || d.Results[0].Allowed || d.Results[0].Over != admit.MaxCount-5 {
+			t.Fatalf("a debit past the int64 end: %+v, %v", d.Results, err)
+		}
+	}
+	if v, err := redistest.Command(srv.Addr, "GET", redisstore.CountedKey(s, &c)); err != nil || v != strconv.FormatInt(1<<62, 10) {
+		t.Fatalf("count %s (%v), want the ceiling", v, err)
+	}
+}

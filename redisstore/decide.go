@@ -217,7 +217,7 @@ func hasLeases(charges []admit.Charge, g group) bool {
 // commands (see counted.go); decisions with a leased charge go through
 // allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
-	if slices.ContainsFunc(charges, func(c admit.Charge) bool { return isCounted(&c) }) {
+	if anyCounted(charges) {
 		return s.decideCounted(ctx, charges, d)
 	}
 	return s.decideOthers(ctx, charges, d)
@@ -469,7 +469,7 @@ var _ admit.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
-	if slices.ContainsFunc(charges, func(c admit.Charge) bool { return isCounted(&c) }) {
+	if anyCounted(charges) {
 		var others []admit.Charge
 		for i := range charges {
 			if !isCounted(&charges[i]) {

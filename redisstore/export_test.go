@@ -86,3 +86,11 @@ func (s *Store) Command(charges []admit.Charge) (keys, args []string) { return s
 
 // Client is redishook.Client.
 func (s *Store) Client() rueidis.Client { return redishook.Client(s) }
+
+// CountedKey returns the key of c's count now, as s names it.
+func CountedKey(s *Store, c *admit.Charge) string {
+	w := int64(c.Rule.Window)
+	n := s.now().UnixNano()
+	key, _ := s.countedKey(c, n-n%w+w)
+	return key
+}

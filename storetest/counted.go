@@ -143,6 +143,37 @@ func RunCounted(t *testing.T, newStore Factory) {
 			t.Fatalf("b2 was charged, or the debit was not: %+v", d)
 		}
 	})
+	t.Run("dry runs and looks", func(t *testing.T) {
+		t.Parallel()
+		rule := newRule()
+		clock := NewClock()
+		s := newStore(t, clock.Now)
+		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 1}
+		var d admit.Decision
+		decide := func(charges ...admit.Charge) {
+			t.Helper()
+			if err := s.Decide(ctx, charges, &d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A dry run as a whole, though one charge says so.
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1, DryRun: true}, admit.Charge{Key: "b", Rule: bucket, Cost: 1})
+		decide(admit.Charge{Key: "b", Rule: bucket, Cost: 1})
+		if !d.Allowed {
+			t.Fatalf("the dry run charged the bucket: %+v", d)
+		}
+		// A look (cost 0) at a count past its limit refuses the decision,
+		// which then charges nothing.
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 4, Debit: true})
+		decide(admit.Charge{Key: "k", Rule: rule, Cost: 0}, admit.Charge{Key: "k2", Rule: rule, Cost: 1}, admit.Charge{Key: "b2", Rule: bucket, Cost: 1})
+		if d.Allowed {
+			t.Fatalf("a look at a spent count: %+v, want refused", d)
+		}
+		decide(admit.Charge{Key: "k2", Rule: rule, Cost: 3}, admit.Charge{Key: "b2", Rule: bucket, Cost: 1})
+		if !d.Allowed {
+			t.Fatalf("the refused decision charged: %+v", d)
+		}
+	})
 	t.Run("admitted", func(t *testing.T) {
 		t.Parallel()
 		clock := NewClock()

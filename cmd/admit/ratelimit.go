@@ -244,7 +244,7 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 	f.envoyQuota = get("ADMIT_QUOTA_ANSWERS", "groups")
 	if _, err := envoyrls.ParseQuotaAnswers(f.envoyQuota); err != nil {
-		return nil, nil, fmt.Errorf("ADMIT_QUOTA_ANSWERS=%q: want groups (envoyproxy/ratelimit since spring 2026, the default) or reported (its main of 2026-01-22)", f.envoyQuota)
+		return nil, nil, fmt.Errorf("ADMIT_QUOTA_ANSWERS: %w", err)
 	}
 	return f, log, nil
 }
