@@ -191,35 +191,47 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		t.keys, t.hashes, t.costs = append(t.keys, key), append(t.hashes, h), append(t.costs, c.Cost)
 		t.ttls = append(t.ttls, (end-n+int64(time.Millisecond)-1)/int64(time.Millisecond)+s.countedSlack().Milliseconds())
 	}
-	var err error
-	if dry {
-		err = s.readTally(t)
-	} else {
-		err = s.tallyCall(t)
-	}
-	if err != nil {
-		if t.failed != nil {
-			// Some keys were counted: their checks are taken back.
-			var ks []int
-			for _, k := range checks(charges, idx, dry) {
-				if !slices.Contains(t.failed, k) {
-					ks = append(ks, k)
-				}
-			}
-			err = errors.Join(err, s.takeBack(t, ks))
-		}
-		return err
+	// Checks count in two steps when their limits differ: the widest
+	// (largest limit: a tenant's, a route's) only once the others fit,
+	// so that a request refused by its own narrow count (a user's) never
+	// raises a shared one, even for a moment, for others to be refused
+	// by. The widest are then read, to report them.
+	first, wide := s.countSteps(charges, idx, dry)
+	t.counts = make([]int64, len(idx))
+	if err := s.countPart(t, first, dry); err != nil {
+		return errors.Join(err, s.takeBack(t, s.countedChecks(t, charges, idx, first)))
 	}
 	// A check counted past its limit is taken back; a refusing one
 	// refuses the decision.
-	var back []int
-	refused := false
-	for k, i := range idx {
-		if c := &charges[i]; !dry && !c.Debit && t.counts[k] > c.Rule.Limit {
-			if c.Cost > 0 {
-				back = append(back, k)
+	refusing := func(ks []int) bool {
+		r := false
+		for _, k := range ks {
+			if c := &charges[idx[k]]; !dry && !c.Debit && t.counts[k] > c.Rule.Limit {
+				r = r || !c.Rule.Shadow
 			}
-			refused = refused || !c.Rule.Shadow
+		}
+		return r
+	}
+	refused := refusing(first)
+	steps := first
+	if len(wide) > 0 {
+		if !refused {
+			steps = idxs(len(idx))
+		}
+		if err := s.countPart(t, wide, refused); err != nil {
+			return errors.Join(err, s.takeBack(t, s.countedChecks(t, charges, idx, steps)))
+		}
+		refused = refused || refusing(wide)
+	}
+	// counted: the checks that counted something, to take back.
+	counted := s.countedChecks(t, charges, idx, steps)
+	if dry {
+		counted = nil
+	}
+	var back []int
+	for _, k := range counted {
+		if t.counts[k] > charges[idx[k]].Rule.Limit {
+			back = append(back, k)
 		}
 	}
 	// The others, decided as ever; when a count refused already, as a
@@ -264,8 +276,8 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			}
 		}
 	}
-	if refused && !dry {
-		back = checks(charges, idx, dry)
+	if refused {
+		back = counted
 	}
 	if err := s.takeBack(t, back); err != nil {
 		return err
@@ -343,6 +355,77 @@ func checks(charges []admit.Charge, idx []int, dry bool) []int {
 		if !dry && !charges[i].Debit && charges[i].Cost > 0 {
 			ks = append(ks, k)
 		}
+	}
+	return ks
+}
+
+// countSteps splits the places of the counted charges of a decision into
+// the first step and the wide one (see decideCounted): the checks of the
+// largest limit, when the checks' limits differ, count last.
+func (s *Store) countSteps(charges []admit.Charge, idx []int, dry bool) (first, wide []int) {
+	widest, narrower := int64(-1), false
+	for _, i := range idx {
+		if c := &charges[i]; !c.Debit && !dry {
+			if widest >= 0 && c.Rule.Limit != widest {
+				narrower = true
+			}
+			widest = max(widest, c.Rule.Limit)
+		}
+	}
+	for k, i := range idx {
+		if c := &charges[i]; narrower && !c.Debit && c.Rule.Limit == widest {
+			wide = append(wide, k)
+		} else {
+			first = append(first, k)
+		}
+	}
+	return first, wide
+}
+
+// countPart counts (or, with read, reads) t's charges at places ks, in a
+// tally of their own, and writes their counts into t's.
+func (s *Store) countPart(t *tally, ks []int, read bool) error {
+	if len(ks) == 0 {
+		return nil
+	}
+	p := &tally{ctx: t.ctx}
+	for _, k := range ks {
+		p.keys, p.hashes, p.costs, p.ttls = append(p.keys, t.keys[k]), append(p.hashes, t.hashes[k]), append(p.costs, t.costs[k]), append(p.ttls, t.ttls[k])
+	}
+	var err error
+	if read {
+		err = s.readTally(p)
+	} else {
+		err = s.tallyCall(p)
+	}
+	for j, k := range ks {
+		if j < len(p.counts) {
+			t.counts[k] = p.counts[j]
+		}
+	}
+	for _, j := range p.failed {
+		t.failed = append(t.failed, ks[j])
+	}
+	return err
+}
+
+// countedChecks returns, of the places steps, those of checks that
+// counted something (not those whose key Redis refused to count).
+func (s *Store) countedChecks(t *tally, charges []admit.Charge, idx, steps []int) []int {
+	var ks []int
+	for _, k := range checks(charges, idx, false) {
+		if slices.Contains(steps, k) && !slices.Contains(t.failed, k) {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// idxs returns 0..n-1.
+func idxs(n int) []int {
+	ks := make([]int, n)
+	for i := range ks {
+		ks[i] = i
 	}
 	return ks
 }

@@ -375,3 +375,61 @@ func TestCountedCeiling(t *testing.T) {
 		t.Fatalf("count %s (%v), want the ceiling", v, err)
 	}
 }
+
+// TestCountedNarrowFirst: a decision's widest count (its largest limit)
+// is counted only once its narrower ones fit, so a user hammering its own
+// spent count, even with a narrower count of a new key every time (which
+// no local refusal catches), never raises its tenant's: the tenant's
+// other users get exactly what is left. Red team, 2026-11-26: 4 of 7.
+func TestCountedNarrowFirst(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	tenant := &admit.Rule{Name: "tenant", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Hour, Distribution: admit.Counted}
+	user := &admit.Rule{Name: "user", Algorithm: admit.FixedWindow, Limit: 3, Window: time.Hour, Distribution: admit.Counted}
+	one := &admit.Rule{Name: "one", Algorithm: admit.FixedWindow, Limit: 1, Window: time.Hour, Distribution: admit.Counted}
+	var stores []*redisstore.Store
+	for range 2 {
+		stores = append(stores, dial(t, "redis://"+srv.Addr))
+	}
+	ask := func(s *redisstore.Store, charges ...admit.Charge) bool {
+		var d admit.Decision
+		if err := s.Decide(ctx, charges, &d); err != nil {
+			t.Error(err)
+		}
+		return d.Allowed
+	}
+	for range 3 {
+		ask(stores[0], admit.Charge{Key: "t", Rule: tenant, Cost: 1}, admit.Charge{Key: "bad", Rule: user, Cost: 1})
+	}
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	stop := make(chan struct{})
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := strconv.FormatInt(next.Add(1), 10)
+				if ask(stores[g%2], admit.Charge{Key: "t", Rule: tenant, Cost: 1}, admit.Charge{Key: "bad", Rule: user, Cost: 1}, admit.Charge{Key: "one" + n, Rule: one, Cost: 1}) {
+					t.Error("a spent user admitted")
+				}
+			}
+		}()
+	}
+	admitted := 0
+	for i := range 10 {
+		if ask(stores[i%2], admit.Charge{Key: "t", Rule: tenant, Cost: 1}, admit.Charge{Key: "u" + strconv.Itoa(i), Rule: user, Cost: 1}) {
+			admitted++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if admitted != 7 {
+		t.Fatalf("the tenant's other users admitted %d during the flood, want the 7 left", admitted)
+	}
+}
