@@ -112,19 +112,23 @@ func RunCounted(t *testing.T, newStore Factory) {
 			}
 		}
 	})
-	t.Run("checks beside others", func(t *testing.T) {
-		t.Parallel()
-		rule := newRule()
+	// beside sets up a test of a counted rule beside a bucket of burst on
+	// a new store: the rule, the bucket, the decision and how to decide.
+	beside := func(t *testing.T, burst int64) (*admit.Rule, *admit.Rule, *admit.Decision, func(...admit.Charge)) {
 		clock := NewClock()
 		s := newStore(t, clock.Now)
-		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 2}
-		var d admit.Decision
-		decide := func(charges ...admit.Charge) {
-			t.Helper()
-			if err := s.Decide(ctx, charges, &d); err != nil {
-				t.Fatal(err)
+		d := new(admit.Decision)
+		return newRule(), &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: burst}, d,
+			func(charges ...admit.Charge) {
+				t.Helper()
+				if err := s.Decide(ctx, charges, d); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
+	}
+	t.Run("checks beside others", func(t *testing.T) {
+		t.Parallel()
+		rule, bucket, d, decide := beside(t, 2)
 		// The bucket refuses (spent): the counted check is taken back.
 		decide(admit.Charge{Key: "b", Rule: bucket, Cost: 2})
 		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1}, admit.Charge{Key: "b", Rule: bucket, Cost: 1})
@@ -145,17 +149,7 @@ func RunCounted(t *testing.T, newStore Factory) {
 	})
 	t.Run("dry runs and looks", func(t *testing.T) {
 		t.Parallel()
-		rule := newRule()
-		clock := NewClock()
-		s := newStore(t, clock.Now)
-		bucket := &admit.Rule{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 1}
-		var d admit.Decision
-		decide := func(charges ...admit.Charge) {
-			t.Helper()
-			if err := s.Decide(ctx, charges, &d); err != nil {
-				t.Fatal(err)
-			}
-		}
+		rule, bucket, d, decide := beside(t, 1)
 		// A dry run as a whole, though one charge says so.
 		decide(admit.Charge{Key: "k", Rule: rule, Cost: 1, DryRun: true}, admit.Charge{Key: "b", Rule: bucket, Cost: 1})
 		decide(admit.Charge{Key: "b", Rule: bucket, Cost: 1})
