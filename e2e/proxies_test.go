@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,6 +178,15 @@ func startProcess(t *testing.T, addr string, env []string, name string, args ...
 // freePort returns a port free a moment ago on host.
 func freePort(t *testing.T, host string) string {
 	t.Helper()
+	// Above the kernel's range for clients and port 0 (32768–60999 by
+	// default), which any connection the tests make could take meanwhile.
+	for range 100 {
+		port := strconv.Itoa(61000 + rand.IntN(4500))
+		if ln, err := net.Listen("tcp", net.JoinHostPort(host, port)); err == nil {
+			ln.Close()
+			return port
+		}
+	}
 	ln, err := net.Listen("tcp", host+":0")
 	if err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -78,9 +79,21 @@ type Proc struct {
 // Client is the HTTP client of the helpers: no request waits forever.
 var Client = &http.Client{Timeout: 5 * time.Second}
 
-// FreeAddr returns a loopback address that was free a moment ago.
+// FreeAddr returns a loopback address that was free a moment ago, for a
+// process that listens on it later. Its port is above the range the
+// kernel hands out to clients and to listeners on port 0
+// (ip_local_port_range, 32768–60999 by default): one from that range could
+// be taken meanwhile by any connection the tests make (a CI run saw
+// "address already in use").
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	for range 100 {
+		addr := "127.0.0.1:" + strconv.Itoa(61000+rand.IntN(4500))
+		if ln, err := net.Listen("tcp", addr); err == nil {
+			ln.Close()
+			return addr
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
