@@ -196,10 +196,10 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	// so that a request refused by its own narrow count (a user's) never
 	// raises a shared one, even for a moment, for others to be refused
 	// by. The widest are then read, to report them.
-	first, wide := s.countSteps(charges, idx, dry)
+	first, wide := countSteps(charges, idx, dry)
 	t.counts = make([]int64, len(idx))
 	if err := s.countPart(t, first, dry); err != nil {
-		return errors.Join(err, s.takeBack(t, s.countedChecks(t, charges, idx, first)))
+		return errors.Join(err, s.takeBack(t, countedChecks(t, charges, idx, first)))
 	}
 	// A check counted past its limit is taken back; a refusing one
 	// refuses the decision.
@@ -219,12 +219,12 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			steps = idxs(len(idx))
 		}
 		if err := s.countPart(t, wide, refused); err != nil {
-			return errors.Join(err, s.takeBack(t, s.countedChecks(t, charges, idx, steps)))
+			return errors.Join(err, s.takeBack(t, countedChecks(t, charges, idx, steps)))
 		}
 		refused = refused || refusing(wide)
 	}
 	// counted: the checks that counted something, to take back.
-	counted := s.countedChecks(t, charges, idx, steps)
+	counted := countedChecks(t, charges, idx, steps)
 	if dry {
 		counted = nil
 	}
@@ -256,13 +256,13 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			}
 			if len(owed) > 0 {
 				if err := s.decideOthers(ctx, owed, &debits); err != nil {
-					return errors.Join(err, s.takeBack(t, checks(charges, idx, dry)))
+					return errors.Join(err, s.takeBack(t, counted))
 				}
 			}
 		}
 		if len(part) > 0 {
 			if err := s.decideOthers(ctx, part, &rest); err != nil {
-				return errors.Join(err, s.takeBack(t, checks(charges, idx, dry)))
+				return errors.Join(err, s.takeBack(t, counted))
 			}
 			refused = refused || !rest.Allowed
 		}
@@ -347,22 +347,10 @@ func (s *Store) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, 
 	s.learnRefusals(learn, &of, now)
 }
 
-// checks returns the places in t of the counted charges that are not
-// debits and counted something: what a refused decision takes back.
-func checks(charges []admit.Charge, idx []int, dry bool) []int {
-	var ks []int
-	for k, i := range idx {
-		if !dry && !charges[i].Debit && charges[i].Cost > 0 {
-			ks = append(ks, k)
-		}
-	}
-	return ks
-}
-
 // countSteps splits the places of the counted charges of a decision into
 // the first step and the wide one (see decideCounted): the checks of the
 // largest limit, when the checks' limits differ, count last.
-func (s *Store) countSteps(charges []admit.Charge, idx []int, dry bool) (first, wide []int) {
+func countSteps(charges []admit.Charge, idx []int, dry bool) (first, wide []int) {
 	widest, narrower := int64(-1), false
 	for _, i := range idx {
 		if c := &charges[i]; !c.Debit && !dry {
@@ -411,10 +399,10 @@ func (s *Store) countPart(t *tally, ks []int, read bool) error {
 
 // countedChecks returns, of the places steps, those of checks that
 // counted something (not those whose key Redis refused to count).
-func (s *Store) countedChecks(t *tally, charges []admit.Charge, idx, steps []int) []int {
+func countedChecks(t *tally, charges []admit.Charge, idx, steps []int) []int {
 	var ks []int
-	for _, k := range checks(charges, idx, false) {
-		if slices.Contains(steps, k) && !slices.Contains(t.failed, k) {
+	for _, k := range steps {
+		if c := &charges[idx[k]]; !c.Debit && c.Cost > 0 && !slices.Contains(t.failed, k) {
 			ks = append(ks, k)
 		}
 	}
