@@ -217,6 +217,9 @@ func hasLeases(charges []admit.Charge, g group) bool {
 // commands (see counted.go); decisions with a leased charge go through
 // allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if s.region != nil {
+		return s.decideRegion(ctx, charges, d)
+	}
 	if anyCounted(charges) {
 		return s.decideCounted(ctx, charges, d)
 	}
@@ -411,6 +414,10 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 // clock and does not end within 2 seconds: the script cannot tell
 // a quota's periods apart, and a refund must never reach the next period.
 func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
+	if s.region != nil {
+		s.refundRegion(charges)
+		return nil
+	}
 	now := s.now()
 	keep := make([]admit.Charge, 0, len(charges))
 	for i := range charges {

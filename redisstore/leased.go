@@ -119,6 +119,12 @@ type allowance struct {
 	used         int64        // units spent since
 	since        time.Time    // the last withdrawal
 	lastUse      time.Time
+
+	// Across regions (see region.go): the units asked of this server
+	// since its last take from the pool, refused ones too (the region's
+	// demand), and the home key's incarnation its units came from.
+	asked int64
+	hgen  int64
 }
 
 // fetch is a withdrawal in flight; done is closed when it has landed.
@@ -361,7 +367,7 @@ func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generat
 		p.mu.Lock()
 		p.release(now)
 		switch {
-		case p.avail >= c.Cost && now.Before(p.until):
+		case c.Cost == 0 || p.avail >= c.Cost && now.Before(p.until):
 			p.avail -= c.Cost
 			p.used += c.Cost
 			p.lastUse = now
@@ -479,7 +485,11 @@ func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 	p.fetch = f
 	want := min(max(p.want(now), minLease)+need, maxLease)
 	p.used, p.since = 0, now
-	go s.withdraw(p, f, want)
+	if s.region != nil {
+		go s.takePool(p, f, want)
+	} else {
+		go s.withdraw(p, f, want)
+	}
 	return f
 }
 
@@ -704,13 +714,20 @@ func (s *Store) sweepLoop() {
 // units of ended periods (giving back a bucket's), and forgets allowances
 // unused for leaseForget.
 func (s *Store) sweep(now time.Time) {
-	var back []*allowance
+	var back, recent []*allowance
 	s.leased.mu.Lock()
 	for k, p := range s.leased.m {
 		p.mu.Lock()
+		if s.region != nil && now.Sub(p.lastUse) < leaseForget {
+			recent = append(recent, p)
+		}
 		switch {
 		case p.avail+p.future > 0 && !now.Before(p.until):
-			if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
+			if s.region != nil {
+				s.expired.Add(p.avail)
+				p.avail, p.future = 0, 0
+				p.gen++
+			} else if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
 				back = append(back, p)
 			} else {
 				s.expired.Add(p.avail)
@@ -728,10 +745,17 @@ func (s *Store) sweep(now time.Time) {
 	for _, p := range back {
 		s.refund(p)
 	}
+	if s.region != nil {
+		s.sweepRegion(recent, now)
+	}
 }
 
 // refund gives back the units p holds.
 func (s *Store) refund(p *allowance) {
+	if s.region != nil {
+		s.returnToPool(p)
+		return
+	}
 	p.mu.Lock()
 	n, tu, tn := p.avail+p.future, p.takenU, p.takenN
 	p.avail, p.future = 0, 0

@@ -119,6 +119,35 @@ type Options struct {
 	// Zero allows as many tenants as a decision has charges. Outside
 	// Cluster a decision is one group whatever it names.
 	TenantsPerDecision int
+	// Home, if set, makes the store one region of limits held across
+	// regions: every region's store whose Home is the same Redis (with
+	// the same prefix) shares each bucket's limit, never admitting more
+	// than it, and decides from what its region holds without a call to
+	// the home (see Region). Only token buckets and GCRA can be held
+	// across regions yet (CheckRegionRule). The caller keeps and closes
+	// Home; its Timeout bounds the calls to the home, which are made in
+	// the background and may well take 100ms or more.
+	Home *Store
+	// Region names the store's region; every region sharing a home
+	// needs its own name. Required with Home.
+	Region string
+	// Cut is what a region cut from its home does once it has spent
+	// what it holds; default RefuseWhenCut.
+	Cut CutPolicy
+}
+
+// check reports whether o (nil is valid) can open a store.
+func (o *Options) check() error {
+	if o == nil || o.Home == nil {
+		return nil
+	}
+	if o.Region == "" || len(o.Region) > 64 {
+		return admit.Errorf(admit.CodeInvalid, "redisstore: a store with a home needs its region's name, of at most 64 bytes")
+	}
+	if o.Home.region != nil {
+		return admit.Errorf(admit.CodeInvalid, "redisstore: a home is a plain store, not a region of another home")
+	}
+	return nil
 }
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
@@ -136,6 +165,9 @@ type Store struct {
 	// tenantTags is the most groups of tenants' keys a lease or
 	// reservation may be held in (Options.TenantsPerDecision).
 	tenantTags int
+	// region is set when the store is one region of limits held across
+	// regions (see region.go).
+	region *region
 
 	calls, failures, undoFailures atomic.Int64
 	decisions, localDecisions     atomic.Int64
@@ -203,7 +235,12 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	if o.TenantsPerDecision <= 0 || o.TenantsPerDecision > admit.MaxCharges {
 		o.TenantsPerDecision = admit.MaxCharges
 	}
+	var rg *region
+	if o.Home != nil {
+		rg = &region{name: o.Region, home: o.Home, cut: o.Cut}
+	}
 	return &Store{
+		region:        rg,
 		cluster:       cluster,
 		mode:          mode,
 		batchers:      batchersFor(cluster),
@@ -231,6 +268,9 @@ func Open(ctx context.Context, url string, opts *Options) (*Store, error) {
 func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	if ctx == nil {
 		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: the context is nil; use context.Background()")
+	}
+	if err := opts.check(); err != nil {
+		return nil, err
 	}
 	co, err := cfg.clientOption()
 	if err != nil {
@@ -260,6 +300,9 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 // at first and then every 500 ms, and fails its calls with CodeUnavailable
 // until it has it.
 func DialLazy(cfg Config, opts *Options) (*Store, error) {
+	if err := opts.check(); err != nil {
+		return nil, err
+	}
 	co, err := cfg.clientOption()
 	if err != nil {
 		return nil, err

@@ -25,6 +25,7 @@ import (
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/yamlconf"
 )
 
@@ -144,6 +145,14 @@ type StoreConfig struct {
 	OnError   string      `json:"on_error"`
 	Instances int64       `json:"instances"`
 	MaxKeys   int64       `json:"max_keys"`
+	// Region and Home make the Redis store one region of limits held
+	// across regions: Home is the URL of the Redis every region shares
+	// (any form --store takes), Region this one's name.
+	Region string `json:"region"`
+	Home   string `json:"home"`
+	// WhenCut is what a region cut from its home does once it has spent
+	// what it holds: refuse (the default) or on_error.
+	WhenCut string `json:"when_cut"`
 }
 
 // RedisTLSConfig is the store.redis.tls section (see redisstore.TLS).
@@ -284,6 +293,82 @@ func (c *Config) CheckProxyActions() (unreachable []string, err error) {
 	}
 	slices.Sort(unreachable)
 	return slices.Compact(unreachable), nil
+}
+
+// checkRegionStore checks the store's region settings.
+func (d *decoder) checkRegionStore(st *StoreConfig) {
+	if st.Home != "" {
+		if _, err := redisstore.ParseURL(st.Home); err != nil || !strings.HasPrefix(st.Home, "redis") {
+			d.failAt("store.home", "%q: want a Redis URL as --store takes (redis://host:port/db, rediss://…, redis+sentinel://…, redis+cluster://…)", redisstore.Redact(st.Home))
+		}
+		if st.Region == "" {
+			d.failAt("store.home", "a home needs store.region, this region's name")
+		}
+		if st.Backend != "redis" {
+			d.failAt("store.home", "a home needs store.backend: redis, the region's own Redis")
+		}
+	}
+	if st.Region != "" {
+		if err := checkRegionName(st.Region); err != nil {
+			d.failAt("store.region", "%v", err)
+		}
+	}
+	switch st.WhenCut {
+	case "", "refuse", "on_error":
+	default:
+		d.failAt("store.when_cut", "%q: want refuse or on_error", st.WhenCut)
+	}
+}
+
+// checkRegionName reports whether name can name a region.
+func checkRegionName(name string) error {
+	if len(name) == 0 || len(name) > 64 || strings.IndexFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}) >= 0 {
+		return fmt.Errorf("%q: a region's name is 1 to 64 letters, digits, '-', '_' or '.'", name)
+	}
+	return nil
+}
+
+// CheckRegions reports, with their places in the file, the rules that
+// cannot be held across regions: those of algorithms other than token
+// buckets and GCRA, and rules whose limit tenants share by fair shares.
+func (c *Config) CheckRegions() error {
+	p, err := policy.Compile(c.Spec())
+	if err != nil {
+		return err
+	}
+	d := &decoder{file: "(configuration)", pos: map[string]*yaml.Node{}}
+	if c.src != nil {
+		d = &decoder{file: c.src.file, pos: c.src.pos}
+	}
+	paths := map[string]string{}
+	note := func(path string, rules []policy.RuleSpec) {
+		for i, r := range rules {
+			if _, ok := paths[r.Name]; !ok {
+				paths[r.Name] = fmt.Sprintf("%s[%d]", path, i)
+			}
+		}
+	}
+	note("global", c.Global)
+	for _, name := range slices.Sorted(maps.Keys(c.Tiers)) {
+		note("tiers."+name+".rules", c.Tiers[name].Rules)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Tenants)) {
+		note("tenants."+name+".overrides", c.Tenants[name].Overrides)
+	}
+	for _, r := range p.Rules() {
+		path := paths[r.Name]
+		if err := redisstore.CheckRegionRule(&r.Rule); err != nil {
+			d.failAt(path+".algorithm", "%v", err)
+		} else if r.Fair {
+			d.failAt(path+".fair_share", "rule %q: fair shares of a limit tenants share are not held across regions yet; set fair_share: false", r.Name)
+		}
+	}
+	if len(d.errs) > 0 {
+		return d.errs
+	}
+	return nil
 }
 
 // decoder decodes a YAML node tree into Go values by their json tags,
@@ -521,6 +606,7 @@ func (d *decoder) check(c *Config) {
 			d.failAt("store.redis.timeout", "%q is not a positive duration like 50ms", c.Store.Redis.Timeout)
 		}
 	}
+	d.checkRegionStore(&c.Store)
 	if c.Store.Instances < 0 || c.Store.Instances > 10000 {
 		d.failAt("store.instances", "must be from 1 to 10000")
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 	"github.com/admitdev/admit/yamlconf"
 )
@@ -70,12 +71,16 @@ type backendFlags struct {
 	// empty, without config, starts with no tenants rather than the demo
 	// configuration (admit ratelimit).
 	empty bool
+	// region and home, if set, override store.region and store.home.
+	region, home string
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "configuration `file` (default: the built-in demo configuration)")
 	fs.StringVar(&f.store, "store", "", "store `URL`: memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (default: store.backend)")
 	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
+	fs.StringVar(&f.region, "region", "", "this region's `name` (store.region), with --home")
+	fs.StringVar(&f.home, "home", "", "`URL` of the home Redis that every region shares (store.home): with it, every rule's limit holds across all the regions, each deciding from what it holds")
 	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
 	fs.DurationVar(&f.reloadSettle, "reload-settle", time.Second, "apply a changed configuration file once it has stayed the same this long, so that a file caught half-written is never applied (SIGHUP applies at once)")
 }
@@ -209,6 +214,9 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 	if err != nil {
 		return nil, fmt.Errorf("the configuration is invalid, not starting:\n%w", err)
 	}
+	if err := regionFlags(f, cfg); err != nil {
+		return nil, err
+	}
 	st, err := openStore(ctx, f.store, cfg, f.dataDir, log)
 	if err != nil {
 		return nil, err
@@ -241,6 +249,37 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 		})
 	}
 	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop}, nil
+}
+
+// regionFlags applies --region and --home over the file's store section,
+// and refuses, with their places in the file, the rules a home cannot hold
+// across regions.
+func regionFlags(f *backendFlags, cfg *Config) error {
+	if f.region != "" {
+		if err := checkRegionName(f.region); err != nil {
+			return fmt.Errorf("--region %w", err)
+		}
+		cfg.Store.Region = f.region
+	}
+	if f.home != "" {
+		if _, err := redisstore.ParseURL(f.home); err != nil || !strings.HasPrefix(f.home, "redis") {
+			return fmt.Errorf("--home %q: want a Redis URL as --store takes (redis://host:port/db, rediss://…, redis+sentinel://…, redis+cluster://…)", redisstore.Redact(f.home))
+		}
+		cfg.Store.Home = f.home
+	}
+	if cfg.Store.Home == "" {
+		if f.region != "" {
+			return fmt.Errorf("--region needs --home (or store.home), the Redis the regions share")
+		}
+		return nil
+	}
+	if cfg.Store.Region == "" {
+		return fmt.Errorf("a home (--home or store.home) needs a region: --region NAME or store.region")
+	}
+	if err := cfg.CheckRegions(); err != nil {
+		return fmt.Errorf("the configuration cannot be held across regions, not starting:\n%w", err)
+	}
+	return nil
 }
 
 // refreshHealth logs the shared catalog's outages once each way: the first
@@ -588,6 +627,9 @@ func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan s
 		wait.reset()
 		last = data
 		cfg, err := ParseConfig(file, data)
+		if err == nil && b.st.home {
+			err = cfg.CheckRegions()
+		}
 		if err == nil && b.check != nil {
 			err = b.check(cfg)
 		}

@@ -40,6 +40,8 @@ type openedStore struct {
 	usage    policy.UsageStore
 	llmUsage llm.UsageStore
 	close    func()
+	// home says the store is one region of limits held across regions.
+	home bool
 }
 
 // openStore opens the store that --store (url) or the config's store
@@ -49,6 +51,9 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	rc, isRedis, err := redisConfig(url, cfg)
 	if err != nil {
 		return nil, err
+	}
+	if !isRedis && cfg.Store.Home != "" {
+		return nil, fmt.Errorf("a home (--home or store.home) needs the region's own Redis as the store: --store redis://… or store.backend: redis")
 	}
 	if !isRedis {
 		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
@@ -78,6 +83,28 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	// group and the global one: an id naming more is made up, and is
 	// refused without a command.
 	opts := &redisstore.Options{Timeout: timeout, TenantsPerDecision: 1}
+	var home *redisstore.Store
+	if cfg.Store.Home != "" {
+		hc, err := redisstore.ParseURL(cfg.Store.Home)
+		if err != nil {
+			return nil, fmt.Errorf("store.home: %w", err)
+		}
+		// Calls to the home are made in the background and cross
+		// regions: they get the time a round trip across the world
+		// takes, not a decision's.
+		if home, err = redisstore.DialLazy(hc, &redisstore.Options{Timeout: 2 * time.Second}); err != nil {
+			return nil, fmt.Errorf("store.home %s: %w", hc, err)
+		}
+		opts.Home, opts.Region = home, cfg.Store.Region
+		if cfg.Store.WhenCut == "on_error" {
+			opts.Cut = redisstore.FailWhenCut
+		}
+	}
+	closeHome := func() {
+		if home != nil {
+			home.Close()
+		}
+	}
 	r, err := redisstore.Dial(dialCtx, rc, opts)
 	if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable {
 		// Start anyway: decide by on_error until Redis answers, rather
@@ -89,26 +116,39 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		}
 	}
 	if err != nil {
+		closeHome()
 		return nil, fmt.Errorf("store %s: %w", rc, err)
+	}
+	check := redisstore.CheckRule
+	name := "redis " + rc.String()
+	if home != nil {
+		check = redisstore.CheckRegionRule
+		name += ", region " + cfg.Store.Region + " of home " + home.String()
 	}
 	catalog := redischanges.New(r)
 	sessions := redissessions.New(r)
 	return &openedStore{
-		name: "redis " + rc.String(), store: r,
-		changes: catalog, watch: catalog.Watch, check: redisstore.CheckRule,
+		name: name, store: r, home: home != nil,
+		changes: catalog, watch: catalog.Watch, check: check,
 		ready: r.Ping,
 		health: func() server.StoreHealth {
 			h := r.Health()
-			return server.StoreHealth{
+			sh := server.StoreHealth{
 				Breaker: h.Breaker, Calls: h.Calls, Failures: h.Failures, UndoFailures: h.UndoFailures,
 				Decisions: h.Decisions, LocalDecisions: h.LocalDecisions, LocalRefusals: h.LocalRefusals, Withdrawals: h.Withdrawals,
 				Withdrawn: h.Withdrawn, Refunded: h.Refunded, Expired: h.Expired, Lost: h.Lost,
 			}
+			if rg, ok := r.Region(); ok {
+				sh.Region = &server.RegionHealth{Name: rg.Region, Held: rg.Held, Share: rg.Share, HomeCalls: rg.HomeCalls,
+					HomeFailures: rg.HomeFailures, Granted: rg.Granted, GivenBack: rg.GivenBack,
+					RoundTripMS: float64(rg.RTT.Microseconds()) / 1000, Cut: rg.Cut}
+			}
+			return sh
 		},
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
-		close:    func() { sessions.Close(); r.Close() },
+		close:    func() { sessions.Close(); r.Close(); closeHome() },
 	}, nil
 }
 

@@ -212,10 +212,14 @@ func (s *Server) handleDashboard(w http.ResponseWriter, r *http.Request) {
 	ans := struct {
 		activityView
 		Store   readyAnswer    `json:"store"`
+		Region  *RegionHealth  `json:"region,omitempty"`
 		Gateway map[string]any `json:"gateway,omitempty"`
 		Config  map[string]any `json:"config"`
 	}{activityView: s.activity.view(time.Now(), r.URL.Query().Get("tenant"))}
 	ans.Store, _ = s.readiness(r)
+	if s.health != nil {
+		ans.Region = s.health().Region
+	}
 	if s.gateway != nil {
 		st := s.gateway.Stats()
 		var refused int64

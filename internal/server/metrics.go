@@ -146,6 +146,38 @@ func (m *metrics) registerHealth(reg *prometheus.Registry, health func() StoreHe
 		counterFunc("admit_store_allowance_expired_units_total", "Units of leased allowances whose period ended unused.", health, func(h StoreHealth) int64 { return h.Expired }),
 		counterFunc("admit_store_allowance_lost_units_total", "Units of leased allowances a failed give-back lost.", health, func(h StoreHealth) int64 { return h.Lost }),
 	)
+	if h := health(); h.Region != nil {
+		labels := prometheus.Labels{"region": h.Region.Name}
+		region := func(pick func(*RegionHealth) float64) func() float64 {
+			return func() float64 {
+				if h := health(); h.Region != nil {
+					return pick(h.Region)
+				}
+				return 0
+			}
+		}
+		gauge := func(name, help string, pick func(*RegionHealth) float64) prometheus.Collector {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, region(pick))
+		}
+		counter := func(name, help string, pick func(*RegionHealth) float64) prometheus.Collector {
+			return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, region(pick))
+		}
+		reg.MustRegister(
+			gauge("admit_region_held_units", "Units the region's pool held when last looked at.", func(r *RegionHealth) float64 { return float64(r.Held) }),
+			gauge("admit_region_share", "The region's share of the limit it was last granted, 0 to 1.", func(r *RegionHealth) float64 { return r.Share }),
+			gauge("admit_region_cut", "1 while the region cannot reach its home (the last call failed).", func(r *RegionHealth) float64 {
+				if r.Cut {
+					return 1
+				}
+				return 0
+			}),
+			gauge("admit_region_home_round_trip_seconds", "Calls to the home: round trip, a moving average.", func(r *RegionHealth) float64 { return r.RoundTripMS / 1000 }),
+			counter("admit_region_home_calls_total", "Calls to the home Redis.", func(r *RegionHealth) float64 { return float64(r.HomeCalls) }),
+			counter("admit_region_home_failures_total", "Calls to the home Redis that failed or timed out.", func(r *RegionHealth) float64 { return float64(r.HomeFailures) }),
+			counter("admit_region_granted_units_total", "Units the home granted the region.", func(r *RegionHealth) float64 { return float64(r.Granted) }),
+			counter("admit_region_given_back_units_total", "Units the region gave back home.", func(r *RegionHealth) float64 { return float64(r.GivenBack) }),
+		)
+	}
 }
 
 // counterFunc is a counter read at scrape time: pick applied to what read

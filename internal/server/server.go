@@ -49,6 +49,26 @@ type StoreHealth struct {
 	// units withdrawn, given back, expired unused and lost.
 	Decisions, LocalDecisions, LocalRefusals, Withdrawals int64
 	Withdrawn, Refunded, Expired, Lost                    int64
+	// Region is set when the store is one region of limits held across
+	// regions.
+	Region *RegionHealth
+}
+
+// RegionHealth is what a region's store says of its home: the region's
+// name, the units its pools held when last looked at, its share of the
+// last limit it was granted, calls to the home (and how many failed),
+// units granted and given back, the calls' round trip, and whether the
+// home is cut off (its last call failed).
+type RegionHealth struct {
+	Name         string  `json:"name"`
+	Held         int64   `json:"held"`
+	Share        float64 `json:"share"`
+	HomeCalls    int64   `json:"home_calls"`
+	HomeFailures int64   `json:"home_failures"`
+	Granted      int64   `json:"granted"`
+	GivenBack    int64   `json:"given_back"`
+	RoundTripMS  float64 `json:"round_trip_ms"`
+	Cut          bool    `json:"cut"`
 }
 
 // Options configure a Server. Store and Catalog are required; the zero

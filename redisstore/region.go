@@ -1,0 +1,631 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+// Limits across regions. A store opened with Options.Home is one region
+// of limits that hold across every region whose stores share that home
+// Redis. Each bucket's timeline lives at home (homeScript): the end of
+// the part of it handed out (TAT, as a GCRA keeps it), which only grows
+// as regions are granted stretches of it and shrinks only by units given
+// back that nobody can spend any more. Token k of a grant owns the
+// stretch [TAT+kT, TAT+(k+1)T) and unlocks at TAT+(k+1)T−τ (T = 1/rate,
+// τ = burst·T), so the home hands out no more than burst + rate·t by t,
+// and a unit is spent only after it unlocks: the regions together never
+// admit more than the bucket would (docs/architecture.md has the proof).
+//
+// A region keeps what it was granted in a pool in its own Redis
+// (poolScript): chunks of units with the times they unlock and expire.
+// Servers take their allowances from the pool as leased allowances do
+// from a bucket (see leased.go), and decide locally; a server whose take
+// leaves the pool below half its target — the region's demand over
+// regionPeriod — refills it from home in the background, one server at a
+// time per key (a lock in the region's Redis). So a decision waits for
+// the home only when its region holds nothing of the key at all: its
+// first decision, or one after the region spent everything.
+//
+// Times cross processes as offsets, each measured so that a unit unlocks
+// late and expires early: the home's offsets are added to when its reply
+// arrived, a server adds the pool's to when its take's reply arrived.
+// Only the clocks' rates must agree.
+//
+// Sizing only affects how much of the rate is used, never safety: the
+// home grants a region at most its max-min fair share, by the demands
+// the regions report, of what has unlocked or will within
+// regionLookahead; a pool gives back, latest units first, what exceeds
+// twice its target, and everything it held when a chunk expires.
+// Give-backs carry a sequence number per region and the incarnation of
+// the home key they came from, and are applied once, to that
+// incarnation only: a duplicated or late one is ignored.
+//
+// A region cut from its home spends what its pool and servers hold, at
+// most what its demand would spend in regionPeriod plus regionLookahead,
+// until it expires (regionHold after its last unit unlocks); then it
+// refuses, or with FailWhenCut its decisions fail with CodeUnavailable
+// so that each rule's on_error applies. The other regions' shares grow
+// as soon as the cut region's demand report is a second old.
+const (
+	// regionLookahead is how far beyond the present the home grants a
+	// bucket's refill.
+	regionLookahead = 250 * time.Millisecond
+	// regionHold is how long a pool holds a grant's units after the
+	// last of them unlocks.
+	regionHold = time.Second
+	// regionPeriod is how long what a pool holds should last at its
+	// region's demand: a refill is asked for below half of it.
+	regionPeriod = 300 * time.Millisecond
+	// regionHorizon is how far ahead of their unlocking a server takes
+	// units from its pool.
+	regionHorizon = 250 * time.Millisecond
+	// agentLock bounds how long one server refills a key's pool.
+	agentLock = 3 * time.Second
+	// agentEvery is how often a key's pool is looked at when its
+	// servers have not refilled it, to give back what it no longer
+	// needs.
+	agentEvery = 500 * time.Millisecond
+)
+
+// CutPolicy says what a region cut from its home does once it has spent
+// what it holds.
+type CutPolicy int
+
+const (
+	// RefuseWhenCut refuses, with the time the next unit would unlock as
+	// the retry.
+	RefuseWhenCut CutPolicy = iota
+	// FailWhenCut fails the decision with CodeUnavailable: the caller's
+	// failure mode (on_error) decides.
+	FailWhenCut
+)
+
+// region is the state of a store that is one region of limits held
+// across regions.
+type region struct {
+	name string
+	home *Store
+	cut  CutPolicy
+
+	homeCalls, homeFailures atomic.Int64
+	granted, givenBack      atomic.Int64 // units
+	lostBack                atomic.Int64 // units in give-backs that failed
+	share                   atomic.Int64 // of the last grant, parts per million
+	held                    atomic.Int64 // what the last pool looked at held
+	rtt                     atomic.Int64 // a moving average of home calls, ns
+	cutSince                atomic.Int64 // unix ns of the first failure in a row, 0 when the home answers
+
+	mu     sync.Mutex
+	agents map[string]time.Time // last refill started, by pool key
+}
+
+// RegionHealth is what a region's store reports about its home.
+type RegionHealth struct {
+	Region       string
+	HomeCalls    int64 // calls to the home Redis
+	HomeFailures int64 // calls that failed or timed out
+	Granted      int64 // units the home granted this region
+	GivenBack    int64 // units this region gave back home
+	LostBack     int64 // units of give-backs that failed (the home keeps them)
+	Share        float64
+	Held         int64         // units the region's pool held when last looked at
+	RTT          time.Duration // home calls' round trip, a moving average
+	Cut          bool          // the last call to the home failed
+}
+
+// Region reports the region's state, or false when the store has no home.
+func (s *Store) Region() (RegionHealth, bool) {
+	rg := s.region
+	if rg == nil {
+		return RegionHealth{}, false
+	}
+	return RegionHealth{
+		Region: rg.name, HomeCalls: rg.homeCalls.Load(), HomeFailures: rg.homeFailures.Load(),
+		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), LostBack: rg.lostBack.Load(),
+		Share: float64(rg.share.Load()) / 1e6, Held: rg.held.Load(), RTT: time.Duration(rg.rtt.Load()),
+		Cut: rg.cutSince.Load() != 0,
+	}, true
+}
+
+// CheckRegionRule reports whether rule r can be held across regions:
+// token buckets and GCRA can; other algorithms not yet.
+func CheckRegionRule(r *admit.Rule) error {
+	if err := CheckRule(r); err != nil {
+		return err
+	}
+	switch r.Algorithm {
+	case admit.TokenBucket, admit.GCRA:
+		return nil
+	}
+	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket or gcra", r.Name, r.Algorithm)
+}
+
+// regionCharge reports whether charge i can be decided across regions.
+func regionCharge(i int, c *admit.Charge) error {
+	var msg string
+	switch err := CheckRegionRule(c.Rule); {
+	case err != nil:
+		msg = err.Error()
+	case c.Debit:
+		msg = "rule " + strconv.Quote(c.Rule.Name) + ": debits are not decided across regions yet"
+	case c.Share != nil:
+		msg = "rule " + strconv.Quote(c.Rule.Name) + ": shared limits (fair shares) are not decided across regions yet"
+	default:
+		return nil
+	}
+	return &admit.Error{Code: admit.CodeInvalid, Field: "charges[" + strconv.Itoa(i) + "]", Message: "redisstore: " + msg}
+}
+
+func (s *Store) poolKey(p *allowance) string  { return s.prefix + "r{" + p.tag + "}" + p.key }
+func (s *Store) agentKey(p *allowance) string { return s.prefix + "a{" + p.tag + "}" + p.key }
+func (s *Store) homeKey(p *allowance) string  { return s.prefix + "h{" + p.tag + "}" + p.key }
+func (s *Store) epochKey(p *allowance) string { return s.prefix + "e{" + p.tag + "}" }
+
+// decideRegion decides charges from allowances taken from the region's
+// pools: all or nothing, locally once the allowances are in hand.
+func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	if len(charges) > admit.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "redisstore: %d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	}
+	for i := range charges {
+		if _, err := checkCharge(i, &charges[i], false); err != nil {
+			return err
+		}
+		if err := regionCharge(i, &charges[i]); err != nil {
+			return err
+		}
+	}
+	s.decisions.Add(1)
+	d.Reset()
+	if len(charges) == 0 {
+		d.Allowed = true
+		return nil
+	}
+	now := s.now()
+	var pools [admit.MaxCharges]*allowance
+	ps := pools[:len(charges)]
+	dry := false
+	for i := range charges {
+		ps[i] = s.allowanceOf(&charges[i], now)
+		dry = dry || charges[i].DryRun
+	}
+	if dry {
+		s.peekRegion(charges, ps, now, d)
+		return nil
+	}
+	for i, p := range ps {
+		p.mu.Lock()
+		p.asked += charges[i].Cost
+		p.mu.Unlock()
+	}
+	all := uint64(1)<<len(charges) - 1
+	var gens generations
+	for try := 0; ; try++ {
+		taken, refused := s.takeLocal(charges, ps, &gens, now, d)
+		if refused || taken == all {
+			s.localDecisions.Add(1)
+			d.At = now
+			d.Summarize()
+			return nil
+		}
+		if try == 1 {
+			s.putBack(charges, ps, &gens, taken)
+			break
+		}
+		var waits [admit.MaxCharges]*fetch
+		n := 0
+		for i, p := range ps {
+			if taken&(1<<i) != 0 {
+				continue
+			}
+			if f := p.fetchRegion(s, charges[i].Cost, now); f != nil {
+				waits[n] = f
+				n++
+			}
+		}
+		s.putBack(charges, ps, &gens, taken)
+		if n == 0 {
+			break
+		}
+		for _, f := range waits[:n] {
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", ctx.Err())
+			}
+			if f.err != nil {
+				return f.err
+			}
+		}
+		now = s.now()
+	}
+	// What is in hand does not cover the request: refuse it, each charge
+	// reporting what it holds and when it could be admitted.
+	d.Reset()
+	d.Results = d.Results[:0]
+	for i, p := range ps {
+		c := &charges[i]
+		p.mu.Lock()
+		p.release(now)
+		covered := p.avail >= c.Cost && now.Before(p.until)
+		r := p.result(now, covered)
+		if !covered {
+			r.RetryAfter = p.retryIn(c.Cost, now)
+			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
+		}
+		p.mu.Unlock()
+		d.Results = append(d.Results, r)
+	}
+	s.localDecisions.Add(1)
+	d.At = now
+	d.Summarize()
+	return nil
+}
+
+// peekRegion answers a dry run from what the allowances hold.
+func (s *Store) peekRegion(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
+	for i, p := range ps {
+		c := &charges[i]
+		p.mu.Lock()
+		p.release(now)
+		ok := c.Cost == 0 || p.avail >= c.Cost && now.Before(p.until)
+		r := p.result(now, ok)
+		if !ok {
+			r.RetryAfter = p.retryIn(c.Cost, now)
+		}
+		p.mu.Unlock()
+		d.Results = append(d.Results, r)
+	}
+	d.At = now
+	d.Summarize()
+}
+
+// retryIn estimates how long from now until p could cover cost. p.mu is
+// held, and release has run.
+func (p *allowance) retryIn(cost int64, now time.Time) time.Duration {
+	switch {
+	case now.Before(p.refusedUntil):
+		return p.refusedUntil.Sub(now)
+	case p.avail+p.future >= cost && now.Before(p.until):
+		return p.dueIn(cost-p.avail, now)
+	}
+	return max(spanOf(p.rule.Rate, cost-p.avail-p.future), time.Millisecond)
+}
+
+// fetchRegion returns the take from the pool that should cover cost in p,
+// started if need be, or nil when none would: p covers it, or the pool
+// said nothing unlocks before a time still to come.
+func (p *allowance) fetchRegion(s *Store, cost int64, now time.Time) *fetch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fetch != nil {
+		return p.fetch
+	}
+	if (p.avail+p.future >= cost && now.Before(p.until)) || now.Before(p.refusedUntil) {
+		return nil
+	}
+	return p.startFetch(s, cost, now)
+}
+
+// poolTake is the reply of a take from a pool.
+type poolTake struct {
+	got, first, hold, held, next int64 // units; µs from the reply
+	need                         bool
+	gen                          int64
+}
+
+// take takes up to want units of p's pool, reporting arrivals units asked
+// of this server since its last take.
+func (s *Store) take(p *allowance, want, arrivals int64) (poolTake, error) {
+	var t poolTake
+	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
+			strconv.FormatInt(want, 10), strconv.FormatInt(arrivals, 10),
+			strconv.FormatInt(regionHorizon.Microseconds(), 10), strconv.FormatInt(s.region.period().Microseconds(), 10)}).ToArray()
+		if err != nil {
+			return err
+		}
+		if len(v) != 8 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: a pool take replied %d values, want 8", len(v))
+		}
+		var x [7]int64
+		for i := range x {
+			if x[i], err = v[i].AsInt64(); err != nil {
+				return err
+			}
+		}
+		t = poolTake{got: x[0], first: x[1], hold: x[2], held: x[3], next: x[4], need: x[5] == 1, gen: x[6]}
+		return nil
+	})
+	return t, err
+}
+
+// period is how long a pool's units should last at its demand: at least
+// regionPeriod, and four round trips to the home.
+func (rg *region) period() time.Duration {
+	return max(regionPeriod, 4*time.Duration(rg.rtt.Load()))
+}
+
+// takePool takes up to want units of p's pool into p, refilling the pool
+// from home first when it holds nothing, and in the background when it
+// runs low.
+func (s *Store) takePool(p *allowance, f *fetch, want int64) {
+	defer s.leased.fetches.Done()
+	p.mu.Lock()
+	asked, cold := p.asked, p.hgen == 0
+	p.asked = 0
+	p.mu.Unlock()
+	sent := s.now()
+	t, err := s.take(p, want, asked)
+	if err == nil && t.need {
+		if t.got == 0 && t.held == 0 && cold {
+			// The region holds nothing of a key this server never had
+			// units of: its first decision waits for the home. Later
+			// ones are refused until the refill lands, since a region
+			// that spent everything is asking for more than its share.
+			s.refill(p)
+			sent = s.now()
+			t, err = s.take(p, want, 0)
+		} else {
+			s.goRefill(p)
+		}
+	}
+	recv := s.now()
+	s.withdrawals.Add(1)
+	p.mu.Lock()
+	p.fetch = nil
+	if err != nil {
+		f.err = err
+		p.mu.Unlock()
+		close(f.done)
+		return
+	}
+	s.region.held.Store(t.held)
+	if t.got > 0 {
+		p.book(t.got, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
+		p.until = minTime(p.until, sent.Add(time.Duration(t.hold)*time.Microsecond))
+		p.hgen = t.gen
+		s.withdrawn.Add(t.got)
+	} else if s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && t.held == 0 {
+		f.err = admit.Errorf(admit.CodeUnavailable, "redisstore: region %s is cut from its home and holds nothing of %q", s.region.name, p.rule.Name)
+	} else {
+		wait := time.Duration(t.next) * time.Microsecond
+		if t.next < 0 {
+			// Nothing held: the home granted nothing (the bucket is
+			// spent), or cannot be reached; ask again in a moment.
+			wait = min(max(spanOf(p.rule.Rate, 1), time.Millisecond), 100*time.Millisecond)
+		}
+		p.refusedUntil, p.refusedCost = recv.Add(wait), 1
+		p.refusal = admit.Result{Rule: p.rule.Name, Shadow: p.rule.Shadow, Limit: p.rule.Capacity()}
+	}
+	p.grant = t.got
+	p.shared = t.held
+	p.mu.Unlock()
+	close(f.done)
+}
+
+// goRefill refills p's pool in the background, unless the store is
+// closing.
+func (s *Store) goRefill(p *allowance) {
+	a := &s.leased
+	a.fetchMu.Lock()
+	defer a.fetchMu.Unlock()
+	if a.closing {
+		return
+	}
+	a.fetches.Add(1)
+	go func() {
+		defer a.fetches.Done()
+		s.refill(p)
+	}()
+}
+
+// unlockScript deletes a lock if it is still the caller's.
+var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+// refill is a region's agent for p's key: it gives back home what the
+// pool no longer needs and asks for what it lacks, if no other server of
+// the region is doing so.
+func (s *Store) refill(p *allowance) {
+	rg := s.region
+	rg.mu.Lock()
+	if rg.agents == nil {
+		rg.agents = make(map[string]time.Time)
+	}
+	pk := s.poolKey(p)
+	rg.agents[pk] = s.now()
+	rg.mu.Unlock()
+
+	token := newID()
+	var locked bool
+	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		err := client.Do(ctx, client.B().Set().Key(s.agentKey(p)).Value(token).Nx().Px(agentLock).Build()).Error()
+		if rueidis.IsRedisNil(err) {
+			return nil
+		}
+		locked = err == nil
+		return err
+	}); err != nil || !locked {
+		return
+	}
+	defer s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		return unlockScript.Exec(ctx, client, []string{s.agentKey(p)}, []string{token}).Error()
+	})
+
+	period := rg.period()
+	var prep []int64
+	var demand string
+	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		v, err := poolScript.Exec(ctx, client, []string{pk}, []string{"a", strconv.FormatInt(period.Microseconds(), 10)}).ToArray()
+		if err != nil {
+			return err
+		}
+		if len(v) < 3 || (len(v)-3)%3 != 0 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: a pool replied %d values", len(v))
+		}
+		demand, _ = v[2].ToString()
+		prep = make([]int64, 0, len(v)-1)
+		for i, x := range v {
+			if i == 2 {
+				continue
+			}
+			n, err := x.AsInt64()
+			if err != nil {
+				return err
+			}
+			prep = append(prep, n)
+		}
+		return nil
+	}); err != nil {
+		return
+	}
+	held, target, back := prep[0], prep[1], prep[2:]
+	rg.held.Store(held)
+	want := max(target-held, 0)
+	if len(back) == 0 && held >= (target+1)/2 {
+		return
+	}
+	r := p.rule
+	initial := r.Burst
+	if r.Initial != nil {
+		initial = *r.Initial
+	}
+	args := []string{rg.name, strconv.FormatInt(r.Rate.N, 10), strconv.FormatInt(r.Rate.Per.Microseconds(), 10),
+		strconv.FormatInt(r.Burst, 10), strconv.FormatInt(initial, 10), strconv.FormatInt(regionLookahead.Microseconds(), 10),
+		strconv.FormatInt(want, 10), demand}
+	var units int64
+	for i := 0; i+2 < len(back); i += 3 {
+		args = append(args, strconv.FormatInt(back[i], 10), strconv.FormatInt(back[i+1], 10), strconv.FormatInt(back[i+2], 10))
+		units += back[i+1]
+	}
+	sent := s.now()
+	var g, first, last, gen, share int64
+	var T float64
+	err := rg.home.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p), rg.home.epochKey(p)}, args).ToArray()
+		if err != nil {
+			return err
+		}
+		if len(v) != 6 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 6", len(v))
+		}
+		var x [5]int64
+		for i := range x {
+			if x[i], err = v[i].AsInt64(); err != nil {
+				return err
+			}
+		}
+		g, first, last, gen, share = x[0], x[1], x[2], x[3], x[4]
+		ts, err := v[5].ToString()
+		if err != nil {
+			return err
+		}
+		T, err = strconv.ParseFloat(ts, 64)
+		return err
+	})
+	recv := s.now()
+	rg.homeCalls.Add(1)
+	if err != nil {
+		rg.homeFailures.Add(1)
+		rg.lostBack.Add(units)
+		rg.cutSince.CompareAndSwap(0, recv.UnixNano())
+		return
+	}
+	rg.cutSince.Store(0)
+	rg.givenBack.Add(units)
+	rg.share.Store(share)
+	rtt := int64(recv.Sub(sent))
+	if old := rg.rtt.Load(); old == 0 {
+		rg.rtt.Store(rtt)
+	} else {
+		rg.rtt.Store(old + (rtt-old)/8)
+	}
+	if g <= 0 {
+		return
+	}
+	rg.granted.Add(g)
+	// Unlocks count from when the reply arrived (late), expiry from when
+	// the call was sent (early).
+	dnow := s.now()
+	uOff := first - dnow.Sub(recv).Microseconds()
+	eOff := sent.Add(time.Duration(max(last, 0))*time.Microsecond + regionHold).Sub(dnow).Microseconds()
+	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		return poolScript.Exec(ctx, client, []string{pk}, []string{"d", strconv.FormatInt(gen, 10), strconv.FormatInt(uOff, 10),
+			strconv.FormatInt(g, 10), strconv.FormatFloat(T, 'g', -1, 64), strconv.FormatInt(eOff, 10)}).Error()
+	}); err != nil {
+		s.lost.Add(g)
+	}
+}
+
+// returnToPool gives back to p's pool the units p holds that are due; the
+// others are lost, which only admits less.
+func (s *Store) returnToPool(p *allowance) {
+	now := s.now()
+	p.mu.Lock()
+	p.release(now)
+	n, until, gen := p.avail, p.until, p.hgen
+	p.avail, p.future = 0, 0
+	p.gen++
+	p.mu.Unlock()
+	if n <= 0 || !now.Before(until) {
+		return
+	}
+	hold := until.Sub(now).Microseconds()
+	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", strconv.FormatInt(gen, 10),
+			strconv.FormatInt(n, 10), strconv.FormatInt(hold, 10)}).Error()
+	}); err != nil {
+		s.lost.Add(n)
+		return
+	}
+	s.refunded.Add(n)
+}
+
+// sweepRegion looks at the pools of keys this server used lately and not
+// refilled for agentEvery, so that a pool whose demand went away gives
+// back what it holds.
+func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
+	rg := s.region
+	for _, p := range ps {
+		rg.mu.Lock()
+		last, ok := rg.agents[s.poolKey(p)]
+		rg.mu.Unlock()
+		if ok && now.Sub(last) < agentEvery {
+			continue
+		}
+		s.goRefill(p)
+	}
+	rg.mu.Lock()
+	for k, at := range rg.agents {
+		if now.Sub(at) > leaseForget {
+			delete(rg.agents, k)
+		}
+	}
+	rg.mu.Unlock()
+}
+
+// refundRegion puts back into the allowances of charges the units a
+// decision took, while they last.
+func (s *Store) refundRegion(charges []admit.Charge) {
+	now := s.now()
+	for i := range charges {
+		c := &charges[i]
+		if c.Cost <= 0 || regionCharge(i, c) != nil {
+			continue
+		}
+		p := s.allowanceOf(c, now)
+		p.mu.Lock()
+		if now.Before(p.until) {
+			p.avail += c.Cost
+		}
+		p.mu.Unlock()
+	}
+}
+
