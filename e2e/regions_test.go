@@ -107,7 +107,26 @@ type regionProcs struct {
 	name    string
 	redis   *redistest.Server
 	link    *toxiproxy.Proxy
+	mu      sync.Mutex
 	servers []*admitProcess
+}
+
+// server returns the region's nth server, round robin.
+func (r *regionProcs) server(n int) *admitProcess {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.servers[n%len(r.servers)]
+}
+
+// replace starts a new server in region r and then kills the first one,
+// by its PID, as a rolling restart would.
+func (d *regionsDeployment) replace(r *regionProcs) {
+	s := d.startServer(r)
+	r.mu.Lock()
+	old := r.servers[0]
+	r.servers = append(r.servers[1:], s)
+	r.mu.Unlock()
+	_ = old.cmd.Process.Kill()
 }
 
 // deployRegions starts the home, n regions of one server each, and links
@@ -190,7 +209,7 @@ func (l *load) region(i int, r *regionProcs) {
 			defer workers.Done()
 			n := 0
 			for sent := range jobs {
-				srv := r.servers[n%len(r.servers)]
+				srv := r.server(n)
 				n++
 				status := 0
 				resp, err := client.Post(srv.url+"/v1/check", "application/json", strings.NewReader(`{"tenant":"acme","user":"u"}`))
@@ -392,4 +411,43 @@ func metricLabeled(t *testing.T, url, name string) float64 {
 	}
 	t.Fatalf("%s has no metric %s", url, name)
 	return 0
+}
+
+// TestRegionsRestarts: under load at 1.5× the rate, a region's server is
+// replaced, another region's Redis restarts empty, and then the home
+// restarts empty: the regions together never admit more than the bucket
+// would, and every region admits again after each.
+func TestRegionsRestarts(t *testing.T) {
+	d := deployRegions(t, []string{"a", "b", "c"}, 40)
+	total := 1.5 * regionsRate
+	l := startLoad(d, []float64{total / 3, total / 3, total / 3})
+	var marks []time.Duration
+	step := func(what string, f func()) {
+		time.Sleep(3 * time.Second)
+		marks = append(marks, time.Since(l.start))
+		t.Logf("%v: %s", marks[len(marks)-1], what)
+		f()
+	}
+	step("region a's server replaced", func() { d.replace(d.regions[0]) })
+	step("region b's Redis restarted empty", func() { d.regions[1].redis.Restart(t) })
+	step("the home restarted empty", func() { d.home.Restart(t) })
+	time.Sleep(4 * time.Second)
+	out := l.finish()
+	end := time.Since(l.start)
+	t.Logf("statuses: %v", statuses(out))
+	checkRegionBounds(t, out, regionBoundSlack)
+	for i, from := range marks {
+		to := end
+		if i+1 < len(marks) {
+			to = marks[i+1]
+		}
+		// Give the home's fence (τ + lookahead: 0.75 s) and a refill time.
+		per := admittedBetween(out, 3, from+2*time.Second, to)
+		t.Logf("from %v to %v: %v", from+2*time.Second, to, per)
+		for r, n := range per {
+			if n == 0 {
+				t.Errorf("region %s admitted nothing from %v to %v", d.regions[r].name, from+2*time.Second, to)
+			}
+		}
+	}
 }

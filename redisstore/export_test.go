@@ -94,3 +94,34 @@ func CountedKey(s *Store, c *admit.Charge) string {
 	key, _ := s.countedKey(c, n-n%w+w)
 	return key
 }
+
+// HomeCall runs the home's script on key with args (homeScript's ARGV),
+// as a region's agent does, and returns its reply's integers (the text
+// ones as 0).
+func HomeCall(s *Store, key string, args ...string) ([]int64, error) {
+	return scriptCall(s, homeScript, key, args)
+}
+
+// PoolCall runs a pool's script on key with args (poolScript's ARGV).
+func PoolCall(s *Store, key string, args ...string) ([]int64, error) {
+	return scriptCall(s, poolScript, key, args)
+}
+
+func scriptCall(s *Store, script *rueidis.Lua, key string, args []string) ([]int64, error) {
+	var out []int64
+	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		v, err := script.Exec(ctx, client, []string{key}, args).ToArray()
+		if err != nil {
+			return err
+		}
+		for _, x := range v {
+			n, err := x.AsInt64()
+			if err != nil {
+				n = 0
+			}
+			out = append(out, n)
+		}
+		return nil
+	})
+	return out, err
+}

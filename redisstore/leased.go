@@ -123,8 +123,10 @@ type allowance struct {
 	// Across regions (see region.go): the units asked of this server
 	// since its last take from the pool, refused ones too (the region's
 	// demand), and the home key's incarnation its units came from.
-	asked int64
-	hgen  int64
+	asked   int64
+	hgen    int64
+	lastAsk time.Time // the last decision that asked for units
+	idle    bool      // it came after leaseIdle without one
 }
 
 // fetch is a withdrawal in flight; done is closed when it has landed.

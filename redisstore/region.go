@@ -1,7 +1,9 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -72,6 +74,15 @@ const (
 	// servers have not refilled it, to give back what it no longer
 	// needs.
 	agentEvery = 500 * time.Millisecond
+	// maxRefills bounds the refills one store has in flight, so that a
+	// flood of keys never seen (each one's first decision waits for the
+	// home) costs the home a bounded number of calls: past it, a cold
+	// key's decision is refused for a moment, and a pool running low
+	// waits for its next take to be refilled.
+	maxRefills = 128
+	// maxSweptPools bounds the pools one sweep looks at: those that held
+	// the most when last seen.
+	maxSweptPools = 32
 )
 
 // CutPolicy says what a region cut from its home does once it has spent
@@ -101,6 +112,8 @@ type region struct {
 	held                    atomic.Int64 // what the last pool looked at held
 	rtt                     atomic.Int64 // a moving average of home calls, ns
 	cutSince                atomic.Int64 // unix ns of the first failure in a row, 0 when the home answers
+
+	refills chan struct{} // a slot per refill in flight (maxRefills)
 
 	mu     sync.Mutex
 	agents map[string]time.Time // last refill started, by pool key
@@ -135,16 +148,17 @@ func (s *Store) Region() (RegionHealth, bool) {
 }
 
 // CheckRegionRule reports whether rule r can be held across regions:
-// token buckets and GCRA can; other algorithms not yet.
+// token buckets, GCRA, fixed windows and quotas can; sliding windows and
+// logs, floor + burst combinations and concurrency limits not yet.
 func CheckRegionRule(r *admit.Rule) error {
 	if err := CheckRule(r); err != nil {
 		return err
 	}
 	switch r.Algorithm {
-	case admit.TokenBucket, admit.GCRA:
+	case admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.Quota:
 		return nil
 	}
-	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket or gcra", r.Name, r.Algorithm)
+	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
 }
 
 // regionCharge reports whether charge i can be decided across regions.
@@ -163,10 +177,26 @@ func regionCharge(i int, c *admit.Charge) error {
 	return &admit.Error{Code: admit.CodeInvalid, Field: "charges[" + strconv.Itoa(i) + "]", Message: "redisstore: " + msg}
 }
 
-func (s *Store) poolKey(p *allowance) string  { return s.prefix + "r{" + p.tag + "}" + p.key }
-func (s *Store) agentKey(p *allowance) string { return s.prefix + "a{" + p.tag + "}" + p.key }
-func (s *Store) homeKey(p *allowance) string  { return s.prefix + "h{" + p.tag + "}" + p.key }
-func (s *Store) epochKey(p *allowance) string { return s.prefix + "e{" + p.tag + "}" }
+// The keys of a limit held across regions: its pool and the lock of its
+// agent in the region's Redis, its state at home. They name the kind of
+// state they hold (b, a bucket, or c, a count), so that a rule whose
+// algorithm changed under the same name starts anew.
+func (s *Store) poolKey(p *allowance) string {
+	return s.prefix + "r{" + p.tag + "}" + kindOf(p.rule) + p.key
+}
+func (s *Store) agentKey(p *allowance) string {
+	return s.prefix + "a{" + p.tag + "}" + kindOf(p.rule) + p.key
+}
+func (s *Store) homeKey(p *allowance) string {
+	return s.prefix + "h{" + p.tag + "}" + kindOf(p.rule) + p.key
+}
+
+func kindOf(r *admit.Rule) string {
+	if isBucket(r) {
+		return "b"
+	}
+	return "c"
+}
 
 // decideRegion decides charges from allowances taken from the region's
 // pools: all or nothing, locally once the allowances are in hand.
@@ -203,6 +233,8 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	for i, p := range ps {
 		p.mu.Lock()
 		p.asked += charges[i].Cost
+		p.idle = now.Sub(p.lastAsk) >= leaseIdle
+		p.lastAsk = now
 		p.mu.Unlock()
 	}
 	all := uint64(1)<<len(charges) - 1
@@ -295,8 +327,28 @@ func (p *allowance) retryIn(cost int64, now time.Time) time.Duration {
 		return p.refusedUntil.Sub(now)
 	case p.avail+p.future >= cost && now.Before(p.until):
 		return p.dueIn(cost-p.avail, now)
+	case !isBucket(p.rule):
+		// A count admits more only when the home has more to grant, at
+		// the latest when its period ends.
+		return max(periodEnd(p.rule, now).Sub(now), time.Millisecond)
 	}
 	return max(spanOf(p.rule.Rate, cost-p.avail-p.future), time.Millisecond)
+}
+
+func isBucket(r *admit.Rule) bool {
+	return r.Algorithm == admit.TokenBucket || r.Algorithm == admit.GCRA
+}
+
+// periodEnd returns the end of the period of count rule r (a fixed window
+// or a quota) that now is in.
+func periodEnd(r *admit.Rule, now time.Time) time.Time {
+	if r.Algorithm == admit.Quota {
+		_, end := r.PeriodAt(now)
+		return end
+	}
+	us := now.UnixMicro()
+	wu := r.Window.Microseconds()
+	return time.UnixMicro(us - us%wu + wu)
 }
 
 // fetchRegion returns the take from the pool that should cover cost in p,
@@ -359,7 +411,11 @@ func (rg *region) period() time.Duration {
 func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	defer s.leased.fetches.Done()
 	p.mu.Lock()
-	asked, cold := p.asked, p.hgen == 0
+	asked, cold := p.asked, p.hgen == 0 || p.idle
+	if !isBucket(p.rule) {
+		// A count's first take in a new period, too.
+		cold = cold || periodEnd(p.rule, s.now()).UnixMicro() != p.hgen
+	}
 	p.asked = 0
 	p.mu.Unlock()
 	sent := s.now()
@@ -367,9 +423,11 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	if err == nil && t.need {
 		if t.got == 0 && t.held == 0 && cold {
 			// The region holds nothing of a key this server never had
-			// units of: its first decision waits for the home. Later
-			// ones are refused until the refill lands, since a region
-			// that spent everything is asking for more than its share.
+			// units of, or had none asked of for a while (or, for a
+			// count, not in this period): its decision waits for the
+			// home. A busy server's are refused until the refill lands,
+			// since a region that spent everything is asking for more
+			// than its share.
 			s.refill(p)
 			sent = s.now()
 			t, err = s.take(p, want, 0)
@@ -389,8 +447,22 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	}
 	s.region.held.Store(t.held)
 	if t.got > 0 {
-		p.book(t.got, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
-		p.until = minTime(p.until, sent.Add(time.Duration(t.hold)*time.Microsecond))
+		until := sent.Add(time.Duration(t.hold) * time.Microsecond)
+		if p.books() {
+			p.book(t.got, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
+			p.until = minTime(p.until, until)
+		} else {
+			// A count's units are all there at once, and last until its
+			// period ends: units of an older period are worth nothing.
+			if p.hgen != t.gen || !sent.Before(p.until) {
+				s.expired.Add(p.avail)
+				p.avail = 0
+				p.gen++
+				p.until = until
+			}
+			p.avail += t.got
+			p.until = minTime(p.until, until)
+		}
 		p.hgen = t.gen
 		s.withdrawn.Add(t.got)
 	} else if s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && t.held == 0 {
@@ -398,9 +470,12 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	} else {
 		wait := time.Duration(t.next) * time.Microsecond
 		if t.next < 0 {
-			// Nothing held: the home granted nothing (the bucket is
+			// Nothing held: the home granted nothing (the limit is
 			// spent), or cannot be reached; ask again in a moment.
-			wait = min(max(spanOf(p.rule.Rate, 1), time.Millisecond), 100*time.Millisecond)
+			wait = 100 * time.Millisecond
+			if isBucket(p.rule) {
+				wait = min(max(spanOf(p.rule.Rate, 1), time.Millisecond), wait)
+			}
 		}
 		p.refusedUntil, p.refusedCost = recv.Add(wait), 1
 		p.refusal = admit.Result{Rule: p.rule.Name, Shadow: p.rule.Shadow, Limit: p.rule.Capacity()}
@@ -435,6 +510,12 @@ var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1
 // the region is doing so.
 func (s *Store) refill(p *allowance) {
 	rg := s.region
+	select {
+	case rg.refills <- struct{}{}:
+		defer func() { <-rg.refills }()
+	default:
+		return
+	}
 	rg.mu.Lock()
 	if rg.agents == nil {
 		rg.agents = make(map[string]time.Time)
@@ -492,14 +573,7 @@ func (s *Store) refill(p *allowance) {
 	if len(back) == 0 && held >= (target+1)/2 {
 		return
 	}
-	r := p.rule
-	initial := r.Burst
-	if r.Initial != nil {
-		initial = *r.Initial
-	}
-	args := []string{rg.name, strconv.FormatInt(r.Rate.N, 10), strconv.FormatInt(r.Rate.Per.Microseconds(), 10),
-		strconv.FormatInt(r.Burst, 10), strconv.FormatInt(initial, 10), strconv.FormatInt(regionLookahead.Microseconds(), 10),
-		strconv.FormatInt(want, 10), demand}
+	args := append([]string{rg.name}, s.homeArgs(p.rule, want, demand)...)
 	var units int64
 	for i := 0; i+2 < len(back); i += 3 {
 		args = append(args, strconv.FormatInt(back[i], 10), strconv.FormatInt(back[i+1], 10), strconv.FormatInt(back[i+2], 10))
@@ -508,13 +582,17 @@ func (s *Store) refill(p *allowance) {
 	sent := s.now()
 	var g, first, last, gen, share int64
 	var T float64
+	var pos string
 	err := rg.home.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p), rg.home.epochKey(p)}, args).ToArray()
+		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p)}, args).ToArray()
 		if err != nil {
 			return err
 		}
-		if len(v) != 6 {
-			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 6", len(v))
+		if len(v) != 7 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 7", len(v))
+		}
+		if pos, err = v[6].ToString(); err != nil {
+			return err
 		}
 		var x [5]int64
 		for i := range x {
@@ -555,13 +633,38 @@ func (s *Store) refill(p *allowance) {
 	// the call was sent (early).
 	dnow := s.now()
 	uOff := first - dnow.Sub(recv).Microseconds()
-	eOff := sent.Add(time.Duration(max(last, 0))*time.Microsecond + regionHold).Sub(dnow).Microseconds()
+	hold := regionHold
+	if T == 0 {
+		hold = 0 // a count's units are worth nothing once its period ends
+	}
+	eOff := sent.Add(time.Duration(max(last, 0))*time.Microsecond + hold).Sub(dnow).Microseconds()
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{pk}, []string{"d", strconv.FormatInt(gen, 10), strconv.FormatInt(uOff, 10),
-			strconv.FormatInt(g, 10), strconv.FormatFloat(T, 'g', -1, 64), strconv.FormatInt(eOff, 10)}).Error()
+			strconv.FormatInt(g, 10), strconv.FormatFloat(T, 'g', -1, 64), strconv.FormatInt(eOff, 10), pos}).Error()
 	}); err != nil {
 		s.lost.Add(g)
 	}
+}
+
+// homeArgs returns the home's arguments (homeScript) for rule r after the
+// region's name: what it is, and what the region wants of it.
+func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
+	w := strconv.FormatInt(want, 10)
+	switch r.Algorithm {
+	case admit.FixedWindow:
+		return []string{"c", w, demand, itoa(r.Limit), itoa(r.Window.Microseconds()), "0", "0", "0"}
+	case admit.Quota:
+		now := s.now()
+		start, end := r.PeriodAt(now)
+		_, next := r.PeriodAt(end)
+		return []string{"c", w, demand, itoa(r.Limit), "0", itoa(start.UnixMicro()), itoa(end.UnixMicro()), itoa(next.UnixMicro())}
+	}
+	initial := r.Burst
+	if r.Initial != nil {
+		initial = *r.Initial
+	}
+	return []string{"b", w, demand, itoa(r.Rate.N), itoa(r.Rate.Per.Microseconds()), itoa(r.Burst), itoa(initial),
+		itoa(regionLookahead.Microseconds())}
 }
 
 // returnToPool gives back to p's pool the units p holds that are due; the
@@ -593,7 +696,21 @@ func (s *Store) returnToPool(p *allowance) {
 // back what it holds.
 func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
 	rg := s.region
-	for _, p := range ps {
+	held := make([]int64, len(ps))
+	for i, p := range ps {
+		p.mu.Lock()
+		held[i] = p.shared
+		p.mu.Unlock()
+	}
+	idx := make([]int, 0, len(ps))
+	for i := range ps {
+		if held[i] > 0 {
+			idx = append(idx, i)
+		}
+	}
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(held[b], held[a]) })
+	for _, i := range idx[:min(len(idx), maxSweptPools)] {
+		p := ps[i]
 		rg.mu.Lock()
 		last, ok := rg.agents[s.poolKey(p)]
 		rg.mu.Unlock()
@@ -628,4 +745,3 @@ func (s *Store) refundRegion(charges []admit.Charge) {
 		p.mu.Unlock()
 	}
 }
-

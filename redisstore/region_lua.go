@@ -2,100 +2,148 @@ package redisstore
 
 import "github.com/redis/rueidis"
 
-// homeScript is the home's side of a bucket held across regions: one
-// call grants a region a stretch of the bucket's timeline and applies the
-// give-backs it carries.
+// homeScript is the home's side of a limit held across regions: one call
+// grants a region part of the limit and applies the give-backs it
+// carries.
 //
-// KEYS[1] is the limit's hash: tat (µs, Redis time; the end of the
-// timeline handed out), gen (when this incarnation of the key was made),
-// and per region r: d:r (its demand, units a second), t:r (when it said
-// so) and s:r (the last give-back applied). KEYS[2] is the epoch of the
-// keys of its hash tag: when they were first made after the home lost
-// them (a restart without persistence), shared by the tag so that it
-// is lost with them.
+// KEYS[1] is the limit's hash. A bucket keeps tat (µs, Redis time; the
+// end of the timeline handed out) and gen (when this incarnation of the
+// key was made); a count (a fixed window or a quota) keeps p, the end of
+// its period (µs), which is also its gen, and c, the units granted in
+// it. Both keep, per region r, d:r (its demand, units a second), t:r
+// (when it said so) and s:r (the last give-back applied).
 //
-// ARGV: region, N, per (µs), burst, initial, lookahead (µs), want,
-// demand, then give-backs as triples gen, units, seq.
+// ARGV: region, kind (b or c), want, demand, then for a bucket N, per
+// (µs), burst, initial and lookahead (µs), for a count its limit, its
+// window (µs; 0 for a quota) and a quota's period in progress and the
+// next (start, end, next end, µs), then give-backs as triples gen,
+// units, seq.
 //
-// A key made new starts at max(now + (burst - initial)·T, epoch + τ + Λ):
-// a key lost to a restart may have handed out positions up to τ + Λ after
-// the restart, and every new position must come after them.
+// A home that lost its keys (a restart without persistence) cannot tell
+// a bucket it lost from a new one, and the regions may still spend what
+// the lost one granted. So a bucket made new while the server has been
+// up for less than τ + lookahead starts at the later of the time its
+// initial balance says and the server's start + τ + lookahead: every
+// position the lost key handed out came before. A count has no such
+// bound: what it granted in its period is simply forgotten, so counts
+// need a home that keeps its data (docs/architecture.md).
 //
-// The reply: granted, first unlock (µs from now), last unlock (µs from
-// now), gen, the region's share (parts per million), and T as text.
+// The reply: granted, first unlock (µs from now), last unlock (a count:
+// its period's end; µs from now), gen, the region's share (parts per
+// million), T as text (0 for a count), and the grant's name as text.
 var homeScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local region = ARGV[1]
-local n, per = tonumber(ARGV[2]), tonumber(ARGV[3])
-local burst, initial, look = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local want, demand = tonumber(ARGV[7]), tonumber(ARGV[8])
-local T = per / n
-local tau = burst * T
-local ep = tonumber(redis.call('GET', KEYS[2]))
-if not ep then
-  ep = now
-  redis.call('SET', KEYS[2], string.format('%d', ep))
+local info = redis.call('INFO', 'server')
+local started = now - (tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) * 1000000
+local region, kind = ARGV[1], ARGV[2]
+local want, demand = tonumber(ARGV[3]), tonumber(ARGV[4])
+local i, gen, avail, capacity
+local T, tat, c, pend, tau, look = 0
+if kind == 'b' then
+  local n, per = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local burst, initial = tonumber(ARGV[7]), tonumber(ARGV[8])
+  look = tonumber(ARGV[9])
+  i = 10
+  T = per / n
+  tau = burst * T
+  capacity = n * 1000000 / per
+  local h = redis.call('HMGET', KEYS[1], 'tat', 'gen')
+  tat, gen = tonumber(h[1]), tonumber(h[2])
+  if not tat then
+    gen = now
+    tat = math.ceil(math.max(now + (burst - initial) * T, started + tau + look))
+    redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen))
+  end
+else
+  local limit, wu = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local s1, e1, e2 = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+  i = 10
+  local pstart
+  if wu > 0 then
+    pend = now - math.fmod(now, wu) + wu
+    pstart = pend - wu
+  elseif now < e1 then
+    pstart, pend = s1, e1
+  else
+    pstart, pend = e1, e2
+  end
+  -- Shares are of a rate: the limit over the period's length.
+  capacity = limit * 1000000 / (pend - pstart)
+  local h = redis.call('HMGET', KEYS[1], 'p', 'c')
+  local p
+  p, c = tonumber(h[1]), tonumber(h[2])
+  if p ~= pend then c = 0 end
+  gen = pend
 end
-local h = redis.call('HMGET', KEYS[1], 'tat', 'gen')
-local tat, gen = tonumber(h[1]), tonumber(h[2])
-if not tat then
-  gen = now
-  tat = math.max(now + (burst - initial) * T, ep + tau + look)
-  tat = math.ceil(tat)
-  redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen))
+local function giveBack(m)
+  if kind == 'b' then
+    tat = math.max(now, tat - math.floor(m * T))
+  else
+    c = math.max(0, c - m)
+  end
 end
-local i = 9
+local last = tonumber(redis.call('HGET', KEYS[1], 's:' .. region)) or 0
 while i + 2 <= #ARGV do
   local g, m, seq = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local last = tonumber(redis.call('HGET', KEYS[1], 's:' .. region)) or 0
   if g == gen and seq > last and m > 0 then
-    tat = math.max(now, tat - math.floor(m * T))
-    redis.call('HSET', KEYS[1], 's:' .. region, string.format('%d', seq))
+    giveBack(m)
+    last = seq
   end
   i = i + 3
 end
-redis.call('HSET', KEYS[1], 'd:' .. region, tostring(demand), 't:' .. region, string.format('%d', now))
--- Max-min fair shares of the rate among the regions that asked within
--- the last second, by their demand.
+redis.call('HSET', KEYS[1], 's:' .. region, string.format('%d', last), 'd:' .. region, tostring(demand), 't:' .. region, string.format('%d', now))
+-- Max-min fair shares among the regions that asked within the last
+-- second, by their demands.
 local all = redis.call('HGETALL', KEYS[1])
-local ds, mine = {}, 0
+local ds, at, mine, total = {}, {}, 0, 0
+for j = 1, #all, 2 do
+  local f = all[j]
+  if string.sub(f, 1, 2) == 't:' then at[string.sub(f, 3)] = tonumber(all[j + 1]) end
+end
 for j = 1, #all, 2 do
   local f = all[j]
   if string.sub(f, 1, 2) == 'd:' then
-    local r = string.sub(f, 3)
-    local at = tonumber(redis.call('HGET', KEYS[1], 't:' .. r)) or 0
-    local d = tonumber(all[j + 1]) or 0
-    if now - at <= 1000000 and d > 0 then
-      ds[#ds + 1] = {r, d}
-    end
+    local r, d = string.sub(f, 3), tonumber(all[j + 1]) or 0
+    if now - (at[r] or 0) <= 1000000 and d > 0 then ds[#ds + 1] = {r, d} end
   end
 end
 table.sort(ds, function(a, b) return a[2] < b[2] end)
-local left, total = n * 1000000 / per, 0
+local left = capacity
 for j = 1, #ds do
-  local fair = left / (#ds - j + 1)
-  local a = math.min(ds[j][2], fair)
+  local a = math.min(ds[j][2], left / (#ds - j + 1))
   left = left - a
   total = total + a
   if ds[j][1] == region then mine = a end
 end
 local w = 1
 if total > 0 then w = mine / total end
-if now > tat then tat = now end
-local avail = math.floor((now + tau + look - tat) / T)
-local g = math.min(want, math.floor(w * avail))
+local g, first, lastu, name, ttl
+if kind == 'b' then
+  if now > tat then tat = now end
+  avail = math.floor((now + tau + look - tat) / T)
+else
+  T = 0
+  avail = tonumber(ARGV[5]) - c
+end
+g = math.max(math.min(want, math.floor(w * avail)), 0)
 if g < 1 and want >= 1 and avail >= 1 then g = 1 end
-if g < 0 then g = 0 end
-local first = tat + T - tau
-local last = tat + g * T - tau
-tat = math.ceil(tat + g * T)
-redis.call('HSET', KEYS[1], 'tat', string.format('%d', tat))
-local ttl = math.ceil((tat - now + look) / 1000) + 60000
+if kind == 'b' then
+  name = tat
+  first = math.ceil(tat + T - tau - now)
+  lastu = math.ceil(tat + g * T - tau - now)
+  tat = math.ceil(tat + g * T)
+  redis.call('HSET', KEYS[1], 'tat', string.format('%d', tat))
+  ttl = math.ceil((tat - now + look) / 1000) + 60000
+else
+  name = c
+  c = c + g
+  first, lastu = 0, pend - now
+  redis.call('HSET', KEYS[1], 'p', string.format('%d', pend), 'c', string.format('%d', c))
+  ttl = math.ceil((pend - now) / 1000) + 60000
+end
 redis.call('PEXPIRE', KEYS[1], ttl)
-local ettl = redis.call('PTTL', KEYS[2])
-if ettl < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-return {g, math.ceil(first - now), math.ceil(last - now), gen, math.floor(w * 1000000), tostring(T)}
+return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name)}
 `)
 
 // poolScript is a region's pool of one bucket: the stretches of the
@@ -106,8 +154,10 @@ return {g, math.ceil(first - now), math.ceil(last - now), gen, math.floor(w * 10
 // k, T, e, g}: token j of n unlocks at u + j·T, k are taken, the rest
 // expire at e, all µs of this Redis's clock; g is the home key's gen),
 // b, the units to give back home (cmsgpack: {gen = units}), q the last
-// give-back's sequence number, a and at the arrivals counted since at,
-// and dem, the region's demand (units a second, a moving average).
+// give-back's sequence number (never less than the time it was made, so
+// that a pool made anew after a restart does not repeat old ones), a and
+// at the arrivals counted since at, dem, the region's demand (units a
+// second, a moving average), and ids, the names of the last grants added.
 //
 // ARGV[1] is the operation:
 //
@@ -120,14 +170,15 @@ return {g, math.ceil(first - now), math.ceil(last - now), gen, math.floor(w * 10
 //	  back what exceeds twice the target (demand × period, latest
 //	  first) and what expired. Replies held, target, demand, then gen,
 //	  units, seq triples to send home.
-//	d gen first n T hold: add a grant of n units, the first unlocking
-//	  first µs from now, one per T after it, held for hold µs.
+//	d gen first n T hold pos: add a grant of n units, the first
+//	  unlocking first µs from now, one per T after it, held for hold µs,
+//	  unless the grant (gen and pos name it) was added already.
 //	r gen n hold: add n units given back by a server, all unlocked.
 var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
@@ -212,7 +263,7 @@ elseif op == 'a' then
   reply = {held(), math.ceil(target), tostring(dem)}
   for g, m in pairs(back) do
     if m > 0 then
-      seq = seq + 1
+      seq = math.max(seq + 1, now)
       reply[#reply + 1] = tonumber(g)
       reply[#reply + 1] = m
       reply[#reply + 1] = seq
@@ -222,6 +273,17 @@ elseif op == 'a' then
 elseif op == 'd' or op == 'r' then
   local c
   if op == 'd' then
+    -- A grant is added once: a deposit sent twice finds its name among
+    -- the last ones added.
+    local id = ARGV[2] .. '/' .. ARGV[7]
+    local ids = {}
+    if h[7] then ids = cmsgpack.unpack(h[7]) end
+    for _, x in ipairs(ids) do
+      if x == id then return {held(), 0} end
+    end
+    ids[#ids + 1] = id
+    if #ids > 32 then table.remove(ids, 1) end
+    redis.call('HSET', KEYS[1], 'ids', cmsgpack.pack(ids))
     c = {u = now + tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = now + tonumber(ARGV[6]), g = tonumber(ARGV[2])}
   else
     c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = now + tonumber(ARGV[4]), g = tonumber(ARGV[2])}
@@ -233,7 +295,7 @@ elseif op == 'd' or op == 'r' then
     end
     table.insert(cs, at, c)
   end
-  reply = {held()}
+  reply = {held(), 1}
 end
 local emax = now
 for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end

@@ -6,7 +6,6 @@ import (
 	"net"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,8 +16,8 @@ import (
 
 // admission is one admitted decision, at the time its answer was back.
 type admission struct {
-	at     time.Duration
-	region int
+	sent, at time.Duration
+	region   int
 }
 
 // regionWorld is a home Redis and regions, each its own Redis with its
@@ -132,7 +131,8 @@ func hammer(w *regionWorld, rule *admit.Rule, callers []int, start time.Time, st
 							return
 						default:
 						}
-						err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, &d)
+						sent := time.Since(start)
+						err := s.Decide(context.Background(), []admit.Charge{{Key: rule.Name, Rule: rule, Cost: 1}}, &d)
 						at := time.Since(start)
 						if err != nil {
 							time.Sleep(time.Millisecond)
@@ -140,7 +140,7 @@ func hammer(w *regionWorld, rule *admit.Rule, callers []int, start time.Time, st
 						}
 						if d.Allowed {
 							mu.Lock()
-							out = append(out, admission{at, ri})
+							out = append(out, admission{sent, at, ri})
 							mu.Unlock()
 						} else {
 							time.Sleep(200 * time.Microsecond)
@@ -167,33 +167,173 @@ func checkFromStart(t *testing.T, adm []admission, rule *admit.Rule) {
 	}
 }
 
+// TestRegionsNeverOver: three regions of two servers each, their callers
+// skewed 6:2:1, hammer one bucket: together they never admit more than
+// burst + rate × t from before the key existed.
 func TestRegionsNeverOver(t *testing.T) {
 	w := newRegionWorld(t, 3, 2, redisstore.RefuseWhenCut)
 	rule := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(400), Burst: 100}
 	start := time.Now()
 	stop := make(chan struct{})
-	time.AfterFunc(6*time.Second, func() { close(stop) })
+	time.AfterFunc(3*time.Second, func() { close(stop) })
 	adm := hammer(w, rule, []int{6, 2, 1}, start, stop)
 	checkFromStart(t, adm, rule)
-	var per [3]int
+	logRegions(t, w, adm, rule)
+}
+
+// logRegions logs what each region admitted and holds.
+func logRegions(t *testing.T, w *regionWorld, adm []admission, rule *admit.Rule) {
+	t.Helper()
+	per := make([]int, len(w.servers))
 	for _, a := range adm {
 		per[a.region]++
 	}
-	end := adm[len(adm)-1].at
-	late := 0
-	for _, a := range adm {
-		if a.at >= 2*time.Second && a.at < 6*time.Second {
-			late++
-		}
-	}
-	t.Logf("from 2s to 6s: %d of %d", late, 1600)
-	t.Logf("admitted %d (%v) by %v; exact bucket: %.0f", len(adm), per, end, 100+400*end.Seconds())
+	t.Logf("admitted %d %v", len(adm), per)
 	for i, ss := range w.servers {
 		for _, s := range ss {
 			h, _ := s.Region()
 			st := s.Health()
-			t.Logf("region %d: %+v withdrawn %d expired %d lost %d refunded %d", i, h, st.Withdrawn, st.Expired, st.Lost, st.Refunded)
+			t.Logf("region %d: %+v; withdrawn %d, expired %d, lost %d, given back %d", i, h, st.Withdrawn, st.Expired, st.Lost, st.Refunded)
 		}
 	}
-	_ = atomic.Int64{}
+}
+
+// TestRegionsCounts: a fixed window and a quota held across three
+// regions never admit more than their limit in a period.
+func TestRegionsCounts(t *testing.T) {
+	w := newRegionWorld(t, 3, 2, redisstore.RefuseWhenCut)
+	for _, rule := range []*admit.Rule{
+		{Name: "window", Algorithm: admit.FixedWindow, Limit: 300, Window: 500 * time.Millisecond},
+		{Name: "quota", Algorithm: admit.Quota, Limit: 700, Period: admit.Day, Location: time.UTC},
+	} {
+		t.Run(rule.Name, func(t *testing.T) {
+			start := time.Now()
+			stop := make(chan struct{})
+			time.AfterFunc(2*time.Second, func() { close(stop) })
+			adm := hammer(w, rule, []int{4, 2, 1}, start, stop)
+			logRegions(t, w, adm, rule)
+			if rule.Algorithm == admit.Quota {
+				if len(adm) > int(rule.Limit) {
+					t.Fatalf("admitted %d, over the quota's %d", len(adm), rule.Limit)
+				}
+				return
+			}
+			// Decided within a window: sent after it began, answered
+			// before it ended.
+			wu := rule.Window
+			counts := map[time.Time]int64{}
+			for _, a := range adm {
+				sent, done := start.Add(a.sent), start.Add(a.at)
+				if end := periodOf(sent, wu); end.Equal(periodOf(done, wu)) {
+					counts[end]++
+				}
+			}
+			for end, n := range counts {
+				if n > rule.Limit {
+					t.Errorf("window ending %v admitted %d, over %d", end.Format(time.StampMicro), n, rule.Limit)
+				}
+			}
+			t.Logf("per window: %v", counts)
+		})
+	}
+}
+
+// periodOf returns the end of the window of length w that at is in.
+func periodOf(at time.Time, w time.Duration) time.Time {
+	us, wu := at.UnixMicro(), w.Microseconds()
+	return time.UnixMicro(us - us%wu + wu)
+}
+
+// TestRegionsCut: a region cut from its home spends what it holds, then
+// refuses (or, failing when cut, errs so that on_error applies), while
+// the others go on; healed, it admits again.
+func TestRegionsCut(t *testing.T) {
+	for _, cut := range []redisstore.CutPolicy{redisstore.RefuseWhenCut, redisstore.FailWhenCut} {
+		t.Run(map[redisstore.CutPolicy]string{redisstore.RefuseWhenCut: "refuse", redisstore.FailWhenCut: "fail"}[cut], func(t *testing.T) {
+			w := newRegionWorld(t, 2, 1, cut)
+			rule := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(200), Burst: 50}
+			decide := func(s *redisstore.Store) (bool, error) {
+				var d admit.Decision
+				err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, &d)
+				return d.Allowed, err
+			}
+			a, b := w.servers[0][0], w.servers[1][0]
+			// Both regions hold some of the bucket, once the home, just
+			// started, grants it (see TestRegionsHomeRestart).
+			for _, s := range []*redisstore.Store{a, b} {
+				ok := false
+				for end := time.Now().Add(5 * time.Second); !ok && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					var err error
+					if ok, err = decide(s); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if !ok {
+					t.Fatal("a region admitted nothing in 5 s")
+				}
+			}
+			w.links[1].setCut(true)
+			// b lives on what it holds, at most until it expires.
+			deadline := time.Now().Add(regionSpends)
+			var admitted, refused, failed int
+			for time.Now().Before(deadline.Add(500 * time.Millisecond)) {
+				ok, err := decide(b)
+				after := time.Now().After(deadline)
+				switch {
+				case err != nil:
+					if cut != redisstore.FailWhenCut || admit.ErrorCode(err) != admit.CodeUnavailable {
+						t.Fatalf("cut: %v", err)
+					}
+					failed++
+				case ok && after:
+					t.Fatalf("region b, cut from the home, admitted past %v", regionSpends)
+				case ok:
+					admitted++
+				default:
+					refused++
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			t.Logf("cut: admitted %d, refused %d, failed %d", admitted, refused, failed)
+			if cut == redisstore.FailWhenCut && failed == 0 {
+				t.Error("a region cut from its home, failing when cut, never failed")
+			}
+			if cut == redisstore.RefuseWhenCut && (failed != 0 || refused == 0) {
+				t.Errorf("a region cut from its home, refusing when cut: refused %d, failed %d", refused, failed)
+			}
+			// a goes on meanwhile.
+			if ok, err := decide(a); !ok || err != nil {
+				t.Errorf("region a, not cut: %v %v", ok, err)
+			}
+			w.links[1].setCut(false)
+			healed := false
+			for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && !healed; time.Sleep(10 * time.Millisecond) {
+				healed, _ = decide(b)
+			}
+			if !healed {
+				t.Error("region b admitted nothing within 10 s of its link healing")
+			}
+		})
+	}
+}
+
+// regionSpends bounds how long a cut region lives on what it holds: its
+// pool's units expire regionHold after they unlock, at most regionLookahead
+// after the grant, and a server's allowance with them.
+const regionSpends = 250*time.Millisecond + time.Second + 100*time.Millisecond
+
+// TestRegionsHomeRestart: the home restarts, empty, while the regions
+// spend what they hold of its bucket: it starts the key anew after every
+// position the lost one could have handed out, so the from-start bound
+// holds across the restart.
+func TestRegionsHomeRestart(t *testing.T) {
+	w := newRegionWorld(t, 3, 1, redisstore.RefuseWhenCut)
+	rule := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(300), Burst: 200}
+	start := time.Now()
+	stop := make(chan struct{})
+	time.AfterFunc(time.Second, func() { w.home.Restart(t) })
+	time.AfterFunc(3*time.Second, func() { close(stop) })
+	adm := hammer(w, rule, []int{3, 2, 1}, start, stop)
+	checkFromStart(t, adm, rule)
+	logRegions(t, w, adm, rule)
 }

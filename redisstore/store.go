@@ -237,7 +237,7 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	}
 	var rg *region
 	if o.Home != nil {
-		rg = &region{name: o.Region, home: o.Home, cut: o.Cut}
+		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills)}
 	}
 	return &Store{
 		region:        rg,
