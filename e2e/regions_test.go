@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -13,10 +14,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit/redistest"
 )
@@ -448,6 +455,103 @@ func TestRegionsRestarts(t *testing.T) {
 			if n == 0 {
 				t.Errorf("region %s admitted nothing from %v to %v", d.regions[r].name, from+2*time.Second, to)
 			}
+		}
+	}
+}
+
+// TestRatelimitAcrossRegions: the Envoy drop-in across two regions, 40 ms
+// from their home: `admit ratelimit` in each, counting as
+// envoyproxy/ratelimit counts (every hit, past the limit too), hammered
+// on one descriptor at once. Together they answer OK to no more hits
+// than the limit, and once it is spent both answer OVER_LIMIT.
+func TestRatelimitAcrossRegions(t *testing.T) {
+	const limit, perRegion, callers = 300, 400, 8
+	home := redistest.Start(t)
+	toxi := toxiproxyServer(t)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(conf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := "domain: hits\ndescriptors:\n  - {key: user, rate_limit: {unit: hour, requests_per_unit: " + strconv.Itoa(limit) + "}}\n"
+	if err := os.WriteFile(filepath.Join(conf, "hits.yaml"), []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	var clients []rlsv3.RateLimitServiceClient
+	for _, name := range []string{"eu", "us"} {
+		redis := redistest.Start(t)
+		link, err := toxi.CreateProxy(name, "127.0.0.1:"+freePort(t, "127.0.0.1"), home.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, stream := range []string{"upstream", "downstream"} {
+			if _, err := link.AddToxic("latency-"+stream, "latency", stream, 1, toxiproxy.Attributes{"latency": 40, "jitter": 5}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		port := freePort(t, "127.0.0.1")
+		startProcess(t, "127.0.0.1:"+port, []string{
+			"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_URL=" + redis.Addr,
+			"ADMIT_REGION=" + name, "ADMIT_HOME=redis://" + link.Listen,
+			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+			"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port,
+		}, "admit", "ratelimit")
+		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
+	}
+	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
+		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		return r
+	}
+	// Proven loaded: the answer names the file's limit.
+	if r := ask(clients[0], 0); r == nil || r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != limit {
+		t.Fatalf("a look before any hit: %v; want the file's limit of %d", r, limit)
+	}
+	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < time.Minute {
+		time.Sleep(left + 100*time.Millisecond)
+	}
+	var admitted [2]atomic.Int64
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range perRegion / callers {
+					if r := ask(c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+						admitted[i].Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	got := admitted[0].Load() + admitted[1].Load()
+	t.Logf("OK answers: eu %d, us %d, of %d hits each on a limit of %d", admitted[0].Load(), admitted[1].Load(), perRegion, limit)
+	if got > limit {
+		t.Errorf("the regions answered OK to %d hits on a limit of %d", got, limit)
+	}
+	if got == 0 {
+		t.Errorf("no hit admitted")
+	}
+	for i, c := range clients {
+		if r := ask(c, 1); r == nil || r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Errorf("region %d, a hit after %d: %v", i, 2*perRegion, r)
 		}
 	}
 }

@@ -127,6 +127,11 @@ type allowance struct {
 	hgen    int64
 	lastAsk time.Time // the last decision that asked for units
 	idle    bool      // it came after leaseIdle without one
+	short   int64     // units the debits waiting for a take lack
+	waiting int64     // what they cost
+	// spentUntil: the home had nothing for a debit's take; until then
+	// debits owe without asking again.
+	spentUntil time.Time
 }
 
 // fetch is a withdrawal in flight; done is closed when it has landed.
@@ -736,7 +741,7 @@ func (s *Store) sweep(now time.Time) {
 				p.avail = 0
 				p.gen++
 			}
-		case p.avail+p.future > 0 && now.Sub(p.lastUse) >= leaseIdle:
+		case (p.avail+p.future > 0 || s.region != nil && p.avail < 0) && now.Sub(p.lastUse) >= leaseIdle:
 			back = append(back, p)
 		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
 			delete(s.leased.m, k)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Limits across regions. A store opened with Options.Home is one region
@@ -167,8 +168,6 @@ func regionCharge(i int, c *admit.Charge) error {
 	switch err := CheckRegionRule(c.Rule); {
 	case err != nil:
 		msg = err.Error()
-	case c.Debit:
-		msg = "rule " + strconv.Quote(c.Rule.Name) + ": debits are not decided across regions yet"
 	case c.Share != nil:
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": shared limits (fair shares) are not decided across regions yet"
 	default:
@@ -204,6 +203,9 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	if len(charges) > admit.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "redisstore: %d charges in one decision; at most %d", len(charges), admit.MaxCharges)
 	}
+	if err := engine.CheckDebits(charges); err != nil {
+		return err
+	}
 	for i := range charges {
 		if _, err := checkCharge(i, &charges[i], false); err != nil {
 			return err
@@ -237,32 +239,54 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		p.lastAsk = now
 		p.mu.Unlock()
 	}
-	all := uint64(1)<<len(charges) - 1
+	// Debits are charged once the checks are admitted, whatever they
+	// find: takeLocal sees only the checks.
+	var checks [admit.MaxCharges]*allowance
+	cs := checks[:len(charges)]
+	var all uint64
+	for i, p := range ps {
+		if !charges[i].Debit {
+			cs[i] = p
+			all |= 1 << i
+		}
+	}
 	var gens generations
 	for try := 0; ; try++ {
-		taken, refused := s.takeLocal(charges, ps, &gens, now, d)
-		if refused || taken == all {
+		taken, refused := s.takeLocal(charges, cs, &gens, now, d)
+		if refused || taken == all && try == 1 {
+			if !refused {
+				s.debit(charges, ps, now, d)
+			}
 			s.localDecisions.Add(1)
 			d.At = now
 			d.Summarize()
 			return nil
 		}
 		if try == 1 {
-			s.putBack(charges, ps, &gens, taken)
+			s.putBack(charges, cs, &gens, taken)
 			break
 		}
+		// Fetch for the checks short of units, and for the debits too,
+		// so that a debit finds its units when the region has them.
 		var waits [admit.MaxCharges]*fetch
 		n := 0
 		for i, p := range ps {
 			if taken&(1<<i) != 0 {
 				continue
 			}
-			if f := p.fetchRegion(s, charges[i].Cost, now); f != nil {
+			if f := p.fetchRegion(s, charges[i].Cost, charges[i].Debit, now); f != nil {
 				waits[n] = f
 				n++
 			}
 		}
-		s.putBack(charges, ps, &gens, taken)
+		if n == 0 && taken == all {
+			s.debit(charges, ps, now, d)
+			s.localDecisions.Add(1)
+			d.At = now
+			d.Summarize()
+			return nil
+		}
+		s.putBack(charges, cs, &gens, taken)
 		if n == 0 {
 			break
 		}
@@ -292,6 +316,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			r.RetryAfter = p.retryIn(c.Cost, now)
 			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
 		}
+		r.Debit = c.Debit
 		p.mu.Unlock()
 		d.Results = append(d.Results, r)
 	}
@@ -299,6 +324,39 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	d.At = now
 	d.Summarize()
 	return nil
+}
+
+// debit charges the debits of an admitted decision to their allowances:
+// what an allowance holds pays, and the rest is a debt (a negative
+// allowance) that the units it takes next pay first, as a debit puts a
+// key in debt in one Redis. A debit that the allowance did not cover is
+// reported over the limit.
+func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
+	for i, p := range ps {
+		c := &charges[i]
+		if !c.Debit {
+			continue
+		}
+		p.mu.Lock()
+		p.release(now)
+		if !now.Before(p.until) && p.avail > 0 {
+			s.expired.Add(p.avail)
+			p.avail = 0
+			p.gen++
+		}
+		covered := p.avail >= c.Cost
+		p.avail -= c.Cost
+		p.used += c.Cost
+		p.lastUse = now
+		r := p.result(now, covered)
+		r.Remaining = max(r.Remaining, 0)
+		r.Debit = true
+		if p.avail < 0 && p.fetch == nil {
+			p.startFetch(s, -p.avail, now)
+		}
+		p.mu.Unlock()
+		d.Results[i] = r
+	}
 }
 
 // peekRegion answers a dry run from what the allowances hold.
@@ -354,16 +412,26 @@ func periodEnd(r *admit.Rule, now time.Time) time.Time {
 // fetchRegion returns the take from the pool that should cover cost in p,
 // started if need be, or nil when none would: p covers it, or the pool
 // said nothing unlocks before a time still to come.
-func (p *allowance) fetchRegion(s *Store, cost int64, now time.Time) *fetch {
+func (p *allowance) fetchRegion(s *Store, cost int64, debit bool, now time.Time) *fetch {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.avail+p.future >= cost && now.Before(p.until) {
+		return nil
+	}
+	// A check waits out a refusal; a debit, charged whatever it finds,
+	// asks until the home said it has nothing either.
+	if !debit && now.Before(p.refusedUntil) || debit && now.Before(p.spentUntil) {
+		return nil
+	}
+	if debit {
+		// The debits waiting for the take: it should bring them all.
+		p.waiting += cost
+		p.short = max(p.short, p.waiting-p.avail-p.future)
+	}
 	if p.fetch != nil {
 		return p.fetch
 	}
-	if (p.avail+p.future >= cost && now.Before(p.until)) || now.Before(p.refusedUntil) {
-		return nil
-	}
-	return p.startFetch(s, cost, now)
+	return p.startFetch(s, cost-min(p.avail, 0), now) // a debt is paid first
 }
 
 // poolTake is the reply of a take from a pool.
@@ -411,26 +479,42 @@ func (rg *region) period() time.Duration {
 func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	defer s.leased.fetches.Done()
 	p.mu.Lock()
-	asked, cold := p.asked, p.hgen == 0 || p.idle
+	asked, cold, short := p.asked, p.hgen == 0 || p.idle, p.short
 	if !isBucket(p.rule) {
 		// A count's first take in a new period, too.
 		cold = cold || periodEnd(p.rule, s.now()).UnixMicro() != p.hgen
 	}
-	p.asked = 0
+	p.asked, p.short, p.waiting = 0, 0, 0
 	p.mu.Unlock()
 	sent := s.now()
 	t, err := s.take(p, want, asked)
 	if err == nil && t.need {
-		if t.got == 0 && t.held == 0 && cold {
+		if t.got == 0 && t.held == 0 && cold || t.got < short {
 			// The region holds nothing of a key this server never had
 			// units of, or had none asked of for a while (or, for a
-			// count, not in this period): its decision waits for the
-			// home. A busy server's are refused until the refill lands,
-			// since a region that spent everything is asking for more
-			// than its share.
-			s.refill(p)
+			// count, not in this period), or a debit lacks units: the
+			// decision waits for the home. A busy server's checks are
+			// refused until the refill lands, since a region that spent
+			// everything is asking for more than its share; but a debit
+			// is charged whatever it finds, and would owe what the home
+			// still has.
+			granted := s.refill(p, short-t.got)
 			sent = s.now()
-			t, err = s.take(p, want, 0)
+			var more poolTake
+			if more, err = s.take(p, want-t.got, 0); err == nil {
+				t = mergeTakes(t, more)
+			}
+			if err == nil && granted == 0 && t.got < short {
+				// The home has nothing either: debits owe, without
+				// asking again, until it may have more.
+				until := min(spanOf(p.rule.Rate, short-t.got), 100*time.Millisecond)
+				if !isBucket(p.rule) {
+					until = periodEnd(p.rule, sent).Sub(sent)
+				}
+				p.mu.Lock()
+				p.spentUntil = sent.Add(until)
+				p.mu.Unlock()
+			}
 		} else {
 			s.goRefill(p)
 		}
@@ -486,6 +570,18 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	close(f.done)
 }
 
+// mergeTakes returns takes a and then b as one: b's units come after a's.
+func mergeTakes(a, b poolTake) poolTake {
+	switch {
+	case a.got == 0:
+		return b
+	case b.got == 0:
+		a.held, a.next, a.need = b.held, b.next, b.need
+		return a
+	}
+	return poolTake{got: a.got + b.got, first: max(a.first, b.first), hold: min(a.hold, b.hold), held: b.held, next: b.next, need: b.need, gen: b.gen}
+}
+
 // goRefill refills p's pool in the background, unless the store is
 // closing.
 func (s *Store) goRefill(p *allowance) {
@@ -498,7 +594,7 @@ func (s *Store) goRefill(p *allowance) {
 	a.fetches.Add(1)
 	go func() {
 		defer a.fetches.Done()
-		s.refill(p)
+		s.refill(p, 0)
 	}()
 }
 
@@ -508,7 +604,8 @@ var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1
 // refill is a region's agent for p's key: it gives back home what the
 // pool no longer needs and asks for what it lacks, if no other server of
 // the region is doing so.
-func (s *Store) refill(p *allowance) {
+func (s *Store) refill(p *allowance, need int64) (granted int64) {
+	granted = -1
 	rg := s.region
 	select {
 	case rg.refills <- struct{}{}:
@@ -569,8 +666,8 @@ func (s *Store) refill(p *allowance) {
 	}
 	held, target, back := prep[0], prep[1], prep[2:]
 	rg.held.Store(held)
-	want := max(target-held, 0)
-	if len(back) == 0 && held >= (target+1)/2 {
+	want := max(target-held, need, 0)
+	if len(back) == 0 && held >= (target+1)/2 && need <= 0 {
 		return
 	}
 	args := append([]string{rg.name}, s.homeArgs(p.rule, want, demand)...)
@@ -625,6 +722,7 @@ func (s *Store) refill(p *allowance) {
 	} else {
 		rg.rtt.Store(old + (rtt-old)/8)
 	}
+	granted = g
 	if g <= 0 {
 		return
 	}
@@ -644,6 +742,7 @@ func (s *Store) refill(p *allowance) {
 	}); err != nil {
 		s.lost.Add(g)
 	}
+	return granted
 }
 
 // homeArgs returns the home's arguments (homeScript) for rule r after the
@@ -667,8 +766,8 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 		itoa(regionLookahead.Microseconds())}
 }
 
-// returnToPool gives back to p's pool the units p holds that are due; the
-// others are lost, which only admits less.
+// returnToPool gives back to p's pool the units p holds that are due (the
+// others are lost, which only admits less), or leaves it p's debt.
 func (s *Store) returnToPool(p *allowance) {
 	now := s.now()
 	p.mu.Lock()
@@ -677,10 +776,10 @@ func (s *Store) returnToPool(p *allowance) {
 	p.avail, p.future = 0, 0
 	p.gen++
 	p.mu.Unlock()
-	if n <= 0 || !now.Before(until) {
+	if n == 0 || n > 0 && !now.Before(until) {
 		return
 	}
-	hold := until.Sub(now).Microseconds()
+	hold := max(until.Sub(now).Microseconds(), 0)
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", strconv.FormatInt(gen, 10),
 			strconv.FormatInt(n, 10), strconv.FormatInt(hold, 10)}).Error()

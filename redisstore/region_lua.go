@@ -157,7 +157,8 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 // give-back's sequence number (never less than the time it was made, so
 // that a pool made anew after a restart does not repeat old ones), a and
 // at the arrivals counted since at, dem, the region's demand (units a
-// second, a moving average), and ids, the names of the last grants added.
+// second, a moving average), ids, the names of the last grants added, and
+// x and xg, the debt its servers left and the gen it is of.
 //
 // ARGV[1] is the operation:
 //
@@ -173,18 +174,20 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //	d gen first n T hold pos: add a grant of n units, the first
 //	  unlocking first µs from now, one per T after it, held for hold µs,
 //	  unless the grant (gen and pos name it) was added already.
-//	r gen n hold: add n units given back by a server, all unlocked.
+//	r gen n hold: add n units given back by a server, all unlocked; a
+//	  negative n is a server's debt, which the next takes pay first.
 var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'x', 'xg')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
 if h[2] then back = cmsgpack.unpack(h[2]) end
 local seq = tonumber(h[3]) or 0
 local arr, arrAt, dem = tonumber(h[4]) or 0, tonumber(h[5]) or now, tonumber(h[6]) or 0
+local debt, debtGen = tonumber(h[8]) or 0, tonumber(h[9]) or 0
 -- Chunks expired or spent leave; what an expired one still held goes back home.
 local keep = {}
 for _, c in ipairs(cs) do
@@ -204,6 +207,23 @@ local reply
 if op == 't' then
   local want, horizon, period = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5])
   arr = arr + tonumber(ARGV[3])
+  -- A debt (debits a server could not pay) is paid first, by units of
+  -- its own grant's incarnation or period; one of a period that has
+  -- ended is forgotten, as the period's count is.
+  local newer = false
+  for _, c in ipairs(cs) do
+    if debt <= 0 then break end
+    if c.g == debtGen then
+      local lim = c.n
+      if c.T > 0 then lim = math.min(c.n, math.floor((now + horizon - c.u) / c.T) + 1) end
+      local take = math.max(math.min(debt, lim - c.k), 0)
+      c.k = c.k + take
+      debt = debt - take
+    elseif c.g > debtGen then
+      newer = true
+    end
+  end
+  if newer and debt > 0 then debt = 0 end
   local got, first, hold, Tr, gen = 0, nil, nil, nil, 0
   for _, c in ipairs(cs) do
     if got >= want then break end
@@ -287,6 +307,11 @@ elseif op == 'd' or op == 'r' then
     c = {u = now + tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = now + tonumber(ARGV[6]), g = tonumber(ARGV[2])}
   else
     c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = now + tonumber(ARGV[4]), g = tonumber(ARGV[2])}
+    if c.n < 0 then
+      -- A server's debt, left to the region to pay.
+      if c.g > debtGen then debt, debtGen = 0, c.g end
+      if c.g == debtGen then debt = debt - c.n end
+    end
   end
   if c.n > 0 and c.e > now then
     local at = #cs + 1
@@ -300,7 +325,7 @@ end
 local emax = now
 for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
 redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'q', string.format('%d', seq),
-  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem))
+  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem), 'x', tostring(debt), 'xg', string.format('%d', debtGen))
 redis.call('PEXPIRE', KEYS[1], math.ceil((emax - now) / 1000) + 10000)
 return reply
 `)

@@ -59,6 +59,7 @@ func newRegionWorld(t *testing.T, regions, perRegion int, cut redisstore.CutPoli
 // connection through it and refuses new ones until healed.
 type link struct {
 	addr   string
+	delay  time.Duration // each way
 	ln     net.Listener
 	mu     sync.Mutex
 	cut    bool
@@ -93,11 +94,44 @@ func newLink(t *testing.T, target string) *link {
 			}
 			l.conns[c], l.conns[u] = true, true
 			l.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close() }()
-			go func() { io.Copy(c, u); c.Close() }()
+			go func() { delayedCopy(u, c, l.delay); u.Close() }()
+			go func() { delayedCopy(c, u, l.delay); c.Close() }()
 		}
 	}()
 	return l
+}
+
+// delayedCopy copies from src to dst, each read delivered delay after it
+// was read, in order.
+func delayedCopy(dst io.Writer, src io.Reader, delay time.Duration) {
+	if delay == 0 {
+		_, _ = io.Copy(dst, src)
+		return
+	}
+	type chunk struct {
+		at time.Time
+		b  []byte
+	}
+	ch := make(chan chunk, 1024)
+	go func() {
+		defer close(ch)
+		for {
+			b := make([]byte, 32<<10)
+			n, err := src.Read(b)
+			if n > 0 {
+				ch <- chunk{time.Now().Add(delay), b[:n]}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range ch {
+		time.Sleep(time.Until(c.at))
+		if _, err := dst.Write(c.b); err != nil {
+			return
+		}
+	}
 }
 
 func (l *link) setCut(cut bool) {
@@ -336,4 +370,32 @@ func TestRegionsHomeRestart(t *testing.T) {
 	adm := hammer(w, rule, []int{3, 2, 1}, start, stop)
 	checkFromStart(t, adm, rule)
 	logRegions(t, w, adm, rule)
+}
+
+// TestRegionsDebits: a debit (a cost known after the work) takes what
+// its region can get and owes the rest; a debit past the limit is
+// reported over it, and the debt refuses later checks everywhere.
+func TestRegionsDebits(t *testing.T) {
+	w := newRegionWorld(t, 2, 1, redisstore.RefuseWhenCut)
+	rule := &admit.Rule{Name: "tokens", Algorithm: admit.FixedWindow, Limit: 100, Window: time.Hour}
+	a, b := w.servers[0][0], w.servers[1][0]
+	decide := func(s *redisstore.Store, cost int64, debit bool) admit.Decision {
+		t.Helper()
+		var d admit.Decision
+		if err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: cost, Debit: debit}}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if d := decide(a, 60, true); !d.Allowed || !d.Results[0].Allowed {
+		t.Fatalf("a debit of 60 of a fresh limit of 100: %+v", d)
+	}
+	if d := decide(b, 60, true); !d.Allowed || d.Results[0].Allowed {
+		t.Fatalf("a debit of 60 past the 40 left: %+v; want admitted and reported over", d)
+	}
+	for _, s := range []*redisstore.Store{a, b} {
+		if d := decide(s, 1, false); d.Allowed {
+			t.Errorf("a check after the limit was debited past: admitted")
+		}
+	}
 }

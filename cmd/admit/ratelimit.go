@@ -87,6 +87,10 @@ this command).
                                   envoyproxy/ratelimit counts; all: a request's
                                   counters all charged or none (admit serve's
                                   default); a file's charge: line wins
+  ADMIT_REGION, ADMIT_HOME        this region's name and the URL of the home
+                                  Redis the regions share: every limit then
+                                  holds across the regions (admit serve
+                                  --region, --home)
   ADMIT_QUOTA_ANSWERS             groups (the default): quota_mode answers as
                                   envoyproxy/ratelimit's main since spring
                                   2026 (a quota over answers OVER_LIMIT; the
@@ -224,6 +228,8 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 		})
 	}
 
+	// Admit's own: limits held across regions (see admit serve --home).
+	f.region, f.home = getenv("ADMIT_REGION"), getenv("ADMIT_HOME")
 	if err := ratelimitStats(f, get, boolean); err != nil {
 		return nil, nil, err
 	}
