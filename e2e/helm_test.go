@@ -263,6 +263,7 @@ func TestHelmChart(t *testing.T) {
 	type want struct {
 		replicas, instances int
 		redis, hpa, pdb     bool
+		region              bool
 		objects             int
 	}
 	wants := map[string]want{
@@ -270,6 +271,7 @@ func TestHelmChart(t *testing.T) {
 		"redis-values.yaml":        {replicas: 3, instances: 3, redis: true, pdb: true, objects: 12},
 		"sentinel-hpa-values.yaml": {instances: 8, redis: true, hpa: true, pdb: true, objects: 8},
 		"cluster-values.yaml":      {replicas: 2, instances: 2, redis: true, objects: 8},
+		"region-values.yaml":       {replicas: 2, instances: 2, redis: true, region: true, pdb: true, objects: 10},
 	}
 	for _, f := range files {
 		name := filepath.Base(f)
@@ -301,6 +303,9 @@ func TestHelmChart(t *testing.T) {
 			args := strings.Join(r.container(t).Args, " ")
 			if strings.Contains(args, "--store=$(ADMIT_STORE)") != w.redis {
 				t.Errorf("args %s: redis %v", args, w.redis)
+			}
+			if strings.Contains(args, "--region=eu --home=$(ADMIT_HOME)") != w.region {
+				t.Errorf("args %s: region %v", args, w.region)
 			}
 			if want := fmt.Sprintf("\n  instances: %d\n", w.instances); !strings.Contains(r.config(t), want) {
 				t.Errorf("store.instances is not %d:\n%s", w.instances, r.config(t))
@@ -335,6 +340,9 @@ func TestHelmChartRefusesWhatCannotWork(t *testing.T) {
 		{[]string{"redis.url=redis://r:6379", "autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=3"}, "maxReplicas is less than"},
 		{[]string{"preStopSleepSeconds=25"}, "must cover preStopSleepSeconds"},
 		{[]string{"envoyConfig.edge\\.yml=x"}, "file names end in .yaml"},
+		{[]string{"redis.url=redis://r:6379", "region.home.url=redis://home:6379"}, "region.home needs region.name"},
+		{[]string{"region.name=eu", "region.home.url=redis://home:6379"}, "region.home needs redis.url"},
+		{[]string{"redis.url=redis://r:6379", "region.name=eu"}, "region.name needs region.home.url"},
 	} {
 		args := []string{"template", "admit", chart}
 		for _, s := range c.set {

@@ -334,13 +334,22 @@ func checkRegionName(name string) error {
 // cannot be held across regions: those of algorithms other than token
 // buckets and GCRA, and rules whose limit tenants share by fair shares.
 func (c *Config) CheckRegions() error {
-	p, err := policy.Compile(c.Spec())
-	if err != nil {
-		return err
-	}
 	d := &decoder{file: "(configuration)", pos: map[string]*yaml.Node{}}
 	if c.src != nil {
 		d = &decoder{file: c.src.file, pos: c.src.pos}
+	}
+	d.checkRegionRules(c)
+	if len(d.errs) > 0 {
+		return d.errs
+	}
+	return nil
+}
+
+// checkRegionRules is CheckRegions, adding its errors to d's.
+func (d *decoder) checkRegionRules(c *Config) {
+	p, err := policy.Compile(c.Spec())
+	if err != nil {
+		return // reported by check
 	}
 	paths := map[string]string{}
 	note := func(path string, rules []policy.RuleSpec) {
@@ -365,10 +374,6 @@ func (c *Config) CheckRegions() error {
 			d.failAt(path+".fair_share", "rule %q: fair shares of a limit tenants share are not held across regions yet; set fair_share: false", r.Name)
 		}
 	}
-	if len(d.errs) > 0 {
-		return d.errs
-	}
-	return nil
 }
 
 // decoder decodes a YAML node tree into Go values by their json tags,
@@ -618,6 +623,9 @@ func (d *decoder) check(c *Config) {
 	}
 	if c.Store.MaxKeys < 0 || c.Store.MaxKeys > 1_000_000_000 {
 		d.failAt("store.max_keys", "must be from 1 to 1000000000")
+	}
+	if c.Store.Home != "" {
+		d.checkRegionRules(c)
 	}
 	if _, err := policy.Compile(c.Spec()); err != nil {
 		var fes policy.Errors

@@ -48,6 +48,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/*
+admit.home: the region holds its limits with others through a home Redis;
+it needs a name and its own Redis.
+*/}}
+{{- define "admit.home" -}}
+{{- if or .Values.region.home.url .Values.region.home.existingSecret -}}
+{{- if not .Values.region.name -}}
+{{- fail "region.home needs region.name, this region's name" -}}
+{{- end -}}
+{{- if not (include "admit.redis" .) -}}
+{{- fail "region.home needs redis.url (or redis.existingSecret): the region's own Redis" -}}
+{{- end -}}
+true
+{{- else if .Values.region.name -}}
+{{- fail "region.name needs region.home.url (or region.home.existingSecret), the Redis the regions share" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 store.instances: what the values say, else the most pods that can run,
 so that local decisions during a Redis outage never add up past a limit.
 */}}
