@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm bench-fair fuzz image pictures
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm bench-fair bench-regions fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
@@ -52,6 +52,9 @@ bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, mem
 
 bench-rls-peer: deps ## envoyproxy/ratelimit, admit ratelimit and admit serve on one Redis, side by side (docs/benchmarks.md)
 	cd bench && $(GO) run ./rlspeer -three -callers 64 -duration 3s -rounds 5 -memory 300000
+
+bench-regions: deps ## one limit across three regions 40 ms from their home (Toxiproxy): admitted vs an exact bucket, over-admission, home calls, latency; 30 s a scenario (docs/benchmarks.md)
+	cd e2e && ADMIT_BENCH_REGIONS=1 $(GO) test -count=1 -run TestBenchRegions -v -timeout 30m .
 
 bench-fair: deps ## the limits tenants share, through two admit serve on one Redis: what each tenant gets, 60 s a scenario (docs/security.md, "Shared limits"); about 10 minutes
 	cd bench && $(GO) run ./fairbench -duration 60s

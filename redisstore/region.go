@@ -84,6 +84,9 @@ const (
 	// maxSweptPools bounds the pools one sweep looks at: those that held
 	// the most when last seen.
 	maxSweptPools = 32
+	// cutRetry is how often a key's refill is tried while the home does
+	// not answer.
+	cutRetry = 250 * time.Millisecond
 )
 
 // CutPolicy says what a region cut from its home does once it has spent
@@ -613,12 +616,19 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	default:
 		return
 	}
+	pk := s.poolKey(p)
+	now := s.now()
 	rg.mu.Lock()
 	if rg.agents == nil {
 		rg.agents = make(map[string]time.Time)
 	}
-	pk := s.poolKey(p)
-	rg.agents[pk] = s.now()
+	if last, ok := rg.agents[pk]; ok && rg.cutSince.Load() != 0 && now.Sub(last) < cutRetry {
+		// The home does not answer: ask it again for this key once in
+		// a while, not at every take.
+		rg.mu.Unlock()
+		return granted
+	}
+	rg.agents[pk] = now
 	rg.mu.Unlock()
 
 	token := newID()
