@@ -2,6 +2,8 @@ package server
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +146,39 @@ func (h *harness) raw(method, path, body string, hdr ...string) (string, string)
 	h.t.Helper()
 	resp, b := h.send(method, path, body, hdr...)
 	return string(b), resp.Header.Get("Content-Type")
+}
+
+// TestRegionSeen: a store that is one region of limits held across regions
+// shows, in /metrics (labelled by region) and in the dashboard, what it
+// holds, its share, its calls to the home and whether it is cut off.
+func TestRegionSeen(t *testing.T) {
+	rg := RegionHealth{Name: "eu", Held: 42, Share: 0.7, HomeCalls: 9, HomeFailures: 2, Granted: 500, GivenBack: 12, RoundTripMS: 81.5, Cut: true}
+	h := start(t, testSpec(), "tok", func(o *Options) {
+		o.Health = func() StoreHealth { r := rg; return StoreHealth{Breaker: "closed", Region: &r} }
+	})
+	a := h.do("GET", "/v1/admin/dashboard", "", "Authorization", "Bearer tok")
+	region, _ := a.body["region"].(map[string]any)
+	if region["name"] != "eu" || region["held"] != 42.0 || region["share"] != 0.7 || region["home_calls"] != 9.0 || region["cut"] != true {
+		t.Errorf("dashboard region: %s", a.raw)
+	}
+	resp, err := http.Get(h.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`admit_region_held_units{region="eu"} 42`,
+		`admit_region_share{region="eu"} 0.7`,
+		`admit_region_cut{region="eu"} 1`,
+		`admit_region_home_calls_total{region="eu"} 9`,
+		`admit_region_home_failures_total{region="eu"} 2`,
+		`admit_region_granted_units_total{region="eu"} 500`,
+		`admit_region_given_back_units_total{region="eu"} 12`,
+		`admit_region_home_round_trip_seconds{region="eu"} 0.0815`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }
