@@ -30,16 +30,7 @@ import (
 func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 	const limit, perProcess, callers = 300, 400, 8
 	redis := redistest.Start(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(conf, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	file := "domain: hits\ndescriptors:\n  - {key: user, rate_limit: {unit: hour, requests_per_unit: " + strconv.Itoa(limit) + "}}\n"
-	if err := os.WriteFile(filepath.Join(conf, "hits.yaml"), []byte(file), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	dir := hitsDomain(t, limit)
 	var clients []rlsv3.RateLimitServiceClient
 	for range 2 {
 		port := freePort(t, "127.0.0.1")
@@ -55,22 +46,8 @@ func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 		t.Cleanup(func() { conn.Close() })
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
 	}
-	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
-		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlv3.RateLimitDescriptor{d}})
-		if err != nil {
-			t.Error(err)
-			return nil
-		}
-		return r
-	}
-	// An hour's window: the test does not cross one unless it starts in
-	// its last seconds.
-	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < time.Minute {
-		time.Sleep(left + 100*time.Millisecond)
-	}
+	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse { return askHits(t, c, hits) }
+	notLastMinute()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for _, c := range clients {
@@ -112,6 +89,47 @@ func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 	ttl, err := redistest.Command(redis.Addr, "PTTL", key)
 	if ms, _ := strconv.ParseInt(strings.TrimSpace(ttl), 10, 64); err != nil || ms <= 0 || ms > int64((time.Hour+2*time.Second)/time.Millisecond) {
 		t.Errorf("the key's PTTL is %q (%v): want at most the window and 2 s", ttl, err)
+	}
+}
+
+// hitsDomain writes envoyproxy/ratelimit's runtime directory for domain
+// hits, whose descriptor user admits limit hits an hour, puts admit first
+// in PATH, and returns the directory (RUNTIME_ROOT is its runtime, with
+// RUNTIME_SUBDIRECTORY ratelimit).
+func hitsDomain(t *testing.T, limit int) string {
+	t.Helper()
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "runtime", "ratelimit", "config")
+	if err := os.MkdirAll(conf, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	file := "domain: hits\ndescriptors:\n  - {key: user, rate_limit: {unit: hour, requests_per_unit: " + strconv.Itoa(limit) + "}}\n"
+	if err := os.WriteFile(filepath.Join(conf, "hits.yaml"), []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return dir
+}
+
+// askHits asks c for hits on domain hits, user u1; nil (the test failed)
+// if the call does.
+func askHits(t *testing.T, c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
+	d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlv3.RateLimitDescriptor{d}})
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	return r
+}
+
+// notLastMinute waits out the hour's last minute, so that a test counting
+// in an hour's window does not cross into the next.
+func notLastMinute() {
+	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < time.Minute {
+		time.Sleep(left + 100*time.Millisecond)
 	}
 }
 

@@ -67,7 +67,8 @@ func check(client *http.Client, url string) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// metric reads counter name from a server's /metrics.
+// metric reads counter name from a server's /metrics: its first sample,
+// whatever its labels.
 func metric(t *testing.T, url, name string) float64 {
 	t.Helper()
 	resp, err := http.Get(url + "/metrics")
@@ -77,7 +78,11 @@ func metric(t *testing.T, url, name string) float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") {
+			line = name + line[strings.IndexByte(line, '}')+1:] // the first sample, whatever its labels
+		}
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
 				t.Fatal(err)

@@ -166,7 +166,7 @@ func measure(t *testing.T, d *regionsDeployment, out []outcome) benchResult {
 	var calls, decisions float64
 	for _, rg := range d.regions {
 		for _, s := range rg.servers {
-			calls += metricLabeled(t, s.url, "admit_region_home_calls_total")
+			calls += metric(t, s.url, "admit_region_home_calls_total")
 			decisions += metric(t, s.url, "admit_store_decisions_total")
 		}
 	}

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -19,11 +18,9 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
-	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit/redistest"
 )
@@ -385,8 +382,8 @@ func TestRegionsHoldOneLimit(t *testing.T) {
 	}
 	for _, r := range d.regions {
 		t.Logf("region %s: home calls %.0f, granted %.0f, given back %.0f, decisions %.0f", r.name,
-			metricLabeled(t, r.servers[0].url, "admit_region_home_calls_total"), metricLabeled(t, r.servers[0].url, "admit_region_granted_units_total"),
-			metricLabeled(t, r.servers[0].url, "admit_region_given_back_units_total"), metric(t, r.servers[0].url, "admit_store_decisions_total"))
+			metric(t, r.servers[0].url, "admit_region_home_calls_total"), metric(t, r.servers[0].url, "admit_region_granted_units_total"),
+			metric(t, r.servers[0].url, "admit_region_given_back_units_total"), metric(t, r.servers[0].url, "admit_store_decisions_total"))
 	}
 }
 
@@ -396,29 +393,6 @@ const regionBoundSlack = 250*time.Millisecond + time.Second
 
 // regionCutSpends bounds how long a cut region lives on what it holds.
 const regionCutSpends = 250*time.Millisecond + time.Second + 500*time.Millisecond
-
-// metricLabeled reads the first sample of metric name, whatever its
-// labels.
-func metricLabeled(t *testing.T, url, name string) float64 {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			f, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("%s has no metric %s", url, name)
-	return 0
-}
 
 // TestRegionsRestarts: under load at 1.5× the rate, a region's server is
 // replaced, another region's Redis restarts empty, and then the home
@@ -468,16 +442,7 @@ func TestRatelimitAcrossRegions(t *testing.T) {
 	const limit, perRegion, callers = 300, 400, 8
 	home := redistest.Start(t)
 	toxi := toxiproxyServer(t)
-	dir := t.TempDir()
-	conf := filepath.Join(dir, "runtime", "ratelimit", "config")
-	if err := os.MkdirAll(conf, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	file := "domain: hits\ndescriptors:\n  - {key: user, rate_limit: {unit: hour, requests_per_unit: " + strconv.Itoa(limit) + "}}\n"
-	if err := os.WriteFile(filepath.Join(conf, "hits.yaml"), []byte(file), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
+	dir := hitsDomain(t, limit)
 	var clients []rlsv3.RateLimitServiceClient
 	for _, name := range []string{"eu", "us"} {
 		redis := redistest.Start(t)
@@ -504,24 +469,12 @@ func TestRatelimitAcrossRegions(t *testing.T) {
 		t.Cleanup(func() { conn.Close() })
 		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
 	}
-	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse {
-		d := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "user", Value: "u1"}}, HitsAddend: wrapperspb.UInt64(hits)}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hits", Descriptors: []*rlv3.RateLimitDescriptor{d}})
-		if err != nil {
-			t.Error(err)
-			return nil
-		}
-		return r
-	}
+	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse { return askHits(t, c, hits) }
 	// Proven loaded: the answer names the file's limit.
 	if r := ask(clients[0], 0); r == nil || r.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != limit {
 		t.Fatalf("a look before any hit: %v; want the file's limit of %d", r, limit)
 	}
-	if left := time.Hour - time.Duration(time.Now().UnixNano())%time.Hour; left < time.Minute {
-		time.Sleep(left + 100*time.Millisecond)
-	}
+	notLastMinute()
 	var admitted [2]atomic.Int64
 	var wg sync.WaitGroup
 	for i, c := range clients {

@@ -298,15 +298,8 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 			break
 		}
 		s.putBack(charges, ps, &gens, taken)
-		for _, f := range waits[:n] {
-			select {
-			case <-f.done:
-			case <-ctx.Done():
-				return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", ctx.Err())
-			}
-			if f.err != nil {
-				return f.err
-			}
+		if err := waitFetches(ctx, waits[:n]); err != nil {
+			return err
 		}
 		now = s.now()
 	}
@@ -315,6 +308,21 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		s.putBack(charges, ps, &gens, taken)
 	}
 	return err
+}
+
+// waitFetches waits for the withdrawals fs to land, or ctx to end.
+func waitFetches(ctx context.Context, fs []*fetch) error {
+	for _, f := range fs {
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", ctx.Err())
+		}
+		if f.err != nil {
+			return f.err
+		}
+	}
+	return nil
 }
 
 // decideRest decides exactly in Redis the charges not in taken, and

@@ -293,15 +293,8 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		if n == 0 {
 			break
 		}
-		for _, f := range waits[:n] {
-			select {
-			case <-f.done:
-			case <-ctx.Done():
-				return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", ctx.Err())
-			}
-			if f.err != nil {
-				return f.err
-			}
+		if err := waitFetches(ctx, waits[:n]); err != nil {
+			return err
 		}
 		now = s.now()
 	}

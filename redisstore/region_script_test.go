@@ -13,12 +13,7 @@ import (
 // one, or for another incarnation of the key, is applied at most once;
 // so a duplicated or reordered message never hands out a unit twice.
 func TestHomeGiveBacksOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	srv, s := scriptStore(t)
 	// A bucket of 1 a minute, burst 100: nothing refills meanwhile.
 	bucket := func(want int, back ...string) []int64 {
 		t.Helper()
@@ -52,12 +47,7 @@ func TestHomeGiveBacksOnce(t *testing.T) {
 // TestPoolDepositsOnce: a grant added to a pool twice (the call sent
 // again) is added once.
 func TestPoolDepositsOnce(t *testing.T) {
-	srv := redistest.Start(t)
-	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	_, s := scriptStore(t)
 	for range 2 {
 		v, err := redisstore.PoolCall(s, "pool", "d", "7", "0", "25", "1000", "60000000", "12345")
 		if err != nil {
@@ -75,4 +65,17 @@ func TestPoolDepositsOnce(t *testing.T) {
 	if v[0] != 25 {
 		t.Errorf("took %d, want the 25 added", v[0])
 	}
+}
+
+// scriptStore starts a redis-server and a store on it, for calling the
+// regions' scripts directly.
+func scriptStore(t *testing.T) (*redistest.Server, *redisstore.Store) {
+	t.Helper()
+	srv := redistest.Start(t)
+	s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return srv, s
 }
