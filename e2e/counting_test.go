@@ -33,18 +33,7 @@ func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 	dir := hitsDomain(t, limit)
 	var clients []rlsv3.RateLimitServiceClient
 	for range 2 {
-		port := freePort(t, "127.0.0.1")
-		startProcess(t, "127.0.0.1:"+port, []string{
-			"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_URL=" + redis.Addr,
-			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
-			"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port,
-		}, "admit", "ratelimit")
-		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
+		clients = append(clients, startRatelimit(t, dir, redis.Addr))
 	}
 	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse { return askHits(t, c, hits) }
 	notLastMinute()
@@ -109,6 +98,25 @@ func hitsDomain(t *testing.T, limit int) string {
 	}
 	t.Setenv("PATH", filepath.Dir(admitBinary(t))+string(os.PathListSeparator)+os.Getenv("PATH"))
 	return dir
+}
+
+// startRatelimit runs `admit ratelimit` on the runtime directory dir (see
+// hitsDomain) and the Redis at addr, with env added, and returns a client
+// of its gRPC service.
+func startRatelimit(t *testing.T, dir, addr string, env ...string) rlsv3.RateLimitServiceClient {
+	t.Helper()
+	port := freePort(t, "127.0.0.1")
+	startProcess(t, "127.0.0.1:"+port, append([]string{
+		"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_URL=" + addr,
+		"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
+		"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port,
+	}, env...), "admit", "ratelimit")
+	conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlsv3.NewRateLimitServiceClient(conn)
 }
 
 // askHits asks c for hits on domain hits, user u1; nil (the test failed)

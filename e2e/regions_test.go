@@ -19,8 +19,6 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2/client"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/admitdev/admit/redistest"
 )
@@ -455,19 +453,7 @@ func TestRatelimitAcrossRegions(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		port := freePort(t, "127.0.0.1")
-		startProcess(t, "127.0.0.1:"+port, []string{
-			"USE_STATSD=false", "LOG_LEVEL=warn", "REDIS_URL=" + redis.Addr,
-			"ADMIT_REGION=" + name, "ADMIT_HOME=redis://" + link.Listen,
-			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
-			"HOST=127.0.0.1", "PORT=" + freePort(t, "127.0.0.1"), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + port,
-		}, "admit", "ratelimit")
-		conn, err := grpc.NewClient("127.0.0.1:"+port, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		clients = append(clients, rlsv3.NewRateLimitServiceClient(conn))
+		clients = append(clients, startRatelimit(t, dir, redis.Addr, "ADMIT_REGION="+name, "ADMIT_HOME=redis://"+link.Listen))
 	}
 	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse { return askHits(t, c, hits) }
 	// Proven loaded: the answer names the file's limit.
