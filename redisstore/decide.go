@@ -476,6 +476,9 @@ var _ admit.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
+	if s.region != nil {
+		return s.resetRegion(ctx, charges)
+	}
 	if anyCounted(charges) {
 		var others []admit.Charge
 		for i := range charges {

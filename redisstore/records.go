@@ -103,6 +103,9 @@ func (s *Store) resKey(tag, id string) string { return s.prefix + "{" + tag + "}
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
+	if s.region != nil && len(charges) > 0 {
+		return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "redisstore: reservations are not made across regions yet: this store is region %s of a home", s.region.name)
+	}
 	if _, err := validate(charges, true); err != nil {
 		return admit.Reservation{}, err
 	}

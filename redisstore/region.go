@@ -17,7 +17,10 @@ import (
 
 // Limits across regions. A store opened with Options.Home is one region
 // of limits that hold across every region whose stores share that home
-// Redis. Each bucket's timeline lives at home (homeScript): the end of
+// Redis. Buckets (token buckets, GCRA) and counts (fixed windows, quotas)
+// can be held so; a count's home grants units of its period in progress,
+// at most its limit less what it granted. Each bucket's timeline lives at
+// home (homeScript): the end of
 // the part of it handed out (TAT, as a GCRA keeps it), which only grows
 // as regions are granted stretches of it and shrinks only by units given
 // back that nobody can spend any more. Token k of a grant owns the
@@ -828,6 +831,36 @@ func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
 		}
 	}
 	rg.mu.Unlock()
+}
+
+// resetRegion gives the keys of charges a fresh limit: their state at
+// home and this region's pools are deleted, and this server's allowances
+// forgotten. What other regions hold of them is theirs to spend until it
+// expires: a reset is an operator's override of the limit.
+func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
+	for i := range charges {
+		if _, err := checkCharge(i, &charges[i], false); err != nil {
+			return err
+		}
+		if err := regionCharge(i, &charges[i]); err != nil {
+			return err
+		}
+	}
+	s.forget(charges)
+	for i := range charges {
+		p := &allowance{rule: charges[i].Rule, key: charges[i].Key, tag: tagOf(&charges[i])}
+		if err := s.region.home.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+			return client.Do(ctx, client.B().Del().Key(s.region.home.homeKey(p)).Build()).Error()
+		}); err != nil {
+			return err
+		}
+		if err := s.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+			return client.Do(ctx, client.B().Del().Key(s.poolKey(p)).Build()).Error()
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // refundRegion puts back into the allowances of charges the units a

@@ -398,4 +398,15 @@ func TestRegionsDebits(t *testing.T) {
 			t.Errorf("a check after the limit was debited past: admitted")
 		}
 	}
+	// An operator's reset gives the key a fresh limit.
+	if err := a.Reset(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if d := decide(a, 1, false); !d.Allowed {
+		t.Errorf("a check after a reset: refused")
+	}
+	// Reservations are not made across regions: said so, not made.
+	if _, err := a.Reserve(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, time.Second); admit.ErrorCode(err) != admit.CodeInvalid {
+		t.Errorf("a reservation across regions: %v", err)
+	}
 }
