@@ -39,6 +39,15 @@
 // key's window (see counted.go). Their keys are Prefix, '#' and a hash of
 // the window and the charge's key.
 //
+// # Regions
+//
+// A store opened with Options.Home is one region of limits held across
+// regions: its Redis is the region's own, the home Redis is shared by
+// every region, and each bucket's, window's or quota's limit holds across
+// all the regions together, decided from what the region holds without a
+// call to the home (see Region and docs/architecture.md, "Limits across
+// regions").
+//
 // # Keys and Cluster
 //
 // Redis keys are Prefix + "{" + tag + "}" + the charge's key. The tag is a
