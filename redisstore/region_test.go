@@ -311,8 +311,8 @@ func TestRegionsCut(t *testing.T) {
 			deadline := time.Now().Add(regionSpends)
 			var admitted, refused, failed int
 			for time.Now().Before(deadline.Add(500 * time.Millisecond)) {
+				after := time.Now().After(deadline) // decided after it
 				ok, err := decide(b)
-				after := time.Now().After(deadline)
 				switch {
 				case err != nil:
 					if cut != redisstore.FailWhenCut || admit.ErrorCode(err) != admit.CodeUnavailable {
