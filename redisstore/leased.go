@@ -125,10 +125,10 @@ type allowance struct {
 	// demand), and the home key's incarnation its units came from.
 	asked   int64
 	hgen    int64
-	lastAsk time.Time // the last decision that asked for units
-	idle    bool      // it came after leaseIdle without one
-	short   int64     // units the debits waiting for a take lack
-	waiting int64     // what they cost
+	delta   int64 // the pool's clock less this one's, at least, µs
+	short   int64 // units the callers waiting for a take lack
+	waiting int64 // what they cost
+	debits  bool  // some are debits
 	// spentUntil: the home had nothing for a debit's take; until then
 	// debits owe without asking again.
 	spentUntil time.Time

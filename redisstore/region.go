@@ -72,18 +72,25 @@ const (
 	// regionHorizon is how far ahead of their unlocking a server takes
 	// units from its pool.
 	regionHorizon = 250 * time.Millisecond
-	// agentLock bounds how long one server refills a key's pool.
-	agentLock = 3 * time.Second
+	// agentLock bounds how long one server refills a key's pool before
+	// another may too: short, so that a server that died holding it
+	// delays its region little. Two refills at once are safe (each
+	// gives back only what it took out of the pool).
+	agentLock = 500 * time.Millisecond
 	// agentEvery is how often a key's pool is looked at when its
 	// servers have not refilled it, to give back what it no longer
 	// needs.
 	agentEvery = 500 * time.Millisecond
 	// maxRefills bounds the refills one store has in flight, so that a
-	// flood of keys never seen (each one's first decision waits for the
-	// home) costs the home a bounded number of calls: past it, a cold
-	// key's decision is refused for a moment, and a pool running low
-	// waits for its next take to be refilled.
+	// flood of keys costs the home a bounded number of calls: past it, a
+	// decision waiting for the home is refused for a moment instead, and
+	// a pool running low waits for its next take to be refilled.
 	maxRefills = 128
+	// maxColdRefills bounds those of keys the store never had units of,
+	// apart; maxTenantRefills those of one tenant's keys (keys without a
+	// tenant aside).
+	maxColdRefills   = 32
+	maxTenantRefills = 8
 	// maxSweptPools bounds the pools one sweep looks at: those that held
 	// the most when last seen.
 	maxSweptPools = 32
@@ -119,11 +126,26 @@ type region struct {
 	held                    atomic.Int64 // what the last pool looked at held
 	rtt                     atomic.Int64 // a moving average of home calls, ns
 	cutSince                atomic.Int64 // unix ns of the first failure in a row, 0 when the home answers
+	lastErr                 atomic.Pointer[string]
 
-	refills chan struct{} // a slot per refill in flight (maxRefills)
+	refills     chan struct{} // a slot per refill in flight (maxRefills)
+	coldRefills chan struct{} // of keys the store never had units of (maxColdRefills)
 
-	mu     sync.Mutex
-	agents map[string]time.Time // last refill started, by pool key
+	mu      sync.Mutex
+	agents  map[string]time.Time // last refill started, by pool key
+	tenants map[string]int       // refills in flight, by tenant tag
+}
+
+// setErr records the last call to the home's failure, or that it answered.
+func (rg *region) setErr(err error) {
+	if err == nil {
+		if rg.lastErr.Load() != nil {
+			rg.lastErr.Store(nil)
+		}
+		return
+	}
+	msg := err.Error()
+	rg.lastErr.Store(&msg)
 }
 
 // RegionHealth is what a region's store reports about its home.
@@ -138,6 +160,7 @@ type RegionHealth struct {
 	Held         int64         // units the region's pool held when last looked at
 	RTT          time.Duration // home calls' round trip, a moving average
 	Cut          bool          // the last call to the home failed
+	LastError    string        // and why
 }
 
 // Region reports the region's state, or false when the store has no home.
@@ -150,7 +173,7 @@ func (s *Store) Region() (RegionHealth, bool) {
 		Region: rg.name, HomeCalls: rg.homeCalls.Load(), HomeFailures: rg.homeFailures.Load(),
 		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), LostBack: rg.lostBack.Load(),
 		Share: float64(rg.share.Load()) / 1e6, Held: rg.held.Load(), RTT: time.Duration(rg.rtt.Load()),
-		Cut: rg.cutSince.Load() != 0,
+		Cut: rg.cutSince.Load() != 0, LastError: deref(rg.lastErr.Load()),
 	}, true
 }
 
@@ -241,8 +264,6 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	for i, p := range ps {
 		p.mu.Lock()
 		p.asked += charges[i].Cost
-		p.idle = now.Sub(p.lastAsk) >= leaseIdle
-		p.lastAsk = now
 		p.mu.Unlock()
 	}
 	// Debits are charged once the checks are admitted, whatever they
@@ -422,11 +443,10 @@ func (p *allowance) fetchRegion(s *Store, cost int64, debit bool, now time.Time)
 	if !debit && now.Before(p.refusedUntil) || debit && now.Before(p.spentUntil) {
 		return nil
 	}
-	if debit {
-		// The debits waiting for the take: it should bring them all.
-		p.waiting += cost
-		p.short = max(p.short, p.waiting-p.avail-p.future)
-	}
+	// The callers waiting for the take: it should bring them all.
+	p.waiting += cost
+	p.short = max(p.short, p.waiting-p.avail-p.future)
+	p.debits = p.debits || debit
 	if p.fetch != nil {
 		return p.fetch
 	}
@@ -435,35 +455,60 @@ func (p *allowance) fetchRegion(s *Store, cost int64, debit bool, now time.Time)
 
 // poolTake is the reply of a take from a pool.
 type poolTake struct {
-	got, first, hold, held, next int64 // units; µs from the reply
-	need                         bool
-	gen                          int64
+	got, ready, first, hold, held, next int64 // units; µs from the reply
+	need, wait                          bool
+	gen                                 int64
+	spent                               int64 // µs the home has nothing
+	poolNow                             int64 // the pool's clock, µs
 }
 
 // take takes up to want units of p's pool, reporting arrivals units asked
-// of this server since its last take.
-func (s *Store) take(p *allowance, want, arrivals int64) (poolTake, error) {
+// of this server since its last take, need the units its callers lack.
+func (s *Store) take(p *allowance, want, arrivals, need int64) (poolTake, error) {
 	var t poolTake
 	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
-			strconv.FormatInt(want, 10), strconv.FormatInt(arrivals, 10),
-			strconv.FormatInt(regionHorizon.Microseconds(), 10), strconv.FormatInt(s.region.period().Microseconds(), 10)}).ToArray()
+			itoa(want), itoa(arrivals), itoa(regionHorizon.Microseconds()), itoa(s.region.period().Microseconds()),
+			strconv.FormatFloat(spanMicros(p.rule), 'g', -1, 64), itoa(leastHeld(p.rule)), itoa(need)}).ToArray()
 		if err != nil {
 			return err
 		}
-		if len(v) != 8 {
-			return admit.Errorf(admit.CodeInternal, "redisstore: a pool take replied %d values, want 8", len(v))
+		if len(v) != 12 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: a pool take replied %d values, want 12", len(v))
 		}
-		var x [7]int64
+		var x [10]int64
 		for i := range x {
 			if x[i], err = v[i].AsInt64(); err != nil {
 				return err
 			}
 		}
-		t = poolTake{got: x[0], first: x[1], hold: x[2], held: x[3], next: x[4], need: x[5] == 1, gen: x[6]}
-		return nil
+		now, err := v[11].ToString()
+		if err != nil {
+			return err
+		}
+		t = poolTake{got: x[0], first: x[1], hold: x[2], held: x[3], next: x[4], need: x[5] == 1, gen: x[6],
+			ready: x[7], spent: x[8], wait: x[9] == 1}
+		t.poolNow, err = strconv.ParseInt(now, 10, 64)
+		return err
 	})
 	return t, err
+}
+
+// spanMicros returns how long one unit of r takes to refill, in µs: 0
+// for a count.
+func spanMicros(r *admit.Rule) float64 {
+	if !isBucket(r) {
+		return 0
+	}
+	return float64(r.Rate.Per.Microseconds()) / float64(r.Rate.N)
+}
+
+// leastHeld returns the fewest units a pool of r should hold, whatever
+// its demand, so that a key asked for now and then finds a unit: 4, or
+// less for a small limit (a sixteenth of it), which the other regions
+// would otherwise miss.
+func leastHeld(r *admit.Rule) int64 {
+	return min(4, r.Capacity()/16)
 }
 
 // period is how long a pool's units should last at its demand: at least
@@ -472,47 +517,29 @@ func (rg *region) period() time.Duration {
 	return max(regionPeriod, 4*time.Duration(rg.rtt.Load()))
 }
 
-// takePool takes up to want units of p's pool into p, refilling the pool
-// from home first when it holds nothing, and in the background when it
+// takePool takes up to want units of p's pool into p. When the pool is
+// empty and the home may have more, and the region asks for no more than
+// its fair rate, it refills the pool from home first and the decision
+// waits for it; otherwise the pool is refilled in the background when it
 // runs low.
 func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	defer s.leased.fetches.Done()
 	p.mu.Lock()
-	asked, cold, short := p.asked, p.hgen == 0 || p.idle, p.short
-	if !isBucket(p.rule) {
-		// A count's first take in a new period, too.
-		cold = cold || periodEnd(p.rule, s.now()).UnixMicro() != p.hgen
-	}
-	p.asked, p.short, p.waiting = 0, 0, 0
+	asked, short, debits := p.asked, p.short, p.debits
+	p.asked, p.short, p.waiting, p.debits = 0, 0, 0, false
 	p.mu.Unlock()
 	sent := s.now()
-	t, err := s.take(p, want, asked)
+	t, err := s.take(p, want, asked, short)
+	var more poolTake
+	var sentMore time.Time
 	if err == nil && t.need {
-		if t.got == 0 && t.held == 0 && cold || t.got < short {
-			// The region holds nothing of a key this server never had
-			// units of, or had none asked of for a while (or, for a
-			// count, not in this period), or a debit lacks units: the
-			// decision waits for the home. A busy server's checks are
-			// refused until the refill lands, since a region that spent
-			// everything is asking for more than its share; but a debit
-			// is charged whatever it finds, and would owe what the home
-			// still has.
-			granted := s.refill(p, short-t.got)
-			sent = s.now()
-			var more poolTake
-			if more, err = s.take(p, want-t.got, 0); err == nil {
-				t = mergeTakes(t, more)
-			}
-			if err == nil && granted == 0 && t.got < short {
-				// The home has nothing either: debits owe, without
-				// asking again, until it may have more.
-				until := min(spanOf(p.rule.Rate, short-t.got), 100*time.Millisecond)
-				if !isBucket(p.rule) {
-					until = periodEnd(p.rule, sent).Sub(sent)
-				}
-				p.mu.Lock()
-				p.spentUntil = sent.Add(until)
-				p.mu.Unlock()
+		if t.wait || debits && t.got < short && t.spent == 0 {
+			// A debit is charged whatever it finds, and would owe what
+			// the home still has: it waits for the home even when its
+			// region asks for more than its fair rate.
+			if s.refill(p, max(short-t.got, 0)) >= 0 {
+				sentMore = s.now()
+				more, err = s.take(p, want-t.got, 0, short-t.got)
 			}
 		} else {
 			s.goRefill(p)
@@ -528,33 +555,29 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 		close(f.done)
 		return
 	}
-	s.region.held.Store(t.held)
-	if t.got > 0 {
-		until := sent.Add(time.Duration(t.hold) * time.Microsecond)
-		if p.books() {
-			p.book(t.got, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
-			p.until = minTime(p.until, until)
-		} else {
-			// A count's units are all there at once, and last until its
-			// period ends: units of an older period are worth nothing.
-			if p.hgen != t.gen || !sent.Before(p.until) {
-				s.expired.Add(p.avail)
-				p.avail = 0
-				p.gen++
-				p.until = until
-			}
-			p.avail += t.got
-			p.until = minTime(p.until, until)
-		}
-		p.hgen = t.gen
-		s.withdrawn.Add(t.got)
-	} else if s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && t.held == 0 {
+	last := t
+	s.addTake(p, t, sent, recv)
+	if !sentMore.IsZero() {
+		s.addTake(p, more, sentMore, recv)
+		last = more
+	}
+	s.region.held.Store(last.held)
+	p.grant = t.got + more.got
+	p.shared = last.held
+	switch {
+	case p.grant > 0:
+	case s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && last.held == 0:
 		f.err = admit.Errorf(admit.CodeUnavailable, "redisstore: region %s is cut from its home and holds nothing of %q", s.region.name, p.rule.Name)
-	} else {
-		wait := time.Duration(t.next) * time.Microsecond
-		if t.next < 0 {
-			// Nothing held: the home granted nothing (the limit is
-			// spent), or cannot be reached; ask again in a moment.
+	default:
+		wait := time.Duration(last.next) * time.Microsecond
+		switch {
+		case last.spent > 0 && last.held == 0:
+			// The home has nothing until then: refuse, and let debits
+			// owe, without asking before.
+			wait = time.Duration(last.spent) * time.Microsecond
+			p.spentUntil = recv.Add(wait)
+		case last.next < 0:
+			// Nothing held, the refill not in yet: ask again in a moment.
 			wait = 100 * time.Millisecond
 			if isBucket(p.rule) {
 				wait = min(max(spanOf(p.rule.Rate, 1), time.Millisecond), wait)
@@ -563,22 +586,44 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 		p.refusedUntil, p.refusedCost = recv.Add(wait), 1
 		p.refusal = admit.Result{Rule: p.rule.Name, Shadow: p.rule.Shadow, Limit: p.rule.Capacity()}
 	}
-	p.grant = t.got
-	p.shared = t.held
 	p.mu.Unlock()
 	close(f.done)
 }
 
-// mergeTakes returns takes a and then b as one: b's units come after a's.
-func mergeTakes(a, b poolTake) poolTake {
-	switch {
-	case a.got == 0:
-		return b
-	case b.got == 0:
-		a.held, a.next, a.need = b.held, b.next, b.need
-		return a
+// addTake adds to p the units of take t, sent at sent and answered by
+// recv. p.mu is held.
+func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
+	// The pool's clock less this one's, at least: the take ran before
+	// its reply arrived.
+	p.delta = t.poolNow - recv.UnixMicro()
+	if t.got <= 0 {
+		return
 	}
-	return poolTake{got: a.got + b.got, first: max(a.first, b.first), hold: min(a.hold, b.hold), held: b.held, next: b.next, need: b.need, gen: b.gen}
+	until := sent.Add(time.Duration(t.hold) * time.Microsecond)
+	if p.books() {
+		if !sent.Before(p.until) && p.avail+p.future > 0 {
+			s.expired.Add(p.avail) // expired before the sweep saw them
+			p.avail, p.future = 0, 0
+			p.gen++
+		}
+		p.until = sent.Add(bucketHold)
+		p.avail += t.ready
+		p.book(t.got-t.ready, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
+		p.until = minTime(p.until, until)
+	} else {
+		// A count's units are all there at once, and last until its
+		// period ends: units of an older period are worth nothing.
+		if p.hgen != t.gen || !sent.Before(p.until) {
+			s.expired.Add(p.avail)
+			p.avail = 0
+			p.gen++
+			p.until = until
+		}
+		p.avail += t.got
+		p.until = minTime(p.until, until)
+	}
+	p.hgen = t.gen
+	s.withdrawn.Add(t.got)
 }
 
 // goRefill refills p's pool in the background, unless the store is
@@ -603,12 +648,26 @@ var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1
 // refill is a region's agent for p's key: it gives back home what the
 // pool no longer needs and asks for what it lacks, if no other server of
 // the region is doing so.
+//
+// It returns what the home granted, or -1 when it did not ask: another
+// server of the region is refilling the pool, too many refills are in
+// flight, the pool holds enough, or a call failed.
 func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	granted = -1
 	rg := s.region
+	// Refills in flight are bounded per store, apart for keys the store
+	// never had units of, and per tenant: so that a flood of new keys,
+	// or one tenant's many keys, cannot take the refills of the keys
+	// others are spending.
+	p.mu.Lock()
+	slots := rg.refills
+	if p.hgen == 0 {
+		slots = rg.coldRefills
+	}
+	p.mu.Unlock()
 	select {
-	case rg.refills <- struct{}{}:
-		defer func() { <-rg.refills }()
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
 	default:
 		return
 	}
@@ -617,6 +676,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	rg.mu.Lock()
 	if rg.agents == nil {
 		rg.agents = make(map[string]time.Time)
+		rg.tenants = make(map[string]int)
 	}
 	if last, ok := rg.agents[pk]; ok && rg.cutSince.Load() != 0 && now.Sub(last) < cutRetry {
 		// The home does not answer: ask it again for this key once in
@@ -624,8 +684,20 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		rg.mu.Unlock()
 		return granted
 	}
+	if rg.tenants[p.tag] >= maxTenantRefills && p.tag != "g" {
+		rg.mu.Unlock()
+		return granted
+	}
+	rg.tenants[p.tag]++
 	rg.agents[pk] = now
 	rg.mu.Unlock()
+	defer func() {
+		rg.mu.Lock()
+		if rg.tenants[p.tag]--; rg.tenants[p.tag] <= 0 {
+			delete(rg.tenants, p.tag)
+		}
+		rg.mu.Unlock()
+	}()
 
 	token := newID()
 	var locked bool
@@ -643,21 +715,29 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		return unlockScript.Exec(ctx, client, []string{s.agentKey(p)}, []string{token}).Error()
 	})
 
-	period := rg.period()
+	// The preparation reads the pool's clock too: it ran between
+	// prepSent and prepRecv by this one's, which bounds the difference
+	// of the two clocks, for the times the grant is added with.
 	var prep []int64
 	var demand string
+	var poolNow int64
+	prepSent := s.now()
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		v, err := poolScript.Exec(ctx, client, []string{pk}, []string{"a", strconv.FormatInt(period.Microseconds(), 10)}).ToArray()
+		v, err := poolScript.Exec(ctx, client, []string{pk}, []string{"a", itoa(rg.period().Microseconds()), itoa(leastHeld(p.rule))}).ToArray()
 		if err != nil {
 			return err
 		}
-		if len(v) < 3 || (len(v)-3)%3 != 0 {
+		if len(v) < 4 || (len(v)-4)%3 != 0 {
 			return admit.Errorf(admit.CodeInternal, "redisstore: a pool replied %d values", len(v))
 		}
 		demand, _ = v[2].ToString()
-		prep = make([]int64, 0, len(v)-1)
+		now, _ := v[3].ToString()
+		if poolNow, err = strconv.ParseInt(now, 10, 64); err != nil {
+			return err
+		}
+		prep = make([]int64, 0, len(v)-2)
 		for i, x := range v {
-			if i == 2 {
+			if i == 2 || i == 3 {
 				continue
 			}
 			n, err := x.AsInt64()
@@ -670,6 +750,8 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	}); err != nil {
 		return
 	}
+	prepRecv := s.now()
+	deltaMin, deltaMax := poolNow-prepRecv.UnixMicro(), poolNow-prepSent.UnixMicro()
 	held, target, back := prep[0], prep[1], prep[2:]
 	rg.held.Store(held)
 	want := max(target-held, need, 0)
@@ -679,23 +761,20 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	args := append([]string{rg.name}, s.homeArgs(p.rule, want, demand)...)
 	var units int64
 	for i := 0; i+2 < len(back); i += 3 {
-		args = append(args, strconv.FormatInt(back[i], 10), strconv.FormatInt(back[i+1], 10), strconv.FormatInt(back[i+2], 10))
+		args = append(args, itoa(back[i]), itoa(back[i+1]), itoa(back[i+2]))
 		units += back[i+1]
 	}
 	sent := s.now()
-	var g, first, last, gen, share int64
+	var g, first, last, gen, share, spentFor int64
 	var T float64
-	var pos string
+	var pos, fair string
 	err := rg.home.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p)}, args).ToArray()
 		if err != nil {
 			return err
 		}
-		if len(v) != 7 {
-			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 7", len(v))
-		}
-		if pos, err = v[6].ToString(); err != nil {
-			return err
+		if len(v) != 9 {
+			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 9", len(v))
 		}
 		var x [5]int64
 		for i := range x {
@@ -704,10 +783,12 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 			}
 		}
 		g, first, last, gen, share = x[0], x[1], x[2], x[3], x[4]
-		ts, err := v[5].ToString()
-		if err != nil {
+		if spentFor, err = v[7].AsInt64(); err != nil {
 			return err
 		}
+		ts, _ := v[5].ToString()
+		pos, _ = v[6].ToString()
+		fair, _ = v[8].ToString()
 		T, err = strconv.ParseFloat(ts, 64)
 		return err
 	})
@@ -717,9 +798,11 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		rg.homeFailures.Add(1)
 		rg.lostBack.Add(units)
 		rg.cutSince.CompareAndSwap(0, recv.UnixNano())
+		rg.setErr(err)
 		return
 	}
 	rg.cutSince.Store(0)
+	rg.setErr(nil)
 	rg.givenBack.Add(units)
 	rg.share.Store(share)
 	rtt := int64(recv.Sub(sent))
@@ -729,22 +812,26 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		rg.rtt.Store(old + (rtt-old)/8)
 	}
 	granted = g
-	if g <= 0 {
-		return
+	// In the pool's clock: an unlock late (from the reply's arrival, and
+	// the most the clocks may differ), an expiry early (from the call's
+	// sending, and the least), however late the deposit itself runs.
+	spent := "0"
+	if spentFor > 0 {
+		spent = itoa(sent.UnixMicro() + spentFor + deltaMin)
 	}
-	rg.granted.Add(g)
-	// Unlocks count from when the reply arrived (late), expiry from when
-	// the call was sent (early).
-	dnow := s.now()
-	uOff := first - dnow.Sub(recv).Microseconds()
-	hold := regionHold
-	if T == 0 {
-		hold = 0 // a count's units are worth nothing once its period ends
+	ops := []string{"z", spent, fair}
+	if g > 0 {
+		rg.granted.Add(g)
+		hold := regionHold
+		if T == 0 {
+			hold = 0 // a count's units are worth nothing once its period ends
+		}
+		unlock := recv.UnixMicro() + first + deltaMax
+		expiry := sent.Add(time.Duration(max(last, 0))*time.Microsecond+hold).UnixMicro() + deltaMin
+		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair}
 	}
-	eOff := sent.Add(time.Duration(max(last, 0))*time.Microsecond + hold).Sub(dnow).Microseconds()
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		return poolScript.Exec(ctx, client, []string{pk}, []string{"d", strconv.FormatInt(gen, 10), strconv.FormatInt(uOff, 10),
-			strconv.FormatInt(g, 10), strconv.FormatFloat(T, 'g', -1, 64), strconv.FormatInt(eOff, 10), pos}).Error()
+		return poolScript.Exec(ctx, client, []string{pk}, ops).Error()
 	}); err != nil {
 		s.lost.Add(g)
 	}
@@ -778,17 +865,17 @@ func (s *Store) returnToPool(p *allowance) {
 	now := s.now()
 	p.mu.Lock()
 	p.release(now)
-	n, until, gen := p.avail, p.until, p.hgen
+	n, until, gen, delta := p.avail, p.until, p.hgen, p.delta
 	p.avail, p.future = 0, 0
 	p.gen++
 	p.mu.Unlock()
 	if n == 0 || n > 0 && !now.Before(until) {
 		return
 	}
-	hold := max(until.Sub(now).Microseconds(), 0)
+	expiry := until.UnixMicro() + delta // early: see addTake
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", strconv.FormatInt(gen, 10),
-			strconv.FormatInt(n, 10), strconv.FormatInt(hold, 10)}).Error()
+			strconv.FormatInt(n, 10), itoa(expiry)}).Error()
 	}); err != nil {
 		s.lost.Add(n)
 		return
@@ -879,4 +966,11 @@ func (s *Store) refundRegion(charges []admit.Charge) {
 		}
 		p.mu.Unlock()
 	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

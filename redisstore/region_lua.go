@@ -19,6 +19,10 @@ import "github.com/redis/rueidis"
 // next (start, end, next end, µs), then give-backs as triples gen,
 // units, seq.
 //
+// A home that may evict keys (maxmemory with a policy other than
+// noeviction) is refused, with an error saying so: an evicted key would
+// grant again what it granted.
+//
 // A home that lost its keys (a restart without persistence) cannot tell
 // a bucket it lost from a new one, and the regions may still spend what
 // the lost one granted. So a bucket made new while the server has been
@@ -30,12 +34,19 @@ import "github.com/redis/rueidis"
 //
 // The reply: granted, first unlock (µs from now), last unlock (a count:
 // its period's end; µs from now), gen, the region's share (parts per
-// million), T as text (0 for a count), and the grant's name as text.
+// million), T as text (0 for a count), the grant's name as text, how long
+// the home has nothing more to grant (µs; 0 when it has), and the region's
+// fair rate (units a second, as text).
 var homeScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local info = redis.call('INFO', 'server')
+local info = redis.call('INFO', 'server', 'memory')
 local started = now - (tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0) * 1000000
+local policy = string.match(info, 'maxmemory_policy:(%S+)') or 'noeviction'
+if (tonumber(string.match(info, 'maxmemory:(%d+)')) or 0) > 0 and policy ~= 'noeviction' then
+  return redis.error_reply('ADMIT_EVICTS the home Redis may evict keys (maxmemory-policy ' .. policy ..
+    '), which would hand out again what they granted: set maxmemory-policy noeviction, or maxmemory 0')
+end
 local region, kind = ARGV[1], ARGV[2]
 local want, demand = tonumber(ARGV[3]), tonumber(ARGV[4])
 local i, gen, avail, capacity
@@ -118,7 +129,7 @@ for j = 1, #ds do
 end
 local w = 1
 if total > 0 then w = mine / total end
-local g, first, lastu, name, ttl
+local g, first, lastu, name, ttl, spentFor
 if kind == 'b' then
   if now > tat then tat = now end
   avail = math.floor((now + tau + look - tat) / T)
@@ -133,17 +144,22 @@ if kind == 'b' then
   first = math.ceil(tat + T - tau - now)
   lastu = math.ceil(tat + g * T - tau - now)
   tat = math.ceil(tat + g * T)
+  -- Nothing more to grant until the next unit comes within the lookahead.
+  spentFor = 0
+  if avail - g < 1 then spentFor = math.max(math.ceil(tat + T - tau - look - now), 0) end
   redis.call('HSET', KEYS[1], 'tat', string.format('%d', tat))
   ttl = math.ceil((tat - now + look) / 1000) + 60000
 else
   name = c
   c = c + g
   first, lastu = 0, pend - now
+  spentFor = 0
+  if avail - g < 1 then spentFor = pend - now end
   redis.call('HSET', KEYS[1], 'p', string.format('%d', pend), 'c', string.format('%d', c))
   ttl = math.ceil((pend - now) / 1000) + 60000
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name)}
+return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name), spentFor, tostring(mine)}
 `)
 
 // poolScript is a region's pool of one bucket: the stretches of the
@@ -157,30 +173,47 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 // give-back's sequence number (never less than the time it was made, so
 // that a pool made anew after a restart does not repeat old ones), a and
 // at the arrivals counted since at, dem, the region's demand (units a
-// second, a moving average), ids, the names of the last grants added, and
-// x and xg, the debt its servers left and the gen it is of.
+// second, a moving average), ids, the names of the last grants added, x
+// and xg, the debt its servers left and the gen it is of, and z, until
+// when the home said it has nothing to grant.
 //
-// ARGV[1] is the operation:
+// ARGV[1] is the operation; times are µs of this Redis's clock:
 //
-//	t want arrivals horizon period: take up to want units that unlock
-//	  within horizon (µs). Replies taken, first due (µs from now; the
-//	  taken units are due one per T after it), hold (µs from now), units
-//	  held after, next unlock (µs from now; -1 when none is held),
-//	  whether the pool wants a refill, gen, and the demand.
-//	a period: prepare a refill: fold the arrivals into the demand, give
-//	  back what exceeds twice the target (demand × period, latest
-//	  first) and what expired. Replies held, target, demand, then gen,
-//	  units, seq triples to send home.
-//	d gen first n T hold pos: add a grant of n units, the first
-//	  unlocking first µs from now, one per T after it, held for hold µs,
-//	  unless the grant (gen and pos name it) was added already.
-//	r gen n hold: add n units given back by a server, all unlocked; a
-//	  negative n is a server's debt, which the next takes pay first.
+//	t want arrivals horizon period span least need: take up to want
+//	  units that unlock within horizon, the arrivals (units asked of the
+//	  server since its last take) counted into the demand; span is the
+//	  rule's (µs a unit), least the fewest units the pool should hold,
+//	  need what the taker's callers lack. Replies
+//	  taken, first due (µs from now: the taken units not ready are due
+//	  one per span after it), hold (µs from now), units held after, next
+//	  unlock (µs from now; -1 when none is held), whether the pool wants
+//	  a refill, gen, how many of the units taken are ready, how long the
+//	  home said it has nothing (µs), whether the taker should wait for a
+//	  refill (it got less than it needs, the home may have more, and the
+//	  region asks for no more than its fair rate), the demand, and now.
+//	a period least: prepare a refill: fold the arrivals into the demand,
+//	  give back what exceeds twice the target (demand × period, at least
+//	  least; latest first) and what expired. Replies held, target,
+//	  demand, now, then gen, units, seq triples to send home.
+//	d gen unlock n T expiry pos until fair: add a grant of n units, the
+//	  first unlocking at unlock, one per T after it, held until expiry,
+//	  unless the grant (gen and pos name it) was added already; and set
+//	  what z sets.
+//	r gen n expiry: add n units given back by a server, all unlocked,
+//	  held until expiry; a negative n is a server's debt, which the next
+//	  takes pay first.
+//	z until fair: the home has nothing to grant until then (0: it has),
+//	  and the region's fair rate, units a second, as of its last grant.
+//
+// A grant's times are set by its agent, from the offsets the home gave
+// and this Redis's clock as the agent's preparation read it: an unlock
+// late and an expiry early by the round trip of that reading, however
+// late the deposit itself runs.
 var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'x', 'xg')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'x', 'xg', 'z', 'fr')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
@@ -188,6 +221,8 @@ if h[2] then back = cmsgpack.unpack(h[2]) end
 local seq = tonumber(h[3]) or 0
 local arr, arrAt, dem = tonumber(h[4]) or 0, tonumber(h[5]) or now, tonumber(h[6]) or 0
 local debt, debtGen = tonumber(h[8]) or 0, tonumber(h[9]) or 0
+local spent = tonumber(h[10]) or 0
+local fair = tonumber(h[11]) or 0
 -- Chunks expired or spent leave; what an expired one still held goes back home.
 local keep = {}
 for _, c in ipairs(cs) do
@@ -224,17 +259,27 @@ if op == 't' then
     end
   end
   if newer and debt > 0 then debt = 0 end
-  local got, first, hold, Tr, gen = 0, nil, nil, nil, 0
+  -- Units taken that have unlocked are ready; the others are booked,
+  -- due one per Tr (the rule's span) from first, which is late enough
+  -- for every one of them.
+  local got, ready, booked, first, hold, gen = 0, 0, 0, nil, nil, 0
+  local Tr = tonumber(ARGV[6])
   for _, c in ipairs(cs) do
     if got >= want then break end
     local lim = c.n
     if c.T > 0 then lim = math.min(c.n, math.floor((now + horizon - c.u) / c.T) + 1) end
     local take = math.min(want - got, lim - c.k)
     if take > 0 then
-      if not Tr then Tr = c.T end
-      local u0 = c.u + c.k * c.T
-      local cand = math.max(u0 - got * Tr, u0 + (take - 1) * c.T - (got + take - 1) * Tr)
-      if not first or cand > first then first = cand end
+      local r = take
+      if c.T > 0 then r = math.max(math.min(math.floor((now - c.u) / c.T) + 1 - c.k, take), 0) end
+      local m = take - r
+      if m > 0 then
+        local u0 = c.u + (c.k + r) * c.T
+        local cand = math.max(u0 - booked * Tr, u0 + (m - 1) * c.T - (booked + m - 1) * Tr)
+        if not first or cand > first then first = cand end
+        booked = booked + m
+      end
+      ready = ready + r
       if not hold or c.e < hold then hold = c.e end
       c.k = c.k + take
       got = got + take
@@ -249,12 +294,26 @@ if op == 't' then
     end
   end
   local hd = held()
-  local target = math.max(dem * period / 1000000, arr)
+  local target = math.max(dem * period / 1000000, arr, tonumber(ARGV[7]))
   local need = 0
   if hd < target / 2 or (got < want and hd == 0) then need = 1 end
+  -- The home said it has nothing until spent: no refill before.
+  local z = 0
+  if spent > now then
+    z = spent - now
+    if hd > 0 then need = 0 end
+  end
+  -- A region that holds nothing waits for the home unless it asks for
+  -- more than its fair rate: a hungry region's requests are refused at
+  -- once instead, and its refill comes in the background.
+  local wait = 0
+  if got < tonumber(ARGV[8]) and z == 0 and (fair == 0 or dem <= 1.1 * fair) then wait = 1 end
   if not first then first = now end
   if not hold then hold = now end
-  reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, tostring(dem)}
+  reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
+elseif op == 'z' then
+  spent, fair = tonumber(ARGV[2]), tonumber(ARGV[3])
+  reply = {held()}
 elseif op == 'a' then
   local period = tonumber(ARGV[2])
   local dt = now - arrAt
@@ -264,7 +323,7 @@ elseif op == 'a' then
     dem = dem + alpha * (rate - dem)
     arr, arrAt = 0, now
   end
-  local target = math.max(dem * period / 1000000, arr)
+  local target = math.max(dem * period / 1000000, arr, tonumber(ARGV[3]))
   local hd = held()
   if hd > 2 * target then
     local extra = hd - math.ceil(target)
@@ -280,7 +339,7 @@ elseif op == 'a' then
     for _, c in ipairs(cs) do if c.k < c.n then keep[#keep + 1] = c end end
     cs = keep
   end
-  reply = {held(), math.ceil(target), tostring(dem)}
+  reply = {held(), math.ceil(target), tostring(dem), string.format('%d', now)}
   for g, m in pairs(back) do
     if m > 0 then
       seq = math.max(seq + 1, now)
@@ -304,9 +363,10 @@ elseif op == 'd' or op == 'r' then
     ids[#ids + 1] = id
     if #ids > 32 then table.remove(ids, 1) end
     redis.call('HSET', KEYS[1], 'ids', cmsgpack.pack(ids))
-    c = {u = now + tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = now + tonumber(ARGV[6]), g = tonumber(ARGV[2])}
+    c = {u = tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = tonumber(ARGV[6]), g = tonumber(ARGV[2])}
+    spent, fair = tonumber(ARGV[8]), tonumber(ARGV[9])
   else
-    c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = now + tonumber(ARGV[4]), g = tonumber(ARGV[2])}
+    c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = tonumber(ARGV[4]), g = tonumber(ARGV[2])}
     if c.n < 0 then
       -- A server's debt, left to the region to pay.
       if c.g > debtGen then debt, debtGen = 0, c.g end
@@ -325,7 +385,8 @@ end
 local emax = now
 for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
 redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'q', string.format('%d', seq),
-  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem), 'x', tostring(debt), 'xg', string.format('%d', debtGen))
+  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem), 'x', tostring(debt), 'xg', string.format('%d', debtGen),
+  'z', string.format('%d', spent), 'fr', tostring(fair))
 redis.call('PEXPIRE', KEYS[1], math.ceil((emax - now) / 1000) + 10000)
 return reply
 `)

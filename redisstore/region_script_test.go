@@ -49,7 +49,7 @@ func TestHomeGiveBacksOnce(t *testing.T) {
 func TestPoolDepositsOnce(t *testing.T) {
 	_, s := scriptStore(t)
 	for range 2 {
-		v, err := redisstore.PoolCall(s, "pool", "d", "7", "0", "25", "1000", "60000000", "12345")
+		v, err := redisstore.PoolCall(s, "pool", "d", "7", "0", "25", "1000", "4000000000000000", "12345", "0", "100")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -58,12 +58,12 @@ func TestPoolDepositsOnce(t *testing.T) {
 		}
 	}
 	// A take of everything gets 25, all unlocked within the horizon.
-	v, err := redisstore.PoolCall(s, "pool", "t", "100", "0", "60000000", "300000")
+	v, err := redisstore.PoolCall(s, "pool", "t", "100", "0", "60000000", "300000", "1000", "0", "0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v[0] != 25 {
-		t.Errorf("took %d, want the 25 added", v[0])
+	if v[0] != 25 || v[7] != 25 {
+		t.Errorf("took %d (%d ready), want the 25 added, all unlocked", v[0], v[7])
 	}
 }
 

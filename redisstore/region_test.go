@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -408,5 +409,110 @@ func TestRegionsDebits(t *testing.T) {
 	// Reservations are not made across regions: said so, not made.
 	if _, err := a.Reserve(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, time.Second); admit.ErrorCode(err) != admit.CodeInvalid {
 		t.Errorf("a reservation across regions: %v", err)
+	}
+}
+
+// TestRegionsRareLargeChecks: checks of a large cost, each well within
+// the limit but asked now and then, are admitted: a region whose pool is
+// empty and that asks for no more than its fair rate waits for the home
+// rather than refuse (red team: cost 50 of a burst of 50, once a second,
+// was never admitted).
+func TestRegionsRareLargeChecks(t *testing.T) {
+	w := newRegionWorld(t, 2, 1, redisstore.RefuseWhenCut)
+	// A home just started fences new buckets for τ + lookahead (see
+	// TestRegionsHomeRestart): a second and a half here.
+	time.Sleep(1500 * time.Millisecond)
+	for _, rule := range []*admit.Rule{
+		{Name: "bucket", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(200), Burst: 50},
+		{Name: "window", Algorithm: admit.FixedWindow, Limit: 100, Window: time.Second},
+	} {
+		s := w.servers[0][0]
+		cost := int64(50)
+		if rule.Algorithm == admit.FixedWindow {
+			cost = 20
+		}
+		for i := range 4 {
+			var d admit.Decision
+			if err := s.Decide(context.Background(), []admit.Charge{{Key: rule.Name, Rule: rule, Cost: cost}}, &d); err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				t.Errorf("%s: check %d of cost %d, a second apart: refused (%+v)", rule.Name, i, cost, d.Results[0])
+			}
+			time.Sleep(time.Second)
+		}
+	}
+}
+
+// TestRegionsSpentStaysRefused: once the home said a quota is spent, the
+// region refuses it locally until its period ends, so its Redis going
+// away meanwhile does not turn the refusals into failures (which on_error
+// open would admit; red team: 498 admitted of a quota of 300).
+func TestRegionsSpentStaysRefused(t *testing.T) {
+	home := redistest.Start(t)
+	reg := redistest.Start(t)
+	prefix := newPrefix()
+	h, err := redisstore.Open(context.Background(), "redis://"+home.Addr, &redisstore.Options{Prefix: prefix, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	s, err := redisstore.Open(context.Background(), "redis://"+reg.Addr, &redisstore.Options{Prefix: prefix, Timeout: 100 * time.Millisecond, Home: h, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rule := &admit.Rule{Name: "quota", Algorithm: admit.Quota, Limit: 10, Period: admit.Day, Location: time.UTC}
+	decide := func() (bool, error) {
+		var d admit.Decision
+		err := s.Decide(context.Background(), []admit.Charge{{Key: "q", Rule: rule, Cost: 1}}, &d)
+		return d.Allowed, err
+	}
+	admitted := 0
+	for range 30 {
+		ok, err := decide()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d of a quota of 10", admitted)
+	}
+	reg.Freeze()
+	defer reg.Thaw()
+	for i := range 20 {
+		ok, err := decide()
+		if ok || err != nil {
+			t.Fatalf("decision %d with the region's Redis frozen: admitted %v, error %v; want refused", i, ok, err)
+		}
+	}
+}
+
+// TestRegionsEvictingHome: a home that may evict keys is refused, saying
+// why: an evicted key would grant again what it granted (red team: a
+// spent quota admitted 288 more after its key was evicted).
+func TestRegionsEvictingHome(t *testing.T) {
+	home := redistest.Start(t, "--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru")
+	reg := redistest.Start(t)
+	h, err := redisstore.Open(context.Background(), "redis://"+home.Addr, &redisstore.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	s, err := redisstore.Open(context.Background(), "redis://"+reg.Addr, &redisstore.Options{Timeout: time.Second, Home: h, Region: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rule := &admit.Rule{Name: "quota", Algorithm: admit.Quota, Limit: 10, Period: admit.Day, Location: time.UTC}
+	var d admit.Decision
+	if err := s.Decide(context.Background(), []admit.Charge{{Key: "q", Rule: rule, Cost: 1}}, &d); err != nil || d.Allowed {
+		t.Fatalf("a decision with an evicting home: admitted %v, %v; want refused", d.Allowed, err)
+	}
+	if rh, _ := s.Region(); !strings.Contains(rh.LastError, "maxmemory-policy volatile-lru") || !rh.Cut {
+		t.Errorf("region health %+v: want cut, the error naming the policy", rh)
 	}
 }

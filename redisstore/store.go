@@ -246,7 +246,7 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	}
 	var rg *region
 	if o.Home != nil {
-		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills)}
+		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills), coldRefills: make(chan struct{}, maxColdRefills)}
 	}
 	return &Store{
 		region:        rg,

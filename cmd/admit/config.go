@@ -311,6 +311,8 @@ func (d *decoder) checkRegionStore(st *StoreConfig) {
 	if st.Region != "" {
 		if err := checkRegionName(st.Region); err != nil {
 			d.failAt("store.region", "%v", err)
+		} else if st.Home == "" {
+			d.failAt("store.region", "a region needs store.home, the Redis the regions share; without one each region would hold every limit on its own")
 		}
 	}
 	switch st.WhenCut {

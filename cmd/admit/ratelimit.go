@@ -229,7 +229,7 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 
 	// Admit's own: limits held across regions (see admit serve --home).
-	f.region, f.home = getenv("ADMIT_REGION"), getenv("ADMIT_HOME")
+	f.region, f.home, f.regionEnv = getenv("ADMIT_REGION"), getenv("ADMIT_HOME"), true
 	if err := ratelimitStats(f, get, boolean); err != nil {
 		return nil, nil, err
 	}

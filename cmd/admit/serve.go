@@ -71,8 +71,10 @@ type backendFlags struct {
 	// empty, without config, starts with no tenants rather than the demo
 	// configuration (admit ratelimit).
 	empty bool
-	// region and home, if set, override store.region and store.home.
+	// region and home, if set, override store.region and store.home;
+	// regionEnv says they came from ADMIT_REGION and ADMIT_HOME.
 	region, home string
+	regionEnv    bool
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
@@ -255,26 +257,30 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 // and refuses, with their places in the file, the rules a home cannot hold
 // across regions.
 func regionFlags(f *backendFlags, cfg *Config) error {
+	regionName, homeName := "--region", "--home"
+	if f.regionEnv {
+		regionName, homeName = "ADMIT_REGION", "ADMIT_HOME"
+	}
 	if f.region != "" {
 		if err := checkRegionName(f.region); err != nil {
-			return fmt.Errorf("--region %w", err)
+			return fmt.Errorf("%s %w", regionName, err)
 		}
 		cfg.Store.Region = f.region
 	}
 	if f.home != "" {
 		if _, err := redisstore.ParseURL(f.home); err != nil || !strings.HasPrefix(f.home, "redis") {
-			return fmt.Errorf("--home %q: want a Redis URL as --store takes (redis://host:port/db, rediss://…, redis+sentinel://…, redis+cluster://…)", redisstore.Redact(f.home))
+			return fmt.Errorf("%s %q: want a Redis URL as --store takes (redis://host:port/db, rediss://…, redis+sentinel://…, redis+cluster://…)", homeName, redisstore.Redact(f.home))
 		}
 		cfg.Store.Home = f.home
 	}
 	if cfg.Store.Home == "" {
-		if f.region != "" {
-			return fmt.Errorf("--region needs --home (or store.home), the Redis the regions share")
+		if cfg.Store.Region != "" {
+			return fmt.Errorf("%s needs %s (or store.home), the Redis the regions share", regionName, homeName)
 		}
 		return nil
 	}
 	if cfg.Store.Region == "" {
-		return fmt.Errorf("a home (--home or store.home) needs a region: --region NAME or store.region")
+		return fmt.Errorf("a home (%s or store.home) needs a region: %s NAME or store.region", homeName, regionName)
 	}
 	if err := cfg.CheckRegions(); err != nil {
 		return fmt.Errorf("the configuration cannot be held across regions, not starting:\n%w", err)
