@@ -447,7 +447,7 @@ func TestRegionsRestarts(t *testing.T) {
 // from their home: `admit ratelimit` in each, counting as
 // envoyproxy/ratelimit counts (every hit, past the limit too), hammered
 // on one descriptor at once. Together they answer OK to no more hits
-// than the limit, and once it is spent both answer OVER_LIMIT.
+// than the limit, then as a region runs out, OVER_LIMIT.
 func TestRatelimitAcrossRegions(t *testing.T) {
 	const limit, perRegion, callers = 300, 400, 8
 	home := redistest.Start(t)
@@ -500,9 +500,17 @@ func TestRatelimitAcrossRegions(t *testing.T) {
 	if got == 0 {
 		t.Errorf("no hit admitted")
 	}
-	for i, c := range clients {
-		if r := ask(c, 1); r == nil || r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT {
-			t.Errorf("region %d, a hit after %d: %v", i, 2*perRegion, r)
+	// Past the limit, a hit is answered OK only with a unit a region
+	// still holds: never past the limit in all.
+	over := 0
+	for _, c := range clients {
+		if r := ask(c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+			got++
+		} else {
+			over++
 		}
+	}
+	if got > limit || over == 0 {
+		t.Errorf("after %d hits, one more in each region: %d answered OK in all, %d over; want at most %d and one over", 2*perRegion, got, over, limit)
 	}
 }

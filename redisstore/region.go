@@ -134,6 +134,9 @@ type region struct {
 	mu      sync.Mutex
 	agents  map[string]time.Time // last refill started, by pool key
 	tenants map[string]int       // refills in flight, by tenant tag
+	// inflight has this store's refills in flight, by pool key; each
+	// channel is closed when its refill is done.
+	inflight map[string]chan struct{}
 }
 
 // setErr records the last call to the home's failure, or that it answered.
@@ -537,7 +540,11 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 			// A debit is charged whatever it finds, and would owe what
 			// the home still has: it waits for the home even when its
 			// region asks for more than its fair rate.
-			if s.refill(p, max(short-t.got, 0)) >= 0 {
+			switch g := s.refill(p, max(short-t.got, 0)); {
+			case g == refillElsewhere:
+				s.awaitRefill(p)
+				fallthrough
+			case g >= 0:
 				sentMore = s.now()
 				more, err = s.take(p, want-t.got, 0, short-t.got)
 			}
@@ -626,6 +633,31 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 	s.withdrawn.Add(t.got)
 }
 
+// refillElsewhere is what refill returns when another refill of the pool
+// is in flight.
+const refillElsewhere = -2
+
+// awaitRefill waits for the refill of p's pool in flight: this server's,
+// until it lands; another server's, about a round trip to the home.
+func (s *Store) awaitRefill(p *allowance) {
+	rg := s.region
+	rg.mu.Lock()
+	done := rg.inflight[s.poolKey(p)]
+	rg.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-time.After(agentLock):
+		}
+		return
+	}
+	rtt := time.Duration(rg.rtt.Load())
+	if rtt == 0 {
+		rtt = 100 * time.Millisecond // none measured yet
+	}
+	time.Sleep(min(rtt*5/4+2*time.Millisecond, agentLock))
+}
+
 // goRefill refills p's pool in the background, unless the store is
 // closing.
 func (s *Store) goRefill(p *allowance) {
@@ -649,9 +681,9 @@ var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1
 // pool no longer needs and asks for what it lacks, if no other server of
 // the region is doing so.
 //
-// It returns what the home granted, or -1 when it did not ask: another
-// server of the region is refilling the pool, too many refills are in
-// flight, the pool holds enough, or a call failed.
+// It returns what the home granted, refillElsewhere when another server
+// of the region is refilling the pool, or -1 when it did not ask: too
+// many refills are in flight, the pool holds enough, or a call failed.
 func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	granted = -1
 	rg := s.region
@@ -677,6 +709,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	if rg.agents == nil {
 		rg.agents = make(map[string]time.Time)
 		rg.tenants = make(map[string]int)
+		rg.inflight = make(map[string]chan struct{})
 	}
 	if last, ok := rg.agents[pk]; ok && rg.cutSince.Load() != 0 && now.Sub(last) < cutRetry {
 		// The home does not answer: ask it again for this key once in
@@ -688,6 +721,12 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		rg.mu.Unlock()
 		return granted
 	}
+	if rg.inflight[pk] != nil {
+		rg.mu.Unlock()
+		return refillElsewhere
+	}
+	done := make(chan struct{})
+	rg.inflight[pk] = done
 	rg.tenants[p.tag]++
 	rg.agents[pk] = now
 	rg.mu.Unlock()
@@ -696,7 +735,9 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		if rg.tenants[p.tag]--; rg.tenants[p.tag] <= 0 {
 			delete(rg.tenants, p.tag)
 		}
+		delete(rg.inflight, pk)
 		rg.mu.Unlock()
+		close(done)
 	}()
 
 	token := newID()
@@ -708,8 +749,11 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		}
 		locked = err == nil
 		return err
-	}); err != nil || !locked {
+	}); err != nil {
 		return
+	}
+	if !locked {
+		return refillElsewhere
 	}
 	defer s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return unlockScript.Exec(ctx, client, []string{s.agentKey(p)}, []string{token}).Error()

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -514,5 +515,71 @@ func TestRegionsEvictingHome(t *testing.T) {
 	}
 	if rh, _ := s.Region(); !strings.Contains(rh.LastError, "maxmemory-policy volatile-lru") || !rh.Cut {
 		t.Errorf("region health %+v: want cut, the error naming the policy", rh)
+	}
+}
+
+// TestRegionsNewKeysFlood: a tenant inventing a new key per request (a
+// user id each time) makes each one's first decision wait for the home,
+// but its refills are bounded apart: another tenant spending a key the
+// region holds keeps being admitted (red team: 99 of 736 refused, with
+// 400 callers flooding).
+func TestRegionsNewKeysFlood(t *testing.T) {
+	w := newRegionWorld(t, 1, 1, redisstore.RefuseWhenCut)
+	for _, l := range w.links {
+		l.delay = 20 * time.Millisecond // the home is far: new keys wait for it
+	}
+	s := w.servers[0][0]
+	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5}
+	plan := &admit.Rule{Name: "plan", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 100}
+	victim := admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: "victim", Rule: plan.Name}.String(), Rule: plan, Cost: 1}
+	decide := func(c admit.Charge) (bool, error) {
+		var d admit.Decision
+		err := s.Decide(context.Background(), []admit.Charge{c}, &d)
+		return d.Allowed, err
+	}
+	// The victim's key is held: the home fenced it at first (just
+	// started), so ask until it admits.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if ok, _ := decide(victim); ok {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the victim's key was never admitted")
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := admit.Key{Scope: "user", Tenant: "evil", Subject: "u" + itoa(n.Add(1)), Rule: user.Name}.String()
+				_, _ = decide(admit.Charge{Key: k, Rule: user, Cost: 1})
+			}
+		}()
+	}
+	refused := 0
+	for range 200 { // 100 a second, a tenth of its rate
+		var d admit.Decision
+		err := s.Decide(context.Background(), []admit.Charge{victim}, &d)
+		if err != nil || !d.Allowed {
+			refused++
+			rh, _ := s.Region()
+			t.Logf("refused: %v %+v %+v", err, d.Results, rh)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("new keys: %d; the victim refused %d of 200", n.Load(), refused)
+	if refused > 0 {
+		t.Errorf("the victim, at a tenth of its rate, was refused %d of 200 times while another tenant flooded new keys", refused)
 	}
 }
