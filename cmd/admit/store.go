@@ -141,7 +141,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 			if rg, ok := r.Region(); ok {
 				sh.Region = &server.RegionHealth{Name: rg.Region, Held: rg.Held, Share: rg.Share, HomeCalls: rg.HomeCalls,
 					HomeFailures: rg.HomeFailures, Granted: rg.Granted, GivenBack: rg.GivenBack,
-					RoundTripMS: float64(rg.RTT.Microseconds()) / 1000, Cut: rg.Cut}
+					RoundTripMS: float64(rg.RTT.Microseconds()) / 1000, Cut: rg.Cut, LastError: rg.LastError}
 			}
 			return sh
 		},

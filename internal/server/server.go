@@ -57,8 +57,8 @@ type StoreHealth struct {
 // RegionHealth is what a region's store says of its home: the region's
 // name, the units its pools held when last looked at, its share of the
 // last limit it was granted, calls to the home (and how many failed),
-// units granted and given back, the calls' round trip, and whether the
-// home is cut off (its last call failed).
+// units granted and given back, the calls' round trip, whether the home
+// is cut off (its last call failed), and why.
 type RegionHealth struct {
 	Name         string  `json:"name"`
 	Held         int64   `json:"held"`
@@ -69,6 +69,7 @@ type RegionHealth struct {
 	GivenBack    int64   `json:"given_back"`
 	RoundTripMS  float64 `json:"round_trip_ms"`
 	Cut          bool    `json:"cut"`
+	LastError    string  `json:"last_error,omitempty"`
 }
 
 // Options configure a Server. Store and Catalog are required; the zero
