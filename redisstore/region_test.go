@@ -32,11 +32,17 @@ type regionWorld struct {
 
 func newRegionWorld(t *testing.T, regions, perRegion int, cut redisstore.CutPolicy) *regionWorld {
 	t.Helper()
+	return newRegionWorldDelayed(t, regions, perRegion, cut, 0)
+}
+
+// newRegionWorldDelayed is newRegionWorld with links that delay each way.
+func newRegionWorldDelayed(t *testing.T, regions, perRegion int, cut redisstore.CutPolicy, delay time.Duration) *regionWorld {
+	t.Helper()
 	w := &regionWorld{home: redistest.Start(t)}
 	prefix := newPrefix()
 	for i := 0; i < regions; i++ {
 		reg := redistest.Start(t)
-		l := newLink(t, w.home.Addr)
+		l := newLink(t, w.home.Addr, delay)
 		w.links = append(w.links, l)
 		var ss []*redisstore.Store
 		for j := 0; j < perRegion; j++ {
@@ -69,12 +75,12 @@ type link struct {
 	target string
 }
 
-func newLink(t *testing.T, target string) *link {
+func newLink(t *testing.T, target string, delay time.Duration) *link {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &link{addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]bool{}, target: target}
+	l := &link{addr: ln.Addr().String(), ln: ln, conns: map[net.Conn]bool{}, target: target, delay: delay}
 	t.Cleanup(func() { ln.Close(); l.setCut(true) })
 	go func() {
 		for {
@@ -524,10 +530,7 @@ func TestRegionsEvictingHome(t *testing.T) {
 // region holds keeps being admitted (red team: 99 of 736 refused, with
 // 400 callers flooding).
 func TestRegionsNewKeysFlood(t *testing.T) {
-	w := newRegionWorld(t, 1, 1, redisstore.RefuseWhenCut)
-	for _, l := range w.links {
-		l.delay = 20 * time.Millisecond // the home is far: new keys wait for it
-	}
+	w := newRegionWorldDelayed(t, 1, 1, redisstore.RefuseWhenCut, 20*time.Millisecond) // the home is far: new keys wait for it
 	s := w.servers[0][0]
 	user := &admit.Rule{Name: "user", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(10), Burst: 5}
 	plan := &admit.Rule{Name: "plan", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 100}
@@ -537,8 +540,8 @@ func TestRegionsNewKeysFlood(t *testing.T) {
 		err := s.Decide(context.Background(), []admit.Charge{c}, &d)
 		return d.Allowed, err
 	}
-	// The victim's key is held: the home fenced it at first (just
-	// started), so ask until it admits.
+	// The victim's key is held and in use: the home fenced it at first
+	// (just started), so ask until it admits, then for a second more.
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if ok, _ := decide(victim); ok {
 			break
@@ -546,6 +549,10 @@ func TestRegionsNewKeysFlood(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatal("the victim's key was never admitted")
 		}
+	}
+	for range 100 {
+		_, _ = decide(victim)
+		time.Sleep(10 * time.Millisecond)
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
