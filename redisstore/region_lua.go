@@ -36,7 +36,8 @@ import "github.com/redis/rueidis"
 // its period's end; µs from now), gen, the region's share (parts per
 // million), T as text (0 for a count), the grant's name as text, how long
 // the home has nothing more to grant (µs; 0 when it has), and the region's
-// fair rate (units a second, as text).
+// fair level (units a second, as text): the most max-min fairness would
+// give it, whatever its demand.
 var homeScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -120,12 +121,15 @@ for j = 1, #all, 2 do
   end
 end
 table.sort(ds, function(a, b) return a[2] < b[2] end)
-local left = capacity
+-- level is the region's fair level: the most it would get were its
+-- demand unbounded; a region asking for more than that is over its share.
+local left, level = capacity, capacity
 for j = 1, #ds do
-  local a = math.min(ds[j][2], left / (#ds - j + 1))
+  local l = left / (#ds - j + 1)
+  local a = math.min(ds[j][2], l)
   left = left - a
   total = total + a
-  if ds[j][1] == region then mine = a end
+  if ds[j][1] == region then mine, level = a, l end
 end
 local w = 1
 if total > 0 then w = mine / total end
@@ -159,7 +163,7 @@ else
   ttl = math.ceil((pend - now) / 1000) + 60000
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name), spentFor, tostring(mine)}
+return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name), spentFor, tostring(level)}
 `)
 
 // poolScript is a region's pool of one bucket: the stretches of the
@@ -303,11 +307,12 @@ if op == 't' then
     z = spent - now
     if hd > 0 then need = 0 end
   end
-  -- A region that holds nothing waits for the home unless it asks for
-  -- more than its fair rate: a hungry region's requests are refused at
-  -- once instead, and its refill comes in the background.
+  -- A taker short of units waits for the home unless its region asks
+  -- a bucket for more than its fair level: a hungry region's requests
+  -- are refused at once instead, and its refill comes in the background.
+  -- A count has no rate to be over: it waits until the home is spent.
   local wait = 0
-  if got < tonumber(ARGV[8]) and z == 0 and (fair == 0 or dem <= 1.1 * fair) then wait = 1 end
+  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or dem <= 1.1 * fair) then wait = 1 end
   if not first then first = now end
   if not hold then hold = now end
   reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
