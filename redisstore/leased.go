@@ -739,9 +739,7 @@ func (s *Store) sweep(now time.Time) {
 		switch {
 		case p.avail+p.future > 0 && !now.Before(p.until):
 			if s.region != nil {
-				s.expired.Add(p.avail)
-				p.avail, p.future = 0, 0
-				p.gen++
+				back = append(back, p) // home, through the pool
 			} else if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
 				back = append(back, p)
 			} else {
@@ -749,7 +747,7 @@ func (s *Store) sweep(now time.Time) {
 				p.avail = 0
 				p.gen++
 			}
-		case (p.avail+p.future > 0 || s.region != nil && p.avail < 0) && now.Sub(p.lastUse) >= leaseIdle:
+		case p.avail+p.future > 0 && now.Sub(p.lastUse) >= leaseIdle:
 			back = append(back, p)
 		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
 			delete(s.leased.m, k)

@@ -121,6 +121,7 @@ type region struct {
 
 	homeCalls, homeFailures atomic.Int64
 	granted, givenBack      atomic.Int64 // units
+	owed                    atomic.Int64 // units of debts sent home
 	lostBack                atomic.Int64 // units in give-backs that failed
 	share                   atomic.Int64 // of the last grant, parts per million
 	held                    atomic.Int64 // what the last pool looked at held
@@ -158,6 +159,7 @@ type RegionHealth struct {
 	HomeFailures int64 // calls that failed or timed out
 	Granted      int64 // units the home granted this region
 	GivenBack    int64 // units this region gave back home
+	Owed         int64 // units of debits it could not pay, sent home
 	LostBack     int64 // units of give-backs that failed (the home keeps them)
 	Share        float64
 	Held         int64         // units the region's pool held when last looked at
@@ -174,7 +176,7 @@ func (s *Store) Region() (RegionHealth, bool) {
 	}
 	return RegionHealth{
 		Region: rg.name, HomeCalls: rg.homeCalls.Load(), HomeFailures: rg.homeFailures.Load(),
-		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), LostBack: rg.lostBack.Load(),
+		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), Owed: rg.owed.Load(), LostBack: rg.lostBack.Load(),
 		Share: float64(rg.share.Load()) / 1e6, Held: rg.held.Load(), RTT: time.Duration(rg.rtt.Load()),
 		Cut: rg.cutSince.Load() != 0, LastError: deref(rg.lastErr.Load()),
 	}, true
@@ -253,6 +255,18 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		return nil
 	}
 	now := s.now()
+	if s.tooManyKeys(charges) {
+		// A bound on this server's memory: a flood of new keys is
+		// refused until the sweep forgets idle ones.
+		for i := range charges {
+			c := &charges[i]
+			d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Shadow: c.Rule.Shadow, Debit: c.Debit,
+				Limit: c.Rule.Capacity(), RetryAfter: time.Second, ResetAfter: time.Second})
+		}
+		d.At = now
+		d.Summarize()
+		return nil
+	}
 	var pools [admit.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	dry := false
@@ -350,11 +364,13 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 }
 
 // debit charges the debits of an admitted decision to their allowances:
-// what an allowance holds pays, and the rest is a debt (a negative
-// allowance) that the units it takes next pay first, as a debit puts a
-// key in debt in one Redis. A debit that the allowance did not cover is
-// reported over the limit.
+// what an allowance holds pays, and the rest is owed home, where it
+// charges the limit as a debit charges one Redis's key (a bucket's
+// timeline moves on, a count goes up), so that every region's next grants
+// pay it. A debit that the allowance did not cover is reported over the
+// limit, with the time the debt takes to repay as its retry.
 func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
+	var owes [admit.MaxCharges]int64
 	for i, p := range ps {
 		c := &charges[i]
 		if !c.Debit {
@@ -368,18 +384,71 @@ func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d 
 			p.gen++
 		}
 		covered := p.avail >= c.Cost
-		p.avail -= c.Cost
+		owe := c.Cost - max(p.avail, 0)
+		p.avail = max(p.avail-c.Cost, 0)
 		p.used += c.Cost
 		p.lastUse = now
 		r := p.result(now, covered)
-		r.Remaining = max(r.Remaining, 0)
 		r.Debit = true
-		if p.avail < 0 && p.fetch == nil {
-			p.startFetch(s, -p.avail, now)
+		if !covered {
+			owes[i] = owe
+			r.RetryAfter = p.repayIn(owe, now)
+			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
 		}
 		p.mu.Unlock()
 		d.Results[i] = r
 	}
+	// What the allowances could not pay is owed home, through the pool,
+	// before the decision is answered: so it outlives this server.
+	for i, owe := range owes {
+		if owe > 0 {
+			s.owe(ps[i], owe)
+		}
+	}
+}
+
+// repayIn estimates how long a debt of owe units of p's limit takes to
+// repay: a bucket's refill of them, a count's period. p.mu is held.
+func (p *allowance) repayIn(owe int64, now time.Time) time.Duration {
+	if !isBucket(p.rule) {
+		return max(periodEnd(p.rule, now).Sub(now), time.Millisecond)
+	}
+	return max(spanOf(p.rule.Rate, owe), time.Millisecond)
+}
+
+// owe records in p's pool that its region owes home n units of p's limit,
+// and has the pool refilled now, which sends the debt home.
+func (s *Store) owe(p *allowance, n int64) {
+	p.mu.Lock()
+	gen := p.hgen
+	p.mu.Unlock()
+	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), "0", "0", itoa(-n)}).Error()
+	}); err != nil {
+		s.lost.Add(-n) // a debt lost: as much admitted that should not be
+		return
+	}
+	s.goRefill(p)
+}
+
+// maxRegionKeys bounds the keys a region's server keeps allowances of.
+const maxRegionKeys = 1 << 18
+
+// tooManyKeys reports whether deciding charges would make an allowance
+// past maxRegionKeys.
+func (s *Store) tooManyKeys(charges []admit.Charge) bool {
+	a := &s.leased
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if len(a.m) < maxRegionKeys {
+		return false
+	}
+	for i := range charges {
+		if a.m[allowanceKeyOf(&charges[i])] == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // peekRegion answers a dry run from what the allowances hold.
@@ -531,22 +600,39 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	asked, short, debits := p.asked, p.short, p.debits
 	p.asked, p.short, p.waiting, p.debits = 0, 0, 0, false
 	p.mu.Unlock()
-	sent := s.now()
+	type taken struct {
+		poolTake
+		sent time.Time
+	}
+	var takes [3]taken
+	n := 1
+	takes[0].sent = s.now()
 	t, err := s.take(p, want, asked, short)
-	var more poolTake
-	var sentMore time.Time
+	takes[0].poolTake = t
+	got := t.got
 	if err == nil && t.need {
 		if t.wait || debits && t.got < short && t.spent == 0 {
 			// A debit is charged whatever it finds, and would owe what
 			// the home still has: it waits for the home even when its
-			// region asks for more than its fair rate.
-			switch g := s.refill(p, max(short-t.got, 0)); {
-			case g == refillElsewhere:
-				s.awaitRefill(p)
-				fallthrough
-			case g >= 0:
-				sentMore = s.now()
-				more, err = s.take(p, want-t.got, 0, short-t.got)
+			// region asks for more than its fair rate. Another server's
+			// refill in flight is waited for, then, if it did not bring
+			// enough, this one's.
+			for n < len(takes) && got < short {
+				g := s.refill(p, short-got)
+				if g == refillElsewhere {
+					s.awaitRefill(p)
+				} else if g < 0 {
+					break
+				}
+				takes[n].sent = s.now()
+				if takes[n].poolTake, err = s.take(p, want-got, 0, short-got); err != nil {
+					break
+				}
+				got += takes[n].got
+				n++
+				if takes[n-1].spent > 0 || g >= 0 {
+					break
+				}
 			}
 		} else {
 			s.goRefill(p)
@@ -562,14 +648,12 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 		close(f.done)
 		return
 	}
-	last := t
-	s.addTake(p, t, sent, recv)
-	if !sentMore.IsZero() {
-		s.addTake(p, more, sentMore, recv)
-		last = more
+	for _, x := range takes[:n] {
+		s.addTake(p, x.poolTake, x.sent, recv)
 	}
+	last := takes[n-1].poolTake
 	s.region.held.Store(last.held)
-	p.grant = t.got + more.got
+	p.grant = got
 	p.shared = last.held
 	switch {
 	case p.grant > 0:
@@ -803,10 +887,14 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		return
 	}
 	args := append([]string{rg.name}, s.homeArgs(p.rule, want, demand)...)
-	var units int64
+	var units, owed int64
 	for i := 0; i+2 < len(back); i += 3 {
 		args = append(args, itoa(back[i]), itoa(back[i+1]), itoa(back[i+2]))
-		units += back[i+1]
+		if back[i+1] > 0 {
+			units += back[i+1]
+		} else {
+			owed -= back[i+1]
+		}
 	}
 	sent := s.now()
 	var g, first, last, gen, share, spentFor int64
@@ -841,6 +929,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	if err != nil {
 		rg.homeFailures.Add(1)
 		rg.lostBack.Add(units)
+		s.lost.Add(-owed) // debts lost: as much admitted that should not be
 		rg.cutSince.CompareAndSwap(0, recv.UnixNano())
 		rg.setErr(err)
 		return
@@ -848,6 +937,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	rg.cutSince.Store(0)
 	rg.setErr(nil)
 	rg.givenBack.Add(units)
+	rg.owed.Add(owed)
 	rg.share.Store(share)
 	rtt := int64(recv.Sub(sent))
 	if old := rg.rtt.Load(); old == 0 {
@@ -903,28 +993,30 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 		itoa(regionLookahead.Microseconds())}
 }
 
-// returnToPool gives back to p's pool the units p holds that are due (the
-// others are lost, which only admits less), or leaves it p's debt.
+// returnToPool gives back the units p holds to its pool, or through it
+// home.
 func (s *Store) returnToPool(p *allowance) {
 	now := s.now()
 	p.mu.Lock()
 	p.release(now)
-	n, until, gen, delta := p.avail, p.until, p.hgen, p.delta
+	n, booked, until, gen, delta := p.avail, p.future, p.until, p.hgen, p.delta
 	p.avail, p.future = 0, 0
 	p.gen++
 	p.mu.Unlock()
-	if n == 0 || n > 0 && !now.Before(until) {
+	if n+booked <= 0 {
 		return
 	}
+	// Units due go back to the pool until they expire (home, if they
+	// have); units booked, not due, go home: no other server may spend
+	// them before they are due, and giving them back is always safe.
 	expiry := until.UnixMicro() + delta // early: see addTake
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", strconv.FormatInt(gen, 10),
-			strconv.FormatInt(n, 10), itoa(expiry)}).Error()
+		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), itoa(n), itoa(expiry), itoa(booked)}).Error()
 	}); err != nil {
-		s.lost.Add(n)
+		s.lost.Add(n + booked)
 		return
 	}
-	s.refunded.Add(n)
+	s.refunded.Add(n + booked)
 }
 
 // sweepRegion looks at the pools of keys this server used lately and not

@@ -17,7 +17,7 @@ import "github.com/redis/rueidis"
 // (µs), burst, initial and lookahead (µs), for a count its limit, its
 // window (µs; 0 for a quota) and a quota's period in progress and the
 // next (start, end, next end, µs), then give-backs as triples gen,
-// units, seq.
+// units, seq (negative units: a debt).
 //
 // A home that may evict keys (maxmemory with a policy other than
 // noeviction) is refused, with an error saying so: an evicted key would
@@ -88,9 +88,16 @@ else
   if p ~= pend then c = 0 end
   gen = pend
 end
+-- A give-back of m > 0 unspent units lowers what was handed out; one of
+-- m < 0 is a debt (debits a region could not pay), charged as one Redis
+-- charges a debit: the bucket's timeline moves on, the count goes up.
 local function giveBack(m)
   if kind == 'b' then
-    tat = math.max(now, tat - math.floor(m * T))
+    if m > 0 then
+      tat = math.max(now, tat - math.floor(m * T))
+    else
+      tat = math.ceil(math.max(now, tat) - m * T)
+    end
   else
     c = math.max(0, c - m)
   end
@@ -98,10 +105,12 @@ end
 local last = tonumber(redis.call('HGET', KEYS[1], 's:' .. region)) or 0
 while i + 2 <= #ARGV do
   local g, m, seq = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  if g == gen and seq > last and m > 0 then
+  -- Units go back only to the incarnation (or period) they came from; a
+  -- bucket's debt counts in any, since it only admits less.
+  if seq > last and m ~= 0 and (g == gen or m < 0 and kind == 'b') then
     giveBack(m)
-    last = seq
   end
+  if seq > last then last = seq end
   i = i + 3
 end
 redis.call('HSET', KEYS[1], 's:' .. region, string.format('%d', last), 'd:' .. region, tostring(demand), 't:' .. region, string.format('%d', now))
@@ -177,9 +186,9 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 // give-back's sequence number (never less than the time it was made, so
 // that a pool made anew after a restart does not repeat old ones), a and
 // at the arrivals counted since at, dem, the region's demand (units a
-// second, a moving average), ids, the names of the last grants added, x
-// and xg, the debt its servers left and the gen it is of, and z, until
-// when the home said it has nothing to grant.
+// second, a moving average), ids, the names of the last grants added, z,
+// until when the home said it has nothing to grant, and fr, the region's
+// fair level as of its last grant.
 //
 // ARGV[1] is the operation; times are µs of this Redis's clock:
 //
@@ -203,9 +212,10 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //	  first unlocking at unlock, one per T after it, held until expiry,
 //	  unless the grant (gen and pos name it) was added already; and set
 //	  what z sets.
-//	r gen n expiry: add n units given back by a server, all unlocked,
-//	  held until expiry; a negative n is a server's debt, which the next
-//	  takes pay first.
+//	r gen n expiry m: add n units given back by a server, all unlocked,
+//	  held until expiry (given back home if that has passed); and give
+//	  back home m more (its booked units), or, negative, what it owes
+//	  (debits it could not pay), which the home charges the limit.
 //	z until fair: the home has nothing to grant until then (0: it has),
 //	  and the region's fair rate, units a second, as of its last grant.
 //
@@ -217,16 +227,15 @@ var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'x', 'xg', 'z', 'fr')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'z', 'fr')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
 if h[2] then back = cmsgpack.unpack(h[2]) end
 local seq = tonumber(h[3]) or 0
 local arr, arrAt, dem = tonumber(h[4]) or 0, tonumber(h[5]) or now, tonumber(h[6]) or 0
-local debt, debtGen = tonumber(h[8]) or 0, tonumber(h[9]) or 0
-local spent = tonumber(h[10]) or 0
-local fair = tonumber(h[11]) or 0
+local spent = tonumber(h[8]) or 0
+local fair = tonumber(h[9]) or 0
 -- Chunks expired or spent leave; what an expired one still held goes back home.
 local keep = {}
 for _, c in ipairs(cs) do
@@ -246,23 +255,6 @@ local reply
 if op == 't' then
   local want, horizon, period = tonumber(ARGV[2]), tonumber(ARGV[4]), tonumber(ARGV[5])
   arr = arr + tonumber(ARGV[3])
-  -- A debt (debits a server could not pay) is paid first, by units of
-  -- its own grant's incarnation or period; one of a period that has
-  -- ended is forgotten, as the period's count is.
-  local newer = false
-  for _, c in ipairs(cs) do
-    if debt <= 0 then break end
-    if c.g == debtGen then
-      local lim = c.n
-      if c.T > 0 then lim = math.min(c.n, math.floor((now + horizon - c.u) / c.T) + 1) end
-      local take = math.max(math.min(debt, lim - c.k), 0)
-      c.k = c.k + take
-      debt = debt - take
-    elseif c.g > debtGen then
-      newer = true
-    end
-  end
-  if newer and debt > 0 then debt = 0 end
   -- Units taken that have unlocked are ready; the others are booked,
   -- due one per Tr (the rule's span) from first, which is late enough
   -- for every one of them.
@@ -308,11 +300,12 @@ if op == 't' then
     if hd > 0 then need = 0 end
   end
   -- A taker short of units waits for the home unless its region asks
-  -- a bucket for more than its fair level: a hungry region's requests
+  -- a bucket for more than its fair level (by half: the demand is a
+  -- moving average of bursts): a hungry region's requests
   -- are refused at once instead, and its refill comes in the background.
   -- A count has no rate to be over: it waits until the home is spent.
   local wait = 0
-  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or dem <= 1.1 * fair) then wait = 1 end
+  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or dem <= 1.5 * fair) then wait = 1 end
   if not first then first = now end
   if not hold then hold = now end
   reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
@@ -346,7 +339,7 @@ elseif op == 'a' then
   end
   reply = {held(), math.ceil(target), tostring(dem), string.format('%d', now)}
   for g, m in pairs(back) do
-    if m > 0 then
+    if m ~= 0 then
       seq = math.max(seq + 1, now)
       reply[#reply + 1] = tonumber(g)
       reply[#reply + 1] = m
@@ -372,11 +365,12 @@ elseif op == 'd' or op == 'r' then
     spent, fair = tonumber(ARGV[8]), tonumber(ARGV[9])
   else
     c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = tonumber(ARGV[4]), g = tonumber(ARGV[2])}
-    if c.n < 0 then
-      -- A server's debt, left to the region to pay.
-      if c.g > debtGen then debt, debtGen = 0, c.g end
-      if c.g == debtGen then debt = debt - c.n end
-    end
+    -- Units a server gives back once expired, its booked ones, and its
+    -- debts (negative) go home.
+    local g = string.format('%d', c.g)
+    local m = tonumber(ARGV[5])
+    if c.n > 0 and c.e <= now then m = m + c.n end
+    if m ~= 0 then back[g] = (back[g] or 0) + m end
   end
   if c.n > 0 and c.e > now then
     local at = #cs + 1
@@ -390,8 +384,10 @@ end
 local emax = now
 for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
 redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'q', string.format('%d', seq),
-  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem), 'x', tostring(debt), 'xg', string.format('%d', debtGen),
+  'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem),
   'z', string.format('%d', spent), 'fr', tostring(fair))
-redis.call('PEXPIRE', KEYS[1], math.ceil((emax - now) / 1000) + 10000)
+-- Kept while its chunks last, and a minute more: what it owes home goes
+-- with its next refill, which a debt asks for at once.
+redis.call('PEXPIRE', KEYS[1], math.ceil((emax - now) / 1000) + 60000)
 return reply
 `)

@@ -121,9 +121,11 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 	}
 	check := redisstore.CheckRule
 	name := "redis " + rc.String()
+	stopWatch := func() {}
 	if home != nil {
 		check = redisstore.CheckRegionRule
 		name += ", region " + cfg.Store.Region + " of home " + home.String()
+		stopWatch = watchHome(r, log)
 	}
 	catalog := redischanges.New(r)
 	sessions := redissessions.New(r)
@@ -148,8 +150,36 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
-		close:    func() { sessions.Close(); r.Close(); closeHome() },
+		close:    func() { stopWatch(); sessions.Close(); r.Close(); closeHome() },
 	}, nil
+}
+
+// watchHome logs the errors of a region's calls to its home when they
+// change (a home that evicts keys is refused, every call, until fixed),
+// and when they stop; it returns the function that stops it.
+func watchHome(r *redisstore.Store, log *slog.Logger) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		last := ""
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			h, _ := r.Region()
+			switch {
+			case h.LastError != "" && h.LastError != last:
+				log.Error("the region cannot get its limits from the home Redis; it refuses (or applies on_error) once it has spent what it holds", "region", h.Region, "err", h.LastError)
+			case h.LastError == "" && last != "":
+				log.Info("the home Redis answers the region again", "region", h.Region)
+			}
+			last = h.LastError
+		}
+	}()
+	return func() { close(done) }
 }
 
 // redisConfig returns the Redis deployment --store or the config names, and
