@@ -989,8 +989,12 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 	if r.Initial != nil {
 		initial = *r.Initial
 	}
+	debt := r.MaxDebt
+	if debt == 0 {
+		debt = r.Burst
+	}
 	return []string{"b", w, demand, itoa(r.Rate.N), itoa(r.Rate.Per.Microseconds()), itoa(r.Burst), itoa(initial),
-		itoa(regionLookahead.Microseconds())}
+		itoa(regionLookahead.Microseconds()), itoa(debt)}
 }
 
 // returnToPool gives back the units p holds to its pool, or through it

@@ -14,7 +14,8 @@ import "github.com/redis/rueidis"
 // (when it said so) and s:r (the last give-back applied).
 //
 // ARGV: region, kind (b or c), want, demand, then for a bucket N, per
-// (µs), burst, initial and lookahead (µs), for a count its limit, its
+// (µs), burst, initial, lookahead (µs) and the most it may owe, for a
+// count its limit, its
 // window (µs; 0 for a quota) and a quota's period in progress and the
 // next (start, end, next end, µs), then give-backs as triples gen,
 // units, seq (negative units: a debt).
@@ -51,12 +52,12 @@ end
 local region, kind = ARGV[1], ARGV[2]
 local want, demand = tonumber(ARGV[3]), tonumber(ARGV[4])
 local i, gen, avail, capacity
-local T, tat, c, pend, tau, look = 0
+local T, tat, c, pend, tau, look, maxDebt = 0
 if kind == 'b' then
   local n, per = tonumber(ARGV[5]), tonumber(ARGV[6])
   local burst, initial = tonumber(ARGV[7]), tonumber(ARGV[8])
-  look = tonumber(ARGV[9])
-  i = 10
+  look, maxDebt = tonumber(ARGV[9]), tonumber(ARGV[10])
+  i = 11
   T = per / n
   tau = burst * T
   capacity = n * 1000000 / per
@@ -96,7 +97,8 @@ local function giveBack(m)
     if m > 0 then
       tat = math.max(now, tat - math.floor(m * T))
     else
-      tat = math.ceil(math.max(now, tat) - m * T)
+      -- As one Redis charges a debit: into debt by at most maxDebt.
+      tat = math.ceil(math.min(math.max(now, tat) - m * T, math.max(tat, now + tau + maxDebt * T)))
     end
   else
     c = math.max(0, c - m)

@@ -17,7 +17,7 @@ func TestHomeGiveBacksOnce(t *testing.T) {
 	// A bucket of 1 a minute, burst 100: nothing refills meanwhile.
 	bucket := func(want int, back ...string) []int64 {
 		t.Helper()
-		args := append([]string{"a", "b", strconv.Itoa(want), "0", "1", "60000000", "100", "100", "0"}, back...)
+		args := append([]string{"a", "b", strconv.Itoa(want), "0", "1", "60000000", "100", "100", "0", "100"}, back...)
 		v, err := redisstore.HomeCall(s, "home", args...)
 		if err != nil {
 			t.Fatal(err)
