@@ -482,7 +482,9 @@ func (p *allowance) retryIn(cost int64, now time.Time) time.Duration {
 		// the latest when its period ends.
 		return max(periodEnd(p.rule, now).Sub(now), time.Millisecond)
 	}
-	return max(spanOf(p.rule.Rate, cost-p.avail-p.future), time.Millisecond)
+	// Short of units, or holding expired ones: as long as the units
+	// missing take to refill.
+	return max(spanOf(p.rule.Rate, max(cost-p.avail-p.future, 1)), time.Millisecond)
 }
 
 func isBucket(r *admit.Rule) bool {
