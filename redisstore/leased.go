@@ -129,6 +129,7 @@ type allowance struct {
 	short   int64 // units the callers waiting for a take lack
 	waiting int64 // what they cost
 	debits  bool  // some are debits
+	owing   bool  // a debt is in the pool, not home yet
 	// spentUntil: the home had nothing for a debit's take; until then
 	// debits owe without asking again.
 	spentUntil time.Time
@@ -733,7 +734,7 @@ func (s *Store) sweep(now time.Time) {
 	s.leased.mu.Lock()
 	for k, p := range s.leased.m {
 		p.mu.Lock()
-		if s.region != nil && now.Sub(p.lastUse) < leaseForget {
+		if s.region != nil && (now.Sub(p.lastUse) < leaseForget || p.owing) {
 			recent = append(recent, p)
 		}
 		switch {
@@ -749,7 +750,7 @@ func (s *Store) sweep(now time.Time) {
 			}
 		case p.avail+p.future > 0 && now.Sub(p.lastUse) >= leaseIdle:
 			back = append(back, p)
-		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil):
+		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil) && !p.owing:
 			delete(s.leased.m, k)
 		}
 		p.mu.Unlock()

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -195,6 +196,21 @@ func CheckRegionRule(r *admit.Rule) error {
 	}
 	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
 }
+
+// holdOf returns how long a bucket's units are held, in a pool and by a
+// server, after they unlock: regionHold, or for a slow bucket as long as
+// its burst takes to refill (at most maxHold), so that units can gather
+// for a check costing up to the burst, as in the bucket itself, rather
+// than go back home before it comes.
+func holdOf(r *admit.Rule) time.Duration {
+	if !isBucket(r) {
+		return regionHold
+	}
+	return min(max(regionHold, spanOf(r.Rate, r.Burst)), maxHold)
+}
+
+// maxHold bounds holdOf.
+const maxHold = 10 * time.Second
 
 // regionCharge reports whether charge i can be decided across regions.
 func regionCharge(i int, c *admit.Charge) error {
@@ -425,9 +441,12 @@ func (s *Store) owe(p *allowance, n int64) {
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), "0", "0", itoa(-n)}).Error()
 	}); err != nil {
-		s.lost.Add(-n) // a debt lost: as much admitted that should not be
+		s.lost.Add(n) // a debt lost: as much admitted that should not be
 		return
 	}
+	p.mu.Lock()
+	p.owing = true // until a refill sends it: the sweep asks again
+	p.mu.Unlock()
 	s.goRefill(p)
 }
 
@@ -699,10 +718,10 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 			p.avail, p.future = 0, 0
 			p.gen++
 		}
-		p.until = sent.Add(bucketHold)
+		p.until = sent.Add(holdOf(p.rule))
 		p.avail += t.ready
 		p.book(t.got-t.ready, recv.Add(time.Duration(t.first)*time.Microsecond), sent)
-		p.until = minTime(p.until, until)
+		p.until = minTime(sent.Add(holdOf(p.rule)), until)
 	} else {
 		// A count's units are all there at once, and last until its
 		// period ends: units of an older period are worth nothing.
@@ -940,6 +959,9 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	rg.setErr(nil)
 	rg.givenBack.Add(units)
 	rg.owed.Add(owed)
+	p.mu.Lock()
+	p.owing = false
+	p.mu.Unlock()
 	rg.share.Store(share)
 	rtt := int64(recv.Sub(sent))
 	if old := rg.rtt.Load(); old == 0 {
@@ -958,7 +980,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	ops := []string{"z", spent, fair}
 	if g > 0 {
 		rg.granted.Add(g)
-		hold := regionHold
+		hold := holdOf(p.rule)
 		if T == 0 {
 			hold = 0 // a count's units are worth nothing once its period ends
 		}
@@ -1031,13 +1053,14 @@ func (s *Store) returnToPool(p *allowance) {
 func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
 	rg := s.region
 	held := make([]int64, len(ps))
+	idx := make([]int, 0, len(ps))
 	for i, p := range ps {
 		p.mu.Lock()
 		held[i] = p.shared
+		if p.owing {
+			held[i] = math.MaxInt64 // a debt not home yet goes first
+		}
 		p.mu.Unlock()
-	}
-	idx := make([]int, 0, len(ps))
-	for i := range ps {
 		if held[i] > 0 {
 			idx = append(idx, i)
 		}

@@ -388,8 +388,10 @@ for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
 redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'q', string.format('%d', seq),
   'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem),
   'z', string.format('%d', spent), 'fr', tostring(fair))
--- Kept while its chunks last, and a minute more: what it owes home goes
--- with its next refill, which a debt asks for at once.
-redis.call('PEXPIRE', KEYS[1], math.ceil((emax - now) / 1000) + 60000)
+-- Kept while its chunks last, and a minute more; a day while it has
+-- something to send home (a debt above all), which its next refill sends.
+local ttl = math.ceil((emax - now) / 1000) + 60000
+if next(back) ~= nil then ttl = math.max(ttl, 86400000) end
+redis.call('PEXPIRE', KEYS[1], ttl)
 return reply
 `)
