@@ -38,7 +38,8 @@ import "github.com/redis/rueidis"
 // million), T as text (0 for a count), the grant's name as text, how long
 // the home has nothing more to grant (µs; 0 when it has), and the region's
 // fair level (units a second, as text): the most max-min fairness would
-// give it, whatever its demand.
+// give it, whatever its demand; negative when the regions together ask for
+// more than the limit.
 var homeScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -134,14 +135,19 @@ end
 table.sort(ds, function(a, b) return a[2] < b[2] end)
 -- level is the region's fair level: the most it would get were its
 -- demand unbounded; a region asking for more than that is over its share.
-local left, level = capacity, capacity
+local left, level, asked = capacity, capacity, 0
 for j = 1, #ds do
   local l = left / (#ds - j + 1)
   local a = math.min(ds[j][2], l)
   left = left - a
   total = total + a
+  asked = asked + ds[j][2]
   if ds[j][1] == region then mine, level = a, l end
 end
+-- Regions together asking for more than the limit (by a quarter: the
+-- demands are moving averages of bursts) make the level negative, and
+-- then none of them waits for the home (see poolScript).
+if #ds > 1 and asked > 1.25 * capacity then level = -level end
 local w = 1
 if total > 0 then w = mine / total end
 local g, first, lastu, name, ttl, spentFor
@@ -303,11 +309,12 @@ if op == 't' then
   end
   -- A taker short of units waits for the home unless its region asks
   -- a bucket for more than its fair level (by half: the demand is a
-  -- moving average of bursts): a hungry region's requests
+  -- moving average of bursts), or the regions together ask for more than
+  -- it (fair < 0: there is nothing to wait for): a hungry region's requests
   -- are refused at once instead, and its refill comes in the background.
   -- A count has no rate to be over: it waits until the home is spent.
   local wait = 0
-  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or dem <= 1.5 * fair) then wait = 1 end
+  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or fair > 0 and dem <= 1.5 * fair) then wait = 1 end
   if not first then first = now end
   if not hold then hold = now end
   reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
