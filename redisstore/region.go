@@ -19,16 +19,16 @@ import (
 // Limits across regions. A store opened with Options.Home is one region
 // of limits that hold across every region whose stores share that home
 // Redis. Buckets (token buckets, GCRA) and counts (fixed windows, quotas)
-// can be held so; a count's home grants units of its period in progress,
-// at most its limit less what it granted. Each bucket's timeline lives at
-// home (homeScript): the end of
-// the part of it handed out (TAT, as a GCRA keeps it), which only grows
-// as regions are granted stretches of it and shrinks only by units given
-// back that nobody can spend any more. Token k of a grant owns the
+// can be held so. Each bucket's timeline lives at home (homeScript): the
+// end of the part of it handed out (TAT, as a GCRA keeps it), which only
+// grows as regions are granted stretches of it and shrinks only by units
+// given back that nobody can spend any more. Token k of a grant owns the
 // stretch [TAT+kT, TAT+(k+1)T) and unlocks at TAT+(k+1)T−τ (T = 1/rate,
 // τ = burst·T), so the home hands out no more than burst + rate·t by t,
 // and a unit is spent only after it unlocks: the regions together never
 // admit more than the bucket would (docs/architecture.md has the proof).
+// A count's home grants units of its period in progress, at most its
+// limit less what it granted.
 //
 // A region keeps what it was granted in a pool in its own Redis
 // (poolScript): chunks of units with the times they unlock and expire.
@@ -36,14 +36,15 @@ import (
 // from a bucket (see leased.go), and decide locally; a server whose take
 // leaves the pool below half its target — the region's demand over
 // regionPeriod — refills it from home in the background, one server at a
-// time per key (a lock in the region's Redis). So a decision waits for
-// the home only when its region holds nothing of the key at all: its
-// first decision, or one after the region spent everything.
+// time per key (a lock in the region's Redis). A take short of what its
+// callers need waits for the home only when its region asks for no more
+// than its fair share and the regions together not for much more than the
+// limit (see poolScript): so under overload no decision waits.
 //
 // Times cross processes as offsets, each measured so that a unit unlocks
-// late and expires early: the home's offsets are added to when its reply
-// arrived, a server adds the pool's to when its take's reply arrived.
-// Only the clocks' rates must agree.
+// late and expires early, and reach the pool as absolute times of its
+// clock through a reading of it (see refill). Only the clocks' rates must
+// agree.
 //
 // Sizing only affects how much of the rate is used, never safety: the
 // home grants a region at most its max-min fair share, by the demands
@@ -52,11 +53,12 @@ import (
 // twice its target, and everything it held when a chunk expires.
 // Give-backs carry a sequence number per region and the incarnation of
 // the home key they came from, and are applied once, to that
-// incarnation only: a duplicated or late one is ignored.
+// incarnation only: a duplicated or late one is ignored. Debits a region
+// could not pay go home as negative give-backs.
 //
 // A region cut from its home spends what its pool and servers hold, at
 // most what its demand would spend in regionPeriod plus regionLookahead,
-// until it expires (regionHold after its last unit unlocks); then it
+// until it expires (holdOf after its last unit unlocks); then it
 // refuses, or with FailWhenCut its decisions fail with CodeUnavailable
 // so that each rule's on_error applies. The other regions' shares grow
 // as soon as the cut region's demand report is a second old.
