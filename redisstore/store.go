@@ -156,6 +156,11 @@ func (o *Options) check() error {
 	if o.Home.region != nil {
 		return admit.Errorf(admit.CodeInvalid, "redisstore: a home is a plain store, not a region of another home")
 	}
+	if o.Clock != nil {
+		// The pools' times are the Redises' clocks mapped through this
+		// one: a stepped clock would map them wrong.
+		return admit.Errorf(admit.CodeInvalid, "redisstore: a store with a home reads the real clock; Options.Clock cannot be set")
+	}
 	return nil
 }
 
