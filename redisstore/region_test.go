@@ -485,7 +485,7 @@ func TestRegionsSpentStaysRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer h.Close()
-	s, err := redisstore.Open(context.Background(), "redis://"+reg.Addr, &redisstore.Options{Prefix: prefix, Timeout: 100 * time.Millisecond, Home: h, Region: "a"})
+	s, err := redisstore.Open(context.Background(), "redis://"+reg.Addr, &redisstore.Options{Prefix: prefix, Timeout: 2 * time.Second, Home: h, Region: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
