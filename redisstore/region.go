@@ -125,7 +125,6 @@ type region struct {
 	homeCalls, homeFailures atomic.Int64
 	granted, givenBack      atomic.Int64 // units
 	owed                    atomic.Int64 // units of debts sent home
-	lostBack                atomic.Int64 // units in give-backs that failed
 	share                   atomic.Int64 // of the last grant, parts per million
 	held                    atomic.Int64 // what the last pool looked at held
 	rtt                     atomic.Int64 // a moving average of home calls, ns
@@ -163,7 +162,6 @@ type RegionHealth struct {
 	Granted      int64 // units the home granted this region
 	GivenBack    int64 // units this region gave back home
 	Owed         int64 // units of debits it could not pay, sent home
-	LostBack     int64 // units of give-backs that failed (the home keeps them)
 	Share        float64
 	Held         int64         // units the region's pool held when last looked at
 	RTT          time.Duration // home calls' round trip, a moving average
@@ -179,7 +177,7 @@ func (s *Store) Region() (RegionHealth, bool) {
 	}
 	return RegionHealth{
 		Region: rg.name, HomeCalls: rg.homeCalls.Load(), HomeFailures: rg.homeFailures.Load(),
-		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), Owed: rg.owed.Load(), LostBack: rg.lostBack.Load(),
+		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), Owed: rg.owed.Load(),
 		Share: float64(rg.share.Load()) / 1e6, Held: rg.held.Load(), RTT: time.Duration(rg.rtt.Load()),
 		Cut: rg.cutSince.Load() != 0, LastError: deref(rg.lastErr.Load()),
 	}, true
@@ -950,9 +948,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	recv := s.now()
 	rg.homeCalls.Add(1)
 	if err != nil {
-		rg.homeFailures.Add(1)
-		rg.lostBack.Add(units)
-		s.lost.Add(-owed) // debts lost: as much admitted that should not be
+		rg.homeFailures.Add(1) // what was to go home stays in the pool, sent again next time
 		rg.cutSince.CompareAndSwap(0, recv.UnixNano())
 		rg.setErr(err)
 		return
@@ -961,9 +957,22 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	rg.setErr(nil)
 	rg.givenBack.Add(units)
 	rg.owed.Add(owed)
-	p.mu.Lock()
-	p.owing = false
-	p.mu.Unlock()
+	if len(back) > 0 {
+		// The home has them: the pool may forget them. Should this
+		// fail, the next refill sends them again, and the home, which
+		// applies each number once, ignores them.
+		acked := back[len(back)-1]
+		for i := 2; i < len(back); i += 3 {
+			acked = max(acked, back[i])
+		}
+		if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+			return poolScript.Exec(ctx, client, []string{pk}, []string{"k", itoa(acked)}).Error()
+		}); err == nil {
+			p.mu.Lock()
+			p.owing = false
+			p.mu.Unlock()
+		}
+	}
 	rg.share.Store(share)
 	rtt := int64(recv.Sub(sent))
 	if old := rg.rtt.Load(); old == 0 {

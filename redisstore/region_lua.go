@@ -195,8 +195,9 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 // that a pool made anew after a restart does not repeat old ones), a and
 // at the arrivals counted since at, dem, the region's demand (units a
 // second, a moving average), ids, the names of the last grants added, z,
-// until when the home said it has nothing to grant, and fr, the region's
-// fair level as of its last grant.
+// until when the home said it has nothing to grant, fr, the region's fair
+// level as of its last grant, and p, the triples sent home and not yet
+// acknowledged.
 //
 // ARGV[1] is the operation; times are µs of this Redis's clock:
 //
@@ -215,7 +216,9 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //	a period least: prepare a refill: fold the arrivals into the demand,
 //	  give back what exceeds twice the target (demand × period, at least
 //	  least; latest first) and what expired. Replies held, target,
-//	  demand, now, then gen, units, seq triples to send home.
+//	  demand, now, then gen, units, seq triples to send home: every one
+//	  not acknowledged yet.
+//	k seq: the home has applied the triples numbered up to seq.
 //	d gen unlock n T expiry pos until fair: add a grant of n units, the
 //	  first unlocking at unlock, one per T after it, held until expiry,
 //	  unless the grant (gen and pos name it) was added already; and set
@@ -235,7 +238,7 @@ var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'z', 'fr')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'z', 'fr', 'p')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
@@ -244,6 +247,8 @@ local seq = tonumber(h[3]) or 0
 local arr, arrAt, dem = tonumber(h[4]) or 0, tonumber(h[5]) or now, tonumber(h[6]) or 0
 local spent = tonumber(h[8]) or 0
 local fair = tonumber(h[9]) or 0
+local pending = {}
+if h[10] then pending = cmsgpack.unpack(h[10]) end
 -- Chunks expired or spent leave; what an expired one still held goes back home.
 local keep = {}
 for _, c in ipairs(cs) do
@@ -347,15 +352,29 @@ elseif op == 'a' then
     cs = keep
   end
   reply = {held(), math.ceil(target), tostring(dem), string.format('%d', now)}
+  -- What is to go home is numbered and kept until the home has it (k):
+  -- a refill whose call failed, or whose reply was lost, sends it again,
+  -- and the home applies each number once.
   for g, m in pairs(back) do
     if m ~= 0 then
       seq = math.max(seq + 1, now)
-      reply[#reply + 1] = tonumber(g)
-      reply[#reply + 1] = m
-      reply[#reply + 1] = seq
+      pending[#pending + 1] = {tonumber(g), m, seq}
     end
   end
   back = {}
+  for _, x in ipairs(pending) do
+    reply[#reply + 1] = x[1]
+    reply[#reply + 1] = x[2]
+    reply[#reply + 1] = x[3]
+  end
+elseif op == 'k' then
+  local acked = tonumber(ARGV[2])
+  local keep = {}
+  for _, x in ipairs(pending) do
+    if x[3] > acked then keep[#keep + 1] = x end
+  end
+  pending = keep
+  reply = {#pending}
 elseif op == 'd' or op == 'r' then
   local c
   if op == 'd' then
@@ -392,13 +411,13 @@ elseif op == 'd' or op == 'r' then
 end
 local emax = now
 for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
-redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'q', string.format('%d', seq),
+redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'p', cmsgpack.pack(pending), 'q', string.format('%d', seq),
   'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem),
   'z', string.format('%d', spent), 'fr', tostring(fair))
 -- Kept while its chunks last, and a minute more; a day while it has
 -- something to send home (a debt above all), which its next refill sends.
 local ttl = math.ceil((emax - now) / 1000) + 60000
-if next(back) ~= nil then ttl = math.max(ttl, 86400000) end
+if next(back) ~= nil or #pending > 0 then ttl = math.max(ttl, 86400000) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return reply
 `)

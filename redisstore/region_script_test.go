@@ -79,3 +79,31 @@ func scriptStore(t *testing.T) (*redistest.Server, *redisstore.Store) {
 	t.Cleanup(func() { s.Close() })
 	return srv, s
 }
+
+// TestPoolResendsUntilAcknowledged: what a pool has to send home (a
+// debt here) is sent again by every refill until the home has it, and
+// the home applies it once: a refill whose reply was lost loses nothing.
+func TestPoolResendsUntilAcknowledged(t *testing.T) {
+	_, s := scriptStore(t)
+	if _, err := redisstore.PoolCall(s, "pool", "r", "7", "0", "0", "-40"); err != nil {
+		t.Fatal(err)
+	}
+	prepare := func() []int64 {
+		v, err := redisstore.PoolCall(s, "pool", "a", "300000", "0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[4:] // gen, units, seq triples
+	}
+	first := prepare() // its reply lost: never acknowledged
+	again := prepare()
+	if len(first) != 3 || first[0] != 7 || first[1] != -40 || len(again) != 3 || again[2] != first[2] {
+		t.Fatalf("sent %v, then %v: want the debt of 40, gen 7, sent again with its number", first, again)
+	}
+	if _, err := redisstore.PoolCall(s, "pool", "k", itoa(again[2])); err != nil {
+		t.Fatal(err)
+	}
+	if rest := prepare(); len(rest) != 0 {
+		t.Errorf("after the home acknowledged it, the pool sends %v", rest)
+	}
+}
