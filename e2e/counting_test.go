@@ -37,26 +37,11 @@ func TestRatelimitCountsAcrossProcesses(t *testing.T) {
 	}
 	ask := func(c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.RateLimitResponse { return askHits(t, c, hits) }
 	notLastMinute()
-	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	for _, c := range clients {
-		for range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range perProcess / callers {
-					if r := ask(c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
-						admitted.Add(1)
-					}
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	admitted := hitAll(t, clients, callers, perProcess)
 	if t.Failed() {
 		return
 	}
-	if got := admitted.Load(); got != limit {
+	if got := admitted[0] + admitted[1]; got != limit {
 		t.Errorf("admitted %d of %d hits on a limit of %d: want exactly the limit", got, 2*perProcess, limit)
 	}
 	if r := ask(clients[0], 0); r.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].LimitRemaining != 0 {
@@ -131,6 +116,33 @@ func askHits(t *testing.T, c rlsv3.RateLimitServiceClient, hits uint64) *rlsv3.R
 		return nil
 	}
 	return r
+}
+
+// hitAll has callers goroutines per client each send a share of hits
+// hits of 1 (askHits) at once, and returns how many each client answered
+// OK.
+func hitAll(t *testing.T, clients []rlsv3.RateLimitServiceClient, callers, hits int) []int64 {
+	ok := make([]atomic.Int64, len(clients))
+	var wg sync.WaitGroup
+	for i, c := range clients {
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range hits / callers {
+					if r := askHits(t, c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
+						ok[i].Add(1)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	out := make([]int64, len(clients))
+	for i := range ok {
+		out[i] = ok[i].Load()
+	}
+	return out
 }
 
 // notLastMinute waits out the hour's last minute, so that a test counting

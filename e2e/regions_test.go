@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -307,21 +306,21 @@ func checkRegionBounds(t *testing.T, out []outcome, slack time.Duration) {
 
 // admittedBetween counts, per region, admissions answered in [from, to).
 func admittedBetween(out []outcome, regions int, from, to time.Duration) []int {
-	per := make([]int, regions)
-	for _, o := range out {
-		if o.status == 200 && o.done >= from && o.done < to {
-			per[o.region]++
-		}
-	}
-	return per
+	return countAdmitted(out, regions, from, to, func(o outcome) time.Duration { return o.done })
 }
 
 // sentBetween counts, per region, admissions of requests sent in [from,
 // to): decided in it, however long their answers took.
 func sentBetween(out []outcome, regions int, from, to time.Duration) []int {
+	return countAdmitted(out, regions, from, to, func(o outcome) time.Duration { return o.sent })
+}
+
+// countAdmitted counts, per region, admissions whose time at says is in
+// [from, to).
+func countAdmitted(out []outcome, regions int, from, to time.Duration, at func(outcome) time.Duration) []int {
 	per := make([]int, regions)
 	for _, o := range out {
-		if o.status == 200 && o.sent >= from && o.sent < to {
+		if t := at(o); o.status == 200 && t >= from && t < to {
 			per[o.region]++
 		}
 	}
@@ -473,27 +472,12 @@ func TestRatelimitAcrossRegions(t *testing.T) {
 		t.Fatalf("a look before any hit: %v; want the file's limit of %d", r, limit)
 	}
 	notLastMinute()
-	var admitted [2]atomic.Int64
-	var wg sync.WaitGroup
-	for i, c := range clients {
-		for range callers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range perRegion / callers {
-					if r := ask(c, 1); r != nil && r.OverallCode == rlsv3.RateLimitResponse_OK {
-						admitted[i].Add(1)
-					}
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	admitted := hitAll(t, clients, callers, perRegion)
 	if t.Failed() {
 		return
 	}
-	got := admitted[0].Load() + admitted[1].Load()
-	t.Logf("OK answers: eu %d, us %d, of %d hits each on a limit of %d", admitted[0].Load(), admitted[1].Load(), perRegion, limit)
+	got := admitted[0] + admitted[1]
+	t.Logf("OK answers: eu %d, us %d, of %d hits each on a limit of %d", admitted[0], admitted[1], perRegion, limit)
 	if got > limit {
 		t.Errorf("the regions answered OK to %d hits on a limit of %d", got, limit)
 	}

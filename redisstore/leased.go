@@ -210,7 +210,8 @@ func sameShare(a, b *admit.Share) bool {
 }
 
 // allowanceOf returns the allowance of c's key, made on first use or when
-// the key's rule changed (the old one's units are given back).
+// the key's rule changed (the old one's units are given back); nil when a
+// region's store keeps maxRegionKeys already.
 func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 	a := &s.leased
 	k := allowanceKeyOf(c)
@@ -224,6 +225,9 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 	defer a.mu.Unlock()
 	if p = a.m[k]; p != nil && p.rule == c.Rule && sameShare(p.share, c.Share) {
 		return p
+	}
+	if p == nil && s.region != nil && len(a.m) >= maxRegionKeys {
+		return nil
 	}
 	if p != nil {
 		go s.refund(p)

@@ -190,8 +190,7 @@ func CheckRegionRule(r *admit.Rule) error {
 	if err := CheckRule(r); err != nil {
 		return err
 	}
-	switch r.Algorithm {
-	case admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.Quota:
+	if regionAlgorithm(r.Algorithm) {
 		return nil
 	}
 	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
@@ -212,12 +211,22 @@ func holdOf(r *admit.Rule) time.Duration {
 // maxHold bounds holdOf.
 const maxHold = 10 * time.Second
 
+// regionAlgorithm reports whether limits of algorithm a can be held
+// across regions.
+func regionAlgorithm(a admit.Algorithm) bool {
+	switch a {
+	case admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.Quota:
+		return true
+	}
+	return false
+}
+
 // regionCharge reports whether charge i can be decided across regions.
 func regionCharge(i int, c *admit.Charge) error {
 	var msg string
-	switch err := CheckRegionRule(c.Rule); {
-	case err != nil:
-		msg = err.Error()
+	switch {
+	case !regionAlgorithm(c.Rule.Algorithm): // the rule itself checkCharge checked
+		msg = "rule " + strconv.Quote(c.Rule.Name) + ": " + c.Rule.Algorithm.String() + " limits are not held across regions yet"
 	case c.Share != nil:
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": shared limits (fair shares) are not decided across regions yet"
 	default:
@@ -271,23 +280,22 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		return nil
 	}
 	now := s.now()
-	if s.tooManyKeys(charges) {
-		// A bound on this server's memory: a flood of new keys is
-		// refused until the sweep forgets idle ones.
-		for i := range charges {
-			c := &charges[i]
-			d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Shadow: c.Rule.Shadow, Debit: c.Debit,
-				Limit: c.Rule.Capacity(), RetryAfter: time.Second, ResetAfter: time.Second})
-		}
-		d.At = now
-		d.Summarize()
-		return nil
-	}
 	var pools [admit.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	dry := false
 	for i := range charges {
-		ps[i] = s.allowanceOf(&charges[i], now)
+		if ps[i] = s.allowanceOf(&charges[i], now); ps[i] == nil {
+			// A bound on this server's memory: a flood of new keys is
+			// refused until the sweep forgets idle ones.
+			for i := range charges {
+				c := &charges[i]
+				d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Shadow: c.Rule.Shadow, Debit: c.Debit,
+					Limit: c.Rule.Capacity(), RetryAfter: time.Second, ResetAfter: time.Second})
+			}
+			d.At = now
+			d.Summarize()
+			return nil
+		}
 		dry = dry || charges[i].DryRun
 	}
 	if dry {
@@ -450,25 +458,9 @@ func (s *Store) owe(p *allowance, n int64) {
 	s.goRefill(p)
 }
 
-// maxRegionKeys bounds the keys a region's server keeps allowances of.
+// maxRegionKeys bounds the keys a region's server keeps allowances of
+// (allowanceOf).
 const maxRegionKeys = 1 << 18
-
-// tooManyKeys reports whether deciding charges would make an allowance
-// past maxRegionKeys.
-func (s *Store) tooManyKeys(charges []admit.Charge) bool {
-	a := &s.leased
-	a.mu.RLock()
-	defer a.mu.RUnlock()
-	if len(a.m) < maxRegionKeys {
-		return false
-	}
-	for i := range charges {
-		if a.m[allowanceKeyOf(&charges[i])] == nil {
-			return true
-		}
-	}
-	return false
-}
 
 // peekRegion answers a dry run from what the allowances hold.
 func (s *Store) peekRegion(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
@@ -1136,6 +1128,9 @@ func (s *Store) refundRegion(charges []admit.Charge) {
 			continue
 		}
 		p := s.allowanceOf(c, now)
+		if p == nil {
+			continue
+		}
 		p.mu.Lock()
 		if now.Before(p.until) {
 			p.avail += c.Cost

@@ -4,8 +4,14 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/redistest"
 )
 
 // TestRegionFlags: --region and --home go together, override the file's
@@ -47,5 +53,84 @@ func TestRegionFlags(t *testing.T) {
 	cfg.Store.Region, cfg.Store.Home = "eu", "redis://h:6379"
 	if _, err := openStore(context.Background(), "memory", cfg, t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "needs the region's own Redis") {
 		t.Errorf("a home with the memory store: %v", err)
+	}
+}
+
+// TestProxyAcrossRegions: two regions' `admit proxy`, each on its own
+// Redis with one home, hold a tenant's limit together: of requests sent
+// to both at once, no more than the bucket allows are forwarded. With the
+// home gone they spend what they hold, then refuse (429, when_cut:
+// refuse); with a region's own Redis gone too, it fails closed (503,
+// on_error: closed).
+func TestProxyAcrossRegions(t *testing.T) {
+	home := redistest.Start(t)
+	up := startUpstream(t)
+	cfg := `version: 1
+store:
+  backend: redis
+  on_error: closed
+  redis:
+    timeout: 2s
+tiers:
+  free:
+    rules:
+      - {name: tenant-requests, scope: tenant, algorithm: token_bucket, rate: 1/s, burst: 3}
+tenants:
+  acme:
+    tier: free
+    api_keys_sha256: ["` + policy.HashKey(proxyKey) + `"]
+`
+	path := filepath.Join(t.TempDir(), "admit.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var regions []*redistest.Server
+	var proxies []*running
+	for _, name := range []string{"eu", "us"} {
+		r := redistest.Start(t)
+		regions = append(regions, r)
+		p := startCmd(t, "proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL, "--config", path, "--data-dir", t.TempDir(),
+			"--store", "redis://"+r.Addr, "--home", "redis://"+home.Addr, "--region", name)
+		t.Cleanup(func() { p.stop() })
+		proxies = append(proxies, p)
+	}
+	// A home just started fences new buckets for burst / rate + 250 ms,
+	// counted from its uptime in whole seconds.
+	time.Sleep(5 * time.Second)
+	start := time.Now()
+	forwarded, refused := 0, 0
+	for i := range 12 {
+		resp, _ := get(t, proxies[i%2].url+"/echo", "X-API-Key", proxyKey)
+		switch resp.StatusCode {
+		case 200:
+			forwarded++
+		case 429:
+			refused++
+		default:
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	// burst + rate × the time taken, from before the first request.
+	if bound := 3 + int(time.Since(start).Seconds()); forwarded == 0 || forwarded > bound {
+		t.Fatalf("forwarded %d of 12 (refused %d) through two regions; the bucket allows %d", forwarded, refused, bound)
+	}
+	home.Kill()
+	time.Sleep(4 * time.Second) // what the regions held expires: 250 ms ahead, held 3 s
+	for i, p := range proxies {
+		if resp, _ := get(t, p.url+"/echo", "X-API-Key", proxyKey); resp.StatusCode != 429 {
+			t.Errorf("region %d with its home gone: status %d, want 429 (when_cut: refuse)", i, resp.StatusCode)
+		}
+	}
+	// Its own Redis gone too, region 0 refuses what it remembers refusing
+	// (429), then fails closed: never forwards.
+	regions[0].Kill()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		resp, _ := get(t, proxies[0].url+"/echo", "X-API-Key", proxyKey)
+		if resp.StatusCode == 503 {
+			break
+		}
+		if resp.StatusCode != 429 || time.Now().After(end) {
+			t.Fatalf("region 0 with its own Redis gone: status %d, want 429 and then 503 (on_error: closed)", resp.StatusCode)
+		}
 	}
 }
