@@ -1,7 +1,7 @@
-#!lua name=admit_v9
+#!lua name=admit_v10
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v9 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v10 numkeys keys… args…). A
 -- library, not an EVAL script, so that its ~40 helper closures are built
 -- once at FUNCTION LOAD rather than at every call: that halved the Redis
 -- CPU a decision costs. It mirrors the Go algorithms of the module's engine
@@ -32,10 +32,12 @@
 -- it ends (put, flush), however many of its decisions charged it.
 --
 -- State encodings (struct.pack, little-endian doubles):
---   token bucket, gcra: U W F X, the theoretical arrival time U µs + W ns
---     + F/n ns, and until when (µs) the key was set to live (see flush;
---     admit_v5 wrote U W F); combination: the burst bucket's U W F, then
---     the floor's.
+--   token bucket, gcra: U W F X N Q R B M, the theoretical arrival time
+--     U µs + W ns + F/n ns, until when (µs) the key was set to live (see
+--     flush), and the shape it was written under: its token's time Q +
+--     R/N ns, its burst B and how long it is remembered full M ns (see
+--     adopt; admit_v9 wrote U W F X, admit_v5 U W F, read as the rule's
+--     own); combination: the burst bucket's U W F, then the floor's.
 --   fixed window: a count, an integer, in a key of its own for each
 --     window: the counter's key, '@' and the window's end in µs (see
 --     countKey), expiring at that end. Redis adds to it natively
@@ -419,10 +421,62 @@ local function decode(b, U, W, F)
   return a, f, true
 end
 
-local function encode(a, f)
+local function encode(a, f, b)
   local t = a + nsub
   local w = t - floor(t / 1000) * 1000
-  return {nu + (t - w) / 1000, w, f, 0} -- the fourth is flush's
+  if not b then return {nu + (t - w) / 1000, w, f, 0} end -- the fourth is flush's
+  return {nu + (t - w) / 1000, w, f, 0, b.n, b.q, b.r, b.burst, b.remember}
+end
+
+-- sameShape reports whether bucket state st was written under b's shape,
+-- or under no shape named (admit_v9's states, a combination's halves).
+local function sameShape(b, st)
+  return not st[5] or (st[5] == b.n and st[6] == b.q and st[7] == b.r and st[8] == b.burst and st[9] == b.remember)
+end
+
+-- adopt returns bucket state st, written under another shape than b's,
+-- as b's (internal/engine/shape.go, bucket.adopt, which it mirrors
+-- number for number): the tokens it holds now under its own shape, whole
+-- (negative for a debt) plus the part of the next one refilled, capped at
+-- b's burst (a debt kept whole, within what b repays in 2^52 ns),
+-- refilling at b's rate from now on. It returns nil
+-- for a state its own shape no longer remembers (a new key).
+local function adopt(b, st)
+  local o = {n = st[5], q = st[6], r = st[7], burst = st[8], remember = st[9]}
+  local ea, ef = (st[1] - nu) * 1000 + st[2] - nsub, st[3]
+  if ceil(ea, ef) + o.remember <= 0 then return nil end
+  if not less(0, 0, ea, ef) then return encode(0, 0, b) end
+  local m = tokens(o, ea, ef)
+  local sa, sf = span(o, m)
+  if less(sa, sf, ea, ef) then
+    m = m + 1
+    sa, sf = span(o, m)
+  end
+  local part = sub(o, sa, sf, ea, ef)
+  local held = o.burst - m
+  if held >= b.burst then return encode(0, 0, b) end
+  if held < -b.debt then
+    local most = MAXCOUNT
+    if b.q >= 1048576 then most = mmin(tokens(b, 4503599627370496, 0) - b.burst, MAXCOUNT) end
+    most = mmax(most, b.debt)
+    if held < -most then held, part = -most, 0 end
+  end
+  local p = 0
+  if part > 0 and b.q >= 2 then
+    local ratio = (b.q + b.r / b.n) / (o.q + o.r / o.n)
+    p = mmax(mmin(floor(part * ratio), b.q - 1), 0)
+  end
+  local ta, tf = span(b, b.burst - held)
+  ta, tf = sub(b, ta, tf, p, 0)
+  return encode(ta, tf, b)
+end
+
+-- fit returns bucket state st as b's, adopting it when another shape
+-- wrote it, and whether it did: a state to write back even when nothing
+-- is charged, or every look would adopt it again.
+local function fit(b, st)
+  if not st or sameShape(b, st) then return st, false end
+  return adopt(b, st), true
 end
 
 -- bucketWhole is bucketEval for the usual bucket, whose token takes a
@@ -447,13 +501,13 @@ local function bucketWhole(b, st, c, debit)
   local ha = burst * q
   local na = ba + c * q
   local keep = st
-  if fresh and b.initial < burst then keep = encode(ta, 0) end
+  if fresh and b.initial < burst then keep = encode(ta, 0, b) end
   if na <= ha then
     local left = ha - na
-    if c > 0 then keep = encode(na, 0) end
+    if c > 0 then keep = encode(na, 0, b) end
     return keep, 1, (left - fmod(left, q)) / q, na, 0
   end
-  if debit then return encode(mmin(na, (burst + b.debt) * q), 0), 0, 0, 0, 0 end
+  if debit then return encode(mmin(na, (burst + b.debt) * q), 0, b), 0, 0, 0, 0 end
   local remaining = 0
   if ba < ha then
     local left = ha - ba
@@ -465,6 +519,8 @@ end
 -- bucketEval mirrors bucket.eval. st is {U, W, F} or nil; it returns the
 -- state to keep (st itself when unchanged).
 local function bucketEval(b, st, c, res, debit)
+  local adopted
+  st, adopted = fit(b, st)
   if b.r == 0 and (not st or st[3] == 0) then
     local keep
     keep, res.allowed, res.remaining, res.reset, res.retry = bucketWhole(b, st, c, debit)
@@ -479,12 +535,12 @@ local function bucketEval(b, st, c, res, debit)
   local sa, sf = span(b, c)
   local na, nf = add(b, ba, bf, sa, sf)
   local keep = st
-  if fresh and b.initial < b.burst then keep = encode(ta, tf) end
+  if adopted or fresh and b.initial < b.burst then keep = encode(ta, tf, b) end
   if not less(ha, hf, na, nf) then
     res.allowed = 1
     res.remaining = tokens(b, sub(b, ha, hf, na, nf))
     res.reset = ceil(na, nf)
-    if c > 0 then keep = encode(na, nf) end
+    if c > 0 then keep = encode(na, nf, b) end
     return keep
   end
   res.allowed = 0
@@ -492,7 +548,7 @@ local function bucketEval(b, st, c, res, debit)
   if debit then
     local ma, mf = span(b, b.burst + b.debt)
     if less(ma, mf, na, nf) then na, nf = ma, mf end
-    return encode(na, nf)
+    return encode(na, nf, b)
   end
   if less(ba, bf, ha, hf) then res.remaining = tokens(b, sub(b, ha, hf, ba, bf)) end
   res.retry = ceil(sub(b, na, nf, ha, hf))
@@ -753,7 +809,8 @@ local function decodeState(s, alg, v)
   local st
   if alg == 1 or alg == 2 then
     if #v == 24 then st = {sunpack('<ddd', v)} st[4] = 0 -- admit_v5's, expiry unknown
-    else st = {sunpack('<dddd', v)} end
+    elseif #v == 32 then st = {sunpack('<dddd', v)} -- admit_v9's, no shape named
+    else st = {sunpack('<ddddddddd', v)} end
     SHAS[s] = st[4]
   elseif alg == 6 then st = {sunpack('<dddddd', v)}
   elseif alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
@@ -843,7 +900,9 @@ local function packState(st, k)
   if k == 7 then
     if st[15] and st[15] ~= 0 then return pack(RECFMT, unpack(st, 1, RECLEN)) end
     return pack('<dddddddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10], st[11], st[12], st[13], st[14])
-  elseif k == 4 then return pack('<dddd', st[1], st[2], st[3], st[4])
+  elseif k == 4 then
+    if st[5] then return pack('<ddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9]) end
+    return pack('<dddd', st[1], st[2], st[3], st[4])
   elseif k == 2 then return pack('<dd', st[1], st[2])
   elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
   return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
@@ -1577,7 +1636,7 @@ local function decideFast(out)
       if alg <= 2 then
         local b = R.b or bucketParams(R)
         local q, burst = b.q, b.burst
-        if b.r ~= 0 or (st and st[3] ~= 0) then return false end
+        if b.r ~= 0 or (st and (st[3] ~= 0 or not st[5] or not sameShape(b, st))) then return false end
         -- bucketWhole, without its tables: times are whole ns from now.
         local ta, fresh = 0, true
         if st then
@@ -1644,10 +1703,13 @@ local function decideFast(out)
           return false
         end
         CKEY[i], MADE[i], ADDED[i] = ck, made, c
+        -- Whether it fitted is the count's before the cap: a debit past
+        -- a limit of MAXCOUNT did not fit, though its count stops there.
+        local fits = cnt <= limit
         if cnt > MAXCOUNT then cnt = capCount(i, ck, cnt, c) end
         local reset = (endu - nu) * 1000 - nsub
         local o = k + 4 * i - 3
-        if cnt <= limit then
+        if fits then
           out[o], out[o + 1], out[o + 2], out[o + 3] = 1, limit - cnt, reset, 0
         else
           -- A debit over the limit reports what a cost of 1 meets after it.
@@ -1666,9 +1728,10 @@ local function decideFast(out)
       if alg <= 2 then
         local t = a + nsub
         local w = fmod(t, 1000)
-        if not st then st = {0, 0, 0, 0} end
+        local b = R.b
+        if not st then st = {0, 0, 0, 0, b.n, b.q, b.r, b.burst, b.remember} end
         st[1], st[2], st[3] = nu + (t - w) / 1000, w, 0
-        put(key, st, a + R.b.remember, 4)
+        put(key, st, a + b.remember, 4)
       elseif alg == 4 then
         if not st then st = {0, 0, 0} end
         st[1], st[2], st[3] = a, NXB[i], NXC[i]
@@ -1697,6 +1760,7 @@ local function reserve()
     local b = bucketParams(R)
     local st = chain[key]
     if st == nil then st = load(key, alg) or false end
+    st = fit(b, st or nil)
     local ta, tf
     if st then ta, tf = decode(b, st[1], st[2], st[3]) else ta, tf = decode(b) end
     if less(ta, tf, 0, 0) then ta, tf = 0, 0 end
@@ -1705,7 +1769,7 @@ local function reserve()
     local w = 0
     if less(ha, hf, na, nf) then w = ceil(sub(b, na, nf, ha, hf)) end
     if not shadow then wait = mmax(wait, w) end
-    nexts[i] = encode(na, nf)
+    nexts[i] = encode(na, nf, b)
     chain[key] = nexts[i]
   end
   if wait > maxWait then return {nu, nsub, 0, wait} end
@@ -1726,11 +1790,16 @@ end
 -- bucketGive gives back c tokens of bucket key, as StepCancel does.
 local function bucketGive(key, b, st, c)
   if not st then return end
+  if not sameShape(b, st) then
+    -- Given back to the key in the shape it has now: the tokens return,
+    -- and the rule that last decided the key keeps it.
+    b = {n = st[5], q = st[6], r = st[7], burst = st[8], remember = st[9]}
+  end
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end
   local na, nf = sub(b, ta, tf, span(b, c))
   if ceil(na, nf) + b.remember <= 0 then put(key, false, 0, 0) return end
-  return encode(na, nf)
+  return encode(na, nf, b)
 end
 
 -- cancel gives back a reservation whose time has not come. The keys it
@@ -1849,7 +1918,7 @@ local function book(out, want, k0)
   decide(out)
   local key = KEYS[KEYBASE + 1]
   local b = bucketParams(R)
-  local st = load(key, alg)
+  local st = fit(b, load(key, alg))
   local ta, tf
   if st then ta, tf = decode(b, st[1], st[2], st[3]) else ta, tf = decode(b) end
   if less(ta, tf, 0, 0) then ta, tf = 0, 0 end
@@ -1863,7 +1932,7 @@ local function book(out, want, k0)
     return out
   end
   local na, nf = add(b, ta, tf, span(b, g))
-  store(key, R, alg, encode(na, nf))
+  store(key, R, alg, encode(na, nf, b))
   local xa, xf = add(b, ta, tf, span(b, 1))
   out[k0 + 5] = ceil(sub(b, xa, xf, ha, hf))
   out[OUTK] = g
@@ -2165,7 +2234,7 @@ local function setup()
   ISC, CKEY, MADE, ADDED = {}, {}, {}, {}
   SLOT, nslotkeys, SKEY, ST, SHAS, SW, SK = {}, 0, {}, {}, {}, {}, {}
   KIND = {4, 4, 0, 3, 0, 6, 0, 2}
-  SIZE = {32, 32, 0, 24, 0, 0, 0, 16}
+  SIZE = {72, 72, 0, 24, 0, 0, 0, 16}
   for i = 0, 63 do NUMS[sformat('%d', i)] = i end
   RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
   SHARES = {}
@@ -2203,4 +2272,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v9', run)
+redis.register_function('admit_v10', run)

@@ -230,7 +230,23 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 		return nil
 	}
 	if p != nil {
-		go s.refund(p)
+		if s.region != nil {
+			go s.refund(p)
+		} else {
+			// What the old rule's allowance holds goes back before the
+			// new rule decides: the key's state adopts it under the rule
+			// that decides it now (see admit.lua, adopt), rather than
+			// the units coming back, late, into what the new rule
+			// already counted. A refund is one call; rules change
+			// rarely.
+			old := p
+			a.mu.Unlock()
+			s.refund(old)
+			a.mu.Lock()
+			if p = a.m[k]; p != nil && p != old && p.rule == c.Rule && sameShare(p.share, c.Share) {
+				return p
+			}
+		}
 	}
 	tag := tagOf(c)
 	p = &allowance{rule: c.Rule, ra: argsOf(c.Rule), key: c.Key, tag: tag, rkey: s.redisKey(tag, c.Key), since: now, lastUse: now}

@@ -117,7 +117,7 @@ func Timelines() []Timeline {
 	yearly := quotaRule("yearly", 1, admit.Year, "UTC", time.Time{})
 	weekly := quotaRule("weekly", 1, admit.Week, "UTC", time.Time{})
 
-	return []Timeline{
+	return append(ruleChanges(), []Timeline{
 		{
 			// A dry run reports the decision at its cost and changes
 			// nothing: not the buckets, not the window, no lease taken.
@@ -686,7 +686,7 @@ func Timelines() []Timeline {
 				denied(no(3*time.Second, 1, 87*time.Second, 0, 0), "per-minute"),
 			},
 		},
-	}
+	}...)
 }
 
 func fractionalSteps() []Step {

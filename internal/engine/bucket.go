@@ -20,6 +20,10 @@ type bucket struct {
 	burst, initial int64
 	debt           int64 // the most a debit leaves owed; see Rule.MaxDebt
 	remember       int64 // nanoseconds a full bucket is kept; see RememberFull
+	// stamp names the bucket's shape in the states it writes (see
+	// shape.go); 0 for a combination's buckets, whose states are read as
+	// their own whatever wrote them.
+	stamp uint32
 }
 
 func newBucket(rate admit.Rate, burst, initial int64) bucket {
@@ -37,6 +41,9 @@ func mainBucket(r *admit.Rule) bucket {
 	b := newBucket(r.Rate, r.Burst, initialOf(r))
 	if r.MaxDebt > 0 && r.Algorithm != admit.Combination {
 		b.debt = r.MaxDebt
+	}
+	if r.Algorithm != admit.Combination {
+		b.stamp = shapeID(shape{n: b.n, per: b.per, burst: b.burst, remember: b.remember})
 	}
 	return b
 }
@@ -97,10 +104,29 @@ func (b *bucket) tokens(d fine) int64 {
 	return q
 }
 
-func (b *bucket) decode(s State, now int64) fine {
+// decode returns the theoretical arrival time s holds at now, and whether
+// s was written under another shape and adopted (see adopt): a state to
+// write back even when nothing is charged, or every look would adopt it
+// again and the bucket would never refill at its new rate.
+func (b *bucket) decode(s State, now int64) (fine, bool) {
 	if s.Expiry <= now {
-		return b.after(fine{ns: now}, b.span(b.burst-b.initial))
+		return b.after(fine{ns: now}, b.span(b.burst-b.initial)), false
 	}
+	if b.stamp != 0 && s.Prev != b.stamp && s.Prev != 0 {
+		if old, ok := shapeOf(s.Prev); ok {
+			return b.adopt(old, s, now), true
+		}
+		if !isShapeID(s.Prev) {
+			// A sliding window's counts, after the rule's algorithm
+			// changed: nothing a bucket can read.
+			return b.after(fine{ns: now}, b.span(b.burst-b.initial)), true
+		}
+	}
+	return b.own(s), false
+}
+
+// own returns the theoretical arrival time of a live state of b's shape.
+func (b *bucket) own(s State) fine {
 	t := fine{ns: s.Expiry - b.remember, frac: int64(s.Count)}
 	if t.frac > 0 {
 		t.ns--
@@ -109,7 +135,7 @@ func (b *bucket) decode(s State, now int64) fine {
 }
 
 func (b *bucket) encode(t fine) State {
-	return State{Expiry: t.ceil() + b.remember, Count: uint32(t.frac)}
+	return State{Expiry: t.ceil() + b.remember, Count: uint32(t.frac), Prev: b.stamp}
 }
 
 // eval decides cost c at now into res and returns the state to keep. A
@@ -124,7 +150,7 @@ func (b *bucket) eval(res *admit.Result, s State, now, c int64, debit bool) Stat
 		// more is ever multiplied, so a large debit cannot overflow.
 		c = min(c, b.burst+b.debt)
 	}
-	tat := b.decode(s, now)
+	tat, adopted := b.decode(s, now)
 	base := tat
 	if base.less(fine{ns: now}) {
 		base = fine{ns: now}
@@ -132,10 +158,11 @@ func (b *bucket) eval(res *admit.Result, s State, now, c int64, debit bool) Stat
 	horizon := b.after(fine{ns: now}, b.span(b.burst))
 	next := b.after(base, b.span(c))
 	keep := s
-	if s.Expiry <= now && b.initial < b.burst {
+	if adopted || s.Expiry <= now && b.initial < b.burst {
 		// A new bucket that starts below its burst must be recorded even
 		// when nothing is charged, or it would start empty again at every
-		// look and never refill.
+		// look and never refill; so must a state adopted from another
+		// shape.
 		keep = b.encode(tat)
 	}
 	if !horizon.less(next) {
@@ -166,7 +193,7 @@ func (b *bucket) eval(res *admit.Result, s State, now, c int64, debit bool) Stat
 // reserve books c tokens whatever the wait and returns the new state and
 // the wait until the booking conforms.
 func (b *bucket) reserve(s State, now, c int64) (State, int64) {
-	tat := b.decode(s, now)
+	tat, _ := b.decode(s, now)
 	if tat.less(fine{ns: now}) {
 		tat = fine{ns: now}
 	}
@@ -184,7 +211,19 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	if s.Expiry <= now {
 		return s
 	}
-	next := b.encode(b.before(b.decode(s, now), b.span(c)))
+	if b.stamp != 0 && s.Prev != b.stamp {
+		if old, ok := shapeOf(s.Prev); ok {
+			// Given back to the key in the shape it has now: the tokens
+			// return, and the rule that last decided the key keeps it.
+			o := bucket{n: old.n, per: old.per, burst: old.burst, remember: old.remember, stamp: s.Prev}
+			if q := o.per / o.n; q*o.n == o.per {
+				o.whole = int64(q)
+			}
+			b = &o
+		}
+	}
+	tat, _ := b.decode(s, now)
+	next := b.encode(b.before(tat, b.span(c)))
 	if next.Expiry <= now {
 		return State{}
 	}

@@ -31,8 +31,12 @@ import (
 // than a minute, over into its own key; while servers of both versions
 // run, they count those apart. admit_v9 decides fair charges (the flag
 // s, a share per charge and the share's keys) and says how a share
-// decided each charge in its reply.
-const FunctionName = "admit_v9"
+// decided each charge in its reply. admit_v10 writes with a bucket's
+// state the shape it was written under (its interval, burst and memory),
+// and a bucket of another shape adopts the tokens the state holds rather
+// than reading its time as its own; an admit_v9 server reads such a state
+// as its own, and writes it back without a shape.
+const FunctionName = "admit_v10"
 
 var (
 	// Call makes one call to Redis, f, as the store makes its own:

@@ -1,0 +1,141 @@
+package engine
+
+import (
+	"math"
+	"sync"
+
+	"github.com/admitdev/admit"
+)
+
+// A bucket's state is its theoretical arrival time, which means tokens only
+// under the interval and burst it was written with: read under another
+// rule's, the same time would hold another number of tokens (a drained
+// 1000/day bucket read under 100/s would wait a quarter of an hour). So
+// every bucket state names the shape it was written under, and a bucket
+// reading a state of another shape first takes the tokens that state held
+// under its own shape, then keeps them under the new one (see adopt).
+//
+// The name is a small number kept in the state's Prev, which a bucket does
+// not otherwise use: an id given to each shape the process has prepared.
+// Ids are above admit.MaxCount, which no count reaches, so a bucket tells
+// its own states from a sliding window's (whose Prev is a count), and 0
+// means a state written before shapes were named, read as the rule's own.
+
+// shape is what a bucket's time means: its interval (per/n), its burst and
+// how long it is remembered once full.
+type shape struct {
+	n, per          uint64
+	burst, remember int64
+}
+
+// maxShapes bounds the shapes a process names. Past it a new shape goes
+// unnamed (0): its states are read as any rule's own, as before shapes
+// were named. Each is a few dozen bytes; every reload or admin change that
+// makes new rule parameters may add one.
+const maxShapes = 1 << 20
+
+// firstShapeID is the first id; ids run up from it.
+const firstShapeID = uint32(admit.MaxCount) + 1
+
+var shapes struct {
+	mu   sync.Mutex
+	ids  map[shape]uint32
+	byID sync.Map // uint32 → shape
+}
+
+// shapeID returns the id of sh, naming it on first use (0 once maxShapes
+// are named).
+func shapeID(sh shape) uint32 {
+	shapes.mu.Lock()
+	defer shapes.mu.Unlock()
+	if id, ok := shapes.ids[sh]; ok {
+		return id
+	}
+	if len(shapes.ids) >= maxShapes {
+		return 0
+	}
+	if shapes.ids == nil {
+		shapes.ids = map[shape]uint32{}
+	}
+	id := firstShapeID + uint32(len(shapes.ids))
+	shapes.ids[sh] = id
+	shapes.byID.Store(id, sh)
+	return id
+}
+
+// shapeOf returns the shape named id.
+func shapeOf(id uint32) (shape, bool) {
+	v, ok := shapes.byID.Load(id)
+	if !ok {
+		return shape{}, false
+	}
+	return v.(shape), true
+}
+
+// isShapeID reports whether a state's Prev names a bucket's shape.
+func isShapeID(prev uint32) bool { return prev >= firstShapeID }
+
+// adopt returns the theoretical arrival time, under b, of a live state s
+// written under shape old: the tokens s holds at now under old (whole
+// tokens, negative for a debt, plus the part of the next token already
+// refilled), capped at b's burst and at b's debt, refilling from now on at
+// b's rate. The part of a token is scaled to b's interval rounded down, so
+// a state read under two shapes in turn never gains.
+func (b *bucket) adopt(old shape, s State, now int64) fine {
+	o := bucket{n: old.n, per: old.per, burst: old.burst, remember: old.remember}
+	if q := o.per / o.n; q*o.n == o.per {
+		o.whole = int64(q)
+	}
+	e := o.before(o.own(s), fine{ns: now}) // old TAT − now
+	if !(fine{}).less(e) {
+		return fine{ns: now} // full under the old shape: full, at b's burst
+	}
+	// m tokens are missing, the last of them refilled for part tokens'
+	// time; the bucket holds burst − m whole tokens.
+	m := o.tokens(e)
+	if m < 0 {
+		m = 0
+	}
+	if o.span(m).less(e) {
+		m++
+	}
+	part := o.before(o.span(m), e).ns
+	held := o.burst - m
+	if held >= b.burst {
+		return fine{ns: now}
+	}
+	if most := b.keptDebt(); held < -most {
+		held, part = -most, 0
+	}
+	p := int64(0)
+	if part > 0 && b.per/b.n >= 2 {
+		// part · T_b / T_o, in doubles computed identically by the Redis
+		// store's script: rounded down, and short of a whole token.
+		ratio := intervalOf(b.n, b.per) / intervalOf(o.n, o.per)
+		p = int64(math.Floor(float64(float64(part) * ratio)))
+		p = max(min(p, int64(b.per/b.n)-1), 0)
+	}
+	t := b.after(fine{ns: now}, b.span(b.burst-held))
+	return b.before(t, fine{ns: p})
+}
+
+// intervalOf returns per/n as a double: q + r/n, in that order, as the
+// Redis store's script computes it.
+func intervalOf(n, per uint64) float64 {
+	q, r := per/n, per%n
+	return float64(float64(q) + float64(float64(r)/float64(n)))
+}
+
+// keptDebt returns the most debt, in tokens, a state adopted by b keeps:
+// all of it up to what b repays in 2^52 ns (the Redis store's span bound;
+// a debt of longer would not be exact there), and never less than b's own
+// debt bound. A debt is kept, not capped at b's bound: what a server books
+// ahead (a leased bucket's refill) comes back as tokens given back, and
+// giving back what a cap forgot would hand out tokens nobody paid for.
+func (b *bucket) keptDebt() int64 {
+	most := int64(admit.MaxCount)
+	if b.per/b.n >= 1<<20 { // as the script computes it, whose spans stop at 2^32 tokens
+		most = min(b.tokens(fine{ns: 1 << 52})-b.burst, most)
+	}
+	return max(b.debt, most)
+}

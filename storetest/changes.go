@@ -1,0 +1,173 @@
+package storetest
+
+import (
+	"time"
+
+	"github.com/admitdev/admit"
+)
+
+// changed returns charges of one key under each of rules in turn: a rule
+// changed by a reload, an admin write or a deploy, and the key it counts in
+// kept (a policy names a rule's keys after the rule, not its parameters).
+func changed(timeline string, rules ...*admit.Rule) []admit.Charge {
+	k := admit.Key{Scope: "test", Tenant: timeline, Subject: "u", Rule: "changed"}.String()
+	cs := make([]admit.Charge, len(rules))
+	for i, r := range rules {
+		cs[i] = admit.Charge{Key: k, Rule: r}
+	}
+	return cs
+}
+
+// ruleChanges are the timelines of a rule changed under a live key: what
+// the key holds survives the change. A bucket keeps its tokens, whole and
+// the part of the next one refilled (scaled to the new interval, rounded
+// down), capped at the new burst, and its debt, capped at the new debt
+// bound; then it refills at the new rate. A window or quota keeps the
+// count of its period in progress when its limit changes; a window whose
+// length changes counts its new window from zero. A concurrency rule
+// keeps its leases.
+func ruleChanges() []Timeline {
+	perDay := func(n int64) admit.Rate { return admit.Rate{N: n, Per: day} }
+	slowDaily := bucketRule("daily", admit.TokenBucket, perDay(1000), 10)
+	fast := bucketRule("fast", admit.TokenBucket, admit.PerSecond(100), 100)
+	slowDay := bucketRule("slow", admit.TokenBucket, perDay(1000), 1000)
+	narrow := bucketRule("narrow", admit.GCRA, admit.PerSecond(1), 3)
+	wide := bucketRule("wide", admit.GCRA, admit.PerSecond(1), 10)
+	owes := func(name string, rate admit.Rate, debt int64) *admit.Rule {
+		r := bucketRule(name, admit.TokenBucket, rate, 5)
+		r.MaxDebt = debt
+		return r
+	}
+	three := windowRule("three", admit.FixedWindow, 3, time.Second)
+	five := windowRule("five", admit.FixedWindow, 5, time.Second)
+	longer := windowRule("longer", admit.FixedWindow, 5, 2*time.Second)
+	perMinute := windowRule("per-minute", admit.FixedWindow, 3, time.Minute)
+	ten := windowRule("ten", admit.SlidingWindow, 10, time.Second)
+	twenty := windowRule("twenty", admit.SlidingWindow, 20, time.Second)
+	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
+	fiveMonthly := quotaRule("five", 5, admit.Month, "UTC", time.Time{})
+	two := leaseRule("two", 2, 10*time.Second)
+	three3 := leaseRule("three", 3, 10*time.Second)
+
+	return []Timeline{
+		{
+			// A limit raised from 1,000 a day (burst 10) to 100 a second
+			// (burst 100) on a drained key: it refills at the new rate at
+			// once, not after the 14 minutes its time says under the old
+			// one. 1 ms into the old token's 86.4 s is 115 ns of the new
+			// token's 10 ms. Lowered back, the drained key waits one
+			// token of the old rate, less the 115 ns it had refilled of
+			// the new one (993.6 µs of the old one's).
+			Name:    "change/bucket_raised",
+			Charges: changed("c1", slowDaily, fast),
+			Steps: []Step{
+				use(ok(0, 10, 0), 0),
+				use(no(ms, 1, 10*ms-115, 0), 1),
+				use(ok(11*ms, 1, 0), 1),
+				use(no(11*ms, 1, 86400*ms-993600, 0), 0),
+				use(ok(11*ms+86400*ms, 1, 0), 0),
+			},
+		},
+		{
+			// A limit lowered from 100 a second to 1,000 a day (burst
+			// 1,000) on a drained key: it stays drained, refilling at the
+			// new rate, rather than filling to the new burst. Raised back
+			// 0.5 s later, the 0.5 s spent towards a daily token are
+			// 57,870 ns of a 10 ms one.
+			Name:    "change/bucket_lowered",
+			Charges: changed("c2", fast, slowDay),
+			Steps: []Step{
+				use(ok(0, 100, 0), 0),
+				use(no(0, 1, 86400*ms, 0), 1),
+				use(no(500*ms, 1, 10*ms-57870, 0), 0),
+				use(ok(600*ms, 1, 9), 0),
+			},
+		},
+		{
+			// A burst widened from 3 to 10 at the same rate: a drained
+			// key holds nothing more, and fills to 10. Narrowed back
+			// with 1.5 tokens, it keeps them, capped at 3 when full.
+			Name:    "change/bucket_burst",
+			Charges: changed("c3", narrow, wide),
+			Steps: []Step{
+				use(ok(0, 3, 0), 0),
+				use(no(0, 1, time.Second, 0), 1),
+				use(ok(1500*ms, 1, 0), 1),
+				use(no(1500*ms, 1, 500*ms, 0), 0),
+				use(ok(2*time.Second, 1, 0), 0),
+				use(ok(20*time.Second, 10, 0), 1),
+				use(ok(40*time.Second, 3, 0), 0),
+				use(no(40*time.Second, 1, time.Second, 0), 0),
+			},
+		},
+		{
+			// A debt survives the change: 95 owed at 10/s is 95 owed at
+			// 20/s, repaid in half the time, and 95 owed back at 10/s
+			// under a rule whose own debits owe at most 10: what is owed
+			// was charged, and is kept whole.
+			Name:    "change/bucket_debt",
+			Charges: changed("c4", owes("owes", admit.PerSecond(10), 1000), owes("owes-faster", admit.PerSecond(20), 1000), owes("owes-less", admit.PerSecond(10), 10)),
+			Steps: []Step{
+				debit(use(ok(0, 100, 0), 0), 0),
+				use(no(0, 1, 4800*ms, 0), 1),
+				use(ok(4800*ms, 1, 0), 1),
+				debit(use(ok(10*time.Second, 100, 0), 1), 1),
+				use(no(10*time.Second, 1, 9600*ms, 0), 2),
+				use(ok(19600*ms, 1, 0), 2),
+			},
+		},
+		{
+			// A window's limit raised or lowered keeps the count of the
+			// window in progress; a window of another length counts anew.
+			Name:    "change/fixed_window",
+			Charges: changed("c5", three, five, longer),
+			Steps: []Step{
+				use(ok(0, 3, 0), 0),
+				use(ok(100*ms, 1, 1), 1),
+				use(no(200*ms, 1, 800*ms, 0), 0),
+				use(ok(300*ms, 1, 4), 2),
+			},
+		},
+		{
+			// A clock stepped back across a window's edge finds no window
+			// of its own that is fresher than the one it left: coming
+			// forward again, the window it left still counts what it
+			// counted.
+			Name:    "change/fixed_window_clock_back",
+			Charges: changed("c6", perMinute),
+			Steps: []Step{
+				ok(30*time.Second, 3, 0),
+				no(31*time.Second, 1, 29*time.Second, 0),
+			},
+		},
+		{
+			Name:    "change/sliding_window",
+			Charges: changed("c7", ten, twenty),
+			Steps: []Step{
+				use(ok(0, 10, 0), 0),
+				use(ok(0, 5, 5), 1),
+				use(no(0, 1, 1400*ms, 0), 0),
+			},
+		},
+		{
+			Name:    "change/quota",
+			Charges: changed("c8", twoMonthly, fiveMonthly),
+			Steps: []Step{
+				use(ok(0, 2, 0), 0),
+				use(ok(time.Second, 1, 2), 1),
+				use(no(2*time.Second, 1, 31*day-2*time.Second, 0), 0),
+			},
+		},
+		{
+			// Leases taken under a max of 2 are held under a max of 3,
+			// and count against 2 again.
+			Name:    "change/concurrency",
+			Charges: changed("c9", two, three3),
+			Steps: []Step{
+				use(ok(0, 2, 0), 0),
+				use(ok(time.Second, 1, 0), 1),
+				use(no(2*time.Second, 1, 8*time.Second, 0), 0),
+			},
+		},
+	}
+}
