@@ -14,7 +14,12 @@ const MaxCharges = 32
 
 // Charge is one bucket a request is counted against: its key, the rule that
 // governs it and the cost of the request. Cost 0 is a peek: the decision is
-// computed and reported, and nothing is charged.
+// computed and reported, and nothing is charged; a peek at a bucket in debt
+// is refused, as any request is until the debt is repaid.
+//
+// The key is what a charge counts in, the rule how: a charge of a key under
+// another rule than before (a rule changed by a reload or a deploy) decides
+// from what the key holds, as Rule says.
 type Charge struct {
 	Key  string
 	Rule *Rule

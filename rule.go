@@ -196,7 +196,11 @@ const (
 //     as one theoretical arrival time.
 //   - FixedWindow: Limit, Window. A counter per window aligned to the Unix
 //     epoch. ResetAfter and RetryAfter are the time to the window's end.
-//     When Window changes, the window now in progress counts from zero.
+//     When Window changes, the window now in progress counts from zero;
+//     when Limit changes, it keeps its count. A clock stepped back into an
+//     earlier window finds the later window's count in the memory store,
+//     which keeps one window a key (the Redis store keeps each window's
+//     count apart).
 //   - SlidingWindow: Limit, Window. The sliding window counter: the current
 //     window's count plus the previous window's count weighted by the part
 //     of it still inside the sliding window. RetryAfter is exact for that
@@ -216,6 +220,14 @@ const (
 //     is why a day may last 23 or 25 hours. ResetAfter and RetryAfter are
 //     the time to the period's end. A period in progress keeps its end when
 //     the anchor changes: the new anchor applies from the next period.
+//
+// A key keeps what it holds when its rule changes (charges of the key under
+// a rule of other parameters, after a reload or a deploy): a TokenBucket or
+// GCRA keeps its tokens, capped at the new Burst, and its debt, then
+// refills at the new Rate; a window or quota keeps the count of its period
+// in progress when its limit changes; a concurrency rule keeps its leases.
+// A clock stepped back costs a bucket tokens (it reads its time as further
+// ahead), never admitting more.
 //
 // A Rule is read, never written, by stores; share one *Rule among all the
 // charges that use it, and do not change it while decisions use it.

@@ -417,10 +417,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		settle.MaxCost = 0
 		r.settle = &settle
 	}
-	r.bucket = r.Name
-	if tier != "" {
-		r.bucket = tier + "/" + r.Name // "/" appears in no name
-	}
+	r.bucket = tierBucket(r, tier)
 	r.ID = len(c.p.rules)
 	c.p.rules = append(c.p.rules, r)
 	return r
@@ -726,4 +723,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// tierBucket names r in its buckets' keys. A global rule's name is its
+// own. A tier's rule keyed by its tenant (tenant, user, session, API key,
+// ip, an attribute: every key holds the tenant) is named by its name and
+// its algorithm's kind, not its tier, so that a tenant moved to another
+// tier keeps what its buckets hold, adopted by the new tier's rule of the
+// same name as any changed rule is (a bucket's tokens, a window's count);
+// "*" is in no tier's name. A tier's rule of scope global is one bucket
+// for the tier's tenants together, named after its tier.
+func tierBucket(r *Rule, tier string) string {
+	switch {
+	case tier == "":
+		return r.Name
+	case r.Scope == ScopeGlobal:
+		return tier + "/" + r.Name // "/" appears in no name
+	}
+	kind := r.Algorithm.String()
+	if r.Algorithm == admit.TokenBucket || r.Algorithm == admit.GCRA {
+		kind = "bucket" // one state, read alike
+	}
+	return "*" + kind + "/" + r.Name
 }

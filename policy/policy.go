@@ -85,10 +85,8 @@ type Rule struct {
 	billing bool
 	// shared: tenants share the rule's buckets (Fair unless turned off).
 	shared bool
-	// bucket names the rule in its buckets' keys: the rule's name, after
-	// its tier's for tier rules, so that a tenant moved to another tier
-	// starts with that tier's fresh buckets rather than inheriting a
-	// level computed under other parameters.
+	// bucket names the rule in its buckets' keys (see tierBucket): a
+	// tenant moved to another tier keeps what its buckets hold.
 	bucket string
 }
 

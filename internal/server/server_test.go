@@ -302,9 +302,12 @@ func TestTierSwitchAppliesToNextRequest(t *testing.T) {
 	if a.body["tier"] != "big" || a.body["source"] != "admin" {
 		t.Errorf("PUT answer: %s", a.raw)
 	}
+	// The tenant's bucket keeps what it holds, drained, under big's
+	// rule of the same name: refused until big's rate refills a token,
+	// never for longer, and never refilled by the move itself.
 	a = h.do("POST", "/v1/check", doc)
-	h.want(a, 200, "doc on big")
-	if a.body["limit"] != float64(3) || a.body["tier"] != "big" {
+	h.want(a, 429, "doc on big, drained on small")
+	if a.body["limit"] != float64(3) || a.body["tier"] != "big" || a.body["retry_after_ms"].(float64) > 60000 {
 		t.Errorf("after the switch: %s", a.raw)
 	}
 	// An override changes one parameter for this tenant only.

@@ -1,0 +1,473 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/redistest"
+)
+
+// ruleChangeConfig is tier free's one rule, calls, a token bucket of
+// tenant acme (which has no API keys, so the decision API needs none).
+// The store's timeout is 2 s and its failure mode closed: this test
+// counts admissions, and a Redis call timing out on a loaded machine
+// must show as a 503, never as an admission made open.
+const ruleChangeConfig = `version: 1
+store:
+  on_error: closed
+  redis:
+    timeout: 2s
+tiers:
+  free:
+    rules:
+      - name: calls
+        scope: tenant
+        algorithm: token_bucket
+        rate: "RATE"
+        burst: BURST
+tenants:
+  acme: {tier: free}
+`
+
+// ruleChangeServer is one `admit serve` this test started, with the
+// configuration reloads its log has reported so far.
+type ruleChangeServer struct {
+	name   string
+	url    string
+	config string
+	cmd    *exec.Cmd
+	out    *reloadLog
+}
+
+// reloadLog collects a process's output line by line and counts its
+// "configuration reloaded" lines (and refused reloads), telling a waiter
+// at once when one arrives.
+type reloadLog struct {
+	mu       sync.Mutex
+	partial  []byte
+	lines    []string
+	reloads  int
+	refused  []string
+	serving  []string // the http address, once logged
+	notify   chan struct{}
+}
+
+var (
+	ruleChangeServing  = regexp.MustCompile(`msg="admit serving" http=(http://127\.0\.0\.1:\d+) `)
+	ruleChangeReloaded = regexp.MustCompile(`msg="configuration reloaded"`)
+	ruleChangeRefused  = regexp.MustCompile(`msg="configuration reload refused`)
+)
+
+func (l *reloadLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.partial = append(l.partial, p...)
+	seen := false
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(l.partial[:i])
+		l.partial = l.partial[i+1:]
+		l.lines = append(l.lines, line)
+		if m := ruleChangeServing.FindStringSubmatch(line); m != nil && l.serving == nil {
+			l.serving = m[1:]
+		}
+		if ruleChangeReloaded.MatchString(line) {
+			l.reloads++
+		}
+		if ruleChangeRefused.MatchString(line) {
+			l.refused = append(l.refused, line)
+		}
+		seen = true
+	}
+	l.mu.Unlock()
+	if seen {
+		select {
+		case l.notify <- struct{}{}:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+func (l *reloadLog) state() (reloads int, refused []string, serving []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.reloads, append([]string(nil), l.refused...), l.serving
+}
+
+func (l *reloadLog) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lines := l.lines
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// writeRuleChangeConfig writes the configuration with rule calls at rate
+// and burst to path, by renaming a complete file over it (never seen
+// half-written).
+func writeRuleChangeConfig(t *testing.T, path, rate string, burst int) {
+	t.Helper()
+	cfg := strings.NewReplacer("RATE", rate, "BURST", fmt.Sprint(burst)).Replace(ruleChangeConfig)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startRuleChangeServer runs `admit serve` on free loopback ports with
+// its own copy of the configuration, on the Redis at store, and returns
+// it once it serves. The file is reloaded only on SIGHUP (the watcher's
+// interval is an hour), so every reload the test sees is one it asked
+// for. The test's cleanup stops it by its PID.
+func startRuleChangeServer(t *testing.T, name, store, rate string, burst int) *ruleChangeServer {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	writeRuleChangeConfig(t, cfg, rate, burst)
+	out := &reloadLog{notify: make(chan struct{}, 1)}
+	cmd := exec.Command(admitBinary(t), "serve", "--config", cfg, "--store", store,
+		"--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--reload-interval", "1h")
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	s := &ruleChangeServer{name: name, config: cfg, cmd: cmd, out: out}
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s (pid %d) output:\n%s", name, cmd.Process.Pid, out.tail(40))
+		}
+	})
+	deadline := time.After(30 * time.Second)
+	for {
+		if _, _, serving := out.state(); serving != nil {
+			s.url = serving[0]
+			return s
+		}
+		select {
+		case <-out.notify:
+		case <-done:
+			t.Fatalf("%s exited before serving:\n%s", name, out.tail(40))
+		case <-deadline:
+			t.Fatalf("%s did not serve within 30s:\n%s", name, out.tail(40))
+		}
+	}
+}
+
+// reload rewrites every server's configuration to rate and burst, sends
+// each SIGHUP and waits until each has logged that it reloaded.
+func reloadRuleChange(t *testing.T, servers []*ruleChangeServer, rate string, burst int) {
+	t.Helper()
+	before := make([]int, len(servers))
+	for i, s := range servers {
+		before[i], _, _ = s.out.state()
+		writeRuleChangeConfig(t, s.config, rate, burst)
+	}
+	for _, s := range servers {
+		if err := s.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatalf("SIGHUP to %s: %v", s.name, err)
+		}
+	}
+	deadline := time.After(10 * time.Second)
+	for i, s := range servers {
+		for {
+			n, refused, _ := s.out.state()
+			if len(refused) > 0 {
+				t.Fatalf("%s refused the reload to %s burst %d: %s", s.name, rate, burst, refused[len(refused)-1])
+			}
+			if n > before[i] {
+				break
+			}
+			select {
+			case <-s.out.notify:
+			case <-deadline:
+				t.Fatalf("%s did not log \"configuration reloaded\" within 10s of SIGHUP:\n%s", s.name, s.out.tail(20))
+			}
+		}
+	}
+}
+
+// ruleChangeAnswer is what /v1/check answers.
+type ruleChangeAnswer struct {
+	Status       int    `json:"-"`
+	Allowed      bool   `json:"allowed"`
+	Limit        int64  `json:"limit"`
+	Remaining    int64  `json:"remaining"`
+	ResetAfterMS int64  `json:"reset_after_ms"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+	DeniedBy     string `json:"denied_by"`
+	Failover     string `json:"failover"`
+	Tier         string `json:"tier"`
+	Raw          string `json:"-"`
+}
+
+var ruleChangeClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+
+// checkAcme asks s to admit one call of tenant acme. Anything but a 200
+// or 429 the store decided (no failover) is an error.
+func checkAcme(s *ruleChangeServer) (ruleChangeAnswer, error) {
+	var a ruleChangeAnswer
+	resp, err := ruleChangeClient.Post(s.url+"/v1/check", "application/json", strings.NewReader(`{"tenant":"acme"}`))
+	if err != nil {
+		return a, fmt.Errorf("%s: %v", s.name, err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return a, fmt.Errorf("%s: %v", s.name, err)
+	}
+	a.Status, a.Raw = resp.StatusCode, strings.TrimSpace(string(body))
+	if resp.StatusCode != 200 && resp.StatusCode != 429 {
+		return a, fmt.Errorf("%s answered %d: %s", s.name, resp.StatusCode, a.Raw)
+	}
+	if err := json.Unmarshal(body, &a); err != nil {
+		return a, fmt.Errorf("%s: %v: %s", s.name, err, a.Raw)
+	}
+	if a.Allowed != (resp.StatusCode == 200) {
+		return a, fmt.Errorf("%s answered %d with allowed %v: %s", s.name, resp.StatusCode, a.Allowed, a.Raw)
+	}
+	if a.Failover != "" {
+		return a, fmt.Errorf("%s decided without the store (failover %q): %s", s.name, a.Failover, a.Raw)
+	}
+	return a, nil
+}
+
+func mustCheckAcme(t *testing.T, s *ruleChangeServer) ruleChangeAnswer {
+	t.Helper()
+	a, err := checkAcme(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// TestRuleChangeKeepsTokens: two `admit serve` on one Redis, tenant acme
+// of tier free whose rule calls is a token bucket. A bucket keeps its
+// tokens when its rule changes by a reload (SIGHUP): drained under
+// 1000/day burst 10 and reloaded to 100/s burst 100, it admits again
+// within milliseconds (it once refused for 14 minutes, the old time read
+// under the new rate) and no faster than the new rate; drained under
+// 100/s and reloaded to 1000/day burst 1000, it stays drained, refusing
+// for at most one token's time of the new rule (it once came back nearly
+// full, 50 of 50 admitted).
+func TestRuleChangeKeepsTokens(t *testing.T) {
+	redis := redistest.Start(t)
+	store := "redis://" + redis.Addr
+	servers := []*ruleChangeServer{
+		startRuleChangeServer(t, "server A", store, "1000/d", 10),
+		startRuleChangeServer(t, "server B", store, "1000/d", 10),
+	}
+	for _, s := range servers {
+		t.Logf("%s: %s (pid %d), config %s", s.name, s.url, s.cmd.Process.Pid, s.config)
+	}
+	start := time.Now()
+
+	// 1000/day, burst 10: ten calls drain the bucket, the eleventh waits
+	// for a token, 86.4 s.
+	for i := range 10 {
+		a := mustCheckAcme(t, servers[i%2])
+		if !a.Allowed || a.Limit != 10 {
+			t.Fatalf("check %d of a full bucket of 10 (%s): %d %s", i+1, servers[i%2].name, a.Status, a.Raw)
+		}
+	}
+	a := mustCheckAcme(t, servers[0])
+	if a.Allowed || a.DeniedBy != "calls" || a.Limit != 10 || a.RetryAfterMS < 60_000 || a.RetryAfterMS > 86_400 {
+		t.Fatalf("the 11th check of a bucket of 10 at 1000/d: %d %s, want refused by calls, retry within 60–86.4 s", a.Status, a.Raw)
+	}
+	t.Logf("1000/d burst 10: 10 admitted, the 11th refused, retry_after_ms %d", a.RetryAfterMS)
+
+	// Reloaded to 100/s, burst 100: the drained bucket keeps its (no)
+	// tokens and refills at the new rate at once.
+	reloadRuleChange(t, servers, "100/s", 100)
+	t0 := time.Now()
+	first := mustCheckAcme(t, servers[1])
+	if first.Limit != 100 {
+		t.Fatalf("the first check after the reload to 100/s burst 100 was not decided by it: %d %s", first.Status, first.Raw)
+	}
+	if !first.Allowed && first.RetryAfterMS > 10 {
+		t.Fatalf("the first check after the reload to 100/s burst 100 was refused with retry_after_ms %d (more than one token of 10 ms): %d %s",
+			first.RetryAfterMS, first.Status, first.Raw)
+	}
+	t.Logf("100/s burst 100, first check after the reload: %d allowed=%v remaining=%d retry_after_ms=%d", first.Status, first.Allowed, first.Remaining, first.RetryAfterMS)
+
+	// Four callers alternate the servers for a second: the bucket admits again, at its new rate and never
+	// more than its burst plus its rate times the time elapsed (plus
+	// slack for the old rule's tokens); having kept its empty state, not
+	// even its burst at once.
+	const loopFor = time.Second
+	var (
+		admitted, refused   atomic.Int64
+		firstAdmit          atomic.Int64 // ns after t0
+		mu                  sync.Mutex
+		overBound, overKept string
+		maxRetry            int64
+		maxRetryRaw         string
+		loopErr             error
+	)
+	if first.Allowed {
+		admitted.Add(1)
+		firstAdmit.Store(int64(time.Since(t0)))
+	} else {
+		refused.Add(1)
+		maxRetry, maxRetryRaw = first.RetryAfterMS, first.Raw
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				if time.Since(t0) >= loopFor {
+					return
+				}
+				a, err := checkAcme(servers[(w+i)%2])
+				elapsed := time.Since(t0)
+				mu.Lock()
+				if err != nil {
+					if loopErr == nil {
+						loopErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				switch {
+				case a.Limit != 100:
+					if loopErr == nil {
+						loopErr = fmt.Errorf("an answer after the reload to 100/s burst 100 not decided by it: %s", a.Raw)
+					}
+				case a.Allowed:
+					n := admitted.Add(1)
+					firstAdmit.CompareAndSwap(0, int64(elapsed))
+					secs := elapsed.Seconds()
+					if float64(n) > 100+100*secs+10 && overBound == "" {
+						overBound = fmt.Sprintf("%d admitted %v after the reload, more than 100 + 100/s × %.3f s + 10 = %.0f", n, elapsed.Round(time.Millisecond), secs, 100+100*secs+10)
+					}
+					if float64(n) > 100*secs+10 && overKept == "" {
+						overKept = fmt.Sprintf("%d admitted %v after the reload of a drained bucket, more than 100/s × %.3f s + 10 = %.0f: it did not keep its empty state", n, elapsed.Round(time.Millisecond), secs, 100*secs+10)
+					}
+				default:
+					refused.Add(1)
+					if a.RetryAfterMS > maxRetry {
+						maxRetry, maxRetryRaw = a.RetryAfterMS, a.Raw
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	loop := time.Since(t0)
+	if loopErr != nil {
+		t.Fatal(loopErr)
+	}
+	n := admitted.Load()
+	t.Logf("100/s burst 100 for %v after the reload: %d admitted (the first %v after it), %d refused, the longest retry_after_ms %d",
+		loop.Round(time.Millisecond), n, time.Duration(firstAdmit.Load()).Round(time.Millisecond), refused.Load(), maxRetry)
+	if n == 0 {
+		t.Fatalf("no check admitted within %v of the reload to 100/s burst 100 (%d refused; the longest retry_after_ms %d: %s)", loop, refused.Load(), maxRetry, maxRetryRaw)
+	}
+	if maxRetry > 10 {
+		t.Errorf("a check after the reload to 100/s was refused with retry_after_ms %d, more than one token of 10 ms: %s", maxRetry, maxRetryRaw)
+	}
+	if overBound != "" {
+		t.Errorf("%s", overBound)
+	}
+	if overKept != "" {
+		t.Errorf("%s", overKept)
+	}
+	if float64(n) < 50*loop.Seconds() {
+		t.Errorf("%d admitted in %v at 100/s while demand exceeded it: under half the new rate", n, loop.Round(time.Millisecond))
+	}
+
+	// Drained again under 100/s: ~150 checks at once, then on until one
+	// is refused, so the bucket holds less than a token.
+	drainAdmitted, drainSent := 0, 0
+	var last ruleChangeAnswer
+	drainStart := time.Now()
+	for drainSent < 150 || last.Allowed {
+		if drainSent >= 1000 {
+			t.Fatalf("1000 checks at once never drained the 100/s bucket: %s", last.Raw)
+		}
+		last = mustCheckAcme(t, servers[drainSent%2])
+		drainSent++
+		if last.Allowed {
+			drainAdmitted++
+		}
+	}
+	drained := time.Now()
+	t.Logf("100/s burst 100, drained again: %d of %d checks admitted in %v, the last refused (retry_after_ms %d)",
+		drainAdmitted, drainSent, drained.Sub(drainStart).Round(time.Millisecond), last.RetryAfterMS)
+	if bound := 100*drained.Sub(drainStart).Seconds() + 10; float64(drainAdmitted) > bound {
+		t.Errorf("drained bucket of 100/s admitted %d of %d in %v, more than 100/s × that + 10 = %.0f", drainAdmitted, drainSent, drained.Sub(drainStart), bound)
+	}
+
+	// Lowered to 1000/day, burst 1000: the bucket keeps what it held, less
+	// than a token (and what 100/s refilled while the servers reloaded),
+	// and refuses for at most one token's time of the new rule, 86.4 s.
+	reloadRuleChange(t, servers, "1000/d", 1000)
+	gap := time.Since(drained)
+	lowAdmitted := 0
+	var refusals []ruleChangeAnswer
+	var admits []string
+	for i := range 50 {
+		a := mustCheckAcme(t, servers[i%2])
+		if a.Limit != 1000 {
+			t.Fatalf("check %d after the reload to 1000/d burst 1000 was not decided by it: %d %s", i+1, a.Status, a.Raw)
+		}
+		if a.Allowed {
+			lowAdmitted++
+			admits = append(admits, a.Raw)
+		} else {
+			refusals = append(refusals, a)
+		}
+	}
+	t.Logf("1000/d burst 1000, %v after the last refusal under 100/s: %d of 50 immediate checks admitted", gap.Round(time.Microsecond), lowAdmitted)
+	if len(refusals) > 0 {
+		t.Logf("first refusal: %s", refusals[0].Raw)
+	}
+	if lowAdmitted > 2 {
+		t.Errorf("%d of 50 checks admitted right after a drained 100/s bucket was lowered to 1000/d burst 1000 (%v after it was drained), want at most 2; admitted: %s",
+			lowAdmitted, gap, strings.Join(admits, " | "))
+	}
+	const oneToken = 86_400 // ms: one token of 1000/day
+	for _, r := range refusals {
+		if r.DeniedBy != "calls" || r.RetryAfterMS <= 0 || r.RetryAfterMS > oneToken+100 {
+			t.Errorf("a refusal after the reload to 1000/d: retry_after_ms %d (want 1–%d, one token of 1000/day), %s", r.RetryAfterMS, oneToken+100, r.Raw)
+			break
+		}
+	}
+	t.Logf("the whole test took %v", time.Since(start).Round(time.Millisecond))
+}
