@@ -46,6 +46,7 @@ func ruleChanges() []Timeline {
 	twenty := windowRule("twenty", admit.SlidingWindow, 20, time.Second)
 	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
 	fiveMonthly := quotaRule("five", 5, admit.Month, "UTC", time.Time{})
+	most := windowRule("most", admit.FixedWindow, admit.MaxCount, time.Hour)
 	two := leaseRule("two", 2, 10*time.Second)
 	three3 := leaseRule("three", 3, 10*time.Second)
 
@@ -156,6 +157,20 @@ func ruleChanges() []Timeline {
 				use(ok(0, 2, 0), 0),
 				use(ok(time.Second, 1, 2), 1),
 				use(no(2*time.Second, 1, 31*day-2*time.Second, 0), 0),
+			},
+		},
+		{
+			// A debit past a window whose limit is the most a count
+			// holds did not fit, though the count stops at its limit.
+			Name:    "debit/fixed_window_at_max_count",
+			Charges: changed("c10", most),
+			Steps: []Step{
+				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-admit.MaxCost)), 0),
+				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-2*admit.MaxCost)), 0),
+				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-3*admit.MaxCost)), 0),
+				debit(ok(0, admit.MaxCost, 0), 0),
+				debit(Step{At: 0, Cost: 1, Want: true, Remaining: []int64{0}, Fits: []bool{false}, RuleRetry: []time.Duration{time.Hour}}, 0),
+				no(0, 1, time.Hour, 0),
 			},
 		},
 		{
