@@ -330,6 +330,8 @@ local function bucketParams(R)
   local p = R.b
   if not p then
     p = {n = R[5], q = R[6], r = R[7], burst = R[8], initial = R[9], remember = R[10], debt = R[8]}
+    -- its shape, as its states name it (see encode)
+    p.sh = pack('<ddddd', p.n, p.q, p.r, p.burst, p.remember)
     -- a token bucket's or GCRA's debt bound (admit.Rule.MaxDebt), where a
     -- combination keeps its floor
     if (R.alg == 1 or R.alg == 2) and R[14] > 0 then p.debt = R[14] end
@@ -424,14 +426,25 @@ end
 local function encode(a, f, b)
   local t = a + nsub
   local w = t - floor(t / 1000) * 1000
-  if not b then return {nu + (t - w) / 1000, w, f, 0} end -- the fourth is flush's
-  return {nu + (t - w) / 1000, w, f, 0, b.n, b.q, b.r, b.burst, b.remember}
+  return {nu + (t - w) / 1000, w, f, 0, b and b.sh} -- the fourth is flush's
 end
 
 -- sameShape reports whether bucket state st was written under b's shape,
--- or under no shape named (admit_v9's states, a combination's halves).
+-- or under no shape named (admit_v9's states, a combination's halves). A
+-- state keeps its shape as the string it was packed in, st[5], which Lua
+-- interns: the comparison is one of pointers.
 local function sameShape(b, st)
-  return not st[5] or (st[5] == b.n and st[6] == b.q and st[7] == b.r and st[8] == b.burst and st[9] == b.remember)
+  return not st[5] or st[5] == b.sh
+end
+
+-- shapeOf returns a bucket of the shape bucket state st names: enough of
+-- one to read and write its states (engine's shape.bucket), full at first
+-- when it is new.
+local function shapeOf(st)
+  local o = {sh = st[5]}
+  o.n, o.q, o.r, o.burst, o.remember = sunpack('<ddddd', st[5])
+  o.initial, o.debt = o.burst, o.burst
+  return o
 end
 
 -- adopt returns bucket state st, written under another shape than b's,
@@ -442,7 +455,7 @@ end
 -- refilling at b's rate from now on. It returns nil
 -- for a state its own shape no longer remembers (a new key).
 local function adopt(b, st)
-  local o = {n = st[5], q = st[6], r = st[7], burst = st[8], remember = st[9]}
+  local o = shapeOf(st)
   local ea, ef = (st[1] - nu) * 1000 + st[2] - nsub, st[3]
   if ceil(ea, ef) + o.remember <= 0 then return nil end
   if not less(0, 0, ea, ef) then return encode(0, 0, b) end
@@ -808,9 +821,11 @@ end
 local function decodeState(s, alg, v)
   local st
   if alg == 1 or alg == 2 then
+    -- struct.unpack returns the position after the values last: it must
+    -- not read as a shape's first number.
     if #v == 24 then st = {sunpack('<ddd', v)} st[4] = 0 -- admit_v5's, expiry unknown
-    elseif #v == 32 then st = {sunpack('<dddd', v)} -- admit_v9's, no shape named
-    else st = {sunpack('<ddddddddd', v)} end
+    elseif #v == 32 then st = {sunpack('<dddd', v)} st[5] = nil -- admit_v9's, no shape named
+    else st = {sunpack('<dddd', v)} st[5] = ssub(v, 33) end
     SHAS[s] = st[4]
   elseif alg == 6 then st = {sunpack('<dddddd', v)}
   elseif alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
@@ -901,8 +916,9 @@ local function packState(st, k)
     if st[15] and st[15] ~= 0 then return pack(RECFMT, unpack(st, 1, RECLEN)) end
     return pack('<dddddddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9], st[10], st[11], st[12], st[13], st[14])
   elseif k == 4 then
-    if st[5] then return pack('<ddddddddd', st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8], st[9]) end
-    return pack('<dddd', st[1], st[2], st[3], st[4])
+    local v = pack('<dddd', st[1], st[2], st[3], st[4])
+    if st[5] then return v .. st[5] end
+    return v
   elseif k == 2 then return pack('<dd', st[1], st[2])
   elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
   return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
@@ -1729,7 +1745,7 @@ local function decideFast(out)
         local t = a + nsub
         local w = fmod(t, 1000)
         local b = R.b
-        if not st then st = {0, 0, 0, 0, b.n, b.q, b.r, b.burst, b.remember} end
+        if not st then st = {0, 0, 0, 0, b.sh} end
         st[1], st[2], st[3] = nu + (t - w) / 1000, w, 0
         put(key, st, a + b.remember, 4)
       elseif alg == 4 then
@@ -1793,7 +1809,7 @@ local function bucketGive(key, b, st, c)
   if not sameShape(b, st) then
     -- Given back to the key in the shape it has now: the tokens return,
     -- and the rule that last decided the key keeps it.
-    b = {n = st[5], q = st[6], r = st[7], burst = st[8], remember = st[9]}
+    b = shapeOf(st)
   end
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end
@@ -2128,9 +2144,12 @@ local function windows()
         break
       end
       CKEY[i], MADE[i], ADDED[i] = ck, made, c
-      if cnt > MAXCOUNT then cnt = capCount(i, ck, cnt, c) end
+      -- The reply is the count before the cap, which says whether the
+      -- charge fitted: a debit past a limit of MAXCOUNT did not, though
+      -- the count stops there (redisstore/batch.go, counted).
       k = k + 1
       out[k] = cnt
+      if cnt > MAXCOUNT then capCount(i, ck, cnt, c) end
     end
     if refused then
       n, DRY, REFUSED, LEASE, REC, KEYBASE = nc, false, false, '', nil, kb

@@ -307,8 +307,9 @@ func counted(rules []*ruleArgs, counts []int64, nu, nsub int64) []int64 {
 		if c := counts[k]; c <= r.limit {
 			x[0], x[1], x[2], x[3] = 1, r.limit-c, reset, 0
 		} else { // a debit past the limit: what a cost of 1 meets after it,
-			// and how far past (see fill)
-			x[0], x[1], x[2], x[3] = 0, r.limit-c, reset, reset
+			// and how far past (see fill) the count went, which stops at
+			// admit.MaxCount
+			x[0], x[1], x[2], x[3] = 0, r.limit-min(c, admit.MaxCount), reset, reset
 		}
 	}
 	return v

@@ -47,6 +47,8 @@ func ruleChanges() []Timeline {
 	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
 	fiveMonthly := quotaRule("five", 5, admit.Month, "UTC", time.Time{})
 	most := windowRule("most", admit.FixedWindow, admit.MaxCount, time.Hour)
+	perSecond := bucketRule("per-second", admit.TokenBucket, admit.PerSecond(1), 1)
+	quick := bucketRule("quick", admit.TokenBucket, admit.PerSecond(10000), 100)
 	two := leaseRule("two", 2, 10*time.Second)
 	three3 := leaseRule("three", 3, 10*time.Second)
 
@@ -157,6 +159,21 @@ func ruleChanges() []Timeline {
 				use(ok(0, 2, 0), 0),
 				use(ok(time.Second, 1, 2), 1),
 				use(no(2*time.Second, 1, 31*day-2*time.Second, 0), 0),
+			},
+		},
+		{
+			// A reservation booked under one rule and cancelled after
+			// another took the key over, whose state has since run out:
+			// nothing is given back, and the key is new again. (The
+			// Redis store's give-back once failed its script here.)
+			Name:    "change/cancel_after_change",
+			Charges: changed("c11", perSecond, quick),
+			Steps: []Step{
+				use(ok(0, 1, 0), 0),
+				{Op: Reserve, Use: []int{0}, Cost: 1, MaxWait: 5 * time.Second, Want: true, Wait: D(time.Second), Name: "R"},
+				use(no(0, 1, 200*time.Microsecond, 0), 1),
+				{At: 500 * ms, Op: Cancel, Name: "R"},
+				use(ok(500*ms, 1, 0), 0),
 			},
 		},
 		{
