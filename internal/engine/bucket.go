@@ -117,7 +117,8 @@ func (b *bucket) decode(s State, now int64) (fine, bool) {
 			return b.adopt(old, s, now), true
 		}
 		if !isShapeID(s.Prev) {
-			// A sliding window's counts, after the rule's algorithm
+			// A window's counts (a sliding window's previous count, a
+			// fixed window's length), after the rule's algorithm
 			// changed: nothing a bucket can read.
 			return b.after(fine{ns: now}, b.span(b.burst-b.initial)), true
 		}
@@ -215,10 +216,7 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 		if old, ok := shapeOf(s.Prev); ok {
 			// Given back to the key in the shape it has now: the tokens
 			// return, and the rule that last decided the key keeps it.
-			o := bucket{n: old.n, per: old.per, burst: old.burst, remember: old.remember, stamp: s.Prev}
-			if q := o.per / o.n; q*o.n == o.per {
-				o.whole = int64(q)
-			}
+			o := old.bucket(s.Prev)
 			b = &o
 		}
 	}

@@ -38,14 +38,19 @@ const maxShapes = 1 << 20
 const firstShapeID = uint32(admit.MaxCount) + 1
 
 var shapes struct {
-	mu   sync.Mutex
-	ids  map[shape]uint32
-	byID sync.Map // uint32 → shape
+	mu    sync.Mutex
+	ids   map[shape]uint32 // under mu: every shape named, and the count
+	named sync.Map         // shape → uint32, as ids
+	byID  sync.Map         // uint32 → shape
 }
 
 // shapeID returns the id of sh, naming it on first use (0 once maxShapes
-// are named).
+// are named). A shape already named is found without the lock: rules not
+// kept prepared (reservations, refunds) name their shape on every call.
 func shapeID(sh shape) uint32 {
+	if id, ok := shapes.named.Load(sh); ok {
+		return id.(uint32)
+	}
 	shapes.mu.Lock()
 	defer shapes.mu.Unlock()
 	if id, ok := shapes.ids[sh]; ok {
@@ -60,6 +65,7 @@ func shapeID(sh shape) uint32 {
 	id := firstShapeID + uint32(len(shapes.ids))
 	shapes.ids[sh] = id
 	shapes.byID.Store(id, sh)
+	shapes.named.Store(sh, id)
 	return id
 }
 
@@ -72,20 +78,27 @@ func shapeOf(id uint32) (shape, bool) {
 	return v.(shape), true
 }
 
+// bucket returns a bucket of shape sh, named id: enough of one to read and
+// write states of that shape (no initial balance, no debt bound).
+func (sh shape) bucket(id uint32) bucket {
+	b := bucket{n: sh.n, per: sh.per, burst: sh.burst, remember: sh.remember, stamp: id}
+	if q := b.per / b.n; q*b.n == b.per {
+		b.whole = int64(q)
+	}
+	return b
+}
+
 // isShapeID reports whether a state's Prev names a bucket's shape.
 func isShapeID(prev uint32) bool { return prev >= firstShapeID }
 
 // adopt returns the theoretical arrival time, under b, of a live state s
 // written under shape old: the tokens s holds at now under old (whole
 // tokens, negative for a debt, plus the part of the next token already
-// refilled), capped at b's burst and at b's debt, refilling from now on at
-// b's rate. The part of a token is scaled to b's interval rounded down, so
+// refilled), capped at b's burst (a debt is kept whole, within keptDebt),
+// refilling from now on at b's rate. The part of a token is scaled to b's interval rounded down, so
 // a state read under two shapes in turn never gains.
 func (b *bucket) adopt(old shape, s State, now int64) fine {
-	o := bucket{n: old.n, per: old.per, burst: old.burst, remember: old.remember}
-	if q := o.per / o.n; q*o.n == o.per {
-		o.whole = int64(q)
-	}
+	o := old.bucket(s.Prev)
 	e := o.before(o.own(s), fine{ns: now}) // old TAT − now
 	if !(fine{}).less(e) {
 		return fine{ns: now} // full under the old shape: full, at b's burst
