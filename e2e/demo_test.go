@@ -49,6 +49,61 @@ type admitProcess struct {
 	url  string // http://host:port
 	grpc string // host:port
 	cmd  *exec.Cmd
+	log  *processLog // what it wrote to stderr
+}
+
+// processLog keeps a process's log lines and wakes a waiter at each new
+// one.
+type processLog struct {
+	mu     sync.Mutex
+	lines  []string
+	notify chan struct{}
+}
+
+func newProcessLog() *processLog { return &processLog{notify: make(chan struct{}, 1)} }
+
+func (l *processLog) add(line string) {
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	select {
+	case l.notify <- struct{}{}:
+	default:
+	}
+}
+
+// matching returns the lines so far that re matches.
+func (l *processLog) matching(re *regexp.Regexp) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var m []string
+	for _, line := range l.lines {
+		if re.MatchString(line) {
+			m = append(m, line)
+		}
+	}
+	return m
+}
+
+// tail returns the last n lines.
+func (l *processLog) tail(n int) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Join(l.lines[max(len(l.lines)-n, 0):], "\n")
+}
+
+// await waits, at most d, until done reports true of the log; it fails
+// the test saying what it waited for.
+func (l *processLog) await(t *testing.T, d time.Duration, what string, done func() bool) {
+	t.Helper()
+	deadline := time.After(d)
+	for !done() {
+		select {
+		case <-l.notify:
+		case <-deadline:
+			t.Fatalf("%s: not within %v:\n%s", what, d, l.tail(40))
+		}
+	}
 }
 
 // startAdmit runs `admit serve` with args on a free loopback port (the
@@ -86,14 +141,11 @@ func runAdmit(t *testing.T, bin string, env []string, args ...string) *admitProc
 	})
 	serving := regexp.MustCompile(`msg="admit serving" http=(http://127\.0\.0\.1:\d+) grpc=(127\.0\.0\.1:\d+)`)
 	found := make(chan []string, 1)
-	var logs strings.Builder
-	var mu sync.Mutex
+	log := newProcessLog()
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			mu.Lock()
-			logs.WriteString(sc.Text() + "\n")
-			mu.Unlock()
+			log.add(sc.Text())
 			if m := serving.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1:]
 			}
@@ -101,11 +153,9 @@ func runAdmit(t *testing.T, bin string, env []string, args ...string) *admitProc
 	}()
 	select {
 	case m := <-found:
-		return &admitProcess{url: m[0], grpc: m[1], cmd: cmd}
+		return &admitProcess{url: m[0], grpc: m[1], cmd: cmd, log: log}
 	case <-time.After(30 * time.Second):
-		mu.Lock()
-		defer mu.Unlock()
-		t.Fatalf("admit serve did not start within 30s:\n%s", logs.String())
+		t.Fatalf("admit serve did not start within 30s:\n%s", log.tail(100))
 		return nil
 	}
 }
