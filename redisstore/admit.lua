@@ -451,8 +451,9 @@ end
 -- as b's (internal/engine/shape.go, bucket.adopt, which it mirrors
 -- number for number): the tokens it holds now under its own shape, whole
 -- (negative for a debt) plus the part of the next one refilled, capped at
--- b's burst (a debt kept whole, within what b repays in 2^52 ns),
--- refilling at b's rate from now on. It returns nil
+-- b's burst (a debt kept in tokens, or in the old rate's time for them
+-- where that is less, within what b repays in 2^52 ns), refilling at b's
+-- rate from now on. It returns nil
 -- for a state its own shape no longer remembers (a new key).
 local function adopt(b, st)
   local o = shapeOf(st)
@@ -465,7 +466,8 @@ local function adopt(b, st)
     m = m + 1
     sa, sf = span(o, m)
   end
-  local part = sub(o, sa, sf, ea, ef)
+  local pa, pf = sub(o, sa, sf, ea, ef)
+  local part = pa + pf / o.n
   local held = o.burst - m
   if held >= b.burst then return encode(0, 0, b) end
   if held < -b.debt then
@@ -481,6 +483,13 @@ local function adopt(b, st)
   end
   local ta, tf = span(b, b.burst - held)
   ta, tf = sub(b, ta, tf, p, 0)
+  if held < 0 then
+    -- A debt never takes longer to repay than under the old rate.
+    local xa, xf = sub(o, ea, ef, span(o, o.burst))
+    local ha, hf = span(b, b.burst)
+    local ma, mf = add(b, ha, hf, ceil(xa, xf), 0)
+    if less(ma, mf, ta, tf) then ta, tf = ma, mf end
+  end
   return encode(ta, tf, b)
 end
 
@@ -1806,14 +1815,19 @@ end
 -- bucketGive gives back c tokens of bucket key, as StepCancel does.
 local function bucketGive(key, b, st, c)
   if not st then return end
+  local ga, gf = span(b, c)
   if not sameShape(b, st) then
-    -- Given back to the key in the shape it has now: the tokens return,
-    -- and the rule that last decided the key keeps it.
+    -- Given back to the key in the shape it has now, so that the rule
+    -- that last decided the key keeps it: c tokens of that shape, or c
+    -- of b's time where that is less, as a debt they made was adopted.
+    local mine = ga
     b = shapeOf(st)
+    ga, gf = span(b, c)
+    if less(mine, 0, ga, gf) then ga, gf = mine, 0 end
   end
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end
-  local na, nf = sub(b, ta, tf, span(b, c))
+  local na, nf = sub(b, ta, tf, ga, gf)
   if ceil(na, nf) + b.remember <= 0 then put(key, false, 0, 0) return end
   return encode(na, nf, b)
 end

@@ -72,6 +72,10 @@ const (
 	// leaseIdle is how long a key goes unused before its allowance is
 	// given back.
 	leaseIdle = time.Second
+	// refusalHold is how long a refusal Redis made is repeated locally
+	// before Redis is asked again: the longest other servers hold units
+	// before they give them back (bucketHold, leaseIdle), and a sweep.
+	refusalHold = bucketHold + sweepEvery
 	// leaseForget is how long an empty allowance is kept, with its
 	// demand and refusal, after its last use.
 	leaseForget = 10 * time.Second
@@ -116,6 +120,7 @@ type allowance struct {
 	refusedUntil time.Time    // refuse locally a cost of at least refusedCost
 	refusedCost  int64        // until then, as Redis last refused it
 	refusal      admit.Result // that refusal
+	refusalEnds  time.Time    // when Redis said it ends: its retry, told to callers
 	used         int64        // units spent since
 	since        time.Time    // the last withdrawal
 	lastUse      time.Time
@@ -429,7 +434,7 @@ func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generat
 		case now.Before(p.refusedUntil) && c.Cost >= p.refusedCost && !p.rule.Shadow:
 			*r = p.refusal
 			r.Remaining = 0
-			r.RetryAfter = p.refusedUntil.Sub(now)
+			r.RetryAfter = p.refusalEnds.Sub(now)
 			r.ResetAfter = max(r.ResetAfter, r.RetryAfter)
 			refused = true
 		}
@@ -723,7 +728,14 @@ func (p *allowance) learn(c *admit.Charge, res *admit.Result, now time.Time, ref
 		p.exact = false
 	}
 	if refusals && !res.Allowed && !res.Shadow && res.RetryAfter > 0 {
-		p.refusedUntil, p.refusedCost, p.refusal = now.Add(res.RetryAfter), c.Cost, *res
+		// Refused locally for at most refusalHold: units another server
+		// holds come back within it (its allowance's hold, or its
+		// idleness), and may end the refusal early — after a rule
+		// change, units booked under the old rule are a debt of the new
+		// one's tokens until they do. Past it, Redis is asked again, at
+		// most once per refusalHold while the key refuses.
+		p.refusedUntil = now.Add(min(res.RetryAfter, refusalHold))
+		p.refusalEnds, p.refusedCost, p.refusal = now.Add(res.RetryAfter), c.Cost, *res
 		// When the refusal ends the bucket has refilled: room to book
 		// again, if the rule's bucket is big enough to be booked at all.
 		if p.books() && p.rule.Burst+tokensIn(p.rule.Rate, bookAhead) >= 2*shareOf {

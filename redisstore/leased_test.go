@@ -522,3 +522,51 @@ func TestLeasedBooking(t *testing.T) {
 		})
 	}
 }
+
+// TestLeasedRuleChangeAcrossServers: server A books a hot bucket's refill
+// ahead under 1000/s; the rule becomes 1/min burst 200 and server B,
+// which holds nothing, decides first: the units A holds are a debt, of
+// the old rate's time for them (not of the new rule's tokens, an hour
+// each), until A gives them back (at once, when it meets the new rule
+// itself). B's refusal then must not outlast the give-back:
+// B asks Redis again within a bucket's hold, and waits at most one token
+// of the new rule (it once refused locally for the debt's whole time, two
+// hours, with the units back in Redis).
+func TestLeasedRuleChangeAcrossServers(t *testing.T) {
+	srv := redistest.Start(t)
+	clock := storetest.NewClock()
+	ss := servers(t, "redis://"+srv.Addr, newPrefix(), 2, clock.Now)
+	fast := &admit.Rule{Name: "hot", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1000), Burst: 1000, Distribution: admit.Leased}
+	slow := &admit.Rule{Name: "hot", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Minute}, Burst: 200, Distribution: admit.Leased}
+	key := hotKey("rulechange")
+	var d admit.Decision
+	decide := func(s *redisstore.Store, r *admit.Rule) {
+		t.Helper()
+		if err := s.Decide(context.Background(), []admit.Charge{{Key: key, Rule: r, Cost: 1}}, &d); err != nil {
+			t.Fatal(err)
+		}
+		settle(t, s, key)
+	}
+	for step := range 1500 { // 3 a millisecond against 1 of refill
+		clock.Set(time.Duration(step/3) * time.Millisecond)
+		decide(ss[0], fast)
+	}
+	held := settle(t, ss[0], key)
+	if held == 0 {
+		t.Fatal("server A holds nothing of the hot bucket: the test needs units booked ahead")
+	}
+	decide(ss[1], slow)
+	first := d
+	decide(ss[0], slow) // A meets the new rule: what it held goes back first
+	clock.Set(500*time.Millisecond + 2*time.Second)
+	decide(ss[1], slow)
+	t.Logf("A held %d; B first: allowed %v, retry %v; B 2 s later: allowed %v, remaining %d, retry %v", held, first.Allowed, first.RetryAfter, d.Allowed, d.Remaining, d.RetryAfter)
+	// What A booked ahead is 126 ms of the old rate's refill: a debt of
+	// that time under the new rate, not of 126 of its minutes.
+	if !first.Allowed && first.RetryAfter > time.Minute+time.Second {
+		t.Errorf("server B's first refusal under the new rule: retry %v, more than one token of it and what A booked: the booked units became a debt of the new rule's tokens", first.RetryAfter)
+	}
+	if !d.Allowed && d.RetryAfter > time.Minute {
+		t.Errorf("server B refused 2 s after server A gave back the %d units it held, with retry %v, more than one token of the new rule: its refusal outlasted the give-back", held, d.RetryAfter)
+	}
+}

@@ -105,9 +105,10 @@ func ruleChanges() []Timeline {
 		},
 		{
 			// A debt survives the change: 95 owed at 10/s is 95 owed at
-			// 20/s, repaid in half the time, and 95 owed back at 10/s
-			// under a rule whose own debits owe at most 10: what is owed
-			// was charged, and is kept whole.
+			// 20/s, repaid in half the time; 95 owed at 20/s (4.75 s),
+			// back at 10/s, is what 4.75 s repays, 47.5, never longer to
+			// repay than before the change (and kept beyond a debt bound
+			// of 10: what is owed was charged).
 			Name:    "change/bucket_debt",
 			Charges: changed("c4", owes("owes", admit.PerSecond(10), 1000), owes("owes-faster", admit.PerSecond(20), 1000), owes("owes-less", admit.PerSecond(10), 10)),
 			Steps: []Step{
@@ -115,8 +116,8 @@ func ruleChanges() []Timeline {
 				use(no(0, 1, 4800*ms, 0), 1),
 				use(ok(4800*ms, 1, 0), 1),
 				debit(use(ok(10*time.Second, 100, 0), 1), 1),
-				use(no(10*time.Second, 1, 9600*ms, 0), 2),
-				use(ok(19600*ms, 1, 0), 2),
+				use(no(10*time.Second, 1, 4850*ms, 0), 2),
+				use(ok(14850*ms, 1, 0), 2),
 			},
 		},
 		{

@@ -212,16 +212,23 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	if s.Expiry <= now {
 		return s
 	}
+	give := b.span(c)
 	if b.stamp != 0 && s.Prev != b.stamp {
 		if old, ok := shapeOf(s.Prev); ok {
-			// Given back to the key in the shape it has now: the tokens
-			// return, and the rule that last decided the key keeps it.
+			// Given back to the key in the shape it has now, so that the
+			// rule that last decided the key keeps it: c tokens of that
+			// shape, or c of b's time where that is less, as a debt they
+			// made was adopted (see adopt).
 			o := old.bucket(s.Prev)
+			mine := fine{ns: give.ns}
+			if give = o.span(c); mine.less(give) {
+				give = mine
+			}
 			b = &o
 		}
 	}
 	tat, _ := b.decode(s, now)
-	next := b.encode(b.before(tat, b.span(c)))
+	next := b.encode(b.before(tat, give))
 	if next.Expiry <= now {
 		return State{}
 	}

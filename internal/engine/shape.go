@@ -94,9 +94,11 @@ func isShapeID(prev uint32) bool { return prev >= firstShapeID }
 // adopt returns the theoretical arrival time, under b, of a live state s
 // written under shape old: the tokens s holds at now under old (whole
 // tokens, negative for a debt, plus the part of the next token already
-// refilled), capped at b's burst (a debt is kept whole, within keptDebt),
-// refilling from now on at b's rate. The part of a token is scaled to b's interval rounded down, so
-// a state read under two shapes in turn never gains.
+// refilled), capped at b's burst, refilling from now on at b's rate. The
+// part of a token is scaled to b's interval rounded down, so a state read
+// under two shapes in turn never gains. A debt is kept, in tokens, or in
+// the time the old rate would have taken to repay it where that is less
+// (within keptDebt).
 func (b *bucket) adopt(old shape, s State, now int64) fine {
 	o := old.bucket(s.Prev)
 	e := o.before(o.own(s), fine{ns: now}) // old TAT − now
@@ -112,24 +114,35 @@ func (b *bucket) adopt(old shape, s State, now int64) fine {
 	if o.span(m).less(e) {
 		m++
 	}
-	part := o.before(o.span(m), e).ns
+	part := o.before(o.span(m), e)
 	held := o.burst - m
 	if held >= b.burst {
 		return fine{ns: now}
 	}
 	if most := b.keptDebt(); held < -most {
-		held, part = -most, 0
+		held, part = -most, fine{}
 	}
 	p := int64(0)
-	if part > 0 && b.per/b.n >= 2 {
+	if (fine{}).less(part) && b.per/b.n >= 2 {
 		// part · T_b / T_o, in doubles computed identically by the Redis
 		// store's script: rounded down, and short of a whole token.
 		ratio := intervalOf(b.n, b.per) / intervalOf(o.n, o.per)
-		p = int64(math.Floor(float64(float64(part) * ratio)))
+		whole := float64(float64(part.ns) + float64(float64(part.frac)/float64(o.n)))
+		p = int64(math.Floor(float64(whole * ratio)))
 		p = max(min(p, int64(b.per/b.n)-1), 0)
 	}
-	t := b.after(fine{ns: now}, b.span(b.burst-held))
-	return b.before(t, fine{ns: p})
+	t := b.before(b.after(fine{ns: now}, b.span(b.burst-held)), fine{ns: p})
+	if held < 0 {
+		// A debt never takes longer to repay than it would have under
+		// the old rate: of the tokens owed and the old rate's time for
+		// them, the less (to a slower rate, the time). What a server
+		// booked ahead comes back the same way (see unreserve).
+		owed := o.before(e, o.span(o.burst)).ceil()
+		if most := b.after(b.after(fine{ns: now}, b.span(b.burst)), fine{ns: owed}); most.less(t) {
+			t = most
+		}
+	}
+	return t
 }
 
 // intervalOf returns per/n as a double: q + r/n, in that order, as the

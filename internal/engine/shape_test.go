@@ -10,7 +10,9 @@ import (
 
 // tokenModel is a bucket kept as tokens, as x/time/rate keeps one: it
 // refills at the rate of the rule that last decided it, up to that rule's
-// burst, and a rule taking it over caps it at its own burst. A full bucket
+// burst, and a rule taking it over caps it at its own burst. A debit puts
+// it into debt, of at most one burst; a rule taking over a debt keeps it,
+// or the old rate's time for it where that is less. A full bucket
 // is full under the new rule too: a store forgets a full bucket (it is a
 // key never seen), and a key never seen starts full.
 type tokenModel struct {
@@ -33,12 +35,20 @@ func (m *tokenModel) advance(r *admit.Rule, now int64) {
 		// A full bucket is a key never seen: full under any rule.
 		m.tokens = float64(r.Burst)
 	}
+	if m.tokens < 0 {
+		// A debt, in tokens or in the old rate's time for them,
+		// whichever is less owed.
+		perOld := float64(m.rule.Rate.Per) / float64(m.rule.Rate.N)
+		perNew := float64(r.Rate.Per) / float64(r.Rate.N)
+		m.tokens = math.Max(m.tokens, m.tokens*perOld/perNew)
+	}
 	m.tokens = math.Min(m.tokens, float64(r.Burst))
 	m.rule = r
 }
 
 // FuzzRuleChange changes a token bucket's rule between decisions (rate and
-// burst from the input) and checks every decision against tokenModel: the
+// burst from the input), debits among them, and checks every decision
+// against tokenModel: the
 // engine never admits what the model would not (nobody gains capacity by
 // a change), and admits whatever the model admits with a margin of the
 // rounding adoption is allowed (a few nanoseconds of a token per change:
@@ -46,6 +56,7 @@ func (m *tokenModel) advance(r *admit.Rule, now int64) {
 func FuzzRuleChange(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8}, []byte{0, 10, 1, 1, 0, 2, 2, 5, 1, 3, 200, 1, 0, 1, 1})
 	f.Add([]byte{9, 0, 1, 255, 3, 3, 4, 7}, []byte{0, 0, 3, 1, 1, 1, 0, 50, 2, 2, 0, 1, 3, 99, 3})
+	f.Add([]byte{0x31, 9, 0x05, 4, 1, 1, 0x22, 7}, []byte{0, 0, 0xdf, 1, 2, 1, 0, 3, 0xc9, 1, 40, 2, 0, 200, 1})
 	pers := [...]time.Duration{10 * time.Millisecond, time.Second, time.Minute, time.Hour}
 	f.Fuzz(func(t *testing.T, shapes, steps []byte) {
 		if len(shapes) < 8 {
@@ -60,6 +71,10 @@ func FuzzRuleChange(f *testing.F) {
 			}
 			rules[i] = &admit.Rule{Name: "r", Algorithm: alg, Rate: admit.Rate{N: int64(a%10) + 1, Per: pers[(a>>4)%4]}, Burst: int64(b%20) + 1}
 		}
+		shortest := math.Inf(1)
+		for _, r := range rules {
+			shortest = math.Min(shortest, float64(r.Rate.Per)/float64(r.Rate.N))
+		}
 		var st [2]State
 		var m tokenModel
 		now := int64(time.Hour)
@@ -68,9 +83,12 @@ func FuzzRuleChange(f *testing.F) {
 		for len(steps) >= 3 {
 			r := rules[steps[0]%4]
 			now += int64(steps[1]) * int64(pers[(steps[0]>>2)%4]) / 16
-			cost := int64(steps[2]%3) + 1
+			cost, debit := int64(steps[2]%3)+1, steps[2] >= 0xc0
+			if debit {
+				cost = int64(steps[2]&0x1f) + 1
+			}
 			steps = steps[3:]
-			if cost > r.Burst {
+			if cost > r.Burst && !debit {
 				continue
 			}
 			if last != nil && last != r {
@@ -78,9 +96,20 @@ func FuzzRuleChange(f *testing.F) {
 			}
 			last = r
 			m.advance(r, now)
+			if debit {
+				p, err := Prepare(r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var res admit.Result
+				st = p.StepTo(&res, st, now, cost, true)
+				m.tokens = math.Max(m.tokens-float64(cost), -float64(r.Burst))
+				continue
+			}
 			next, res := Step(r, st, now, cost)
-			perToken := float64(r.Rate.Per) / float64(r.Rate.N)
-			slack := float64(changes)*4/perToken + 1e-9
+			// Each change rounds a nanosecond down, of the interval it
+			// changes to: a few ns of the shortest per change at most.
+			slack := float64(changes)*4/shortest + 1e-9
 			switch {
 			case res.Allowed && m.tokens < float64(cost)-1e-9:
 				t.Fatalf("admitted cost %d under %v burst %d with %.9f tokens in the model", cost, r.Rate, r.Burst, m.tokens)
