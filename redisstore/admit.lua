@@ -629,21 +629,24 @@ end
 local function slidingCounts(wu, st)
   local startu = nu - fmod(nu, wu)
   local endu = startu + wu
-  local cur, prev = 0, 0
+  local cur, prev, other = 0, 0, false
   if st and st[1] > nu then
     local stateEnd = st[1] - wu
     if stateEnd == endu then cur, prev = st[2], st[3]
     elseif stateEnd == startu then prev = st[2]
-    elseif stateEnd > endu then cur, prev, endu = st[2], st[3], stateEnd end
+    else cur, other = mmin(st[2] + st[3], MAXCOUNT), true end
   end
   local left = mmax((endu - nu) * 1000 - nsub, 0)
   local weight, exact = muldiv(prev, left, wu * 1000)
   if not exact then weight = weight + 1 end
-  return cur, prev, endu, weight
+  return cur, prev, endu, weight, other
 end
 
 local function slidingEval(limit, wu, st, c, res, debit)
-  local cur, prev, endu, weight = slidingCounts(wu, st)
+  local cur, prev, endu, weight, other = slidingCounts(wu, st)
+  -- Another window's state is kept as this window's, refused or not, or
+  -- every look would read it so again until it expired.
+  if other then st = {endu + wu, cur, prev} end
   local w = wu * 1000
   local room = limit - cur - c
   local admitted = room >= 0 and weight <= room

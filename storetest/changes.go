@@ -43,6 +43,8 @@ func ruleChanges() []Timeline {
 	longer := windowRule("longer", admit.FixedWindow, 5, 2*time.Second)
 	perMinute := windowRule("per-minute", admit.FixedWindow, 3, time.Minute)
 	ten := windowRule("ten", admit.SlidingWindow, 10, time.Second)
+	hourly := windowRule("hourly", admit.SlidingWindow, 5, time.Hour)
+	twoSeconds := windowRule("two-seconds", admit.SlidingWindow, 5, 2*time.Second)
 	twenty := windowRule("twenty", admit.SlidingWindow, 20, time.Second)
 	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
 	fiveMonthly := quotaRule("five", 5, admit.Month, "UTC", time.Time{})
@@ -151,6 +153,23 @@ func ruleChanges() []Timeline {
 				use(ok(0, 10, 0), 0),
 				use(ok(0, 5, 5), 1),
 				use(no(0, 1, 1400*ms, 0), 0),
+			},
+		},
+		{
+			// A sliding window of another length reads every unit the
+			// old one counts as its current window's: shortened from an
+			// hour to 2 s, 5 of 5 refuse for that window and weigh less
+			// in the next (not for the two hours the old state lasts);
+			// lengthened from 2 s to an hour, 5 of 5 an instant ago are
+			// 5 of the hour's (not forgotten).
+			Name:    "change/sliding_window_length",
+			Charges: append(changed("c12", hourly, twoSeconds), changed("c13", twoSeconds, hourly)...),
+			Steps: []Step{
+				use(ok(0, 5, 0), 0),
+				use(no(3*time.Second, 1, 1400*ms, 0), 1),
+				use(ok(4400*ms, 1, 0), 1),
+				use(ok(0, 5, 0), 2),
+				use(no(time.Second, 1, 71*time.Minute+59*time.Second, 0), 3),
 			},
 		},
 		{

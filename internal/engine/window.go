@@ -94,8 +94,15 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		cur, prev = int64(s.Count), int64(s.Prev)
 	case stateEnd == start:
 		prev = int64(s.Count)
-	case stateEnd > end: // the clock went back; keep the counts, be strict
-		cur, prev, end = int64(s.Count), int64(s.Prev), stateEnd
+	default:
+		// A window of another length (the rule changed), or a later
+		// one (the clock went back): every unit it counts is counted in
+		// this window, the strict reading, which a longer window is
+		// right to make and a shorter one forgets within two of its
+		// windows. It is kept so, refused or not, or every look would
+		// read it so again until it expired.
+		cur = min(int64(s.Count)+int64(s.Prev), admit.MaxCount)
+		s = State{Expiry: end + w, Count: uint32(cur)}
 	}
 	left := uint64(max(end-now, 0)) // W − e
 	weighted := mul(uint64(prev), left)
