@@ -101,7 +101,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	}
 	var locks lockSet
 	for i := range charges {
-		h := engine.KeyHash(&charges[i])
+		h := hashOf(&charges[i])
 		sc.dup = sc.dup || contains(sc.hashes, h)
 		sc.hashes = append(sc.hashes, h)
 		locks.add(s.shardOf(h))
@@ -150,7 +150,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 // the state Step returns is the one to keep whether it admitted or not
 // (unless the charge is a dry run, which keeps nothing).
 func (s *Store) decideOne(c *admit.Charge, p *engine.PreparedRule, d *admit.Decision) {
-	h := engine.KeyHash(c)
+	h := hashOf(c)
 	sh := &s.shards[s.shardOf(h)]
 	d.Results = slices.Grow(d.Results, 1)[:1]
 	res := &d.Results[0]
@@ -348,7 +348,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	for i := range charges {
-		h := engine.KeyHash(&charges[i])
+		h := hashOf(&charges[i])
 		sh := &s.shards[s.shardOf(h)]
 		sh.mu.Lock()
 		for _, x := range [2]uint64{h, second(h)} {
@@ -377,7 +377,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 	}
 	for i := range charges {
 		c := &charges[i]
-		h := engine.KeyHash(c)
+		h := hashOf(c)
 		sh := &s.shards[s.shardOf(h)]
 		sh.mu.Lock()
 		if j := sh.t.find(h); j >= 0 {

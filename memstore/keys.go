@@ -11,6 +11,23 @@ import (
 // h only in bits below the shard bits, so both halves share a shard.
 func second(h uint64) uint64 { return h ^ 0x00009e3779b97f4b }
 
+// hashOf returns the hash c's state is kept under: its key's, and for a
+// fixed window its key's and its window's length, so that a key keeps the
+// windows of each length apart, as the Redis store names each window's
+// count after its end. A rule whose window changes length counts its new
+// window from zero, once, and finds the old one's count again if it
+// changes back while that window lasts, rather than starting from zero at
+// every change.
+func hashOf(c *admit.Charge) uint64 {
+	h := engine.KeyHash(c)
+	if c.Rule != nil && c.Rule.Algorithm == admit.FixedWindow {
+		if h ^= uint64(c.Rule.Window) * 0x9e3779b97f4a7c15; h == 0 {
+			h = 1 // 0 marks an empty slot
+		}
+	}
+	return h
+}
+
 func (s *Store) shardOf(h uint64) int { return int(h>>s.shift) & (len(s.shards) - 1) }
 
 // lockSet is the sorted set of shard indexes a decision locks.

@@ -154,7 +154,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	next := make([]engine.State, len(charges))
 	var locks lockSet
 	for i := range charges {
-		rec.hashes[i] = engine.KeyHash(&charges[i])
+		rec.hashes[i] = hashOf(&charges[i])
 		rec.rules[i], rec.costs[i] = charges[i].Rule, charges[i].Cost
 		locks.add(s.shardOf(rec.hashes[i]))
 	}

@@ -41,6 +41,8 @@ func ruleChanges() []Timeline {
 	three := windowRule("three", admit.FixedWindow, 3, time.Second)
 	five := windowRule("five", admit.FixedWindow, 5, time.Second)
 	longer := windowRule("longer", admit.FixedWindow, 5, 2*time.Second)
+	anHour := windowRule("an-hour", admit.FixedWindow, 5, time.Hour)
+	sevenMinutes := windowRule("seven-minutes", admit.FixedWindow, 5, 7*time.Minute)
 	perMinute := windowRule("per-minute", admit.FixedWindow, 3, time.Minute)
 	ten := windowRule("ten", admit.SlidingWindow, 10, time.Second)
 	hourly := windowRule("hourly", admit.SlidingWindow, 5, time.Hour)
@@ -132,6 +134,23 @@ func ruleChanges() []Timeline {
 				use(ok(100*ms, 1, 1), 1),
 				use(no(200*ms, 1, 800*ms, 0), 0),
 				use(ok(300*ms, 1, 4), 2),
+			},
+		},
+		{
+			// A window whose length changes back and forth: each length
+			// counts its windows apart, so the new one starts from zero
+			// once and the old one's count is found again; flipping
+			// gains nothing more (it once counted anew at every flip).
+			Name:    "change/fixed_window_length_flips",
+			Charges: changed("c14", anHour, sevenMinutes),
+			Steps: []Step{
+				use(ok(0, 5, 0), 0),
+				use(ok(time.Second, 5, 0), 1),
+				use(no(2*time.Second, 1, time.Hour-2*time.Second, 0), 0),
+				use(no(3*time.Second, 1, 7*time.Minute-3*time.Second, 0), 1),
+				use(no(4*time.Second, 1, time.Hour-4*time.Second, 0), 0),
+				use(ok(7*time.Minute, 5, 0), 1),
+				use(no(7*time.Minute, 1, 53*time.Minute, 0), 0),
 			},
 		},
 		{

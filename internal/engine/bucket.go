@@ -117,8 +117,7 @@ func (b *bucket) decode(s State, now int64) (fine, bool) {
 			return b.adopt(old, s, now), true
 		}
 		if !isShapeID(s.Prev) {
-			// A window's counts (a sliding window's previous count, a
-			// fixed window's length), after the rule's algorithm
+			// A sliding window's counts, after the rule's algorithm
 			// changed: nothing a bucket can read.
 			return b.after(fine{ns: now}, b.span(b.burst-b.initial)), true
 		}

@@ -17,36 +17,19 @@ import (
 func stepFixed(r *admit.Rule, s State, now, cost int64, res *admit.Result, debit bool) State {
 	w := int64(r.Window)
 	end := now - now%w + w
-	tag := windowTag(w)
 	switch {
 	case s.Expiry <= now:
 		s = State{}
-	case s.Expiry == end && (s.Prev == tag || s.Prev == 0):
-	case s.Expiry > end && s.Prev == tag:
-		// A later window of the same length: the clock went back. Its
-		// count stands until it ends, as a store that keeps each window
-		// under a name of its own would find it again when the clock
-		// comes forward; meanwhile it is the strict one.
-	default:
-		// A count is the window's it was made in: after the rule's window
-		// changes, the window now in progress counts from zero, as in a
-		// store that keeps each window's count under a name of its own.
+	case s.Expiry > end:
+		// A later window: the clock went back. Its count stands until it
+		// ends, as a store that keeps each window under a name of its
+		// own would find it again when the clock comes forward;
+		// meanwhile it is the strict one. (A store keeps a key's windows
+		// of each length apart: memstore's slots, Redis's count keys.)
+	case s.Expiry != end:
 		s = State{}
 	}
-	next := stepCount(r.Limit, s, now, end, cost, res, debit)
-	if next.Expiry != 0 {
-		next.Prev = tag
-	}
-	return next
-}
-
-// windowTag names a fixed window's length in its state's Prev, which tells
-// a window of another length (the rule changed) from a later window of
-// the same (the clock went back). It is from 1 to admit.MaxCount, so a
-// bucket reads such a state as no bucket's (see isShapeID).
-func windowTag(w int64) uint32 {
-	h := uint64(w) * 0x9e3779b97f4a7c15
-	return 1 + uint32((h>>32)%admit.MaxCount)
+	return stepCount(r.Limit, s, now, end, cost, res, debit)
 }
 
 // stepCount counts up to limit in a period that ends at end, or at the end
