@@ -37,7 +37,9 @@
 --     flush), and the shape it was written under: its token's time Q +
 --     R/N ns, its burst B and how long it is remembered full M ns (see
 --     adopt; admit_v9 wrote U W F X, admit_v5 U W F, read as the rule's
---     own); combination: the burst bucket's U W F, then the floor's.
+--     own); combination: the burst bucket's U W F, then the floor's, then
+--     the shapes of both (five numbers each, as a bucket's; admit_v9
+--     wrote the six numbers only).
 --   fixed window: a count, an integer, in a key of its own for each
 --     window: the counter's key, '@' and the window's end in µs (see
 --     countKey), expiring at that end. Redis adds to it natively
@@ -346,6 +348,7 @@ local function floorParams(R)
   local p = R.f
   if not p then
     p = {n = R[11], q = R[12], r = R[13], burst = R[14], initial = R[14], remember = 0}
+    p.sh = pack('<ddddd', p.n, p.q, p.r, p.burst, p.remember)
     R.f = p
   end
   return p
@@ -839,7 +842,12 @@ local function decodeState(s, alg, v)
     elseif #v == 32 then st = {sunpack('<dddd', v)} st[5] = nil -- admit_v9's, no shape named
     else st = {sunpack('<dddd', v)} st[5] = ssub(v, 33) end
     SHAS[s] = st[4]
-  elseif alg == 6 then st = {sunpack('<dddddd', v)}
+  elseif alg == 6 then
+    -- admit_v9's six numbers, or since admit_v10 with the burst
+    -- bucket's shape and the floor's after them.
+    st = {sunpack('<dddddd', v)}
+    st[7], st[8] = nil, nil
+    if #v == 128 then st[7], st[8] = ssub(v, 49, 88), ssub(v, 89) end
   elseif alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
   else st = {sunpack('<ddd', v)} SHAS[s] = st[1] end
   SK[s] = KIND[alg]
@@ -890,7 +898,7 @@ local function step(R, alg, st, c, res, debit)
   -- combination: the floor first, then the burst bucket
   local fb, bb = floorParams(R), bucketParams(R)
   local sb, sf
-  if st then sb, sf = {st[1], st[2], st[3]}, {st[4], st[5], st[6]} end
+  if st then sb, sf = {st[1], st[2], st[3], 0, st[7]}, {st[4], st[5], st[6], 0, st[8]} end
   if sb and sb[1] == 0 then sb = nil end
   if sf and sf[1] == 0 then sf = nil end
   local f, bres = {retry = 0}, {retry = 0}
@@ -910,7 +918,8 @@ local function step(R, alg, st, c, res, debit)
   if c > 0 and f.allowed == 1 then how = 1 elseif c > 0 and bres.allowed == 1 then how = 2 end
   if nb == sb and nf == sf then return st, how end
   local a, z = nb or {0, 0, 0}, nf or {0, 0, 0}
-  return {a[1], a[2], a[3], z[1], z[2], z[3]}, how
+  -- Both halves are the rule's shapes now, adopted or their own.
+  return {a[1], a[2], a[3], z[1], z[2], z[3], bb.sh, fb.sh}, how
 end
 
 -- put keeps a key's state st, of kind k (2: a quota's numbers, 3: a
@@ -933,7 +942,9 @@ local function packState(st, k)
     return v
   elseif k == 2 then return pack('<dd', st[1], st[2])
   elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
-  return pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
+  local v = pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
+  if st[7] and st[8] then return v .. st[7] .. st[8] end
+  return v
 end
 
 -- px returns a relative expiry in ms, ttl ns rounded up: a number, which
@@ -1883,9 +1894,9 @@ local function undo()
         if st then
           local b, i0 = bucketParams(R), 1
           if how == 1 then b, i0 = floorParams(R), 4 end
-          local next = bucketGive(key, b, {st[i0], st[i0 + 1], st[i0 + 2]}, cost)
+          local next = bucketGive(key, b, {st[i0], st[i0 + 1], st[i0 + 2], 0, st[7 + (i0 - 1) / 3]}, cost)
           if next then
-            local s = {st[1], st[2], st[3], st[4], st[5], st[6]}
+            local s = {st[1], st[2], st[3], st[4], st[5], st[6], st[7], st[8]}
             s[i0], s[i0 + 1], s[i0 + 2] = next[1], next[2], next[3]
             store(key, R, alg, s)
           end

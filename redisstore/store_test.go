@@ -521,32 +521,40 @@ func TestLimiterRefusesWhatRedisCannotDecide(t *testing.T) {
 	}
 }
 
-// TestBucketStateOfAnEarlierVersion reads a bucket's state as admit_v9
-// wrote it (four numbers, no shape named): as the rule's own, as before,
-// and written back with its shape.
+// TestBucketStateOfAnEarlierVersion reads a bucket's and a combination's
+// state as admit_v9 wrote them (numbers only, no shape named): as the
+// rule's own, as before, and written back with their shapes.
 func TestBucketStateOfAnEarlierVersion(t *testing.T) {
 	srv := redistest.Start(t)
 	s := dial(t, "redis://"+srv.Addr)
 	ctx := context.Background()
-	r := &admit.Rule{Name: "v9", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 3}
-	c := []admit.Charge{{Key: admit.Key{Scope: "global", Rule: "v9"}.String(), Rule: r, Cost: 1}}
-	var d admit.Decision
-	if err := s.Decide(ctx, c, &d); err != nil || !d.Allowed || d.Remaining != 2 {
-		t.Fatalf("first decision: %+v %v", d, err)
-	}
-	key := s.Prefix() + "{g}" + c[0].Key
-	client := s.Client()
-	v, err := client.Do(ctx, client.B().Get().Key(key).Build()).ToString()
-	if err != nil || len(v) != 72 {
-		t.Fatalf("the bucket's state: %d bytes, %v; want 72", len(v), err)
-	}
-	if err := client.Do(ctx, client.B().Set().Key(key).Value(v[:32]).Keepttl().Build()).Error(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Decide(ctx, c, &d); err != nil || !d.Allowed || d.Remaining != 1 {
-		t.Fatalf("a decision on admit_v9's state: %+v %v, want admitted with 1 left", d, err)
-	}
-	if v, err := client.Do(ctx, client.B().Get().Key(key).Build()).ToString(); err != nil || len(v) != 72 {
-		t.Fatalf("the state written back: %d bytes, %v; want 72", len(v), err)
+	for _, tc := range []struct {
+		rule        *admit.Rule
+		size, older int // the state's size now and admit_v9's
+		first, next int64
+	}{
+		{&admit.Rule{Name: "v9", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 3}, 72, 32, 2, 1},
+		{&admit.Rule{Name: "v9-combo", Algorithm: admit.Combination, Floor: admit.Rate{N: 1, Per: time.Hour}, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 3}, 128, 48, 3, 2},
+	} {
+		c := []admit.Charge{{Key: admit.Key{Scope: "global", Rule: tc.rule.Name}.String(), Rule: tc.rule, Cost: 1}}
+		var d admit.Decision
+		if err := s.Decide(ctx, c, &d); err != nil || !d.Allowed || d.Remaining != tc.first {
+			t.Fatalf("%s: first decision: %+v %v", tc.rule.Name, d, err)
+		}
+		key := s.Prefix() + "{g}" + c[0].Key
+		client := s.Client()
+		v, err := client.Do(ctx, client.B().Get().Key(key).Build()).ToString()
+		if err != nil || len(v) != tc.size {
+			t.Fatalf("%s: the state: %d bytes, %v; want %d", tc.rule.Name, len(v), err, tc.size)
+		}
+		if err := client.Do(ctx, client.B().Set().Key(key).Value(v[:tc.older]).Keepttl().Build()).Error(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Decide(ctx, c, &d); err != nil || !d.Allowed || d.Remaining != tc.next {
+			t.Fatalf("%s: a decision on admit_v9's state: %+v %v, want admitted with %d left", tc.rule.Name, d, err, tc.next)
+		}
+		if v, err := client.Do(ctx, client.B().Get().Key(key).Build()).ToString(); err != nil || len(v) != tc.size {
+			t.Fatalf("%s: the state written back: %d bytes, %v; want %d", tc.rule.Name, len(v), err, tc.size)
+		}
 	}
 }

@@ -53,6 +53,12 @@ func ruleChanges() []Timeline {
 	most := windowRule("most", admit.FixedWindow, admit.MaxCount, time.Hour)
 	perSecond := bucketRule("per-second", admit.TokenBucket, admit.PerSecond(1), 1)
 	quick := bucketRule("quick", admit.TokenBucket, admit.PerSecond(10000), 100)
+	comboFast := rule("combo-fast", admit.Combination, func(r *admit.Rule) {
+		r.Floor, r.Rate, r.Burst = admit.Rate{N: 1, Per: time.Hour}, admit.PerSecond(100), 100
+	})
+	comboSlow := rule("combo-slow", admit.Combination, func(r *admit.Rule) {
+		r.Floor, r.Rate, r.Burst = admit.Rate{N: 1, Per: time.Hour}, admit.Rate{N: 1, Per: time.Hour}, 1000
+	})
 	two := leaseRule("two", 2, 10*time.Second)
 	three3 := leaseRule("three", 3, 10*time.Second)
 
@@ -189,6 +195,22 @@ func ruleChanges() []Timeline {
 				use(ok(4400*ms, 1, 0), 1),
 				use(ok(0, 5, 0), 2),
 				use(no(time.Second, 1, 71*time.Minute+59*time.Second, 0), 3),
+			},
+		},
+		{
+			// A combination's buckets are adopted each as a bucket is:
+			// drained at 100/s burst 100 and moved to 1/h burst 1000, it
+			// stays drained (1 ms of a 10 ms token is 360 s of an hour's:
+			// 54 minutes to the next); moved back, it refills at 100/s
+			// from what it held.
+			Name:    "change/combination",
+			Charges: changed("c15", comboFast, comboSlow),
+			Steps: []Step{
+				use(ok(0, 1, 100), 0),
+				use(ok(0, 100, 0), 0),
+				use(no(ms, 1, 54*time.Minute, 0), 1),
+				use(no(2*ms, 1, 10*ms-1000002, 0), 0),
+				use(ok(12*ms, 1, 0), 0),
 			},
 		},
 		{

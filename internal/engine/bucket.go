@@ -21,8 +21,7 @@ type bucket struct {
 	debt           int64 // the most a debit leaves owed; see Rule.MaxDebt
 	remember       int64 // nanoseconds a full bucket is kept; see RememberFull
 	// stamp names the bucket's shape in the states it writes (see
-	// shape.go); 0 for a combination's buckets, whose states are read as
-	// their own whatever wrote them.
+	// shape.go); 0 once a process has named too many shapes.
 	stamp uint32
 }
 
@@ -42,13 +41,20 @@ func mainBucket(r *admit.Rule) bucket {
 	if r.MaxDebt > 0 && r.Algorithm != admit.Combination {
 		b.debt = r.MaxDebt
 	}
-	if r.Algorithm != admit.Combination {
-		b.stamp = shapeID(shape{n: b.n, per: b.per, burst: b.burst, remember: b.remember})
-	}
+	b.named()
 	return b
 }
 
-func floorBucket(r *admit.Rule) bucket { return newBucket(r.Floor, r.Floor.N, r.Floor.N) }
+func floorBucket(r *admit.Rule) bucket {
+	b := newBucket(r.Floor, r.Floor.N, r.Floor.N)
+	b.named()
+	return b
+}
+
+// named gives b the id of its shape, which its states carry (see shape.go).
+func (b *bucket) named() {
+	b.stamp = shapeID(shape{n: b.n, per: b.per, burst: b.burst, remember: b.remember})
+}
 
 // fine is the instant ns + frac/n nanoseconds, 0 <= frac < n.
 type fine struct{ ns, frac int64 }
