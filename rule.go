@@ -196,11 +196,12 @@ const (
 //     as one theoretical arrival time.
 //   - FixedWindow: Limit, Window. A counter per window aligned to the Unix
 //     epoch. ResetAfter and RetryAfter are the time to the window's end.
-//     When Window changes, the window now in progress counts from zero;
-//     when Limit changes, it keeps its count. A clock stepped back into an
-//     earlier window finds the later window's count in the memory store,
-//     which keeps one window a key (the Redis store keeps each window's
-//     count apart).
+//     When Limit changes, the window in progress keeps its count; a key
+//     counts the windows of each Window length apart, so a new length
+//     counts from zero, once. A clock stepped back into an earlier window
+//     finds the later window's count in the memory store, which keeps one
+//     window a key and length (the Redis store keeps each window's count
+//     apart).
 //   - SlidingWindow: Limit, Window. The sliding window counter: the current
 //     window's count plus the previous window's count weighted by the part
 //     of it still inside the sliding window. RetryAfter is exact for that
@@ -223,9 +224,13 @@ const (
 //
 // A key keeps what it holds when its rule changes (charges of the key under
 // a rule of other parameters, after a reload or a deploy): a TokenBucket or
-// GCRA keeps its tokens, capped at the new Burst, and its debt, then
-// refills at the new Rate; a window or quota keeps the count of its period
-// in progress when its limit changes; a concurrency rule keeps its leases.
+// GCRA keeps its tokens, capped at the new Burst, and its debt (or the old
+// Rate's time for it, where that is less), then refills at the new Rate; a
+// Combination keeps both buckets so; a window or quota keeps the count of
+// its period in progress when its limit changes (a SlidingWindow of
+// another length counts all the old one counted); a concurrency rule keeps
+// its leases. A full bucket is not kept by the stores: it starts as a new
+// key of the new rule, at its Initial balance if it has one.
 // A clock stepped back costs a bucket tokens (it reads its time as further
 // ahead), never admitting more.
 //
