@@ -347,7 +347,7 @@ end
 local function floorParams(R)
   local p = R.f
   if not p then
-    p = {n = R[11], q = R[12], r = R[13], burst = R[14], initial = R[14], remember = 0}
+    p = {n = R[11], q = R[12], r = R[13], burst = R[14], initial = R[14], remember = 0, debt = R[14]}
     p.sh = pack('<ddddd', p.n, p.q, p.r, p.burst, p.remember)
     R.f = p
   end

@@ -59,6 +59,12 @@ func ruleChanges() []Timeline {
 	comboSlow := rule("combo-slow", admit.Combination, func(r *admit.Rule) {
 		r.Floor, r.Rate, r.Burst = admit.Rate{N: 1, Per: time.Hour}, admit.Rate{N: 1, Per: time.Hour}, 1000
 	})
+	floorTen := rule("floor-ten", admit.Combination, func(r *admit.Rule) {
+		r.Floor, r.Rate, r.Burst = admit.PerSecond(10), admit.Rate{N: 1, Per: time.Hour}, 50
+	})
+	floorTwenty := rule("floor-twenty", admit.Combination, func(r *admit.Rule) {
+		r.Floor, r.Rate, r.Burst = admit.PerSecond(20), admit.Rate{N: 1, Per: time.Hour}, 50
+	})
 	two := leaseRule("two", 2, 10*time.Second)
 	three3 := leaseRule("three", 3, 10*time.Second)
 
@@ -211,6 +217,18 @@ func ruleChanges() []Timeline {
 				use(no(ms, 1, 54*time.Minute, 0), 1),
 				use(no(2*ms, 1, 10*ms-1000002, 0), 0),
 				use(ok(12*ms, 1, 0), 0),
+			},
+		},
+		{
+			// A combination's floor changed while it is not full (the
+			// Redis store's script once failed every decision on the key
+			// until the old floor would have refilled): 5 of the 10/s
+			// floor's 10 spent are 5 of the 20/s floor's 20.
+			Name:    "change/combination_floor",
+			Charges: changed("c16", floorTen, floorTwenty),
+			Steps: []Step{
+				use(ok(0, 5, 55), 0),
+				use(ok(0, 1, 54), 1),
 			},
 		},
 		{
