@@ -453,16 +453,26 @@ end
 -- adopt returns bucket state st, written under another shape than b's,
 -- as b's (internal/engine/shape.go, bucket.adopt, which it mirrors
 -- number for number): the tokens it holds now under its own shape, whole
--- (negative for a debt) plus the part of the next one refilled, capped at
--- b's burst (a debt kept in tokens, or in the old rate's time for them
--- where that is less, within what b repays in 2^52 ns), refilling at b's
--- rate from now on. It returns nil
+-- plus the part of the next one refilled, capped at b's burst, refilling
+-- at b's rate from now on; a debt, as the old rate's time for it (within
+-- what b repays in 2^52 ns). It returns nil
 -- for a state its own shape no longer remembers (a new key).
 local function adopt(b, st)
   local o = shapeOf(st)
   local ea, ef = (st[1] - nu) * 1000 + st[2] - nsub, st[3]
   if ceil(ea, ef) + o.remember <= 0 then return nil end
   if not less(0, 0, ea, ef) then return encode(0, 0, b) end
+  local da, df = span(o, o.burst)
+  if less(da, df, ea, ef) then
+    -- A debt: kept as the old rate's time for it, within keptDebt.
+    local owed = ceil(sub(o, ea, ef, da, df))
+    local most = MAXCOUNT
+    if b.q >= 1048576 then most = mmin(tokens(b, 4503599627370496, 0) - b.burst, MAXCOUNT) end
+    local ca = span(b, mmax(most, b.debt))
+    if ca < owed then owed = ca end
+    local ha, hf = span(b, b.burst)
+    return encode(ha + owed, hf, b)
+  end
   local m = tokens(o, ea, ef)
   local sa, sf = span(o, m)
   if less(sa, sf, ea, ef) then
@@ -473,12 +483,6 @@ local function adopt(b, st)
   local part = pa + pf / o.n
   local held = o.burst - m
   if held >= b.burst then return encode(0, 0, b) end
-  if held < -b.debt then
-    local most = MAXCOUNT
-    if b.q >= 1048576 then most = mmin(tokens(b, 4503599627370496, 0) - b.burst, MAXCOUNT) end
-    most = mmax(most, b.debt)
-    if held < -most then held, part = -most, 0 end
-  end
   local p = 0
   if part > 0 and b.q >= 2 then
     local ratio = (b.q + b.r / b.n) / (o.q + o.r / o.n)
@@ -486,13 +490,6 @@ local function adopt(b, st)
   end
   local ta, tf = span(b, b.burst - held)
   ta, tf = sub(b, ta, tf, p, 0)
-  if held < 0 then
-    -- A debt never takes longer to repay than under the old rate.
-    local xa, xf = sub(o, ea, ef, span(o, o.burst))
-    local ha, hf = span(b, b.burst)
-    local ma, mf = add(b, ha, hf, ceil(xa, xf), 0)
-    if less(ma, mf, ta, tf) then ta, tf = ma, mf end
-  end
   return encode(ta, tf, b)
 end
 
@@ -1831,13 +1828,18 @@ local function bucketGive(key, b, st, c)
   if not st then return end
   local ga, gf = span(b, c)
   if not sameShape(b, st) then
-    -- Given back to the key in the shape it has now, so that the rule
-    -- that last decided the key keeps it: c tokens of that shape, or c
-    -- of b's time where that is less, as a debt they made was adopted.
-    local mine = ga
-    b = shapeOf(st)
-    ga, gf = span(b, c)
-    if less(mine, 0, ga, gf) then ga, gf = mine, 0 end
+    -- Given back into the shape the key has now (engine's giveInto): the
+    -- debt first, as time, c tokens' time of b; what is left of them as
+    -- whole tokens of the key's shape.
+    local give, o = ga, shapeOf(st)
+    local ta, tf = decode(o, st[1], st[2], st[3])
+    if ceil(ta, tf) + o.remember <= 0 then return end
+    local da, df = span(o, o.burst)
+    local debt = 0
+    if less(da, df, ta, tf) then debt = sub(o, ta, tf, da, df) end
+    ga, gf = give, 0
+    if give > debt then ga, gf = add(o, debt, 0, span(o, tokens(b, give - debt, 0))) end
+    b = o
   end
   local ta, tf = decode(b, st[1], st[2], st[3])
   if ceil(ta, tf) + b.remember <= 0 then return end

@@ -120,17 +120,17 @@ func ruleChanges() []Timeline {
 			},
 		},
 		{
-			// A debt survives the change: 95 owed at 10/s is 95 owed at
-			// 20/s, repaid in half the time; 95 owed at 20/s (4.75 s),
-			// back at 10/s, is what 4.75 s repays, 47.5, never longer to
-			// repay than before the change (and kept beyond a debt bound
-			// of 10: what is owed was charged).
+			// A debt survives the change as the time it takes to repay:
+			// 95 owed at 10/s (9.5 s) are 190 owed at 20/s, and 95 owed
+			// at 20/s (4.75 s) are 47.5 owed at 10/s, kept beyond a debt
+			// bound of 10 (what is owed was charged). A change never
+			// makes a debt take longer, or shorter, to repay.
 			Name:    "change/bucket_debt",
 			Charges: changed("c4", owes("owes", admit.PerSecond(10), 1000), owes("owes-faster", admit.PerSecond(20), 1000), owes("owes-less", admit.PerSecond(10), 10)),
 			Steps: []Step{
 				debit(use(ok(0, 100, 0), 0), 0),
-				use(no(0, 1, 4800*ms, 0), 1),
-				use(ok(4800*ms, 1, 0), 1),
+				use(no(0, 1, 9550*ms, 0), 1),
+				use(ok(9550*ms, 1, 0), 1),
 				debit(use(ok(10*time.Second, 100, 0), 1), 1),
 				use(no(10*time.Second, 1, 4850*ms, 0), 2),
 				use(ok(14850*ms, 1, 0), 2),
@@ -241,18 +241,21 @@ func ruleChanges() []Timeline {
 			},
 		},
 		{
-			// A reservation booked under one rule and cancelled after
-			// another took the key over, whose state has since run out:
-			// nothing is given back, and the key is new again. (The
-			// Redis store's give-back once failed its script here.)
+			// A reservation booked under one rule (a second of 1/s, a
+			// debt) and cancelled after another took the key over: the
+			// new rule kept the debt as that second, and the cancel
+			// gives back what is left of it, half, as time, and the half
+			// that time repaid as whole tokens of 1/s, none. The key is
+			// drained, never holding more than it would had the
+			// reservation not been made.
 			Name:    "change/cancel_after_change",
 			Charges: changed("c11", perSecond, quick),
 			Steps: []Step{
 				use(ok(0, 1, 0), 0),
 				{Op: Reserve, Use: []int{0}, Cost: 1, MaxWait: 5 * time.Second, Want: true, Wait: D(time.Second), Name: "R"},
-				use(no(0, 1, 200*time.Microsecond, 0), 1),
+				use(no(0, 1, time.Second+100*time.Microsecond, 0), 1),
 				{At: 500 * ms, Op: Cancel, Name: "R"},
-				use(ok(500*ms, 1, 0), 0),
+				use(no(500*ms, 1, time.Second, 0), 0),
 			},
 		},
 		{

@@ -217,23 +217,13 @@ func (b *bucket) unreserve(s State, now, c int64) State {
 	if s.Expiry <= now {
 		return s
 	}
-	give := b.span(c)
 	if b.stamp != 0 && s.Prev != b.stamp {
 		if old, ok := shapeOf(s.Prev); ok {
-			// Given back to the key in the shape it has now, so that the
-			// rule that last decided the key keeps it: c tokens of that
-			// shape, or c of b's time where that is less, as a debt they
-			// made was adopted (see adopt).
-			o := old.bucket(s.Prev)
-			mine := fine{ns: give.ns}
-			if give = o.span(c); mine.less(give) {
-				give = mine
-			}
-			b = &o
+			return b.giveInto(old.bucket(s.Prev), s, now, c)
 		}
 	}
 	tat, _ := b.decode(s, now)
-	next := b.encode(b.before(tat, give))
+	next := b.encode(b.before(tat, b.span(c)))
 	if next.Expiry <= now {
 		return State{}
 	}
@@ -281,4 +271,28 @@ func StepReserve(r *admit.Rule, s State, now, cost int64) (State, int64) {
 func StepCancel(r *admit.Rule, s State, now, cost int64) State {
 	b := mainBucket(r)
 	return b.unreserve(s, now, cost)
+}
+
+// giveInto gives back c of b's tokens booked earlier into s, a live state
+// of another shape o, and returns it still o's: the rule that last decided
+// the key keeps it. The units repay first the debt s holds, as time, as
+// adopt keeps a debt (c tokens' time of b), and what is left of them comes
+// back as whole tokens of o, as adopt keeps tokens: so a give-back that
+// lands after a change undoes what its booking did, and no more.
+func (b *bucket) giveInto(o bucket, s State, now, c int64) State {
+	tat := o.own(s)
+	give := b.span(c).ns
+	debt := int64(0)
+	if drained := o.after(fine{ns: now}, o.span(o.burst)); drained.less(tat) {
+		debt = o.before(tat, drained).ns
+	}
+	back := fine{ns: give}
+	if give > debt {
+		back = o.after(fine{ns: debt}, o.span(b.tokens(fine{ns: give - debt})))
+	}
+	next := o.encode(o.before(tat, back))
+	if next.Expiry <= now {
+		return State{}
+	}
+	return next
 }

@@ -92,25 +92,26 @@ func (sh shape) bucket(id uint32) bucket {
 func isShapeID(prev uint32) bool { return prev >= firstShapeID }
 
 // adopt returns the theoretical arrival time, under b, of a live state s
-// written under shape old: the tokens s holds at now under old (whole
-// tokens, negative for a debt, plus the part of the next token already
-// refilled), capped at b's burst, refilling from now on at b's rate. The
-// part of a token is scaled to b's interval rounded down, so a state read
-// under two shapes in turn never gains. A debt is kept, in tokens, or in
-// the time the old rate would have taken to repay it where that is less
-// (within keptDebt).
+// written under shape old. A bucket holding tokens keeps them at now (whole
+// tokens plus the part of the next already refilled), capped at b's burst,
+// and refills from now on at b's rate; the part of a token is scaled to
+// b's interval rounded down, so a state read under two shapes in turn
+// never gains. A bucket in debt keeps the debt as the time the old rate
+// takes to repay it (within keptDebt): a change never makes a debt take
+// longer or shorter to repay, however often the rule changes.
 func (b *bucket) adopt(old shape, s State, now int64) fine {
 	o := old.bucket(s.Prev)
 	e := o.before(o.own(s), fine{ns: now}) // old TAT − now
 	if !(fine{}).less(e) {
 		return fine{ns: now} // full under the old shape: full, at b's burst
 	}
+	if drained := o.span(o.burst); drained.less(e) {
+		owed := min(o.before(e, drained).ceil(), b.span(b.keptDebt()).ns)
+		return b.after(b.after(fine{ns: now}, b.span(b.burst)), fine{ns: owed})
+	}
 	// m tokens are missing, the last of them refilled for part tokens'
 	// time; the bucket holds burst − m whole tokens.
 	m := o.tokens(e)
-	if m < 0 {
-		m = 0
-	}
 	if o.span(m).less(e) {
 		m++
 	}
@@ -118,9 +119,6 @@ func (b *bucket) adopt(old shape, s State, now int64) fine {
 	held := o.burst - m
 	if held >= b.burst {
 		return fine{ns: now}
-	}
-	if most := b.keptDebt(); held < -most {
-		held, part = -most, fine{}
 	}
 	p := int64(0)
 	if (fine{}).less(part) && b.per/b.n >= 2 {
@@ -131,18 +129,7 @@ func (b *bucket) adopt(old shape, s State, now int64) fine {
 		p = int64(math.Floor(float64(whole * ratio)))
 		p = max(min(p, int64(b.per/b.n)-1), 0)
 	}
-	t := b.before(b.after(fine{ns: now}, b.span(b.burst-held)), fine{ns: p})
-	if held < 0 {
-		// A debt never takes longer to repay than it would have under
-		// the old rate: of the tokens owed and the old rate's time for
-		// them, the less (to a slower rate, the time). What a server
-		// booked ahead comes back the same way (see unreserve).
-		owed := o.before(e, o.span(o.burst)).ceil()
-		if most := b.after(b.after(fine{ns: now}, b.span(b.burst)), fine{ns: owed}); most.less(t) {
-			t = most
-		}
-	}
-	return t
+	return b.before(b.after(fine{ns: now}, b.span(b.burst-held)), fine{ns: p})
 }
 
 // intervalOf returns per/n as a double: q + r/n, in that order, as the
@@ -156,7 +143,7 @@ func intervalOf(n, per uint64) float64 {
 // all of it up to what b repays in 2^52 ns (the Redis store's span bound;
 // a debt of longer would not be exact there), and never less than b's own
 // debt bound. A debt is kept, not capped at b's bound: what a server books
-// ahead (a leased bucket's refill) comes back as tokens given back, and
+// ahead (a leased bucket's refill) comes back from it as a give-back, and
 // giving back what a cap forgot would hand out tokens nobody paid for.
 func (b *bucket) keptDebt() int64 {
 	most := int64(admit.MaxCount)

@@ -11,8 +11,8 @@ import (
 // tokenModel is a bucket kept as tokens, as x/time/rate keeps one: it
 // refills at the rate of the rule that last decided it, up to that rule's
 // burst, and a rule taking it over caps it at its own burst. A debit puts
-// it into debt, of at most one burst; a rule taking over a debt keeps it,
-// or the old rate's time for it where that is less. A full bucket
+// it into debt, of at most one burst; a rule taking over a debt keeps it
+// as the time the old rate takes to repay it. A full bucket
 // is full under the new rule too: a store forgets a full bucket (it is a
 // key never seen), and a key never seen starts full.
 type tokenModel struct {
@@ -31,16 +31,17 @@ func (m *tokenModel) advance(r *admit.Rule, now int64) {
 		m.tokens = math.Min(float64(m.rule.Burst), m.tokens+float64(now-m.at)/perToken)
 		m.at = now
 	}
-	if m.tokens >= float64(m.rule.Burst) {
-		// A full bucket is a key never seen: full under any rule.
+	if m.tokens >= float64(m.rule.Burst)-1e-9 {
+		// A full bucket is a key never seen: full under any rule. (The
+		// margin is the model's rounding, against the stores' exact
+		// arithmetic: full is a step, which a hair either side flips.)
 		m.tokens = float64(r.Burst)
 	}
 	if m.tokens < 0 {
-		// A debt, in tokens or in the old rate's time for them,
-		// whichever is less owed.
+		// A debt, kept as the old rate's time for it.
 		perOld := float64(m.rule.Rate.Per) / float64(m.rule.Rate.N)
 		perNew := float64(r.Rate.Per) / float64(r.Rate.N)
-		m.tokens = math.Max(m.tokens, m.tokens*perOld/perNew)
+		m.tokens *= perOld / perNew
 	}
 	m.tokens = math.Min(m.tokens, float64(r.Burst))
 	m.rule = r
