@@ -224,8 +224,8 @@ const (
 //
 // A key keeps what it holds when its rule changes (charges of the key under
 // a rule of other parameters, after a reload or a deploy): a TokenBucket or
-// GCRA keeps its tokens, capped at the new Burst, and its debt (or the old
-// Rate's time for it, where that is less), then refills at the new Rate; a
+// GCRA keeps its tokens, capped at the new Burst, and its debt, as the time
+// the old Rate takes to repay it, then refills at the new Rate; a
 // Combination keeps both buckets so; a window or quota keeps the count of
 // its period in progress when its limit changes (a SlidingWindow of
 // another length counts all the old one counted); a concurrency rule keeps

@@ -48,8 +48,10 @@
 --   quota: E C (period end in µs, count): a period keeps its end when
 --     the rule's anchor changes, which a key named for the period could
 --     not.
---   sliding window: A B C (current window's end + one window, in µs; the
---     current and the previous window's counts).
+--   sliding window: A B C W (current window's end + one window, in µs;
+--     the current and the previous window's counts; the window's length,
+--     µs, which tells another length's state from this one's: admit_v9
+--     wrote A B C).
 --   sliding log: a hash used as a queue: h (oldest seq), t (next seq),
 --     n (units held) and one field per seq holding (µs, units).
 --   concurrency: a sorted set of "<lease>#<i>" scored by expiry in µs.
@@ -632,7 +634,8 @@ local function slidingCounts(wu, st)
   local cur, prev, other = 0, 0, false
   if st and st[1] > nu then
     local stateEnd = st[1] - wu
-    if stateEnd == endu then cur, prev = st[2], st[3]
+    if st[4] and st[4] ~= wu then cur, other = mmin(st[2] + st[3], MAXCOUNT), true
+    elseif stateEnd == endu then cur, prev = st[2], st[3]
     elseif stateEnd == startu then prev = st[2]
     else cur, other = mmin(st[2] + st[3], MAXCOUNT), true end
   end
@@ -646,7 +649,7 @@ local function slidingEval(limit, wu, st, c, res, debit)
   local cur, prev, endu, weight, other = slidingCounts(wu, st)
   -- Another window's state is kept as this window's, refused or not, or
   -- every look would read it so again until it expired.
-  if other then st = {endu + wu, cur, prev} end
+  if other then st = {endu + wu, cur, prev, wu} end
   local w = wu * 1000
   local room = limit - cur - c
   local admitted = room >= 0 and weight <= room
@@ -658,11 +661,11 @@ local function slidingEval(limit, wu, st, c, res, debit)
   else res.reset = 0 end
   if admitted then
     res.allowed = 1
-    if c > 0 then return {endu + wu, after, prev} end
+    if c > 0 then return {endu + wu, after, prev, wu} end
     return st
   end
   res.allowed = 0
-  if debit then return {endu + wu, mmin(cur + c, MAXCOUNT), prev} end
+  if debit then return {endu + wu, mmin(cur + c, MAXCOUNT), prev, wu} end
   local untilEnd = (endu - nu) * 1000 - nsub
   if room >= 0 then
     local k = muldiv(room, w, prev)
@@ -846,7 +849,8 @@ local function decodeState(s, alg, v)
     st[7], st[8] = nil, nil
     if #v == 128 then st[7], st[8] = ssub(v, 49, 88), ssub(v, 89) end
   elseif alg == 8 then st = {sunpack('<dd', v)} SHAS[s] = st[1]
-  else st = {sunpack('<ddd', v)} SHAS[s] = st[1] end
+  elseif #v == 32 then st = {sunpack('<dddd', v)} st[5] = nil SHAS[s] = st[1]
+  else st = {sunpack('<ddd', v)} st[4] = nil SHAS[s] = st[1] end -- admit_v9's, no length
   SK[s] = KIND[alg]
   return st
 end
@@ -938,7 +942,10 @@ local function packState(st, k)
     if st[5] then return v .. st[5] end
     return v
   elseif k == 2 then return pack('<dd', st[1], st[2])
-  elseif k == 3 then return pack('<ddd', st[1], st[2], st[3]) end
+  elseif k == 3 then
+    if st[4] then return pack('<dddd', st[1], st[2], st[3], st[4]) end
+    return pack('<ddd', st[1], st[2], st[3])
+  end
   local v = pack('<dddddd', st[1], st[2], st[3], st[4], st[5], st[6])
   if st[7] and st[8] then return v .. st[7] .. st[8] end
   return v
@@ -1769,8 +1776,8 @@ local function decideFast(out)
         st[1], st[2], st[3] = nu + (t - w) / 1000, w, 0
         put(key, st, a + b.remember, 4)
       elseif alg == 4 then
-        if not st then st = {0, 0, 0} end
-        st[1], st[2], st[3] = a, NXB[i], NXC[i]
+        if not st then st = {0, 0, 0, 0} end
+        st[1], st[2], st[3], st[4] = a, NXB[i], NXC[i], R[6]
         put(key, st, (a - nu) * 1000 - nsub, 3)
       else
         if not st then st = {0, 0} end
@@ -1917,7 +1924,7 @@ local function undo()
         local wu = R[6]
         local endu = cu - fmod(cu, wu) + wu
         if st and st[1] > nu then
-          local s = {st[1], st[2], st[3]}
+          local s = {st[1], st[2], st[3], st[4]}
           if s[1] == endu + wu then s[2] = mmax(s[2] - cost, 0)
           elseif s[1] == endu + 2 * wu then s[3] = mmax(s[3] - cost, 0) end
           store(key, R, alg, s)
@@ -2283,7 +2290,7 @@ local function setup()
   ISC, CKEY, MADE, ADDED = {}, {}, {}, {}
   SLOT, nslotkeys, SKEY, ST, SHAS, SW, SK = {}, 0, {}, {}, {}, {}, {}
   KIND = {4, 4, 0, 3, 0, 6, 0, 2}
-  SIZE = {72, 72, 0, 24, 0, 0, 0, 16}
+  SIZE = {72, 72, 0, 32, 0, 0, 0, 16}
   for i = 0, 63 do NUMS[sformat('%d', i)] = i end
   RULES, COSTS, TTLS, DEBITS, HALVES, ENDS1, ENDS2 = {}, {}, {}, {}, {}, {}, {}
   SHARES = {}

@@ -521,9 +521,9 @@ func TestLimiterRefusesWhatRedisCannotDecide(t *testing.T) {
 	}
 }
 
-// TestBucketStateOfAnEarlierVersion reads a bucket's and a combination's
-// state as admit_v9 wrote them (numbers only, no shape named): as the
-// rule's own, as before, and written back with their shapes.
+// TestBucketStateOfAnEarlierVersion reads a bucket's, a combination's and
+// a sliding window's state as admit_v9 wrote them (no shape, no length):
+// as the rule's own, as before, and written back with them.
 func TestBucketStateOfAnEarlierVersion(t *testing.T) {
 	srv := redistest.Start(t)
 	s := dial(t, "redis://"+srv.Addr)
@@ -535,6 +535,7 @@ func TestBucketStateOfAnEarlierVersion(t *testing.T) {
 	}{
 		{&admit.Rule{Name: "v9", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 3}, 72, 32, 2, 1},
 		{&admit.Rule{Name: "v9-combo", Algorithm: admit.Combination, Floor: admit.Rate{N: 1, Per: time.Hour}, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 3}, 128, 48, 3, 2},
+		{&admit.Rule{Name: "v9-sliding", Algorithm: admit.SlidingWindow, Limit: 3, Window: time.Hour}, 32, 24, 2, 1},
 	} {
 		c := []admit.Charge{{Key: admit.Key{Scope: "global", Rule: tc.rule.Name}.String(), Rule: tc.rule, Cost: 1}}
 		var d admit.Decision

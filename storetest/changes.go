@@ -46,6 +46,10 @@ func ruleChanges() []Timeline {
 	perMinute := windowRule("per-minute", admit.FixedWindow, 3, time.Minute)
 	ten := windowRule("ten", admit.SlidingWindow, 10, time.Second)
 	hourly := windowRule("hourly", admit.SlidingWindow, 5, time.Hour)
+	hour20 := windowRule("hour-20", admit.SlidingWindow, 20, time.Hour)
+	twoHours20 := windowRule("two-hours-20", admit.SlidingWindow, 20, 2*time.Hour)
+	tenSeconds := windowRule("ten-seconds", admit.SlidingWindow, 20, 10*time.Second)
+	twentySeconds := windowRule("twenty-seconds", admit.SlidingWindow, 20, 20*time.Second)
 	twoSeconds := windowRule("two-seconds", admit.SlidingWindow, 5, 2*time.Second)
 	twenty := windowRule("twenty", admit.SlidingWindow, 20, time.Second)
 	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
@@ -229,6 +233,25 @@ func ruleChanges() []Timeline {
 			Steps: []Step{
 				use(ok(0, 5, 55), 0),
 				use(ok(0, 1, 54), 1),
+			},
+		},
+		{
+			// Windows of two lengths that end together: an hour's 20 of
+			// 20, read 32 minutes in by a two-hour window, are the two
+			// hours' 20 (not its previous window's, weighing 15, which
+			// admitted 5 more); flipped between 10 s and 20 s, 20 of 20
+			// stay 20 however often (37 were admitted in ten flips).
+			Name:    "change/sliding_window_lengths_aligned",
+			Charges: append(changed("c17", hour20, twoHours20), changed("c18", tenSeconds, twentySeconds)...),
+			Steps: []Step{
+				use(ok(0, 20, 0), 0),
+				use(no(32*time.Minute, 1, 94*time.Minute, 0), 1),
+				use(ok(9200*ms, 20, 0), 2),
+				use(Step{At: 9250 * ms, Cost: 1}, 3),
+				use(Step{At: 9300 * ms, Cost: 1}, 2),
+				use(Step{At: 9350 * ms, Cost: 1}, 3),
+				use(Step{At: 9400 * ms, Cost: 1}, 2),
+				use(Step{At: 9450 * ms, Cost: 1}, 3),
 			},
 		},
 		{

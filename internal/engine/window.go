@@ -67,11 +67,12 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 	w := int64(r.Window)
 	start := now - now%w
 	end := start + w
+	tag := slideTag(w)
 	var cur, prev int64
 	if isShapeID(s.Prev) {
 		s = State{} // a bucket's, after the rule's algorithm changed
 	}
-	switch stateEnd := s.Expiry - w; {
+	switch stateEnd := s.Expiry - tag - w; {
 	case s.Expiry <= now:
 	case stateEnd == end:
 		cur, prev = int64(s.Count), int64(s.Prev)
@@ -85,7 +86,7 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		// windows. It is kept so, refused or not, or every look would
 		// read it so again until it expired.
 		cur = min(int64(s.Count)+int64(s.Prev), admit.MaxCount)
-		s = State{Expiry: end + w, Count: uint32(cur)}
+		s = State{Expiry: end + w + tag, Count: uint32(cur)}
 	}
 	left := uint64(max(end-now, 0)) // W − e
 	weighted := mul(uint64(prev), left)
@@ -109,12 +110,12 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 	if admitted {
 		res.Allowed = true
 		if cost > 0 {
-			return State{Expiry: end + w, Count: uint32(after), Prev: uint32(prev)}
+			return State{Expiry: end + w + tag, Count: uint32(after), Prev: uint32(prev)}
 		}
 		return s
 	}
 	if debit { // what it meets after is for the caller to ask (see stepTo)
-		return State{Expiry: end + w, Count: uint32(min(cur+cost, admit.MaxCount)), Prev: uint32(prev)}
+		return State{Expiry: end + w + tag, Count: uint32(min(cur+cost, admit.MaxCount)), Prev: uint32(prev)}
 	}
 	// The earliest instant the same request would pass, if nothing else
 	// is admitted meanwhile.
@@ -129,6 +130,16 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		res.RetryAfter = durNs(end + w - k - now)
 	}
 	return s
+}
+
+// slideTag is what a sliding window's state adds to its expiry, 1 to 999
+// ns, after its window's length: a state of another length (the rule
+// changed) is then told from one of this length whose windows happen to
+// end where this one's do, which the state would otherwise read as its
+// own (an hour's 20 of 20 read by a two-hour window as its previous
+// window's, weighing 15). The Redis store keeps the length itself.
+func slideTag(w int64) int64 {
+	return 1 + int64((uint64(w)*0x9e3779b97f4a7c15)>>32%999)
 }
 
 // StepRefund gives back cost that a charge of r took at the store's time
@@ -156,7 +167,7 @@ func StepRefund(r *admit.Rule, s State, now, at, cost int64) State {
 		}
 	case admit.SlidingWindow:
 		w := int64(r.Window)
-		switch end := at - at%w + w; s.Expiry - w {
+		switch end := at - at%w + w; s.Expiry - slideTag(w) - w {
 		case end: // at's window is still the current one
 			s.Count = give(s.Count)
 		case end + w: // it is the previous one now
