@@ -246,6 +246,7 @@ func ruleChanges() []Timeline {
 			Steps: []Step{
 				use(ok(0, 20, 0), 0),
 				use(no(32*time.Minute, 1, 94*time.Minute, 0), 1),
+				use(ok(4*time.Hour, 20, 0), 1), // both its windows have ended, to the nanosecond
 				use(ok(9200*ms, 20, 0), 2),
 				use(Step{At: 9250 * ms, Cost: 1}, 3),
 				use(Step{At: 9300 * ms, Cost: 1}, 2),

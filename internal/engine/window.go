@@ -73,7 +73,7 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		s = State{} // a bucket's, after the rule's algorithm changed
 	}
 	switch stateEnd := s.Expiry - tag - w; {
-	case s.Expiry <= now:
+	case s.Expiry-tag <= now: // expired at its window's end, not its tag's
 	case stateEnd == end:
 		cur, prev = int64(s.Count), int64(s.Prev)
 	case stateEnd == start:
