@@ -1706,7 +1706,9 @@ local function decideFast(out)
       elseif alg == 4 then
         -- slidingEval, without its tables.
         local limit, wu = R[5], R[6]
-        local cur, prev, endu, weight = slidingCounts(wu, st)
+        local cur, prev, endu, weight, other = slidingCounts(wu, st)
+        -- Another length's state is decide's to convert and keep.
+        if other then return false end
         local room = limit - cur - c
         -- A refusal, in shadow or not, is decide's to report.
         if room < 0 or weight > room then return false end

@@ -198,13 +198,19 @@ func ruleChanges() []Timeline {
 			// lengthened from 2 s to an hour, 5 of 5 an instant ago are
 			// 5 of the hour's (not forgotten).
 			Name:    "change/sliding_window_length",
-			Charges: append(changed("c12", hourly, twoSeconds), changed("c13", twoSeconds, hourly)...),
+			Charges: append(append(changed("c12", hourly, twoSeconds), changed("c13", twoSeconds, hourly)...), changed("c19", twoSeconds, hourly)...),
 			Steps: []Step{
 				use(ok(0, 5, 0), 0),
 				use(no(3*time.Second, 1, 1400*ms, 0), 1),
 				use(ok(4400*ms, 1, 0), 1),
 				use(ok(0, 5, 0), 2),
 				use(no(time.Second, 1, 71*time.Minute+59*time.Second, 0), 3),
+				// A look converts the state as a charge does, on every
+				// store: from then on it is the new window's (the Redis
+				// store's quick path once left a look's reading unkept).
+				use(ok(10*time.Second, 5, 0), 4),
+				use(ok(10*time.Second, 0, 0), 5),
+				use(no(15*time.Second, 1, 71*time.Minute+45*time.Second, 0), 5),
 			},
 		},
 		{
