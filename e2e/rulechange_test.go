@@ -69,14 +69,15 @@ func writeRuleChangeConfig(t *testing.T, path, rate string, burst int) {
 }
 
 // startRuleChangeServer runs `admit serve` on free loopback ports with
-// its own copy of the configuration, on the Redis at store. The file is
-// reloaded only on SIGHUP (the watcher's interval is an hour), so every
-// reload the test sees is one it asked for.
-func startRuleChangeServer(t *testing.T, name, store, rate string, burst int) *ruleChangeServer {
+// its own copy of the configuration, on the Redis at store, with more
+// flags if any. The file is reloaded only on SIGHUP (the watcher's
+// interval is an hour), so every reload the test sees is one it asked
+// for.
+func startRuleChangeServer(t *testing.T, name, store, rate string, burst int, flags ...string) *ruleChangeServer {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "admit.yaml")
 	writeRuleChangeConfig(t, cfg, rate, burst)
-	p := startAdmit(t, "--config", cfg, "--store", store, "--reload-interval", "1h")
+	p := startAdmit(t, append([]string{"--config", cfg, "--store", store, "--reload-interval", "1h"}, flags...)...)
 	return &ruleChangeServer{admitProcess: p, name: name, config: cfg}
 }
 
@@ -148,6 +149,39 @@ func checkAcme(s *ruleChangeServer) (ruleChangeAnswer, error) {
 		return a, fmt.Errorf("%s decided without the store (failover %q): %s", s.name, a.Failover, a.Raw)
 	}
 	return a, nil
+}
+
+// checksOf checks acme n times on servers in turn, each answer of a rule
+// whose limit is limit, and returns the answers.
+func checksOf(t *testing.T, servers []*ruleChangeServer, n int, limit int64) []ruleChangeAnswer {
+	t.Helper()
+	out := make([]ruleChangeAnswer, n)
+	for i := range out {
+		a := mustCheckAcme(t, servers[i%len(servers)])
+		if a.Limit != limit {
+			t.Fatalf("check %d was not decided by the rule of limit %d: %d %s", i+1, limit, a.Status, a.Raw)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// drainAcme checks acme on servers in turn, at least n times and on
+// until one is refused (at most 10n), and returns how many it admitted
+// of how many sent, and the last (refused) answer.
+func drainAcme(t *testing.T, servers []*ruleChangeServer, n int) (admitted, sent int, last ruleChangeAnswer) {
+	t.Helper()
+	for sent < n || last.Allowed {
+		if sent >= 10*n {
+			t.Fatalf("%d checks at once never drained the bucket: %s", sent, last.Raw)
+		}
+		last = mustCheckAcme(t, servers[sent%len(servers)])
+		sent++
+		if last.Allowed {
+			admitted++
+		}
+	}
+	return admitted, sent, last
 }
 
 func mustCheckAcme(t *testing.T, s *ruleChangeServer) ruleChangeAnswer {
@@ -299,19 +333,8 @@ func TestRuleChangeKeepsTokens(t *testing.T) {
 
 	// Drained again under 100/s: ~150 checks at once, then on until one
 	// is refused, so the bucket holds less than a token.
-	drainAdmitted, drainSent := 0, 0
-	var last ruleChangeAnswer
 	drainStart := time.Now()
-	for drainSent < 150 || last.Allowed {
-		if drainSent >= 1000 {
-			t.Fatalf("1000 checks at once never drained the 100/s bucket: %s", last.Raw)
-		}
-		last = mustCheckAcme(t, servers[drainSent%2])
-		drainSent++
-		if last.Allowed {
-			drainAdmitted++
-		}
-	}
+	drainAdmitted, drainSent, last := drainAcme(t, servers, 150)
 	drained := time.Now()
 	t.Logf("100/s burst 100, drained again: %d of %d checks admitted in %v, the last refused (retry_after_ms %d)",
 		drainAdmitted, drainSent, drained.Sub(drainStart).Round(time.Millisecond), last.RetryAfterMS)
@@ -327,11 +350,7 @@ func TestRuleChangeKeepsTokens(t *testing.T) {
 	lowAdmitted := 0
 	var refusals []ruleChangeAnswer
 	var admits []string
-	for i := range 50 {
-		a := mustCheckAcme(t, servers[i%2])
-		if a.Limit != 1000 {
-			t.Fatalf("check %d after the reload to 1000/d burst 1000 was not decided by it: %d %s", i+1, a.Status, a.Raw)
-		}
+	for _, a := range checksOf(t, servers, 50, 1000) {
 		if a.Allowed {
 			lowAdmitted++
 			admits = append(admits, a.Raw)
@@ -357,4 +376,80 @@ func TestRuleChangeKeepsTokens(t *testing.T) {
 		}
 	}
 	t.Logf("from the first check to the last: %v; with the processes' start: %v", time.Since(checks).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// TestRegionsRuleChangeKeepsTokens: tenant acme's bucket held across two
+// regions (`admit serve --home --region` in each, on its own Redis) keeps
+// its tokens when a reload changes the rule, as one Redis's bucket does:
+// drained under 100/s burst 100 and lowered to 1000/day burst 1000, it
+// stays drained (the home read its timeline under the new rule as nearly
+// full); raised back to 100/s, it admits again at once, at 100/s (the
+// regions had been told the home had nothing for a day's token).
+func TestRegionsRuleChangeKeepsTokens(t *testing.T) {
+	home := redistest.Start(t)
+	servers := []*ruleChangeServer{
+		startRuleChangeServer(t, "region a", "redis://"+redistest.Start(t).Addr, "100/s", 100, "--home", "redis://"+home.Addr, "--region", "a"),
+		startRuleChangeServer(t, "region b", "redis://"+redistest.Start(t).Addr, "100/s", 100, "--home", "redis://"+home.Addr, "--region", "b"),
+	}
+	// A new home fences a new bucket for its burst's time and the
+	// lookahead (1.25 s): wait until the regions admit.
+	for deadline := time.Now().Add(15 * time.Second); !mustCheckAcme(t, servers[0]).Allowed; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("region a admitted nothing in 15 s of 100/s burst 100")
+		}
+	}
+	// Drained: on until 300 are sent and one is refused.
+	drainStart := time.Now()
+	admitted, sent, _ := drainAcme(t, servers, 300)
+	drained := time.Now()
+	t.Logf("100/s burst 100 across two regions: %d of %d admitted in %v, the last refused", admitted, sent, drained.Sub(drainStart).Round(time.Millisecond))
+
+	// Lowered to 1000/d burst 1000: what the key held is kept, less than
+	// a token, and what 100/s refilled until the home first read it under
+	// the new rule, and what the regions' pools held of the old rule's
+	// lookahead (a quarter second of 100/s each).
+	// A region refuses at once while its refill is out (the regions ask
+	// for more than the limit), so each is asked once, given time for the
+	// refill its ask starts, then asked 300 times.
+	reloadRuleChange(t, servers, "1000/d", 1000)
+	gap := time.Since(drained)
+	low := 0
+	for _, s := range servers {
+		if mustCheckAcme(t, s).Allowed {
+			low++
+		}
+	}
+	time.Sleep(time.Second)
+	for _, a := range checksOf(t, servers, 300, 1000) {
+		if a.Allowed {
+			low++
+		}
+	}
+	most := 2 + int(gap/(10*time.Millisecond)) + 2*25
+	t.Logf("1000/d burst 1000, %v after the drain: %d of 302 checks admitted (at most %d)", gap.Round(time.Millisecond), low, most)
+	if low > most {
+		t.Errorf("%d of 302 checks admitted after a drained 100/s bucket across regions was lowered to 1000/d burst 1000 (%v after it was drained), want at most %d", low, gap, most)
+	}
+
+	// Raised back to 100/s burst 100: it admits again within a second,
+	// and 100 within 15 s however slow the machine, never faster than
+	// the burst and 100/s from the reload.
+	reloadRuleChange(t, servers, "100/s", 100)
+	t0 := time.Now()
+	n := 0
+	for i := 0; n < 100; i++ {
+		if time.Since(t0) > 15*time.Second {
+			t.Fatalf("%d admitted in 15 s after the reload back to 100/s burst 100, want 100", n)
+		}
+		a := mustCheckAcme(t, servers[i%2])
+		if !a.Allowed {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		n++
+		if bound := 100 + 100*time.Since(t0).Seconds() + 2*25; float64(n) > bound {
+			t.Fatalf("%d admitted %v after the reload to 100/s burst 100, more than 100 + 100/s × that + 50", n, time.Since(t0))
+		}
+	}
+	t.Logf("100/s burst 100 again: 100 admitted in %v", time.Since(t0).Round(time.Millisecond))
 }

@@ -125,3 +125,8 @@ func scriptCall(s *Store, script *rueidis.Lua, key string, args []string) ([]int
 	})
 	return out, err
 }
+
+// HomeKey returns the key at home of c's limit held across regions.
+func HomeKey(s *Store, c admit.Charge) string {
+	return s.homeKey(&allowance{rule: c.Rule, key: c.Key, tag: tagOf(&c)})
+}

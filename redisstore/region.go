@@ -554,7 +554,7 @@ func (s *Store) take(p *allowance, want, arrivals, need int64) (poolTake, error)
 	err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
 			itoa(want), itoa(arrivals), itoa(regionHorizon.Microseconds()), itoa(s.region.period().Microseconds()),
-			strconv.FormatFloat(spanMicros(p.rule), 'g', -1, 64), itoa(leastHeld(p.rule)), itoa(need)}).ToArray()
+			strconv.FormatFloat(spanMicros(p.rule), 'g', -1, 64), itoa(leastHeld(p.rule)), itoa(need), poolShape(p.rule)}).ToArray()
 		if err != nil {
 			return err
 		}
@@ -980,7 +980,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	if spentFor > 0 {
 		spent = itoa(sent.UnixMicro() + spentFor + deltaMin)
 	}
-	ops := []string{"z", spent, fair}
+	ops := []string{"z", spent, fair, poolShape(p.rule)}
 	if g > 0 {
 		rg.granted.Add(g)
 		hold := holdOf(p.rule)
@@ -989,7 +989,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		}
 		unlock := recv.UnixMicro() + first + deltaMax
 		expiry := sent.Add(time.Duration(max(last, 0))*time.Microsecond+hold).UnixMicro() + deltaMin
-		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair}
+		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair, poolShape(p.rule)}
 	}
 	if err := s.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{pk}, ops).Error()
@@ -1022,6 +1022,16 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 	}
 	return []string{"b", w, demand, itoa(r.Rate.N), itoa(r.Rate.Per.Microseconds()), itoa(r.Burst), itoa(initial),
 		itoa(regionLookahead.Microseconds()), itoa(debt)}
+}
+
+// poolShape names what of r the home's answers about its key depend on
+// (how long it has nothing to grant, the region's fair rate), so that a
+// pool forgets them when the rule changes.
+func poolShape(r *admit.Rule) string {
+	if isBucket(r) {
+		return itoa(r.Rate.N) + "/" + itoa(r.Rate.Per.Microseconds()) + "/" + itoa(r.Burst)
+	}
+	return itoa(r.Limit) + "/" + itoa(r.Window.Microseconds())
 }
 
 // returnToPool gives back the units p holds to its pool, or through it

@@ -7,11 +7,17 @@ import "github.com/redis/rueidis"
 // carries.
 //
 // KEYS[1] is the limit's hash. A bucket keeps tat (µs, Redis time; the
-// end of the timeline handed out) and gen (when this incarnation of the
-// key was made); a count (a fixed window or a quota) keeps p, the end of
-// its period (µs), which is also its gen, and c, the units granted in
-// it. Both keep, per region r, d:r (its demand, units a second), t:r
-// (when it said so) and s:r (the last give-back applied).
+// end of the timeline handed out), gen (when this incarnation of the key
+// was made) and sh, the shape it was written under (N/per/burst): a
+// timeline of another shape is adopted as one Redis's bucket adopts a
+// state (tokens kept, capped at the new burst; a debt kept as time), and
+// mT, the least interval of its earlier shapes, is kept until mTu for
+// the give-backs of what they granted. A count (a fixed window or a
+// quota) keeps e:end, the units granted in the period ending at end (µs;
+// the end is also the period's gen), one per period in progress: so a
+// period whose length changes counts anew, and finds its count again
+// when changed back. Both keep, per region r, d:r (its demand, units a
+// second), t:r (when it said so) and s:r (the last give-back applied).
 //
 // ARGV: region, kind (b or c), want, demand, then for a bucket N, per
 // (µs), burst, initial, lookahead (µs) and the most it may owe, for a
@@ -52,8 +58,31 @@ if (tonumber(string.match(info, 'maxmemory:(%d+)')) or 0) > 0 and policy ~= 'noe
 end
 local region, kind = ARGV[1], ARGV[2]
 local want, demand = tonumber(ARGV[3]), tonumber(ARGV[4])
-local i, gen, avail, capacity
+local i, gen, avail, capacity, leastT
 local T, tat, c, pend, tau, look, maxDebt = 0
+-- shapeMemory is how long (µs) a bucket's earlier shapes are remembered
+-- for the give-backs of what they granted: far beyond a pool's hold.
+local shapeMemory = 600000000
+-- adopt returns tat, a bucket's timeline written under the shape old
+-- (n/per/burst), as a timeline of this rule's shape (T, tau, burst), as
+-- one Redis's bucket adopts a state of another shape: the tokens it holds
+-- now are kept, capped at the new burst, with the part of the next token
+-- already refilled scaled to the new interval and rounded down; a debt
+-- (or what was granted ahead) is kept as the time it takes to repay; a
+-- full bucket stays full.
+local function adopt(old, tat, now, T, tau, burst)
+  local on, oper, oburst = string.match(old, '^(%d+)/(%d+)/(%d+)$')
+  if not on then return tat end
+  local oT = tonumber(oper) / tonumber(on)
+  local otau = tonumber(oburst) * oT
+  local e = tat - now
+  if e <= 0 then return now end
+  if e > otau then return math.ceil(now + tau + e - otau) end
+  local held = (otau - e) / oT
+  local m = math.floor(held)
+  if m >= burst then return now end
+  return math.ceil(now + tau - m * T - math.floor((held - m) * T))
+end
 if kind == 'b' then
   local n, per = tonumber(ARGV[5]), tonumber(ARGV[6])
   local burst, initial = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -62,32 +91,60 @@ if kind == 'b' then
   T = per / n
   tau = burst * T
   capacity = n * 1000000 / per
-  local h = redis.call('HMGET', KEYS[1], 'tat', 'gen')
+  local sh = ARGV[5] .. '/' .. ARGV[6] .. '/' .. ARGV[7]
+  local h = redis.call('HMGET', KEYS[1], 'tat', 'gen', 'sh', 'mT', 'mTu')
   tat, gen = tonumber(h[1]), tonumber(h[2])
+  if tonumber(h[5]) and tonumber(h[5]) > now then leastT = math.min(T, tonumber(h[4])) end
   if not tat then
     gen = now
     tat = math.ceil(math.max(now + (burst - initial) * T, started + tau + look))
-    redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen))
+    redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen), 'sh', sh)
+  elseif h[3] and h[3] ~= sh then
+    tat = adopt(h[3], tat, now, T, tau, burst)
+    -- Give-backs of units granted under the old shape may still come
+    -- (within a pool's hold, or later from a pool that could not reach
+    -- home): for a while they repay a debt at the least interval of the
+    -- shapes it had, so that units granted cheap never repay dear time.
+    local on, oper = string.match(h[3], '^(%d+)/(%d+)/')
+    leastT = math.min(leastT or T, tonumber(oper) / tonumber(on))
+    redis.call('HSET', KEYS[1], 'sh', sh, 'mT', tostring(leastT), 'mTu', string.format('%d', now + shapeMemory))
+  elseif not h[3] then
+    redis.call('HSET', KEYS[1], 'sh', sh)
   end
 else
   local limit, wu = tonumber(ARGV[5]), tonumber(ARGV[6])
   local s1, e1, e2 = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
   i = 10
   local pstart
+  local q = redis.call('HMGET', KEYS[1], 'qs', 'qe')
   if wu > 0 then
     pend = now - math.fmod(now, wu) + wu
     pstart = pend - wu
+  elseif tonumber(q[2]) and tonumber(q[2]) > now then
+    -- A quota's period in progress keeps its end whatever changes: a
+    -- new period (or anchor) starts at the next one.
+    pstart, pend = tonumber(q[1]), tonumber(q[2])
   elseif now < e1 then
     pstart, pend = s1, e1
   else
     pstart, pend = e1, e2
   end
+  if wu == 0 and tonumber(q[2]) ~= pend then
+    redis.call('HSET', KEYS[1], 'qs', string.format('%d', pstart), 'qe', string.format('%d', pend))
+  end
   -- Shares are of a rate: the limit over the period's length.
   capacity = limit * 1000000 / (pend - pstart)
-  local h = redis.call('HMGET', KEYS[1], 'p', 'c')
-  local p
-  p, c = tonumber(h[1]), tonumber(h[2])
-  if p ~= pend then c = 0 end
+  -- A count per period end, as one Redis keeps a window's: a period
+  -- whose length changed counts anew, and finds its count again when
+  -- changed back while it lasts.
+  local h = redis.call('HMGET', KEYS[1], 'e:' .. string.format('%d', pend), 'p', 'c')
+  c = tonumber(h[1])
+  if not c then
+    c = 0
+    -- Written by an earlier version: one count, of the period ending at p.
+    if tonumber(h[2]) == pend then c = tonumber(h[3]) or 0 end
+  end
+  if h[2] then redis.call('HDEL', KEYS[1], 'p', 'c') end
   gen = pend
 end
 -- A give-back of m > 0 unspent units lowers what was handed out; one of
@@ -95,7 +152,17 @@ end
 -- charges a debit: the bucket's timeline moves on, the count goes up.
 local function giveBack(m)
   if kind == 'b' then
-    if m > 0 then
+    if m > 0 and leastT and leastT < T then
+      -- Units that may have been granted under a cheaper shape repay a
+      -- debt at its interval, then come back as whole tokens.
+      local debt = math.max(tat - now - tau, 0)
+      local give = m * leastT
+      if give <= debt then
+        tat = tat - math.floor(give)
+      else
+        tat = math.max(now, tat - debt - math.floor((give - debt) / leastT) * T)
+      end
+    elseif m > 0 then
       tat = math.max(now, tat - math.floor(m * T))
     else
       -- As one Redis charges a debit: into debt by at most maxDebt.
@@ -105,6 +172,14 @@ local function giveBack(m)
     c = math.max(0, c - m)
   end
 end
+-- giveBackTo gives back m units to another period in progress, ending at
+-- g, if it is counted: the period of another length they came from.
+local function giveBackTo(g, m)
+  if g <= now then return end
+  local f = 'e:' .. string.format('%d', g)
+  local x = tonumber(redis.call('HGET', KEYS[1], f))
+  if x then redis.call('HSET', KEYS[1], f, string.format('%d', math.max(0, x - m))) end
+end
 local last = tonumber(redis.call('HGET', KEYS[1], 's:' .. region)) or 0
 while i + 2 <= #ARGV do
   local g, m, seq = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
@@ -112,6 +187,8 @@ while i + 2 <= #ARGV do
   -- bucket's debt counts in any, since it only admits less.
   if seq > last and m ~= 0 and (g == gen or m < 0 and kind == 'b') then
     giveBack(m)
+  elseif seq > last and m ~= 0 and kind == 'c' then
+    giveBackTo(g, m)
   end
   if seq > last then last = seq end
   i = i + 3
@@ -121,9 +198,17 @@ redis.call('HSET', KEYS[1], 's:' .. region, string.format('%d', last), 'd:' .. r
 -- second, by their demands.
 local all = redis.call('HGETALL', KEYS[1])
 local ds, at, mine, total = {}, {}, 0, 0
+-- Counts of periods that ended go; lastEnd is the latest end counted.
+local lastEnd = 0
 for j = 1, #all, 2 do
   local f = all[j]
-  if string.sub(f, 1, 2) == 't:' then at[string.sub(f, 3)] = tonumber(all[j + 1]) end
+  local k = string.sub(f, 1, 2)
+  if k == 't:' then
+    at[string.sub(f, 3)] = tonumber(all[j + 1])
+  elseif k == 'e:' then
+    local e = tonumber(string.sub(f, 3))
+    if e <= now then redis.call('HDEL', KEYS[1], f) elseif e > lastEnd then lastEnd = e end
+  end
 end
 for j = 1, #all, 2 do
   local f = all[j]
@@ -176,8 +261,8 @@ else
   first, lastu = 0, pend - now
   spentFor = 0
   if avail - g < 1 then spentFor = pend - now end
-  redis.call('HSET', KEYS[1], 'p', string.format('%d', pend), 'c', string.format('%d', c))
-  ttl = math.ceil((pend - now) / 1000) + 60000
+  redis.call('HSET', KEYS[1], 'e:' .. string.format('%d', pend), string.format('%d', c))
+  ttl = math.ceil((math.max(pend, lastEnd) - now) / 1000) + 60000
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
 return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name), spentFor, tostring(level)}
@@ -201,7 +286,7 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //
 // ARGV[1] is the operation; times are µs of this Redis's clock:
 //
-//	t want arrivals horizon period span least need: take up to want
+//	t want arrivals horizon period span least need shape: take up to want
 //	  units that unlock within horizon, the arrivals (units asked of the
 //	  server since its last take) counted into the demand; span is the
 //	  rule's (µs a unit), least the fewest units the pool should hold,
@@ -219,7 +304,7 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //	  demand, now, then gen, units, seq triples to send home: every one
 //	  not acknowledged yet.
 //	k seq: the home has applied the triples numbered up to seq.
-//	d gen unlock n T expiry pos until fair: add a grant of n units, the
+//	d gen unlock n T expiry pos until fair shape: add a grant of n units, the
 //	  first unlocking at unlock, one per T after it, held until expiry,
 //	  unless the grant (gen and pos name it) was added already; and set
 //	  what z sets.
@@ -227,8 +312,10 @@ return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.forma
 //	  held until expiry (given back home if that has passed); and give
 //	  back home m more (its booked units), or, negative, what it owes
 //	  (debits it could not pay), which the home charges the limit.
-//	z until fair: the home has nothing to grant until then (0: it has),
-//	  and the region's fair rate, units a second, as of its last grant.
+//	z until fair shape: the home has nothing to grant until then (0: it has),
+//	  and the region's fair rate, units a second, as of its last grant,
+//	  both said of the rule's shape: a take of another shape (the rule
+//	  changed) ignores them.
 //
 // A grant's times are set by its agent, from the offsets the home gave
 // and this Redis's clock as the agent's preparation read it: an unlock
@@ -238,7 +325,7 @@ var poolScript = rueidis.NewLuaScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = ARGV[1]
-local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'z', 'fr', 'p')
+local h = redis.call('HMGET', KEYS[1], 'c', 'b', 'q', 'a', 'at', 'dem', 'ids', 'z', 'fr', 'p', 'zs')
 local cs = {}
 if h[1] then cs = cmsgpack.unpack(h[1]) end
 local back = {}
@@ -247,6 +334,10 @@ local seq = tonumber(h[3]) or 0
 local arr, arrAt, dem = tonumber(h[4]) or 0, tonumber(h[5]) or now, tonumber(h[6]) or 0
 local spent = tonumber(h[8]) or 0
 local fair = tonumber(h[9]) or 0
+-- What the home said (spent, fair) holds for the rule's shape it was
+-- said of, zs: a take under another shape (the rule changed) asks anew.
+local shape = h[11]
+if op == 't' and ARGV[9] ~= shape then spent, fair = 0, 0 end
 local pending = {}
 if h[10] then pending = cmsgpack.unpack(h[10]) end
 -- Chunks expired or spent leave; what an expired one still held goes back home.
@@ -324,7 +415,7 @@ if op == 't' then
   if not hold then hold = now end
   reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
 elseif op == 'z' then
-  spent, fair = tonumber(ARGV[2]), tonumber(ARGV[3])
+  spent, fair, shape = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
   reply = {held()}
 elseif op == 'a' then
   local period = tonumber(ARGV[2])
@@ -390,7 +481,7 @@ elseif op == 'd' or op == 'r' then
     if #ids > 32 then table.remove(ids, 1) end
     redis.call('HSET', KEYS[1], 'ids', cmsgpack.pack(ids))
     c = {u = tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = tonumber(ARGV[6]), g = tonumber(ARGV[2])}
-    spent, fair = tonumber(ARGV[8]), tonumber(ARGV[9])
+    spent, fair, shape = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
   else
     c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = tonumber(ARGV[4]), g = tonumber(ARGV[2])}
     -- Units a server gives back once expired, its booked ones, and its
@@ -414,6 +505,7 @@ for _, c in ipairs(cs) do if c.e > emax then emax = c.e end end
 redis.call('HSET', KEYS[1], 'c', cmsgpack.pack(cs), 'b', cmsgpack.pack(back), 'p', cmsgpack.pack(pending), 'q', string.format('%d', seq),
   'a', tostring(arr), 'at', string.format('%d', arrAt), 'dem', tostring(dem),
   'z', string.format('%d', spent), 'fr', tostring(fair))
+if shape then redis.call('HSET', KEYS[1], 'zs', shape) end
 -- Kept while its chunks last, and a minute more; a day while it has
 -- something to send home (a debt above all), which its next refill sends.
 local ttl = math.ceil((emax - now) / 1000) + 60000

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
@@ -105,5 +106,176 @@ func TestPoolResendsUntilAcknowledged(t *testing.T) {
 	}
 	if rest := prepare(); len(rest) != 0 {
 		t.Errorf("after the home acknowledged it, the pool sends %v", rest)
+	}
+}
+
+// homeBucket calls the home's script for a bucket of n per per, burst
+// burst, with no lookahead, wanting want, with give-backs back (gen,
+// units, seq triples).
+func homeBucket(t *testing.T, s *redisstore.Store, key string, n int, per time.Duration, burst, want int, back ...string) []int64 {
+	t.Helper()
+	b := strconv.Itoa(burst)
+	args := append([]string{"a", "b", strconv.Itoa(want), "0", strconv.Itoa(n), itoa(per.Microseconds()), b, b, "0", b}, back...)
+	v, err := redisstore.HomeCall(s, key, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestHomeBucketRuleChanges: the home's timeline of a bucket whose rule
+// changes keeps what the key holds, as one Redis's bucket does: tokens
+// (capped at the new burst) and debt (as time), refilling at the new
+// rate. Read under the new rule as it was, a drained bucket of 1/min
+// waited ten minutes under 1/s, and one drained at 100/min refilled to
+// 999 of a new burst of 1000.
+func TestHomeBucketRuleChanges(t *testing.T) {
+	srv, s := scriptStore(t)
+	// Keys that start long after the server's start: see
+	// TestHomeGiveBacksOnce.
+	fresh := func(key string) {
+		t.Helper()
+		if _, err := redistest.Command(srv.Addr, "HSET", key, "tat", "0", "gen", "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spentFor := func(v []int64) time.Duration { return time.Duration(v[7]) * time.Microsecond }
+
+	t.Run("raised", func(t *testing.T) {
+		fresh("raised")
+		if g := homeBucket(t, s, "raised", 1, time.Minute, 10, 10); g[0] != 10 {
+			t.Fatalf("granted %d of a full burst of 10", g[0])
+		}
+		v := homeBucket(t, s, "raised", 1, time.Second, 10, 10)
+		if v[0] != 0 || spentFor(v) <= 0 || spentFor(v) > time.Second {
+			t.Errorf("drained at 1/min, changed to 1/s: granted %d, nothing more for %v; want 0, for at most 1s", v[0], spentFor(v))
+		}
+	})
+	t.Run("tokens_kept", func(t *testing.T) {
+		fresh("kept")
+		homeBucket(t, s, "kept", 1, time.Minute, 10, 4)
+		// 6 held; 10/min burst 100 refills one every 6 s.
+		if v := homeBucket(t, s, "kept", 10, time.Minute, 100, 1000); v[0] != 6 {
+			t.Errorf("6 held at 1/min, changed to 10/min burst 100: granted %d, want the 6", v[0])
+		}
+	})
+	t.Run("lowered", func(t *testing.T) {
+		fresh("lowered")
+		homeBucket(t, s, "lowered", 100, time.Minute, 100, 100)
+		v := homeBucket(t, s, "lowered", 1, time.Hour, 1000, 1000)
+		if v[0] != 0 || spentFor(v) < 59*time.Minute {
+			t.Errorf("drained at 100/min, changed to 1/h burst 1000: granted %d, nothing more for %v; want 0, for about an hour", v[0], spentFor(v))
+		}
+	})
+	t.Run("debt_as_time", func(t *testing.T) {
+		fresh("debt")
+		g := homeBucket(t, s, "debt", 1, time.Minute, 10, 10)
+		// A debt of 5 at 1/min: five minutes.
+		homeBucket(t, s, "debt", 1, time.Minute, 10, 0, itoa(g[3]), "-5", "1")
+		v := homeBucket(t, s, "debt", 1, time.Second, 10, 10)
+		if v[0] != 0 || spentFor(v) < 5*time.Minute || spentFor(v) > 5*time.Minute+2*time.Second {
+			t.Errorf("5 owed at 1/min, changed to 1/s: granted %d, nothing more for %v; want 0, for 5m1s", v[0], spentFor(v))
+		}
+	})
+	t.Run("give_back_after_lowering", func(t *testing.T) {
+		// 10 granted at 1000/min, and 10 owed (600 ms); then the rule
+		// goes to 1/min, and the 10 granted come back unspent: they
+		// repay the debt they were granted against, 600 ms of it, and
+		// leave the key drained. Given back at the new interval, they
+		// would have repaid ten minutes and filled it.
+		fresh("back")
+		g := homeBucket(t, s, "back", 1000, time.Minute, 10, 10)
+		homeBucket(t, s, "back", 1000, time.Minute, 10, 0, itoa(g[3]), "-10", "1")
+		homeBucket(t, s, "back", 1, time.Minute, 10, 0)
+		if v := homeBucket(t, s, "back", 1, time.Minute, 10, 10, itoa(g[3]), "10", "2"); v[0] != 0 {
+			t.Errorf("granted %d after the units came back; want 0: the key holds nothing", v[0])
+		}
+	})
+	t.Run("flips", func(t *testing.T) {
+		// Changed back and forth, a bucket grants what it held, once.
+		fresh("flips")
+		got := int64(0)
+		for i := range 20 {
+			burst := 5
+			if i%2 == 1 {
+				burst = 8
+			}
+			got += homeBucket(t, s, "flips", 1, time.Hour, burst, 100)[0]
+		}
+		if got != 5 {
+			t.Errorf("granted %d over 20 changes between bursts of 5 and 8 at 1/h; want the 5 it held", got)
+		}
+	})
+}
+
+// TestHomeCountRuleChanges: the home keeps a count per period end, so
+// a fixed window's count survives its limit's change, a window whose
+// length changes counts anew once, and a window changed back finds its
+// count again (it was counted anew at every change, admitting a limit
+// each time).
+func TestHomeCountRuleChanges(t *testing.T) {
+	srv, s := scriptStore(t)
+	// Two window lengths whose windows in progress end apart, both a
+	// while from now.
+	now := time.Now()
+	// Windows are aligned on the Unix epoch, as the script aligns them.
+	end := func(w time.Duration) time.Time {
+		us, wu := now.UnixMicro(), w.Microseconds()
+		return time.UnixMicro(us - us%wu + wu)
+	}
+	var a, b time.Duration
+	for m := 61; a == 0; m++ {
+		for k := m + 1; k < m+60; k++ {
+			wa, wb := time.Duration(m)*time.Minute, time.Duration(k)*time.Minute
+			if !end(wa).Equal(end(wb)) && end(wa).Sub(now) > 10*time.Minute && end(wb).Sub(now) > 10*time.Minute {
+				a, b = wa, wb
+				break
+			}
+		}
+	}
+	count := func(limit int, w time.Duration, want int) int64 {
+		t.Helper()
+		v, err := redisstore.HomeCall(s, "count", "a", "c", strconv.Itoa(want), "0", strconv.Itoa(limit), itoa(w.Microseconds()), "0", "0", "0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0]
+	}
+	// Counted by an earlier version: one count of the period ending p.
+	if _, err := redistest.Command(srv.Addr, "HSET", "count", "p", itoa(end(a).UnixMicro()), "c", "3"); err != nil {
+		t.Fatal(err)
+	}
+	if g := count(10, a, 100); g != 7 {
+		t.Fatalf("granted %d of a window that had 3 of 10; want 7", g)
+	}
+	if g := count(10, b, 100); g != 10 {
+		t.Errorf("granted %d of a window of another length; want its 10", g)
+	}
+	if g := count(10, a, 100); g != 0 {
+		t.Errorf("granted %d when the window changed back; want 0: its 10 are spent", g)
+	}
+	if g := count(15, a, 100); g != 5 {
+		t.Errorf("granted %d when the limit went from 10 to 15; want 5", g)
+	}
+
+	// A quota's period in progress keeps its end and count when the
+	// rule's period changes: the new one starts at the next.
+	quota := func(limit int, start, end time.Time) int64 {
+		t.Helper()
+		v, err := redisstore.HomeCall(s, "quota", "a", "c", "100", "0", strconv.Itoa(limit), "0",
+			itoa(start.UnixMicro()), itoa(end.UnixMicro()), itoa(end.Add(end.Sub(start)).UnixMicro()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0]
+	}
+	if g := quota(10, now.Add(-time.Hour), now.Add(time.Hour)); g != 10 {
+		t.Fatalf("granted %d of a fresh quota of 10", g)
+	}
+	if g := quota(10, now.Add(-time.Minute), now.Add(10*time.Minute)); g != 0 {
+		t.Errorf("granted %d when the quota's period changed; want 0: the period in progress has its 10", g)
+	}
+	if g := quota(12, now.Add(-time.Minute), now.Add(10*time.Minute)); g != 2 {
+		t.Errorf("granted %d when the quota went from 10 to 12; want 2", g)
 	}
 }

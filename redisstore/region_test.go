@@ -668,3 +668,86 @@ func TestRegionsDebtsGoHome(t *testing.T) {
 		t.Errorf("admitted %d in a second after a debt of 990 on a bucket of 10 a second", admitted)
 	}
 }
+
+// TestRegionsRuleChange: a bucket held across regions whose rule changes
+// keeps what it holds, as one Redis's does. Drained at 1/h burst 5, its
+// burst raised to 50 admits nothing (it refilled to 45 when the home
+// read its timeline under the new rule), and its rate raised to 1/s
+// admits within seconds (it waited hours).
+func TestRegionsRuleChange(t *testing.T) {
+	w := newRegionWorld(t, 2, 1, redisstore.RefuseWhenCut)
+	decide := func(s *redisstore.Store, rule *admit.Rule) bool {
+		t.Helper()
+		var d admit.Decision
+		if err := s.Decide(context.Background(), []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.Allowed
+	}
+	rule := &admit.Rule{Name: "calls", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 5}
+	a, b := w.servers[0][0], w.servers[1][0]
+	// A fresh home fences new buckets for their burst's time (hours
+	// here): let the key start long after, as TestHomeGiveBacksOnce does.
+	home := redisstore.HomeKey(a, admit.Charge{Key: "k", Rule: rule})
+	if _, err := redistest.Command(w.home.Addr, "HSET", home, "tat", "0", "gen", "1"); err != nil {
+		t.Fatal(err)
+	}
+	admitted := 0
+	for deadline := time.Now().Add(10 * time.Second); admitted < 5 && time.Now().Before(deadline); {
+		if decide(a, rule) {
+			admitted++
+		} else {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if admitted != 5 {
+		t.Fatalf("admitted %d of a fresh burst of 5", admitted)
+	}
+	wider := &admit.Rule{Name: "calls", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: time.Hour}, Burst: 50}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		for _, s := range []*redisstore.Store{a, b} {
+			if decide(s, wider) {
+				t.Fatal("the burst raised from 5 to 50 under a drained key: admitted; want refused, the key holds nothing")
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	faster := &admit.Rule{Name: "calls", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 5}
+	for deadline := time.Now().Add(10 * time.Second); !decide(b, faster); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the rate raised from 1/h to 1/s: nothing admitted in 10s")
+		}
+	}
+
+	// A fixed window spent, its limit raised: the region asks the home
+	// again (it had been told the window was spent until its end), and
+	// gets the difference, no more. The window is one that ends minutes
+	// from now at the earliest.
+	window := time.Hour
+	for m := 61; time.Now().Add(2*time.Minute).UnixMicro()/window.Microseconds() != time.Now().UnixMicro()/window.Microseconds(); m++ {
+		window = time.Duration(m) * time.Minute
+	}
+	count := func(s *redisstore.Store, limit int64, tries int) int {
+		t.Helper()
+		r := &admit.Rule{Name: "window", Algorithm: admit.FixedWindow, Limit: limit, Window: window}
+		n := 0
+		for range tries {
+			var d admit.Decision
+			if err := s.Decide(context.Background(), []admit.Charge{{Key: "w", Rule: r, Cost: 1}}, &d); err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				n++
+			} else {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		return n
+	}
+	if n := count(a, 3, 20); n != 3 {
+		t.Fatalf("admitted %d of a window of 3", n)
+	}
+	if n := count(a, 6, 50); n != 3 {
+		t.Errorf("the limit raised from 3 to 6 of a spent window: admitted %d, want 3", n)
+	}
+}
