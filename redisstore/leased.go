@@ -214,6 +214,23 @@ func sameShare(a, b *admit.Share) bool {
 	return a.Class == b.Class && a.Weight == b.Weight
 }
 
+// sameRule reports whether rules a and b are the same in every parameter:
+// a reload or a catalog change compiles every rule anew, and an allowance
+// serves the new copy of an unchanged rule as it served the old.
+func sameRule(a, b *admit.Rule) bool {
+	if a == b {
+		return true
+	}
+	if (a.Initial == nil) != (b.Initial == nil) || a.Initial != nil && *a.Initial != *b.Initial {
+		return false
+	}
+	return a.Name == b.Name && a.Algorithm == b.Algorithm && a.Rate == b.Rate && a.Burst == b.Burst && a.Floor == b.Floor &&
+		a.Limit == b.Limit && a.Window == b.Window && a.Max == b.Max && a.LeaseTTL == b.LeaseTTL &&
+		a.Period == b.Period && a.Location.String() == b.Location.String() && a.Anchor.Equal(b.Anchor) &&
+		a.MaxCost == b.MaxCost && a.ShareCeiling == b.ShareCeiling && a.MaxDebt == b.MaxDebt &&
+		a.Shadow == b.Shadow && a.OnError == b.OnError && a.Distribution == b.Distribution
+}
+
 // allowanceOf returns the allowance of c's key, made on first use or when
 // the key's rule changed (the old one's units are given back); nil when a
 // region's store keeps maxRegionKeys already.
@@ -223,20 +240,32 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 	a.mu.RLock()
 	p := a.m[k]
 	a.mu.RUnlock()
-	if p != nil && p.rule == c.Rule && sameShare(p.share, c.Share) {
+	if p != nil && sameRule(p.rule, c.Rule) && sameShare(p.share, c.Share) {
 		return p
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if p = a.m[k]; p != nil && p.rule == c.Rule && sameShare(p.share, c.Share) {
+	if p = a.m[k]; p != nil && sameRule(p.rule, c.Rule) && sameShare(p.share, c.Share) {
 		return p
 	}
 	if p == nil && s.region != nil && len(a.m) >= maxRegionKeys {
 		return nil
 	}
+	var old *allowance
 	if p != nil {
-		if s.region != nil {
-			go s.refund(p)
+		old = p
+		a.mu.Unlock()
+		if s.region != nil && isBucket(old.rule) == isBucket(c.Rule) {
+			// A region's units are stretches of the home's timeline (or
+			// units of a count's period), spent as they were granted
+			// whatever rule decides them: the new rule's allowance takes
+			// them over, unlock times and all, once the old one's take
+			// in flight has landed, and the home adopts the new rule at
+			// the next refill. Given back instead, units not yet due
+			// went home and came back later still, and rules changed
+			// faster than they came due (reloads, catalog changes)
+			// starved the key.
+			old.awaitFetch()
 		} else {
 			// What the old rule's allowance holds goes back before the
 			// new rule decides: the key's state adopts it under the rule
@@ -244,17 +273,19 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 			// the units coming back, late, into what the new rule
 			// already counted. A refund is one call; rules change
 			// rarely.
-			old := p
-			a.mu.Unlock()
 			s.refund(old)
-			a.mu.Lock()
-			if p = a.m[k]; p != nil && p != old && p.rule == c.Rule && sameShare(p.share, c.Share) {
-				return p
-			}
+			old = nil
+		}
+		a.mu.Lock()
+		if p = a.m[k]; p != nil && p != old && sameRule(p.rule, c.Rule) && sameShare(p.share, c.Share) {
+			return p
 		}
 	}
 	tag := tagOf(c)
 	p = &allowance{rule: c.Rule, ra: argsOf(c.Rule), key: c.Key, tag: tag, rkey: s.redisKey(tag, c.Key), since: now, lastUse: now}
+	if old != nil && a.m[k] == old {
+		old.handOver(p)
+	}
 	if c.Share != nil {
 		sh := *c.Share
 		p.share = &sh
@@ -268,6 +299,30 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 		go s.sweepLoop()
 	}
 	return p
+}
+
+// awaitFetch waits for p's take in flight, if any, to land.
+func (p *allowance) awaitFetch() {
+	p.mu.Lock()
+	f := p.fetch
+	p.mu.Unlock()
+	if f != nil {
+		<-f.done
+	}
+}
+
+// handOver moves the units p holds, and what it knows of its region's
+// pool, to next, the allowance of p's key under a new rule; p is left
+// holding nothing, and what is put back into it is lost (admitting less).
+// A refusal p repeats is not handed over: the new rule asks anew.
+func (p *allowance) handOver(next *allowance) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next.avail, next.future, next.due, next.until, next.period = p.avail, p.future, p.due, p.until, p.period
+	next.grant, next.shared, next.reset, next.hgen, next.delta = p.grant, p.shared, p.reset, p.hgen, p.delta
+	next.asked, next.owing, next.since, next.lastUse = p.asked, p.owing, p.since, p.lastUse
+	p.avail, p.future, p.asked = 0, 0, 0
+	p.gen++
 }
 
 // decideLeased decides charges (anyLeasable): the leasable ones covered

@@ -668,6 +668,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	s.region.held.Store(last.held)
 	p.grant = got
 	p.shared = last.held
+	p.reset = recv.Add(p.regionReset(recv))
 	switch {
 	case p.grant > 0:
 	case s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && last.held == 0:
@@ -688,7 +689,9 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 			}
 		}
 		p.refusedUntil, p.refusedCost = recv.Add(wait), 1
-		p.refusal = admit.Result{Rule: p.rule.Name, Shadow: p.rule.Shadow, Limit: p.rule.Capacity()}
+		p.refusalEnds = p.refusedUntil
+		p.refusal = admit.Result{Rule: p.rule.Name, Shadow: p.rule.Shadow, Limit: p.rule.Capacity(),
+			ResetAfter: p.regionReset(recv)}
 	}
 	p.mu.Unlock()
 	close(f.done)
@@ -728,6 +731,16 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 	}
 	p.hgen = t.gen
 	s.withdrawn.Add(t.got)
+}
+
+// regionReset estimates how long from now until p's limit is whole again,
+// from what its region knows: a count's period's end, a bucket's refill of
+// what neither this server nor its pool holds. p.mu is held.
+func (p *allowance) regionReset(now time.Time) time.Duration {
+	if !isBucket(p.rule) {
+		return max(periodEnd(p.rule, now).Sub(now), 0)
+	}
+	return spanOf(p.rule.Rate, max(p.rule.Burst-p.avail-p.shared, 0))
 }
 
 // refillElsewhere is what refill returns when another refill of the pool
