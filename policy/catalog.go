@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/admitdev/admit"
 )
@@ -24,11 +25,68 @@ import (
 // the configuration later says; a deleted tenant stays deleted.
 type Changes struct {
 	Version int `json:"version"`
-	// Revision counts the saves; a shared ChangeStore refuses a save that
-	// does not follow the revision it holds (see ErrStale).
-	Revision int64                    `json:"revision,omitempty"`
-	Tenants  map[string]*TenantChange `json:"tenants,omitempty"`
-	Tiers    map[string]*TierSpec     `json:"tiers,omitempty"`
+	// Revision names the save: a hybrid clock, in microseconds, that is
+	// past both the revision it was made on and the writer's clock, so
+	// that later saves carry larger revisions, across servers too.
+	Revision int64 `json:"revision,omitempty"`
+	// Base is the revision these changes were made on: a shared
+	// ChangeStore saves them only over it (see ErrStale).
+	Base    int64                    `json:"-"`
+	Tenants map[string]*TenantChange `json:"tenants,omitempty"`
+	Tiers   map[string]*TierSpec     `json:"tiers,omitempty"`
+	// Written has the revision each entry was last written at, by
+	// entryKey: so that copies of the catalog held by several servers
+	// merge, entry by entry, the later write winning, when the store
+	// lost what it held.
+	Written map[string]int64 `json:"written,omitempty"`
+}
+
+// entryKey names a tenant's or a tier's entry in Changes.Written.
+func entryKey(kind, name string) string { return kind + "/" + name }
+
+// setTenant writes tenant id's entry at c's revision.
+func (c *Changes) setTenant(id string, t *TenantChange) {
+	c.Tenants[id] = t
+	c.Written[entryKey("tenants", id)] = c.Revision
+}
+
+// setTier writes tier name's entry at c's revision.
+func (c *Changes) setTier(name string, t *TierSpec) {
+	c.Tiers[name] = t
+	c.Written[entryKey("tiers", name)] = c.Revision
+}
+
+// nextRevision returns the revision of a save made on rev: later than rev
+// and than this server's clock (unix µs).
+func nextRevision(rev int64) int64 {
+	return max(rev+1, time.Now().UnixMicro())
+}
+
+// mergeChanges returns saved with the entries of mine written later than
+// saved's (or that saved lacks), and how many those are: the
+// acknowledged changes a store that lost what it held no longer has.
+// Entries are never removed (a deleted tenant is kept as deleted), so an
+// entry saved lacks is one it lost. On a tie, saved's entry stays.
+func mergeChanges(saved, mine *Changes) (*Changes, int) {
+	out := saved.clone()
+	n := 0
+	for id, t := range mine.Tenants {
+		k := entryKey("tenants", id)
+		if _, ok := saved.Tenants[id]; !ok || mine.Written[k] > saved.Written[k] {
+			out.Tenants[id] = t
+			out.Written[k] = mine.Written[k]
+			n++
+		}
+	}
+	for name, t := range mine.Tiers {
+		k := entryKey("tiers", name)
+		if _, ok := saved.Tiers[name]; !ok || mine.Written[k] > saved.Written[k] {
+			out.Tiers[name] = t
+			out.Written[k] = mine.Written[k]
+			n++
+		}
+	}
+	return out, n
 }
 
 // TenantChange is a tenant as the admin API left it.
@@ -38,12 +96,16 @@ type TenantChange struct {
 }
 
 func (c *Changes) clone() *Changes {
-	out := &Changes{Version: 1, Revision: c.Revision, Tenants: maps.Clone(c.Tenants), Tiers: maps.Clone(c.Tiers)}
+	out := &Changes{Version: 1, Revision: c.Revision, Base: c.Base, Tenants: maps.Clone(c.Tenants), Tiers: maps.Clone(c.Tiers),
+		Written: maps.Clone(c.Written)}
 	if out.Tenants == nil {
 		out.Tenants = map[string]*TenantChange{}
 	}
 	if out.Tiers == nil {
 		out.Tiers = map[string]*TierSpec{}
+	}
+	if out.Written == nil {
+		out.Written = map[string]int64{}
 	}
 	return out
 }
@@ -54,8 +116,8 @@ type ChangeStore interface {
 	Load(ctx context.Context) (*Changes, error)
 	// Save replaces the saved changes. When it fails, the previously saved
 	// changes must still load. A store shared by several servers refuses,
-	// with an error wrapping ErrStale, changes whose Revision does not
-	// follow the saved one: another server saved meanwhile.
+	// with an error wrapping ErrStale, changes whose Base is not the saved
+	// Revision: another server saved meanwhile.
 	Save(ctx context.Context, c *Changes) error
 }
 
@@ -79,7 +141,21 @@ type Catalog struct {
 	cur     atomic.Pointer[Policy]
 	// pending is set while the saved changes could not be loaded yet.
 	pending atomic.Bool
+	// restores counts the times this server saved back the changes its
+	// store had lost; onRestore, if set, is told of each.
+	restores  atomic.Int64
+	onRestore atomic.Pointer[func(entries int, revision int64)]
 }
+
+// OnRestore has f called (under the catalog's lock: it must not call the
+// catalog) each time the catalog saves back into its store entries the
+// store had lost, with how many and the revision saved.
+func (c *Catalog) OnRestore(f func(entries int, revision int64)) { c.onRestore.Store(&f) }
+
+// Restores returns how many times this catalog saved back into its store
+// acknowledged changes the store had lost (a Redis that came back empty,
+// or older than what this server had seen).
+func (c *Catalog) Restores() int64 { return c.restores.Load() }
 
 // Pending reports whether the catalog started without its store's saved
 // changes (the store was unavailable) and has not loaded them since.
@@ -180,7 +256,7 @@ func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*Pol
 			}
 		}
 		next := c.changes.clone()
-		next.Revision++
+		next.Base, next.Revision = c.changes.Revision, nextRevision(c.changes.Revision)
 		if err := edit(next); err != nil {
 			return nil, err
 		}
@@ -208,49 +284,78 @@ func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*Pol
 // when told that one of them saved. Saved changes that do not compile with
 // this server's configuration are refused and the current policy kept.
 func (c *Catalog) Refresh(ctx context.Context) error {
+	_, err := c.Sync(ctx)
+	return err
+}
+
+// Sync is Refresh, and reports how many entries (tenants, tiers) of this
+// server's copy it saved back into the store, which had lost them: a
+// Redis that came back empty, or restored by a server whose copy was
+// older. The store's entries and the restored ones merge, the later write
+// of each winning, so an acknowledged change is never undone by a copy
+// older than it.
+func (c *Catalog) Sync(ctx context.Context) (restored int, err error) {
 	if c.store == nil {
-		return nil
+		return 0, nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.refreshLocked(ctx)
+	return c.syncLocked(ctx)
 }
 
 func (c *Catalog) refreshLocked(ctx context.Context) error {
-	saved, err := c.store.Load(ctx)
-	if err != nil {
-		return err
-	}
-	if saved.Revision < c.changes.Revision && !c.pending.Load() {
-		// Revisions only grow: the store lost what it held (a Redis
-		// restarted without persistence). Save this server's copy back,
-		// as the next revision of what the store holds now; if another
-		// server restored it first, load theirs.
-		restored := c.changes.clone()
-		restored.Revision = saved.Revision + 1
-		switch err := c.store.Save(ctx, restored); {
-		case err == nil:
-			c.changes = restored
-			return nil
-		case errors.Is(err, ErrStale):
-			if saved, err = c.store.Load(ctx); err != nil {
-				return err
-			}
-		default:
-			return err
+	_, err := c.syncLocked(ctx)
+	return err
+}
+
+func (c *Catalog) syncLocked(ctx context.Context) (int, error) {
+	for attempt := 0; ; attempt++ {
+		saved, err := c.store.Load(ctx)
+		if err != nil {
+			return 0, err
 		}
+		// A catalog that has not loaded its store's changes yet holds
+		// none of its own to restore.
+		merged, lost := saved, 0
+		if !c.pending.Load() {
+			merged, lost = mergeChanges(saved, c.changes)
+		}
+		if lost == 0 {
+			c.pending.Store(false)
+			if saved.Revision == c.changes.Revision {
+				return 0, nil
+			}
+			p, err := compileWith(&c.base, saved)
+			if err != nil {
+				return 0, fmt.Errorf("policy: the saved catalog changes (revision %d) do not apply to this configuration: %w", saved.Revision, err)
+			}
+			c.changes = saved.clone()
+			c.cur.Store(p)
+			return 0, nil
+		}
+		// The store lost acknowledged changes this server holds: save
+		// them back on top of what it holds now. If another server
+		// saves meanwhile, merge with theirs and try again.
+		merged.Base, merged.Revision = saved.Revision, nextRevision(max(saved.Revision, c.changes.Revision))
+		p, err := compileWith(&c.base, merged)
+		if err != nil {
+			return 0, fmt.Errorf("policy: the catalog changes to restore (revision %d) do not apply to this configuration: %w", merged.Revision, err)
+		}
+		err = c.store.Save(ctx, merged)
+		if errors.Is(err, ErrStale) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		c.changes = merged
+		c.cur.Store(p)
+		c.restores.Add(1)
+		if f := c.onRestore.Load(); f != nil {
+			(*f)(lost, merged.Revision)
+		}
+		return lost, nil
 	}
-	c.pending.Store(false)
-	if saved.Revision == c.changes.Revision {
-		return nil
-	}
-	p, err := compileWith(&c.base, saved)
-	if err != nil {
-		return fmt.Errorf("policy: the saved catalog changes (revision %d) do not apply to this configuration: %w", saved.Revision, err)
-	}
-	c.changes = saved.clone()
-	c.cur.Store(p)
-	return nil
 }
 
 // PutTenant creates or replaces a tenant's tier and overrides. The tenant
@@ -267,7 +372,7 @@ func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*T
 			tc.BillingAnchor = cmp.Or(tc.BillingAnchor, old.Spec.BillingAnchor)
 			tc.Weight = cmp.Or(tc.Weight, old.Spec.Weight)
 		}
-		ch.Tenants[id] = tc
+		ch.setTenant(id, tc)
 		return nil
 	})
 	if err != nil {
@@ -282,7 +387,7 @@ func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
 		if c.cur.Load().tenants[id] == nil {
 			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
 		}
-		ch.Tenants[id] = &TenantChange{Deleted: true}
+		ch.setTenant(id, &TenantChange{Deleted: true})
 		return nil
 	})
 	return err
@@ -304,7 +409,7 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
 		}
 		spec := t.Spec
 		spec.APIKeysSHA256 = append(slices.Clip(spec.APIKeysSHA256), HashKey(key))
-		ch.Tenants[id] = &TenantChange{TenantSpec: spec}
+		ch.setTenant(id, &TenantChange{TenantSpec: spec})
 		return nil
 	})
 	if err != nil {
@@ -339,7 +444,7 @@ func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
 		}
 		spec := t.Spec
 		spec.APIKeysSHA256 = slices.Delete(slices.Clone(spec.APIKeysSHA256), i, i+1)
-		ch.Tenants[id] = &TenantChange{TenantSpec: spec}
+		ch.setTenant(id, &TenantChange{TenantSpec: spec})
 		return nil
 	})
 	return err
@@ -352,7 +457,7 @@ func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tie
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
-		ch.Tiers[name] = &spec
+		ch.setTier(name, &spec)
 		return nil
 	})
 	if err != nil {

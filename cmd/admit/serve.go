@@ -239,15 +239,21 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 			}
 		}
 	}
+	catalog.OnRestore(func(entries int, revision int64) {
+		log.Warn("the shared tenant catalog had lost acknowledged changes (a Redis that came back empty or older); restored them from this server's copy",
+			"entries", entries, "revision", revision)
+	})
 	ctx, stop := context.WithCancel(ctx)
 	if st.watch != nil {
 		// Another server's admin change reaches this one within a
 		// moment: on its message, or at the latest at the next poll.
 		var health refreshHealth
-		go st.watch(ctx, 5*time.Second, func() {
-			if err := catalog.Refresh(ctx); ctx.Err() == nil {
+		go st.watch(ctx, catalogPoll, func() error {
+			err := catalog.Refresh(ctx)
+			if ctx.Err() == nil {
 				health.record(err, log)
 			}
+			return err
 		})
 	}
 	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop}, nil
@@ -309,6 +315,10 @@ func (h *refreshHealth) record(err error, log *slog.Logger) {
 		h.since = time.Time{}
 	}
 }
+
+// catalogPoll is how often a server reads the shared catalog's revision
+// to find a change whose message it missed (or a Redis that lost it).
+const catalogPoll = 500 * time.Millisecond
 
 // close stops following the shared catalog, then closes the store.
 func (b *backend) close() {

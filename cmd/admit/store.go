@@ -30,7 +30,7 @@ type openedStore struct {
 	stats   func() server.StoreStats
 	ready   func(context.Context) error
 	health  func() server.StoreHealth
-	watch   func(ctx context.Context, poll time.Duration, changed func())
+	watch   func(ctx context.Context, poll time.Duration, changed func() error)
 	check   func(*admit.Rule) error // whether the store can decide a rule
 	// sessions keeps the WebSocket gateway's sessions: in this process
 	// with the memory store, shared in Redis with the Redis store.

@@ -14,7 +14,7 @@ import (
 // Options describe the store under test.
 type Options struct {
 	// Shared is whether several servers share the store, which must then
-	// refuse a save that does not follow the revision it holds.
+	// refuse a save not made on the revision it holds.
 	Shared bool
 }
 
@@ -33,6 +33,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 		Tiers: map[string]*policy.TierSpec{
 			"pro": {Rules: []policy.RuleSpec{{Name: "user", Scope: "user", Algorithm: "token_bucket", Rate: "10/s", Burst: &burst}}},
 		},
+		Written: map[string]int64{"tenants/acme": 1, "tenants/gone": 1, "tiers/pro": 1},
 	}
 
 	t.Run("empty", func(t *testing.T) {
@@ -53,7 +54,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 		}
 		same(t, load(t, b), first)
 		second := *first
-		second.Revision = 2
+		second.Base, second.Revision = 1, 2
 		second.Tenants = map[string]*policy.TenantChange{"acme": {TenantSpec: policy.TenantSpec{Tier: "free"}}}
 		if err := b.Save(ctx, &second); err != nil {
 			t.Fatal(err)
@@ -69,29 +70,29 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 		if err := a.Save(ctx, first); err != nil {
 			t.Fatal(err)
 		}
-		// b saves revision 2; a, which has not seen it, saves its own
-		// revision 2: refused, and b's stays.
+		// b saves revision 20 on 1; a, which has not seen it, saves its
+		// own revision 30 on 1: refused, and b's stays.
 		fromB := *first
-		fromB.Revision = 2
+		fromB.Base, fromB.Revision = 1, 20
 		fromB.Tiers = nil
 		if err := b.Save(ctx, &fromB); err != nil {
 			t.Fatal(err)
 		}
 		fromA := *first
-		fromA.Revision = 2
+		fromA.Base, fromA.Revision = 1, 30
 		fromA.Tenants = nil
 		if err := a.Save(ctx, &fromA); !errors.Is(err, policy.ErrStale) {
 			t.Fatalf("a save over a revision it has not seen: %v, want ErrStale", err)
 		}
 		same(t, load(t, a), &fromB)
-		// Skipping a revision is as stale as repeating one.
-		fromA.Revision = 4
+		// Made on a revision the store never held: as stale.
+		fromA.Base = 25
 		if err := a.Save(ctx, &fromA); !errors.Is(err, policy.ErrStale) {
-			t.Fatalf("a save two revisions ahead: %v, want ErrStale", err)
+			t.Fatalf("a save made on revision 25 over 20: %v, want ErrStale", err)
 		}
-		fromA.Revision = 3
+		fromA.Base = 20
 		if err := a.Save(ctx, &fromA); err != nil {
-			t.Fatalf("the save that follows: %v", err)
+			t.Fatalf("the save made on the revision held: %v", err)
 		}
 		same(t, load(t, b), &fromA)
 	})

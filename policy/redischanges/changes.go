@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -21,13 +22,17 @@ import (
 // Store keeps the tenant catalog's changes (tenants, tiers,
 // overrides, API key hashes) in Redis, shared by every server of a
 // deployment: one JSON document under Prefix + "{catalog}changes", saved
-// only on top of the revision it holds (policy.ErrStale otherwise), and a
+// only on top of the revision it holds (policy.ErrStale otherwise), its
+// revision under Prefix + "{catalog}revision" (what Watch polls), and a
 // message on the Prefix + "catalog" channel after each save, on which the
 // other servers load it again (Watch). Redis persistence (RDB/AOF) is what
-// makes the changes survive every server and Redis restarting.
+// makes the changes survive Redis restarting; without it, the servers'
+// catalogs restore what a Redis that came back empty lost (see
+// policy.Catalog.Sync).
 type Store struct {
 	store   *redisstore.Store
 	key     string
+	revKey  string
 	channel string
 	timeout time.Duration
 }
@@ -37,7 +42,7 @@ var _ policy.ChangeStore = (*Store)(nil)
 // New returns the catalog changes of s's deployment.
 func New(s *redisstore.Store) *Store {
 	return &Store{
-		store: s, key: s.Prefix() + "{catalog}changes", channel: s.Prefix() + "catalog",
+		store: s, key: s.Prefix() + "{catalog}changes", revKey: s.Prefix() + "{catalog}revision", channel: s.Prefix() + "catalog",
 		// Admin changes are rare and matter more than they are urgent.
 		timeout: max(s.Timeout(), 2*time.Second),
 	}
@@ -68,14 +73,15 @@ func (c *Store) Load(ctx context.Context) (*policy.Changes, error) {
 	return &ch, nil
 }
 
-// saveScript replaces the catalog only if it holds the revision before the
-// new one, and tells the other servers.
+// saveScript replaces the catalog only if it holds the revision the new
+// one was made on, keeps its revision apart, and tells the other servers.
 var saveScript = rueidis.NewLuaScript(`
 local cur = redis.call('GET', KEYS[1])
 local rev = 0
 if cur then rev = cjson.decode(cur).revision or 0 end
 if rev ~= tonumber(ARGV[2]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[4])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1`)
 
@@ -92,8 +98,8 @@ func (c *Store) Save(ctx context.Context, ch *policy.Changes) error {
 	if err != nil {
 		return err
 	}
-	ok, err := saveScript.Exec(ctx, client, []string{c.key},
-		[]string{string(b), strconv.FormatInt(ch.Revision-1, 10), c.channel, rev}).AsInt64()
+	ok, err := saveScript.Exec(ctx, client, []string{c.key, c.revKey},
+		[]string{string(b), strconv.FormatInt(ch.Base, 10), c.channel, rev}).AsInt64()
 	if err != nil {
 		return admit.Errorf(admit.CodeUnavailable, "redischanges: saving the catalog: %w", err)
 	}
@@ -103,23 +109,39 @@ func (c *Store) Save(ctx context.Context, ch *policy.Changes) error {
 	return nil
 }
 
-// Watch calls changed whenever a server saves the catalog, until ctx ends.
-// It also calls it every poll interval (a message published while this
-// server was disconnected is lost), after each lost subscription, and
-// once each subscription is made again.
-func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
+// Watch calls changed whenever a server saves the catalog, until ctx
+// ends: on the save's message, and when a poll of the saved revision
+// every poll interval finds it changed (a message published while this
+// server was disconnected is lost; a Redis that came back empty has
+// none). It also calls it after each lost subscription, and once each
+// subscription is made again.
+//
+// changed runs on a goroutine of its own, never on the connection's: the
+// subscription's callback only marks that a call is due, so a changed
+// that waits (for the catalog's lock, which an admin write holds while it
+// waits for Redis) never holds up the replies of the connection the
+// store's decisions share. Calls due while one runs are made once, after
+// it; a call that fails is made again at every poll until one succeeds.
+func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func() error) {
+	due := make(chan struct{}, 1)
+	kick := func() {
+		select {
+		case due <- struct{}{}:
+		default:
+		}
+	}
+	var failed atomic.Bool
 	go func() {
-		t := time.NewTicker(poll)
-		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
-				changed()
+			case <-due:
+				failed.Store(changed() != nil)
 			}
 		}
 	}()
+	go c.pollRevision(ctx, poll, kick, &failed)
 	// While Redis is down, subscribing fails at once: wait longer after
 	// each failure (200 ms doubling to 5 s), and start again from 200 ms
 	// after a subscription that held.
@@ -130,7 +152,7 @@ func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
 	// (the catalog then saves its copy back).
 	hooked := rueidis.WithOnSubscriptionHook(ctx, func(s rueidis.PubSubSubscription) {
 		if s.Kind == "subscribe" {
-			go changed()
+			kick()
 		}
 	})
 	for ctx.Err() == nil {
@@ -138,7 +160,7 @@ func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
 		client, err := c.client()
 		if err == nil {
 			err = client.Receive(hooked, client.B().Subscribe().Channel(c.channel).Build(), func(rueidis.PubSubMessage) {
-				changed()
+				kick()
 			})
 		}
 		if ctx.Err() != nil {
@@ -148,12 +170,46 @@ func (c *Store) Watch(ctx context.Context, poll time.Duration, changed func()) {
 		if time.Since(began) > maxWait {
 			wait = minWait
 		}
-		changed()
+		kick()
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, maxWait)
+	}
+}
+
+// pollRevision reads the saved revision every poll interval and calls
+// kick when it is not the one it read last (absent included: a Redis that
+// lost the catalog), cannot be read, or the last call failed, and every
+// 30 polls whatever it reads: a catalog saved by a server that does not
+// keep the revision apart is seen then.
+func (c *Store) pollRevision(ctx context.Context, poll time.Duration, kick func(), failed *atomic.Bool) {
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	last := ""
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rev := "?"
+		if client, err := c.client(); err == nil {
+			pctx, cancel := context.WithTimeout(ctx, c.timeout)
+			v, err := client.Do(pctx, client.B().Get().Key(c.revKey).Build()).ToString()
+			cancel()
+			switch {
+			case err == nil:
+				rev = v
+			case rueidis.IsRedisNil(err):
+				rev = ""
+			}
+		}
+		if rev != last || rev == "?" || failed.Load() || n%30 == 0 {
+			kick()
+		}
+		last = rev
 	}
 }
 

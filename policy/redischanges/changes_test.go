@@ -44,7 +44,7 @@ func TestSharedCatalog(t *testing.T) {
 			t.Fatal(err)
 		}
 		// A long poll, so that only the pub/sub message can be fast.
-		go cs.Watch(ctx, time.Hour, func() { _ = c.Refresh(ctx) })
+		go cs.Watch(ctx, time.Hour, func() error { return c.Refresh(ctx) })
 		return c, cs
 	}
 	a, _ := open()
@@ -94,7 +94,7 @@ func TestSharedCatalog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old.Revision-- // as a server that missed the last save would
+	old.Base, old.Revision = old.Revision-1, old.Revision+1 // as a server that missed the last save would
 	if err := cs.Save(ctx, old); !errors.Is(err, policy.ErrStale) {
 		t.Fatalf("stale save: %v, want ErrStale", err)
 	}
