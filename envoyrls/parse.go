@@ -129,6 +129,10 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 		p.fail(&extra, "a second YAML document; a configuration file is one document")
 		return "", nil, nil, ChargeDefault
 	}
+	if dups := yamlconf.DuplicateKeys(p.file, &doc); len(dups) > 0 {
+		p.errs = append(p.errs, dups...)
+		return "", nil, nil, ChargeDefault
+	}
 	root := doc.Content[0]
 	fields := p.mapping(root, "the file", "domain", "descriptors", "charge")
 	if fields == nil {

@@ -6,9 +6,11 @@
 package yamlconf
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -66,6 +68,40 @@ func SyntaxError(file string, err error) Error {
 		e.Msg = strings.TrimSpace(msg[strings.Index(msg, ":")+1:])
 	}
 	return e
+}
+
+// DuplicateKeys returns an Error for every key of a mapping under n
+// that the mapping holds already, at the later key, naming the line of the
+// first. A YAML decoder into a node keeps both, and whoever reads them
+// next keeps one: a second "acme:" entry that drops acme's API keys, or a
+// "burst: 1000000" after "burst: 2", would be taken silently.
+func DuplicateKeys(file string, n *yaml.Node) Errors {
+	var errs Errors
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n == nil {
+			return
+		}
+		if n.Kind == yaml.MappingNode {
+			seen := make(map[string]*yaml.Node, len(n.Content)/2)
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				if k.Kind == yaml.ScalarNode {
+					if first, ok := seen[k.Value]; ok {
+						errs = append(errs, At(file, k, "", fmt.Sprintf("duplicate key %q (first at line %d): each key appears once in a mapping", k.Value, first.Line)))
+					} else {
+						seen[k.Value] = k
+					}
+				}
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(n)
+	slices.SortStableFunc(errs, func(a, b Error) int { return cmp.Or(cmp.Compare(a.Line, b.Line), cmp.Compare(a.Col, b.Col)) })
+	return errs
 }
 
 // KindName describes what a node is, for a message that says what was

@@ -88,3 +88,19 @@ func TestReadFileBounded(t *testing.T) {
 		}
 	}
 }
+
+func TestDuplicateKeys(t *testing.T) {
+	var root yaml.Node
+	src := "a: 1\nb:\n  c: 2\n  c: 3\n  d: [{e: 1, e: 2}]\na: 4\n\"b\": 5\n"
+	if err := yaml.Unmarshal([]byte(src), &root); err != nil {
+		t.Fatal(err)
+	}
+	got := yamlconf.DuplicateKeys("f.yaml", &root).Error()
+	want := `f.yaml:4:3: duplicate key "c" (first at line 3): each key appears once in a mapping
+f.yaml:5:14: duplicate key "e" (first at line 5): each key appears once in a mapping
+f.yaml:6:1: duplicate key "a" (first at line 1): each key appears once in a mapping
+f.yaml:7:1: duplicate key "b" (first at line 2): each key appears once in a mapping`
+	if got != want {
+		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}

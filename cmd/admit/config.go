@@ -227,6 +227,9 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 	if err := dec.Decode(&extra); err == nil {
 		return nil, yamlconf.Errors{{File: file, Line: extra.Line, Col: extra.Column, Msg: "a second YAML document; a configuration is one document"}}
 	}
+	if dups := yamlconf.DuplicateKeys(file, &root); len(dups) > 0 {
+		return nil, dups
+	}
 	d := decoder{file: file, pos: map[string]*yaml.Node{}}
 	cfg := &Config{}
 	if len(root.Content) == 1 {

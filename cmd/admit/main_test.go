@@ -318,6 +318,9 @@ func TestConfigCommandsAndHelp(t *testing.T) {
 	if code, out := cmd("config", "validate", file, "testdata/invalid/unknown_tier.yaml"); code != 1 || !strings.Contains(out, "unknown_tier.yaml:11:16") {
 		t.Errorf("validate a bad file: %d %s", code, out)
 	}
+	if code, out := cmd("config", "validate", "testdata/invalid/duplicate_tenant.yaml"); code != 1 || !strings.Contains(out, `duplicate_tenant.yaml:10:3: duplicate key "acme"`) {
+		t.Errorf("validate a file that names a tenant twice: %d %s", code, out)
+	}
 	if code, _ := cmd("config", "validate"); code != 2 {
 		t.Errorf("validate without files: %d", code)
 	}
