@@ -56,6 +56,11 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		return nil, fmt.Errorf("a home (--home or store.home) needs the region's own Redis as the store: --store redis://… or store.backend: redis")
 	}
 	if !isRedis {
+		// The catalog's changes are saved in dataDir: one server's.
+		unlock, err := lockDataDir(dataDir)
+		if err != nil {
+			return nil, err
+		}
 		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
 		sessions := wsgateway.NewMemorySessions(nil)
 		sessions.SetMaxSessions(int(cfg.Gateway.MaxSessions))
@@ -69,7 +74,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 			sessions: sessions,
 			usage:    policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords),
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
-			close:    func() { m.Close() },
+			close:    func() { m.Close(); unlock() },
 		}, nil
 	}
 	timeout := 50 * time.Millisecond
