@@ -346,7 +346,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	case "-":
 		decisionLog = e.stdout
 	default:
-		file, err := os.OpenFile(dl, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		// Read too: a line a crash cut short is cut off at start.
+		file, err := os.OpenFile(dl, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
 		if err != nil {
 			return fmt.Errorf("decision log: %w", err)
 		}

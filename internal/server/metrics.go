@@ -27,6 +27,7 @@ type metrics struct {
 	failOpen           prometheus.Counter
 	failLocal          prometheus.Counter
 	decisionLogDropped prometheus.Counter
+	decisionLogFailing prometheus.Gauge
 	outages            prometheus.Counter
 	lastOutage         prometheus.Gauge
 
@@ -76,7 +77,8 @@ func newMetrics(reg, private *prometheus.Registry, stats func() StoreStats, tena
 		storeErrors:        prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_errors_total", Help: "Decisions the store could not answer."}),
 		failOpen:           prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_open_total", Help: "Requests admitted because the store was unavailable (on_error: open)."}),
 		failLocal:          prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_fail_local_total", Help: "Requests decided by the local limiter because the store was unavailable (on_error: local)."}),
-		decisionLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_decision_log_dropped_total", Help: "Decision log lines dropped because the log could not keep up."}),
+		decisionLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_decision_log_dropped_total", Help: "Decision log lines dropped because the log could not keep up, or could not be written."}),
+		decisionLogFailing: prometheus.NewGauge(prometheus.GaugeOpts{Name: "admit_decision_log_failing", Help: "1 while the decision log cannot be written (its lines are dropped), 0 otherwise."}),
 		outages:            prometheus.NewCounter(prometheus.CounterOpts{Name: "admit_store_outages_total", Help: "Times decisions found the store unavailable after it had answered."}),
 		lastOutage:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "admit_store_last_outage_seconds", Help: "How long the last store outage that ended lasted, as decisions saw it."}),
 	}
@@ -94,7 +96,7 @@ func newMetrics(reg, private *prometheus.Registry, stats func() StoreStats, tena
 		m.reloads.WithLabelValues(result)
 		m.envoyReloads.WithLabelValues(result)
 	}
-	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.envoyReloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped,
+	reg.MustRegister(m.decisions, m.requests, m.latency, m.errors, m.reloads, m.envoyReloads, m.storeErrors, m.failOpen, m.failLocal, m.decisionLogDropped, m.decisionLogFailing,
 		m.outages, m.lastOutage,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if tenantLabel {

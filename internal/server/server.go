@@ -247,7 +247,7 @@ func New(opts Options) (*Server, error) {
 		s.metrics.registerHealth(reg, opts.Health)
 	}
 	if opts.DecisionLog != nil {
-		s.decisions = newDecisionLog(opts.DecisionLog, s.metrics.decisionLogDropped)
+		s.decisions = newDecisionLog(opts.DecisionLog, s.metrics.decisionLogDropped, s.metrics.decisionLogFailing, s.log)
 	}
 	var b [6]byte
 	_, _ = rand.Read(b[:])
