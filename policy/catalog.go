@@ -506,33 +506,11 @@ func (f *FileStore) Save(ctx context.Context, c *Changes) error {
 	if err != nil {
 		return fmt.Errorf("policy: encoding the catalog: %w", err)
 	}
-	dir := filepath.Dir(f.Path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(f.Path), 0o700); err != nil {
 		return fmt.Errorf("policy: saving the catalog: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, ".catalog-*.tmp")
-	if err != nil {
+	if err := writeSynced(f.Path, append(b, '\n')); err != nil {
 		return fmt.Errorf("policy: saving the catalog: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after the rename, a no-op
-	if _, err := writeFile(tmp, append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("policy: saving the catalog: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("policy: saving the catalog: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("policy: saving the catalog: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), f.Path); err != nil {
-		return fmt.Errorf("policy: saving the catalog: %w", err)
-	}
-	// Sync the directory so that the rename itself survives a crash.
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
 	}
 	return nil
 }

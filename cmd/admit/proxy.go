@@ -102,6 +102,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	if f.bodyTimeout < 0 || f.bodyDeadline < 0 || f.writeTimeout < 0 {
 		return fmt.Errorf("--body-timeout, --body-deadline and --write-timeout must not be negative (0: no bound)")
 	}
+	f.readsDataDir = true
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		return err

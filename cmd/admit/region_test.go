@@ -51,7 +51,7 @@ func TestRegionFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Store.Region, cfg.Store.Home = "eu", "redis://h:6379"
-	if _, err := openStore(context.Background(), "memory", cfg, t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "needs the region's own Redis") {
+	if _, err := openStore(context.Background(), "memory", cfg, t.TempDir(), true, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "needs the region's own Redis") {
 		t.Errorf("a home with the memory store: %v", err)
 	}
 }

@@ -75,12 +75,16 @@ type backendFlags struct {
 	// regionEnv says they came from ADMIT_REGION and ADMIT_HOME.
 	region, home string
 	regionEnv    bool
+	// readsDataDir says the process only reads the data directory (admit
+	// proxy, which has no admin API and keeps no usage records): it takes
+	// no lock on it and writes nothing there.
+	readsDataDir bool
 }
 
 func (f *backendFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "configuration `file` (default: the built-in demo configuration)")
 	fs.StringVar(&f.store, "store", "", "store `URL`: memory, redis://host:port/db, redis+sentinel://master@h1:p,h2:p or redis+cluster://h1:p,h2:p (default: store.backend)")
-	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes across restarts")
+	fs.StringVar(&f.dataDir, "data-dir", "./admit-data", "`directory` that keeps the tenant catalog's changes and the usage records across restarts (memory store)")
 	fs.StringVar(&f.region, "region", "", "this region's `name` (store.region), with --home")
 	fs.StringVar(&f.home, "home", "", "`URL` of the home Redis that every region shares (store.home): with it, every rule's limit holds across all the regions, each deciding from what it holds")
 	fs.DurationVar(&f.reloadEvery, "reload-interval", time.Second, "how often to check the configuration file for changes")
@@ -219,7 +223,7 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 	if err := regionFlags(f, cfg); err != nil {
 		return nil, err
 	}
-	st, err := openStore(ctx, f.store, cfg, f.dataDir, log)
+	st, err := openStore(ctx, f.store, cfg, f.dataDir, !f.readsDataDir, log)
 	if err != nil {
 		return nil, err
 	}

@@ -45,9 +45,11 @@ type openedStore struct {
 }
 
 // openStore opens the store that --store (url) or the config's store
-// section names: the memory store, with the catalog's changes in a file
-// under dataDir, or Redis, which then also holds the catalog.
-func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log *slog.Logger) (*openedStore, error) {
+// section names: the memory store, with the catalog's changes and the
+// usage records in files under dataDir (which it locks, if it owns it:
+// otherwise it only reads the catalog there), or Redis, which then also
+// holds the catalog and the records.
+func openStore(ctx context.Context, url string, cfg *Config, dataDir string, ownsDataDir bool, log *slog.Logger) (*openedStore, error) {
 	rc, isRedis, err := redisConfig(url, cfg)
 	if err != nil {
 		return nil, err
@@ -56,10 +58,21 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 		return nil, fmt.Errorf("a home (--home or store.home) needs the region's own Redis as the store: --store redis://… or store.backend: redis")
 	}
 	if !isRedis {
-		// The catalog's changes are saved in dataDir: one server's.
-		unlock, err := lockDataDir(dataDir)
-		if err != nil {
-			return nil, err
+		var usage policy.UsageStore = policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
+		release := func() {}
+		if ownsDataDir {
+			// The catalog's changes and the usage records are saved in
+			// dataDir: one server's.
+			unlock, err := lockDataDir(dataDir)
+			if err != nil {
+				return nil, err
+			}
+			fu, err := policy.OpenFileUsage(filepath.Join(dataDir, "usage.jsonl"), cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
+			if err != nil {
+				unlock()
+				return nil, err
+			}
+			usage, release = fu, func() { fu.Close(); unlock() }
 		}
 		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
 		sessions := wsgateway.NewMemorySessions(nil)
@@ -72,9 +85,9 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, log
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
 			},
 			sessions: sessions,
-			usage:    policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords),
+			usage:    usage,
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
-			close:    func() { m.Close(); unlock() },
+			close:    func() { m.Close(); release() },
 		}, nil
 	}
 	timeout := 50 * time.Millisecond
