@@ -152,3 +152,50 @@ func TestEnvoyConfigRefusedAtStart(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 }
+
+// TestEnvoyReloadKeepsCounts: an envoyproxy/ratelimit file whose limits
+// change keeps what its counters hold: a window of 3 a day, spent and
+// raised to 5, admits 2 more; a token bucket drained at 100/s and
+// lowered to 1000/day stays drained (read under the new rule as it was,
+// it came back nearly full).
+func TestEnvoyReloadKeepsCounts(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "a.yaml")
+	conf := func(window, bucket string) string {
+		return "domain: d\ndescriptors:\n  - key: w\n    rate_limit: {" + window + "}\n  - key: b\n    rate_limit: {" + bucket + ", algorithm: token_bucket}\n"
+	}
+	writeFile(t, file, conf("unit: day, requests_per_unit: 3", "unit: second, requests_per_unit: 100"))
+	r := startServe(t, "--envoy-config", dir, "--reload-interval", "1h")
+	c := rlsClient(t, r.grpc)
+	count := func(key string, n int) int {
+		ok := 0
+		for range n {
+			if shouldRateLimit(t, c, "d", key, "x").OverallCode == rlsv3.RateLimitResponse_OK {
+				ok++
+			}
+		}
+		return ok
+	}
+	if got := count("w", 5); got != 3 {
+		t.Fatalf("a window of 3: %d of 5 admitted", got)
+	}
+	drainStart := time.Now()
+	if got := count("b", 150); got < 100 || float64(got) > 101+100*time.Since(drainStart).Seconds() {
+		t.Fatalf("a bucket of 100 at 100/s: %d of 150 admitted in %v", got, time.Since(drainStart))
+	}
+	drained := time.Now()
+	writeFile(t, file, conf("unit: day, requests_per_unit: 5", "unit: day, requests_per_unit: 1000"))
+	r.reloadEnvoy <- struct{}{}
+	waitFor(t, func() bool {
+		return shouldRateLimit(t, c, "d", "w", "peek-"+time.Now().String()).Statuses[0].CurrentLimit.GetRequestsPerUnit() == 5
+	}, "the edited limits")
+	if got := count("w", 5); got != 2 {
+		t.Errorf("the window's limit raised from 3 to 5 when spent: %d of 5 admitted, want 2", got)
+	}
+	// What 100/s refilled until the first check under the new rule, no
+	// more.
+	refilled := 2 + 100*time.Since(drained).Seconds()
+	if got := count("b", 50); float64(got) > refilled {
+		t.Errorf("the drained bucket lowered from 100/s to 1000/day: %d of 50 admitted, want it drained (at most the %.0f 100/s refilled)", got, refilled)
+	}
+}
