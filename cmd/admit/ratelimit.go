@@ -82,6 +82,10 @@ this command).
   ADMIT_CONFIG                    an Admit configuration file (tenants, on_error,
                                   timeouts); default none
   ADMIT_ADMIN_TOKEN               the admin API's token
+  ADMIT_DATA_DIR                  with the memory store, the directory that
+                                  keeps the admin API's catalog changes and
+                                  the usage records (locked: one server's);
+                                  unset, ./admit-data is only read
   ADMIT_CHARGE                    each (the default): every descriptor's hits
                                   counted on its own, past its limit too, as
                                   envoyproxy/ratelimit counts; all: a request's
@@ -155,6 +159,9 @@ func ratelimitFlags(getenv func(string) string, stderr io.Writer) (*serveFlags, 
 	}
 	f := &serveFlags{healthPath: "/healthcheck", xdsNode: getenv("CONFIG_GRPC_XDS_NODE_ID")}
 	f.empty, f.config, f.dataDir = true, getenv("ADMIT_CONFIG"), get("ADMIT_DATA_DIR", "./admit-data")
+	// As envoyproxy/ratelimit, the drop-in keeps nothing on disk unless
+	// told where (it runs as nobody, in a directory it may not write).
+	f.readsDataDir = getenv("ADMIT_DATA_DIR") == ""
 	f.reloadEvery, f.reloadSettle = time.Second, time.Second
 	// Counted as envoyproxy/ratelimit counts, unless asked for Admit's
 	// all or nothing; a file's own charge: line wins.
