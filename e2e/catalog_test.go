@@ -335,3 +335,48 @@ func TestDataDirRefusesASecondServer(t *testing.T) {
 		t.Fatalf("a second server on the data directory: %v\n%s\nwant it refused, saying %q", err, out, want)
 	}
 }
+
+// TestCatalogRevocationOutlivesAStaleWrite: a key revoked on B while A is
+// paused; B paused too while Redis restarts empty; A resumes, restores its
+// older copy (the key in it) and writes the tenant again (a new key); B
+// resumes. The key is refused on both servers from then on (A's later
+// write of the tenant won whole, and the key worked again for good: red
+// team). While B, the only holder of the revocation, is paused, A takes
+// the key: without Redis persistence a change lives in Redis and the
+// servers that saw it.
+func TestCatalogRevocationOutlivesAStaleWrite(t *testing.T) {
+	redis := redistest.Start(t)
+	servers := catalogServers(t, redis.Addr, 2)
+	a, b := servers[0], servers[1]
+	revoked, revokedID := newKey(t, a, "acme")
+	kept, _ := newKey(t, a, "acme")
+	waitFor(t, 10*time.Second, "B learning acme's keys", func() bool { return checkWithKey(t, b, revoked) == 200 })
+	stop := func(p *admitProcess, sig syscall.Signal) {
+		t.Helper()
+		if err := p.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop(a, syscall.SIGSTOP)
+	if code, body := call(t, b, "DELETE", "/v1/admin/tenants/acme/api-keys/"+revokedID, "", "", true); code != 204 {
+		t.Fatalf("revoking on B: %d %s", code, body)
+	}
+	stop(b, syscall.SIGSTOP)
+	redis.Restart(t)
+	stop(a, syscall.SIGCONT)
+	waitFor(t, 10*time.Second, "A logging the catalog's restore", func() bool { return len(a.log.matching(restoredLog)) > 0 })
+	added, _ := newKey(t, a, "acme")
+	stop(b, syscall.SIGCONT)
+	waitFor(t, 10*time.Second, "B logging its restore of the revocation", func() bool { return len(b.log.matching(restoredLog)) > 0 })
+	time.Sleep(time.Second) // A's poll
+	for name, p := range map[string]*admitProcess{"A": a, "B": b} {
+		if code := checkWithKey(t, p, revoked); code != 401 {
+			t.Errorf("server %s: the revoked key answered %d, want 401", name, code)
+		}
+		for _, k := range []string{kept, added} {
+			if code := checkWithKey(t, p, k); code != 200 && code != 429 {
+				t.Errorf("server %s: a key of acme never revoked answered %d", name, code)
+			}
+		}
+	}
+}

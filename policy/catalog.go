@@ -50,6 +50,14 @@ func (c *Changes) setTenant(id string, t *TenantChange) {
 	c.Written[entryKey("tenants", id)] = c.Revision
 }
 
+// revoked returns the revoked keys tenant id's entry remembers.
+func (c *Changes) revoked(id string) []string {
+	if t := c.Tenants[id]; t != nil {
+		return t.RevokedKeysSHA256
+	}
+	return nil
+}
+
 // setTier writes tier name's entry at c's revision.
 func (c *Changes) setTier(name string, t *TierSpec) {
 	c.Tiers[name] = t
@@ -72,9 +80,20 @@ func mergeChanges(saved, mine *Changes) (*Changes, int) {
 	n := 0
 	for id, t := range mine.Tenants {
 		k := entryKey("tenants", id)
-		if _, ok := saved.Tenants[id]; !ok || mine.Written[k] > saved.Written[k] {
+		st, ok := saved.Tenants[id]
+		if !ok {
 			out.Tenants[id] = t
 			out.Written[k] = mine.Written[k]
+			n++
+			continue
+		}
+		win, lose, stamp := st, t, saved.Written[k]
+		if mine.Written[k] > saved.Written[k] {
+			win, lose, stamp = t, st, mine.Written[k]
+		}
+		if m := mergeTenant(win, lose); !sameTenant(m, st) {
+			out.Tenants[id] = m
+			out.Written[k] = stamp
 			n++
 		}
 	}
@@ -93,6 +112,76 @@ func mergeChanges(saved, mine *Changes) (*Changes, int) {
 type TenantChange struct {
 	Deleted bool `json:"deleted,omitempty"`
 	TenantSpec
+	// RevokedKeysSHA256 are the hashes of the tenant's API keys revoked
+	// (a deleted tenant's keys among them), the latest last, at most
+	// maxRevokedKeys: a copy of the catalog that still lists one, merged
+	// back, never brings it back (see mergeTenant).
+	RevokedKeysSHA256 []string `json:"revoked_keys_sha256,omitempty"`
+}
+
+// maxRevokedKeys bounds the revocations a tenant's entry remembers.
+const maxRevokedKeys = 1000
+
+// lockedKey stands for a tenant's keys when a merge left none of a
+// tenant that had some: it matches no key (no key hashes to it), so the
+// tenant stays one that needs a key rather than becoming open to anyone.
+const lockedKey = "0000000000000000000000000000000000000000000000000000000000000000"
+
+// withRevoked returns revoked with hashes added, the oldest dropped past
+// maxRevokedKeys.
+func withRevoked(revoked []string, hashes ...string) []string {
+	out := slices.Clone(revoked)
+	for _, h := range hashes {
+		if h != lockedKey && !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	if len(out) > maxRevokedKeys {
+		out = out[len(out)-maxRevokedKeys:]
+	}
+	return out
+}
+
+// mergeTenant merges two writes of a tenant's entry, win the later: its
+// tier, overrides and the rest, or its deletion, win whole; its API keys
+// are those either lists, less every key either revoked, so that neither
+// a key created nor one revoked on one side is undone by the other.
+func mergeTenant(win, lose *TenantChange) *TenantChange {
+	out := *win
+	out.RevokedKeysSHA256 = withRevoked(win.RevokedKeysSHA256, lose.RevokedKeysSHA256...)
+	var keys []string
+	for _, h := range slices.Concat(win.APIKeysSHA256, lose.APIKeysSHA256) {
+		if h != lockedKey && !slices.Contains(out.RevokedKeysSHA256, h) && !slices.Contains(keys, h) && len(keys) < MaxAPIKeys {
+			keys = append(keys, h)
+		}
+	}
+	// The later write had keys, and the other side revoked them all (two
+	// revocations made apart while the store had lost the catalog): the
+	// tenant stays locked, not open.
+	if len(keys) == 0 && len(win.APIKeysSHA256) > 0 && !out.Deleted {
+		keys = []string{lockedKey}
+	}
+	if out.Deleted {
+		keys = nil
+	}
+	out.APIKeysSHA256 = keys
+	return &out
+}
+
+// sameTenant reports whether two tenant entries are the same write.
+func sameTenant(a, b *TenantChange) bool {
+	return a.Deleted == b.Deleted && a.Tier == b.Tier && a.BillingAnchor == b.BillingAnchor && a.Weight == b.Weight &&
+		slices.Equal(a.APIKeysSHA256, b.APIKeysSHA256) && slices.Equal(a.RevokedKeysSHA256, b.RevokedKeysSHA256) &&
+		overridesEqual(a.Overrides, b.Overrides)
+}
+
+func overridesEqual(a, b []RuleSpec) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
 }
 
 func (c *Changes) clone() *Changes {
@@ -367,6 +456,9 @@ func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*T
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
 		tc := &TenantChange{TenantSpec: TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides, BillingAnchor: spec.BillingAnchor, Weight: spec.Weight}}
+		if prev := ch.Tenants[id]; prev != nil {
+			tc.RevokedKeysSHA256 = prev.RevokedKeysSHA256
+		}
 		if old := c.cur.Load().tenants[id]; old != nil {
 			tc.APIKeysSHA256 = old.Spec.APIKeysSHA256
 			tc.BillingAnchor = cmp.Or(tc.BillingAnchor, old.Spec.BillingAnchor)
@@ -387,7 +479,13 @@ func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
 		if c.cur.Load().tenants[id] == nil {
 			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
 		}
-		ch.setTenant(id, &TenantChange{Deleted: true})
+		// Its keys count as revoked: a copy that still lists them never
+		// brings them back to a tenant of that name made again.
+		var revoked []string
+		if prev := ch.Tenants[id]; prev != nil {
+			revoked = prev.RevokedKeysSHA256
+		}
+		ch.setTenant(id, &TenantChange{Deleted: true, RevokedKeysSHA256: withRevoked(revoked, c.cur.Load().tenants[id].Spec.APIKeysSHA256...)})
 		return nil
 	})
 	return err
@@ -408,8 +506,8 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
 			return admit.Errorf(admit.CodeConflict, "tenant %q has %d API keys, the most it may have", id, MaxAPIKeys)
 		}
 		spec := t.Spec
-		spec.APIKeysSHA256 = append(slices.Clip(spec.APIKeysSHA256), HashKey(key))
-		ch.setTenant(id, &TenantChange{TenantSpec: spec})
+		spec.APIKeysSHA256 = append(slices.DeleteFunc(slices.Clone(spec.APIKeysSHA256), func(h string) bool { return h == lockedKey }), HashKey(key))
+		ch.setTenant(id, &TenantChange{TenantSpec: spec, RevokedKeysSHA256: ch.revoked(id)})
 		return nil
 	})
 	if err != nil {
@@ -444,7 +542,7 @@ func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
 		}
 		spec := t.Spec
 		spec.APIKeysSHA256 = slices.Delete(slices.Clone(spec.APIKeysSHA256), i, i+1)
-		ch.setTenant(id, &TenantChange{TenantSpec: spec})
+		ch.setTenant(id, &TenantChange{TenantSpec: spec, RevokedKeysSHA256: withRevoked(ch.revoked(id), t.Spec.APIKeysSHA256[i])})
 		return nil
 	})
 	return err

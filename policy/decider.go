@@ -130,7 +130,7 @@ func NewDecider(store admit.Store, instances int64) *Decider {
 func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
 	out, err := d.decide(ctx, res, dec)
 	if err == nil {
-		d.usage.Observe(res, dec)
+		d.usage.Observe(res, dec, out)
 	}
 	return out, err
 }

@@ -206,3 +206,120 @@ func TestCatalogNeverGoesBack(t *testing.T) {
 		check(t, map[string]*Catalog{"a": a, "b": b}, old, kept)
 	})
 }
+
+// TestCatalogKeysMerge: API keys merge as sets, a revocation winning: a
+// key revoked on a server whose copy alone holds it, while another server
+// writes the tenant on a copy from before, stays revoked once the first
+// is back (the later write of the whole entry won, and brought the
+// revoked key back for good); a key created on one side is not lost to a
+// later write of the tenant on the other; and two servers that each
+// revoked one of a tenant's two keys leave it locked, not open.
+func TestCatalogKeysMerge(t *testing.T) {
+	ctx := context.Background()
+	store := &sharedStore{}
+	a, b := mustCatalog(t, store), mustCatalog(t, store)
+	k1, err := a.CreateAPIKey(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := a.CreateAPIKey(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// a is paused; b revokes k1; the store loses it all; b is paused.
+	if err := b.RevokeAPIKey(ctx, "acme", APIKeyID(HashKey(k1))); err != nil {
+		t.Fatal(err)
+	}
+	store.lose()
+	if _, err := a.Sync(ctx); err != nil { // a restores its copy: k1 in it
+		t.Fatal(err)
+	}
+	k3, err := a.CreateAPIKey(ctx, "acme") // a later write of acme, on that copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Sync(ctx); err != nil || n == 0 { // b is back
+		t.Fatalf("b's sync: %d restored, %v; want its revocation merged back", n, err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Catalog{"a": a, "b": b, "restarted": mustCatalog(t, store)} {
+		p := c.Policy()
+		if p.TenantByKey(k1) != nil {
+			t.Errorf("server %s: the revoked key k1 finds acme again", name)
+		}
+		for _, k := range []string{k2, k3} {
+			if tn := p.TenantByKey(k); tn == nil || tn.ID != "acme" {
+				t.Errorf("server %s: a key of acme never revoked is lost", name)
+			}
+		}
+	}
+
+	// A key created on b, lost by the store (an older snapshot), and a
+	// later write of acme on a: the key comes back with b.
+	snap := store.snapshot()
+	k4, err := b.CreateAPIKey(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.restore(snap)
+	if _, err := a.PutTenant(ctx, "acme", TenantSpec{Tier: "free", Weight: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Catalog{"a": a, "b": b} {
+		p := c.Policy()
+		if tn := p.TenantByKey(k4); tn == nil || tn.ID != "acme" {
+			t.Errorf("server %s: k4, created on b and lost by the store, is gone", name)
+		}
+		if p.Tenant("acme").Spec.Weight != 3 {
+			t.Errorf("server %s: a's later write of acme (weight 3) is lost", name)
+		}
+	}
+
+	// Two revocations made apart: each server revokes one of beta's two
+	// keys while the store has lost the catalog.
+	b1, _ := a.CreateAPIKey(ctx, "beta")
+	b2, _ := a.CreateAPIKey(ctx, "beta")
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	store.lose()
+	if err := a.RevokeAPIKey(ctx, "beta", APIKeyID(HashKey(b1))); err != nil {
+		t.Fatal(err)
+	}
+	store.lose()
+	if err := b.RevokeAPIKey(ctx, "beta", APIKeyID(HashKey(b2))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Catalog{"a": a, "b": b} {
+		p := c.Policy()
+		beta := p.Tenant("beta")
+		if p.TenantByKey(b1) != nil || p.TenantByKey(b2) != nil || beta == nil || len(beta.Spec.APIKeysSHA256) == 0 {
+			t.Errorf("server %s: beta, both its keys revoked apart, is %+v: want it kept needing a key it cannot have", name, beta)
+		}
+	}
+	// A new key opens it again, the lock gone.
+	b3, err := a.CreateAPIKey(ctx, "beta")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tn := a.Policy().TenantByKey(b3); tn == nil || len(tn.Spec.APIKeysSHA256) != 1 {
+		t.Errorf("beta after a new key: %+v, want that key alone", tn)
+	}
+}

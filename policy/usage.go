@@ -14,14 +14,19 @@ import (
 // UsageRecord is what one tenant did with one quota in one of its periods:
 // the requests admitted and refused, and the cost charged (debits
 // included). Records are what a billing job reads at the end of a period.
+// Admitted and Cost are what the quota counted; requests admitted without
+// the store (its rule's on_error, open or local, while it was down), which
+// the quota did not count, are apart in Failover and FailoverCost.
 type UsageRecord struct {
-	Tenant      string    `json:"tenant"`
-	Rule        string    `json:"rule"`
-	PeriodStart time.Time `json:"period_start"`
-	PeriodEnd   time.Time `json:"period_end"`
-	Admitted    int64     `json:"admitted"`
-	Refused     int64     `json:"refused"`
-	Cost        int64     `json:"cost"`
+	Tenant       string    `json:"tenant"`
+	Rule         string    `json:"rule"`
+	PeriodStart  time.Time `json:"period_start"`
+	PeriodEnd    time.Time `json:"period_end"`
+	Admitted     int64     `json:"admitted"`
+	Refused      int64     `json:"refused"`
+	Cost         int64     `json:"cost"`
+	Failover     int64     `json:"failover"`
+	FailoverCost int64     `json:"failover_cost"`
 }
 
 // UsageStore keeps usage records: AddUsage adds the counts of recs to
@@ -93,6 +98,8 @@ func merge(recs map[usageKey]*UsageRecord, r UsageRecord) {
 		have.Admitted += r.Admitted
 		have.Refused += r.Refused
 		have.Cost += r.Cost
+		have.Failover += r.Failover
+		have.FailoverCost += r.FailoverCost
 		return
 	}
 	recs[k] = &r
@@ -183,10 +190,12 @@ func NewUsageMeter(store UsageStore, interval time.Duration) *UsageMeter {
 	return m
 }
 
-// Observe counts a decision of res, made now: for every quota charge of a
-// tenant, an admitted or refused request (debits count their cost only),
-// and the cost the decision charged. Dry runs count nothing.
-func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision) {
+// Observe counts a decision of res, made now, with outcome out: for every
+// quota charge of a tenant, an admitted or refused request (debits count
+// their cost only), and the cost the decision charged; a decision made
+// without the store (out is not Stored), which no quota counted, is
+// counted as a failover. Dry runs count nothing.
+func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision, out Outcome) {
 	if m == nil || res.Tenant == nil || len(dec.Results) != len(res.Charges) {
 		return
 	}
@@ -215,6 +224,11 @@ func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision) {
 			m.recs[k] = rec
 		}
 		switch {
+		case out != Stored && (ch.Debit || dec.Allowed):
+			if !ch.Debit {
+				rec.Failover++
+			}
+			rec.FailoverCost += ch.Cost
 		case ch.Debit:
 			rec.Cost += ch.Cost
 		case dec.Allowed:

@@ -105,3 +105,53 @@ func TestUsageMeter(t *testing.T) {
 }
 
 func ptr(v int64) *int64 { return &v }
+
+// downStore is a store that is down: every decision fails unavailable.
+type downStore struct{ admit.Store }
+
+func (downStore) Decide(context.Context, []admit.Charge, *admit.Decision) error {
+	return admit.Errorf(admit.CodeUnavailable, "down")
+}
+
+// TestUsageMeterFailover: requests admitted without the store (on_error
+// open) are recorded apart from what the quota counted, so the records'
+// admitted agree with the quota's count (they were added to it: 18,060
+// recorded admitted where the quota counted 12,881, the rest admitted
+// open while Redis was paused).
+func TestUsageMeterFailover(t *testing.T) {
+	p, err := policy.Compile(&policy.Spec{
+		Tiers: map[string]policy.TierSpec{"free": {Rules: []policy.RuleSpec{
+			{Name: "ai", Scope: "tenant", Algorithm: "quota", Limit: ptr(100), Period: "month"},
+		}}},
+		Tenants: map[string]policy.TenantSpec{"acme": {Tier: "free"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := memstore.New(nil)
+	defer mem.Close()
+	usage := policy.NewMemoryUsage(0, 0)
+	meter := policy.NewUsageMeter(usage, time.Hour)
+	ctx := context.Background()
+	for i, store := range []admit.Store{mem, downStore{mem}, downStore{mem}, mem} {
+		dec := policy.NewDecider(store, 1)
+		dec.MeterUsage(meter)
+		req := policy.Request{Tenant: "acme", Cost: int64(i + 1)}
+		var res policy.Resolution
+		var d admit.Decision
+		if err := p.Resolve(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dec.Decide(ctx, &res, &d); err != nil || !d.Allowed {
+			t.Fatalf("decision %d: %v %+v", i, err, d)
+		}
+	}
+	if err := meter.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	got, _ := usage.Usage(ctx, "acme", now.AddDate(0, -1, 0), now.AddDate(0, 1, 0))
+	if len(got) != 1 || got[0].Admitted != 2 || got[0].Cost != 5 || got[0].Failover != 2 || got[0].FailoverCost != 5 {
+		t.Fatalf("records %+v, want 2 admitted of cost 5 counted, 2 of cost 5 admitted open", got)
+	}
+}

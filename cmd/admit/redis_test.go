@@ -213,7 +213,7 @@ func TestUsageRecordsRedis(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	csv, _ := io.ReadAll(resp.Body)
-	want := "tenant,rule,period_start,period_end,admitted,refused,cost\nt1,ai," + start.Format(time.RFC3339) + "," + start.AddDate(0, 1, 0).Format(time.RFC3339) + ",5,3,45\n"
+	want := "tenant,rule,period_start,period_end,admitted,refused,cost,failover,failover_cost\nt1,ai," + start.Format(time.RFC3339) + "," + start.AddDate(0, 1, 0).Format(time.RFC3339) + ",5,3,45,0,0\n"
 	if string(csv) != want {
 		t.Fatalf("CSV:\n%s\nwant\n%s", csv, want)
 	}

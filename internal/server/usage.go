@@ -173,10 +173,11 @@ func (s *Server) handleUsageRecords(w http.ResponseWriter, r *http.Request) {
 	if q.Get("format") == "csv" || strings.Contains(r.Header.Get("Accept"), "text/csv") {
 		w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"tenant", "rule", "period_start", "period_end", "admitted", "refused", "cost"})
+		_ = cw.Write([]string{"tenant", "rule", "period_start", "period_end", "admitted", "refused", "cost", "failover", "failover_cost"})
 		for _, x := range recs {
 			_ = cw.Write([]string{x.Tenant, x.Rule, x.PeriodStart.UTC().Format(time.RFC3339), x.PeriodEnd.UTC().Format(time.RFC3339),
-				strconv.FormatInt(x.Admitted, 10), strconv.FormatInt(x.Refused, 10), strconv.FormatInt(x.Cost, 10)})
+				strconv.FormatInt(x.Admitted, 10), strconv.FormatInt(x.Refused, 10), strconv.FormatInt(x.Cost, 10),
+				strconv.FormatInt(x.Failover, 10), strconv.FormatInt(x.FailoverCost, 10)})
 		}
 		cw.Flush()
 		return

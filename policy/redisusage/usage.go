@@ -52,7 +52,7 @@ func member(r *policy.UsageRecord) string {
 // AddUsage implements policy.UsageStore, in one round trip.
 func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
 	return redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
-		cmds := make(rueidis.Commands, 0, 7*len(recs))
+		cmds := make(rueidis.Commands, 0, 9*len(recs))
 		for i := range recs {
 			r := &recs[i]
 			idx := u.index(r.Tenant)
@@ -62,6 +62,8 @@ func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
 				c.B().Hincrby().Key(key).Field("admitted").Increment(r.Admitted).Build(),
 				c.B().Hincrby().Key(key).Field("refused").Increment(r.Refused).Build(),
 				c.B().Hincrby().Key(key).Field("cost").Increment(r.Cost).Build(),
+				c.B().Hincrby().Key(key).Field("failover").Increment(r.Failover).Build(),
+				c.B().Hincrby().Key(key).Field("failover_cost").Increment(r.FailoverCost).Build(),
 				c.B().Hset().Key(key).FieldValue().FieldValue("end", strconv.FormatInt(r.PeriodEnd.Unix(), 10)).Build(),
 				c.B().Arbitrary("PEXPIREAT").Keys(key).Args(until).Build(),
 				c.B().Zadd().Key(idx).ScoreMember().ScoreMember(float64(r.PeriodStart.Unix()), member(r)).Build(),
@@ -119,6 +121,8 @@ func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([
 			r.Admitted, _ = strconv.ParseInt(h["admitted"], 10, 64)
 			r.Refused, _ = strconv.ParseInt(h["refused"], 10, 64)
 			r.Cost, _ = strconv.ParseInt(h["cost"], 10, 64)
+			r.Failover, _ = strconv.ParseInt(h["failover"], 10, 64)
+			r.FailoverCost, _ = strconv.ParseInt(h["failover_cost"], 10, 64)
 			if r.PeriodEnd.After(from) {
 				out = append(out, r)
 			}
