@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -12,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/tap"
 )
 
 // ServiceName is the gRPC name of the rate limit service, as the health
@@ -20,6 +22,33 @@ const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
 // MaxMessageSize bounds a request message.
 const MaxMessageSize = 1 << 20
+
+// The bounds of what a client, authenticated or not, can make the server
+// hold (docs/security.md has what each costs).
+const (
+	// MaxStreams bounds the streams one connection has open at once; the
+	// server tells clients so (SETTINGS_MAX_CONCURRENT_STREAMS) and
+	// refuses more.
+	MaxStreams = 100
+	// UnaryTimeout bounds a unary call from its headers to its answer:
+	// a stream opened and never sent its message is ended then.
+	UnaryTimeout = 10 * time.Second
+	// HandshakeTimeout bounds a connection's TLS and HTTP/2 handshake: a
+	// connection that never says it speaks HTTP/2 is closed then.
+	HandshakeTimeout = 10 * time.Second
+	// MaxConnectionIdle closes a connection without a stream for so long;
+	// MaxConnectionAge closes any connection, its streams given
+	// MaxConnectionAgeGrace to finish (clients reconnect).
+	MaxConnectionIdle     = 5 * time.Minute
+	MaxConnectionAge      = 30 * time.Minute
+	MaxConnectionAgeGrace = 30 * time.Second
+	// DefaultMaxConnections bounds the connections served at once, and
+	// MaxConnectionsPerIP those of one client address: past either, a new
+	// connection is closed at once. (An Envoy opens one or a few a worker
+	// thread.)
+	DefaultMaxConnections = 512
+	MaxConnectionsPerIP   = 64
+)
 
 // Server serves a Service over gRPC, with the standard health service
 // (grpc.health.v1) and, on request, server reflection. Create it with
@@ -31,6 +60,11 @@ type Server struct {
 	stop      chan struct{}
 	pollEvery time.Duration
 	once      sync.Once
+	maxConns  int
+	conns     atomic.Int64 // served now
+	refused   atomic.Int64 // connections closed past maxConns
+	byIPMu    sync.Mutex
+	byIP      map[string]int // connections served now, by client address
 }
 
 // NewServer returns a gRPC server for svc. ready, if set, is polled every
@@ -42,8 +76,16 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 	h := health.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
-	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second}
+	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second, maxConns: DefaultMaxConnections}
 }
+
+// SetMaxConnections sets how many connections are served at once (at
+// least 1; DefaultMaxConnections until set). Call it before Serve.
+func (s *Server) SetMaxConnections(n int) { s.maxConns = max(n, 1) }
+
+// Connections returns the connections served now, and how many were
+// closed at once for being past the bound.
+func (s *Server) Connections() (open, refused int64) { return s.conns.Load(), s.refused.Load() }
 
 // EnableReflection serves gRPC server reflection, so that tools such as
 // grpcurl need no .proto files. It is off by default: it tells anyone who
@@ -56,10 +98,105 @@ func (s *Server) EnableReflection() { reflection.Register(s.grpc) }
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageSize),
+		grpc.MaxConcurrentStreams(MaxStreams),
+		grpc.ConnectionTimeout(HandshakeTimeout),
+		grpc.InTapHandle(unaryDeadline),
 		// Envoy keeps its connections to the service open; pings keep
 		// them alive through middleboxes without letting clients flood.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: MaxConnectionIdle, MaxConnectionAge: MaxConnectionAge, MaxConnectionAgeGrace: MaxConnectionAgeGrace,
+		}),
 	}
+}
+
+// streaming are the methods served that stream, which UnaryTimeout does
+// not bound (their streams are bounded by MaxStreams and
+// MaxConnectionAge).
+var streaming = map[string]bool{
+	"/grpc.health.v1.Health/Watch":                                   true,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
+}
+
+// unaryDeadline gives a unary call UnaryTimeout from its headers: the
+// context it returns is the stream's, which the read of the call's
+// message waits on, so a stream that never sends it is ended then rather
+// than held. It runs on the connection's reader, and only sets a timer.
+func unaryDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if streaming[info.FullMethodName] {
+		return ctx, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, UnaryTimeout)
+	_ = cancel // the stream's end cancels its context, and this timer with it
+	return ctx, nil
+}
+
+// limitedListener closes at once the connections accepted past max
+// served at once.
+type limitedListener struct {
+	net.Listener
+	s *Server
+}
+
+func (l limitedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ip := remoteIP(c)
+		if !l.s.take(ip) {
+			l.s.refused.Add(1)
+			c.Close()
+			continue
+		}
+		return &countedConn{Conn: c, s: l.s, ip: ip}, nil
+	}
+}
+
+// take counts a connection from ip, unless it is past a bound.
+func (s *Server) take(ip string) bool {
+	s.byIPMu.Lock()
+	defer s.byIPMu.Unlock()
+	if s.conns.Load() >= int64(s.maxConns) || s.byIP[ip] >= MaxConnectionsPerIP {
+		return false
+	}
+	if s.byIP == nil {
+		s.byIP = map[string]int{}
+	}
+	s.byIP[ip]++
+	s.conns.Add(1)
+	return true
+}
+
+func (s *Server) release(ip string) {
+	s.byIPMu.Lock()
+	defer s.byIPMu.Unlock()
+	if s.byIP[ip]--; s.byIP[ip] <= 0 {
+		delete(s.byIP, ip)
+	}
+	s.conns.Add(-1)
+}
+
+func remoteIP(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
+	}
+	return c.RemoteAddr().String()
+}
+
+// countedConn is a connection counted against the bounds until closed.
+type countedConn struct {
+	net.Conn
+	s    *Server
+	ip   string
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.s.release(c.ip) })
+	return c.Conn.Close()
 }
 
 // Serve accepts connections on ln until Stop. It returns nil after Stop.
@@ -68,7 +205,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.ready != nil {
 		go s.pollReady()
 	}
-	err := s.grpc.Serve(ln)
+	err := s.grpc.Serve(limitedListener{Listener: ln, s: s})
 	if err == grpc.ErrServerStopped {
 		return nil
 	}

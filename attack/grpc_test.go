@@ -1,0 +1,245 @@
+package attack
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/proctest"
+)
+
+// h2conn is a raw HTTP/2 connection to the gRPC port, as an attacker
+// holds one: no client library, no credentials.
+type h2conn struct {
+	c      net.Conn
+	fr     *http2.Framer
+	hbuf   bytes.Buffer
+	enc    *hpack.Encoder
+	next   uint32
+	mu     sync.Mutex
+	max    uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS (0: none said)
+	ended  atomic.Int64
+	closed chan struct{}
+}
+
+// dialH2 opens a connection, says it speaks HTTP/2, and reads frames
+// until the server closes it, counting streams the server ended (reset,
+// or answered with their end).
+func dialH2(t *testing.T, addr string) *h2conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	h := &h2conn{c: c, fr: http2.NewFramer(c, c), next: 1, closed: make(chan struct{})}
+	h.enc = hpack.NewEncoder(&h.hbuf)
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	settings := make(chan struct{})
+	go func() {
+		defer close(h.closed)
+		said := false
+		for {
+			f, err := h.fr.ReadFrame()
+			if err != nil {
+				if !said {
+					close(settings)
+				}
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if f.IsAck() || said {
+					continue
+				}
+				if v, ok := f.Value(http2.SettingMaxConcurrentStreams); ok {
+					h.max = v
+				}
+				h.mu.Lock()
+				_ = h.fr.WriteSettingsAck()
+				h.mu.Unlock()
+				said = true
+				close(settings)
+			case *http2.RSTStreamFrame:
+				h.ended.Add(1)
+			case *http2.HeadersFrame:
+				if f.StreamEnded() {
+					h.ended.Add(1)
+				}
+			case *http2.DataFrame:
+				if f.StreamEnded() {
+					h.ended.Add(1)
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					h.mu.Lock()
+					_ = h.fr.WritePing(true, f.Data)
+					h.mu.Unlock()
+				}
+			}
+		}
+	}()
+	select {
+	case <-settings:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no SETTINGS from the gRPC port in 10 s")
+	}
+	return h
+}
+
+// open opens n streams of ShouldRateLimit, each its headers and no
+// message: what a stream costs the server before it is a call.
+func (h *h2conn) open(t *testing.T, n int) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for range n {
+		h.hbuf.Reset()
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
+			{":authority", "admit"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+			_ = h.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		if err := h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.next, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}); err != nil {
+			return // closed by the server
+		}
+		h.next += 2
+	}
+}
+
+// TestGRPCStreamsAndConnectionsBounded: the gRPC port, attacked with raw
+// HTTP/2 and no credentials. It says it takes at most envoyrls.MaxStreams
+// streams a connection and refuses more; a stream that never sends its
+// message is ended after envoyrls.UnaryTimeout; a connection that never
+// speaks HTTP/2 is closed after envoyrls.HandshakeTimeout; one address
+// gets at most envoyrls.MaxConnectionsPerIP connections. (It said no
+// stream limit and held streams as long as the client liked: 5
+// connections × 20,000 streams took goroutines from 21 to 62,223 and RSS
+// from 280 to 742 MB; 400 bare TCP connections stayed open past 40 s.)
+func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
+	s := serve(t, "", false)
+	// One address: at most MaxConnectionsPerIP connections; those past it
+	// are closed before a SETTINGS.
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	var held []net.Conn
+	for range envoyrls.MaxConnectionsPerIP + 6 {
+		c, err := net.Dial("tcp", s.GRPC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+		_, _ = io.WriteString(c, http2.ClientPreface)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if n, _ := c.Read(make([]byte, 64)); n == 0 {
+				refused.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if refused.Load() != 6 {
+		t.Errorf("%d connections from one address: %d closed at once, want the 6 past %d", envoyrls.MaxConnectionsPerIP+6, refused.Load(), envoyrls.MaxConnectionsPerIP)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	// Once the server has let them go, a connection is taken again.
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		c, err := net.Dial("tcp", s.GRPC)
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, http2.ClientPreface)
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		n, _ := c.Read(make([]byte, 64))
+		return n > 0
+	}) {
+		t.Fatal("the gRPC port takes no connection after the ones past the bound were closed")
+	}
+
+	baseG, baseRSS := s.Metric(t, "go_goroutines"), s.RSSKB(t)
+
+	const conns, perConn = 5, 2000
+	var hs []*h2conn
+	for range conns {
+		h := dialH2(t, s.GRPC)
+		if h.max != envoyrls.MaxStreams {
+			t.Fatalf("the gRPC port says SETTINGS_MAX_CONCURRENT_STREAMS %d, want %d", h.max, envoyrls.MaxStreams)
+		}
+		h.open(t, perConn)
+		hs = append(hs, h)
+	}
+	// Connections that never say they speak HTTP/2, meanwhile.
+	var bare []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", s.GRPC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		bare = append(bare, c)
+	}
+	bareAt := time.Now()
+	// The streams past the bound are refused at once; the others held.
+	refusedAll := proctest.WaitFor(10*time.Second, func() bool {
+		for _, h := range hs {
+			if h.ended.Load() < perConn-envoyrls.MaxStreams {
+				return false
+			}
+		}
+		return true
+	})
+	g, rss := s.Metric(t, "go_goroutines"), s.RSSKB(t)
+	report(t, "goroutines, held", g-baseG)
+	report(t, "RSS kB, held", rss-baseRSS)
+	t.Logf("%d connections × %d streams: goroutines %.0f → %.0f, RSS %d → %d kB", conns, perConn, baseG, g, baseRSS, rss)
+	if !refusedAll {
+		t.Errorf("streams past %d a connection were not refused", envoyrls.MaxStreams)
+	}
+	if g-baseG > conns*envoyrls.MaxStreams+100 {
+		t.Errorf("goroutines %.0f → %.0f for %d connections of at most %d streams", baseG, g, conns, envoyrls.MaxStreams)
+	}
+	// Past the unary deadline every held stream is ended, and what they
+	// held is let go.
+	ended := proctest.WaitFor(envoyrls.UnaryTimeout+15*time.Second, func() bool {
+		for _, h := range hs {
+			if h.ended.Load() < perConn {
+				return false
+			}
+		}
+		return true
+	})
+	if !ended {
+		for i, h := range hs {
+			t.Logf("connection %d: %d of %d streams ended", i, h.ended.Load(), perConn)
+		}
+		t.Errorf("streams without their message were not ended within %v of the unary deadline (%v)", 15*time.Second, envoyrls.UnaryTimeout)
+	}
+	for i, c := range bare {
+		_ = c.SetReadDeadline(bareAt.Add(envoyrls.HandshakeTimeout + 10*time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Errorf("bare connection %d: still open %v after it was made (%v)", i, time.Since(bareAt).Round(time.Second), err)
+			break
+		}
+	}
+	report(t, "bare connections closed after", time.Since(bareAt).Round(100*time.Millisecond))
+	if !proctest.WaitFor(5*time.Second, func() bool { return s.Metric(t, "go_goroutines")-baseG < 50 }) {
+		t.Errorf("goroutines %.0f once the streams ended and the bare connections closed, from %.0f", s.Metric(t, "go_goroutines"), baseG)
+	}
+}
