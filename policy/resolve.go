@@ -33,7 +33,7 @@ type Request struct {
 	Tenant     string
 	User       string
 	Action     string
-	IP         string
+	IP         string // made canonical by Resolve (see CanonicalIP)
 	APIKey     string // the key itself; buckets are keyed by its hash
 	Session    string
 	Attributes map[string]string
@@ -142,6 +142,32 @@ func ClientPrefix(addr string) string {
 	return p.String()
 }
 
+// CanonicalIP returns the one spelling of the client address s that its
+// buckets are kept under, so that one address is one bucket however it is
+// written: an IPv4 address whole (also when written IPv4-mapped,
+// ::ffff:198.51.100.7), an IPv6 address as its /64 (a site's network,
+// which holds any number of addresses), a port (host:port, [v6]:port) and
+// an IPv6 zone dropped. Anything else — a name, leading zeros, spaces, an
+// octet past 255 — is an admit.CodeInvalid error about field "ip".
+func CanonicalIP(s string) (string, error) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(s)
+		if perr != nil {
+			e := admit.Errorf(admit.CodeInvalid, "ip %.64q is not an IP address (nor address:port)", s)
+			e.Field = "ip"
+			return "", e
+		}
+		a = ap.Addr()
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p.String(), nil
+	}
+	return a.String(), nil
+}
+
 // Validate checks the bounds of r's fields.
 func (r *Request) Validate() error {
 	for _, f := range [...]struct{ name, v string }{
@@ -177,6 +203,13 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	res.keyHash = ""
 	if err := req.Validate(); err != nil {
 		return err
+	}
+	if req.IP != "" {
+		ip, err := CanonicalIP(req.IP)
+		if err != nil {
+			return err
+		}
+		req.IP = ip
 	}
 	if req.auth.holds(p, req) {
 		res.auth = &req.auth
