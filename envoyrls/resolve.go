@@ -1,6 +1,7 @@
 package envoyrls
 
 import (
+	"cmp"
 	"errors"
 	"slices"
 	"strconv"
@@ -179,27 +180,45 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	r := &c.req
 	*r = policy.Request{Cost: min(cost, admit.MaxCost), Kind: policy.Requests}
 	clear(c.attrs)
+	// Each entry that names who asks, or an attribute, comes once: of two,
+	// two readers could take either (a proxy the first, Admit the last).
+	var twice string
+	set := func(f *string, key, v string) {
+		if *f != "" || twice != "" {
+			twice = cmp.Or(twice, key)
+			return
+		}
+		*f = v
+	}
 	for _, e := range c.entries {
 		switch e.Key {
 		case EntryTenant:
-			r.Tenant = e.Value
+			set(&r.Tenant, e.Key, e.Value)
 		case EntryUser:
-			r.User = e.Value
+			set(&r.User, e.Key, e.Value)
 		case EntryAction:
-			r.Action = e.Value
+			set(&r.Action, e.Key, e.Value)
 		case EntryAPIKey:
-			r.APIKey = e.Value
+			set(&r.APIKey, e.Key, e.Value)
 		case EntryRemoteAddress, EntryIP:
-			r.IP = e.Value
+			set(&r.IP, EntryRemoteAddress+" or "+EntryIP, e.Value)
 		case EntrySession:
-			r.Session = e.Value
+			set(&r.Session, e.Key, e.Value)
 		case EntryGenericKey:
 		default:
 			if c.attrs == nil {
 				c.attrs = map[string]string{}
 			}
+			if _, dup := c.attrs[e.Key]; dup && twice == "" {
+				twice = e.Key
+			}
 			c.attrs[e.Key] = e.Value
 		}
+	}
+	if twice != "" {
+		err := admit.Errorf(admit.CodeInvalid, "a descriptor of domain %q names %s twice", s.opts.CatalogDomain, twice)
+		err.Field = twice
+		return err
 	}
 	if r.Action == "" {
 		for _, e := range c.entries {

@@ -3,17 +3,24 @@ package envoyrls
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
 )
 
 // ServiceName is the gRPC name of the rate limit service, as the health
@@ -101,6 +108,9 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(MaxStreams),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.InTapHandle(unaryDeadline),
+		grpc.ForceServerCodecV2(textCodec{encoding.GetCodecV2(protoenc.Name)}),
+		grpc.ChainUnaryInterceptor(refuseBadText),
+		grpc.ChainStreamInterceptor(refuseBadTextStream),
 		// Envoy keeps its connections to the service open; pings keep
 		// them alive through middleboxes without letting clients flood.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -108,6 +118,55 @@ func ServerOptions() []grpc.ServerOption {
 			MaxConnectionIdle: MaxConnectionIdle, MaxConnectionAge: MaxConnectionAge, MaxConnectionAgeGrace: MaxConnectionAgeGrace,
 		}),
 	}
+}
+
+// textCodec is gRPC's protobuf codec, but for a message whose string
+// fields are not UTF-8, which it would refuse as INTERNAL (a failure of
+// the server, which an Envoy admits on like any other): it takes such a
+// message as empty and marks it, and refuseBadText answers it
+// INVALID_ARGUMENT.
+type textCodec struct{ encoding.CodecV2 }
+
+// badText holds the messages textCodec took as empty, until refuseBadText
+// answers them.
+var badText sync.Map
+
+func (c textCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	if err != nil && strings.Contains(err.Error(), "invalid UTF-8") {
+		if m, ok := v.(proto.Message); ok {
+			proto.Reset(m)
+			badText.Store(v, err.Error())
+			return nil
+		}
+	}
+	return err
+}
+
+const badTextMessage = "a string field of the request is not UTF-8 text"
+
+func refuseBadText(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if _, bad := badText.LoadAndDelete(req); bad {
+		return nil, status.Error(codes.InvalidArgument, badTextMessage)
+	}
+	return handler(ctx, req)
+}
+
+func refuseBadTextStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return handler(srv, textStream{ss})
+}
+
+// textStream refuses, as refuseBadText does, a message of a stream.
+type textStream struct{ grpc.ServerStream }
+
+func (s textStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if _, bad := badText.LoadAndDelete(m); bad {
+		return status.Error(codes.InvalidArgument, badTextMessage)
+	}
+	return nil
 }
 
 // streaming are the methods served that stream, which UnaryTimeout does

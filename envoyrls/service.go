@@ -279,15 +279,16 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 }
 
 // checkRequest refuses a request envoyproxy/ratelimit refuses (an empty
-// domain or descriptor list: unknownError, as it answers them) and one
-// past the service's bounds.
+// domain or descriptor list, which it answers UNKNOWN, as any error of its
+// own: INVALID_ARGUMENT here, which says what they are) and one past the
+// service's bounds.
 func checkRequest(req *rlsv3.RateLimitRequest) error {
 	domain, ds := req.GetDomain(), req.GetDescriptors()
 	switch {
 	case domain == "":
-		return unknownError{admit.Errorf(admit.CodeInvalid, "rate limit domain must not be empty")}
+		return admit.Errorf(admit.CodeInvalid, "rate limit domain must not be empty")
 	case len(ds) == 0:
-		return unknownError{admit.Errorf(admit.CodeInvalid, "rate limit descriptor list must not be empty")}
+		return admit.Errorf(admit.CodeInvalid, "rate limit descriptor list must not be empty")
 	case len(ds) > MaxDescriptors:
 		return admit.Errorf(admit.CodeInvalid, "%d descriptors; at most %d", len(ds), MaxDescriptors)
 	case len(domain) > MaxEntryLen:
@@ -508,17 +509,9 @@ func (c *call) groupOver(key string) bool {
 	return false
 }
 
-// unknownError is an error envoyproxy/ratelimit answers with UNKNOWN (its
-// service errors), which Admit does the same for: an empty domain or
-// descriptor list.
-type unknownError struct{ error }
-
-func (e unknownError) Unwrap() error { return e.error }
-
 // grpcError maps an Admit error to a gRPC status.
 func grpcError(err error) error {
 	code := codes.Internal
-	var unknown unknownError
 	switch admit.ErrorCode(err) {
 	case admit.CodeInvalid:
 		code = codes.InvalidArgument
@@ -533,9 +526,7 @@ func grpcError(err error) error {
 	case admit.CodeExhausted:
 		code = codes.ResourceExhausted
 	}
-	if errors.As(err, &unknown) {
-		code = codes.Unknown
-	} else if errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) {
 		code = codes.Canceled
 	} else if errors.Is(err, context.DeadlineExceeded) {
 		code = codes.DeadlineExceeded

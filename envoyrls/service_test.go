@@ -19,8 +19,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit"
@@ -396,14 +399,14 @@ func TestBadRequests(t *testing.T) {
 		many[i] = desc("a", "x")
 	}
 	// envoyproxy/ratelimit answers an empty domain or descriptor list with
-	// UNKNOWN (its service errors); Admit's own bounds are
-	// INVALID_ARGUMENT.
+	// UNKNOWN (its service errors); Admit says what they are,
+	// INVALID_ARGUMENT, as for its own bounds.
 	for name, tc := range map[string]struct {
 		req  *rlsv3.RateLimitRequest
 		want codes.Code
 	}{
-		"no domain":      {&rlsv3.RateLimitRequest{Descriptors: []*rlext.RateLimitDescriptor{desc("a", "x")}}, codes.Unknown},
-		"no descriptors": {&rlsv3.RateLimitRequest{Domain: "messaging"}, codes.Unknown},
+		"no domain":      {&rlsv3.RateLimitRequest{Descriptors: []*rlext.RateLimitDescriptor{desc("a", "x")}}, codes.InvalidArgument},
+		"no descriptors": {&rlsv3.RateLimitRequest{Domain: "messaging"}, codes.InvalidArgument},
 		"too many":       {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: many}, codes.InvalidArgument},
 		"long value":     {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{desc("a", long)}}, codes.InvalidArgument},
 	} {
@@ -411,6 +414,25 @@ func TestBadRequests(t *testing.T) {
 		if status.Code(err) != tc.want {
 			t.Errorf("%s: %v, want %v", name, err, tc.want)
 		}
+	}
+	// A descriptor value that is not UTF-8, sent as raw protobuf (a
+	// client library refuses to encode it): INVALID_ARGUMENT, not the
+	// gRPC library's INTERNAL.
+	var entry, d, msg []byte
+	entry = protowire.AppendTag(entry, 1, protowire.BytesType)
+	entry = protowire.AppendString(entry, "a")
+	entry = protowire.AppendTag(entry, 2, protowire.BytesType)
+	entry = protowire.AppendBytes(entry, []byte{'x', 0xff})
+	d = protowire.AppendTag(d, 1, protowire.BytesType)
+	d = protowire.AppendBytes(d, entry)
+	msg = protowire.AppendTag(msg, 1, protowire.BytesType)
+	msg = protowire.AppendString(msg, "messaging")
+	msg = protowire.AppendTag(msg, 2, protowire.BytesType)
+	msg = protowire.AppendBytes(msg, d)
+	var out rlsv3.RateLimitResponse
+	err := e.conn.Invoke(context.Background(), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", rawMessage(msg), &out, grpc.ForceCodecV2(rawCodec{}))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("a descriptor value that is not UTF-8: %v, want INVALID_ARGUMENT", err)
 	}
 	// The server still answers.
 	e.ask(t, "messaging", 0, desc("a", "x"))
@@ -613,10 +635,14 @@ func TestCatalogDomain(t *testing.T) {
 		d    *rlext.RateLimitDescriptor
 		want codes.Code
 	}{
-		"unknown tenant":    {desc("tenant", "nobody", "user", "x"), codes.PermissionDenied},
-		"unknown key":       {desc("api_key", "wrong", "user", "x"), codes.Unauthenticated},
-		"another's key":     {desc("tenant", "t2", "api_key", "acme-key"), codes.PermissionDenied},
-		"keyed without key": {desc("tenant", "acme", "user", "x"), codes.Unauthenticated},
+		"tenant twice":       {desc("tenant", "acme", "api_key", "acme-key", "tenant", "t2"), codes.InvalidArgument},
+		"user twice":         {desc("tenant", "t2", "user", "a", "user", "b"), codes.InvalidArgument},
+		"an address twice":   {desc("tenant", "t2", "remote_address", "192.0.2.1", "ip", "192.0.2.2"), codes.InvalidArgument},
+		"an attribute twice": {desc("tenant", "t2", "region", "eu", "region", "us"), codes.InvalidArgument},
+		"unknown tenant":     {desc("tenant", "nobody", "user", "x"), codes.PermissionDenied},
+		"unknown key":        {desc("api_key", "wrong", "user", "x"), codes.Unauthenticated},
+		"another's key":      {desc("tenant", "t2", "api_key", "acme-key"), codes.PermissionDenied},
+		"keyed without key":  {desc("tenant", "acme", "user", "x"), codes.Unauthenticated},
 	} {
 		_, err := e.client.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "admit", Descriptors: []*rlext.RateLimitDescriptor{tc.d}})
 		if status.Code(err) != tc.want {
@@ -861,3 +887,19 @@ func TestCallerGaveUp(t *testing.T) {
 		t.Fatalf("caller gone, store down: %v %v, want Canceled", r, err)
 	}
 }
+
+// rawMessage is a request already encoded; rawCodec sends it as it is and
+// decodes answers as protobuf.
+type rawMessage []byte
+
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(rawMessage))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+func (rawCodec) Name() string { return "proto" }

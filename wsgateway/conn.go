@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,6 +278,10 @@ func (g *Gateway) onMessage(c *conn, data []byte) {
 	// decoder matches them; data's keys exactly.
 	if k, dup := httpx.DuplicateFieldKey(data); dup {
 		c.malformed(errorFrame("", "the frame holds the key "+strconv.Quote(k)+" twice"))
+		return
+	}
+	if k, bad := httpx.BadText(data); bad {
+		c.malformed(errorFrame("", "the frame's "+strconv.Quote(strings.ToValidUTF8(k, "?"))+" holds text that is not UTF-8"))
 		return
 	}
 	id := ""

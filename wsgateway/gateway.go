@@ -48,6 +48,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
 )
@@ -581,7 +582,11 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		problem.Write(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return a, false
 	}
-	q := r.URL.Query()
+	q, err := httpx.Query(r.URL.RawQuery)
+	if err != nil {
+		g.reject(w, http.StatusBadRequest, err.Error())
+		return a, false
+	}
 	tenant, sid := q.Get("tenant"), q.Get("session")
 	if tenant == "" || sid == "" {
 		g.reject(w, http.StatusUnauthorized, "a connection needs ?tenant= and ?session= (PUT /v1/sessions creates a session)")

@@ -193,3 +193,100 @@ func unquote(raw []byte) string {
 	}
 	return s
 }
+
+// BadText reports where JSON text data holds a string that is not text:
+// bytes that are not UTF-8, or an escape of half a UTF-16 surrogate pair
+// ("\ud800" alone). encoding/json decodes both as U+FFFD, so that two
+// different values would be one (one bucket, one key): they are refused
+// instead. It returns the key the string is, or is the value of (as
+// written; "" at the top or in an array of the top), and whether there is
+// one. data is valid JSON otherwise, or what BadText says is meaningless.
+func BadText(data []byte) (key string, bad bool) {
+	var lastKey []byte
+	for i := 0; i < len(data); i++ {
+		if data[i] != '"' {
+			continue
+		}
+		// A string: find its end, checking what it holds.
+		start := i + 1
+		ok := true
+		j := start
+		for j < len(data) && data[j] != '"' {
+			switch c := data[j]; {
+			case c == '\\' && j+1 < len(data) && data[j+1] == 'u':
+				r, n := escapedRune(data[j:])
+				if r < 0 {
+					ok = false
+				}
+				j += n
+			case c == '\\':
+				j += 2
+			case c < utf8.RuneSelf:
+				j++
+			default:
+				r, n := utf8.DecodeRune(data[j:])
+				if r == utf8.RuneError && n == 1 {
+					ok = false
+				}
+				j += n
+			}
+		}
+		s := data[start:min(j, len(data))]
+		// A key is a string followed by a colon.
+		k := j + 1
+		for k < len(data) && (data[k] == ' ' || data[k] == '\t' || data[k] == '\n' || data[k] == '\r') {
+			k++
+		}
+		isKey := k < len(data) && data[k] == ':'
+		if !ok {
+			if isKey {
+				return string(s), true
+			}
+			return string(lastKey), true
+		}
+		if isKey {
+			lastKey = s
+		}
+		i = j
+	}
+	return "", false
+}
+
+// escapedRune decodes the \uXXXX escape at the start of b (a surrogate
+// pair's two escapes together) and returns its rune and length: -1 for
+// half a pair, or an escape that is not four hex digits.
+func escapedRune(b []byte) (rune, int) {
+	hex4 := func(b []byte) rune {
+		if len(b) < 6 || b[0] != '\\' || b[1] != 'u' {
+			return -1
+		}
+		var r rune
+		for _, c := range b[2:6] {
+			switch {
+			case '0' <= c && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case 'a' <= c && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case 'A' <= c && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return -1
+			}
+		}
+		return r
+	}
+	r := hex4(b)
+	switch {
+	case r < 0:
+		return -1, 2
+	case 0xD800 <= r && r < 0xDC00:
+		lo := hex4(b[6:])
+		if 0xDC00 <= lo && lo < 0xE000 {
+			return 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00), 12
+		}
+		return -1, 6
+	case 0xDC00 <= r && r < 0xE000:
+		return -1, 6
+	}
+	return r, 6
+}

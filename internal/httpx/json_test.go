@@ -170,3 +170,25 @@ func referenceDuplicate(t *testing.T, s string, fold bool) bool {
 		}
 	}
 }
+
+func TestBadText(t *testing.T) {
+	for _, c := range []struct {
+		in, key string
+		bad     bool
+	}{
+		{`{"tenant":"acme","user":"al\u00efce 😀 \ud83d\ude00"}`, "", false},
+		{`{"tenant":"acme","user":"\ud800"}`, "user", true},
+		{`{"tenant":"acme","user":"\udfff x"}`, "user", true},
+		{`{"tenant":"acme","user":"\ud800\u0041"}`, "user", true},
+		{"{\"tenant\":\"acme\",\"user\":\"\xff\"}", "user", true},
+		{"{\"tenant\":\"acme\",\"attributes\":{\"r\xffegion\":\"eu\"}}", "r\xffegion", true},
+		{`{"a":"\\ud800"}`, "", false}, // a backslash, then text
+		{`{"a":["x","\ud800"]}`, "a", true},
+		{`{"tenant":"\ufffd"}`, "", false}, // the character itself is text
+	} {
+		key, bad := BadText([]byte(c.in))
+		if bad != c.bad || key != c.key {
+			t.Errorf("BadText(%q) = %q, %v; want %q, %v", c.in, key, bad, c.key, c.bad)
+		}
+	}
+}

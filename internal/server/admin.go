@@ -232,7 +232,10 @@ type bucketView struct {
 // handleState shows the current levels of the buckets a request would be
 // charged against, read at cost 0 (nothing is charged).
 func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := s.query(w, r)
+	if !ok {
+		return
+	}
 	b := scopeRequest{
 		Tenant: q.Get("tenant"), User: q.Get("user"), Action: q.Get("action"), IP: q.Get("ip"),
 		APIKey: q.Get("api_key"), Session: q.Get("session"),

@@ -23,6 +23,8 @@ func (s *Server) handleAuthz(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "authz", err)
 		return
 	}
+	// Not strict: a proxy may pass the original request's query along,
+	// which is the protected service's to judge, not Admit's.
 	if ds := r.URL.Query().Get("deny_status"); ds != "" {
 		code, err := strconv.Atoi(ds)
 		if err != nil || (code != http.StatusForbidden && code != http.StatusUnauthorized && code != http.StatusTooManyRequests) {

@@ -187,3 +187,40 @@ func loopbackHost(host string) bool {
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.Unmap().IsLoopback()
 }
+
+// credentials guards a handler of the decision API: a credential that is
+// present must be one it can read, or the request is 401, as an unknown
+// key is. An Authorization header of another scheme (Basic) or an empty
+// bearer token, or either header given twice, was ignored, so that a request a client meant to authenticate went through
+// as unauthenticated (a tenant without keys admitted it).
+func credentials(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if msg := unreadableCredential(r); msg != "" {
+			httpx.CloseUnreadBody(w, r)
+			writeProblem(w, http.StatusUnauthorized, msg)
+			return
+		}
+		h(w, r)
+	})
+}
+
+// unreadableCredential says what is wrong with r's credential headers, or
+// "" when each is absent or readable.
+func unreadableCredential(r *http.Request) string {
+	if v := r.Header.Values("Authorization"); len(v) > 0 {
+		tok, ok := httplimit.Bearer(r)
+		switch {
+		case len(v) > 1:
+			return "the request has two Authorization headers; send one"
+		case !ok:
+			return "the Authorization header is not a bearer credential (Authorization: Bearer <API key or token>)"
+		case tok == "":
+			return "the Authorization header's bearer credential is empty"
+		}
+	}
+	// An empty X-API-Key is no key: clients send one for a key left unset.
+	if len(r.Header.Values("X-API-Key")) > 1 {
+		return "the request has two X-API-Key headers; send one"
+	}
+	return ""
+}

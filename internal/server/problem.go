@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/admitdev/admit"
@@ -54,6 +56,11 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
 		return admit.Errorf(admit.CodeInvalid, "reading the body: %v", err)
 	}
 	data := buf.Bytes()
+	// Every body is an object: null (which decodes as {}) or any other
+	// value is not one.
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] != '{' {
+		return admit.Errorf(admit.CodeInvalid, "malformed JSON body: want a JSON object, got %.16q", t)
+	}
 	body.rd.Reset(data)
 	dec := json.NewDecoder(&body.rd)
 	dec.DisallowUnknownFields()
@@ -74,7 +81,39 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, dst any) error {
 		e.Field = key
 		return e
 	}
+	// Decoded, text that is not UTF-8 became U+FFFD: two different ids
+	// would be one.
+	if key, bad := httpx.BadText(data); bad {
+		e := admit.Errorf(admit.CodeInvalid, "malformed JSON body: %s holds text that is not UTF-8 (bytes that are not, or half a surrogate pair such as \\ud800)", fieldName(key))
+		e.Field = strings.ToValidUTF8(key, "?")
+		return e
+	}
 	return nil
+}
+
+// query returns r's query parameters, parsed strictly (httpx.Query),
+// or answers 400 naming the parameter and returns false.
+func (s *Server) query(w http.ResponseWriter, r *http.Request) (url.Values, bool) {
+	q, err := httpx.Query(r.URL.RawQuery)
+	if err != nil {
+		e := admit.Errorf(admit.CodeInvalid, "%v", err)
+		var qe *httpx.QueryError
+		if errors.As(err, &qe) {
+			e.Field = qe.Param
+		}
+		s.writeError(w, r, e)
+		return nil, false
+	}
+	return q, true
+}
+
+// fieldName names a body's field for a message: its key, quoted, or the
+// body itself.
+func fieldName(key string) string {
+	if key == "" {
+		return "the body"
+	}
+	return strconv.Quote(strings.ToValidUTF8(key, "?"))
 }
 
 // bodyBuffer is where decodeJSON reads a body, and its reader.

@@ -405,13 +405,13 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 		}
 		allowed[path] = append(allowed[path], method)
 	}
-	handle("POST", "/v1/check", http.HandlerFunc(s.handleCheck))
-	handle("POST", "/v1/report", http.HandlerFunc(s.handleReport))
-	handle("GET", "/v1/usage", http.HandlerFunc(s.handleUsage))
-	handle("POST", "/v1/acquire", http.HandlerFunc(s.handleAcquire))
-	handle("POST", "/v1/leases", http.HandlerFunc(s.handleLeaseAcquire))
-	handle("PUT", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRenew))
-	handle("DELETE", "/v1/leases/{id}", http.HandlerFunc(s.handleLeaseRelease))
+	handle("POST", "/v1/check", credentials(s.handleCheck))
+	handle("POST", "/v1/report", credentials(s.handleReport))
+	handle("GET", "/v1/usage", credentials(s.handleUsage))
+	handle("POST", "/v1/acquire", credentials(s.handleAcquire))
+	handle("POST", "/v1/leases", credentials(s.handleLeaseAcquire))
+	handle("PUT", "/v1/leases/{id}", credentials(s.handleLeaseRenew))
+	handle("DELETE", "/v1/leases/{id}", credentials(s.handleLeaseRelease))
 
 	handle("GET", "/v1/admin/tenants", s.admin(s.handleTenants))
 	handle("GET", "/v1/admin/tenants/{id}", s.admin(s.handleTenantGet))
@@ -429,8 +429,8 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	handle("POST", "/v1/admin/simulate", s.admin(s.handleSimulate))
 
 	if s.gateway != nil {
-		handle("PUT", "/v1/sessions", http.HandlerFunc(s.handleSessionCreate))
-		handle("DELETE", "/v1/sessions/{tenant}/{session}", http.HandlerFunc(s.handleSessionDelete))
+		handle("PUT", "/v1/sessions", credentials(s.handleSessionCreate))
+		handle("DELETE", "/v1/sessions/{tenant}/{session}", credentials(s.handleSessionDelete))
 		handle("GET", "/v1/ws", s.gateway)
 		handle("GET", "/v1/ws/preflight", http.HandlerFunc(s.gateway.Preflight))
 		if demo {

@@ -41,7 +41,10 @@ type usageView struct {
 // clients did (how many logins an address made), and the platform's own
 // code asks for them.
 func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := s.query(w, r)
+	if !ok {
+		return
+	}
 	trusted := s.callerOf(r).trusted()
 	req := policy.Request{
 		Tenant: q.Get("tenant"), User: q.Get("user"), Action: q.Get("action"), IP: q.Get("ip"),
@@ -132,7 +135,10 @@ func usage(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
 // times; from the first kept, to now by default), in JSON, or in CSV with
 // Accept: text/csv or format=csv.
 func (s *Server) handleUsageRecords(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
+	q, ok := s.query(w, r)
+	if !ok {
+		return
+	}
 	tenant := q.Get("tenant")
 	if tenant == "" {
 		e := admit.Errorf(admit.CodeInvalid, "tenant is required")
