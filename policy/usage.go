@@ -151,6 +151,11 @@ func SortUsage(recs []UsageRecord) {
 	})
 }
 
+// DefaultTierRecord is the tenant of the usage records of every tenant
+// the catalog does not know that got the default tier: they are counted
+// together, so that invented tenants leave no records of their own.
+const DefaultTierRecord = "_default_tier"
+
 // UsageMeter counts decisions into usage records, in memory, and writes
 // them to its store every interval: a decision costs a map update, never
 // a store call. Only quotas are metered, the limits that plans bill.
@@ -217,10 +222,16 @@ func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision, out Outcome) 
 			locked = true
 		}
 		start, end := p.PeriodAt(now)
-		k := usageKey{res.Tenant.ID, r.Name, start.UnixNano()}
+		id := res.Tenant.ID
+		if res.Tenant.Source == "default" {
+			// Tenants the catalog does not know are anyone's to invent:
+			// one record for them all, not a record each for a year.
+			id = DefaultTierRecord
+		}
+		k := usageKey{id, r.Name, start.UnixNano()}
 		rec := m.recs[k]
 		if rec == nil {
-			rec = &UsageRecord{Tenant: res.Tenant.ID, Rule: r.Name, PeriodStart: start, PeriodEnd: end}
+			rec = &UsageRecord{Tenant: id, Rule: r.Name, PeriodStart: start, PeriodEnd: end}
 			m.recs[k] = rec
 		}
 		switch {
