@@ -124,7 +124,7 @@ func (h *h2conn) open(t *testing.T, n int) {
 // streams a connection and refuses more; a stream that never sends its
 // message is ended after envoyrls.UnaryTimeout; a connection that never
 // speaks HTTP/2 is closed after envoyrls.HandshakeTimeout; one address
-// gets at most envoyrls.MaxConnectionsPerIP connections. (It said no
+// gets at most envoyrls.DefaultMaxConnectionsPerIP connections. (It said no
 // stream limit and held streams as long as the client liked: 5
 // connections × 20,000 streams took goroutines from 21 to 62,223 and RSS
 // from 280 to 742 MB; 400 bare TCP connections stayed open past 40 s.)
@@ -135,7 +135,7 @@ func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
 	var refused atomic.Int64
 	var wg sync.WaitGroup
 	var held []net.Conn
-	for range envoyrls.MaxConnectionsPerIP + 6 {
+	for range envoyrls.DefaultMaxConnectionsPerIP + 6 {
 		c, err := net.Dial("tcp", s.GRPC)
 		if err != nil {
 			t.Fatal(err)
@@ -153,7 +153,7 @@ func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
 	}
 	wg.Wait()
 	if refused.Load() != 6 {
-		t.Errorf("%d connections from one address: %d closed at once, want the 6 past %d", envoyrls.MaxConnectionsPerIP+6, refused.Load(), envoyrls.MaxConnectionsPerIP)
+		t.Errorf("%d connections from one address: %d closed at once, want the 6 past %d", envoyrls.DefaultMaxConnectionsPerIP+6, refused.Load(), envoyrls.DefaultMaxConnectionsPerIP)
 	}
 	for _, c := range held {
 		c.Close()

@@ -27,8 +27,10 @@ import (
 // service knows it.
 const ServiceName = "envoy.service.ratelimit.v3.RateLimitService"
 
-// MaxMessageSize bounds a request message.
-const MaxMessageSize = 1 << 20
+// MaxMessageSize bounds a request message: what one stream can make the
+// server buffer (a message is read whole before it is decoded). A request
+// of 64 descriptors of a few entries each fits many times over.
+const MaxMessageSize = 64 << 10
 
 // The bounds of what a client, authenticated or not, can make the server
 // hold (docs/security.md has what each costs).
@@ -39,7 +41,10 @@ const (
 	MaxStreams = 100
 	// UnaryTimeout bounds a unary call from its headers to its answer:
 	// a stream opened and never sent its message is ended then.
-	UnaryTimeout = 10 * time.Second
+	// StreamTimeout bounds a streaming call (a health Watch): its client
+	// watches again.
+	UnaryTimeout  = 10 * time.Second
+	StreamTimeout = 5 * time.Minute
 	// HandshakeTimeout bounds a connection's TLS and HTTP/2 handshake: a
 	// connection that never says it speaks HTTP/2 is closed then.
 	HandshakeTimeout = 10 * time.Second
@@ -53,8 +58,8 @@ const (
 	// MaxConnectionsPerIP those of one client address: past either, a new
 	// connection is closed at once. (An Envoy opens one or a few a worker
 	// thread.)
-	DefaultMaxConnections = 512
-	MaxConnectionsPerIP   = 64
+	DefaultMaxConnections      = 512
+	DefaultMaxConnectionsPerIP = 32
 )
 
 // Server serves a Service over gRPC, with the standard health service
@@ -68,6 +73,7 @@ type Server struct {
 	pollEvery time.Duration
 	once      sync.Once
 	maxConns  int
+	maxPerIP  int
 	conns     atomic.Int64 // served now
 	refused   atomic.Int64 // connections closed past maxConns
 	byIPMu    sync.Mutex
@@ -83,12 +89,22 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 	h := health.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
-	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second, maxConns: DefaultMaxConnections}
+	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second,
+		maxConns: DefaultMaxConnections, maxPerIP: DefaultMaxConnectionsPerIP}
 }
 
-// SetMaxConnections sets how many connections are served at once (at
-// least 1; DefaultMaxConnections until set). Call it before Serve.
-func (s *Server) SetMaxConnections(n int) { s.maxConns = max(n, 1) }
+// SetMaxConnections sets how many connections are served at once, and
+// from one client address (each at least 1; 0 keeps the default:
+// DefaultMaxConnections, DefaultMaxConnectionsPerIP). Call it before
+// Serve.
+func (s *Server) SetMaxConnections(all, perIP int) {
+	if all > 0 {
+		s.maxConns = all
+	}
+	if perIP > 0 {
+		s.maxPerIP = perIP
+	}
+}
 
 // Connections returns the connections served now, and how many were
 // closed at once for being past the bound.
@@ -169,24 +185,25 @@ func (s textStream) RecvMsg(m any) error {
 	return nil
 }
 
-// streaming are the methods served that stream, which UnaryTimeout does
-// not bound (their streams are bounded by MaxStreams and
-// MaxConnectionAge).
+// streaming are the methods served that stream, which StreamTimeout
+// bounds rather than UnaryTimeout.
 var streaming = map[string]bool{
 	"/grpc.health.v1.Health/Watch":                                   true,
 	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
 	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
 }
 
-// unaryDeadline gives a unary call UnaryTimeout from its headers: the
-// context it returns is the stream's, which the read of the call's
-// message waits on, so a stream that never sends it is ended then rather
-// than held. It runs on the connection's reader, and only sets a timer.
+// unaryDeadline gives a unary call UnaryTimeout from its headers, a
+// streaming one StreamTimeout: the context it returns is the stream's,
+// which the read of the call's message waits on, so a stream that never
+// sends it is ended then rather than held. It runs on the connection's
+// reader, and only sets a timer.
 func unaryDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+	d := UnaryTimeout
 	if streaming[info.FullMethodName] {
-		return ctx, nil
+		d = StreamTimeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, UnaryTimeout)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	_ = cancel // the stream's end cancels its context, and this timer with it
 	return ctx, nil
 }
@@ -218,7 +235,7 @@ func (l limitedListener) Accept() (net.Conn, error) {
 func (s *Server) take(ip string) bool {
 	s.byIPMu.Lock()
 	defer s.byIPMu.Unlock()
-	if s.conns.Load() >= int64(s.maxConns) || s.byIP[ip] >= MaxConnectionsPerIP {
+	if s.conns.Load() >= int64(s.maxConns) || s.byIP[ip] >= s.maxPerIP {
 		return false
 	}
 	if s.byIP == nil {

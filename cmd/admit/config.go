@@ -133,6 +133,11 @@ type ServerConfig struct {
 	// DecisionLog, when set, is a file that receives one JSON line per
 	// decision ("-" for standard output).
 	DecisionLog string `json:"decision_log"`
+	// GRPCMaxConnections and GRPCMaxConnectionsPerIP bound the gRPC
+	// port's connections at once, in all and from one client address
+	// (0: envoyrls's defaults, 512 and 32).
+	GRPCMaxConnections      int `json:"grpc_max_connections"`
+	GRPCMaxConnectionsPerIP int `json:"grpc_max_connections_per_ip"`
 	// TenantMetrics adds a tenant label to the decision metrics. Off by
 	// default: the label's cardinality grows with the tenants.
 	TenantMetrics bool `json:"tenant_metrics"`
@@ -566,6 +571,14 @@ func (d *decoder) check(c *Config) {
 			if _, _, err := net.SplitHostPort(f.addr); err != nil {
 				d.failAt(f.path, "%q is not host:port (%v)", f.addr, err)
 			}
+		}
+	}
+	for _, f := range []struct {
+		path string
+		n    int
+	}{{"server.grpc_max_connections", c.Server.GRPCMaxConnections}, {"server.grpc_max_connections_per_ip", c.Server.GRPCMaxConnectionsPerIP}} {
+		if f.n < 0 || f.n > 1_000_000 {
+			d.failAt(f.path, "%d: want 1 to 1,000,000 (0: the default)", f.n)
 		}
 	}
 	for i, p := range c.Server.TrustedProxies {

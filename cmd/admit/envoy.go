@@ -101,6 +101,7 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 	}
 	es.svc, es.ln = svc, ln
 	es.srv = envoyrls.NewServer(svc, ready, opts...)
+	es.srv.SetMaxConnections(b.cfg.Server.GRPCMaxConnections, b.cfg.Server.GRPCMaxConnectionsPerIP)
 	if reflection {
 		es.srv.EnableReflection()
 	}
