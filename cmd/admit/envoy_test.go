@@ -146,7 +146,7 @@ func TestEnvoyConfigRefusedAtStart(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "bad.yaml"), "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: day, requests_per_unit: 1, bogus: 2}\n")
 	var stderr bytes.Buffer
-	code := run(context.Background(), []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--envoy-config", dir},
+	code := run(context.Background(), []string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir(), "--envoy-config", dir},
 		&env{stdout: io.Discard, stderr: &stderr, getenv: os.Getenv})
 	if code != 2 || !strings.Contains(stderr.String(), "bad.yaml:4:51: config error, unknown key 'bogus'") {
 		t.Fatalf("exit %d: %s", code, stderr.String())

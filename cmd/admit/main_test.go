@@ -33,7 +33,9 @@ type running struct {
 
 func startServe(t *testing.T, args ...string) *running {
 	t.Helper()
-	return startCmd(t, append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, args...)...)
+	// A data directory of its own (a later --data-dir wins): the memory
+	// store keeps a lock and the usage records there.
+	return startCmd(t, append([]string{"serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir()}, args...)...)
 }
 
 // startCmd runs a serving command (serve, proxy) in process until the test
