@@ -25,7 +25,8 @@ type h2conn struct {
 	enc    *hpack.Encoder
 	next   uint32
 	mu     sync.Mutex
-	max    uint32 // the server's SETTINGS_MAX_CONCURRENT_STREAMS (0: none said)
+	max    uint32       // the server's SETTINGS_MAX_CONCURRENT_STREAMS (0: none said)
+	window atomic.Int64 // what the server's connection window lets us send
 	ended  atomic.Int64
 	closed chan struct{}
 }
@@ -41,6 +42,7 @@ func dialH2(t *testing.T, addr string) *h2conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	h := &h2conn{c: c, fr: http2.NewFramer(c, c), next: 1, closed: make(chan struct{})}
+	h.window.Store(65535) // a connection's initial window
 	h.enc = hpack.NewEncoder(&h.hbuf)
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
@@ -73,6 +75,10 @@ func dialH2(t *testing.T, addr string) *h2conn {
 				h.mu.Unlock()
 				said = true
 				close(settings)
+			case *http2.WindowUpdateFrame:
+				if f.StreamID == 0 {
+					h.window.Add(int64(f.Increment))
+				}
 			case *http2.RSTStreamFrame:
 				h.ended.Add(1)
 			case *http2.HeadersFrame:
@@ -116,6 +122,63 @@ func (h *h2conn) open(t *testing.T, n int) {
 			return // closed by the server
 		}
 		h.next += 2
+	}
+}
+
+// partial opens n streams of ShouldRateLimit, each a message announced
+// as MaxMessageSize bytes of which it sends body, within the windows the
+// server gives: what a stream can make the server buffer.
+func (h *h2conn) partial(t *testing.T, n, body int) {
+	t.Helper()
+	first := h.next
+	h.open(t, n)
+	chunk := make([]byte, 16384)
+	for id := first; id < first+uint32(2*n); id += 2 {
+		msg := append([]byte{0, 0, 1, 0, 0}, make([]byte, body)...) // a 65,536-byte message announced
+		for len(msg) > 0 {
+			m := min(len(msg), len(chunk))
+			if !proctest.WaitFor(10*time.Second, func() bool { return h.window.Load() >= int64(m) }) {
+				t.Fatalf("the server's connection window stayed at %d", h.window.Load())
+			}
+			h.window.Add(-int64(m))
+			h.mu.Lock()
+			err := h.fr.WriteData(id, false, msg[:m])
+			h.mu.Unlock()
+			if err != nil {
+				return
+			}
+			msg = msg[m:]
+		}
+	}
+}
+
+// TestGRPCPartialMessagesBounded: a stream that sends most of a message
+// and stops holds at most its message, MaxMessageSize, until the unary
+// deadline ends it. (A message announced as 1 MiB was buffered whole, 100
+// a connection: 5.4 GB from one address.)
+func TestGRPCPartialMessagesBounded(t *testing.T) {
+	s := serve(t, "", false)
+	baseRSS := s.RSSKB(t)
+	h := dialH2(t, s.GRPC)
+	start := time.Now()
+	h.partial(t, envoyrls.MaxStreams, envoyrls.MaxMessageSize-1000)
+	rss := s.RSSKB(t)
+	report(t, "RSS kB, 100 streams of a message all but sent", rss-baseRSS)
+	t.Logf("100 streams of %d bytes of a %d-byte message: RSS %d → %d kB", envoyrls.MaxMessageSize-1000, envoyrls.MaxMessageSize, baseRSS, rss)
+	if bound := int64(envoyrls.MaxStreams) * (envoyrls.MaxMessageSize + 96<<10) / 1024; rss-baseRSS > bound {
+		t.Errorf("100 streams of a message all but sent: RSS +%d kB, more than %d kB", rss-baseRSS, bound)
+	}
+	if !proctest.WaitFor(envoyrls.UnaryTimeout+10*time.Second, func() bool { return h.ended.Load() >= int64(envoyrls.MaxStreams) }) {
+		t.Errorf("%d of %d streams of a message all but sent ended %v after they opened", h.ended.Load(), envoyrls.MaxStreams, time.Since(start).Round(time.Second))
+	}
+	// One announced past the bound is refused at once.
+	first := h.ended.Load()
+	h.open(t, 1)
+	h.mu.Lock()
+	_ = h.fr.WriteData(h.next-2, false, []byte{0, 0, 0x10, 0, 0}) // 1 MiB announced
+	h.mu.Unlock()
+	if !proctest.WaitFor(5*time.Second, func() bool { return h.ended.Load() > first }) {
+		t.Error("a message announced as 1 MiB was not refused within 5 s")
 	}
 }
 
