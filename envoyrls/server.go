@@ -144,14 +144,32 @@ func ServerOptions() []grpc.ServerOption {
 type textCodec struct{ encoding.CodecV2 }
 
 // badText holds the messages textCodec took as empty, until refuseBadText
-// answers them.
-var badText sync.Map
+// answers them; badTexts counts them, so that the usual call, with none
+// held, costs one atomic read.
+var (
+	badText  sync.Map
+	badTexts atomic.Int64
+)
+
+// takeBadText reports whether m is a message textCodec took as empty, and
+// forgets it.
+func takeBadText(m any) bool {
+	if badTexts.Load() == 0 {
+		return false
+	}
+	if _, bad := badText.LoadAndDelete(m); bad {
+		badTexts.Add(-1)
+		return true
+	}
+	return false
+}
 
 func (c textCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
 	if err != nil && strings.Contains(err.Error(), "invalid UTF-8") {
 		if m, ok := v.(proto.Message); ok {
 			proto.Reset(m)
+			badTexts.Add(1)
 			badText.Store(v, err.Error())
 			return nil
 		}
@@ -162,7 +180,7 @@ func (c textCodec) Unmarshal(data mem.BufferSlice, v any) error {
 const badTextMessage = "a string field of the request is not UTF-8 text"
 
 func refuseBadText(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if _, bad := badText.LoadAndDelete(req); bad {
+	if takeBadText(req) {
 		return nil, status.Error(codes.InvalidArgument, badTextMessage)
 	}
 	return handler(ctx, req)
@@ -179,7 +197,7 @@ func (s textStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if _, bad := badText.LoadAndDelete(m); bad {
+	if takeBadText(m) {
 		return status.Error(codes.InvalidArgument, badTextMessage)
 	}
 	return nil

@@ -87,6 +87,12 @@ func mergeChanges(saved, mine *Changes) (*Changes, int) {
 			n++
 			continue
 		}
+		// The same write (a revision names one save; a merge keeps the
+		// later write's stamp, and changes only the keys): nothing to merge.
+		if w := mine.Written[k]; w != 0 && w == saved.Written[k] &&
+			slices.Equal(t.APIKeysSHA256, st.APIKeysSHA256) && slices.Equal(t.RevokedKeysSHA256, st.RevokedKeysSHA256) {
+			continue
+		}
 		win, lose, stamp := st, t, saved.Written[k]
 		if mine.Written[k] > saved.Written[k] {
 			win, lose, stamp = t, st, mine.Written[k]

@@ -161,11 +161,20 @@ func CanonicalIP(s string) (string, error) {
 		a = ap.Addr()
 	}
 	a = a.Unmap().WithZone("")
+	// Spelled canonically already (what every front end that parsed the
+	// address itself passes): s, with nothing made.
+	var buf [64]byte
+	var b []byte
 	if a.Is6() {
 		p, _ := a.Prefix(64)
-		return p.String(), nil
+		b = p.AppendTo(buf[:0])
+	} else {
+		b = a.AppendTo(buf[:0])
 	}
-	return a.String(), nil
+	if string(b) == s {
+		return s, nil
+	}
+	return string(b), nil
 }
 
 // Validate checks the bounds of r's fields.

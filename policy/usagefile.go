@@ -166,9 +166,10 @@ func (u *FileUsage) Close() error {
 	return err
 }
 
-// writeSynced writes data to path as the catalog's FileStore does: a
-// temporary file in the same directory, synced, renamed over path, and
-// the directory synced.
+// writeSynced writes data to path so that a crash at any point leaves the
+// old file or the new one, never a mix: a temporary file in the same
+// directory, synced, renamed over path, and the directory synced. The
+// catalog's FileStore and the usage journal's compaction save so.
 func writeSynced(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*.tmp")

@@ -207,7 +207,9 @@ func credentials(h http.HandlerFunc) http.Handler {
 // unreadableCredential says what is wrong with r's credential headers, or
 // "" when each is absent or readable.
 func unreadableCredential(r *http.Request) string {
-	if v := r.Header.Values("Authorization"); len(v) > 0 {
+	// Read by canonical name: Header.Values would canonicalize (and
+	// allocate) "X-API-Key" on every request.
+	if v := r.Header["Authorization"]; len(v) > 0 {
 		tok, ok := httplimit.Bearer(r)
 		switch {
 		case len(v) > 1:
@@ -219,7 +221,7 @@ func unreadableCredential(r *http.Request) string {
 		}
 	}
 	// An empty X-API-Key is no key: clients send one for a key left unset.
-	if len(r.Header.Values("X-API-Key")) > 1 {
+	if len(r.Header["X-Api-Key"]) > 1 {
 		return "the request has two X-API-Key headers; send one"
 	}
 	return ""
