@@ -2,6 +2,7 @@ package attack
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net"
 	"sync"
@@ -11,6 +12,9 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/proctest"
@@ -304,5 +308,107 @@ func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
 	report(t, "bare connections closed after", time.Since(bareAt).Round(100*time.Millisecond))
 	if !proctest.WaitFor(5*time.Second, func() bool { return s.Metric(t, "go_goroutines")-baseG < 50 }) {
 		t.Errorf("goroutines %.0f once the streams ended and the bare connections closed, from %.0f", s.Metric(t, "go_goroutines"), baseG)
+	}
+}
+
+// reset opens n streams of ShouldRateLimit and resets each at once, as a
+// rapid-reset flood does (CVE-2023-44487): with its message first when
+// withMessage is set. It reports how many it wrote before the server
+// closed the connection.
+func (h *h2conn) reset(n int, withMessage bool) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := range n {
+		h.hbuf.Reset()
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
+			{":authority", "admit"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+			_ = h.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		id := h.next
+		h.next += 2
+		if h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}) != nil {
+			return i
+		}
+		if withMessage && h.fr.WriteData(id, false, []byte{0, 0, 0, 0, 0}) != nil {
+			return i
+		}
+		if h.fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+			return i
+		}
+	}
+	return n
+}
+
+// TestGRPCRapidResetsClosed: a connection whose streams are reset before
+// they are calls is closed once envoyrls.MaxUncalledStreams of them were,
+// and its address refused connections for envoyrls.UncalledPenalty, while
+// other addresses are served. (4 connections made 1.3 million streams in
+// 11 s and took most of 2 cores, legitimate calls 2 → 100 ms.)
+func TestGRPCRapidResetsClosed(t *testing.T) {
+	s := serve(t, "", false)
+	for _, withMessage := range []bool{false, true} {
+		h := dialH2(t, s.GRPC)
+		closedAt := time.Now()
+		sent := 0
+		for sent < 1_000_000 {
+			select {
+			case <-h.closed:
+			default:
+				sent += h.reset(1000, withMessage)
+				continue
+			}
+			break
+		}
+		select {
+		case <-h.closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %v: a connection of %d streams reset at once was still open 10 s later", withMessage, sent)
+		}
+		report(t, "streams written before the close, message "+map[bool]string{false: "none", true: "sent"}[withMessage], sent)
+		t.Logf("message %v: closed after the attacker wrote %d streams, in %v", withMessage, sent, time.Since(closedAt).Round(time.Millisecond))
+		// The address is refused at once for a while.
+		c, err := net.Dial("tcp", s.GRPC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(c, http2.ClientPreface)
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if n, _ := c.Read(make([]byte, 64)); n > 0 {
+			t.Errorf("message %v: the address of a connection closed for its resets connected again at once", withMessage)
+		}
+		c.Close()
+		if withMessage {
+			break
+		}
+		// Wait out the penalty before the second round.
+		if !proctest.WaitFor(envoyrls.UncalledPenalty+5*time.Second, func() bool {
+			c, err := net.Dial("tcp", s.GRPC)
+			if err != nil {
+				return false
+			}
+			defer c.Close()
+			_, _ = io.WriteString(c, http2.ClientPreface)
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			n, _ := c.Read(make([]byte, 64))
+			return n > 0
+		}) {
+			t.Fatalf("the address was still refused %v after its penalty of %v", envoyrls.UncalledPenalty+5*time.Second, envoyrls.UncalledPenalty)
+		}
+	}
+	if got := s.Metric(t, "admit_grpc_connections_uncalled_total"); got != 2 {
+		t.Errorf("admit_grpc_connections_uncalled_total %v, want 2", got)
+	}
+	// Another address is served meanwhile.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	cc, err := grpc.NewClient("passthrough:///"+s.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("a health check from another address: %v", err)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -60,6 +61,17 @@ const (
 	// thread.)
 	DefaultMaxConnections      = 512
 	DefaultMaxConnectionsPerIP = 32
+	// A connection whose streams mostly end before they are calls (reset
+	// or left without their message, as in a rapid-reset flood,
+	// CVE-2023-44487) is closed once more than MaxUncalledStreams of them
+	// are, besides MaxStreams that may still become calls, and its client
+	// address refused connections for
+	// UncalledPenalty. A client that opened it again at once would cost
+	// the server its handshake and that many streams each time. Envoy
+	// sends a call's message with its headers, and resets only calls it
+	// gave up waiting for, which are calls.
+	MaxUncalledStreams = 2 * MaxStreams
+	UncalledPenalty    = 10 * time.Second
 )
 
 // Server serves a Service over gRPC, with the standard health service
@@ -76,8 +88,18 @@ type Server struct {
 	maxPerIP  int
 	conns     atomic.Int64 // served now
 	refused   atomic.Int64 // connections closed past maxConns
+	closed    atomic.Int64 // connections closed for their uncalled streams
 	byIPMu    sync.Mutex
-	byIP      map[string]int // connections served now, by client address
+	byIP      map[string]int       // connections served now, by client address
+	penalized map[string]time.Time // addresses refused connections until then
+	now       func() time.Time
+}
+
+// ConnStats counts the gRPC port's connections.
+type ConnStats struct {
+	Open     int64 // served now
+	Refused  int64 // closed at once: past a bound, or from a penalized address
+	Uncalled int64 // closed for streams that were not calls
 }
 
 // NewServer returns a gRPC server for svc. ready, if set, is polled every
@@ -90,7 +112,7 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
 	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second,
-		maxConns: DefaultMaxConnections, maxPerIP: DefaultMaxConnectionsPerIP}
+		maxConns: DefaultMaxConnections, maxPerIP: DefaultMaxConnectionsPerIP, now: time.Now}
 }
 
 // SetMaxConnections sets how many connections are served at once, and
@@ -106,9 +128,10 @@ func (s *Server) SetMaxConnections(all, perIP int) {
 	}
 }
 
-// Connections returns the connections served now, and how many were
-// closed at once for being past the bound.
-func (s *Server) Connections() (open, refused int64) { return s.conns.Load(), s.refused.Load() }
+// Connections counts the connections served now and those closed.
+func (s *Server) Connections() ConnStats {
+	return ConnStats{Open: s.conns.Load(), Refused: s.refused.Load(), Uncalled: s.closed.Load()}
+}
 
 // EnableReflection serves gRPC server reflection, so that tools such as
 // grpcurl need no .proto files. It is off by default: it tells anyone who
@@ -123,10 +146,10 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxConcurrentStreams(MaxStreams),
 		grpc.ConnectionTimeout(HandshakeTimeout),
-		grpc.InTapHandle(unaryDeadline),
+		grpc.InTapHandle(tapStream),
 		grpc.ForceServerCodecV2(textCodec{encoding.GetCodecV2(protoenc.Name)}),
-		grpc.ChainUnaryInterceptor(refuseBadText),
-		grpc.ChainStreamInterceptor(refuseBadTextStream),
+		grpc.ChainUnaryInterceptor(countCall, refuseBadText),
+		grpc.ChainStreamInterceptor(countCallStream, refuseBadTextStream),
 		// Envoy keeps its connections to the service open; pings keep
 		// them alive through middleboxes without letting clients flood.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -211,12 +234,16 @@ var streaming = map[string]bool{
 	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
 }
 
-// unaryDeadline gives a unary call UnaryTimeout from its headers, a
-// streaming one StreamTimeout: the context it returns is the stream's,
-// which the read of the call's message waits on, so a stream that never
-// sends it is ended then rather than held. It runs on the connection's
-// reader, and only sets a timer.
-func unaryDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+// tapStream runs on a connection's reader for each stream it opens. It
+// closes the connection when too many of its streams were not calls (see
+// MaxUncalledStreams), and gives a unary call UnaryTimeout from its
+// headers, a streaming one StreamTimeout: the context it returns is the
+// stream's, which the read of the call's message waits on, so a stream
+// that never sends it is ended then rather than held.
+func tapStream(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if c := connOf(ctx); c != nil && !c.opened() {
+		return nil, status.Error(codes.ResourceExhausted, "envoyrls: too many streams of this connection were not calls")
+	}
 	d := UnaryTimeout
 	if streaming[info.FullMethodName] {
 		d = StreamTimeout
@@ -245,16 +272,25 @@ func (l limitedListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return &countedConn{Conn: c, s: l.s, ip: ip}, nil
+		cc := &countedConn{Conn: c, s: l.s, ip: ip}
+		cc.addr = connAddr{Addr: c.RemoteAddr(), c: cc}
+		return cc, nil
 	}
 }
 
-// take counts a connection from ip, unless it is past a bound.
+// take counts a connection from ip, unless it is past a bound or ip is
+// penalized.
 func (s *Server) take(ip string) bool {
 	s.byIPMu.Lock()
 	defer s.byIPMu.Unlock()
 	if s.conns.Load() >= int64(s.maxConns) || s.byIP[ip] >= s.maxPerIP {
 		return false
+	}
+	if until, ok := s.penalized[ip]; ok {
+		if s.now().Before(until) {
+			return false
+		}
+		delete(s.penalized, ip)
 	}
 	if s.byIP == nil {
 		s.byIP = map[string]int{}
@@ -280,17 +316,108 @@ func remoteIP(c net.Conn) string {
 	return c.RemoteAddr().String()
 }
 
-// countedConn is a connection counted against the bounds until closed.
+// maxPenalized bounds the addresses penalized at once: past it, an
+// address's connection is still closed, but it may connect again at once.
+const maxPenalized = 1 << 16
+
+// penalize refuses ip connections for UncalledPenalty.
+func (s *Server) penalize(ip string) {
+	s.byIPMu.Lock()
+	defer s.byIPMu.Unlock()
+	now := s.now()
+	if s.penalized == nil {
+		s.penalized = map[string]time.Time{}
+	}
+	if len(s.penalized) >= maxPenalized {
+		for a, until := range s.penalized {
+			if !now.Before(until) {
+				delete(s.penalized, a)
+			}
+		}
+		if len(s.penalized) >= maxPenalized {
+			return
+		}
+	}
+	s.penalized[ip] = now.Add(UncalledPenalty)
+}
+
+// countedConn is a connection counted against the bounds until closed,
+// with the streams it opened and the calls they made.
 type countedConn struct {
 	net.Conn
-	s    *Server
-	ip   string
-	once sync.Once
+	s       *Server
+	ip      string
+	addr    connAddr
+	streams atomic.Int64
+	calls   atomic.Int64
+	once    sync.Once
 }
+
+// connAddr is a connection's remote address. The server's transport takes
+// it as the address of every stream's peer, which leads a stream back to
+// its connection.
+type connAddr struct {
+	net.Addr
+	c *countedConn
+}
+
+// RemoteAddr returns the client's address, as a connAddr.
+func (c *countedConn) RemoteAddr() net.Addr { return &c.addr }
 
 func (c *countedConn) Close() error {
 	c.once.Do(func() { c.s.release(c.ip) })
 	return c.Conn.Close()
+}
+
+// opened counts a stream; past MaxUncalledStreams streams that were not
+// calls, besides MaxStreams that may still be, and more than half the
+// connection's, it closes the connection, penalizes its address and
+// reports false.
+func (c *countedConn) opened() bool {
+	streams := c.streams.Add(1)
+	// Up to MaxStreams may be open, their calls still to come.
+	uncalled := streams - c.calls.Load() - MaxStreams
+	if uncalled <= MaxUncalledStreams || 2*uncalled <= streams {
+		return true
+	}
+	first := false
+	c.once.Do(func() { first = true })
+	if first {
+		c.s.closed.Add(1)
+		c.s.penalize(c.ip)
+		c.s.release(c.ip)
+	}
+	c.Conn.Close()
+	return false
+}
+
+// connOf returns the connection of a stream's context, or nil when it was
+// not accepted by a Server.
+func connOf(ctx context.Context) *countedConn {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	if a, ok := p.Addr.(*connAddr); ok {
+		return a.c
+	}
+	return nil
+}
+
+// countCall counts a unary call, its message read, on its connection.
+func countCall(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if c := connOf(ctx); c != nil {
+		c.calls.Add(1)
+	}
+	return handler(ctx, req)
+}
+
+// countCallStream counts a streaming call on its connection.
+func countCallStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if c := connOf(ss.Context()); c != nil {
+		c.calls.Add(1)
+	}
+	return handler(srv, ss)
 }
 
 // Serve accepts connections on ln until Stop. It returns nil after Stop.

@@ -459,6 +459,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
 	defer es.stop(log)
+	if err := srv.RegisterMetrics(grpcConnCollectors(es.srv.Connections)...); err != nil {
+		return err
+	}
 	if e.listeningGRPC != nil {
 		e.listeningGRPC(es.ln.Addr().String())
 	}

@@ -281,6 +281,17 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
+// RegisterMetrics adds cs to the metrics the HTTP API's /metrics serves:
+// the server's own, which tell no client's values.
+func (s *Server) RegisterMetrics(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := s.public.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // MetricsHandler serves every metric of the server in the Prometheus
 // text format: those the HTTP API's /metrics serves, the tenant series
 // of Options.TenantMetrics and those of Options.Registry. Serve it on an
