@@ -1,11 +1,17 @@
 package attack
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit/proctest"
 )
@@ -56,5 +62,63 @@ func TestActionSpellings(t *testing.T) {
 	}
 	if code := post("/logins"); code != 200 {
 		t.Errorf("POST /logins, another path: %d", code)
+	}
+}
+
+// TestProxyForwardsOnlyRequests: admit proxy forwards neither a CONNECT
+// (a tunnel to a host of the client's choosing) nor the preface of
+// HTTP/2 with prior knowledge, which an HTTP/1 port reads as "PRI *" (once
+// both reached the upstream, as "CONNECT /" and "PRI /%2A"); neither costs
+// a decision.
+func TestProxyForwardsOnlyRequests(t *testing.T) {
+	var reached []string
+	var mu sync.Mutex
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" {
+			mu.Lock()
+			reached = append(reached, r.Method+" "+r.RequestURI)
+			mu.Unlock()
+		}
+	}))
+	defer up.Close()
+	cfg := "version: 1\nhttp:\n  actions:\n    - {match: \"/x\", action: any}\n" +
+		"global:\n  - {name: all, scope: ip, actions: [any], algorithm: fixed_window, limit: 1, window: 1h}\n"
+	listen := proctest.FreeAddr(t)
+	proctest.Start(t, admitBin, listen, nil, "proxy", "--listen", listen, "--upstream", up.URL, "--keys-optional",
+		"--data-dir", t.TempDir(), "--config", writeFile(t, "admit.yaml", cfg))
+	raw := func(req string) string {
+		c, err := net.Dial("tcp", listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%q: %v", req, err)
+		}
+		resp.Body.Close()
+		return resp.Status + " " + resp.Header.Get("Content-Type")
+	}
+	for req, want := range map[string]string{
+		"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n": "501 Not Implemented application/problem+json",
+		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n":                                    "505 HTTP Version Not Supported application/problem+json",
+	} {
+		if got := raw(req); got != want {
+			t.Errorf("%q: %s, want %s", strings.SplitN(req, "\r\n", 2)[0], got, want)
+		}
+	}
+	// The one request the limit allows is still there: neither cost a
+	// decision.
+	if got := raw("GET /x HTTP/1.1\r\nHost: app\r\n\r\n"); !strings.HasPrefix(got, "200 ") {
+		t.Errorf("GET /x after them: %s, want 200 (the limit of 1 untouched)", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reached) != 1 || reached[0] != "GET /x" {
+		t.Errorf("the upstream saw %q, want only GET /x", reached)
 	}
 }

@@ -4,28 +4,39 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/internal/connlimit"
 )
 
 // TestUncalledStreamsCloseTheConnection: a timeline of one connection's
 // streams. Calls keep it open however many streams end uncalled beside
-// them; past MaxUncalledStreams streams that were not calls, most of
-// its streams, it is closed, and its address refused connections for
-// UncalledPenalty.
+// them; past MaxUncalledStreams streams that were not calls, besides
+// MaxStreams that may still be, it is closed and its address refused.
 func TestUncalledStreamsCloseTheConnection(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	s := &Server{maxConns: DefaultMaxConnections, maxPerIP: DefaultMaxConnectionsPerIP, now: func() time.Time { return now }}
-	accept := func(ip string) *countedConn {
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := connlimit.New(tcp, connlimit.Limits{Max: DefaultMaxConnections, MaxPerIP: DefaultMaxConnectionsPerIP})
+	defer ln.Close()
+	s := &Server{}
+	sl := streamsListener{Listener: ln, s: s}
+	accept := func() *countedConn {
 		t.Helper()
-		if !s.take(ip) {
-			t.Fatalf("a connection from %s refused", ip)
+		c, err := net.Dial("tcp", tcp.Addr().String())
+		if err != nil {
+			t.Fatal(err)
 		}
-		a, b := net.Pipe()
-		t.Cleanup(func() { a.Close(); b.Close() })
-		return &countedConn{Conn: a, s: s, ip: ip}
+		t.Cleanup(func() { c.Close() })
+		sc, err := sl.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sc.(*countedConn)
 	}
 
 	// As many calls as uncalled streams: never closed.
-	c := accept("192.0.2.1")
+	c := accept()
 	for i := range 10 * MaxUncalledStreams {
 		if !c.opened() {
 			t.Fatalf("closed at stream %d, half of them calls", i+1)
@@ -36,7 +47,7 @@ func TestUncalledStreamsCloseTheConnection(t *testing.T) {
 	}
 	// A connection of resets: MaxUncalledStreams are let be, besides
 	// MaxStreams whose calls may be to come; the next closes it.
-	c = accept("192.0.2.2")
+	c = accept()
 	for i := range MaxStreams + MaxUncalledStreams {
 		if !c.opened() {
 			t.Fatalf("closed at uncalled stream %d of at most %d", i+1, MaxStreams+MaxUncalledStreams)
@@ -45,47 +56,31 @@ func TestUncalledStreamsCloseTheConnection(t *testing.T) {
 	if c.opened() {
 		t.Fatalf("open after %d uncalled streams", MaxStreams+MaxUncalledStreams+1)
 	}
-	if _, err := c.Conn.Write([]byte{0}); err == nil {
+	if _, err := c.Write([]byte{0}); err == nil {
 		t.Error("the connection still writes once closed")
 	}
-	if got := s.Connections(); got.Uncalled != 1 || got.Open != 1 {
-		t.Errorf("connections %+v, want 1 open, 1 closed for uncalled streams", got)
+	_ = c.Close() // the transport's own close after it counts nothing
+	if got := s.Connections(); got.Uncalled != 1 {
+		t.Errorf("connections %+v, want 1 closed for uncalled streams", got)
 	}
-	_ = c.Close() // the server's own close after ours counts nothing
-	if got := s.Connections(); got.Open != 1 {
-		t.Errorf("%d connections open after the closed one's Close, want 1", got.Open)
+	if got := ln.Stats(); got.Open != 1 {
+		t.Errorf("%d connections open, want 1", got.Open)
 	}
-
-	if s.take("192.0.2.2") {
-		t.Error("the address of a closed connection connected again at once")
+	// The address is refused now: the next connection from it is closed
+	// as it is accepted, and Accept waits for one it serves.
+	refused, err := net.Dial("tcp", tcp.Addr().String())
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !s.take("192.0.2.3") {
-		t.Error("another address refused")
-	}
-	now = now.Add(UncalledPenalty - time.Millisecond)
-	if s.take("192.0.2.2") {
-		t.Error("the address connected again before its penalty ended")
-	}
-	now = now.Add(time.Millisecond)
-	if !s.take("192.0.2.2") {
-		t.Error("the address refused once its penalty ended")
+	defer refused.Close()
+	_ = refused.SetReadDeadline(time.Now().Add(5 * time.Second))
+	go func() { _, _ = sl.Accept() }()
+	if n, err := refused.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
+		t.Errorf("a connection from a penalized address: read %d, %v; want it closed", n, err)
 	}
 }
 
-// TestPenalizedBounded: the addresses penalized at once are bounded; the
-// expired ones are forgotten to make room.
-func TestPenalizedBounded(t *testing.T) {
-	now := time.Unix(1_800_000_000, 0)
-	s := &Server{maxConns: 1, maxPerIP: 1, now: func() time.Time { return now }}
-	for i := range maxPenalized + 10 {
-		s.penalize(net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)).String())
-	}
-	if len(s.penalized) != maxPenalized {
-		t.Fatalf("%d addresses penalized, want at most %d", len(s.penalized), maxPenalized)
-	}
-	now = now.Add(UncalledPenalty)
-	s.penalize("192.0.2.9")
-	if len(s.penalized) != 1 {
-		t.Errorf("%d addresses penalized once the others expired, want 1", len(s.penalized))
-	}
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
 }

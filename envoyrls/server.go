@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/admitdev/admit/internal/connlimit"
 )
 
 // ServiceName is the gRPC name of the rate limit service, as the health
@@ -84,15 +86,9 @@ type Server struct {
 	stop      chan struct{}
 	pollEvery time.Duration
 	once      sync.Once
-	maxConns  int
-	maxPerIP  int
-	conns     atomic.Int64 // served now
-	refused   atomic.Int64 // connections closed past maxConns
-	closed    atomic.Int64 // connections closed for their uncalled streams
-	byIPMu    sync.Mutex
-	byIP      map[string]int       // connections served now, by client address
-	penalized map[string]time.Time // addresses refused connections until then
-	now       func() time.Time
+	limits    connlimit.Limits
+	ln        atomic.Pointer[connlimit.Listener]
+	uncalled  atomic.Int64 // connections closed for their uncalled streams
 }
 
 // ConnStats counts the gRPC port's connections.
@@ -112,7 +108,7 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
 	return &Server{grpc: g, health: h, ready: ready, stop: make(chan struct{}), pollEvery: 2 * time.Second,
-		maxConns: DefaultMaxConnections, maxPerIP: DefaultMaxConnectionsPerIP, now: time.Now}
+		limits: connlimit.Limits{Max: DefaultMaxConnections, MaxPerIP: DefaultMaxConnectionsPerIP}}
 }
 
 // SetMaxConnections sets how many connections are served at once, and
@@ -121,16 +117,21 @@ func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.Ser
 // Serve.
 func (s *Server) SetMaxConnections(all, perIP int) {
 	if all > 0 {
-		s.maxConns = all
+		s.limits.Max = all
 	}
 	if perIP > 0 {
-		s.maxPerIP = perIP
+		s.limits.MaxPerIP = perIP
 	}
 }
 
 // Connections counts the connections served now and those closed.
 func (s *Server) Connections() ConnStats {
-	return ConnStats{Open: s.conns.Load(), Refused: s.refused.Load(), Uncalled: s.closed.Load()}
+	st := ConnStats{Uncalled: s.uncalled.Load()}
+	if ln := s.ln.Load(); ln != nil {
+		c := ln.Stats()
+		st.Open, st.Refused = c.Open, c.Refused
+	}
+	return st
 }
 
 // EnableReflection serves gRPC server reflection, so that tools such as
@@ -253,104 +254,33 @@ func tapStream(ctx context.Context, info *tap.Info) (context.Context, error) {
 	return ctx, nil
 }
 
-// limitedListener closes at once the connections accepted past max
-// served at once.
-type limitedListener struct {
-	net.Listener
+// streamsListener accepts the connections of a connlimit.Listener, each
+// as a countedConn.
+type streamsListener struct {
+	*connlimit.Listener
 	s *Server
 }
 
-func (l limitedListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		ip := remoteIP(c)
-		if !l.s.take(ip) {
-			l.s.refused.Add(1)
-			c.Close()
-			continue
-		}
-		cc := &countedConn{Conn: c, s: l.s, ip: ip}
-		cc.addr = connAddr{Addr: c.RemoteAddr(), c: cc}
-		return cc, nil
+func (l streamsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
+	cc := &countedConn{Conn: c.(*connlimit.Conn), s: l.s, ln: l.Listener}
+	cc.addr = connAddr{Addr: c.RemoteAddr(), c: cc}
+	return cc, nil
 }
 
-// take counts a connection from ip, unless it is past a bound or ip is
-// penalized.
-func (s *Server) take(ip string) bool {
-	s.byIPMu.Lock()
-	defer s.byIPMu.Unlock()
-	if s.conns.Load() >= int64(s.maxConns) || s.byIP[ip] >= s.maxPerIP {
-		return false
-	}
-	if until, ok := s.penalized[ip]; ok {
-		if s.now().Before(until) {
-			return false
-		}
-		delete(s.penalized, ip)
-	}
-	if s.byIP == nil {
-		s.byIP = map[string]int{}
-	}
-	s.byIP[ip]++
-	s.conns.Add(1)
-	return true
-}
-
-func (s *Server) release(ip string) {
-	s.byIPMu.Lock()
-	defer s.byIPMu.Unlock()
-	if s.byIP[ip]--; s.byIP[ip] <= 0 {
-		delete(s.byIP, ip)
-	}
-	s.conns.Add(-1)
-}
-
-func remoteIP(c net.Conn) string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-		return a.IP.String()
-	}
-	return c.RemoteAddr().String()
-}
-
-// maxPenalized bounds the addresses penalized at once: past it, an
-// address's connection is still closed, but it may connect again at once.
-const maxPenalized = 1 << 16
-
-// penalize refuses ip connections for UncalledPenalty.
-func (s *Server) penalize(ip string) {
-	s.byIPMu.Lock()
-	defer s.byIPMu.Unlock()
-	now := s.now()
-	if s.penalized == nil {
-		s.penalized = map[string]time.Time{}
-	}
-	if len(s.penalized) >= maxPenalized {
-		for a, until := range s.penalized {
-			if !now.Before(until) {
-				delete(s.penalized, a)
-			}
-		}
-		if len(s.penalized) >= maxPenalized {
-			return
-		}
-	}
-	s.penalized[ip] = now.Add(UncalledPenalty)
-}
-
-// countedConn is a connection counted against the bounds until closed,
-// with the streams it opened and the calls they made.
+// countedConn is a served connection, with the streams it opened and the
+// calls they made.
 type countedConn struct {
-	net.Conn
+	*connlimit.Conn
 	s       *Server
-	ip      string
+	ln      *connlimit.Listener
 	addr    connAddr
 	streams atomic.Int64
 	calls   atomic.Int64
-	once    sync.Once
+	closed  atomic.Bool
 }
 
 // connAddr is a connection's remote address. The server's transport takes
@@ -364,11 +294,6 @@ type connAddr struct {
 // RemoteAddr returns the client's address, as a connAddr.
 func (c *countedConn) RemoteAddr() net.Addr { return &c.addr }
 
-func (c *countedConn) Close() error {
-	c.once.Do(func() { c.s.release(c.ip) })
-	return c.Conn.Close()
-}
-
 // opened counts a stream; past MaxUncalledStreams streams that were not
 // calls, besides MaxStreams that may still be, and more than half the
 // connection's, it closes the connection, penalizes its address and
@@ -380,14 +305,11 @@ func (c *countedConn) opened() bool {
 	if uncalled <= MaxUncalledStreams || 2*uncalled <= streams {
 		return true
 	}
-	first := false
-	c.once.Do(func() { first = true })
-	if first {
-		c.s.closed.Add(1)
-		c.s.penalize(c.ip)
-		c.s.release(c.ip)
+	if c.closed.CompareAndSwap(false, true) {
+		c.s.uncalled.Add(1)
+		c.ln.Penalize(c.IP(), UncalledPenalty)
 	}
-	c.Conn.Close()
+	c.Close()
 	return false
 }
 
@@ -426,7 +348,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	if s.ready != nil {
 		go s.pollReady()
 	}
-	err := s.grpc.Serve(limitedListener{Listener: ln, s: s})
+	cl := connlimit.New(ln, s.limits)
+	s.ln.Store(cl)
+	err := s.grpc.Serve(streamsListener{Listener: cl, s: s})
 	if err == grpc.ErrServerStopped {
 		return nil
 	}

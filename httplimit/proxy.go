@@ -264,3 +264,21 @@ func isTimeout(err error) bool {
 	var t interface{ Timeout() bool }
 	return errors.As(err, &t) && t.Timeout()
 }
+
+// Forwardable answers the requests a reverse proxy must not forward, and
+// passes the others to next: CONNECT, which asks for a tunnel to a host
+// of the client's choosing (501), and the preface of HTTP/2 with prior
+// knowledge, which an HTTP/1 listener reads as a request "PRI *" (505).
+// Put it in front of a Limiter's Handler: they cost no decision.
+func Forwardable(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodConnect:
+			problem.Write(w, http.StatusNotImplemented, "CONNECT: this proxy forwards requests to its upstream, and opens no tunnels")
+		case r.Method == "PRI" && r.ProtoMajor == 2:
+			problem.Write(w, http.StatusHTTPVersionNotSupported, "HTTP/2 with prior knowledge: this port speaks HTTP/1.1")
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}

@@ -138,6 +138,13 @@ type ServerConfig struct {
 	// (0: envoyrls's defaults, 512 and 32).
 	GRPCMaxConnections      int `json:"grpc_max_connections"`
 	GRPCMaxConnectionsPerIP int `json:"grpc_max_connections_per_ip"`
+	// HTTPMaxConnections and HTTPMaxConnectionsPerIP bound the HTTP
+	// port's connections at once (admit serve's API, admit proxy's
+	// listener), in all and from one client address other than a trusted
+	// proxy (0: the defaults, defaultHTTPMaxConnections and
+	// defaultHTTPMaxConnectionsPerIP).
+	HTTPMaxConnections      int `json:"http_max_connections"`
+	HTTPMaxConnectionsPerIP int `json:"http_max_connections_per_ip"`
 	// TenantMetrics adds a tenant label to the decision metrics. Off by
 	// default: the label's cardinality grows with the tenants.
 	TenantMetrics bool `json:"tenant_metrics"`
@@ -576,7 +583,8 @@ func (d *decoder) check(c *Config) {
 	for _, f := range []struct {
 		path string
 		n    int
-	}{{"server.grpc_max_connections", c.Server.GRPCMaxConnections}, {"server.grpc_max_connections_per_ip", c.Server.GRPCMaxConnectionsPerIP}} {
+	}{{"server.grpc_max_connections", c.Server.GRPCMaxConnections}, {"server.grpc_max_connections_per_ip", c.Server.GRPCMaxConnectionsPerIP},
+		{"server.http_max_connections", c.Server.HTTPMaxConnections}, {"server.http_max_connections_per_ip", c.Server.HTTPMaxConnectionsPerIP}} {
 		if f.n < 0 || f.n > 1_000_000 {
 			d.failAt(f.path, "%d: want 1 to 1,000,000 (0: the default)", f.n)
 		}

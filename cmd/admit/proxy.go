@@ -140,9 +140,9 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	if upstream != nil {
 		handler = lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log))
 	}
-	metrics := http.NewServeMux()
+	metrics, metricsReg := http.NewServeMux(), prometheus.NewRegistry()
 	if !llmOn {
-		metrics.Handle("GET /metrics", shedMetrics(lim))
+		metrics.Handle("GET /metrics", shedMetrics(metricsReg, lim))
 	} else {
 		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, b.st.llmUsage, log)
 		if err != nil {
@@ -154,7 +154,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		go func() { meter.flushEvery(flushCtx, time.Second); close(flushed) }()
 		defer func() { stopFlush(); <-flushed }()
 		handler = h
-		metrics.Handle("GET /metrics", llmMetricsHandler(lim, meter))
+		metrics.Handle("GET /metrics", llmMetricsHandler(metricsReg, lim, meter))
 		token := first(b.cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
 		metrics.Handle("GET /v1/llm/usage", usageGuard(token, meter.usageHandler()))
 		metrics.Handle("GET /dashboard", llmDashboardHandler())
@@ -166,12 +166,14 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		}
 		defer stop()
 	}
-	ln, err := net.Listen("tcp", f.listen)
+	tcp, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return err
 	}
+	ln := httpListener(tcp, &b.cfg.Server, opts.TrustedProxies)
+	metricsReg.MustRegister(httpConnCollectors(ln.Stats)...)
 	hs := &http.Server{
-		Handler: httplimit.WriteTimeout(httplimit.BodyTimeout(handler, f.bodyTimeout, f.bodyDeadline), f.writeTimeout),
+		Handler: httplimit.Forwardable(httplimit.WriteTimeout(httplimit.BodyTimeout(handler, f.bodyTimeout, f.bodyDeadline), f.writeTimeout)),
 		// No read or write deadline: streams and WebSockets last as long
 		// as they last. Headers must arrive promptly, bodies without
 		// pauses longer than --body-timeout and within --body-deadline,
@@ -233,8 +235,7 @@ func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol f
 	return h, meter, closeRecords, nil
 }
 
-func llmMetricsHandler(lim *httplimit.Limiter, meter *llmMeter) http.Handler {
-	reg := prometheus.NewRegistry()
+func llmMetricsHandler(reg *prometheus.Registry, lim *httplimit.Limiter, meter *llmMeter) http.Handler {
 	reg.MustRegister(newShedCollector(lim.ShedStats), meter)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

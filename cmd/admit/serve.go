@@ -489,8 +489,12 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		defer stopMetrics()
 	}
 
-	ln, err := net.Listen("tcp", httpAddr)
+	tcp, err := net.Listen("tcp", httpAddr)
 	if err != nil {
+		return err
+	}
+	ln := httpListener(tcp, &cfg.Server, hopts.TrustedProxies)
+	if err := srv.RegisterMetrics(httpConnCollectors(ln.Stats)...); err != nil {
 		return err
 	}
 	if cfg.Server.TenantMetrics && f.metrics == "" {

@@ -52,9 +52,9 @@ func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// shedMetrics is the proxy's /metrics handler.
-func shedMetrics(lim *httplimit.Limiter) http.Handler {
-	reg := prometheus.NewRegistry()
+// shedMetrics is the proxy's /metrics handler, of reg with the shedding
+// groups' metrics added.
+func shedMetrics(reg *prometheus.Registry, lim *httplimit.Limiter) http.Handler {
 	reg.MustRegister(newShedCollector(lim.ShedStats))
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
