@@ -284,6 +284,46 @@ func (p *Policy) AnonymousWeight() int64 { return p.anonymous }
 // OnError returns the failure mode of rules that name none.
 func (p *Policy) OnError() admit.FailureMode { return p.onError }
 
+// Failover says what a policy's rules do when the store cannot answer.
+type Failover struct {
+	// Closed names the rules that fail closed ("tier/rule", or the rule
+	// alone for a global rule), sorted: requests charged to them are
+	// refused with an error while the store is down.
+	Closed []string
+	// Open and Local report whether some rule fails open, or is decided
+	// by the server's local limiter.
+	Open, Local bool
+}
+
+// Failover returns what p's rules do when the store cannot answer.
+func (p *Policy) Failover() Failover {
+	var f Failover
+	seen := map[string]bool{}
+	for _, r := range p.rules {
+		mode := r.OnError
+		if mode == admit.FailDefault {
+			mode = p.onError
+		}
+		switch mode {
+		case admit.FailClosed:
+			name := r.Name
+			if r.Tier != "" {
+				name = r.Tier + "/" + r.Name
+			}
+			if !seen[name] {
+				seen[name] = true
+				f.Closed = append(f.Closed, name)
+			}
+		case admit.FailLocal:
+			f.Local = true
+		default:
+			f.Open = true
+		}
+	}
+	sort.Strings(f.Closed)
+	return f
+}
+
 // Tier returns the tier named name, or nil.
 func (p *Policy) Tier(name string) *Tier { return p.tiers[name] }
 

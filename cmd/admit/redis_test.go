@@ -66,11 +66,48 @@ func TestServeRedisSharedCatalog(t *testing.T) {
 		t.Errorf("after every server restarted newco is %v", m)
 	}
 
-	// With Redis gone, readiness says so.
+	// With Redis gone, readiness says so, and stays ready: the demo's
+	// rules fail open, and this server decides them.
 	srv.Kill()
 	code, m := call(t, "GET", c.url+"/readyz", "")
-	if code != 503 || !strings.Contains(m["store"].(string), "redisstore: ping") {
+	if code != 200 || m["status"] != "ready" || !strings.Contains(m["store"].(string), "redisstore: ping") || fmt.Sprint(m["on_error"]) != "[open]" {
 		t.Errorf("readyz with Redis down: %d %v", code, m)
+	}
+}
+
+// TestReadinessKeepsTheFailureMode: with the store down, a server whose
+// rules all fail open or local is ready, since it decides as they say
+// (a load balancer taking it out would serve no one); one with a rule
+// that fails closed is not, and names the rule. A reload that adds one
+// makes the server unready at once.
+func TestReadinessKeepsTheFailureMode(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	open := "version: 1\nstore:\n  on_error: open\ntiers:\n  free:\n    rules:\n" +
+		"      - {name: calls, scope: tenant, algorithm: token_bucket, rate: 10/s, burst: 10}\n" +
+		"      - {name: exports, scope: tenant, algorithm: fixed_window, limit: 5, window: 1m, on_error: local}\n" +
+		"tenants:\n  t1: {tier: free}\n"
+	writeFile(t, spec, open)
+	s := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	if code, m := call(t, "GET", s.url+"/readyz", ""); code != 200 || m["store"] != "ok" {
+		t.Fatalf("readyz: %d %v", code, m)
+	}
+	srv.Kill()
+	code, m := call(t, "GET", s.url+"/readyz", "")
+	if code != 200 || m["status"] != "ready" || fmt.Sprint(m["on_error"]) != "[open local]" || !strings.Contains(fmt.Sprint(m["store"]), "ping") {
+		t.Errorf("readyz with Redis down, rules open and local: %d %v; want 200, ready, on_error [open local], the store's error", code, m)
+	}
+	if code, m := call(t, "POST", s.url+"/v1/check", `{"tenant":"t1"}`); code != 200 || m["failover"] != "local" {
+		t.Errorf("a check with Redis down: %d %v; want admitted by the local limiter", code, m)
+	}
+	// A rule that fails closed: unready, the rule named.
+	writeFile(t, spec, strings.Replace(open, "burst: 10}", "burst: 10, on_error: closed}", 1))
+	s.reload <- struct{}{}
+	waitFor(t, func() bool { code, _ := call(t, "GET", s.url+"/readyz", ""); return code == 503 },
+		"readyz 503 after a reload added a rule that fails closed, Redis down")
+	code, m = call(t, "GET", s.url+"/readyz", "")
+	if m["status"] != "unavailable" || fmt.Sprint(m["closed_rules"]) != "[free/calls]" {
+		t.Errorf("readyz with a closed rule, Redis down: %d %v; want unavailable, closed_rules [free/calls]", code, m)
 	}
 }
 

@@ -399,10 +399,17 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return errors.New("envoyproxy/ratelimit files (--envoy-config or envoy.config_dir) and --envoy-xds: pick one")
 	}
 	ready, configured := st.ready, new(atomic.Bool)
+	var waiting func() error
 	if f.envoyXDS != "" && f.waitForXDS {
-		ready = func(ctx context.Context) error {
+		waiting = func() error {
 			if !configured.Load() {
 				return errors.New("waiting for the first configuration from the xDS server")
+			}
+			return nil
+		}
+		ready = func(ctx context.Context) error {
+			if err := waiting(); err != nil {
+				return err
 			}
 			if st.ready == nil {
 				return nil
@@ -428,7 +435,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		Store: st.store, Catalog: catalog, AdminToken: token, AdminLoopback: f.adminLoopback,
 		ServiceTokens: serviceTokens, ForwardAuth: cfg.HTTP.ForwardAuth, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
-		Instances: cfg.Store.Instances, Stats: st.stats, Ready: ready, Health: st.health,
+		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Waiting: waiting, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
 	})

@@ -115,7 +115,13 @@ type Options struct {
 	// Stats reports the store's key counts for the metrics; optional.
 	Stats func() StoreStats
 	// Ready reports whether the store answers; nil means always ready.
+	// While it fails, /readyz answers ready if no rule fails closed:
+	// the rules' on_error decide meanwhile.
 	Ready func(ctx context.Context) error
+	// Waiting, if set, reports what the server waits for before it can
+	// decide at all (the first configuration from an xDS server): /readyz
+	// answers unready while it does.
+	Waiting func() error
 	// Health reports a remote store's breaker and call counters for the
 	// metrics and /readyz; optional.
 	Health func() StoreHealth
@@ -167,6 +173,7 @@ type Server struct {
 	forwardAuth    [3]string // the headers of the original method, URI, host
 	log            *slog.Logger
 	ready          func(ctx context.Context) error
+	waiting        func() error
 	health         func() StoreHealth
 	maxWait        time.Duration
 
@@ -202,7 +209,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
 		trustedProxies: opts.HTTP.TrustedProxies, forwarded: opts.HTTP.ForwardedHeader,
-		log: opts.Logger, ready: opts.Ready, health: opts.Health, maxWait: opts.MaxWait,
+		log: opts.Logger, ready: opts.Ready, waiting: opts.Waiting, health: opts.Health, maxWait: opts.MaxWait,
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
@@ -497,9 +504,19 @@ type readyAnswer struct {
 	// during an outage.
 	StoreDownSince *time.Time `json:"store_down_since,omitempty"`
 	Breaker        string     `json:"breaker,omitempty"`
-	ConfigError    string     `json:"config_error,omitempty"`
-	EnvoyError     string     `json:"envoy_config_error,omitempty"`
+	// OnError says how decisions are made while the store is down: the
+	// failure modes of the rules ("open", "local"). ClosedRules names the
+	// rules that fail closed, which make the server unready then (at
+	// most maxClosedRules, ClosedRulesMore the others).
+	OnError         []string `json:"on_error,omitempty"`
+	ClosedRules     []string `json:"closed_rules,omitempty"`
+	ClosedRulesMore int      `json:"closed_rules_more,omitempty"`
+	ConfigError     string   `json:"config_error,omitempty"`
+	EnvoyError      string   `json:"envoy_config_error,omitempty"`
 }
+
+// maxClosedRules bounds the closed rules /readyz names.
+const maxClosedRules = 20
 
 func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 	ans, status := s.readiness(r)
@@ -523,11 +540,33 @@ func (s *Server) readiness(r *http.Request) (readyAnswer, int) {
 		since = since.UTC()
 		ans.StoreDownSince = &since
 	}
+	if s.waiting != nil {
+		if err := s.waiting(); err != nil {
+			ans.Status, ans.Store = "unavailable", err.Error()
+			return ans, http.StatusServiceUnavailable
+		}
+	}
 	if s.ready != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
 		if err := s.ready(ctx); err != nil {
-			ans.Status, ans.Store, status = "unavailable", err.Error(), http.StatusServiceUnavailable
+			// The store is down: this server still decides as its
+			// configuration says, unless a rule fails closed. Taken out
+			// of a load balancer's rotation, it would serve no one,
+			// whatever on_error says.
+			ans.Store = err.Error()
+			f := s.catalog.Policy().Failover()
+			if f.Open {
+				ans.OnError = append(ans.OnError, "open")
+			}
+			if f.Local {
+				ans.OnError = append(ans.OnError, "local")
+			}
+			if len(f.Closed) > 0 {
+				ans.Status, status = "unavailable", http.StatusServiceUnavailable
+				ans.ClosedRules = f.Closed[:min(len(f.Closed), maxClosedRules)]
+				ans.ClosedRulesMore = len(f.Closed) - len(ans.ClosedRules)
+			}
 		}
 	}
 	return ans, status
