@@ -137,7 +137,7 @@ func TestOpenAPI(t *testing.T) {
 
 		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"x","cost":1}`, status: 200},
 		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"x"}`, status: 400, malformed: true},
-		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"invoke-doc-summary-ai","cost":90}`, status: 429},
+		{method: "POST", path: "/v1/report", body: `{"tenant":"tenant-2","action":"invoke-doc-summary-ai","cost":90}`, status: 200},
 
 		{method: "POST", path: "/v1/acquire", body: `{"tenant":"t1234","max_wait_ms":100}`, status: 200},
 		{method: "POST", path: "/v1/acquire", body: `{"tenant":"t1234","max_wait_ms":999999}`, status: 400, malformed: true},

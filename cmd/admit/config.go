@@ -148,6 +148,10 @@ type ServerConfig struct {
 	// TenantMetrics adds a tenant label to the decision metrics. Off by
 	// default: the label's cardinality grows with the tenants.
 	TenantMetrics bool `json:"tenant_metrics"`
+	// IdempotencyWindow is how long the decision API keeps the answer of
+	// a charge made with an Idempotency-Key for its retries (a duration;
+	// default 1h, at most 24h).
+	IdempotencyWindow string `json:"idempotency_window"`
 }
 
 // StoreConfig is the store section.
@@ -587,6 +591,11 @@ func (d *decoder) check(c *Config) {
 		{"server.http_max_connections", c.Server.HTTPMaxConnections}, {"server.http_max_connections_per_ip", c.Server.HTTPMaxConnectionsPerIP}} {
 		if f.n < 0 || f.n > 1_000_000 {
 			d.failAt(f.path, "%d: want 1 to 1,000,000 (0: the default)", f.n)
+		}
+	}
+	if w := c.Server.IdempotencyWindow; w != "" {
+		if v, err := time.ParseDuration(w); err != nil || v < time.Second || v > 24*time.Hour {
+			d.failAt("server.idempotency_window", "%q: want a duration from 1s to 24h", w)
 		}
 	}
 	for i, p := range c.Server.TrustedProxies {

@@ -97,10 +97,10 @@ func TestREADMEWalkthrough(t *testing.T) {
 			t.Fatalf("serve exited %d", code)
 		}
 	}
-	// The report of a debit past the bucket answers 429 as information
-	// (docs/api.md); t1234 moved to premium keeps its drained bucket, 429;
-	// globex, once it has a key, 401.
-	want := "200 200 200 429 429 200 200 429 200 200 201 200 200 200 201 401 204 200"
+	// The report of a debit past the bucket answers 200, charged, with
+	// over_limit (docs/api.md); t1234 moved to premium keeps its drained
+	// bucket, 429; globex, once it has a key, 401.
+	want := "200 200 200 429 200 200 200 429 200 200 201 200 200 200 201 401 204 200"
 	for i, got := range runs {
 		if strings.Join(got, " ") != want {
 			t.Errorf("run %d: statuses %s\nwant %s", i+1, strings.Join(got, " "), want)

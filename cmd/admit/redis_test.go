@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -189,7 +190,7 @@ func TestEnvoyChargeEachRedis(t *testing.T) {
 	if code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1","cost":0}`); code != 200 {
 		t.Fatalf("check before the work: %d", code)
 	}
-	if code, body := call(t, "POST", h.url+"/v1/report", `{"tenant":"t1","cost":14}`); code != 429 || body["allowed"] != true || body["remaining"] != float64(0) {
+	if code, body := call(t, "POST", h.url+"/v1/report", `{"tenant":"t1","cost":14}`); code != 200 || body["allowed"] != true || body["over_limit"] != true || body["remaining"] != float64(0) {
 		t.Fatalf("report of 14: %d %v", code, body)
 	}
 	// A debt of 4 tokens at 6 minutes each, plus the token asked for: 30
@@ -219,7 +220,7 @@ func TestUsageRecordsRedis(t *testing.T) {
 		code, _ := call(t, "POST", h.url+"/v1/check", `{"tenant":"t1"}`)
 		statuses[code]++
 	}
-	if code, _ := call(t, "POST", a.url+"/v1/report", `{"tenant":"t1","cost":40}`); code != 429 {
+	if code, body := call(t, "POST", a.url+"/v1/report", `{"tenant":"t1","cost":40}`); code != 200 || body["over_limit"] != true {
 		t.Fatalf("report: %d", code)
 	}
 	if statuses[200] != 5 || statuses[429] != 3 {
@@ -323,5 +324,57 @@ tenants:
 		&env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }})
 	if code != 2 || strings.Contains(stderr.String(), "wrong-s3cret") {
 		t.Errorf("a wrong password: exit %d, output %s", code, stderr.String())
+	}
+}
+
+// TestIdempotencyRedis: two servers on one Redis share idempotency keys:
+// a report retried on the other server, and retries sent to both at once,
+// are one charge.
+func TestIdempotencyRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, "version: 1\ntiers:\n  free:\n    rules:\n      - {name: q, scope: tenant, algorithm: quota, limit: 100, period: month, max_cost: 100}\ntenants:\n  t1: {tier: free}\n")
+	a := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	b := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	report := func(s *running, key string) (int, http.Header) {
+		req, _ := http.NewRequest("POST", s.url+"/v1/report", strings.NewReader(`{"tenant":"t1","cost":30}`))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	if code, _ := report(a, "k1"); code != 200 {
+		t.Fatalf("report: %d", code)
+	}
+	if code, h := report(b, "k1"); code != 200 || h.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("its retry on the other server: %d, replayed %q", code, h.Get("Idempotent-Replayed"))
+	}
+	// Ten retries of k2 at once, half to each server.
+	var wg sync.WaitGroup
+	codes := make([]int, 10)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := a
+			if i%2 == 1 {
+				s = b
+			}
+			codes[i], _ = report(s, "k2")
+		}()
+	}
+	wg.Wait()
+	for _, c := range codes {
+		if c != 200 && c != 409 {
+			t.Errorf("retries at once: %v, want 200s and 409s", codes)
+			break
+		}
+	}
+	// Charged 30 + 30 of 100: 40 left, 39 after a dry run's 1.
+	if _, m := call(t, "POST", a.url+"/v1/check", `{"tenant":"t1","dry_run":true}`); m["remaining"] != float64(39) {
+		t.Errorf("after two keys' reports and their retries: %v, want 40 of 100 left (39 after the dry run)", m)
 	}
 }

@@ -438,6 +438,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Waiting: waiting, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
+		Idempotency: st.idem, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
 	})
 	if err != nil {
 		return err
@@ -736,4 +737,11 @@ func first(vals ...string) string {
 		}
 	}
 	return ""
+}
+
+// idempotencyWindow is server.idempotency_window, validated with the
+// configuration: 0 (the default) when unset.
+func idempotencyWindow(s string) time.Duration {
+	d, _ := time.ParseDuration(s)
+	return d
 }

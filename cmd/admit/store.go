@@ -15,6 +15,7 @@ import (
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/redischanges"
+	"github.com/admitdev/admit/policy/redisidem"
 	"github.com/admitdev/admit/policy/redisusage"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
@@ -39,7 +40,10 @@ type openedStore struct {
 	// LLM calls' usage by tenant, model and day.
 	usage    policy.UsageStore
 	llmUsage llm.UsageStore
-	close    func()
+	// idem keeps the idempotency keys of the decision API: nil (this
+	// process) with the memory store, shared in Redis with Redis.
+	idem  policy.IdempotencyStore
+	close func()
 	// home says the store is one region of limits held across regions.
 	home bool
 }
@@ -168,6 +172,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
+		idem:     redisidem.New(r),
 		close:    func() { stopWatch(); sessions.Close(); r.Close(); closeHome() },
 	}, nil
 }

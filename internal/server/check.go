@@ -127,16 +127,30 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, 
 		return
 	}
 	body.Debit = body.Debit || debit
+	key, err := idempotencyKey(r)
+	if err != nil {
+		s.fail(w, r, endpoint, err)
+		return
+	}
 	p := s.catalog.Policy()
 	if err := s.request(r, c, &body, p, policy.Requests, 0); err != nil {
 		s.fail(w, r, endpoint, err)
 		return
 	}
+	var claim *idemClaim
+	if key != "" {
+		var answered bool
+		if claim, answered = s.claimIdempotency(w, r, endpoint, key, c, &body); answered {
+			return
+		}
+	}
 	if err := s.decide(r.Context(), c); err != nil {
+		claim.finish(r.Context(), false, 0, nil)
 		s.fail(w, r, endpoint, err)
 		return
 	}
-	s.answer(w, c, -1)
+	status := s.answer(w, c, -1)
+	claim.finish(r.Context(), c.d.Allowed && !c.req.DryRun && c.out == policy.Stored, status, c.buf)
 	s.record(c, endpoint, start)
 }
 
@@ -188,7 +202,8 @@ func (s *Server) record(c *call, endpoint string, start time.Time) {
 
 // debt reports whether a debit left its rule over its limit, and the
 // longest wait until a request would pass again. A report that does so is
-// answered 429, as information: the debit was charged all the same.
+// answered 200, since it was charged, with over_limit and that wait in
+// its body: a client that retries 429s would charge it again.
 func debt(results []admit.Result) (time.Duration, bool) {
 	wait, over := time.Duration(0), false
 	for i := range results {
@@ -199,21 +214,22 @@ func debt(results []admit.Result) (time.Duration, bool) {
 	return wait, over
 }
 
-// answer writes the decision of c: 200 or 429, its headers and its JSON.
-// waited is acquire's wait, or negative for none.
-func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) {
+// answer writes the decision of c: 200 or 429, its headers and its JSON,
+// in c.buf, and returns its status. waited is acquire's wait, or negative
+// for none.
+func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) int {
 	h := w.Header()
 	c.buf = httpx.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
 	status := http.StatusOK
-	retry, over := c.d.RetryAfter, !c.d.Allowed
-	if !over {
-		retry, over = debt(c.d.Results)
-	}
-	if over {
+	overLimit := false
+	if !c.d.Allowed {
 		status = http.StatusTooManyRequests
-		h.Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(retry), 10))
+		h.Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(c.d.RetryAfter), 10))
+	} else if wait, over := debt(c.d.Results); over {
+		c.d.RetryAfter, overLimit = wait, true
 	}
 	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
-	c.buf = appendDecision(c.buf[:0], c, c.claim, waited)
+	c.buf = appendDecision(c.buf[:0], c, c.claim, waited, overLimit)
 	writeBody(w, status, c.buf)
+	return status
 }

@@ -17,10 +17,13 @@ import (
 func ms(d time.Duration) int64 { return httpx.CeilDiv(d, time.Millisecond) }
 
 // appendDecision appends the JSON answer of a decision.
-func appendDecision(b []byte, c *call, claim string, waited time.Duration) []byte {
+func appendDecision(b []byte, c *call, claim string, waited time.Duration, overLimit bool) []byte {
 	d := &c.d
 	b = append(b, `{"allowed":`...)
 	b = strconv.AppendBool(b, d.Allowed)
+	if overLimit {
+		b = append(b, `,"over_limit":true`...)
+	}
 	b = appendIntField(b, "limit", d.Limit)
 	b = appendIntField(b, "remaining", d.Remaining)
 	b = appendIntField(b, "reset_after_ms", ms(d.ResetAfter))

@@ -9,6 +9,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -122,6 +123,11 @@ type Options struct {
 	// decide at all (the first configuration from an xDS server): /readyz
 	// answers unready while it does.
 	Waiting func() error
+	// Idempotency keeps the answers of charges made with an
+	// Idempotency-Key header for IdempotencyWindow (default
+	// DefaultIdempotencyWindow); nil keeps them in this process.
+	Idempotency       policy.IdempotencyStore
+	IdempotencyWindow time.Duration
 	// Health reports a remote store's breaker and call counters for the
 	// metrics and /readyz; optional.
 	Health func() StoreHealth
@@ -174,6 +180,8 @@ type Server struct {
 	log            *slog.Logger
 	ready          func(ctx context.Context) error
 	waiting        func() error
+	idem           policy.IdempotencyStore
+	idemWindow     time.Duration
 	health         func() StoreHealth
 	maxWait        time.Duration
 
@@ -210,10 +218,14 @@ func New(opts Options) (*Server, error) {
 		store: opts.Store, catalog: opts.Catalog, adminLoopback: opts.AdminLoopback,
 		trustedProxies: opts.HTTP.TrustedProxies, forwarded: opts.HTTP.ForwardedHeader,
 		log: opts.Logger, ready: opts.Ready, waiting: opts.Waiting, health: opts.Health, maxWait: opts.MaxWait,
+		idem: opts.Idempotency, idemWindow: cmp.Or(opts.IdempotencyWindow, DefaultIdempotencyWindow),
 		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	if s.idem == nil {
+		s.idem = policy.NewMemoryIdempotency()
 	}
 	fa, ok := ForwardAuthProxies[opts.ForwardAuth]
 	if !ok {

@@ -1,0 +1,124 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/policy"
+)
+
+// IdempotencyHeader names a request's idempotency key: a retry of a
+// charge made with the same key, by the same tenant, within the window
+// is answered as the first was and charges nothing.
+const IdempotencyHeader = "Idempotency-Key"
+
+// DefaultIdempotencyWindow is how long an answer is kept for retries when
+// Options.IdempotencyWindow is 0.
+const DefaultIdempotencyWindow = time.Hour
+
+// idempotencyPending is how long a key is held for a request still being
+// decided: a server that stopped meanwhile lets its key go then.
+const idempotencyPending = time.Minute
+
+// maxIdempotencyKey bounds a key's length.
+const maxIdempotencyKey = 255
+
+// idempotencyKey returns r's idempotency key, "" when it has none: a
+// structured-field string ("…") or the same text bare, of visible ASCII.
+func idempotencyKey(r *http.Request) (string, error) {
+	vs := r.Header[IdempotencyHeader]
+	switch len(vs) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", badKey("%s given %d times; give it once", IdempotencyHeader, len(vs))
+	}
+	k := strings.TrimSpace(vs[0])
+	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
+		k = k[1 : len(k)-1]
+	}
+	if k == "" || len(k) > maxIdempotencyKey {
+		return "", badKey("%s: 1 to %d characters, got %d", IdempotencyHeader, maxIdempotencyKey, len(k))
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return "", badKey("%s: printable ASCII without quotes or backslashes, got %q at %d", IdempotencyHeader, c, i)
+		}
+	}
+	return k, nil
+}
+
+func badKey(format string, args ...any) error {
+	e := admit.Errorf(admit.CodeInvalid, format, args...)
+	e.Field = IdempotencyHeader
+	return e
+}
+
+// idemClaim is a request's claim of its idempotency key.
+type idemClaim struct {
+	store       policy.IdempotencyStore
+	key, token  string
+	fingerprint [32]byte
+	keep        time.Duration
+}
+
+// claimIdempotency claims r's idempotency key for c's request to
+// endpoint. It reports true when it has answered r itself: a replay of
+// the key's answer, 409 while the key's first request is being decided,
+// 422 when the key was used for another request. A claim is nil when r
+// has no key, or the keys' store could not be reached (the request is
+// decided as if it had none: its store is down too, and what fails over
+// charges nothing).
+func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoint, key string, c *call, body *checkRequest) (*idemClaim, bool) {
+	scope := "anon:" + c.req.Client
+	if c.res.Tenant != nil {
+		scope = "tenant:" + c.res.Tenant.ID
+	}
+	canon, _ := json.Marshal(body)
+	cl := &idemClaim{store: s.idem, key: endpoint + "\x00" + scope + "\x00" + key, fingerprint: sha256.Sum256(append([]byte(endpoint+"\x00"), canon...)), keep: s.idemWindow}
+	var t [16]byte
+	_, _ = rand.Read(t[:])
+	cl.token = hex.EncodeToString(t[:])
+	got, err := s.idem.Begin(r.Context(), cl.key, cl.fingerprint, cl.token, idempotencyPending)
+	switch {
+	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
+		return nil, false
+	case err != nil:
+		s.fail(w, r, endpoint, err)
+		return nil, true
+	case got.State == policy.IdempotentNew:
+		return cl, false
+	case got.Fingerprint != cl.fingerprint:
+		writeProblem(w, http.StatusUnprocessableEntity, IdempotencyHeader+" "+key+" was given with another request; a retry must send the same request, and another request another key")
+	case got.State == policy.IdempotentPending:
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, http.StatusConflict, "the request of "+IdempotencyHeader+" "+key+" is being decided; retry in a moment")
+	default:
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeBody(w, got.Status, got.Body)
+	}
+	return nil, true
+}
+
+// finish keeps the answer for retries when it charged something;
+// otherwise (a refusal, a dry run, an error) it lets the key go, and a
+// retry decides again.
+func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body []byte) {
+	if cl == nil {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if !charged {
+		_ = cl.store.Abandon(ctx, cl.key, cl.token)
+		return
+	}
+	_ = cl.store.Finish(ctx, cl.key, policy.Idempotent{Fingerprint: cl.fingerprint, Status: status, Body: body}, cl.keep)
+}
