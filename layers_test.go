@@ -20,7 +20,7 @@ var layers = []struct {
 	{"the engine", []string{"internal/engine", "internal/redishook"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
-	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage", "policy/redisidem"}},
+	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage", "policy/redisidem", "policy/idemtest"}},
 	{"adapter helpers", []string{"internal/httpx", "internal/connlimit"}},
 	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},

@@ -1,0 +1,12 @@
+package policy_test
+
+import (
+	"testing"
+
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/idemtest"
+)
+
+func TestMemoryIdempotencyConformance(t *testing.T) {
+	idemtest.Run(t, func(t *testing.T) policy.IdempotencyStore { return policy.NewMemoryIdempotency() })
+}

@@ -1,0 +1,124 @@
+// Package idemtest is the conformance suite of policy.IdempotencyStore:
+// every implementation runs it.
+package idemtest
+
+import (
+	"context"
+	"crypto/sha256"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/policy"
+)
+
+// Run runs the suite on stores that open returns, new and empty. Claims
+// and answers expire on the store's own clock: the suite waits out a
+// claim of 50 ms.
+func Run(t *testing.T, open func(t *testing.T) policy.IdempotencyStore) {
+	ctx := context.Background()
+	fp := sha256.Sum256([]byte("request"))
+	other := sha256.Sum256([]byte("another request"))
+
+	t.Run("claim_answer_replay", func(t *testing.T) {
+		s := open(t)
+		got, err := s.Begin(ctx, "k", fp, "t1", time.Minute)
+		if err != nil || got.State != policy.IdempotentNew {
+			t.Fatalf("first Begin: %+v, %v; want new", got, err)
+		}
+		got, err = s.Begin(ctx, "k", other, "t2", time.Minute)
+		if err != nil || got.State != policy.IdempotentPending || got.Fingerprint != fp {
+			t.Fatalf("Begin while claimed: %+v, %v; want pending, the first's fingerprint", got, err)
+		}
+		if err := s.Finish(ctx, "k", policy.Idempotent{Fingerprint: fp, Status: 200, Body: []byte(`{"allowed":true}`)}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		got, err = s.Begin(ctx, "k", fp, "t3", time.Minute)
+		if err != nil || got.State != policy.IdempotentDone || got.Status != 200 || string(got.Body) != `{"allowed":true}` || got.Fingerprint != fp {
+			t.Fatalf("Begin once answered: %+v, %v; want the answer", got, err)
+		}
+		// Abandon by a claim that no longer holds the key does nothing.
+		if err := s.Abandon(ctx, "k", "t1"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Begin(ctx, "k", fp, "t4", time.Minute); got.State != policy.IdempotentDone {
+			t.Errorf("an answer abandoned: %+v", got)
+		}
+	})
+
+	t.Run("abandon", func(t *testing.T) {
+		s := open(t)
+		if _, err := s.Begin(ctx, "k", fp, "t1", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Abandon(ctx, "k", "t2"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Begin(ctx, "k", fp, "t3", time.Minute); got.State != policy.IdempotentPending {
+			t.Errorf("another claim's Abandon let the key go: %+v", got)
+		}
+		if err := s.Abandon(ctx, "k", "t1"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Begin(ctx, "k", fp, "t3", time.Minute); got.State != policy.IdempotentNew {
+			t.Errorf("Begin after its claim's Abandon: %+v, want new", got)
+		}
+	})
+
+	t.Run("claim_expires", func(t *testing.T) {
+		s := open(t)
+		if _, err := s.Begin(ctx, "k", fp, "t1", 50*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			got, err := s.Begin(ctx, "k", fp, "t2", time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State == policy.IdempotentNew {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("a claim of 50 ms still held after 5 s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+
+	t.Run("one_claim_of_many", func(t *testing.T) {
+		s := open(t)
+		var mu sync.Mutex
+		news := 0
+		var wg sync.WaitGroup
+		for i := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got, err := s.Begin(ctx, "k", fp, string(rune('a'+i)), time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if got.State == policy.IdempotentNew {
+					mu.Lock()
+					news++
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if news != 1 {
+			t.Errorf("32 claims at once: %d new, want 1", news)
+		}
+	})
+
+	t.Run("keys_apart", func(t *testing.T) {
+		s := open(t)
+		for _, k := range []string{"a", "b", "a\x00b", "tenant:x\x00k"} {
+			if got, err := s.Begin(ctx, k, fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+				t.Errorf("Begin %q: %+v, %v; want new", k, got, err)
+			}
+		}
+	})
+}

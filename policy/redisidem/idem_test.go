@@ -1,0 +1,30 @@
+package redisidem_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/idemtest"
+	"github.com/admitdev/admit/policy/redisidem"
+	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/redistest"
+)
+
+var prefixes atomic.Int64
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	idemtest.Run(t, func(t *testing.T) policy.IdempotencyStore {
+		s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{
+			Prefix: "idem" + strconv.FormatInt(prefixes.Add(1), 10) + ":", Timeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return redisidem.New(s)
+	})
+}
