@@ -164,3 +164,32 @@ func ExampleLimiter_Debit() {
 	// fitted: false wait: 5.01s
 	// next: false tokens
 }
+
+// Waiting instead of being refused, as x/time/rate's Wait does: each call
+// blocks until the limits admit it, or the context ends. Here the third
+// call waits about a millisecond for its token.
+func ExampleLimiter_Wait() {
+	store := memstore.New(nil)
+	defer store.Close()
+	limiter, err := admit.NewLimiter(store, admit.Bucket("calls", admit.PerSecond(1000), 2).Per(admit.PerTenant))
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range 3 {
+		if _, err := limiter.Wait(ctx, admit.Who{Tenant: "acme"}); err != nil {
+			fmt.Println("call", i+1, err)
+			continue
+		}
+		fmt.Println("call", i+1, "admitted")
+	}
+	// A cost no limit ever holds can never be admitted.
+	_, err = limiter.WaitN(ctx, admit.Who{Tenant: "acme"}, 5)
+	fmt.Println(admit.ErrorCode(err))
+	// Output:
+	// call 1 admitted
+	// call 2 admitted
+	// call 3 admitted
+	// invalid
+}

@@ -188,8 +188,11 @@ type Limiter struct {
 	pers   []uint8
 	v6     []uint8 // per limit: the IPv6 prefix its IP is kept per
 	debits bool    // some limit takes debits
-	seed   maphash.Seed
-	keys   []atomic.Pointer[cachedKey] // keyCacheSize per limit, a power of two in all
+	// reservable: every limit is a token bucket or GCRA, which WaitN
+	// books its place in.
+	reservable bool
+	seed       maphash.Seed
+	keys       []atomic.Pointer[cachedKey] // keyCacheSize per limit, a power of two in all
 	// scratch holds Decisions whose buffers Allow, AllowN, Peek and Debit
 	// decide into, so that they allocate nothing: the Decision they
 	// return gets the summary alone, without Results.
@@ -303,6 +306,7 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 		l.pers = append(l.pers, lim.per)
 		l.v6 = append(l.v6, cmp.Or(lim.v6, 64))
 		l.debits = l.debits || r.CheckDebit(1) == nil
+		l.reservable = (i == 0 || l.reservable) && r.Algorithm.Reservable()
 	}
 	// Each (Who, limit) pair takes an entry: the cache grows with the
 	// limits, so that as many callers stay cached with eight as with one.
