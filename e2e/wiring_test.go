@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,7 +50,14 @@ func yamlToProto(t *testing.T, v any, m proto.Message) error {
 // type, strictly, and checks it with the API's own validation rules.
 func envoyBootstrap(t *testing.T) *bootstrapv3.Bootstrap {
 	t.Helper()
-	data, err := os.ReadFile("../deploy/envoy/envoy.yaml")
+	return bootstrapOf(t, "../deploy/envoy/envoy.yaml")
+}
+
+// bootstrapOf decodes the Envoy configuration file into Envoy's bootstrap
+// type, strictly, and checks it with the API's own validation rules.
+func bootstrapOf(t *testing.T, file string) *bootstrapv3.Bootstrap {
+	t.Helper()
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +126,75 @@ func claimHeaders(t *testing.T, jwt *jwtv3.JwtAuthentication) map[string]string 
 		}
 	}
 	return out
+}
+
+// TestEnvoyExampleWiring: examples/envoy/envoy.yaml, the file an
+// envoyproxy/ratelimit user has, is an Envoy bootstrap (unknown fields
+// refused, Envoy's validation rules kept) whose rate limit filter asks
+// the domain of examples/envoy/ratelimit-config, on Admit's gRPC port,
+// and whose descriptors are ones that file decides.
+func TestEnvoyExampleWiring(t *testing.T) {
+	b := bootstrapOf(t, "../examples/envoy/envoy.yaml")
+	var hcm hcmv3.HttpConnectionManager
+	if err := b.StaticResources.Listeners[0].FilterChains[0].Filters[0].GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	filters, _ := httpFilters(t, &hcm)
+	var rl ratelimitfilter.RateLimit
+	if err := filters["envoy.filters.http.ratelimit"].GetTypedConfig().UnmarshalTo(&rl); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := envoyrls.LoadDir("../examples/envoy/ratelimit-config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cfg.Domains(), rl.Domain) {
+		t.Fatalf("the filter asks domain %q; the example files have %v", rl.Domain, cfg.Domains())
+	}
+	cluster := rl.RateLimitService.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+	for _, c := range b.StaticResources.Clusters {
+		if c.Name == cluster {
+			if port := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress().GetPortValue(); port != 8081 {
+				t.Errorf("cluster %s on port %d, want Admit's gRPC port 8081", cluster, port)
+			}
+			if c.GetTypedExtensionProtocolOptions()["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"] == nil {
+				t.Errorf("cluster %s does not speak HTTP/2, which gRPC needs", cluster)
+			}
+		}
+	}
+	// Every descriptor key an action makes is one the file knows.
+	keys := map[string]bool{}
+	vh := hcm.GetRouteConfig().GetVirtualHosts()[0]
+	var actions []*routev3.RateLimit_Action
+	for _, r := range vh.GetRateLimits() {
+		actions = append(actions, r.GetActions()...)
+	}
+	for _, route := range vh.GetRoutes() {
+		for _, r := range route.GetRoute().GetRateLimits() {
+			actions = append(actions, r.GetActions()...)
+		}
+	}
+	for _, a := range actions {
+		switch {
+		case a.GetRemoteAddress() != nil:
+			keys["remote_address"] = true
+		case a.GetGenericKey() != nil:
+			keys[cmp.Or(a.GetGenericKey().GetDescriptorKey(), "generic_key")] = true
+		case a.GetRequestHeaders() != nil:
+			keys[a.GetRequestHeaders().GetDescriptorKey()] = true
+		default:
+			t.Errorf("an action the test does not read: %v", a)
+		}
+	}
+	data, err := os.ReadFile("../examples/envoy/ratelimit-config/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		if !strings.Contains(string(data), "key: "+k+"\n") {
+			t.Errorf("descriptor key %s is in no descriptor of the example file", k)
+		}
+	}
 }
 
 // TestEnvoyWiring decodes deploy/envoy/envoy.yaml into Envoy's bootstrap

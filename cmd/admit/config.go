@@ -253,8 +253,20 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 	} else {
 		d.fail(&root, "", "the file is empty; a configuration starts with version: 1")
 	}
-	if len(d.errs) == 0 {
-		d.check(cfg)
+	// Every error in one run: the checks run on what decoded, an unknown
+	// field left out; a field that did not decode holds its zero value,
+	// so their errors at or under it are dropped.
+	decoded := len(d.errs)
+	d.check(cfg)
+	if decoded > 0 {
+		d.errs = append(d.errs[:decoded:decoded], slices.DeleteFunc(d.errs[decoded:], func(e yamlconf.Error) bool {
+			for _, de := range d.errs[:decoded] {
+				if de.Path != "" && (e.Path == de.Path || strings.HasPrefix(e.Path, de.Path+".") || strings.HasPrefix(e.Path, de.Path+"[")) {
+					return true
+				}
+			}
+			return false
+		})...)
 	}
 	sort.SliceStable(d.errs, func(i, j int) bool {
 		a, b := d.errs[i], d.errs[j]

@@ -24,6 +24,11 @@ import (
 	"path/filepath"
 	"syscall"
 	_ "time/tzdata" // quotas' time zones on hosts and images without a zone database
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/yamlconf"
 )
 
 func main() {
@@ -108,7 +113,11 @@ const configUsage = `Usage:
   admit config validate FILE...  report every error of each file (file:line:col: field: reason)
   admit config example           print the built-in demo configuration
 
-validate exits 0 when every file is valid, 1 when one is not, 2 on usage errors.
+validate reads each FILE as what it is: an Admit configuration, or an
+envoyproxy/ratelimit file (one with a domain: and descriptors:, as
+--envoy-config reads them); a directory is a --envoy-config directory,
+its *.yaml files checked together. It exits 0 when every file is valid,
+1 when one is not, 2 on usage errors.
 `
 
 func configCmd(args []string, e *env) int {
@@ -129,12 +138,13 @@ func configCmd(args []string, e *env) int {
 		}
 		code := 0
 		for _, f := range files {
-			if _, err := LoadConfig(f); err != nil {
+			kind, err := validate(f)
+			if err != nil {
 				fmt.Fprintln(e.stderr, err)
 				code = 1
 				continue
 			}
-			fmt.Fprintf(e.stdout, "%s: ok\n", f)
+			fmt.Fprintf(e.stdout, "%s: ok (%s)\n", f, kind)
 		}
 		return code
 	case "example":
@@ -150,4 +160,38 @@ func configCmd(args []string, e *env) int {
 	}
 	fmt.Fprintf(e.stderr, "admit config: unknown command %q\n\n%s", args[0], configUsage)
 	return 2
+}
+
+// validate checks the file or directory name as what it is (see
+// configUsage), and says what it took it for.
+func validate(name string) (kind string, err error) {
+	if fi, err := os.Stat(name); err == nil && fi.IsDir() {
+		_, err := envoyrls.LoadDir(name)
+		return "envoyproxy/ratelimit directory", err
+	}
+	data, err := yamlconf.ReadFile(name, max(MaxConfigSize, envoyrls.MaxFileSize))
+	if err != nil {
+		return "", yamlconf.Errors{{File: name, Msg: err.Error()}}
+	}
+	if envoyFile(data) {
+		_, err := envoyrls.Parse(envoyrls.File{Name: name, Data: data})
+		return "envoyproxy/ratelimit file", err
+	}
+	_, err = ParseConfig(name, data)
+	return "Admit configuration", err
+}
+
+// envoyFile reports whether data reads as an envoyproxy/ratelimit file: a
+// mapping with a domain and no version.
+func envoyFile(data []byte) bool {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
+		return false
+	}
+	keys := map[string]bool{}
+	m := root.Content[0]
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		keys[m.Content[i].Value] = true
+	}
+	return keys["domain"] && !keys["version"]
 }

@@ -80,7 +80,7 @@ func proxy(ctx context.Context, args []string, e *env) int {
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	if err := runProxy(ctx, &f, e, log); err != nil {
-		log.Error("admit proxy: " + err.Error())
+		startFailed(log, e.stderr, "admit proxy", err)
 		return 2
 	}
 	return 0

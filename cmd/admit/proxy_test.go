@@ -253,7 +253,7 @@ func TestProxyRefusesUnreachableActions(t *testing.T) {
 	code := run(context.Background(), []string{"proxy", "--listen", "127.0.0.1:0", "--upstream", up.URL,
 		"--config", "testdata/invalid-proxy/action_no_route.yaml", "--data-dir", t.TempDir()},
 		&env{stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }})
-	if code != 2 || !strings.Contains(stderr.String(), `action \"reports\" is produced by no http.actions route`) {
+	if code != 2 || !strings.Contains(stderr.String(), `action "reports" is produced by no http.actions route`) {
 		t.Fatalf("proxy started on an unreachable action: exit %d: %s", code, stderr.String())
 	}
 }

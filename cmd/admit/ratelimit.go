@@ -127,7 +127,7 @@ func ratelimitCmd(ctx context.Context, args []string, e *env) int {
 		return 2
 	}
 	if err := runServer(ctx, f, e, log); err != nil {
-		log.Error("admit ratelimit: " + err.Error())
+		startFailed(log, e.stderr, "admit ratelimit", err)
 		return 2
 	}
 	return 0

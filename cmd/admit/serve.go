@@ -164,7 +164,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	}
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	if err := runServer(ctx, &f, e, log); err != nil {
-		log.Error("admit serve: " + err.Error())
+		startFailed(log, e.stderr, "admit serve", err)
 		return 2
 	}
 	return 0
@@ -744,4 +744,21 @@ func first(vals ...string) string {
 func idempotencyWindow(s string) time.Duration {
 	d, _ := time.ParseDuration(s)
 	return d
+}
+
+// startFailed reports err, which stopped command from starting: one line
+// logged, or, for a list of errors (a configuration's, each file:line:
+// reason), a logged summary and the errors written as they are, a line
+// each, so that they read as the docs show them.
+func startFailed(log *slog.Logger, w io.Writer, command string, err error) {
+	msg := err.Error()
+	if !strings.Contains(msg, "\n") {
+		log.Error(command + ": " + msg)
+		return
+	}
+	lines := strings.Split(strings.TrimRight(msg, "\n"), "\n")
+	log.Error(command+": not started", "errors", len(lines))
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
 }
