@@ -83,3 +83,19 @@ func TestDashboardPage(t *testing.T) {
 		t.Fatalf("%v\npage error: %q", err, errText)
 	}
 }
+
+// TestDashboardTokenInAddress: the dashboard opened at /#token=… uses the
+// token at once, and takes it out of the address bar.
+func TestDashboardTokenInAddress(t *testing.T) {
+	p := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=dash-token"})
+	ctx := browser(t)
+	err := chromedp.Do(ctx,
+		chromedp.Navigate(p.url+"/#token=dash-token"),
+		poll(`document.getElementById("store").textContent === "ready"`),
+		poll(`location.hash === "" && document.getElementById("token").value === "dash-token"`),
+	)
+	if err != nil {
+		errText, _ := chromedp.Run(ctx, chromedp.Text(chromedp.ID("error")))
+		t.Fatalf("%v (the page says %q)", err, errText)
+	}
+}

@@ -714,11 +714,24 @@ func onReloadSignal(ctx context.Context, every time.Duration, reload <-chan stru
 // or a stray argument.
 func parseFlags(fs *flag.FlagSet, usage string, args []string, e *env) (code int, done bool) {
 	fs.SetOutput(e.stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	// Parse prints the usage itself, for -h and for a bad flag: the
+	// former to stdout, once.
+	help := false
+	fs.Usage = func() {
+		if help {
+			fs.SetOutput(e.stdout)
+		}
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		help = help || a == "-h" || a == "-help" || a == "--help" || a == "--h"
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(e.stdout)
-			fs.Usage()
 			return 0, true
 		}
 		return 2, true
