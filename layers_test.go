@@ -16,7 +16,7 @@ var layers = []struct {
 	packages []string
 }{
 	{"the slots of rules and charges", []string{"internal/slots"}},
-	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest"}},
+	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
 	{"the engine", []string{"internal/engine", "internal/redishook"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -242,7 +243,7 @@ func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
 
 	baseG, baseRSS := s.Metric(t, "go_goroutines"), s.RSSKB(t)
 
-	const conns, perConn = 5, 2000
+	const conns, perConn = 5, 300 // past 300 uncalled streams a connection is closed (TestGRPCRefusedStreamsClosed)
 	var hs []*h2conn
 	for range conns {
 		h := dialH2(t, s.GRPC)
@@ -410,5 +411,111 @@ func TestGRPCRapidResetsClosed(t *testing.T) {
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Errorf("a health check from another address: %v", err)
+	}
+}
+
+// amplified opens n streams of ShouldRateLimit whose headers name one
+// header of size bytes again and again through HPACK's dynamic table:
+// about 2 × size bytes sent, size² decoded.
+func (h *h2conn) amplified(n, size int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	big := hpack.HeaderField{Name: "x-big", Value: strings.Repeat("a", size)}
+	for range n {
+		h.hbuf.Reset()
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"},
+			{":authority", "admit"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+			_ = h.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		for range size {
+			_ = h.enc.WriteField(big)
+		}
+		if h.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.next, BlockFragment: h.hbuf.Bytes(), EndHeaders: true}) != nil {
+			return
+		}
+		h.next += 2
+	}
+}
+
+// TestGRPCHeadersBounded: a stream's headers are bounded as they are
+// decoded (envoyrls.MaxHeaderListSize, said in
+// SETTINGS_MAX_HEADER_LIST_SIZE): 8 connections × 100 streams, each
+// naming a 4,000-byte header 4,000 times through HPACK (8 KB sent, 16 MB
+// decoded), hold a few megabytes. (They held 58 MB a connection: 1.9 GB
+// from one address's 32.)
+func TestGRPCHeadersBounded(t *testing.T) {
+	s := serve(t, "", false)
+	baseRSS := s.RSSKB(t)
+	var hs []*h2conn
+	for range 8 {
+		h := dialH2(t, s.GRPC)
+		h.amplified(envoyrls.MaxStreams, 4000)
+		hs = append(hs, h)
+	}
+	// Every stream answered (refused) or its connection closed.
+	done := proctest.WaitFor(20*time.Second, func() bool {
+		for _, h := range hs {
+			select {
+			case <-h.closed:
+				continue
+			default:
+			}
+			if h.ended.Load() < envoyrls.MaxStreams {
+				return false
+			}
+		}
+		return true
+	})
+	rss := s.RSSKB(t) - baseRSS
+	report(t, "RSS kB, 8 connections × 100 streams of amplified headers", rss)
+	t.Logf("8 × 100 streams of 16 MB of headers each: RSS +%d kB", rss)
+	if !done {
+		t.Error("streams of amplified headers neither refused nor their connections closed within 20 s")
+	}
+	if rss > 64<<10 {
+		t.Errorf("8 connections of amplified headers: RSS +%d kB, want at most 64 MB", rss)
+	}
+}
+
+// TestGRPCRefusedStreamsClosed: a connection that opens stream after
+// stream past the 100 it may hold, each refused by the server, is closed
+// like one that resets them (envoyrls.MaxUncalledStreams); one that sends
+// SETTINGS after SETTINGS, past envoyrls.MaxControlFrames, too. (7.1
+// million refused streams in 30 s on one connection, never closed, took
+// a core; 12.5 million SETTINGS in 20 s, each acknowledged.)
+func TestGRPCRefusedStreamsClosed(t *testing.T) {
+	for _, flood := range []string{"streams", "settings"} {
+		s := serve(t, "", false)
+		h := dialH2(t, s.GRPC)
+		sent := 0
+		for sent < 1_000_000 {
+			select {
+			case <-h.closed:
+			default:
+				if flood == "streams" {
+					h.open(t, 1000)
+				} else {
+					h.mu.Lock()
+					for range 1000 {
+						if h.fr.WriteSettings() != nil {
+							break
+						}
+					}
+					h.mu.Unlock()
+				}
+				sent += 1000
+				continue
+			}
+			break
+		}
+		select {
+		case <-h.closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: a connection flooding %d was still open 10 s later", flood, sent)
+		}
+		report(t, flood+" written before the close", sent)
+		if got := s.Metric(t, "admit_grpc_connections_uncalled_total"); got != 1 {
+			t.Errorf("%s: admit_grpc_connections_uncalled_total %v, want 1", flood, got)
+		}
 	}
 }

@@ -72,16 +72,19 @@ func TestActionSpellings(t *testing.T) {
 // a decision.
 func TestProxyForwardsOnlyRequests(t *testing.T) {
 	var reached []string
+	var claims http.Header
 	var mu sync.Mutex
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/healthz" {
 			mu.Lock()
 			reached = append(reached, r.Method+" "+r.RequestURI)
+			claims = r.Header.Clone()
 			mu.Unlock()
 		}
 	}))
 	defer up.Close()
-	cfg := "version: 1\nhttp:\n  actions:\n    - {match: \"/x\", action: any}\n" +
+	cfg := "version: 1\nhttp:\n  user_header: X-User-Id\n  actions:\n    - {match: \"/x\", action: any}\n" +
+		"shedding:\n  - {name: all, classes: {header: X-Priority}}\n" +
 		"global:\n  - {name: all, scope: ip, actions: [any], algorithm: fixed_window, limit: 1, window: 1h}\n"
 	listen := proctest.FreeAddr(t)
 	proctest.Start(t, admitBin, listen, nil, "proxy", "--listen", listen, "--upstream", up.URL, "--keys-optional",
@@ -106,6 +109,7 @@ func TestProxyForwardsOnlyRequests(t *testing.T) {
 	for req, want := range map[string]string{
 		"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n\r\n": "501 Not Implemented application/problem+json",
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n":                                    "505 HTTP Version Not Supported application/problem+json",
+		"TRACE /x HTTP/1.1\r\nHost: app\r\n\r\n":                              "501 Not Implemented application/problem+json",
 	} {
 		if got := raw(req); got != want {
 			t.Errorf("%q: %s, want %s", strings.SplitN(req, "\r\n", 2)[0], got, want)
@@ -113,12 +117,23 @@ func TestProxyForwardsOnlyRequests(t *testing.T) {
 	}
 	// The one request the limit allows is still there: neither cost a
 	// decision.
-	if got := raw("GET /x HTTP/1.1\r\nHost: app\r\n\r\n"); !strings.HasPrefix(got, "200 ") {
+	// It carries what a client claims of itself, which the upstream must
+	// not see from a peer that is no trusted proxy, and an upgrade to h2c,
+	// which would take the connection's later requests past the limits.
+	req := "GET /x HTTP/1.1\r\nHost: app\r\nX-User-Id: victim\r\nX-Priority: critical\r\nX-Real-IP: 10.9.9.9\r\n" +
+		"True-Client-IP: 10.9.9.9\r\nX-Original-URL: /admin\r\nX-Rewrite-URL: /admin\r\n" +
+		"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+	if got := raw(req); !strings.HasPrefix(got, "200 ") {
 		t.Errorf("GET /x after them: %s, want 200 (the limit of 1 untouched)", got)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(reached) != 1 || reached[0] != "GET /x" {
 		t.Errorf("the upstream saw %q, want only GET /x", reached)
+	}
+	for _, h := range []string{"X-User-Id", "X-Priority", "X-Real-Ip", "True-Client-Ip", "X-Original-Url", "X-Rewrite-Url", "Upgrade", "Http2-Settings"} {
+		if v := claims.Get(h); v != "" {
+			t.Errorf("the upstream got %s: %s from a client that is no trusted proxy", h, v)
+		}
 	}
 }

@@ -1,6 +1,9 @@
 package envoyrls
 
 import (
+	"bytes"
+	"errors"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -8,79 +11,132 @@ import (
 	"github.com/admitdev/admit/internal/connlimit"
 )
 
-// TestUncalledStreamsCloseTheConnection: a timeline of one connection's
-// streams. Calls keep it open however many streams end uncalled beside
-// them; past MaxUncalledStreams streams that were not calls, besides
-// MaxStreams that may still be, it is closed and its address refused.
-func TestUncalledStreamsCloseTheConnection(t *testing.T) {
+// served accepts one loopback connection through a Server's listener and
+// returns it, its frames counted as the transport reads them from r.
+func served(t *testing.T, r io.Reader) (*frameCounter, *connlimit.Listener, *Server) {
+	t.Helper()
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln := connlimit.New(tcp, connlimit.Limits{Max: DefaultMaxConnections, MaxPerIP: DefaultMaxConnectionsPerIP})
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	s := &Server{}
-	sl := streamsListener{Listener: ln, s: s}
-	accept := func() *countedConn {
-		t.Helper()
-		c, err := net.Dial("tcp", tcp.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		sc, err := sl.Accept()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return sc.(*countedConn)
-	}
-
-	// As many calls as uncalled streams: never closed.
-	c := accept()
-	for i := range 10 * MaxUncalledStreams {
-		if !c.opened() {
-			t.Fatalf("closed at stream %d, half of them calls", i+1)
-		}
-		if i%2 == 0 {
-			c.calls.Add(1)
-		}
-	}
-	// A connection of resets: MaxUncalledStreams are let be, besides
-	// MaxStreams whose calls may be to come; the next closes it.
-	c = accept()
-	for i := range MaxStreams + MaxUncalledStreams {
-		if !c.opened() {
-			t.Fatalf("closed at uncalled stream %d of at most %d", i+1, MaxStreams+MaxUncalledStreams)
-		}
-	}
-	if c.opened() {
-		t.Fatalf("open after %d uncalled streams", MaxStreams+MaxUncalledStreams+1)
-	}
-	if _, err := c.Write([]byte{0}); err == nil {
-		t.Error("the connection still writes once closed")
-	}
-	_ = c.Close() // the transport's own close after it counts nothing
-	if got := s.Connections(); got.Uncalled != 1 {
-		t.Errorf("connections %+v, want 1 closed for uncalled streams", got)
-	}
-	if got := ln.Stats(); got.Open != 1 {
-		t.Errorf("%d connections open, want 1", got.Open)
-	}
-	// The address is refused now: the next connection from it is closed
-	// as it is accepted, and Accept waits for one it serves.
-	refused, err := net.Dial("tcp", tcp.Addr().String())
+	client, err := net.Dial("tcp", tcp.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer refused.Close()
-	_ = refused.SetReadDeadline(time.Now().Add(5 * time.Second))
-	go func() { _, _ = sl.Accept() }()
-	if n, err := refused.Read(make([]byte, 1)); n != 0 || err == nil || isTimeout(err) {
-		t.Errorf("a connection from a penalized address: read %d, %v; want it closed", n, err)
+	t.Cleanup(func() { client.Close() })
+	c, err := streamsListener{Listener: ln, s: s}.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &frameCounter{Conn: readerConn{Conn: c, r: r}, c: c.(*countedConn), preface: len(clientPreface)}, ln, s
+}
+
+// readerConn reads from r, and is otherwise its Conn.
+type readerConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c readerConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+func frameBytes(typ, flags byte, id uint32, payload []byte) []byte {
+	n := len(payload)
+	return append([]byte{byte(n >> 16), byte(n >> 8), byte(n), typ, flags, byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}, payload...)
+}
+
+// readAll reads f until it fails, in reads of 7 bytes (frames split
+// across reads), and returns how many bytes it passed on and its error.
+func readAll(f *frameCounter) (int, error) {
+	total := 0
+	buf := make([]byte, 7)
+	for {
+		n, err := f.Read(buf)
+		total += n
+		if err != nil {
+			return total, err
+		}
 	}
 }
 
-func isTimeout(err error) bool {
-	ne, ok := err.(net.Error)
-	return ok && ne.Timeout()
+// TestFramesCounted: a timeline of a connection's frames. Streams with
+// calls keep it open; past MaxUncalledStreams streams that were not
+// calls (besides MaxStreams that may still be), refused by the
+// transport or not, it is closed and its address refused; past
+// MaxControlFrames control frames with no calls, too.
+func TestFramesCounted(t *testing.T) {
+	headers := frameBytes(frameHeaders, 0x4, 1, []byte{0x82, 0x86})
+	data := frameBytes(frameData, 0x1, 1, make([]byte, 20))
+	t.Run("calls", func(t *testing.T) {
+		var in bytes.Buffer
+		in.WriteString(clientPreface)
+		for range 2000 {
+			in.Write(headers)
+			in.Write(data)
+		}
+		f, _, _ := served(t, &in)
+		f.c.calls.Store(1000) // half of them calls
+		if n, err := readAll(f); err != io.EOF || n != len(clientPreface)+2000*(len(headers)+len(data)) {
+			t.Fatalf("2,000 streams, half calls: %d bytes, %v; want all read", n, err)
+		}
+	})
+	t.Run("uncalled", func(t *testing.T) {
+		var in bytes.Buffer
+		in.WriteString(clientPreface)
+		for range MaxStreams + MaxUncalledStreams + 50 {
+			in.Write(headers)
+			in.Write(frameBytes(frameRSTStream, 0, 1, []byte{0, 0, 0, 8}))
+		}
+		f, ln, s := served(t, &in)
+		if _, err := readAll(f); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("streams reset at once: %v; want the connection closed", err)
+		}
+		if got := f.c.streams.Load(); got != MaxStreams+MaxUncalledStreams+1 {
+			t.Errorf("closed at stream %d, want %d", got, MaxStreams+MaxUncalledStreams+1)
+		}
+		if s.Connections().Uncalled != 1 || ln.Stats().Open != 0 {
+			t.Errorf("stats %+v, listener %+v; want 1 closed, none open", s.Connections(), ln.Stats())
+		}
+		refusedAtOnce(t, ln)
+	})
+	t.Run("settings", func(t *testing.T) {
+		var in bytes.Buffer
+		in.WriteString(clientPreface)
+		for range MaxControlFrames + 10 {
+			in.Write(frameBytes(frameSettings, 0, 0, nil))
+			in.Write(frameBytes(frameSettings, flagAck, 0, nil)) // acks are not counted
+		}
+		f, ln, _ := served(t, &in)
+		if _, err := readAll(f); !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("a SETTINGS flood: %v; want the connection closed", err)
+		}
+		if f.control != MaxControlFrames+1 {
+			t.Errorf("closed at control frame %d, want %d", f.control, MaxControlFrames+1)
+		}
+		refusedAtOnce(t, ln)
+	})
+}
+
+// refusedAtOnce checks that ln now closes a connection from loopback as
+// it accepts it.
+func refusedAtOnce(t *testing.T, ln *connlimit.Listener) {
+	t.Helper()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Errorf("a connection from a penalized address: read %d, %v; want it closed", n, err)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Error("a connection from a penalized address was held")
+	}
 }

@@ -103,7 +103,7 @@ type ConnStats struct {
 // it fails (the store is down), as envoyproxy/ratelimit's health check does
 // with Redis. opts are added to ServerOptions (TLS credentials, for one).
 func NewServer(svc *Service, ready func(context.Context) error, opts ...grpc.ServerOption) *Server {
-	g := grpc.NewServer(append(ServerOptions(), opts...)...)
+	g := grpc.NewServer(append(append(ServerOptions(), plaintext()), opts...)...)
 	h := health.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(g, svc)
 	healthpb.RegisterHealthServer(g, h)
@@ -146,6 +146,7 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxMessageSize),
 		grpc.MaxConcurrentStreams(MaxStreams),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.InTapHandle(tapStream),
 		grpc.ForceServerCodecV2(textCodec{encoding.GetCodecV2(protoenc.Name)}),
@@ -236,15 +237,11 @@ var streaming = map[string]bool{
 }
 
 // tapStream runs on a connection's reader for each stream it opens. It
-// closes the connection when too many of its streams were not calls (see
-// MaxUncalledStreams), and gives a unary call UnaryTimeout from its
-// headers, a streaming one StreamTimeout: the context it returns is the
-// stream's, which the read of the call's message waits on, so a stream
-// that never sends it is ended then rather than held.
+// gives a unary call UnaryTimeout from its headers, a streaming one
+// StreamTimeout: the context it returns is the stream's, which the read
+// of the call's message waits on, so a stream that never sends it is
+// ended then rather than held.
 func tapStream(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if c := connOf(ctx); c != nil && !c.opened() {
-		return nil, status.Error(codes.ResourceExhausted, "envoyrls: too many streams of this connection were not calls")
-	}
 	d := UnaryTimeout
 	if streaming[info.FullMethodName] {
 		d = StreamTimeout
@@ -294,23 +291,24 @@ type connAddr struct {
 // RemoteAddr returns the client's address, as a connAddr.
 func (c *countedConn) RemoteAddr() net.Addr { return &c.addr }
 
-// opened counts a stream; past MaxUncalledStreams streams that were not
-// calls, besides MaxStreams that may still be, and more than half the
-// connection's, it closes the connection, penalizes its address and
-// reports false.
+// opened counts a stream (its HEADERS frame, refused or not) and reports
+// whether the connection is within MaxUncalledStreams streams that were
+// not calls, besides MaxStreams that may still be, or more than half its
+// streams calls.
 func (c *countedConn) opened() bool {
 	streams := c.streams.Add(1)
 	// Up to MaxStreams may be open, their calls still to come.
 	uncalled := streams - c.calls.Load() - MaxStreams
-	if uncalled <= MaxUncalledStreams || 2*uncalled <= streams {
-		return true
-	}
+	return uncalled <= MaxUncalledStreams || 2*uncalled <= streams
+}
+
+// shut closes a connection past a bound, and penalizes its address.
+func (c *countedConn) shut() {
 	if c.closed.CompareAndSwap(false, true) {
 		c.s.uncalled.Add(1)
 		c.ln.Penalize(c.IP(), UncalledPenalty)
 	}
 	c.Close()
-	return false
 }
 
 // connOf returns the connection of a stream's context, or nil when it was

@@ -294,6 +294,19 @@ func checkRequest(req *rlsv3.RateLimitRequest) error {
 	case len(domain) > MaxEntryLen:
 		return admit.Errorf(admit.CodeInvalid, "the domain is %d bytes; at most %d", len(domain), MaxEntryLen)
 	}
+	// A descriptor without entries, or an entry without a key, is no
+	// descriptor Envoy makes: matching nothing, it would be admitted.
+	for i, d := range ds {
+		es := d.GetEntries()
+		if len(es) == 0 {
+			return admit.Errorf(admit.CodeInvalid, "descriptor %d has no entries", i)
+		}
+		for j, e := range es {
+			if e.GetKey() == "" {
+				return admit.Errorf(admit.CodeInvalid, "descriptor %d, entry %d: an empty key", i, j)
+			}
+		}
+	}
 	return nil
 }
 

@@ -409,6 +409,8 @@ func TestBadRequests(t *testing.T) {
 		"no descriptors": {&rlsv3.RateLimitRequest{Domain: "messaging"}, codes.InvalidArgument},
 		"too many":       {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: many}, codes.InvalidArgument},
 		"long value":     {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{desc("a", long)}}, codes.InvalidArgument},
+		"no entries":     {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{{}}}, codes.InvalidArgument},
+		"empty key":      {&rlsv3.RateLimitRequest{Domain: "messaging", Descriptors: []*rlext.RateLimitDescriptor{desc("", "x")}}, codes.InvalidArgument},
 	} {
 		_, err := e.client.ShouldRateLimit(context.Background(), tc.req)
 		if status.Code(err) != tc.want {

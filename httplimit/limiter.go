@@ -339,13 +339,21 @@ func (l *Limiter) fail(w http.ResponseWriter, r *http.Request, err error) {
 // (from a trusted proxy) the user header, client IP, action; cost 1. It
 // also removes the underscore spellings of identity headers, the user
 // header and the shedding class headers from r (see
-// stripUnderscoreVariants). The errors are those Check answers with.
+// stripUnderscoreVariants), and the user header and class headers
+// themselves when r is not from a trusted proxy. The errors are those Check answers with.
 func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
 	return l.identify(r, req, l.opts.Policy())
 }
 
 func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
 	stripUnderscoreVariants(r.Header, l.ownHeaders...)
+	if len(l.ownHeaders) > 0 && !l.opts.TrustedProxies.Contains(PeerIP(r)) {
+		// Believed from trusted proxies only, and so never passed on from
+		// anyone else: the handler (an upstream) might believe them.
+		for _, h := range l.ownHeaders {
+			delete(r.Header, h)
+		}
+	}
 	*req = policy.Request{Cost: 1}
 	if ip := ClientIP(r, l.opts.TrustedProxies, l.opts.ForwardedHeader); ip.IsValid() {
 		req.IP = ip.String()

@@ -39,6 +39,9 @@ func ReverseProxy(upstream *url.URL, trusted Proxies, header string, log *slog.L
 			pr.SetXForwarded() // appends the peer to X-Forwarded-For
 			if !fromTrusted {
 				pr.Out.Header.Del(Forwarded)
+				for _, h := range clientClaims {
+					pr.Out.Header.Del(h)
+				}
 			}
 			if strings.EqualFold(header, Forwarded) && peer.IsValid() {
 				node := peer.String()
@@ -265,20 +268,60 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
+// clientClaims are headers by which proxies tell an upstream who the
+// client is or what it asked for (its address, the URL before a
+// rewrite). ReverseProxy passes them on from trusted proxies only: from
+// anyone else they are the client's own claims, which an upstream that
+// believes them (an X-Original-URL routing IIS or Symfony to another path
+// than the one limited) must never see.
+var clientClaims = []string{
+	"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Cluster-Client-Ip",
+	"X-Forwarded-Port", "X-Forwarded-Server", "X-Original-Url", "X-Rewrite-Url", "X-Original-Forwarded-For",
+}
+
 // Forwardable answers the requests a reverse proxy must not forward, and
 // passes the others to next: CONNECT, which asks for a tunnel to a host
-// of the client's choosing (501), and the preface of HTTP/2 with prior
-// knowledge, which an HTTP/1 listener reads as a request "PRI *" (505).
-// Put it in front of a Limiter's Handler: they cost no decision.
+// of the client's choosing (501), TRACE, which has the upstream echo the
+// request with what proxies added to it (501), and the preface of HTTP/2
+// with prior knowledge, which an HTTP/1 listener reads as a request "PRI
+// *" (505). An upgrade to h2c is dropped from the request (the upstream
+// would speak HTTP/2 on the proxied connection, every request after the
+// first unseen by the limits); other upgrades (WebSocket) pass. Put it in
+// front of a Limiter's Handler: what it answers costs no decision.
 func Forwardable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == http.MethodConnect:
 			problem.Write(w, http.StatusNotImplemented, "CONNECT: this proxy forwards requests to its upstream, and opens no tunnels")
+		case r.Method == http.MethodTrace:
+			problem.Write(w, http.StatusNotImplemented, "TRACE: this proxy does not forward it")
 		case r.Method == "PRI" && r.ProtoMajor == 2:
 			problem.Write(w, http.StatusHTTPVersionNotSupported, "HTTP/2 with prior knowledge: this port speaks HTTP/1.1")
 		default:
+			dropH2CUpgrade(r.Header)
 			next.ServeHTTP(w, r)
 		}
 	})
+}
+
+// dropH2CUpgrade removes an upgrade to h2c, and its settings, from h.
+func dropH2CUpgrade(h http.Header) {
+	ups := h.Values("Upgrade")
+	if len(ups) == 0 {
+		return
+	}
+	var keep []string
+	for _, v := range ups {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" && !strings.EqualFold(p, "h2c") {
+				keep = append(keep, p)
+			}
+		}
+	}
+	h.Del("Http2-Settings")
+	if len(keep) == 0 {
+		h.Del("Upgrade")
+		return
+	}
+	h["Upgrade"] = []string{strings.Join(keep, ", ")}
 }

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -450,7 +449,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		if err != nil {
 			return fmt.Errorf("gRPC: %w", err)
 		}
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(tc)))
+		grpcOpts = append(grpcOpts, envoyrls.TLS(tc))
 	}
 	charge, err := parseCharge(f.envoyCharge)
 	if err != nil {
