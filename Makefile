@@ -24,9 +24,11 @@ deps: ## install redis-server, redis-cli, chromium, podman, runc, promtool, ngin
 	@podman --version
 	@/usr/sbin/nginx -v 2>&1; caddy version; /usr/sbin/haproxy -v | head -1
 
-test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium and the container image
-	$(GO) test -race -shuffle=on -count=1 -timeout=20m ./...
-	cd e2e && $(GO) test -count=1 -timeout=15m ./...
+test: deps ## run every test with the race detector, in shuffled order; then the demo page in headless Chromium and the container image (a line per package as it finishes, the slowest tests at the end)
+	@$(GO) build -o .testlines ./internal/testlines
+	bash -o pipefail -c '$(GO) test -race -shuffle=on -count=1 -timeout=20m -json ./... | ./.testlines'
+	bash -o pipefail -c 'cd e2e && $(GO) test -count=1 -timeout=15m -json ./... | ../.testlines'
+
 
 lint: ## gofmt, go vet and staticcheck over both modules
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt: the files above need formatting'; exit 1; }

@@ -429,6 +429,9 @@ func RunFairShares(t *testing.T, newStores func(t *testing.T, clock func() time.
 func RunFairScenarios(t *testing.T, scs []FairScenario, newStores func(t *testing.T, clock func() time.Time) []admit.Store) {
 	for _, sc := range scs {
 		t.Run(sc.Name, func(t *testing.T) {
+			// Each scenario has a clock and state of its own: they run
+			// together, waiting on the store's round trips together.
+			t.Parallel()
 			clock := NewClock()
 			stores := newStores(t, clock.Now)
 			rep, err := RunFairScenario(context.Background(), sc, stores, clock)

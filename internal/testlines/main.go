@@ -43,6 +43,7 @@ func run(in io.Reader, out io.Writer) int {
 	outputs := map[string][]string{} // package or package/test → its output
 	var times []testTime
 	failed := false
+	packages := 0
 	start := time.Now()
 	sc := bufio.NewScanner(in)
 	sc.Buffer(nil, 16<<20)
@@ -71,7 +72,12 @@ func run(in io.Reader, out io.Writer) int {
 				delete(outputs, key)
 				continue
 			}
-			fmt.Fprintf(out, "ok    %-60s %7.1fs  (%s in)\n", e.Package, e.Elapsed, time.Since(start).Round(time.Second))
+			packages++
+			if e.Action == "skip" {
+				fmt.Fprintf(out, "-     %s (no tests)\n", e.Package)
+			} else {
+				fmt.Fprintf(out, "ok    %-60s %7.1fs  (%s in)\n", e.Package, e.Elapsed, time.Since(start).Round(time.Second))
+			}
 			delete(outputs, key)
 		case "build-fail":
 			failed = true
@@ -94,6 +100,10 @@ func run(in io.Reader, out io.Writer) int {
 		fmt.Fprintf(out, "  %7.1fs  %s\n", tt.elapsed, tt.name)
 	}
 	if failed {
+		return 1
+	}
+	if packages == 0 {
+		fmt.Fprintln(out, "testlines: no package finished: did go test run?")
 		return 1
 	}
 	return 0
