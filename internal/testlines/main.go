@@ -22,9 +22,9 @@ type event struct {
 	Action     string
 	Package    string
 	ImportPath string // of a build's events
-	Test    string
-	Elapsed float64
-	Output  string
+	Test       string
+	Elapsed    float64
+	Output     string
 }
 
 // slowest is how many of the slowest tests the summary lists.
