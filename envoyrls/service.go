@@ -230,7 +230,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		s.opts.Observe(ev)
 	}
 	if err != nil {
-		return nil, grpcError(err)
+		return nil, grpcError(ctx, err)
 	}
 	return resp, nil
 }
@@ -522,8 +522,10 @@ func (c *call) groupOver(key string) bool {
 	return false
 }
 
-// grpcError maps an Admit error to a gRPC status.
-func grpcError(err error) error {
+// grpcError maps an Admit error to a gRPC status: Canceled or
+// DeadlineExceeded when the call's own ctx ended, whatever failed
+// meanwhile; the store's own timeout is its failure, Unavailable.
+func grpcError(ctx context.Context, err error) error {
 	code := codes.Internal
 	switch admit.ErrorCode(err) {
 	case admit.CodeInvalid:
@@ -539,9 +541,10 @@ func grpcError(err error) error {
 	case admit.CodeExhausted:
 		code = codes.ResourceExhausted
 	}
-	if errors.Is(err, context.Canceled) {
+	switch ctx.Err() {
+	case context.Canceled:
 		code = codes.Canceled
-	} else if errors.Is(err, context.DeadlineExceeded) {
+	case context.DeadlineExceeded:
 		code = codes.DeadlineExceeded
 	}
 	return status.Error(code, err.Error())
