@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -44,9 +45,9 @@ func walkthrough(t *testing.T, base string) (script string, check []string) {
 		switch {
 		case strings.HasPrefix(line, "go run ./cmd/admit check"):
 			check = strings.Fields(strings.TrimPrefix(line, "go run ./cmd/admit "))
-		case strings.Contains(cmd, "<lease_id>"), strings.HasPrefix(line, "go run"), strings.HasPrefix(line, "grpcurl"):
-			// A placeholder to fill by hand; servers that run until stopped.
-		case strings.HasPrefix(line, "curl"), strings.HasPrefix(line, "for "), strings.HasPrefix(line, "ADMIN="):
+		case strings.HasPrefix(line, "go run"), strings.HasPrefix(line, "grpcurl"):
+			// Servers that run until stopped; grpcurl: TestREADMEEnvoyPath.
+		case strings.HasPrefix(line, "curl"), strings.HasPrefix(line, "for "), strings.HasPrefix(line, "ADMIN="), strings.HasPrefix(line, "LEASE="):
 			out = append(out, cmd)
 		}
 	}
@@ -99,8 +100,9 @@ func TestREADMEWalkthrough(t *testing.T) {
 	}
 	// The report of a debit past the bucket answers 200, charged, with
 	// over_limit (docs/api.md); t1234 moved to premium keeps its drained
-	// bucket, 429; globex, once it has a key, 401.
-	want := "200 200 200 429 200 200 200 429 200 200 201 200 200 200 201 401 204 200"
+	// bucket, 429; the lease taken into $LEASE is released, 204; globex,
+	// once it has a key, 401.
+	want := "200 200 200 429 200 200 200 429 200 200 204 200 200 200 201 401 204 200"
 	for i, got := range runs {
 		if strings.Join(got, " ") != want {
 			t.Errorf("run %d: statuses %s\nwant %s", i+1, strings.Join(got, " "), want)
@@ -194,8 +196,8 @@ func TestREADMESessions(t *testing.T) {
 		switch {
 		case strings.HasPrefix(line, "curl "):
 			curl = strings.ReplaceAll(line, "localhost:8080", host)
-		case strings.HasPrefix(comment, "websocat "):
-			url = strings.Trim(strings.TrimPrefix(comment, "websocat "), `"`)
+		case strings.HasPrefix(comment, "go run ./examples/wsclient "):
+			url = strings.Trim(strings.TrimPrefix(comment, "go run ./examples/wsclient "), `"`)
 		case strings.HasPrefix(comment, "{"):
 			send = comment
 		case strings.HasPrefix(comment, "→ "):
@@ -220,6 +222,20 @@ func TestREADMESessions(t *testing.T) {
 	url = strings.Replace(strings.ReplaceAll(url, "localhost:8080", host), "session=…", "session="+opened.SessionID, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	// The README's client, as written: the line typed, the echo printed.
+	client := exec.CommandContext(ctx, "go", "run", "./examples/wsclient", url)
+	client.Dir = "../.."
+	stdin, _ := client.StdinPipe()
+	stdout, _ := client.StdoutPipe()
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(stdin, send+"\n")
+	got, err := bufio.NewReader(stdout).ReadString('\n')
+	stdin.Close()
+	if werr := client.Wait(); err != nil || werr != nil {
+		t.Fatalf("go run ./examples/wsclient: %q, %v, %v", got, err, werr)
+	}
 	var conns []*websocket.Conn
 	for i := range 2 {
 		c, _, err := websocket.Dial(ctx, url, nil)
@@ -229,15 +245,8 @@ func TestREADMESessions(t *testing.T) {
 		defer c.CloseNow()
 		conns = append(conns, c)
 	}
-	if err := conns[0].Write(ctx, websocket.MessageText, []byte(send)); err != nil {
-		t.Fatal(err)
-	}
-	_, got, err := conns[0].Read(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var gotFields, wantFields map[string]any
-	if err := json.Unmarshal(got, &gotFields); err != nil {
+	if err := json.Unmarshal([]byte(got), &gotFields); err != nil {
 		t.Fatalf("echo %s: %v", got, err)
 	}
 	if err := json.Unmarshal([]byte(echo), &wantFields); err != nil {
