@@ -61,33 +61,62 @@ func readAll(f *frameCounter) (int, error) {
 	}
 }
 
-// TestFramesCounted: a timeline of a connection's frames. Streams with
-// calls keep it open; past MaxUncalledStreams streams that were not
-// calls (besides MaxStreams that may still be), refused by the
-// transport or not, it is closed and its address refused; past
-// MaxControlFrames control frames with no calls, too.
+// TestFramesCounted: a timeline of a connection's frames. Streams that
+// carry their message are calls and keep it open, reset or not; past
+// MaxUncalledStreams streams that were not calls (besides MaxStreams that
+// may still be), refused by the transport or not, it is closed and its
+// address refused; past MaxControlFrames control frames with no calls
+// (acknowledgements, empty DATA and CONTINUATION frames among them),
+// too.
 func TestFramesCounted(t *testing.T) {
 	headers := frameBytes(frameHeaders, 0x4, 1, []byte{0x82, 0x86})
-	data := frameBytes(frameData, 0x1, 1, make([]byte, 20))
+	streamOf := func(id uint32) []byte { return frameBytes(frameHeaders, 0x4, id, []byte{0x82, 0x86}) }
 	t.Run("calls", func(t *testing.T) {
+		// Calls, each reset right after its message (a client whose
+		// deadline is shorter than the server's answer), and a few
+		// control frames beside: all read.
 		var in bytes.Buffer
 		in.WriteString(clientPreface)
-		for range 2000 {
-			in.Write(headers)
-			in.Write(data)
+		for i := range uint32(5000) {
+			id := 2*i + 1
+			in.Write(streamOf(id))
+			in.Write(frameBytes(frameData, 0, id, make([]byte, 20)))
+			in.Write(frameBytes(frameData, 0x1, id, nil)) // END_STREAM, empty
+			in.Write(frameBytes(0x3, 0, id, []byte{0, 0, 0, 8}))
 		}
 		f, _, _ := served(t, &in)
-		f.c.calls.Store(1000) // half of them calls
-		if n, err := readAll(f); err != io.EOF || n != len(clientPreface)+2000*(len(headers)+len(data)) {
-			t.Fatalf("2,000 streams, half calls: %d bytes, %v; want all read", n, err)
+		if _, err := readAll(f); err != io.EOF {
+			t.Fatalf("5,000 calls, each reset after its message: %v; want all read", err)
+		}
+		if got := f.c.calls.Load(); got != 5000 {
+			t.Errorf("%d calls counted, want 5,000", got)
 		}
 	})
+	for name, junk := range map[string][]byte{
+		"empty_data":   frameBytes(frameData, 0, 1, nil),
+		"continuation": frameBytes(0x9, 0, 1, nil),
+		"ping_acks":    frameBytes(0x6, 0x1, 0, make([]byte, 8)),
+	} {
+		t.Run(name, func(t *testing.T) {
+			var in bytes.Buffer
+			in.WriteString(clientPreface)
+			in.Write(headers)
+			for range MaxControlFrames + 10 {
+				in.Write(junk)
+			}
+			f, ln, _ := served(t, &in)
+			if _, err := readAll(f); !errors.Is(err, net.ErrClosed) {
+				t.Fatalf("a flood of %s: %v; want the connection closed", name, err)
+			}
+			refusedAtOnce(t, ln)
+		})
+	}
 	t.Run("uncalled", func(t *testing.T) {
 		var in bytes.Buffer
 		in.WriteString(clientPreface)
 		for range MaxStreams + MaxUncalledStreams + 50 {
 			in.Write(headers)
-			in.Write(frameBytes(frameRSTStream, 0, 1, []byte{0, 0, 0, 8}))
+			in.Write(frameBytes(0x3, 0, 1, []byte{0, 0, 0, 8}))
 		}
 		f, ln, s := served(t, &in)
 		if _, err := readAll(f); !errors.Is(err, net.ErrClosed) {
@@ -105,8 +134,8 @@ func TestFramesCounted(t *testing.T) {
 		var in bytes.Buffer
 		in.WriteString(clientPreface)
 		for range MaxControlFrames + 10 {
-			in.Write(frameBytes(frameSettings, 0, 0, nil))
-			in.Write(frameBytes(frameSettings, flagAck, 0, nil)) // acks are not counted
+			in.Write(frameBytes(0x4, 0, 0, nil))
+			in.Write(frameBytes(0x4, 0x1, 0, nil)) // acks count too
 		}
 		f, ln, _ := served(t, &in)
 		if _, err := readAll(f); !errors.Is(err, net.ErrClosed) {

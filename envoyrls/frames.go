@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"crypto/tls"
+	"encoding/binary"
 	"net"
 
 	"google.golang.org/grpc"
@@ -11,10 +12,10 @@ import (
 
 // What a connection may send besides calls, past which it is closed and
 // its address refused connections for UncalledPenalty (see
-// MaxUncalledStreams for streams). Control frames are SETTINGS, PING,
-// PRIORITY, RST_STREAM, WINDOW_UPDATE and frames of unknown types: a
-// connection may send MaxControlFrames of them, and ControlFramesPerCall
-// more for each call it made. (Each costs the server its parsing and, for
+// MaxUncalledStreams for streams). Control frames are all but HEADERS,
+// a call's DATA and GOAWAY (see frameCounter.frame): a connection may
+// send MaxControlFrames of them, and ControlFramesPerCall more for each
+// call it made. (Each costs the server its parsing and, for
 // most, an answer; a client once sent 12.5 million SETTINGS in 20 s, each
 // acknowledged.)
 const (
@@ -30,17 +31,9 @@ const MaxHeaderListSize = 16 << 10
 
 // HTTP/2 frame types (RFC 9113, section 6).
 const (
-	frameData         = 0x0
-	frameHeaders      = 0x1
-	framePriority     = 0x2
-	frameRSTStream    = 0x3
-	frameSettings     = 0x4
-	framePushPromise  = 0x5
-	framePing         = 0x6
-	frameGoAway       = 0x7
-	frameWindowUpdate = 0x8
-	frameContinuation = 0x9
-	flagAck           = 0x1
+	frameData    = 0x0
+	frameHeaders = 0x1
+	frameGoAway  = 0x7
 )
 
 // clientPreface is what an HTTP/2 client sends before its first frame.
@@ -59,6 +52,7 @@ type frameCounter struct {
 	have     int     // bytes of hdr read
 	skip     uint32  // payload bytes of the current frame still to pass
 	control  int64
+	lastCall uint32 // the last stream counted a call
 	overflow bool
 }
 
@@ -84,7 +78,8 @@ func (f *frameCounter) Read(p []byte) (int, error) {
 			}
 			f.have = 0
 			f.skip = uint32(f.hdr[0])<<16 | uint32(f.hdr[1])<<8 | uint32(f.hdr[2])
-			if !f.frame(f.hdr[3], f.hdr[4]) {
+			id := binary.BigEndian.Uint32(f.hdr[5:]) &^ (1 << 31)
+			if !f.frame(f.hdr[3], f.skip, id) {
 				f.overflow = true
 			}
 		}
@@ -96,18 +91,24 @@ func (f *frameCounter) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// frame counts a frame of type t and flags flags, and reports whether
-// the connection is still within its bounds.
-func (f *frameCounter) frame(t, flags byte) bool {
-	switch t {
-	case frameData, frameContinuation, frameGoAway, framePushPromise:
-		return true
-	case frameHeaders:
+// frame counts a frame of type t and length n on stream id, and reports whether the connection is still within its bounds.
+// A stream's first DATA frame that holds a message (its 5-byte prefix at
+// least) makes the stream a call: the client sent what a call sends,
+// whether or not it waited for the answer (a deadline shorter than the
+// server's answer is a client's mistake, not an attack, and costs what a
+// call does). Every other frame that is not HEADERS is a control frame:
+// acknowledgements, empty DATA and CONTINUATION frames too, which cost
+// parsing as any other (an empty CONTINUATION flood, CVE-2024-27316).
+func (f *frameCounter) frame(t byte, n, id uint32) bool {
+	switch {
+	case t == frameHeaders:
 		return f.c.opened()
-	case frameSettings, framePing:
-		if flags&flagAck != 0 {
-			return true
-		}
+	case t == frameData && n >= 5 && id > f.lastCall:
+		f.lastCall = id
+		f.c.calls.Add(1)
+		return true
+	case t == frameGoAway:
+		return true
 	}
 	f.control++
 	return f.control <= MaxControlFrames+ControlFramesPerCall*f.c.calls.Load()

@@ -17,7 +17,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -150,8 +149,8 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.ConnectionTimeout(HandshakeTimeout),
 		grpc.InTapHandle(tapStream),
 		grpc.ForceServerCodecV2(textCodec{encoding.GetCodecV2(protoenc.Name)}),
-		grpc.ChainUnaryInterceptor(countCall, refuseBadText),
-		grpc.ChainStreamInterceptor(countCallStream, refuseBadTextStream),
+		grpc.ChainUnaryInterceptor(refuseBadText),
+		grpc.ChainStreamInterceptor(refuseBadTextStream),
 		// Envoy keeps its connections to the service open; pings keep
 		// them alive through middleboxes without letting clients flood.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -263,9 +262,7 @@ func (l streamsListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := &countedConn{Conn: c.(*connlimit.Conn), s: l.s, ln: l.Listener}
-	cc.addr = connAddr{Addr: c.RemoteAddr(), c: cc}
-	return cc, nil
+	return &countedConn{Conn: c.(*connlimit.Conn), s: l.s, ln: l.Listener}, nil
 }
 
 // countedConn is a served connection, with the streams it opened and the
@@ -274,22 +271,10 @@ type countedConn struct {
 	*connlimit.Conn
 	s       *Server
 	ln      *connlimit.Listener
-	addr    connAddr
 	streams atomic.Int64
 	calls   atomic.Int64
 	closed  atomic.Bool
 }
-
-// connAddr is a connection's remote address. The server's transport takes
-// it as the address of every stream's peer, which leads a stream back to
-// its connection.
-type connAddr struct {
-	net.Addr
-	c *countedConn
-}
-
-// RemoteAddr returns the client's address, as a connAddr.
-func (c *countedConn) RemoteAddr() net.Addr { return &c.addr }
 
 // opened counts a stream (its HEADERS frame, refused or not) and reports
 // whether the connection is within MaxUncalledStreams streams that were
@@ -309,35 +294,6 @@ func (c *countedConn) shut() {
 		c.ln.Penalize(c.IP(), UncalledPenalty)
 	}
 	c.Close()
-}
-
-// connOf returns the connection of a stream's context, or nil when it was
-// not accepted by a Server.
-func connOf(ctx context.Context) *countedConn {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return nil
-	}
-	if a, ok := p.Addr.(*connAddr); ok {
-		return a.c
-	}
-	return nil
-}
-
-// countCall counts a unary call, its message read, on its connection.
-func countCall(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if c := connOf(ctx); c != nil {
-		c.calls.Add(1)
-	}
-	return handler(ctx, req)
-}
-
-// countCallStream counts a streaming call on its connection.
-func countCallStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if c := connOf(ss.Context()); c != nil {
-		c.calls.Add(1)
-	}
-	return handler(srv, ss)
 }
 
 // Serve accepts connections on ln until Stop. It returns nil after Stop.

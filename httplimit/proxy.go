@@ -39,9 +39,7 @@ func ReverseProxy(upstream *url.URL, trusted Proxies, header string, log *slog.L
 			pr.SetXForwarded() // appends the peer to X-Forwarded-For
 			if !fromTrusted {
 				pr.Out.Header.Del(Forwarded)
-				for _, h := range clientClaims {
-					pr.Out.Header.Del(h)
-				}
+				dropClaims(pr.Out.Header)
 			}
 			if strings.EqualFold(header, Forwarded) && peer.IsValid() {
 				node := peer.String()
@@ -269,25 +267,49 @@ func isTimeout(err error) bool {
 }
 
 // clientClaims are headers by which proxies tell an upstream who the
-// client is or what it asked for (its address, the URL before a
-// rewrite). ReverseProxy passes them on from trusted proxies only: from
-// anyone else they are the client's own claims, which an upstream that
-// believes them (an X-Original-URL routing IIS or Symfony to another path
-// than the one limited) must never see.
-var clientClaims = []string{
-	"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Cluster-Client-Ip",
-	"X-Forwarded-Port", "X-Forwarded-Server", "X-Original-Url", "X-Rewrite-Url", "X-Original-Forwarded-For",
+// client is (its address, its user, tenant and priority) or what it
+// asked for (the URL before a rewrite, the method it overrides).
+// ReverseProxy passes them on from trusted proxies only: from anyone else
+// they are the client's own claims, which an upstream that believes them
+// (an X-Original-URL routing IIS or Symfony to another path than the one
+// limited, a method override another action) must never see.
+var clientClaims = map[string]bool{}
+
+func init() {
+	for _, h := range []string{
+		// who the client is
+		"x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-cluster-client-ip",
+		"x-original-forwarded-for", "x-envoy-external-address", "x-forwarded-port", "x-forwarded-server",
+		"x-user-id", "x-user", "x-remote-user", "remote-user", "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups",
+		"x-auth-request-user", "x-auth-request-email", "x-auth-request-groups", "x-tenant-id", "x-priority",
+		// what it asked for, other than the request Admit decided
+		"x-original-url", "x-rewrite-url", "x-forwarded-prefix", "x-forwarded-uri", "x-forwarded-method",
+		"x-http-method-override", "x-method-override", "x-http-method",
+	} {
+		clientClaims[h] = true
+	}
+}
+
+// dropClaims removes clientClaims from h, in any spelling (case, and
+// underscores for dashes, which some servers read alike).
+func dropClaims(h http.Header) {
+	for k := range h {
+		if clientClaims[strings.ToLower(strings.ReplaceAll(k, "_", "-"))] {
+			delete(h, k)
+		}
+	}
 }
 
 // Forwardable answers the requests a reverse proxy must not forward, and
 // passes the others to next: CONNECT, which asks for a tunnel to a host
-// of the client's choosing (501), TRACE, which has the upstream echo the
-// request with what proxies added to it (501), and the preface of HTTP/2
+// of the client's choosing (501); TRACE, which has the upstream echo the
+// request with what proxies added to it (501); the preface of HTTP/2
 // with prior knowledge, which an HTTP/1 listener reads as a request "PRI
-// *" (505). An upgrade to h2c is dropped from the request (the upstream
-// would speak HTTP/2 on the proxied connection, every request after the
-// first unseen by the limits); other upgrades (WebSocket) pass. Put it in
-// front of a Limiter's Handler: what it answers costs no decision.
+// *" (505); a path with a backslash or a NUL byte (400). An upgrade to
+// h2c is dropped from the request (the upstream would speak HTTP/2 on the
+// proxied connection, every request after the first unseen by the
+// limits); other upgrades (WebSocket) pass. Put it in front of a
+// Limiter's Handler: what it answers costs no decision.
 func Forwardable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -297,6 +319,11 @@ func Forwardable(next http.Handler) http.Handler {
 			problem.Write(w, http.StatusNotImplemented, "TRACE: this proxy does not forward it")
 		case r.Method == "PRI" && r.ProtoMajor == 2:
 			problem.Write(w, http.StatusHTTPVersionNotSupported, "HTTP/2 with prior knowledge: this port speaks HTTP/1.1")
+		case strings.ContainsAny(r.URL.Path, "\\\x00"):
+			// A backslash is a slash to some servers (IIS), a NUL the end
+			// of the path to others: either would route the request
+			// elsewhere than the path it was limited as.
+			problem.Write(w, http.StatusBadRequest, "a path with a backslash or a NUL byte")
 		default:
 			dropH2CUpgrade(r.Header)
 			next.ServeHTTP(w, r)
