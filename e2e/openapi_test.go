@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -41,10 +43,17 @@ func TestOpenAPI(t *testing.T) {
 	// A second server on a Redis that is stopped: the answers of an outage.
 	redis := redistest.Start(t)
 	down := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=" + token}, "--store", "redis://"+redis.Addr)
+	// A third whose rule fails closed: unready while Redis is down.
+	closedCfg := filepath.Join(t.TempDir(), "closed.yaml")
+	if err := os.WriteFile(closedCfg, []byte("version: 1\nstore:\n  on_error: closed\ntiers:\n  free:\n    rules:\n"+
+		"      - {name: calls, scope: tenant, algorithm: token_bucket, rate: 1/s, burst: 1}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	closed := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=" + token}, "--store", "redis://"+redis.Addr, "--config", closedCfg)
 	redis.Kill()
 	ctx := context.Background()
 
-	doc, router := servedSpec(t, p.url, down.url)
+	doc, router := servedSpec(t, p.url, down.url, closed.url)
 
 	admin := map[string]string{"Authorization": "Bearer " + token}
 	seen := map[string][]int{} // operation → statuses answered
@@ -230,10 +239,12 @@ func TestOpenAPI(t *testing.T) {
 	}})
 	do(apiCall{method: "DELETE", path: "/v1/sessions/t1234/" + url.PathEscape(session), status: 204})
 
-	// Redis is down: not ready, and decisions fail open (the demo's
-	// on_error), saying so.
+	// Redis is down: decisions fail open (the demo's on_error), saying
+	// so, and the server is ready all the same; one with a rule that
+	// fails closed is not.
 	doAt(down.url, apiCall{method: "POST", path: "/v1/check", body: `{"tenant":"t1234"}`, status: 200})
-	doAt(down.url, apiCall{method: "GET", path: "/readyz", status: 503})
+	doAt(down.url, apiCall{method: "GET", path: "/readyz", status: 200})
+	doAt(closed.url, apiCall{method: "GET", path: "/readyz", status: 503})
 	doAt(down.url, apiCall{method: "GET", path: "/v1/admin/state?tenant=t1234", header: admin, status: 503})
 
 	// Every operation was called, and answered with success and with an
