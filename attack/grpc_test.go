@@ -3,6 +3,7 @@ package attack
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -11,11 +12,15 @@ import (
 	"testing"
 	"time"
 
+	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/proctest"
@@ -228,15 +233,8 @@ func TestGRPCStreamsAndConnectionsBounded(t *testing.T) {
 	}
 	// Once the server has let them go, a connection is taken again.
 	if !proctest.WaitFor(10*time.Second, func() bool {
-		c, err := net.Dial("tcp", s.GRPC)
-		if err != nil {
-			return false
-		}
-		defer c.Close()
-		_, _ = io.WriteString(c, http2.ClientPreface)
-		_ = c.SetReadDeadline(time.Now().Add(time.Second))
-		n, _ := c.Read(make([]byte, 64))
-		return n > 0
+		answered, _ := prefaceAnswered(t, s.GRPC, time.Second)
+		return answered
 	}) {
 		t.Fatal("the gRPC port takes no connection after the ones past the bound were closed")
 	}
@@ -344,64 +342,47 @@ func (h *h2conn) reset(n int, withMessage bool) int {
 // they are calls (before their message) is closed once
 // envoyrls.MaxUncalledStreams of them were, and its address refused
 // connections for envoyrls.UncalledPenalty, while other addresses are
-// served; streams reset after their message are calls, and stay. (4 connections made 1.3 million streams in
-// 11 s and took most of 2 cores, legitimate calls 2 → 100 ms.)
+// served; streams reset after their message are calls, and stay. (4
+// connections made 1.3 million streams in 11 s and took most of 2 cores,
+// legitimate calls 2 → 100 ms.)
 func TestGRPCRapidResetsClosed(t *testing.T) {
 	s := serve(t, "", false)
-	for _, withMessage := range []bool{false} {
-		h := dialH2(t, s.GRPC)
-		closedAt := time.Now()
-		sent := 0
-		for sent < 1_000_000 {
-			select {
-			case <-h.closed:
-			default:
-				sent += h.reset(1000, withMessage)
-				continue
-			}
-			break
-		}
+	h := dialH2(t, s.GRPC)
+	closedAt, cpu := time.Now(), s.CPU(t)
+	sent := 0
+	for sent < 1_000_000 {
 		select {
 		case <-h.closed:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("message %v: a connection of %d streams reset at once was still open 10 s later", withMessage, sent)
+		default:
+			sent += h.reset(1000, false)
+			continue
 		}
-		report(t, "streams written before the close, message "+map[bool]string{false: "none", true: "sent"}[withMessage], sent)
-		t.Logf("message %v: closed after the attacker wrote %d streams, in %v", withMessage, sent, time.Since(closedAt).Round(time.Millisecond))
-		// The address is refused at once for a while.
-		c, err := net.Dial("tcp", s.GRPC)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.WriteString(c, http2.ClientPreface)
-		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-		if n, _ := c.Read(make([]byte, 64)); n > 0 {
-			t.Errorf("message %v: the address of a connection closed for its resets connected again at once", withMessage)
-		}
-		c.Close()
-		if withMessage {
-			break
-		}
-		// Wait out the penalty before the second round.
-		if !proctest.WaitFor(envoyrls.UncalledPenalty+5*time.Second, func() bool {
-			c, err := net.Dial("tcp", s.GRPC)
-			if err != nil {
-				return false
-			}
-			defer c.Close()
-			_, _ = io.WriteString(c, http2.ClientPreface)
-			_ = c.SetReadDeadline(time.Now().Add(time.Second))
-			n, _ := c.Read(make([]byte, 64))
-			return n > 0
-		}) {
-			t.Fatalf("the address was still refused %v after its penalty of %v", envoyrls.UncalledPenalty+5*time.Second, envoyrls.UncalledPenalty)
-		}
+		break
+	}
+	select {
+	case <-h.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a connection of %d streams reset at once was still open 10 s later", sent)
+	}
+	cpu = s.CPU(t) - cpu
+	report(t, "streams written before the close", sent)
+	report(t, "server CPU until the close", cpu)
+	t.Logf("closed after the attacker wrote %d streams, in %v; the server's CPU meanwhile %v", sent, time.Since(closedAt).Round(time.Millisecond), cpu)
+	// The address is refused at once for a while, then served again.
+	if answered, held := prefaceAnswered(t, s.GRPC, 3*time.Second); answered || held {
+		t.Errorf("the address of a connection closed for its resets connected again at once (answered %v, held %v)", answered, held)
+	}
+	if !proctest.WaitFor(envoyrls.UncalledPenalty+5*time.Second, func() bool {
+		answered, _ := prefaceAnswered(t, s.GRPC, time.Second)
+		return answered
+	}) {
+		t.Fatalf("the address was still refused %v after its penalty of %v", envoyrls.UncalledPenalty+5*time.Second, envoyrls.UncalledPenalty)
 	}
 	// Streams reset after their message are calls (what a client whose
 	// deadline is shorter than the answer sends): they cost what calls
 	// cost, 100 at once at most, and the connection stays.
-	h := dialH2(t, s.GRPC)
-	sent := 0
+	h = dialH2(t, s.GRPC)
+	sent = 0
 	for range 10 {
 		sent += h.reset(1000, true)
 	}
@@ -531,5 +512,67 @@ func TestGRPCRefusedStreamsClosed(t *testing.T) {
 		if got := s.Metric(t, "admit_grpc_connections_uncalled_total"); got != 1 {
 			t.Errorf("%s: admit_grpc_connections_uncalled_total %v, want 1", flood, got)
 		}
+	}
+}
+
+// prefaceAnswered dials the gRPC port afresh and sends the client
+// preface: answered when the server sends something back within wait,
+// held when it neither answers nor closes the connection by then (a
+// refused connection is closed at once: neither).
+func prefaceAnswered(t *testing.T, addr string, wait time.Duration) (answered, held bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, http2.ClientPreface)
+	_ = c.SetReadDeadline(time.Now().Add(wait))
+	n, err := c.Read(make([]byte, 64))
+	var ne net.Error
+	return n > 0, n == 0 && errors.As(err, &ne) && ne.Timeout()
+}
+
+// TestGRPCClientDeadlinesKeepTheConnection: a real gRPC client calling
+// with Envoy's default timeout (20 ms) and with 2 ms, many calls at once,
+// some given up before their answer: its connection is never closed as a
+// rapid reset, nor its address refused. (A client of 1 ms deadlines was
+// cut off once, its calls reset after their message counted as resets.)
+func TestGRPCClientDeadlinesKeepTheConnection(t *testing.T) {
+	s := serve(t, "", false)
+	cc, err := grpc.NewClient(s.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := rlsv3.NewRateLimitServiceClient(cc)
+	req := &rlsv3.RateLimitRequest{Domain: "admit", Descriptors: []*rlext.RateLimitDescriptor{{Entries: []*rlext.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}}}}}
+	var calls, cut atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 50 {
+		deadline := 20 * time.Millisecond
+		if i%2 == 1 {
+			deadline = 2 * time.Millisecond // shorter than many answers under the race detector
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				ctx, cancel := context.WithTimeout(context.Background(), deadline)
+				_, err := client.ShouldRateLimit(ctx, req)
+				cancel()
+				calls.Add(1)
+				if status.Code(err) == codes.Unavailable {
+					cut.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if cut.Load() > 0 {
+		t.Errorf("%d of %d calls found the connection cut", cut.Load(), calls.Load())
+	}
+	if got := s.Metric(t, "admit_grpc_connections_uncalled_total"); got != 0 {
+		t.Errorf("admit_grpc_connections_uncalled_total %v, want 0", got)
 	}
 }

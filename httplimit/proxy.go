@@ -273,31 +273,50 @@ func isTimeout(err error) bool {
 // they are the client's own claims, which an upstream that believes them
 // (an X-Original-URL routing IIS or Symfony to another path than the one
 // limited, a method override another action) must never see.
-var clientClaims = map[string]bool{}
-
-func init() {
-	for _, h := range []string{
-		// who the client is
-		"x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-cluster-client-ip",
-		"x-original-forwarded-for", "x-envoy-external-address", "x-forwarded-port", "x-forwarded-server",
-		"x-user-id", "x-user", "x-remote-user", "remote-user", "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups",
-		"x-auth-request-user", "x-auth-request-email", "x-auth-request-groups", "x-tenant-id", "x-priority",
-		// what it asked for, other than the request Admit decided
-		"x-original-url", "x-rewrite-url", "x-forwarded-prefix", "x-forwarded-uri", "x-forwarded-method",
-		"x-http-method-override", "x-method-override", "x-http-method",
-	} {
-		clientClaims[h] = true
-	}
+var clientClaims = [...]string{
+	// who the client is
+	"x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip", "fastly-client-ip", "x-cluster-client-ip",
+	"x-original-forwarded-for", "x-envoy-external-address", "x-forwarded-port", "x-forwarded-server",
+	"x-user-id", "x-user", "x-remote-user", "remote-user", "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups",
+	"x-auth-request-user", "x-auth-request-email", "x-auth-request-groups", "x-tenant-id", "x-priority",
+	// what it asked for, other than the request Admit decided
+	"x-original-url", "x-rewrite-url", "x-forwarded-prefix", "x-forwarded-uri", "x-forwarded-method",
+	"x-http-method-override", "x-method-override", "x-http-method",
 }
 
 // dropClaims removes clientClaims from h, in any spelling (case, and
-// underscores for dashes, which some servers read alike).
+// underscores for dashes, which some servers read alike), allocating
+// nothing: it runs on every request of a peer that is not trusted.
 func dropClaims(h http.Header) {
 	for k := range h {
-		if clientClaims[strings.ToLower(strings.ReplaceAll(k, "_", "-"))] {
-			delete(h, k)
+		for _, c := range clientClaims {
+			if sameClaim(k, c) {
+				delete(h, k)
+				break
+			}
 		}
 	}
+}
+
+// sameClaim reports whether header name k spells claim c, a lower-case
+// name, ignoring case and reading '_' as '-'.
+func sameClaim(k, c string) bool {
+	if len(k) != len(c) {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		b := k[i]
+		switch {
+		case b == '_':
+			b = '-'
+		case 'A' <= b && b <= 'Z':
+			b += 'a' - 'A'
+		}
+		if b != c[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Forwardable answers the requests a reverse proxy must not forward, and

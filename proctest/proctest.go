@@ -178,6 +178,24 @@ func (p *Proc) RSSKB(t testing.TB) int64 {
 	return 0
 }
 
+// CPU reads the processor time the process has used, user and system,
+// from /proc (in the kernel's ticks, 100 a second).
+func (p *Proc) CPU(t testing.TB) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.Cmd.Process.Pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command name, field 2, may hold spaces: count from after it.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		t.Fatalf("/proc/%d/stat: %d fields after the name", p.Cmd.Process.Pid, len(f))
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // Metrics returns the process's /metrics, a newline first so that a
 // search for "\n"+name finds a sample at its line's start.
 func (p *Proc) Metrics(t testing.TB) string {
