@@ -347,7 +347,8 @@ func (l *Limiter) Identify(r *http.Request, req *policy.Request) error {
 
 func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Policy) error {
 	stripUnderscoreVariants(r.Header, l.ownHeaders...)
-	if len(l.ownHeaders) > 0 && !l.opts.TrustedProxies.Contains(PeerIP(r)) {
+	fromProxy := len(l.ownHeaders) > 0 && l.opts.TrustedProxies.Contains(PeerIP(r))
+	if len(l.ownHeaders) > 0 && !fromProxy {
 		// Believed from trusted proxies only, and so never passed on from
 		// anyone else: the handler (an upstream) might believe them.
 		for _, h := range l.ownHeaders {
@@ -381,7 +382,7 @@ func (l *Limiter) identify(r *http.Request, req *policy.Request, p *policy.Polic
 		}
 		req.User, credited = c.user, true
 	}
-	if req.User == "" && l.opts.UserHeader != "" && l.opts.TrustedProxies.Contains(PeerIP(r)) {
+	if req.User == "" && l.opts.UserHeader != "" && fromProxy { // the user header is one of ownHeaders
 		req.User = r.Header.Get(l.opts.UserHeader)
 	}
 	if l.actions != nil {
