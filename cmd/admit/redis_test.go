@@ -377,4 +377,10 @@ func TestIdempotencyRedis(t *testing.T) {
 	if _, m := call(t, "POST", a.url+"/v1/check", `{"tenant":"t1","dry_run":true}`); m["remaining"] != float64(39) {
 		t.Errorf("after two keys' reports and their retries: %v, want 40 of 100 left (39 after the dry run)", m)
 	}
+	// Redis down: a report with a key is decided by on_error (open), as
+	// one without, not an error.
+	srv.Kill()
+	if code, h := report(a, "k3"); code != 200 || h.Get("Idempotent-Replayed") != "" {
+		t.Errorf("a report with a key, Redis down: %d, replayed %q; want 200 by on_error", code, h.Get("Idempotent-Replayed"))
+	}
 }
