@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -290,9 +291,10 @@ func readmeExample(ctx context.Context, proxy string) (string, error) {
 	return answer.Choices[0].Message.Content, nil
 }
 
-// TestLLMReadme runs examples/llm/README.md: its shell commands against
-// admit proxy on the example's configuration, each answering the status
-// its "# →" comment says, and its SDK example, which must be quoted from
+// TestLLMReadme runs examples/llm/README.md as written: the block that
+// starts the stand-in for the providers and the proxy (on free ports,
+// the binaries built), its shell commands, each answering the status its
+// "# →" comment says, and its SDK example, which must be quoted from
 // readmeExample.
 func TestLLMReadme(t *testing.T) {
 	readme, err := os.ReadFile("../examples/llm/README.md")
@@ -304,8 +306,34 @@ func TestLLMReadme(t *testing.T) {
 	if goBlock == nil || !strings.Contains(string(src), string(goBlock[1])) {
 		t.Fatalf("the README's Go example is not readmeExample's code")
 	}
-	proxy, up := startLLMProxy(t)
-	up.Output = 12
+	var start string
+	for _, b := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllSubmatch(readme, -1) {
+		if strings.Contains(string(b[1]), "go run ./examples/llm/stub") {
+			start = string(b[1])
+		}
+	}
+	if start == "" {
+		t.Fatal("no block of the README starts examples/llm/stub")
+	}
+	stub := filepath.Join(t.TempDir(), "stub")
+	build := exec.Command("go", "build", "-o", stub, "./examples/llm/stub")
+	build.Dir = ".."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	stubAddr, proxyAddr := "127.0.0.1:"+freePort(t, "127.0.0.1"), "127.0.0.1:"+freePort(t, "127.0.0.1")
+	start = strings.NewReplacer(
+		"go run ./examples/llm/stub", stub,
+		"go run ./cmd/admit", admitBinary(t),
+		"examples/llm/admit.yaml", "../examples/llm/admit.yaml",
+		"127.0.0.1:8099", stubAddr,
+		"127.0.0.1:8090", proxyAddr,
+	).Replace(start)
+	if strings.Contains(start, "8099") || strings.Contains(start, "8090") || strings.Contains(start, "go run") {
+		t.Fatalf("the block's addresses or commands changed; update the test:\n%s", start)
+	}
+	startProcess(t, proxyAddr, nil, "sh", "-c", start)
+	proxy := "http://" + proxyAddr
 	cmds := regexp.MustCompile(`(?m)^(curl .*?)\s+# → (\d+)$`).FindAllSubmatch(readme, -1)
 	if len(cmds) < 4 {
 		t.Fatalf("%d commands found in the README", len(cmds))

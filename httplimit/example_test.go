@@ -1,10 +1,13 @@
 package httplimit_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
@@ -43,4 +46,38 @@ func Example() {
 	// 200 "per-ip";r=1;t=30
 	// 200 "per-ip";r=0;t=60
 	// 429 "per-ip";r=0;t=60
+}
+
+// A handler debits the tokens an LLM call took; a client that lost the
+// answer retries with the same Idempotency-Key and is not billed twice.
+// Servers that share a Redis share the keys with policy/redisidem's store
+// in place of the memory one.
+func ExampleIdempotentDebits() {
+	// A stopped clock keeps the day from ending while this runs.
+	noon := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	store := memstore.New(&memstore.Options{Clock: func() time.Time { return noon }})
+	defer store.Close()
+	lim, err := admit.NewLimiter(store, admit.Window("tokens-per-day", 100_000, 24*time.Hour).Per(admit.PerTenant))
+	if err != nil {
+		panic(err)
+	}
+	who := func(r *http.Request) (admit.Who, error) { return admit.Who{Tenant: r.Header.Get("X-Tenant")}, nil }
+	h := httplimit.Middleware(lim, who, httplimit.IdempotentDebits(policy.NewMemoryIdempotency(), time.Hour))(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if err := httplimit.Debit(r, 1_200); err != nil { // the tokens the call took
+				http.Error(w, err.Error(), http.StatusConflict)
+			}
+		}))
+	for _, key := range []string{"order-1", "order-1", "order-2"} {
+		r := httptest.NewRequest("POST", "/v1/chat", nil)
+		r.Header.Set("X-Tenant", "acme")
+		r.Header.Set("Idempotency-Key", key)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+		d, _ := lim.Peek(context.Background(), admit.Who{Tenant: "acme"})
+		fmt.Println(key, d.Remaining+1)
+	}
+	// Output:
+	// order-1 98799
+	// order-1 98798
+	// order-2 97597
 }

@@ -46,8 +46,9 @@ import (
 //
 // A handler may charge a cost it learns while working with Debit. The
 // concurrency slots an admitted request holds are released when the next
-// handler returns.
-func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) func(http.Handler) http.Handler {
+// handler returns. Options change how: IdempotentDebits makes the debits
+// of a request that carries an Idempotency-Key safe to retry.
+func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error), opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	if l == nil {
 		panic("httplimit.Middleware: nil *admit.Limiter")
 	}
@@ -56,6 +57,10 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 	}
 	if who == nil {
 		panic("httplimit.Middleware: nil who func: say how a request names its caller")
+	}
+	var o middlewareOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	return func(next http.Handler) http.Handler {
 		if next == nil {
@@ -66,6 +71,13 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 			if err != nil {
 				writeWhoError(w, r, whoError(err, slog.Default()))
 				return
+			}
+			var idem *debitKeys
+			if o.idem != nil {
+				if idem, err = o.debitKeys(r, wh); err != nil {
+					writeError(w, r, err, 1, slog.Default())
+					return
+				}
 			}
 			st := states.Get().(*requestState)
 			defer states.Put(st)
@@ -86,7 +98,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 			// The context holds a target of its own, not st: st goes back
 			// to the pool when this returns, and a goroutine of the handler
 			// may call Debit later.
-			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), debitKey{}, &debitTarget{l, wh})))
+			next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), debitKey{}, &debitTarget{l: l, who: wh, idem: idem})))
 		})
 	}
 }
@@ -95,7 +107,9 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error)) fu
 // for r's own Who: a cost the handler learned while working (tokens an LLM
 // call took, bytes sent). It is applied whether it fits or not (see
 // admit.Limiter.Debit); its error is the store's, or says that r did not
-// come through Middleware.
+// come through Middleware. Where the Middleware has IdempotentDebits and
+// r an Idempotency-Key, a retry's debits that an earlier attempt made
+// charge nothing (see IdempotentDebits).
 func Debit(r *http.Request, n int64) error {
 	if r == nil {
 		return admit.Errorf(admit.CodeInvalid, "httplimit.Debit: the request is nil")
@@ -104,14 +118,24 @@ func Debit(r *http.Request, n int64) error {
 	if !ok {
 		return admit.Errorf(admit.CodeInvalid, "httplimit.Debit: the request did not come through httplimit.Middleware")
 	}
-	_, err := t.l.Debit(r.Context(), t.who, n)
-	return err
+	if n < 1 {
+		// The limiter's own error, before a key is claimed for nothing.
+		_, err := t.l.Debit(r.Context(), t.who, n)
+		return err
+	}
+	if t.idem == nil {
+		_, err := t.l.Debit(r.Context(), t.who, n)
+		return err
+	}
+	return t.idem.debit(r.Context(), t.l, t.who, n)
 }
 
-// debitTarget is what Debit charges: the limiter and Who of a request.
+// debitTarget is what Debit charges: the limiter and Who of a request,
+// and the idempotency keys of its debits when it has them.
 type debitTarget struct {
-	l   *admit.Limiter
-	who admit.Who
+	l    *admit.Limiter
+	who  admit.Who
+	idem *debitKeys
 }
 
 type debitKey struct{}

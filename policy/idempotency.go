@@ -45,6 +45,14 @@ type Idempotent struct {
 	Body        []byte
 }
 
+// DefaultIdempotencyWindow is how long an answer is kept for retries
+// where the server or middleware is not told another window.
+const DefaultIdempotencyWindow = time.Hour
+
+// IdempotencyPending is how long a key is claimed for a request still
+// being decided: a key whose server stopped meanwhile goes free then.
+const IdempotencyPending = time.Minute
+
 // MaxIdempotentKeys bounds the keys a MemoryIdempotency holds at once.
 const MaxIdempotentKeys = 200_000
 

@@ -127,7 +127,7 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, 
 		return
 	}
 	body.Debit = body.Debit || debit
-	key, err := idempotencyKey(r)
+	key, err := httpx.IdempotencyKey(r)
 	if err != nil {
 		s.fail(w, r, endpoint, err)
 		return

@@ -7,60 +7,25 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
+
+// DefaultIdempotencyWindow is how long an answer is kept for retries when
+// Options.IdempotencyWindow is 0.
+const DefaultIdempotencyWindow = policy.DefaultIdempotencyWindow
+
+// idempotencyPending is how long a key is held for a request still being
+// decided: a server that stopped meanwhile lets its key go then.
+const idempotencyPending = policy.IdempotencyPending
 
 // IdempotencyHeader names a request's idempotency key: a retry of a
 // charge made with the same key, by the same tenant, within the window
 // is answered as the first was and charges nothing.
-const IdempotencyHeader = "Idempotency-Key"
-
-// DefaultIdempotencyWindow is how long an answer is kept for retries when
-// Options.IdempotencyWindow is 0.
-const DefaultIdempotencyWindow = time.Hour
-
-// idempotencyPending is how long a key is held for a request still being
-// decided: a server that stopped meanwhile lets its key go then.
-const idempotencyPending = time.Minute
-
-// maxIdempotencyKey bounds a key's length.
-const maxIdempotencyKey = 255
-
-// idempotencyKey returns r's idempotency key, "" when it has none: a
-// structured-field string ("…") or the same text bare, of visible ASCII.
-func idempotencyKey(r *http.Request) (string, error) {
-	vs := r.Header[IdempotencyHeader]
-	switch len(vs) {
-	case 0:
-		return "", nil
-	case 1:
-	default:
-		return "", badKey("%s given %d times; give it once", IdempotencyHeader, len(vs))
-	}
-	k := strings.TrimSpace(vs[0])
-	if len(k) >= 2 && k[0] == '"' && k[len(k)-1] == '"' {
-		k = k[1 : len(k)-1]
-	}
-	if k == "" || len(k) > maxIdempotencyKey {
-		return "", badKey("%s: 1 to %d characters, got %d", IdempotencyHeader, maxIdempotencyKey, len(k))
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return "", badKey("%s: printable ASCII without quotes or backslashes, got %q at %d", IdempotencyHeader, c, i)
-		}
-	}
-	return k, nil
-}
-
-func badKey(format string, args ...any) error {
-	e := admit.Errorf(admit.CodeInvalid, format, args...)
-	e.Field = IdempotencyHeader
-	return e
-}
+const IdempotencyHeader = httpx.IdempotencyHeader
 
 // idemClaim is a request's claim of its idempotency key.
 type idemClaim struct {
