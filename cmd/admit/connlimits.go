@@ -4,6 +4,8 @@ import (
 	"net"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/connlimit"
 )
@@ -32,4 +34,9 @@ func httpListener(ln net.Listener, s *ServerConfig, trusted httplimit.Proxies) *
 		l.MaxPerIP = defaultHTTPMaxConnectionsPerIP
 	}
 	return connlimit.New(ln, l)
+}
+
+// httpConnMetrics are the HTTP port's connection counts.
+func httpConnMetrics(ln *connlimit.Listener) []prometheus.Collector {
+	return ln.Collectors("admit_http", "the HTTP port", "past server.http_max_connections, or server.http_max_connections_per_ip from an address that is not a trusted proxy")
 }

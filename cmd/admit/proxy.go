@@ -141,9 +141,9 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		handler = lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log))
 	}
 	metrics, metricsReg := http.NewServeMux(), prometheus.NewRegistry()
-	if !llmOn {
-		metrics.Handle("GET /metrics", shedMetrics(metricsReg, lim))
-	} else {
+	metricsReg.MustRegister(lim.ShedCollector())
+	metrics.Handle("GET /metrics", promhttp.HandlerFor(metricsReg, promhttp.HandlerOpts{}))
+	if llmOn {
 		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, b.st.llmUsage, log)
 		if err != nil {
 			return err
@@ -151,13 +151,13 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		defer closeRecords()
 		flushCtx, stopFlush := context.WithCancel(context.WithoutCancel(ctx))
 		flushed := make(chan struct{})
-		go func() { meter.flushEvery(flushCtx, time.Second); close(flushed) }()
+		go func() { meter.FlushEvery(flushCtx, time.Second); close(flushed) }()
 		defer func() { stopFlush(); <-flushed }()
 		handler = h
-		metrics.Handle("GET /metrics", llmMetricsHandler(metricsReg, lim, meter))
+		metricsReg.MustRegister(meter)
 		token := first(b.cfg.Server.AdminToken, e.getenv("ADMIT_ADMIN_TOKEN"))
-		metrics.Handle("GET /v1/llm/usage", usageGuard(token, meter.usageHandler()))
-		metrics.Handle("GET /dashboard", llmDashboardHandler())
+		metrics.Handle("GET /v1/llm/usage", meter.UsageHandler(token))
+		metrics.Handle("GET /dashboard", llm.DashboardHandler())
 	}
 	if f.metrics != "" {
 		stop, err := serveMetrics(f.metrics, "/", metrics, log)
@@ -171,7 +171,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err
 	}
 	ln := httpListener(tcp, &b.cfg.Server, opts.TrustedProxies)
-	metricsReg.MustRegister(httpConnCollectors(ln.Stats)...)
+	metricsReg.MustRegister(httpConnMetrics(ln)...)
 	hs := &http.Server{
 		Handler: httplimit.Forwardable(httplimit.WriteTimeout(httplimit.BodyTimeout(handler, f.bodyTimeout, f.bodyDeadline), f.writeTimeout)),
 		// No read or write deadline: streams and WebSockets last as long
@@ -196,7 +196,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 // llmHandler builds the LLM front end of admit proxy from the llm
 // section: next serves the other paths (nil: 404).
 func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol func() *policy.Policy, lim *httplimit.Limiter,
-	next http.Handler, usage llm.UsageStore, log *slog.Logger) (http.Handler, *llmMeter, func(), error) {
+	next http.Handler, usage llm.UsageStore, log *slog.Logger) (http.Handler, *llm.Meter, func(), error) {
 	ups, err := c.upstreams()
 	if err != nil {
 		return nil, nil, nil, err // validated with the configuration
@@ -214,15 +214,11 @@ func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol f
 		}
 		records, closeRecords = fh, func() { fh.Close() }
 	}
-	currency := c.Currency
-	if currency == "" {
-		currency = "USD"
-	}
-	meter := newLLMMeter(currency, records, usage, log)
+	meter := llm.NewMeter(llm.MeterOptions{Currency: c.Currency, Records: records, Store: usage, Logger: log})
 	gate, err := llm.NewGate(llm.GateOptions{
 		Decider: decider, Policy: pol, Prices: prices,
 		DefaultMaxOutput: c.DefaultMaxOutput, MinOutput: c.MinOutput, LowerMaxOutput: c.LowerMaxOutput,
-		Record: meter.record, Logger: log,
+		Record: meter.Record, Logger: log,
 	})
 	if err != nil {
 		closeRecords()
@@ -233,9 +229,4 @@ func llmHandler(c *LLMConfig, recordsFile string, decider *policy.Decider, pol f
 		Gate: gate, Upstreams: ups, Identify: lim.Identify, Next: next, MaxBody: c.MaxBody, Drain: drain, Logger: log,
 	})
 	return h, meter, closeRecords, nil
-}
-
-func llmMetricsHandler(reg *prometheus.Registry, lim *httplimit.Limiter, meter *llmMeter) http.Handler {
-	reg.MustRegister(newShedCollector(lim.ShedStats), meter)
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

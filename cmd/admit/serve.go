@@ -329,6 +329,12 @@ func (b *backend) close() {
 	b.st.close()
 }
 
+// runServer runs admit serve until ctx ends: it opens the store and the
+// catalog, wires the decision, usage and admin APIs, the WebSocket
+// gateway and the Envoy rate limit service over one Decider, serves the
+// HTTP and gRPC ports (and the metrics address) and reloads the
+// configuration as it changes. Everything it starts is stopped, in
+// reverse order, before it returns.
 func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
@@ -343,27 +349,14 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if t := e.getenv("ADMIT_SERVICE_TOKEN"); t != "" {
 		serviceTokens = append(slices.Clone(serviceTokens), t)
 	}
-	var decisionLog io.Writer
-	switch dl := first(f.decisionLog, cfg.Server.DecisionLog); dl {
-	case "":
-	case "-":
-		decisionLog = e.stdout
-	default:
-		// Read too: a line a crash cut short is cut off at start.
-		file, err := os.OpenFile(dl, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
-		if err != nil {
-			return fmt.Errorf("decision log: %w", err)
-		}
-		defer file.Close()
-		decisionLog = file
+	decisionLog, closeDecisionLog, err := openDecisionLog(first(f.decisionLog, cfg.Server.DecisionLog), e.stdout)
+	if err != nil {
+		return err
 	}
+	defer closeDecisionLog()
 	hopts, err := httpOptions(cfg)
 	if err != nil {
 		return err // validated with the configuration
-	}
-	if cfg.HTTP.UserHeader != "" && cfg.HTTP.ForwardAuth == "" {
-		log.Warn("/v1/authz reads no http.user_header until http.forward_auth names the proxy that asks it, whose configuration sets or clears that header (docs/http.md)",
-			"user_header", cfg.HTTP.UserHeader)
 	}
 	// One decider for HTTP and gRPC: a rule that fails local shares one
 	// in-process limiter whichever way it is asked.
@@ -397,39 +390,10 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if envoyDir != "" && f.envoyXDS != "" {
 		return errors.New("envoyproxy/ratelimit files (--envoy-config or envoy.config_dir) and --envoy-xds: pick one")
 	}
-	ready, configured := st.ready, new(atomic.Bool)
-	var waiting func() error
-	if f.envoyXDS != "" && f.waitForXDS {
-		waiting = func() error {
-			if !configured.Load() {
-				return errors.New("waiting for the first configuration from the xDS server")
-			}
-			return nil
-		}
-		ready = func(ctx context.Context) error {
-			if err := waiting(); err != nil {
-				return err
-			}
-			if st.ready == nil {
-				return nil
-			}
-			return st.ready(ctx)
-		}
-	}
-	var upstreamStats *envoyrls.UpstreamStats
-	var registry *prometheus.Registry
-	if u := f.upstreamStats; u.on() {
-		upstreamStats = envoyrls.NewUpstreamStats(u.nearLimit)
-		if u.prometheus {
-			registry = prometheus.NewRegistry()
-			registry.MustRegister(newUpstreamCollector(upstreamStats, u.mapperFile, log))
-		}
-		if u.statsd != "" {
-			statsCtx, stopStats := context.WithCancel(ctx)
-			defer stopStats()
-			go sendStatsd(statsCtx, u.statsd, u.every, upstreamStats, log)
-		}
-	}
+	configured := new(atomic.Bool)
+	waiting, ready := xdsReadiness(f.envoyXDS != "" && f.waitForXDS, configured, st.ready)
+	upstreamStats, registry, stopStats := startUpstreamStats(ctx, f.upstreamStats, log)
+	defer stopStats()
 	srv, err := server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, AdminLoopback: f.adminLoopback,
 		ServiceTokens: serviceTokens, ForwardAuth: cfg.HTTP.ForwardAuth, Logger: log,
@@ -466,7 +430,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
 	defer es.stop(log)
-	if err := srv.RegisterMetrics(grpcConnCollectors(es.srv.Connections)...); err != nil {
+	if err := srv.RegisterMetrics(es.srv.Collectors()...); err != nil {
 		return err
 	}
 	if e.listeningGRPC != nil {
@@ -501,8 +465,85 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return err
 	}
 	ln := httpListener(tcp, &cfg.Server, hopts.TrustedProxies)
-	if err := srv.RegisterMetrics(httpConnCollectors(ln.Stats)...); err != nil {
+	if err := srv.RegisterMetrics(httpConnMetrics(ln)...); err != nil {
 		return err
+	}
+	warnServeSettings(log, cfg, f, token)
+	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", f.configName(), "store", st.name,
+		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
+	srv.SetConfigVersion(configVersion(b.data))
+	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
+	return b.run(ctx, server.HTTPServer(handler, log), ln, e, reloading{file: f.config, every: f.reloadEvery, settle: f.reloadSettle, setErr: srv.SetConfigError, log: log})
+}
+
+// openDecisionLog opens the decision log named: none for "", stdout for
+// "-", else the file, appended to.
+func openDecisionLog(name string, stdout io.Writer) (io.Writer, func(), error) {
+	switch name {
+	case "":
+		return nil, func() {}, nil
+	case "-":
+		return stdout, func() {}, nil
+	}
+	// Read too: a line a crash cut short is cut off at start.
+	file, err := os.OpenFile(name, os.O_RDWR|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decision log: %w", err)
+	}
+	return file, func() { file.Close() }, nil
+}
+
+// xdsReadiness returns, when the server waits for its first xDS
+// configuration, what says it waits (for /readyz) and the gRPC health
+// check that fails until it has come, then asks storeReady; otherwise
+// nil and storeReady.
+func xdsReadiness(wait bool, configured *atomic.Bool, storeReady func(context.Context) error) (waiting func() error, ready func(context.Context) error) {
+	if !wait {
+		return nil, storeReady
+	}
+	waiting = func() error {
+		if !configured.Load() {
+			return errors.New("waiting for the first configuration from the xDS server")
+		}
+		return nil
+	}
+	return waiting, func(ctx context.Context) error {
+		if err := waiting(); err != nil {
+			return err
+		}
+		if storeReady == nil {
+			return nil
+		}
+		return storeReady(ctx)
+	}
+}
+
+// startUpstreamStats starts envoyproxy/ratelimit's statistics where u
+// sends them: nil when it sends them nowhere; a registry of their
+// metrics in its Prometheus mode; a statsd sink until stop.
+func startUpstreamStats(ctx context.Context, u upstreamStatsFlags, log *slog.Logger) (stats *envoyrls.UpstreamStats, reg *prometheus.Registry, stop func()) {
+	if !u.on() {
+		return nil, nil, func() {}
+	}
+	stats = envoyrls.NewUpstreamStats(u.nearLimit)
+	if u.prometheus {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(stats.Collector(u.mapperFile, log))
+	}
+	if u.statsd == "" {
+		return stats, reg, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { stats.SendStatsd(ctx, u.statsd, u.every, log); close(done) }()
+	return stats, reg, func() { cancel(); <-done }
+}
+
+// warnServeSettings warns of settings that do less than they seem to.
+func warnServeSettings(log *slog.Logger, cfg *Config, f *serveFlags, token string) {
+	if cfg.HTTP.UserHeader != "" && cfg.HTTP.ForwardAuth == "" {
+		log.Warn("/v1/authz reads no http.user_header until http.forward_auth names the proxy that asks it, whose configuration sets or clears that header (docs/http.md)",
+			"user_header", cfg.HTTP.UserHeader)
 	}
 	if cfg.Server.TenantMetrics && f.metrics == "" {
 		log.Warn("server.tenant_metrics: the tenant series are served only on the metrics address, never on the API's, and none is set (--metrics)")
@@ -513,17 +554,17 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	case token == "":
 		log.Warn("no admin token (ADMIT_ADMIN_TOKEN or server.admin_token): the admin API is closed; set a token, or start with --admin-loopback on a host of your own")
 	}
-	cfgName := f.config
-	if cfgName == "" && f.empty {
-		cfgName = "none"
-	} else if cfgName == "" {
-		cfgName = "built-in demo"
+}
+
+// configName names the configuration served, for the log.
+func (f *serveFlags) configName() string {
+	switch {
+	case f.config != "":
+		return f.config
+	case f.empty:
+		return "none"
 	}
-	log.Info("admit serving", "http", "http://"+ln.Addr().String(), "grpc", es.ln.Addr().String(), "config", cfgName, "store", st.name,
-		"tenants", len(catalog.Policy().Tenants()), "envoy_domains", strings.Join(es.svc.Config().Domains(), ","), "data_dir", f.dataDir)
-	srv.SetConfigVersion(configVersion(b.data))
-	b.loadedAs = func(data []byte) { srv.SetConfigVersion(configVersion(data)) }
-	return b.run(ctx, server.HTTPServer(handler, log), ln, e, reloading{file: f.config, every: f.reloadEvery, settle: f.reloadSettle, setErr: srv.SetConfigError, log: log})
+	return "built-in demo"
 }
 
 // gatewayOptions are the WebSocket gateway's options from the gateway

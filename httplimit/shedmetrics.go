@@ -1,12 +1,8 @@
-package main
+package httplimit
 
 import (
-	"net/http"
-
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/shed"
 )
 
@@ -14,12 +10,17 @@ import (
 // limit, what is in flight (and of it, held by upgraded connections) and
 // queued, and the requests admitted and shed by class.
 type shedCollector struct {
-	stats                         func() []httplimit.ShedStat
+	stats                         func() []ShedStat
 	limit, inFlight, held, queued *prometheus.Desc
 	requests                      *prometheus.Desc
 }
 
-func newShedCollector(stats func() []httplimit.ShedStat) *shedCollector {
+// ShedCollector returns a prometheus.Collector of l's shedding groups:
+// admit_shed_limit, _in_flight, _held and _queued per group, and
+// admit_shed_requests_total per group, class and result.
+func (l *Limiter) ShedCollector() prometheus.Collector { return newShedCollector(l.ShedStats) }
+
+func newShedCollector(stats func() []ShedStat) *shedCollector {
 	g := []string{"group"}
 	return &shedCollector{
 		stats:    stats,
@@ -31,6 +32,7 @@ func newShedCollector(stats func() []httplimit.ShedStat) *shedCollector {
 	}
 }
 
+// Describe implements prometheus.Collector.
 func (c *shedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.limit
 	ch <- c.inFlight
@@ -39,6 +41,7 @@ func (c *shedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.requests
 }
 
+// Collect implements prometheus.Collector.
 func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.stats() {
 		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(s.Limit), s.Group)
@@ -52,9 +55,3 @@ func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// shedMetrics is the proxy's /metrics handler, of reg with the shedding
-// groups' metrics added.
-func shedMetrics(reg *prometheus.Registry, lim *httplimit.Limiter) http.Handler {
-	reg.MustRegister(newShedCollector(lim.ShedStats))
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
-}
