@@ -405,9 +405,11 @@ func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (d Decision, err e
 // Peek reports what Allow would decide for w now, charging nothing: a
 // request of cost 1 (a dry run, see Charge.DryRun), admitted or refused
 // as Allow would, with when to retry. Its Remaining is what Allow would
-// leave: one less than the limit holds now when it would admit.
+// leave: one less than the limit holds now when it would admit. Unlike
+// Allow's, its Results say every limit's level (Decision.Result), the
+// limits that would admit as well as the one that would refuse.
 func (l *Limiter) Peek(ctx context.Context, w Who) (d Decision, err error) {
-	err = l.summary(ctx, w, 1, peeking, &d)
+	err = l.decide(ctx, w, 1, peeking, &d)
 	return d, err
 }
 

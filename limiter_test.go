@@ -565,3 +565,4 @@ func TestLimiterUnhashableStore(t *testing.T) {
 		defer l.Close()
 	}
 }
+

@@ -36,7 +36,7 @@ const (
 )
 
 // job is one decision waiting for a batch: its keys, its rules, and its
-// part of the batch's arguments (see admit.lua, batch), with the rules'
+// part of the batch's arguments (see lua/library, batch), with the rules'
 // numbers left to fill in when the batch is made. It owns all of them, so
 // a caller that gives up cannot change a batch being built.
 type job struct {

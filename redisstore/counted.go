@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -439,12 +440,10 @@ func (s *Store) takeBack(t *tally, ks []int) error {
 
 // takeBackScript lowers the count in KEYS[1] by ARGV[1], to no less than
 // zero, if the key is there; its expiry stays.
-var takeBackScript = rueidis.NewLuaScript(`local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local n = tonumber(v) - tonumber(ARGV[1])
-if n < 0 then n = 0 end
-redis.call('SET', KEYS[1], n, 'KEEPTTL')
-return n`)
+var takeBackScript = rueidis.NewLuaScript(takeBackSource)
+
+//go:embed lua/counted_take_back.lua
+var takeBackSource string
 
 // lower runs takeBackScript on each key, by its cost.
 func (s *Store) lower(keys []string, costs []int64) error {

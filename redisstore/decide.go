@@ -136,7 +136,7 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 }
 
 // reply is one decision's part of the reply of a decide or undo call
-// (admit.lua, reply): allowed, four values per charge (allowed + 2 × how,
+// (lua/library, reply): allowed, four values per charge (allowed + 2 × how,
 // remaining, reset, retry) and the lease's expiry; with the call's now.
 type reply struct {
 	nu, nsub int64
@@ -173,7 +173,7 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		rule := charges[i].Rule
 		reset, retry := time.Duration(x[2]), time.Duration(x[3])
 		if rule.Algorithm == admit.Quota {
-			// A quota's reply says its period's end in µs (admit.lua,
+			// A quota's reply says its period's end in µs (lua/library,
 			// quotaEval): the time to it is reckoned here, exactly.
 			reset = time.Duration(x[2]*1000 - (rp.nu*1000 + rp.nsub))
 			if x[0]&1 == 0 && admit.SharePath(x[0]>>3&3) != admit.ShareRefused {
@@ -196,7 +196,7 @@ func fill(rp reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		if res.Share != admit.ShareNone || charges[i].Share != nil {
 			res.Shared, res.ShareWhole = x[0]>>6, x[0]>>5&1 == 1
 		}
-		if x[1] < 0 { // a count's debit past its limit (admit.lua, step)
+		if x[1] < 0 { // a count's debit past its limit (lua/library, step)
 			res.Remaining, res.Over = 0, -x[1]
 		}
 		r.hows[k] = itoa(x[0] >> 1 & 3)
@@ -384,7 +384,7 @@ func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) c
 			c.args[7+stride*k+4] = "-1" // a debit stays charged
 		}
 		if charges[i].Rule.Algorithm == admit.Quota {
-			// Where a quota's rule has no other parameter (admit.lua,
+			// Where a quota's rule has no other parameter (lua/library,
 			// strided), its period's ends, for the look after the undo.
 			c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
 		}

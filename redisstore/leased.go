@@ -30,7 +30,7 @@ import (
 //
 // How much a withdrawal asks for follows the key's local demand: what the
 // server spent since its last withdrawal, scaled to leaseHorizon. Redis
-// grants at most 1/8 of what the key has left (admit.lua, withdraw), so
+// grants at most 1/8 of what the key has left (lua/library, withdraw), so
 // batches shrink as the limit nears and the last 7 units are decided
 // exactly, one request at a time, by whichever server asks. A new
 // withdrawal is made when the allowance falls below half of the last
@@ -81,16 +81,16 @@ const (
 	leaseForget = 10 * time.Second
 	// sweepEvery is how often expired and idle allowances are swept.
 	sweepEvery = 250 * time.Millisecond
-	// bookAhead mirrors admit.lua's BOOKAHEAD: how far ahead of its
+	// bookAhead mirrors the library's BOOKAHEAD: how far ahead of its
 	// refill a bucket's withdrawal may book.
 	bookAhead = 250 * time.Millisecond
 )
 
-// shareOf mirrors admit.lua's SHARE: a withdrawal takes at most 1/shareOf
+// shareOf mirrors the library's SHARE: a withdrawal takes at most 1/shareOf
 // of what the key has left.
 const shareOf = 8
 
-// decideWithdraw is the how of a withdrawal job (admit.lua, withdraw).
+// decideWithdraw is the how of a withdrawal job (lua/library, withdraw).
 const decideWithdraw = "w"
 
 // allowance is what one server holds of one leased key, for one class of
@@ -269,7 +269,7 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 		} else {
 			// What the old rule's allowance holds goes back before the
 			// new rule decides: the key's state adopts it under the rule
-			// that decides it now (see admit.lua, adopt), rather than
+			// that decides it now (see lua/library, adopt), rather than
 			// the units coming back, late, into what the new rule
 			// already counted. A refund is one call; rules change
 			// rarely.
@@ -654,7 +654,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 
 // books reports whether p's withdrawals book the refill of a bucket: not
 // a shared bucket's, whose tokens booked ahead for one class would come
-// before every other class's share (admit.lua, withdraw).
+// before every other class's share (lua/library, withdraw).
 func (p *allowance) books() bool {
 	return (p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA) && p.share == nil
 }

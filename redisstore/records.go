@@ -248,7 +248,7 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 	}
 	if op == "n" {
 		// The global group first: a class that must yield its shared
-		// slots renews nothing (admit.lua, shareYields).
+		// slots renews nothing (lua/library, shareYields).
 		tags = slices.Clone(tags)
 		slices.Reverse(tags)
 	}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	_ "embed"
 	"math"
 	"slices"
 	"strconv"
@@ -785,7 +786,10 @@ func (s *Store) goRefill(p *allowance) {
 }
 
 // unlockScript deletes a lock if it is still the caller's.
-var unlockScript = rueidis.NewLuaScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+var unlockScript = rueidis.NewLuaScript(unlockSource)
+
+//go:embed lua/region_unlock.lua
+var unlockSource string
 
 // refill is a region's agent for p's key: it gives back home what the
 // pool no longer needs and asks for what it lacks, if no other server of

@@ -18,7 +18,7 @@
 //
 // # One round trip per decision
 //
-// Every algorithm runs inside Redis as one Lua function (admit.lua, a
+// Every algorithm runs inside Redis as one Lua function (lua/library, a
 // Redis Functions library, so Redis 7.0 or later) that decides all the
 // charges of a request together, all or nothing, with Redis TIME as the
 // clock. It mirrors package admit's arithmetic exactly (integers only, no
@@ -75,8 +75,9 @@ package redisstore
 
 import (
 	"context"
-	_ "embed"
+	"embed"
 	"fmt"
+	"io/fs"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,8 +89,28 @@ import (
 	"github.com/admitdev/admit/internal/redishook"
 )
 
-//go:embed admit.lua
-var scriptSource string
+// scriptSource is the Functions library Redis loads: lua/library's
+// files joined in the order of their names.
+var scriptSource = joinLibrary()
+
+//go:embed lua/library/*.lua
+var libraryFiles embed.FS
+
+func joinLibrary() string {
+	files, err := fs.Glob(libraryFiles, "lua/library/*.lua")
+	if err != nil {
+		panic(err) // the pattern is valid
+	}
+	var b strings.Builder
+	for _, f := range files { // in lexical order
+		src, err := libraryFiles.ReadFile(f)
+		if err != nil {
+			panic(err) // embedded
+		}
+		b.Write(src)
+	}
+	return b.String()
+}
 
 // Options configure a Store. The zero Options is valid.
 type Options struct {

@@ -17,12 +17,13 @@ import (
 // store's cleanup with t.
 type Factory func(t *testing.T, clock func() time.Time) admit.Store
 
-// Run runs the whole suite: every timeline, the concurrency tests, then
-// Limiter.Wait on the clock.
+// Run runs the whole suite: every timeline, the concurrency tests,
+// Limiter.Wait on the clock and Limiter's other promises.
 func Run(t *testing.T, newStore Factory) {
 	t.Run("Timelines", func(t *testing.T) { RunTimelines(t, newStore) })
 	t.Run("Concurrency", func(t *testing.T) { RunConcurrency(t, newStore) })
 	t.Run("Wait", func(t *testing.T) { RunWait(t, newStore) })
+	t.Run("Limiter", func(t *testing.T) { RunLimiter(t, newStore) })
 	t.Run("Refunds", func(t *testing.T) { RunRefunds(t, newStore) })
 	t.Run("ShareRenewals", func(t *testing.T) { RunShareRenewals(t, newStore) })
 	t.Run("Counted", func(t *testing.T) { RunCounted(t, newStore) })
