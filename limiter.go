@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -408,8 +409,9 @@ func (l *Limiter) AllowN(ctx context.Context, w Who, n int64) (d Decision, err e
 // leave: one less than the limit holds now when it would admit. Unlike
 // Allow's, its Results say every limit's level (Decision.Result), the
 // limits that would admit as well as the one that would refuse.
+// Its Results are a new slice, the one allocation Peek makes.
 func (l *Limiter) Peek(ctx context.Context, w Who) (d Decision, err error) {
-	err = l.decide(ctx, w, 1, peeking, &d)
+	err = l.summary(ctx, w, 1, peeking, &d)
 	return d, err
 }
 
@@ -438,8 +440,8 @@ func (l *Limiter) Debit(ctx context.Context, w Who, n int64) (d Decision, err er
 	return d, err
 }
 
-// summary decides into a scratch Decision and writes its summary, without
-// Results, to out.
+// summary decides into a scratch Decision and writes its summary to out,
+// without Results but for a peek, whose Results are a copy.
 func (l *Limiter) summary(ctx context.Context, w Who, cost int64, how chargeHow, out *Decision) error {
 	d, _ := l.scratch.Get().(*Decision)
 	if d == nil {
@@ -459,6 +461,9 @@ func (l *Limiter) summary(ctx context.Context, w Who, cost int64, how chargeHow,
 	// into d resets the rest.
 	out.Allowed, out.Limit, out.Remaining, out.ResetAfter, out.RetryAfter, out.DeniedBy = d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.DeniedBy
 	out.Lease, out.At, out.FailedOpen = d.Lease, d.At, d.FailedOpen
+	if how == peeking && err == nil {
+		out.Results = slices.Clone(d.Results)
+	}
 	l.scratch.Put(d)
 	return err
 }

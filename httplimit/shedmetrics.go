@@ -54,4 +54,3 @@ func (c *shedCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
-
