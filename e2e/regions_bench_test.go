@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,10 @@ func TestBenchRegions(t *testing.T) {
 	secs := 30 * time.Second
 	if s, err := time.ParseDuration(os.Getenv("ADMIT_BENCH_SCENARIO")); err == nil {
 		secs = s
+	}
+	if r, err := strconv.Atoi(os.Getenv("ADMIT_BENCH_RATE")); err == nil && r > 0 {
+		defer func(was float64) { regionsRate = was }(regionsRate)
+		regionsRate = float64(r)
 	}
 	var rows []string
 	row := func(name string, r benchResult) {

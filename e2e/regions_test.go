@@ -28,11 +28,11 @@ import (
 // around the world would be. One clock, the test's, times every request:
 // an admission happened between its request's sending and its answer.
 
-// regionsRate and regionsBurst are the limit the regions share.
-const (
-	regionsRate  = 400
-	regionsBurst = 200
-)
+// regionsRate and regionsBurst are the limit the regions share
+// (TestBenchRegions takes another rate from ADMIT_BENCH_RATE).
+var regionsRate = 400.0
+
+const regionsBurst = 200
 
 const regionsConfig = `version: 1
 store:
@@ -136,7 +136,7 @@ func deployRegions(t *testing.T, names []string, latency int) *regionsDeployment
 	t.Helper()
 	d := &regionsDeployment{t: t, home: redistest.Start(t)}
 	d.cfg = filepath.Join(t.TempDir(), "admit.yaml")
-	cfg := strings.NewReplacer("RATE", strconv.Itoa(regionsRate), "BURST", strconv.Itoa(regionsBurst)).Replace(regionsConfig)
+	cfg := strings.NewReplacer("RATE", fmt.Sprint(regionsRate), "BURST", strconv.Itoa(regionsBurst)).Replace(regionsConfig)
 	if err := os.WriteFile(d.cfg, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

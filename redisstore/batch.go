@@ -137,8 +137,8 @@ func (s *Store) quotaEnds(r *admit.Rule) (string, string) {
 		return "0", "0" // validate refused it before any call is made
 	}
 	now := time.Now()
-	if s.clock != nil {
-		now = s.clock()
+	if s.link.clock != nil {
+		now = s.link.clock()
 	}
 	e1, e2 := p.QuotaEnds(now)
 	return itoa(e1.UnixMicro()), itoa(e2.UnixMicro())
@@ -154,7 +154,7 @@ type batcher struct {
 // batcher returns the batcher of the slot of tag.
 func (s *Store) batcher(tag string) *batcher {
 	i := 0
-	if s.cluster {
+	if s.link.cluster {
 		i = int(slotOf(tag))
 	}
 	if b := s.batchers[i].Load(); b != nil {
@@ -248,7 +248,7 @@ func (s *Store) send(batch []*job) {
 		return
 	}
 	keys, args := s.batchArgs(batch)
-	v, err := s.run(context.Background(), call{keys: keys, args: args})
+	v, err := s.link.run(context.Background(), call{keys: keys, args: args})
 	if err == nil && args[0] == "b" && len(v) != replyLen(batch) {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), replyLen(batch))
 	}
@@ -360,7 +360,7 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 	if !slices.ContainsFunc(batch, func(j *job) bool { return !j.windows }) {
 		args[0] = "w"
 	}
-	args[1], args[2] = s.nowArgs()
+	args[1], args[2] = s.link.nowArgs()
 	args[3], args[4], args[5] = itoa(int64(len(rules))), itoa(int64(len(batch))), itoa(int64(replyLen(batch)))
 	for _, r := range rules {
 		args = append(args, r.text)

@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"context"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,28 +36,6 @@ type clusterMaster struct {
 type clusterViews struct {
 	mu   sync.Mutex
 	last *clusterView
-}
-
-// clusterView returns the cluster's account of its masters: the last one if it is
-// fresh, else a new one from the first node that answers, or nil when none
-// does.
-func (s *Store) clusterView(ctx context.Context, nodes map[string]rueidis.Client) *clusterView {
-	s.views.mu.Lock()
-	defer s.views.mu.Unlock()
-	if v := s.views.last; v != nil && time.Since(v.at) < clusterViewTTL {
-		return v
-	}
-	for _, c := range nodes {
-		text, err := c.Do(ctx, c.B().ClusterNodes().Build()).ToString()
-		if err != nil {
-			continue
-		}
-		v := parseClusterNodes(text)
-		v.at = time.Now()
-		s.views.last = v
-		return v
-	}
-	return nil
 }
 
 // parseClusterNodes reads the masters that serve slots from the reply of
@@ -105,39 +82,6 @@ func (v *clusterView) owner(slot int) string {
 		}
 	}
 	return ""
-}
-
-// clusterMasters returns the masters that serve slots now, as the cluster
-// itself says: after a failover the client may still know the failed
-// master, which serves no slot and must not keep the store unready; before
-// it, the failed master still holds its slots and is pinged. It returns nil
-// when no node answers or a master is one the client does not know yet
-// (then every known node is pinged).
-func (s *Store) clusterMasters(ctx context.Context, nodes map[string]rueidis.Client) map[string]rueidis.Client {
-	v := s.clusterView(ctx, nodes)
-	if v == nil || len(v.masters) == 0 {
-		return nil
-	}
-	masters := map[string]rueidis.Client{}
-	for _, m := range v.masters {
-		c, ok := nodes[m.addr]
-		if !ok {
-			return nil
-		}
-		masters[m.addr] = c
-	}
-	return masters
-}
-
-// slotOwner returns a client of the node that serves key's slot now, as
-// the cluster says, or nil if it cannot tell or does not know the node.
-func (s *Store) slotOwner(ctx context.Context, client rueidis.Client, key string) rueidis.Client {
-	nodes := client.Nodes()
-	v := s.clusterView(ctx, nodes)
-	if v == nil {
-		return nil
-	}
-	return nodes[v.owner(keySlot(key))]
 }
 
 // keySlot returns the Cluster slot of key: that of its hash tag, the part

@@ -28,7 +28,7 @@ func tagOf(c *admit.Charge) string {
 }
 
 func (s *Store) redisKey(tag, key string) string {
-	return s.prefix + "{" + tag + "}" + key
+	return s.link.prefix + "{" + tag + "}" + key
 }
 
 // group is the charges of one decision that share a hash tag, with their
@@ -255,13 +255,13 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		d.Allowed = true // nothing limits the request, as in memstore
 		return nil
 	}
-	now := s.now()
+	now := s.link.now()
 	if s.refuseLocally(charges, now, d) {
 		return nil
 	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
-	groups := s.groups(charges, s.cluster)
-	if !dry && s.cluster {
+	groups := s.groups(charges, s.link.cluster)
+	if !dry && s.link.cluster {
 		if err := s.checkTenantGroups(groups, func(g group) bool { return hasLeases(charges, g) }); err != nil {
 			return err
 		}
@@ -351,7 +351,7 @@ type exactCall struct {
 func (s *Store) giveBack(ctx context.Context, x *exactCall, refused int) error {
 	charges, d, leaseID := x.charges, x.d, x.leaseID
 	for _, gd := range x.done {
-		v, err := s.run(ctx, s.undoCall(charges, gd, leaseID))
+		v, err := s.link.run(ctx, s.undoCall(charges, gd, leaseID))
 		if err != nil {
 			s.undoFailures.Add(1)
 			return err
@@ -398,10 +398,10 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 	if len(done) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
 	defer cancel()
 	for _, gd := range done {
-		if _, err := s.run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
+		if _, err := s.link.run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
 			s.undoFailures.Add(1)
 		}
 	}
@@ -418,7 +418,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		s.refundRegion(charges)
 		return nil
 	}
-	now := s.now()
+	now := s.link.now()
 	keep := make([]admit.Charge, 0, len(charges))
 	for i := range charges {
 		c := charges[i]
@@ -453,7 +453,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 	}
 	s.forgetRefusals(keep, false)
 	u := at.UnixMicro()
-	for _, g := range s.groups(keep, s.cluster) {
+	for _, g := range s.groups(keep, s.link.cluster) {
 		c := s.newCall("u", itoa(u), itoa(at.UnixNano()-u*1000), "", keep, g, "")
 		for k, i := range g.idx {
 			c.args[7+stride*k+4] = "0"
@@ -461,7 +461,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(keep[i].Rule)
 			}
 		}
-		if _, err := s.run(ctx, c); err != nil {
+		if _, err := s.link.run(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -500,14 +500,14 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	}
 	// A window's count is kept in a key named for the window, which only
 	// the script knows from Redis's clock; a call stays within a slot.
-	for _, g := range s.groups(charges, s.cluster) {
+	for _, g := range s.groups(charges, s.link.cluster) {
 		c := s.newCall("x", "", "", "", charges, g, "")
 		for k, i := range g.idx {
 			if charges[i].Rule.Algorithm == admit.Quota {
 				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
 			}
 		}
-		if _, err := s.run(ctx, c); err != nil {
+		if _, err := s.link.run(ctx, c); err != nil {
 			return err
 		}
 	}

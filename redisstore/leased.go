@@ -196,15 +196,6 @@ func anyLeasable(charges []admit.Charge) bool {
 	return any
 }
 
-// now is the store's clock, with a monotonic reading unless a test set
-// one.
-func (s *Store) now() time.Time {
-	if s.clock != nil {
-		return s.clock()
-	}
-	return time.Now()
-}
-
 // sameShare reports whether an allowance withdrawn with share a serves a
 // charge with share b: the same class, of the same weight.
 func sameShare(a, b *admit.Share) bool {
@@ -339,7 +330,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 			return err
 		}
 	}
-	now := s.now()
+	now := s.link.now()
 	var pools [admit.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	for i := range charges {
@@ -382,7 +373,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		if err := waitFetches(ctx, waits[:n]); err != nil {
 			return err
 		}
-		now = s.now()
+		now = s.link.now()
 	}
 	err := s.decideRest(ctx, charges, ps, taken, now, d)
 	if err != nil || !d.Allowed {
@@ -592,13 +583,13 @@ func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 // withdraw asks Redis for want units of p and adds what it grants.
 func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	defer s.leased.fetches.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
 	defer cancel()
-	sent := s.now()
+	sent := s.link.now()
 	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want, Share: p.share}}
 	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
 	v, err := s.decideCall(p.tag, s.newJob(ctx, jobSpec{charges: charges[:], ras: []*ruleArgs{p.ra}, g: g, how: decideWithdraw}))
-	recv := s.now()
+	recv := s.link.now()
 	if err == nil && len(v.v) != 6 {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))
 	}
@@ -805,10 +796,10 @@ func (s *Store) sweepLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-s.closed:
+		case <-s.link.closed:
 			return
 		case <-t.C:
-			s.sweep(s.now())
+			s.sweep(s.link.now())
 		}
 	}
 }
@@ -865,14 +856,14 @@ func (s *Store) refund(p *allowance) {
 	if n <= 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
 	defer cancel()
 	charges := []admit.Charge{{Key: p.key, Rule: p.rule, Cost: n}}
 	gd := groupDone{
 		g:     group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}},
 		reply: groupReply{nu: tu, nsub: tn, hows: []string{"0"}},
 	}
-	if _, err := s.run(ctx, s.undoCall(charges, gd, "")); err != nil {
+	if _, err := s.link.run(ctx, s.undoCall(charges, gd, "")); err != nil {
 		s.lost.Add(n)
 		return
 	}

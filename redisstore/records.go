@@ -70,7 +70,7 @@ func isHex(s string) bool {
 // in one; in Cluster a group per tenant the decision names, up to
 // Options.TenantsPerDecision, and the global group.
 func (s *Store) tags() (all, tenants int) {
-	if !s.cluster {
+	if !s.link.cluster {
 		return 1, 1
 	}
 	return min(s.tenantTags+1, admit.MaxCharges), s.tenantTags
@@ -97,9 +97,9 @@ func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
 	return nil
 }
 
-func (s *Store) leaseKey(tag, id string) string { return s.prefix + "{" + tag + "}lease:" + id }
+func (s *Store) leaseKey(tag, id string) string { return s.link.prefix + "{" + tag + "}lease:" + id }
 
-func (s *Store) resKey(tag, id string) string { return s.prefix + "{" + tag + "}res:" + id }
+func (s *Store) resKey(tag, id string) string { return s.link.prefix + "{" + tag + "}res:" + id }
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
@@ -111,12 +111,12 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	}
 	if len(charges) == 0 {
 		now := time.Now()
-		if s.clock != nil {
-			now = s.clock()
+		if s.link.clock != nil {
+			now = s.link.clock()
 		}
 		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
 	}
-	groups := s.groups(charges, s.cluster)
+	groups := s.groups(charges, s.link.cluster)
 	if err := s.checkTenantGroups(groups, func(group) bool { return true }); err != nil {
 		return admit.Reservation{}, err
 	}
@@ -124,7 +124,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	var booked []string
 	var res admit.Reservation
 	for _, g := range groups {
-		v, err := s.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
+		v, err := s.link.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
 		if err == nil && len(v) != 4 {
 			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
 		}
@@ -150,7 +150,7 @@ func (s *Store) cancelTags(id string, tags []string) {
 	if len(tags) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
 	defer cancel()
 	for _, tag := range tags {
 		_, _ = s.cancelOne(ctx, tag, id)
@@ -173,7 +173,7 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 			keys = append(keys, k)
 		}
 	}
-	v, err := s.run(ctx, call{keys: keys, args: s.opArgs("c", id)})
+	v, err := s.link.run(ctx, call{keys: keys, args: s.opArgs("c", id)})
 	if err != nil {
 		return false, err
 	}
@@ -181,14 +181,14 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 }
 
 func (s *Store) opArgs(op, id string) []string {
-	us, ns := s.nowArgs()
+	us, ns := s.link.nowArgs()
 	return []string{op, us, ns, "", "", id, "0"}
 }
 
 // recordFields returns the field names of a lease or reservation record.
 func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
 	var fields []string
-	err := s.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+	err := s.link.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
 		fields, err = client.Do(ctx, client.B().Hkeys().Key(rec).Build()).AsStrSlice()
 		return err
 	})
@@ -263,7 +263,7 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 		if op == "n" {
 			keys = appendShareRecords(keys, fields)
 		}
-		v, err := s.run(ctx, call{keys: keys, args: s.opArgs(op, raw)})
+		v, err := s.link.run(ctx, call{keys: keys, args: s.opArgs(op, raw)})
 		if err != nil {
 			return false, 0, err
 		}

@@ -187,14 +187,7 @@ func (o *Options) check() error {
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
 type Store struct {
-	conn    atomic.Pointer[connection] // nil until a lazily dialed store connects
-	own     bool                       // Close closes the client
-	cluster bool
-	mode    string // for String: standalone, sentinel or cluster
-	prefix  string
-	timeout time.Duration
-	clock   func() time.Time
-	breaker breaker
+	link *link // the connection room
 	// exactRefusals: see Options.ExactRefusals.
 	exactRefusals bool
 	// tenantTags is the most groups of tenants' keys a lease or
@@ -204,19 +197,15 @@ type Store struct {
 	// regions (see region.go).
 	region *region
 
-	calls, failures, undoFailures atomic.Int64
-	decisions, localDecisions     atomic.Int64
-	localRefusals                 atomic.Int64 // local decisions that were refusals (see refusals.go)
-	refused                       refusals
-	withdrawals                   atomic.Int64 // withdrawal calls
-	withdrawn, refunded           atomic.Int64 // units of allowances
-	expired, lost                 atomic.Int64
-	leased                        allowances // see leased.go
-	closeOnce                     sync.Once
-	connMu                        sync.Mutex    // orders a lazy connect with Close
-	closed                        chan struct{} // closed by Close
-	probing                       atomic.Bool   // a probe of an open breaker runs
-	views                         clusterViews  // see cluster.go
+	undoFailures              atomic.Int64
+	decisions, localDecisions atomic.Int64
+	localRefusals             atomic.Int64 // local decisions that were refusals (see refusals.go)
+	refused                   refusals
+	withdrawals               atomic.Int64 // withdrawal calls
+	withdrawn, refunded       atomic.Int64 // units of allowances
+	expired, lost             atomic.Int64
+	leased                    allowances // see leased.go
+	closeOnce                 sync.Once
 
 	batchers []atomic.Pointer[batcher] // see batch.go
 	tallier  tallier                   // see counted.go
@@ -227,10 +216,6 @@ type Store struct {
 }
 
 var _ admit.Store = (*Store)(nil)
-
-// connection holds the store's client, so that a store dialed lazily can
-// set it once, when it connects.
-type connection struct{ client rueidis.Client }
 
 // withClient returns a Store that uses client, which the caller keeps and
 // closes (tests wrap a client of their own).
@@ -246,7 +231,7 @@ func withClient(client rueidis.Client, opts *Options) *Store {
 		mode = "sentinel"
 	}
 	s := newStore(mode == "cluster", mode, opts)
-	s.conn.Store(&connection{client})
+	s.link.conn.Store(&connection{client})
 	return s
 }
 
@@ -275,17 +260,12 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills), coldRefills: make(chan struct{}, maxColdRefills)}
 	}
 	return &Store{
+		link: &link{cluster: cluster, mode: mode, prefix: o.Prefix, timeout: o.Timeout, clock: o.Clock,
+			breaker: breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown}, closed: make(chan struct{})},
 		region:        rg,
-		cluster:       cluster,
-		mode:          mode,
 		batchers:      batchersFor(cluster),
-		prefix:        o.Prefix,
-		timeout:       o.Timeout,
-		clock:         o.Clock,
 		exactRefusals: o.ExactRefusals,
 		tenantTags:    o.TenantsPerDecision,
-		breaker:       breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown},
-		closed:        make(chan struct{}),
 	}
 }
 
@@ -319,7 +299,7 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 	}
 	s := withClient(client, opts)
-	s.own = true
+	s.link.own = true
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, err
@@ -348,100 +328,36 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 			return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 		}
 		s := withClient(client, opts)
-		s.own = true
+		s.link.own = true
 		return s, nil
 	}
 	s := newStore(cfg.Mode == Cluster, string(cfg.Mode), opts)
-	s.own = true
-	go s.connect(co)
+	s.link.own = true
+	go s.link.connect(co)
 	return s, nil
-}
-
-// connect makes the client of a lazily dialed store, trying again until it
-// succeeds or the store is closed.
-func (s *Store) connect(co rueidis.ClientOption) {
-	wait := 100 * time.Millisecond
-	for {
-		client, err := rueidis.NewClient(co)
-		if err == nil {
-			s.connMu.Lock()
-			defer s.connMu.Unlock()
-			select {
-			case <-s.closed:
-				client.Close()
-			default:
-				s.conn.Store(&connection{client})
-			}
-			return
-		}
-		select {
-		case <-s.closed:
-			return
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 500*time.Millisecond)
-	}
 }
 
 // Close closes the connection if the store opened it. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.returnAll()
-		s.connMu.Lock()
-		defer s.connMu.Unlock()
-		close(s.closed)
-		if c := s.conn.Load(); c != nil && s.own {
-			c.client.Close()
-		}
+		s.link.close()
 	})
 	return nil
-}
-
-// client returns the store's Redis client, or CodeUnavailable while it has
-// none yet.
-func (s *Store) client() (rueidis.Client, error) {
-	if c := s.conn.Load(); c != nil {
-		return c.client, nil
-	}
-	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", s.mode)
 }
 
 // Prefix returns the prefix of the store's keys; packages that keep their
 // own data in the store's Redis (gateway sessions, the shared catalog) put
 // theirs under it too.
-func (s *Store) Prefix() string { return s.prefix }
+func (s *Store) Prefix() string { return s.link.prefix }
 
 // Timeout returns the bound of every call the store makes.
-func (s *Store) Timeout() time.Duration { return s.timeout }
+func (s *Store) Timeout() time.Duration { return s.link.timeout }
 
 // Ping checks that Redis answers (every master, in Cluster) within the
 // timeout. It does not go through the breaker, so readiness probes see the
 // store's real state.
-func (s *Store) Ping(ctx context.Context) error {
-	client, err := s.client()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	nodes := map[string]rueidis.Client{"redis": client}
-	if s.cluster {
-		nodes = client.Nodes()
-		if masters := s.clusterMasters(ctx, nodes); masters != nil {
-			nodes = masters
-		}
-	}
-	for addr, c := range nodes {
-		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
-			if refusedCredentials(err) {
-				// Waiting will not mend it: a configuration error.
-				return admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", addr, err)
-			}
-			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
-		}
-	}
-	return nil
-}
+func (s *Store) Ping(ctx context.Context) error { return s.link.ping(ctx) }
 
 // refusedCredentials reports whether err is Redis refusing the username
 // or password.
@@ -477,7 +393,7 @@ type Health struct {
 // Health returns the store's current state.
 func (s *Store) Health() Health {
 	return Health{
-		Breaker: s.breaker.state(time.Now()), Calls: s.calls.Load(), Failures: s.failures.Load(),
+		Breaker: s.link.breaker.state(time.Now()), Calls: s.link.calls.Load(), Failures: s.link.failures.Load(),
 		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
 		LocalRefusals: s.localRefusals.Load(),
 		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
@@ -487,15 +403,15 @@ func (s *Store) Health() Health {
 
 // String describes the store for logs.
 func (s *Store) String() string {
-	return fmt.Sprintf("redis (%s)", s.mode)
+	return fmt.Sprintf("redis (%s)", s.link.mode)
 }
 
 func init() {
 	redishook.Call = func(store any, ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
-		return store.(*Store).do(ctx, f)
+		return store.(*Store).link.do(ctx, f)
 	}
 	redishook.Client = func(store any) rueidis.Client {
-		if c := store.(*Store).conn.Load(); c != nil {
+		if c := store.(*Store).link.conn.Load(); c != nil {
 			return c.client
 		}
 		return nil

@@ -1,0 +1,340 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit"
+)
+
+// link is the store's connection room: the client, dialed at once or
+// lazily, the prefix of its keys, the bound of every call, the circuit
+// breaker, the clock a test may set and the Cluster's own account of its
+// masters. Every other room of the store — the exact path, leased,
+// counted and region allowances — calls Redis through a link and never
+// through the Store.
+type link struct {
+	conn    atomic.Pointer[connection] // nil until a lazily dialed store connects
+	own     bool                       // close closes the client
+	cluster bool
+	mode    string // for String: standalone, sentinel or cluster
+	prefix  string
+	timeout time.Duration
+	clock   func() time.Time
+	breaker breaker
+
+	calls, failures atomic.Int64
+	connMu          sync.Mutex    // orders a lazy connect with close
+	closed          chan struct{} // closed by close
+	probing         atomic.Bool   // a probe of an open breaker runs
+	views           clusterViews  // see cluster.go
+}
+
+// connection holds the store's client, so that a store dialed lazily can
+// set it once, when it connects.
+type connection struct{ client rueidis.Client }
+
+// close closes the client if the store opened it. The store calls it once.
+func (l *link) close() {
+	l.connMu.Lock()
+	defer l.connMu.Unlock()
+	close(l.closed)
+	if c := l.conn.Load(); c != nil && l.own {
+		c.client.Close()
+	}
+}
+
+// connect makes the client of a lazily dialed store, trying again until it
+// succeeds or the store is closed.
+func (l *link) connect(co rueidis.ClientOption) {
+	wait := 100 * time.Millisecond
+	for {
+		client, err := rueidis.NewClient(co)
+		if err == nil {
+			l.connMu.Lock()
+			defer l.connMu.Unlock()
+			select {
+			case <-l.closed:
+				client.Close()
+			default:
+				l.conn.Store(&connection{client})
+			}
+			return
+		}
+		select {
+		case <-l.closed:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 500*time.Millisecond)
+	}
+}
+
+// client returns the store's Redis client, or CodeUnavailable while it has
+// none yet.
+func (l *link) client() (rueidis.Client, error) {
+	if c := l.conn.Load(); c != nil {
+		return c.client, nil
+	}
+	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", l.mode)
+}
+
+// nowArgs returns the clock arguments of a call: empty for Redis TIME, or
+// the injected clock's microseconds and the nanoseconds beyond.
+func (l *link) nowArgs() (us, ns string) {
+	if l.clock == nil {
+		return "", ""
+	}
+	now := l.clock()
+	u := now.UnixMicro()
+	return itoa(u), itoa(now.UnixNano() - u*1000)
+}
+
+// do makes one call to Redis, f, through the breaker and with the timeout,
+// and classifies its failure.
+func (l *link) do(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
+	if !l.breaker.allow(time.Now()) {
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", l.breaker.threshold)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	l.calls.Add(1)
+	client, err := l.client()
+	if err == nil {
+		err = f(ctx, client)
+	}
+	if err != nil {
+		return l.fail(ctx, err)
+	}
+	l.breaker.success()
+	return nil
+}
+
+// run makes a call of the library's function.
+func (l *link) run(ctx context.Context, c call) ([]int64, error) {
+	var v []int64
+	err := l.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+		v, err = l.fcall(ctx, client, c)
+		return err
+	})
+	return v, err
+}
+
+// fcall calls the library's function. A server without the library — a new
+// deployment, a restart without persistence, a failover to a node that
+// never had it — gets it loaded, on every node, and the call is made again.
+func (l *link) fcall(ctx context.Context, client rueidis.Client, c call) ([]int64, error) {
+	loaded := false
+	for {
+		cmd := client.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		v, err := client.Do(ctx, cmd).AsIntSlice()
+		if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && l.cluster && ctx.Err() == nil {
+			// The slot's master, as the client knows it, is not there:
+			// after a failover, its replica may serve the slot already.
+			if node := l.slotOwner(ctx, client, c.keys[0]); node != nil {
+				nv, nerr := node.Do(ctx, node.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()).AsIntSlice()
+				if re, ok := rueidis.IsRedisErr(nerr); !ok || !isRedirect(re) {
+					// A redirect means the cluster's account was
+					// already old: the first failure stands.
+					v, err = nv, nerr
+				}
+			}
+		}
+		re, ok := rueidis.IsRedisErr(err)
+		switch {
+		case ok && !loaded && strings.Contains(re.Error(), "Function not found"):
+			if err := l.loadFunctions(ctx); err != nil {
+				return nil, err
+			}
+			loaded = true
+			continue
+		case ok && re.IsTryAgain():
+			// A slot being migrated holds some of the call's keys and
+			// not the others: nothing ran. Redis asks to try again in
+			// a moment; do, within the call's timeout.
+			select {
+			case <-ctx.Done():
+				return nil, err
+			case <-time.After(2 * time.Millisecond):
+			}
+			continue
+		}
+		return v, err
+	}
+}
+
+// loadFunctions loads the decision engine library on every node (FUNCTION
+// LOAD REPLACE). Replicas refuse writes and get it from their master. The
+// store calls it by itself when Redis says the function is missing.
+func (l *link) loadFunctions(ctx context.Context) error {
+	client, err := l.client()
+	if err != nil {
+		return err
+	}
+	nodes := map[string]rueidis.Client{"redis": client}
+	if l.cluster {
+		nodes = client.Nodes()
+	}
+	loaded := 0
+	var last error
+	for _, c := range nodes {
+		err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(scriptSource).Build()).Error()
+		if re, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(re.Error(), "READONLY") {
+			continue
+		}
+		if err != nil {
+			last = err
+			continue
+		}
+		loaded++
+	}
+	if loaded == 0 && last != nil {
+		return last
+	}
+	return nil
+}
+
+// fail classifies err: Redis refusing the script is a bug (CodeInternal),
+// anything else — a timeout, a lost connection, a cluster in failover —
+// is the store being unavailable, which also counts against the breaker.
+func (l *link) fail(ctx context.Context, err error) error {
+	if re, ok := rueidis.IsRedisErr(err); ok && !re.IsClusterDown() && !re.IsLoading() && !re.IsTryAgain() && !isTransient(re.Error()) {
+		l.breaker.success() // Redis answered
+		return admit.Errorf(admit.CodeInternal, "redisstore: script: %w", err)
+	}
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The caller gave up; that says nothing about Redis.
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
+	}
+	l.failures.Add(1)
+	if l.breaker.failure(time.Now()) {
+		go l.probe()
+	}
+	if admit.ErrorCode(err) == admit.CodeUnavailable {
+		return err // the store's own: no connection yet
+	}
+	return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
+}
+
+// probe pings Redis while the breaker is open, every tenth of its cooldown,
+// and closes the breaker at the first answer: decisions are Redis's again
+// within moments of its return, not a cooldown later. One probe runs at a
+// time; it stops when the breaker closes or the store does.
+func (l *link) probe() {
+	if !l.probing.CompareAndSwap(false, true) {
+		return
+	}
+	defer l.probing.Store(false)
+	every := max(l.breaker.cooldown/10, 10*time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for l.breaker.openAt.Load() != 0 {
+		select {
+		case <-l.closed:
+			return
+		case <-t.C:
+		}
+		if l.ping(context.Background()) == nil {
+			l.breaker.success()
+		}
+	}
+}
+
+// clusterView returns the cluster's account of its masters: the last one if it is
+// fresh, else a new one from the first node that answers, or nil when none
+// does.
+func (l *link) clusterView(ctx context.Context, nodes map[string]rueidis.Client) *clusterView {
+	l.views.mu.Lock()
+	defer l.views.mu.Unlock()
+	if v := l.views.last; v != nil && time.Since(v.at) < clusterViewTTL {
+		return v
+	}
+	for _, c := range nodes {
+		text, err := c.Do(ctx, c.B().ClusterNodes().Build()).ToString()
+		if err != nil {
+			continue
+		}
+		v := parseClusterNodes(text)
+		v.at = time.Now()
+		l.views.last = v
+		return v
+	}
+	return nil
+}
+
+// clusterMasters returns the masters that serve slots now, as the cluster
+// itself says: after a failover the client may still know the failed
+// master, which serves no slot and must not keep the store unready; before
+// it, the failed master still holds its slots and is pinged. It returns nil
+// when no node answers or a master is one the client does not know yet
+// (then every known node is pinged).
+func (l *link) clusterMasters(ctx context.Context, nodes map[string]rueidis.Client) map[string]rueidis.Client {
+	v := l.clusterView(ctx, nodes)
+	if v == nil || len(v.masters) == 0 {
+		return nil
+	}
+	masters := map[string]rueidis.Client{}
+	for _, m := range v.masters {
+		c, ok := nodes[m.addr]
+		if !ok {
+			return nil
+		}
+		masters[m.addr] = c
+	}
+	return masters
+}
+
+// slotOwner returns a client of the node that serves key's slot now, as
+// the cluster says, or nil if it cannot tell or does not know the node.
+func (l *link) slotOwner(ctx context.Context, client rueidis.Client, key string) rueidis.Client {
+	nodes := client.Nodes()
+	v := l.clusterView(ctx, nodes)
+	if v == nil {
+		return nil
+	}
+	return nodes[v.owner(keySlot(key))]
+}
+
+// now is the store's clock, with a monotonic reading unless a test set
+// one.
+func (l *link) now() time.Time {
+	if l.clock != nil {
+		return l.clock()
+	}
+	return time.Now()
+}
+
+// ping checks that Redis answers (every master, in Cluster) within the
+// timeout. It does not go through the breaker, so readiness probes see the
+// store's real state.
+func (l *link) ping(ctx context.Context) error {
+	client, err := l.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	nodes := map[string]rueidis.Client{"redis": client}
+	if l.cluster {
+		nodes = client.Nodes()
+		if masters := l.clusterMasters(ctx, nodes); masters != nil {
+			nodes = masters
+		}
+	}
+	for addr, c := range nodes {
+		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
+			if refusedCredentials(err) {
+				// Waiting will not mend it: a configuration error.
+				return admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", addr, err)
+			}
+			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
+		}
+	}
+	return nil
+}
