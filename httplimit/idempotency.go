@@ -41,7 +41,9 @@ type middlewareOptions struct {
 // the first attempt is still making. A malformed key (empty, longer than
 // 255 bytes, given twice, not printable ASCII) refuses the request with
 // 400 before the next handler sees it. Where store cannot be reached, a
-// debit is charged as if its request had no key.
+// debit is charged as if its request had no key; where the caller holds
+// the most keys store keeps of one caller, Debit fails with
+// admit.CodeExhausted, charging nothing.
 //
 // Each request's admission is decided and charged as any request's: the
 // work a retry is let in to do is done again.
@@ -65,10 +67,10 @@ func IdempotentDebits(store policy.IdempotencyStore, window time.Duration) Middl
 type debitKeys struct {
 	store  policy.IdempotencyStore
 	window time.Duration
-	// prefix names the key and its caller; request names the method and
+	// scope is the caller, prefix the key; request names the method and
 	// path the key is for.
-	prefix  string
-	request [32]byte
+	scope, prefix string
+	request       [32]byte
 	n       atomic.Uint64 // the debits made so far
 }
 
@@ -87,7 +89,7 @@ func (o *middlewareOptions) debitKeys(r *http.Request, w admit.Who) (*debitKeys,
 	h.Write([]byte(r.Method))
 	h.Write([]byte{0})
 	h.Write([]byte(r.URL.Path))
-	d := &debitKeys{store: o.idem, window: o.window, prefix: "httplimit\x00" + caller + "\x00" + k + "\x00"}
+	d := &debitKeys{store: o.idem, window: o.window, scope: "httplimit:" + caller, prefix: k + "\x00"}
 	h.Sum(d.request[:0])
 	return d, nil
 }
@@ -106,13 +108,15 @@ func (d *debitKeys) debit(ctx context.Context, l *admit.Limiter, w admit.Who, n 
 	var t [16]byte
 	_, _ = rand.Read(t[:])
 	token := hex.EncodeToString(t[:])
-	got, err := d.store.Begin(ctx, key, fp, token, policy.IdempotencyPending)
+	got, err := d.store.Begin(ctx, d.scope, key, fp, token, policy.IdempotencyPending)
 	switch {
 	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
 		_, err := l.Debit(ctx, w, n)
 		return err
 	case err != nil:
 		return err
+	case got.State == policy.IdempotentFull:
+		return exhausted(got.RetryAfter)
 	case got.State != policy.IdempotentNew && got.Fingerprint != fp:
 		return conflict("the request's " + httpx.IdempotencyHeader + " was given with another method or path; a retry must send the same request, and another request another key")
 	case got.State == policy.IdempotentPending:
@@ -121,13 +125,22 @@ func (d *debitKeys) debit(ctx context.Context, l *admit.Limiter, w admit.Who, n 
 		return nil
 	}
 	if _, err := l.Debit(ctx, w, n); err != nil {
-		_ = d.store.Abandon(context.WithoutCancel(ctx), key, token)
+		_ = d.store.Abandon(context.WithoutCancel(ctx), d.scope, key, token)
 		return err
 	}
 	// A key not kept charges a later retry again: the store that lost it
 	// is failing, and the debit stands.
-	_ = d.store.Finish(context.WithoutCancel(ctx), key, policy.Idempotent{Fingerprint: fp, Status: http.StatusOK}, d.window)
+	_ = d.store.Finish(context.WithoutCancel(ctx), d.scope, key, policy.Idempotent{Fingerprint: fp, Status: http.StatusOK}, d.window)
 	return nil
+}
+
+// exhausted is the error of a debit whose caller holds the most keys it
+// may: the debit is not charged, and may be made again without a key, or
+// with it once wait has passed.
+func exhausted(wait time.Duration) error {
+	e := admit.Errorf(admit.CodeExhausted, "httplimit.Debit: the caller holds the most %ss it may keep at once; the first expires in %v", httpx.IdempotencyHeader, wait.Round(time.Second))
+	e.Field = httpx.IdempotencyHeader
+	return e
 }
 
 func conflict(msg string) error {

@@ -65,7 +65,7 @@ func TestIdempotentDebits(t *testing.T) {
 	}
 	ls := [2]*admit.Limiter{l, l}
 	// Two middlewares of one keys' store, as two servers would have.
-	keys := policy.NewMemoryIdempotency()
+	keys := policy.NewMemoryIdempotency(0)
 	var hs [2]http.Handler
 	errs := make(chan error, 10)
 	for i := range hs {
@@ -140,7 +140,7 @@ func TestIdempotentDebits(t *testing.T) {
 // failingKeys is a keys' store that cannot be reached.
 type failingKeys struct{ policy.IdempotencyStore }
 
-func (failingKeys) Begin(context.Context, string, [32]byte, string, time.Duration) (policy.Idempotent, error) {
+func (failingKeys) Begin(context.Context, string, string, [32]byte, string, time.Duration) (policy.Idempotent, error) {
 	return policy.Idempotent{}, admit.Errorf(admit.CodeUnavailable, "down")
 }
 
@@ -182,7 +182,7 @@ func TestIdempotentDebitsRedis(t *testing.T) {
 			t.Fatal(err)
 		}
 		ls[i] = l
-		hs[i] = httplimit.Middleware(l, byHeader, httplimit.IdempotentDebits(redisidem.New(s), 0))(debitsTwice(errs))
+		hs[i] = httplimit.Middleware(l, byHeader, httplimit.IdempotentDebits(redisidem.New(s, 0), 0))(debitsTwice(errs))
 	}
 	const attempts = 32
 	var wg sync.WaitGroup

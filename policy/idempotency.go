@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"container/heap"
 	"context"
 	"sync"
 	"time"
@@ -14,16 +15,24 @@ import (
 // holds the answer once it is: a retry meanwhile is told the first is
 // still being decided. Servers that share an IdempotencyStore share the
 // keys.
+//
+// Every key belongs to a scope, the caller that chose it (a tenant, an
+// address): keys of two scopes never meet, and a store holds at most its
+// bound of keys per scope, so that one caller cannot fill what every
+// caller shares.
 type IdempotencyStore interface {
-	// Begin claims key, for a request of the given fingerprint, for at
-	// most pending, unless key is claimed or answered already: it then
-	// returns what key holds. token names this claim for Abandon.
-	Begin(ctx context.Context, key string, fingerprint [32]byte, token string, pending time.Duration) (Idempotent, error)
-	// Finish stores the answer of key's request, kept for keep.
-	Finish(ctx context.Context, key string, answer Idempotent, keep time.Duration) error
-	// Abandon lets key go if the claim named token still holds it: its
-	// request was not answered with a charge, and a retry decides again.
-	Abandon(ctx context.Context, key, token string) error
+	// Begin claims scope's key, for a request of the given fingerprint,
+	// for at most pending, unless key is claimed or answered already: it
+	// then returns what key holds. token names this claim for Abandon.
+	// When scope holds its bound of keys, it claims nothing and returns
+	// IdempotentFull, with when the first of them expires.
+	Begin(ctx context.Context, scope, key string, fingerprint [32]byte, token string, pending time.Duration) (Idempotent, error)
+	// Finish stores the answer of scope's key's request, kept for keep.
+	Finish(ctx context.Context, scope, key string, answer Idempotent, keep time.Duration) error
+	// Abandon lets scope's key go if the claim named token still holds
+	// it: its request was not answered with a charge, and a retry decides
+	// again.
+	Abandon(ctx context.Context, scope, key, token string) error
 }
 
 // IdempotentState is what an idempotency key holds.
@@ -34,15 +43,18 @@ const (
 	IdempotentNew     IdempotentState = iota // claimed by this Begin
 	IdempotentPending                        // claimed by another request, not answered yet
 	IdempotentDone                           // answered
+	IdempotentFull                           // not claimed: its scope holds the most keys it may
 )
 
 // Idempotent is what an idempotency key holds: its request's fingerprint
-// and, once answered, the answer's status and body.
+// and, once answered, the answer's status and body. For IdempotentFull,
+// RetryAfter is how long until the scope's first key expires.
 type Idempotent struct {
 	State       IdempotentState
 	Fingerprint [32]byte
 	Status      int
 	Body        []byte
+	RetryAfter  time.Duration
 }
 
 // DefaultIdempotencyWindow is how long an answer is kept for retries
@@ -53,15 +65,50 @@ const DefaultIdempotencyWindow = time.Hour
 // being decided: a key whose server stopped meanwhile goes free then.
 const IdempotencyPending = time.Minute
 
-// MaxIdempotentKeys bounds the keys a MemoryIdempotency holds at once.
+// MaxIdempotentKeys bounds the keys a MemoryIdempotency holds at once,
+// of every scope.
 const MaxIdempotentKeys = 200_000
+
+// DefaultIdempotentKeysPerScope is the bound of the keys one scope holds
+// at once where no other is set.
+const DefaultIdempotentKeysPerScope = 20_000
 
 // MemoryIdempotency is an IdempotencyStore in this process's memory,
 // for the memory store. Create it with NewMemoryIdempotency.
 type MemoryIdempotency struct {
-	mu   sync.Mutex
-	keys map[string]*memIdem
-	now  func() time.Time
+	perScope int
+	mu       sync.Mutex
+	scopes   map[string]*memScope
+	held     int // keys of every scope
+	now      func() time.Time
+}
+
+// memScope is a scope's keys, and the order they expire in: each key's
+// claim and answer is pushed on a heap by its expiry when made, and the
+// heap's top popped while it has expired (an entry whose key was made
+// again since is skipped).
+type memScope struct {
+	keys     map[string]*memIdem
+	expiries expiryHeap
+}
+
+type memExpiry struct {
+	key   string
+	until time.Time
+}
+
+// expiryHeap is a min-heap of expiries (container/heap).
+type expiryHeap []memExpiry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].until.Before(h[j].until) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(memExpiry)) }
+func (h *expiryHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 type memIdem struct {
@@ -72,50 +119,101 @@ type memIdem struct {
 
 var _ IdempotencyStore = (*MemoryIdempotency)(nil)
 
-// NewMemoryIdempotency returns an empty MemoryIdempotency.
-func NewMemoryIdempotency() *MemoryIdempotency {
-	return &MemoryIdempotency{keys: map[string]*memIdem{}, now: time.Now}
+// NewMemoryIdempotency returns an empty MemoryIdempotency that holds at
+// most perScope keys of a scope (DefaultIdempotentKeysPerScope when 0)
+// and MaxIdempotentKeys in all.
+func NewMemoryIdempotency(perScope int) *MemoryIdempotency {
+	if perScope <= 0 {
+		perScope = DefaultIdempotentKeysPerScope
+	}
+	return &MemoryIdempotency{perScope: perScope, scopes: map[string]*memScope{}, now: time.Now}
 }
 
-// Begin implements IdempotencyStore. Past MaxIdempotentKeys keys held,
-// once the expired ones are forgotten, it fails with admit.CodeExhausted.
-func (m *MemoryIdempotency) Begin(_ context.Context, key string, fp [32]byte, token string, pending time.Duration) (Idempotent, error) {
+// expire forgets sc's keys that expired by now. m.mu is held.
+func (m *MemoryIdempotency) expire(name string, sc *memScope, now time.Time) {
+	for len(sc.expiries) > 0 && !now.Before(sc.expiries[0].until) {
+		x := heap.Pop(&sc.expiries).(memExpiry)
+		if e, ok := sc.keys[x.key]; ok && e.until.Equal(x.until) {
+			delete(sc.keys, x.key)
+			m.held--
+		}
+	}
+	if len(sc.keys) == 0 {
+		delete(m.scopes, name)
+	}
+}
+
+// Begin implements IdempotencyStore. Past MaxIdempotentKeys keys held
+// in all, once the expired ones are forgotten, it fails with
+// admit.CodeExhausted.
+func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (Idempotent, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	if e, ok := m.keys[key]; ok && now.Before(e.until) {
-		return e.Idempotent, nil
-	}
-	if len(m.keys) >= MaxIdempotentKeys {
-		for k, e := range m.keys {
-			if !now.Before(e.until) {
-				delete(m.keys, k)
-			}
+	sc := m.scopes[scope]
+	if sc != nil {
+		m.expire(scope, sc, now)
+		if e, ok := sc.keys[key]; ok {
+			return e.Idempotent, nil
 		}
-		if len(m.keys) >= MaxIdempotentKeys {
+		if len(sc.keys) >= m.perScope {
+			return Idempotent{State: IdempotentFull, RetryAfter: sc.expiries[0].until.Sub(now)}, nil
+		}
+	}
+	if m.held >= MaxIdempotentKeys {
+		for name, s := range m.scopes {
+			m.expire(name, s, now)
+		}
+		if m.held >= MaxIdempotentKeys {
 			return Idempotent{}, admit.Errorf(admit.CodeExhausted, "policy: %d idempotency keys held, the most this server holds; retry later", MaxIdempotentKeys)
 		}
 	}
-	m.keys[key] = &memIdem{Idempotent: Idempotent{State: IdempotentPending, Fingerprint: fp}, token: token, until: now.Add(pending)}
+	if sc = m.scopes[scope]; sc == nil {
+		sc = &memScope{keys: map[string]*memIdem{}}
+		m.scopes[scope] = sc
+	}
+	m.put(sc, key, &memIdem{Idempotent: Idempotent{State: IdempotentPending, Fingerprint: fp}, token: token, until: now.Add(pending)})
 	return Idempotent{State: IdempotentNew, Fingerprint: fp}, nil
 }
 
+// put sets sc's key to e, queued for its expiry. m.mu is held.
+func (m *MemoryIdempotency) put(sc *memScope, key string, e *memIdem) {
+	if _, ok := sc.keys[key]; !ok {
+		m.held++
+	}
+	sc.keys[key] = e
+	heap.Push(&sc.expiries, memExpiry{key, e.until})
+}
+
 // Finish implements IdempotencyStore.
-func (m *MemoryIdempotency) Finish(_ context.Context, key string, a Idempotent, keep time.Duration) error {
+func (m *MemoryIdempotency) Finish(_ context.Context, scope, key string, a Idempotent, keep time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	sc := m.scopes[scope]
+	if sc == nil {
+		sc = &memScope{keys: map[string]*memIdem{}}
+		m.scopes[scope] = sc
+	}
 	a.State = IdempotentDone
 	a.Body = append([]byte(nil), a.Body...)
-	m.keys[key] = &memIdem{Idempotent: a, until: m.now().Add(keep)}
+	m.put(sc, key, &memIdem{Idempotent: a, until: m.now().Add(keep)})
 	return nil
 }
 
 // Abandon implements IdempotencyStore.
-func (m *MemoryIdempotency) Abandon(_ context.Context, key, token string) error {
+func (m *MemoryIdempotency) Abandon(_ context.Context, scope, key, token string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e, ok := m.keys[key]; ok && e.State == IdempotentPending && e.token == token {
-		delete(m.keys, key)
+	sc := m.scopes[scope]
+	if sc == nil {
+		return nil
+	}
+	if e, ok := sc.keys[key]; ok && e.State == IdempotentPending && e.token == token {
+		delete(sc.keys, key)
+		m.held--
+		if len(sc.keys) == 0 {
+			delete(m.scopes, scope)
+		}
 	}
 	return nil
 }

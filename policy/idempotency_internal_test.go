@@ -9,27 +9,27 @@ import (
 	"github.com/admitdev/admit"
 )
 
-// TestMemoryIdempotencyBounded: a caller sending a new key with every
-// request fills at most MaxIdempotentKeys; past them it is refused
+// TestMemoryIdempotencyBounded: callers sending a new key with every
+// request fill at most MaxIdempotentKeys; past them they are refused
 // (exhausted, a 429) rather than held, until keys expire.
 func TestMemoryIdempotencyBounded(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	m := NewMemoryIdempotency()
+	m := NewMemoryIdempotency(0)
 	m.now = func() time.Time { return now }
 	ctx := context.Background()
 	for i := range MaxIdempotentKeys {
-		if _, err := m.Begin(ctx, "k"+strconv.Itoa(i), [32]byte{}, "t", time.Minute); err != nil {
+		if _, err := m.Begin(ctx, "scope"+strconv.Itoa(i%20), "k"+strconv.Itoa(i), [32]byte{}, "t", time.Minute); err != nil {
 			t.Fatalf("key %d: %v", i, err)
 		}
 	}
-	if _, err := m.Begin(ctx, "one more", [32]byte{}, "t", time.Minute); admit.ErrorCode(err) != admit.CodeExhausted {
+	if _, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); admit.ErrorCode(err) != admit.CodeExhausted {
 		t.Fatalf("a key past %d held: %v; want exhausted", MaxIdempotentKeys, err)
 	}
 	now = now.Add(time.Minute)
-	if got, err := m.Begin(ctx, "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentNew {
+	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentNew {
 		t.Fatalf("once the others expired: %+v, %v", got, err)
 	}
-	if len(m.keys) != 1 {
-		t.Errorf("%d keys held, want the expired ones forgotten", len(m.keys))
+	if m.held != 1 || len(m.scopes) != 1 {
+		t.Errorf("%d keys held in %d scopes, want the expired ones forgotten", m.held, len(m.scopes))
 	}
 }

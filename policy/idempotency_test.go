@@ -8,5 +8,5 @@ import (
 )
 
 func TestMemoryIdempotencyConformance(t *testing.T) {
-	idemtest.Run(t, func(t *testing.T) policy.IdempotencyStore { return policy.NewMemoryIdempotency() })
+	idemtest.Run(t, func(t *testing.T, perScope int) policy.IdempotencyStore { return policy.NewMemoryIdempotency(perScope) })
 }

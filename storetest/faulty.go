@@ -17,6 +17,9 @@ type Faulty struct {
 	admit.Store
 	Down  atomic.Bool
 	Short atomic.Bool
+	// Late makes Decide apply its charges and then fail as unavailable,
+	// as a store that answered after the caller's timeout does.
+	Late atomic.Bool
 }
 
 var _ admit.Store = (*Faulty)(nil)
@@ -35,6 +38,10 @@ func (f *Faulty) Decide(ctx context.Context, charges []admit.Charge, d *admit.De
 	}
 	if err := f.Store.Decide(ctx, charges, d); err != nil {
 		return err
+	}
+	if f.Late.Load() {
+		d.Reset()
+		return admit.Errorf(admit.CodeUnavailable, "store answered too late (storetest.Faulty): %w", admit.ErrUnavailable)
 	}
 	if f.Short.Load() && len(d.Results) > 0 {
 		d.Results = d.Results[:len(d.Results)-1]

@@ -152,6 +152,10 @@ type ServerConfig struct {
 	// a charge made with an Idempotency-Key for its retries (a duration;
 	// default 1h, at most 24h).
 	IdempotencyWindow string `json:"idempotency_window"`
+	// IdempotencyKeysPerTenant bounds the keys a tenant (or an anonymous
+	// caller's address) has kept at once (default 20,000): past them its
+	// keyed charges are 429 until one expires.
+	IdempotencyKeysPerTenant int `json:"idempotency_keys_per_tenant"`
 }
 
 // StoreConfig is the store section.
@@ -604,6 +608,9 @@ func (d *decoder) check(c *Config) {
 		if f.n < 0 || f.n > 1_000_000 {
 			d.failAt(f.path, "%d: want 1 to 1,000,000 (0: the default)", f.n)
 		}
+	}
+	if n := c.Server.IdempotencyKeysPerTenant; n < 0 || n > 10_000_000 {
+		d.failAt("server.idempotency_keys_per_tenant", "%d: want 1 to 10,000,000 (0: the default, 20,000)", n)
 	}
 	if w := c.Server.IdempotencyWindow; w != "" {
 		if v, err := time.ParseDuration(w); err != nil || v < time.Second || v > 24*time.Hour {

@@ -5,9 +5,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -383,4 +386,61 @@ func TestIdempotencyRedis(t *testing.T) {
 	if code, h := report(a, "k3"); code != 200 || h.Get("Idempotent-Replayed") != "" {
 		t.Errorf("a report with a key, Redis down: %d, replayed %q; want 200 by on_error", code, h.Get("Idempotent-Replayed"))
 	}
+}
+
+// TestIdempotencyRedisBounded: through admit serve on Redis, a keyed
+// request that charged nothing (an anonymous check no rule applies to, a
+// report of cost 0) leaves no key in Redis, and a tenant holds at most
+// server.idempotency_keys_per_tenant keys: past them its keyed reports
+// are 429 with Retry-After, another tenant's go on.
+func TestIdempotencyRedisBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, "version: 1\nserver:\n  idempotency_keys_per_tenant: 5\ntiers:\n  free:\n    rules:\n      - {name: q, scope: tenant, algorithm: quota, limit: 1000, period: month, max_cost: 100}\ntenants:\n  t1: {tier: free}\n  t2: {tier: free}\n")
+	a := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	send := func(path, body, key string) (int, http.Header) {
+		req, _ := http.NewRequest("POST", a.url+path, strings.NewReader(body))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header
+	}
+	for i := range 100 {
+		k := "flood-" + strconv.Itoa(i)
+		if code, _ := send("/v1/check", `{"cost":1}`, k); code != 200 {
+			t.Fatalf("an anonymous keyed check: %d", code)
+		}
+		if code, _ := send("/v1/report", `{"tenant":"t1","cost":0}`, k); code != 200 {
+			t.Fatalf("a keyed report of cost 0: %d", code)
+		}
+	}
+	if out := redisCLI(t, srv.Addr, "--scan", "--pattern", "admit:idem:*"); out != "" {
+		t.Fatalf("keys kept of requests that charged nothing:\n%s", out)
+	}
+	for i := range 5 {
+		if code, _ := send("/v1/report", `{"tenant":"t1","cost":1}`, "t1-"+strconv.Itoa(i)); code != 200 {
+			t.Fatalf("t1's keyed report %d: %d", i, code)
+		}
+	}
+	code, h := send("/v1/report", `{"tenant":"t1","cost":1}`, "t1-5")
+	if ra, _ := strconv.Atoi(h.Get("Retry-After")); code != 429 || ra < 1 || ra > 3600 {
+		t.Errorf("t1's sixth key: %d, Retry-After %q; want 429 and the wait for its first key", code, h.Get("Retry-After"))
+	}
+	if code, _ := send("/v1/report", `{"tenant":"t2","cost":1}`, "t1-5"); code != 200 {
+		t.Errorf("t2's keyed report: %d, want 200", code)
+	}
+}
+
+// redisCLI runs redis-cli against addr and returns its output, trimmed.
+func redisCLI(t *testing.T, addr string, args ...string) string {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("redis-cli", append([]string{"-h", host, "-p", port}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
 }

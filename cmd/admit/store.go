@@ -91,6 +91,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 			sessions: sessions,
 			usage:    usage,
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
+			idem:     policy.NewMemoryIdempotency(cfg.Server.IdempotencyKeysPerTenant),
 			close:    func() { m.Close(); release() },
 		}, nil
 	}
@@ -172,7 +173,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		sessions: sessions,
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
-		idem:     redisidem.New(r),
+		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),
 		close:    func() { stopWatch(); sessions.Close(); r.Close(); closeHome() },
 	}, nil
 }

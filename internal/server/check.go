@@ -150,8 +150,23 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, 
 		return
 	}
 	status := s.answer(w, c, -1)
-	claim.finish(r.Context(), c.d.Allowed && !c.req.DryRun && c.out == policy.Stored, status, c.buf)
+	claim.finish(r.Context(), charged(c), status, c.buf)
 	s.record(c, endpoint, start)
+}
+
+// charged reports whether c's decision charged something, or may have:
+// admitted (a debit always is) at a cost above 0 by at least one rule, by
+// the store or by a failure mode after the store failed (it may have
+// applied the charge and answered too late).
+func charged(c *call) bool {
+	if !c.d.Allowed || c.req.DryRun || c.req.Cost <= 0 || len(c.d.Results) == 0 {
+		return false
+	}
+	switch c.out {
+	case policy.Stored, policy.FailedOpen, policy.FailedLocal:
+		return true
+	}
+	return false
 }
 
 // fail answers an error and counts it.

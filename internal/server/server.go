@@ -225,7 +225,7 @@ func New(opts Options) (*Server, error) {
 		s.log = slog.Default()
 	}
 	if s.idem == nil {
-		s.idem = policy.NewMemoryIdempotency()
+		s.idem = policy.NewMemoryIdempotency(0)
 	}
 	fa, ok := ForwardAuthProxies[opts.ForwardAuth]
 	if !ok {

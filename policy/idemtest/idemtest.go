@@ -12,67 +12,68 @@ import (
 	"github.com/admitdev/admit/policy"
 )
 
-// Run runs the suite on stores that open returns, new and empty. Claims
-// and answers expire on the store's own clock: the suite waits out a
-// claim of 50 ms.
-func Run(t *testing.T, open func(t *testing.T) policy.IdempotencyStore) {
+// Run runs the suite on stores that open returns, new and empty, holding
+// at most perScope keys of a scope (0: the store's default). Claims and
+// answers expire on the store's own clock: the suite waits out a claim
+// of 50 ms.
+func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyStore) {
 	ctx := context.Background()
 	fp := sha256.Sum256([]byte("request"))
 	other := sha256.Sum256([]byte("another request"))
 
 	t.Run("claim_answer_replay", func(t *testing.T) {
-		s := open(t)
-		got, err := s.Begin(ctx, "k", fp, "t1", time.Minute)
+		s := open(t, 0)
+		got, err := s.Begin(ctx, "scope", "k", fp, "t1", time.Minute)
 		if err != nil || got.State != policy.IdempotentNew {
 			t.Fatalf("first Begin: %+v, %v; want new", got, err)
 		}
-		got, err = s.Begin(ctx, "k", other, "t2", time.Minute)
+		got, err = s.Begin(ctx, "scope", "k", other, "t2", time.Minute)
 		if err != nil || got.State != policy.IdempotentPending || got.Fingerprint != fp {
 			t.Fatalf("Begin while claimed: %+v, %v; want pending, the first's fingerprint", got, err)
 		}
-		if err := s.Finish(ctx, "k", policy.Idempotent{Fingerprint: fp, Status: 200, Body: []byte(`{"allowed":true}`)}, time.Minute); err != nil {
+		if err := s.Finish(ctx, "scope", "k", policy.Idempotent{Fingerprint: fp, Status: 200, Body: []byte(`{"allowed":true}`)}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		got, err = s.Begin(ctx, "k", fp, "t3", time.Minute)
+		got, err = s.Begin(ctx, "scope", "k", fp, "t3", time.Minute)
 		if err != nil || got.State != policy.IdempotentDone || got.Status != 200 || string(got.Body) != `{"allowed":true}` || got.Fingerprint != fp {
 			t.Fatalf("Begin once answered: %+v, %v; want the answer", got, err)
 		}
 		// Abandon by a claim that no longer holds the key does nothing.
-		if err := s.Abandon(ctx, "k", "t1"); err != nil {
+		if err := s.Abandon(ctx, "scope", "k", "t1"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "k", fp, "t4", time.Minute); got.State != policy.IdempotentDone {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t4", time.Minute); got.State != policy.IdempotentDone {
 			t.Errorf("an answer abandoned: %+v", got)
 		}
 	})
 
 	t.Run("abandon", func(t *testing.T) {
-		s := open(t)
-		if _, err := s.Begin(ctx, "k", fp, "t1", time.Minute); err != nil {
+		s := open(t, 0)
+		if _, err := s.Begin(ctx, "scope", "k", fp, "t1", time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Abandon(ctx, "k", "t2"); err != nil {
+		if err := s.Abandon(ctx, "scope", "k", "t2"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "k", fp, "t3", time.Minute); got.State != policy.IdempotentPending {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != policy.IdempotentPending {
 			t.Errorf("another claim's Abandon let the key go: %+v", got)
 		}
-		if err := s.Abandon(ctx, "k", "t1"); err != nil {
+		if err := s.Abandon(ctx, "scope", "k", "t1"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "k", fp, "t3", time.Minute); got.State != policy.IdempotentNew {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != policy.IdempotentNew {
 			t.Errorf("Begin after its claim's Abandon: %+v, want new", got)
 		}
 	})
 
 	t.Run("claim_expires", func(t *testing.T) {
-		s := open(t)
-		if _, err := s.Begin(ctx, "k", fp, "t1", 50*time.Millisecond); err != nil {
+		s := open(t, 0)
+		if _, err := s.Begin(ctx, "scope", "k", fp, "t1", 50*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			got, err := s.Begin(ctx, "k", fp, "t2", time.Minute)
+			got, err := s.Begin(ctx, "scope", "k", fp, "t2", time.Minute)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,7 +88,7 @@ func Run(t *testing.T, open func(t *testing.T) policy.IdempotencyStore) {
 	})
 
 	t.Run("one_claim_of_many", func(t *testing.T) {
-		s := open(t)
+		s := open(t, 0)
 		var mu sync.Mutex
 		news := 0
 		var wg sync.WaitGroup
@@ -95,7 +96,7 @@ func Run(t *testing.T, open func(t *testing.T) policy.IdempotencyStore) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				got, err := s.Begin(ctx, "k", fp, string(rune('a'+i)), time.Minute)
+				got, err := s.Begin(ctx, "scope", "k", fp, string(rune('a'+i)), time.Minute)
 				if err != nil {
 					t.Error(err)
 					return
@@ -114,11 +115,64 @@ func Run(t *testing.T, open func(t *testing.T) policy.IdempotencyStore) {
 	})
 
 	t.Run("keys_apart", func(t *testing.T) {
-		s := open(t)
+		s := open(t, 0)
 		for _, k := range []string{"a", "b", "a\x00b", "tenant:x\x00k"} {
-			if got, err := s.Begin(ctx, k, fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+			if got, err := s.Begin(ctx, "scope", k, fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
 				t.Errorf("Begin %q: %+v, %v; want new", k, got, err)
 			}
+		}
+		// The same key of another scope is another key.
+		for _, sc := range []string{"other", "scope\x00", ""} {
+			if got, err := s.Begin(ctx, sc, "a", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+				t.Errorf("Begin of scope %q: %+v, %v; want new", sc, got, err)
+			}
+		}
+	})
+
+	// A scope holds at most its bound of keys, claimed or answered; past
+	// it a claim is refused (full) with when the first expires, and other
+	// scopes are not; a key let go, or expired, makes room.
+	t.Run("bounded_per_scope", func(t *testing.T) {
+		s := open(t, 3)
+		for i, k := range []string{"a", "b", "c"} {
+			if got, err := s.Begin(ctx, "greedy", k, fp, "t"+k, time.Minute); err != nil || got.State != policy.IdempotentNew {
+				t.Fatalf("key %d: %+v, %v", i, got, err)
+			}
+		}
+		if err := s.Finish(ctx, "greedy", "a", policy.Idempotent{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Begin(ctx, "greedy", "d", fp, "td", time.Minute)
+		if err != nil || got.State != policy.IdempotentFull || got.RetryAfter <= 0 || got.RetryAfter > time.Hour {
+			t.Fatalf("a fourth key: %+v, %v; want full, with a wait of at most the longest key's", got, err)
+		}
+		// Keys held are still answered, and other scopes still claim.
+		if got, err := s.Begin(ctx, "greedy", "a", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentDone {
+			t.Errorf("a key held, its scope full: %+v, %v; want its answer", got, err)
+		}
+		if got, err := s.Begin(ctx, "modest", "d", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+			t.Errorf("another scope: %+v, %v; want new", got, err)
+		}
+		if err := s.Abandon(ctx, "greedy", "b", "tb"); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.Begin(ctx, "greedy", "d", fp, "td", 50*time.Millisecond); err != nil || got.State != policy.IdempotentNew {
+			t.Fatalf("after one was let go: %+v, %v; want new", got, err)
+		}
+		// Once d's claim of 50 ms expires, e takes its place.
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			got, err := s.Begin(ctx, "greedy", "e", fp, "te", time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State == policy.IdempotentNew {
+				break
+			}
+			if got.State != policy.IdempotentFull || time.Now().After(deadline) {
+				t.Fatalf("waiting for an expiry: %+v", got)
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	})
 }

@@ -18,45 +18,90 @@ import (
 	"github.com/admitdev/admit/redisstore"
 )
 
-// Store keeps each key as a string, Prefix + "idem:{" + the key's
-// SHA-256 + "}" (its own Cluster hash slot): "p" + the fingerprint + the claim's token while its request is
-// decided, "d" + the fingerprint + the answer's status + its body once
-// answered, expiring with the claim or the answer.
+// Store keeps each key as a string, Prefix + "idem:{" + the scope's
+// SHA-256 + "}" + the key's: "p" + the fingerprint + the claim's token
+// while its request is decided, "d" + the fingerprint + the answer's
+// status + its body once answered, expiring with the claim or the answer.
+// A scope's keys share its Cluster hash slot with a sorted set, Prefix +
+// "idem:{" + the scope's SHA-256 + "}", of its keys by when they expire,
+// which bounds how many it holds.
 type Store struct {
-	store *redisstore.Store
+	store    *redisstore.Store
+	perScope int
 }
 
 var _ policy.IdempotencyStore = (*Store)(nil)
 
-// New returns the idempotency keys of s's deployment.
-func New(s *redisstore.Store) *Store { return &Store{store: s} }
-
-func (i *Store) key(k string) string {
-	sum := sha256.Sum256([]byte(k))
-	return i.store.Prefix() + "idem:{" + hex.EncodeToString(sum[:16]) + "}"
+// New returns the idempotency keys of s's deployment, at most perScope
+// of a scope at once (policy.DefaultIdempotentKeysPerScope when 0).
+func New(s *redisstore.Store, perScope int) *Store {
+	if perScope <= 0 {
+		perScope = policy.DefaultIdempotentKeysPerScope
+	}
+	return &Store{store: s, perScope: perScope}
 }
 
-// beginScript returns what the key holds, or claims it and returns nil.
+// keys returns the key of scope's key k, and of scope's set of keys.
+func (i *Store) keys(scope, k string) []string {
+	ss := sha256.Sum256([]byte(scope))
+	ks := sha256.Sum256([]byte(k))
+	set := i.store.Prefix() + "idem:{" + hex.EncodeToString(ss[:16]) + "}"
+	return []string{set + hex.EncodeToString(ks[:16]), set}
+}
+
+// beginScript returns what the key holds; or, when the scope's set holds
+// ARGV[3] live keys, the milliseconds until the first expires, as a
+// number; or claims the key and returns nil. ARGV[4] names the key in the
+// set.
 var beginScript = rueidis.NewLuaScript(`
 local v = redis.call('GET', KEYS[1])
 if v then return v end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  return math.max(tonumber(first[2]) - now, 1)
+end
+local expiry = now + tonumber(ARGV[2])
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], expiry, ARGV[4])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
 return false`)
 
-// abandonScript deletes the key if the claim named by ARGV[1] holds it
-// pending.
+// finishScript stores the answer ARGV[1] for ARGV[2] ms, and its expiry
+// in the scope's set.
+var finishScript = rueidis.NewLuaScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return 1`)
+
+// abandonScript deletes the key, and its place in the scope's set, if the
+// claim named by ARGV[1] holds it pending.
 var abandonScript = rueidis.NewLuaScript(`
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 1) == 'p' and string.sub(v, 34) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if v and string.sub(v, 1, 1) == 'p' and string.sub(v, 34) == ARGV[1] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+  return redis.call('DEL', KEYS[1])
+end
 return 0`)
 
 func pendingValue(fp [32]byte, token string) string { return "p" + string(fp[:]) + token }
 
 // Begin implements policy.IdempotencyStore in one round trip.
-func (i *Store) Begin(ctx context.Context, key string, fp [32]byte, token string, pending time.Duration) (policy.Idempotent, error) {
+func (i *Store) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (policy.Idempotent, error) {
 	var got policy.Idempotent
 	err := redishook.Call(i.store, ctx, func(ctx context.Context, c rueidis.Client) error {
-		r := beginScript.Exec(ctx, c, []string{i.key(key)}, []string{pendingValue(fp, token), strconv.FormatInt(max(pending.Milliseconds(), 1), 10)})
+		ks := i.keys(scope, key)
+		r := beginScript.Exec(ctx, c, ks, []string{pendingValue(fp, token), strconv.FormatInt(max(pending.Milliseconds(), 1), 10),
+			strconv.Itoa(i.perScope), ks[0][len(ks[1]):]})
+		if ms, err := r.AsInt64(); err == nil {
+			got = policy.Idempotent{State: policy.IdempotentFull, RetryAfter: time.Duration(ms) * time.Millisecond}
+			return nil
+		}
 		v, err := r.ToString()
 		if rueidis.IsRedisNil(err) {
 			got = policy.Idempotent{State: policy.IdempotentNew, Fingerprint: fp}
@@ -96,19 +141,21 @@ func decode(v string) (policy.Idempotent, error) {
 }
 
 // Finish implements policy.IdempotencyStore.
-func (i *Store) Finish(ctx context.Context, key string, a policy.Idempotent, keep time.Duration) error {
+func (i *Store) Finish(ctx context.Context, scope, key string, a policy.Idempotent, keep time.Duration) error {
 	if a.Status < 100 || a.Status > 999 {
 		return admit.Errorf(admit.CodeInvalid, "redisidem: status %d", a.Status)
 	}
 	v := "d" + string(a.Fingerprint[:]) + strconv.Itoa(a.Status) + string(a.Body)
 	return redishook.Call(i.store, ctx, func(ctx context.Context, c rueidis.Client) error {
-		return c.Do(ctx, c.B().Set().Key(i.key(key)).Value(v).PxMilliseconds(max(keep.Milliseconds(), 1)).Build()).Error()
+		ks := i.keys(scope, key)
+		return finishScript.Exec(ctx, c, ks, []string{v, strconv.FormatInt(max(keep.Milliseconds(), 1), 10), ks[0][len(ks[1]):]}).Error()
 	})
 }
 
 // Abandon implements policy.IdempotencyStore.
-func (i *Store) Abandon(ctx context.Context, key, token string) error {
+func (i *Store) Abandon(ctx context.Context, scope, key, token string) error {
 	return redishook.Call(i.store, ctx, func(ctx context.Context, c rueidis.Client) error {
-		return abandonScript.Exec(ctx, c, []string{i.key(key)}, []string{token}).Error()
+		ks := i.keys(scope, key)
+		return abandonScript.Exec(ctx, c, ks, []string{token, ks[0][len(ks[1]):]}).Error()
 	})
 }

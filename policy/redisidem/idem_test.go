@@ -18,13 +18,13 @@ var prefixes atomic.Int64
 
 func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
-	idemtest.Run(t, func(t *testing.T) policy.IdempotencyStore {
+	idemtest.Run(t, func(t *testing.T, perScope int) policy.IdempotencyStore {
 		s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{
 			Prefix: "idem" + strconv.FormatInt(prefixes.Add(1), 10) + ":", Timeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
-		return redisidem.New(s)
+		return redisidem.New(s, perScope)
 	})
 }
