@@ -65,7 +65,7 @@ func TestSentinelFailover(t *testing.T) {
 			}
 			killed := time.Now()
 			master.Kill()
-			d.duringFault(duringFailover(mode))
+			d.duringFault(duringFailover(mode), 5*time.Second)
 			// The failover ends when the sentinels name the new master.
 			if !waitFor(20*time.Second, func() bool {
 				got, err := cli(sentinels[0].Addr, "SENTINEL", "get-master-addr-by-name", "mymaster")
@@ -125,7 +125,7 @@ func TestClusterFailover(t *testing.T) {
 			}
 			killed := time.Now()
 			owner.Kill()
-			d.duringFault(duringFailover(mode))
+			d.duringFault(duringFailover(mode), 5*time.Second)
 			waitMaster(t, replica.Addr, 20*time.Second)
 			// The failover ends when every live node serves all slots
 			// again (cluster_state:ok), the promotion known to all.
@@ -292,7 +292,7 @@ func TestTopologyUnreachableAtStart(t *testing.T) {
 					start = func() { redistest.StartNodes(t, nodes) }
 				}
 				d := deploy(t, url, mode, false)
-				d.duringFault(faultAnswers(mode, false, true))
+				d.duringFault(faultAnswers(mode, false, true), 5*time.Second)
 				if mode == "local" {
 					d.localLimits()
 				}

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -268,27 +269,6 @@ func (l *link) clusterView(ctx context.Context, nodes map[string]rueidis.Client)
 	return nil
 }
 
-// clusterMasters returns the masters that serve slots now, as the cluster
-// itself says: after a failover the client may still know the failed
-// master, which serves no slot and must not keep the store unready; before
-// it, the failed master still holds its slots and is pinged. It returns nil
-// when no node answers or a master is one the client does not know yet
-// (then every known node is pinged).
-func (l *link) clusterMasters(ctx context.Context, nodes map[string]rueidis.Client) map[string]rueidis.Client {
-	v := l.clusterView(ctx, nodes)
-	if v == nil || len(v.masters) == 0 {
-		return nil
-	}
-	masters := map[string]rueidis.Client{}
-	for _, m := range v.masters {
-		c, ok := nodes[m.addr]
-		if !ok {
-			return nil
-		}
-		masters[m.addr] = c
-	}
-	return masters
-}
 
 // slotOwner returns a client of the node that serves key's slot now, as
 // the cluster says, or nil if it cannot tell or does not know the node.
@@ -310,9 +290,14 @@ func (l *link) now() time.Time {
 	return time.Now()
 }
 
-// ping checks that Redis answers (every master, in Cluster) within the
-// timeout. It does not go through the breaker, so readiness probes see the
-// store's real state.
+// ping checks that Redis answers and takes writes (every master, in
+// Cluster) within the timeout: a Redis at its maxmemory answers PING but
+// refuses every decision's write, and is as good as down. In Cluster the
+// masters are those the cluster itself says serve slots: after a failover
+// the client may still know the failed master, which serves none and must
+// not keep the store unready; while one is a master the client does not
+// know yet, every known node is pinged. It does not go through the
+// breaker, so readiness probes see the store's real state.
 func (l *link) ping(ctx context.Context) error {
 	client, err := l.client()
 	if err != nil {
@@ -321,10 +306,26 @@ func (l *link) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	nodes := map[string]rueidis.Client{"redis": client}
+	probes := map[string]string{"redis": l.prefix + "ready"}
 	if l.cluster {
 		nodes = client.Nodes()
-		if masters := l.clusterMasters(ctx, nodes); masters != nil {
-			nodes = masters
+		probes = map[string]string{}
+		if v := l.clusterView(ctx, nodes); v != nil {
+			masters := map[string]rueidis.Client{}
+			for _, m := range v.masters {
+				c, ok := nodes[m.addr]
+				if !ok {
+					masters = nil // one the client does not know yet: ping every node
+					break
+				}
+				masters[m.addr] = c
+				if tag, ok := tagIn(m.slots); ok {
+					probes[m.addr] = l.prefix + "ready{" + tag + "}"
+				}
+			}
+			if len(masters) > 0 {
+				nodes = masters
+			}
 		}
 	}
 	for addr, c := range nodes {
@@ -335,6 +336,25 @@ func (l *link) ping(ctx context.Context) error {
 			}
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
 		}
+		if key, ok := probes[addr]; ok {
+			if err := c.Do(ctx, c.B().Set().Key(key).Value("1").PxMilliseconds(60_000).Build()).Error(); err != nil {
+				return admit.Errorf(admit.CodeUnavailable, "redisstore: %s does not take writes: %w", addr, err)
+			}
+		}
 	}
 	return nil
+}
+
+// tagIn returns a hash tag whose Cluster slot is in one of slots.
+func tagIn(slots [][2]int) (string, bool) {
+	for i := range 1 << 17 {
+		tag := strconv.Itoa(i)
+		s := int(slotOf(tag))
+		for _, r := range slots {
+			if r[0] <= s && s <= r[1] {
+				return tag, true
+			}
+		}
+	}
+	return "", false
 }

@@ -291,6 +291,7 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	boundConnections(&co, opts)
 	client, err := rueidis.NewClient(co)
 	if refusedCredentials(err) {
 		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", cfg, err)
@@ -305,6 +306,23 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// boundConnections bounds how long the client waits on a connection by
+// the store's timeout. A call that needs a new connection waits for the
+// one being made, whoever asked for it and however long its caller's
+// context: made under a dial timeout of 4 timeouts (200 ms at least, 5 s
+// at most), a frozen Redis holds such a call that long, not the 5 s of
+// the client's default or the seconds of a background caller's context.
+// A connection that has not been answered for 40 timeouts (2 s at least,
+// 10 s at most) is closed and made again, rather than after 10 s.
+func boundConnections(co *rueidis.ClientOption, opts *Options) {
+	t := 50 * time.Millisecond
+	if opts != nil && opts.Timeout > 0 {
+		t = opts.Timeout
+	}
+	co.Dialer.Timeout = min(max(4*t, 200*time.Millisecond), 5*time.Second)
+	co.ConnWriteTimeout = min(max(40*t, 2*time.Second), 10*time.Second)
 }
 
 // DialLazy returns a store for cfg without waiting for Redis to answer, so
@@ -322,6 +340,7 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	boundConnections(&co, opts)
 	if cfg.Mode == Standalone {
 		client, err := rueidis.NewClient(co)
 		if client == nil {
