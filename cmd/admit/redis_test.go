@@ -115,6 +115,32 @@ func TestReadinessKeepsTheFailureMode(t *testing.T) {
 	}
 }
 
+// TestReadinessEnvoyFilesClosed: the limits of envoyproxy/ratelimit
+// files fail as store.on_error says; with it closed and Redis down the
+// server answers their domains UNAVAILABLE, so /readyz is 503 naming the
+// domain though every rule of the configuration fails open.
+func TestReadinessEnvoyFilesClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "admit.yaml")
+	writeFile(t, spec, "version: 1\nstore:\n  on_error: closed\ntiers:\n  free:\n    rules:\n"+
+		"      - {name: calls, scope: tenant, algorithm: token_bucket, rate: 10/s, burst: 10, on_error: open}\ntenants:\n  t1: {tier: free}\n")
+	envoy := filepath.Join(dir, "rl")
+	if err := os.Mkdir(envoy, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(envoy, "edge.yaml"), "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	s := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec, "--envoy-config", envoy)
+	if code, m := call(t, "GET", s.url+"/readyz", ""); code != 200 || m["store"] != "ok" {
+		t.Fatalf("readyz: %d %v", code, m)
+	}
+	srv.Kill()
+	code, m := call(t, "GET", s.url+"/readyz", "")
+	if code != 503 || m["status"] != "unavailable" || fmt.Sprint(m["closed_rules"]) != "[envoy:edge]" {
+		t.Errorf("readyz with Redis down, the files' limits failing closed: %d %v; want 503, closed_rules [envoy:edge]", code, m)
+	}
+}
+
 // TestEnvoyRedisShared: two servers on one Redis decide an
 // envoyproxy/ratelimit limit together, exactly; a limit the Redis store
 // cannot hold is refused at start with its position.

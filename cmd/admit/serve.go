@@ -430,6 +430,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
 	defer es.stop(log)
+	srv.SetEnvoyDomains(func() []string { return es.svc.Config().Domains() })
 	if err := srv.RegisterMetrics(es.srv.Collectors()...); err != nil {
 		return err
 	}

@@ -199,6 +199,9 @@ type Server struct {
 
 	configErr atomic.Pointer[string]
 	envoyErr  atomic.Pointer[string]
+	// envoyDomains, once set, names the domains the Envoy rate limit
+	// service decides from envoyproxy/ratelimit files.
+	envoyDomains atomic.Pointer[func() []string]
 
 	decider  *policy.Decider
 	ownDec   bool
@@ -382,6 +385,12 @@ type configVersion struct {
 	Version  string
 	LoadedAt time.Time
 }
+
+// SetEnvoyDomains gives the server what names the domains the Envoy rate
+// limit service decides from envoyproxy/ratelimit files (or xDS): their
+// limits fail as the configuration's store.on_error says, which /readyz
+// weighs with the rules'.
+func (s *Server) SetEnvoyDomains(domains func() []string) { s.envoyDomains.Store(&domains) }
 
 // SetEnvoyConfigError records the outcome of the latest reload of the
 // envoyproxy/ratelimit files, as SetConfigError does for the configuration.
@@ -567,7 +576,21 @@ func (s *Server) readiness(r *http.Request) (readyAnswer, int) {
 			// of a load balancer's rotation, it would serve no one,
 			// whatever on_error says.
 			ans.Store = err.Error()
-			f := s.catalog.Policy().Failover()
+			p := s.catalog.Policy()
+			f := p.Failover()
+			if d := s.envoyDomains.Load(); d != nil {
+				// The files' limits fail as store.on_error says.
+				for _, domain := range (*d)() {
+					switch p.OnError() {
+					case admit.FailClosed:
+						f.Closed = append(f.Closed, "envoy:"+domain)
+					case admit.FailLocal:
+						f.Local = true
+					default:
+						f.Open = true
+					}
+				}
+			}
 			if f.Open {
 				ans.OnError = append(ans.OnError, "open")
 			}
