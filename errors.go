@@ -143,11 +143,20 @@ func ErrorCode(err error) Code {
 // ErrorField returns the Field of the first *Error in err's chain that has
 // one, or "".
 func ErrorField(err error) string {
-	for err != nil {
-		if e, ok := err.(*Error); ok && e != nil && e.Field != "" {
+	switch e := err.(type) {
+	case nil:
+		return ""
+	case *Error:
+		if e != nil && e.Field != "" {
 			return e.Field
 		}
-		err = errors.Unwrap(err)
+	case interface{ Unwrap() []error }:
+		for _, err := range e.Unwrap() {
+			if f := ErrorField(err); f != "" {
+				return f
+			}
+		}
+		return ""
 	}
-	return ""
+	return ErrorField(errors.Unwrap(err))
 }

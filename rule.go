@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"errors"
 	"math/bits"
 	"time"
 	"unsafe"
@@ -291,54 +292,61 @@ type Rule struct {
 	prepared unsafe.Pointer // the engine's preparation of the rule; see package slots
 }
 
-// Validate reports the first parameter of r that is missing or out of
-// bounds. Stores validate every rule they are given; Validate lets a
-// configuration loader do it once, up front.
+// Validate reports every parameter of r that is missing or out of
+// bounds: one *Error, or, for several, their errors.Join, the first of
+// them the one ErrorField and ErrorCode find. Stores validate every rule
+// they are given; Validate lets a configuration loader do it once, up
+// front.
 func (r *Rule) Validate() error {
 	if r == nil {
 		return Errorf(CodeInvalid, "rule is nil")
 	}
+	var errs []error
+	add := func(field string, err error) { errs = append(errs, r.fail(field, err)) }
 	switch {
 	case r.Distribution > Counted:
-		return r.fail("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
+		add("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
 	case r.Distribution == Counted && r.Algorithm != FixedWindow:
-		return r.fail("distribution", Errorf(CodeInvalid, "only fixed_window counts every charge on its own, not %v", r.Algorithm))
+		add("distribution", Errorf(CodeInvalid, "only fixed_window counts every charge on its own, not %v", r.Algorithm))
 	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
-		return r.fail("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
+		add("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
 	}
 	if r.MaxCost < 0 || r.MaxCost > MaxCost {
-		return r.fail("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
+		add("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
 	}
 	if r.MaxDebt != 0 && r.Algorithm != TokenBucket && r.Algorithm != GCRA {
-		return r.fail("max_debt", Errorf(CodeInvalid, "only token_bucket and gcra owe a debt of their own bound; a combination owes one burst, a window counts debits up to %d", int64(MaxCount)))
+		add("max_debt", Errorf(CodeInvalid, "only token_bucket and gcra owe a debt of their own bound; a combination owes one burst, a window counts debits up to %d", int64(MaxCount)))
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, Combination:
-		if err := r.Rate.Validate(); err != nil {
-			return r.fail("rate", err)
+		rateErr := r.Rate.Validate()
+		if rateErr != nil {
+			add("rate", rateErr)
 		}
-		if err := checkBucket(r.Rate, r.Burst); err != nil {
-			return r.fail("burst", err)
+		// A burst's refill time needs a valid rate; its range does not.
+		if err := checkBucket(r.Rate, r.Burst); err != nil && (rateErr == nil || r.Burst < 1 || r.Burst > MaxCount) {
+			if rateErr != nil {
+				err = Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount))
+			}
+			add("burst", err)
 		}
 		if r.Initial != nil {
 			if r.Algorithm == GCRA {
-				return r.fail("initial", Errorf(CodeInvalid, "gcra starts full; use token_bucket for an initial balance"))
-			}
-			if *r.Initial < 0 || *r.Initial > r.Burst {
-				return r.fail("initial", Errorf(CodeInvalid, "initial must be from 0 to burst (%d)", r.Burst))
+				add("initial", Errorf(CodeInvalid, "gcra starts full; use token_bucket for an initial balance"))
+			} else if *r.Initial < 0 || *r.Initial > r.Burst {
+				add("initial", Errorf(CodeInvalid, "initial must be from 0 to burst (%d)", r.Burst))
 			}
 		}
-		if r.MaxDebt != 0 && r.Algorithm != Combination {
+		if r.MaxDebt != 0 && r.Algorithm != Combination && rateErr == nil {
 			if err := checkBucket(r.Rate, r.MaxDebt); err != nil {
-				return r.fail("max_debt", err)
+				add("max_debt", err)
 			}
 		}
 		if r.Algorithm == Combination {
 			if err := r.Floor.Validate(); err != nil {
-				return r.fail("floor", err)
-			}
-			if err := checkBucket(r.Floor, r.Floor.N); err != nil {
-				return r.fail("floor", err)
+				add("floor", err)
+			} else if err := checkBucket(r.Floor, r.Floor.N); err != nil {
+				add("floor", err)
 			}
 		}
 	case FixedWindow, SlidingWindow, SlidingLog:
@@ -347,38 +355,43 @@ func (r *Rule) Validate() error {
 			max = MaxSlidingLogLimit
 		}
 		if r.Limit < 1 || r.Limit > max {
-			return r.fail("limit", Errorf(CodeInvalid, "must be from 1 to %d", max))
+			add("limit", Errorf(CodeInvalid, "must be from 1 to %d", max))
 		}
 		if r.Window < time.Millisecond || r.Window > MaxRatePeriod {
-			return r.fail("window", Errorf(CodeInvalid, "must be from 1ms to %v", MaxRatePeriod))
+			add("window", Errorf(CodeInvalid, "must be from 1ms to %v", MaxRatePeriod))
 		}
 	case Quota:
 		if r.Limit < 1 || r.Limit > MaxCount {
-			return r.fail("limit", Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount)))
+			add("limit", Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount)))
 		}
 		if r.Period < Day || r.Period > Year {
-			return r.fail("period", Errorf(CodeInvalid, "want day, week, month or year"))
+			add("period", Errorf(CodeInvalid, "want day, week, month or year"))
 		}
 		if r.Anchor.Nanosecond() != 0 {
-			return r.fail("anchor", Errorf(CodeInvalid, "must be a whole second"))
+			add("anchor", Errorf(CodeInvalid, "must be a whole second"))
 		}
 	case Concurrency:
 		if r.Max < 1 || r.Max > MaxConcurrency {
-			return r.fail("max", Errorf(CodeInvalid, "must be from 1 to %d", MaxConcurrency))
+			add("max", Errorf(CodeInvalid, "must be from 1 to %d", MaxConcurrency))
 		}
 		if r.LeaseTTL < 0 || r.LeaseTTL > MaxRatePeriod {
-			return r.fail("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
+			add("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
 		}
-
 	default:
 		e := Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
 		e.Field = "algorithm"
 		return e
 	}
-	if c := r.Capacity(); r.ShareCeiling < 0 || r.ShareCeiling > c {
-		return r.fail("share_ceiling", Errorf(CodeInvalid, "must be from 0 (half of the rule's capacity) to its capacity (%d)", c))
+	if c := r.Capacity(); len(errs) == 0 && (r.ShareCeiling < 0 || r.ShareCeiling > c) {
+		add("share_ceiling", Errorf(CodeInvalid, "must be from 0 (half of the rule's capacity) to its capacity (%d)", c))
 	}
-	return nil
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return errors.Join(errs...)
 }
 
 // fail says that field is at fault: err is what is wrong with it.

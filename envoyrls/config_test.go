@@ -2,6 +2,7 @@ package envoyrls
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,5 +177,26 @@ descriptors:
 		if m.Limit == nil || m.Limit.Rule().Distribution != want {
 			t.Errorf("%s: %+v, want distribution %v", key, m.Limit, want)
 		}
+	}
+}
+
+// TestParseErrorsInOneRun: the problems of every file are reported in
+// one run, in the order of their lines: a duplicated key beside the
+// file's other errors, and a domain that two files name though the first
+// has errors of its own.
+func TestParseErrorsInOneRun(t *testing.T) {
+	a := "domain: alpha\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: -1}\n  - key: k2\n    bogus: 1\n    rate_limit: {unit: day, requests_per_unit: 5}\n    rate_limit: {unit: day, requests_per_unit: 6}\n"
+	b := "domain: alpha\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n"
+	_, err := Parse(File{Name: "a.yaml", Data: []byte(a)}, File{Name: "b.yaml", Data: []byte(b)})
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%s:%d", e.File, e.Line))
+	}
+	if want := "a.yaml:4 a.yaml:6 a.yaml:8 b.yaml:1"; strings.Join(got, " ") != want {
+		t.Errorf("errors at %v, want %s:\n%v", got, want, err)
 	}
 }

@@ -76,14 +76,23 @@ func Parse(files ...File) (*Config, error) {
 		c.files = append(c.files, f.Name)
 		before := len(p.errs)
 		domain, root, pos, charge := p.parseFile(f.Data)
+		if domain != "" {
+			// A domain two files name is reported whatever else is
+			// wrong with either.
+			if prev, dup := domainFile[domain]; dup {
+				p.fail(pos, "duplicate domain '%s' in config file (first configured in %s)", domain, prev)
+				root = nil
+			} else {
+				domainFile[domain] = f.Name
+			}
+		}
+		sort.SliceStable(p.errs[before:], func(i, j int) bool {
+			a, b := p.errs[before+i], p.errs[before+j]
+			return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col
+		})
 		if len(p.errs) > before || root == nil {
 			continue
 		}
-		if prev, dup := domainFile[domain]; dup {
-			p.fail(pos, "duplicate domain '%s' in config file (first configured in %s)", domain, prev)
-			continue
-		}
-		domainFile[domain] = f.Name
 		c.domains[domain] = root
 		c.charge[domain] = charge
 	}
@@ -129,10 +138,9 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 		p.fail(&extra, "a second YAML document; a configuration file is one document")
 		return "", nil, nil, ChargeDefault
 	}
-	if dups := yamlconf.DuplicateKeys(p.file, &doc); len(dups) > 0 {
-		p.errs = append(p.errs, dups...)
-		return "", nil, nil, ChargeDefault
-	}
+	// Duplicated keys are reported with every other error of the file;
+	// the first of each is read.
+	p.errs = append(p.errs, yamlconf.DuplicateKeys(p.file, &doc)...)
 	root := doc.Content[0]
 	fields := p.mapping(root, "the file", "domain", "descriptors", "charge")
 	if fields == nil {
@@ -204,8 +212,7 @@ func (p *parser) mapping(n *yaml.Node, what string, allowed ...string) map[strin
 			continue
 		}
 		if _, dup := fields[k.Value]; dup {
-			p.fail(k, "config error, key '%s' appears twice", k.Value)
-			continue
+			continue // reported, with the first's line, by yamlconf.DuplicateKeys
 		}
 		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
 			continue // "key:" with nothing after it, as if absent

@@ -70,11 +70,16 @@ func (c *compiler) compile(spec *Spec) {
 	globalNames := map[string]bool{}
 	for i := range spec.Global {
 		path := fmt.Sprintf("global[%d]", i)
-		if r := c.rule(path, &spec.Global[i], "", spec.Shadow); r != nil {
-			if globalNames[r.Name] {
-				c.fail(path+".name", "rule %q is defined twice", r.Name)
+		r := c.rule(path, &spec.Global[i], "", spec.Shadow)
+		// By the name the file gives, whether or not the rule compiled:
+		// each of its problems is reported in one run.
+		if n := spec.Global[i].Name; n != "" {
+			if globalNames[n] {
+				c.fail(path+".name", "rule %q is defined twice", n)
 			}
-			globalNames[r.Name] = true
+			globalNames[n] = true
+		}
+		if r != nil {
 			p.global = append(p.global, r)
 		}
 	}
@@ -94,16 +99,18 @@ func (c *compiler) compile(spec *Spec) {
 		for i := range ts.Rules {
 			rp := fmt.Sprintf("%s.rules[%d]", path, i)
 			r := c.rule(rp, &ts.Rules[i], name, spec.Shadow)
+			if n := ts.Rules[i].Name; n != "" {
+				switch {
+				case names[n]:
+					c.fail(rp+".name", "rule %q is defined twice in tier %q", n, name)
+				case globalNames[n]:
+					c.fail(rp+".name", "rule %q is also a global rule; rule names must differ", n)
+				}
+				names[n] = true
+			}
 			if r == nil {
 				continue
 			}
-			switch {
-			case names[r.Name]:
-				c.fail(rp+".name", "rule %q is defined twice in tier %q", r.Name, name)
-			case globalNames[r.Name]:
-				c.fail(rp+".name", "rule %q is also a global rule; rule names must differ", r.Name)
-			}
-			names[r.Name] = true
 			t.Rules = append(t.Rules, r)
 		}
 		p.tiers[name] = t
@@ -395,15 +402,26 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		c.fail(path+".distribution", "%v", err)
 	}
 	c.share(path, rs, r, tier)
-	if len(c.errs) > before {
-		return nil
-	}
+	// The rule's own checks run whatever failed above, so that each
+	// parameter's problem is reported in one run, but for the fields
+	// reported already (one that did not parse holds its zero value).
 	if err := r.Rule.Validate(); err != nil {
-		field := admit.ErrorField(err)
-		if field == "" {
-			field = "algorithm"
+		errs := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = j.Unwrap() // each parameter's problem at its own field
 		}
-		c.fail(path+"."+field, "%v", err)
+		reported := c.errs[before:]
+		for _, err := range errs {
+			field := admit.ErrorField(err)
+			if field == "" {
+				field = "algorithm"
+			}
+			if !slices.ContainsFunc(reported, func(e FieldError) bool { return e.Path == path+"."+field }) {
+				c.fail(path+"."+field, "%v", err)
+			}
+		}
+	}
+	if len(c.errs) > before {
 		return nil
 	}
 	if r.MaxCost == 0 {

@@ -247,9 +247,9 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 	if err := dec.Decode(&extra); err == nil {
 		return nil, yamlconf.Errors{{File: file, Line: extra.Line, Col: extra.Column, Msg: "a second YAML document; a configuration is one document"}}
 	}
-	if dups := yamlconf.DuplicateKeys(file, &root); len(dups) > 0 {
-		return nil, dups
-	}
+	// Duplicated keys are reported with every other error: the decoding
+	// goes on, the later key read after the first.
+	dups := yamlconf.DuplicateKeys(file, &root)
 	d := decoder{file: file, pos: map[string]*yaml.Node{}}
 	cfg := &Config{}
 	if len(root.Content) == 1 {
@@ -272,6 +272,7 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 			return false
 		})...)
 	}
+	d.errs = append(d.errs, dups...)
 	sort.SliceStable(d.errs, func(i, j int) bool {
 		a, b := d.errs[i], d.errs[j]
 		return a.Line < b.Line || a.Line == b.Line && a.Col < b.Col

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -70,4 +71,44 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("error %v is not a yamlconf.Errors", err)
 		}
 	})
+}
+
+// TestConfigErrorsInOneRun: a file's duplicated keys, its other fields'
+// errors and each parameter of a rule that is wrong are reported
+// together, each at its line, and a rule's name used twice whatever else
+// is wrong with either rule.
+func TestConfigErrorsInOneRun(t *testing.T) {
+	data := "version: 1\n" + // 1
+		"bogus: 1\n" + // 2
+		"tiers:\n" + // 3
+		"  free:\n" + // 4
+		"    rules:\n" + // 5
+		"      - name: r1\n" + // 6
+		"        scope: user\n" + // 7
+		"        algorithm: token_bucket\n" + // 8
+		"        rate: 10/s\n" + // 9
+		"        burst: -5\n" + // 10
+		"        burst: 6\n" + // 11: the later key is read
+		"        initial: -3\n" + // 12
+		"      - name: r1\n" + // 13
+		"        scope: user\n" + // 14
+		"        algorithm: fixed_window\n" + // 15
+		"        limit: 0\n" + // 16
+		"        window: 1m\n" + // 17
+		"tenants:\n" + // 18
+		"  acme: {tier: free}\n" + // 19
+		"  acme: {tier: fre}\n" // 20
+	_, err := ParseConfig("c.yaml", []byte(data))
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
+	}
+	want := []string{"2:bogus", "11:", "12:tiers.free.rules[0].initial", "13:tiers.free.rules[1].name", "16:tiers.free.rules[1].limit", "20:", "20:tenants.acme.tier"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
+	}
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"io"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +125,40 @@ func checkReflection(t *testing.T, cc *grpc.ClientConn) {
 	}
 	if !strings.Contains(strings.Join(names, " "), "envoy.service.ratelimit.v3.RateLimitService") {
 		t.Errorf("reflection lists %v, without the rate limit service", names)
+	}
+}
+
+// TestREADMEWalkthroughGRPC runs the walk-through's grpcurl line against
+// admit serve started as the walk-through starts it (the built-in demo,
+// no flags but its ports): the demo serves reflection, which grpcurl
+// needs without the .proto files, and the "admit" domain admits acme.
+func TestREADMEWalkthroughGRPC(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^grpcurl -plaintext -d '(\{"domain":"admit"[^']*)' \\\n\s*localhost:8081 (\S+)$`).FindSubmatch(readme)
+	if m == nil {
+		t.Fatal(`no grpcurl line of the "admit" domain in README.md`)
+	}
+	srv := startCmd(t, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir())
+	cc, err := grpc.NewClient(srv.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	checkReflection(t, cc)
+	if string(m[2]) != "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" {
+		t.Fatalf("method %s", m[2])
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(m[1], &req); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := rlsv3.NewRateLimitServiceClient(cc).ShouldRateLimit(ctx, &req)
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("ShouldRateLimit: %v %v", resp, err)
 	}
 }

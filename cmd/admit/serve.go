@@ -116,8 +116,9 @@ type serveFlags struct {
 	// adminLoopback opens the admin API without a token to loopback
 	// clients that reach the server directly.
 	adminLoopback bool
-	// grpcReflection serves gRPC server reflection.
-	grpcReflection bool
+	// grpcReflection serves gRPC server reflection; grpcReflectionSet
+	// says --grpc-reflection was given (the demo serves it otherwise).
+	grpcReflection, grpcReflectionSet bool
 	// upstreamStats keeps envoyproxy/ratelimit's statistics (admit
 	// ratelimit sets it from its environment).
 	upstreamStats upstreamStatsFlags
@@ -156,11 +157,12 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.BoolVar(&f.xdsPlaintext, "envoy-xds-plaintext", false, "reach the xDS server without TLS")
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this `address` (one only the operator's scrapers reach) rather than on the HTTP address: every series, server.tenant_metrics's too; the HTTP address then serves none")
 	fs.BoolVar(&f.adminLoopback, "admin-loopback", false, "open the admin API without a token to clients on this host that reach it directly (not through a proxy, TLS terminator or sidecar on the host, nor from a web page)")
-	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port")
+	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port (default: on for the built-in demo, off with --config or --empty)")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
 	}
+	fs.Visit(func(fl *flag.Flag) { f.grpcReflectionSet = f.grpcReflectionSet || fl.Name == "grpc-reflection" })
 	log := slog.New(slog.NewTextHandler(e.stderr, nil))
 	if err := runServer(ctx, &f, e, log); err != nil {
 		startFailed(log, e.stderr, "admit serve", err)
@@ -338,6 +340,13 @@ func (b *backend) close() {
 func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
+		if dir := f.envoyConfig; dir != "" {
+			// Every error of the files given in one run: the Envoy
+			// directory's too.
+			if _, eerr := envoyrls.LoadDir(dir); eerr != nil {
+				err = fmt.Errorf("%w\n%w", err, eerr)
+			}
+		}
 		return err
 	}
 	defer b.close()
@@ -423,7 +432,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.grpcReflection, opts: grpcOpts, stats: upstreamStats,
+	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.reflection(), opts: grpcOpts, stats: upstreamStats,
 		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies,
 		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow}, b, dec, srv)
 	if err != nil {
@@ -555,6 +564,16 @@ func warnServeSettings(log *slog.Logger, cfg *Config, f *serveFlags, token strin
 	case token == "":
 		log.Warn("no admin token (ADMIT_ADMIN_TOKEN or server.admin_token): the admin API is closed; set a token, or start with --admin-loopback on a host of your own")
 	}
+}
+
+// reflection reports whether the gRPC port serves reflection: as
+// --grpc-reflection says, or, without it, for the built-in demo alone, so
+// that the walk-through's grpcurl lines run as written.
+func (f *serveFlags) reflection() bool {
+	if f.grpcReflectionSet {
+		return f.grpcReflection
+	}
+	return f.config == "" && !f.empty
 }
 
 // configName names the configuration served, for the log.
@@ -811,7 +830,11 @@ func startFailed(log *slog.Logger, w io.Writer, command string, err error) {
 		return
 	}
 	lines := strings.Split(strings.TrimRight(msg, "\n"), "\n")
-	log.Error(command+": not started", "errors", len(lines))
+	n := len(lines)
+	if strings.HasSuffix(lines[0], ":") {
+		n-- // a heading, such as "the configuration is invalid, not starting:"
+	}
+	log.Error(command+": not started", "errors", n)
 	for _, l := range lines {
 		fmt.Fprintln(w, l)
 	}
