@@ -200,3 +200,53 @@ func TestParseErrorsInOneRun(t *testing.T) {
 		t.Errorf("errors at %v, want %s:\n%v", got, want, err)
 	}
 }
+
+// TestAnchorsAndMergeKeys: files that share settings by anchors, aliases
+// and merge keys (<<), as envoyproxy/ratelimit's YAML library reads them,
+// load as if written out: a key of the mapping itself overrides what a
+// merge brings. A few anchors standing for millions of nodes are refused.
+func TestAnchorsAndMergeKeys(t *testing.T) {
+	c, err := Parse(File{Name: "a.yaml", Data: []byte(`
+domain: anchors
+descriptors:
+  - &login
+    key: generic_key
+    value: login
+    rate_limit: &perminute {unit: minute, requests_per_unit: 5}
+  - <<: *login
+    value: signup
+  - key: remote_address
+    rate_limit: *perminute
+  - <<: [*login, {key: ignored, value: ignored}]
+    value: reset
+    rate_limit: {<<: *perminute, requests_per_unit: 2}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		entries []Entry
+		want    string
+		rpu     uint32
+	}{
+		{[]Entry{{"generic_key", "login"}}, "anchors.generic_key_login", 5},
+		{[]Entry{{"generic_key", "signup"}}, "anchors.generic_key_signup", 5},
+		{[]Entry{{"remote_address", "192.0.2.7"}}, "anchors.remote_address", 5},
+		{[]Entry{{"generic_key", "reset"}}, "anchors.generic_key_reset", 2},
+	} {
+		m := c.Lookup("anchors", tc.entries)
+		if m.Limit == nil || m.Limit.FullKey != tc.want || m.Limit.RequestsPerUnit != tc.rpu || m.Limit.Unit.String() != "MINUTE" {
+			t.Errorf("%v: %+v, want %s at %d a minute", tc.entries, m.Limit, tc.want, tc.rpu)
+		}
+	}
+
+	// Nine levels of ten aliases: a billion nodes from a few lines.
+	laughs := "domain: laughs\nx0: &a0 [v, v, v, v, v, v, v, v, v, v]\n"
+	for i := 1; i < 9; i++ {
+		laughs += fmt.Sprintf("x%d: &a%d [*a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d]\n", i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	_, err = Parse(File{Name: "laughs.yaml", Data: []byte(laughs)})
+	if err == nil || !strings.Contains(err.Error(), "once its aliases are expanded") {
+		t.Errorf("a billion nodes: %v; want refused at the bound", err)
+	}
+}

@@ -138,6 +138,12 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 		p.fail(&extra, "a second YAML document; a configuration file is one document")
 		return "", nil, nil, ChargeDefault
 	}
+	// Anchors, aliases and merge keys (<<) read as envoyproxy/ratelimit's
+	// YAML library reads them, expanded within a bound.
+	budget := maxExpandedNodes
+	if !p.expand(&doc, 0, &budget) {
+		return "", nil, nil, ChargeDefault
+	}
 	// Duplicated keys are reported with every other error of the file;
 	// the first of each is read.
 	p.errs = append(p.errs, yamlconf.DuplicateKeys(p.file, &doc)...)
@@ -166,6 +172,93 @@ func (p *parser) parseFile(data []byte) (string, *level, *yaml.Node, Charge) {
 	}
 	top := p.descriptors(fields["descriptors"], domain+".", 1)
 	return domain, top, dn, charge
+}
+
+// maxExpandedNodes bounds the nodes of a file once its aliases are
+// expanded: a few anchors can otherwise stand for billions.
+const maxExpandedNodes = 1_000_000
+
+// expand replaces, under n, every alias by a copy of the node it names and
+// merges each mapping's merge keys (<<: a mapping or a list of them) into
+// it, a key the mapping has already keeping its own value, spending budget
+// nodes. It reports false, having said why, when the file passes the
+// bound or nests too deep.
+func (p *parser) expand(n *yaml.Node, depth int, budget *int) bool {
+	if depth > 4*MaxDepth+8 {
+		p.fail(n, "nested %d deep, aliases expanded; at most %d", depth, 4*MaxDepth+8)
+		return false
+	}
+	for i, c := range n.Content {
+		if c.Kind == yaml.AliasNode {
+			c = copyNode(c.Alias, budget)
+			if c == nil {
+				p.fail(n.Content[i], "more than %d values once its aliases are expanded", maxExpandedNodes)
+				return false
+			}
+			n.Content[i] = c
+		}
+		if *budget--; *budget < 0 {
+			p.fail(c, "more than %d values once its aliases are expanded", maxExpandedNodes)
+			return false
+		}
+		if !p.expand(c, depth+1, budget) {
+			return false
+		}
+	}
+	if n.Kind != yaml.MappingNode {
+		return true
+	}
+	var own, merged []*yaml.Node
+	has := map[string]bool{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.Kind == yaml.ScalarNode && k.Tag == "!!merge" {
+			v := n.Content[i+1]
+			from := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				from = v.Content
+			}
+			for _, m := range from {
+				if m.Kind != yaml.MappingNode {
+					p.fail(m, "config error, a merge key (<<) takes a mapping or a list of them, not %s", yamlconf.KindName(m))
+					return false
+				}
+				merged = append(merged, m.Content...)
+			}
+			continue
+		}
+		own = append(own, n.Content[i], n.Content[i+1])
+		has[n.Content[i].Value] = true
+	}
+	if merged == nil {
+		return true
+	}
+	for i := 0; i+1 < len(merged); i += 2 {
+		if k := merged[i].Value; !has[k] {
+			has[k] = true // the first of several merged mappings wins
+			own = append(own, merged[i], merged[i+1])
+		}
+	}
+	n.Content = own
+	return true
+}
+
+// copyNode returns a deep copy of n, spending budget nodes, or nil past
+// it.
+func copyNode(n *yaml.Node, budget *int) *yaml.Node {
+	if *budget--; *budget < 0 {
+		return nil
+	}
+	c := *n
+	if n.Kind == yaml.AliasNode {
+		return copyNode(n.Alias, budget)
+	}
+	c.Content = make([]*yaml.Node, len(n.Content))
+	for i, x := range n.Content {
+		if c.Content[i] = copyNode(x, budget); c.Content[i] == nil {
+			return nil
+		}
+	}
+	return &c
 }
 
 // yamlError reports a YAML syntax error with its line.

@@ -182,7 +182,8 @@ func validate(name string) (kind string, err error) {
 }
 
 // envoyFile reports whether data reads as an envoyproxy/ratelimit file: a
-// mapping with a domain and no version.
+// mapping with a domain or descriptors (its domain misspelt) and no
+// version.
 func envoyFile(data []byte) bool {
 	var root yaml.Node
 	if yaml.Unmarshal(data, &root) != nil || len(root.Content) != 1 || root.Content[0].Kind != yaml.MappingNode {
@@ -193,5 +194,5 @@ func envoyFile(data []byte) bool {
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		keys[m.Content[i].Value] = true
 	}
-	return keys["domain"] && !keys["version"]
+	return (keys["domain"] || keys["descriptors"]) && !keys["version"]
 }

@@ -326,6 +326,14 @@ func TestConfigCommandsAndHelp(t *testing.T) {
 	if code, _ := cmd("config", "validate"); code != 2 {
 		t.Errorf("validate without files: %d", code)
 	}
+	// An envoyproxy/ratelimit file whose domain is misspelt is read as one.
+	typo := filepath.Join(t.TempDir(), "edge.yaml")
+	if err := os.WriteFile(typo, []byte("domian: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := cmd("config", "validate", typo); code != 1 || !strings.Contains(out, "edge.yaml:1:1: config error, unknown key 'domian'") || strings.Contains(out, "version") {
+		t.Errorf("validate an envoyproxy/ratelimit file with its domain misspelt: %d %s", code, out)
+	}
 	for _, args := range [][]string{{"help"}, {"--help"}, {"serve", "--help"}, {"check", "--help"}, {"config", "--help"}, {"config", "validate", "--help"}, {"config", "example", "--help"}} {
 		if code, out := cmd(args...); code != 0 || !strings.Contains(out, "Usage") && !strings.Contains(out, "t1234") {
 			t.Errorf("%v: exit %d: %.80s", args, code, out)

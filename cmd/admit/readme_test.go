@@ -302,3 +302,37 @@ func checkFirstHeaders(t *testing.T, base string) {
 		}
 	}
 }
+
+// TestAPIDocExamples runs every curl line of docs/api.md's shell blocks
+// against admit serve on the built-in demo, as a reader would paste them:
+// each answers 2xx.
+func TestAPIDocExamples(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := startCmd(t, "serve", "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--data-dir", t.TempDir())
+	n := 0
+	for _, b := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(doc), -1) {
+		lines := strings.Split(b[1], "\n")
+		for i := 0; i < len(lines); i++ {
+			line := lines[i]
+			for strings.HasSuffix(line, `\`) && i+1 < len(lines) {
+				i++
+				line = strings.TrimSuffix(line, `\`) + lines[i]
+			}
+			if !strings.HasPrefix(line, "curl ") || !strings.Contains(line, "localhost:8080") {
+				continue
+			}
+			n++
+			script := strings.ReplaceAll(line, "localhost:8080", strings.TrimPrefix(srv.url, "http://")) + " -o /dev/null -w '%{http_code}'"
+			out, err := exec.Command("bash", "-c", script).Output()
+			if err != nil || len(out) != 3 || out[0] != '2' {
+				t.Errorf("%s\n answered %s (%v)", line, out, err)
+			}
+		}
+	}
+	if n < 3 {
+		t.Fatalf("%d curl lines found in docs/api.md", n)
+	}
+}
