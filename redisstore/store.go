@@ -54,6 +54,9 @@
 // hash of the key's tenant (see admit.Key), so every key of one tenant
 // shares a hash slot and a tenant's charges are decided atomically in
 // Cluster too. Keys without a tenant (the global scope) share the tag "g".
+// Ping writes Prefix + "ready" (in Cluster, Prefix + "ready{N}" on each
+// master), a key of its own that lives a minute: a Redis that answers
+// but takes no writes is down for the store.
 //
 // In Cluster, a request charged both tenant and global rules touches two
 // slots, which no single script can. Such decisions run group by group,
@@ -70,7 +73,9 @@
 // Options.BreakerCooldown and fails at once; then one probe call is let
 // through, and a success closes the breaker. Meanwhile a ping every tenth of
 // the cooldown closes it as soon as Redis answers again. Failures are admit errors of
-// code CodeUnavailable, so callers apply their on_error mode.
+// code CodeUnavailable, so callers apply their on_error mode. A new
+// connection is made within 4 timeouts (200 ms at least), and one left
+// unanswered for 40 (2 s at least) is made again.
 package redisstore
 
 import (
