@@ -337,7 +337,9 @@ func (l *link) ping(ctx context.Context) error {
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
 		}
 		if key, ok := probes[addr]; ok {
-			if err := c.Do(ctx, c.B().Set().Key(key).Value("1").PxMilliseconds(60_000).Build()).Error(); err != nil {
+			// A write Redis refuses when it refuses writes (at its
+			// maxmemory, a replica, too few replicas), which makes no key.
+			if err := c.Do(ctx, c.B().Setrange().Key(key).Offset(0).Value("").Build()).Error(); err != nil {
 				return admit.Errorf(admit.CodeUnavailable, "redisstore: %s does not take writes: %w", addr, err)
 			}
 		}

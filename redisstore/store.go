@@ -54,9 +54,9 @@
 // hash of the key's tenant (see admit.Key), so every key of one tenant
 // shares a hash slot and a tenant's charges are decided atomically in
 // Cluster too. Keys without a tenant (the global scope) share the tag "g".
-// Ping writes Prefix + "ready" (in Cluster, Prefix + "ready{N}" on each
-// master), a key of its own that lives a minute: a Redis that answers
-// but takes no writes is down for the store.
+// Ping writes nothing to Prefix + "ready" (in Cluster, Prefix + "ready{N}"
+// on each master), a write that makes no key: a Redis that answers but
+// takes no writes is down for the store.
 //
 // In Cluster, a request charged both tenant and global rules touches two
 // slots, which no single script can. Such decisions run group by group,
