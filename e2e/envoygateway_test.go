@@ -453,7 +453,7 @@ func TestEnvoyGateway(t *testing.T) {
 		"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=" + cert, "GRPC_SERVER_TLS_KEY=" + key, "GRPC_SERVER_TLS_CA_CERT=" + p.caFile,
 		"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT=" + cert, "CONFIG_GRPC_XDS_CLIENT_TLS_KEY=" + key,
 		"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + p.caFile,
-		"FORCE_START_WITHOUT_INITIAL_CONFIG=true",
+		"FORCE_START_WITHOUT_INITIAL_CONFIG=true", "ADMIT_ADMIN_TOKEN=eg-admin", // /readyz says why a version was refused to the admin
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr,
 		"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=" + metricsAddr, "PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
 		// Local: Envoy Gateway leaves these at 0.0.0.0:8080 and :8081.
@@ -582,7 +582,9 @@ func TestEnvoyGateway(t *testing.T) {
 	if got := ask("alice"); got != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("alice under the kept configuration: %v", got)
 	}
-	resp, err = http.Get(admit.url + "/readyz")
+	req, _ := http.NewRequest("GET", admit.url+"/readyz", nil)
+	req.Header.Set("Authorization", "Bearer eg-admin")
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

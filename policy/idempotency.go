@@ -5,8 +5,6 @@ import (
 	"context"
 	"sync"
 	"time"
-
-	"github.com/admitdev/admit"
 )
 
 // An IdempotencyStore keeps, for a while, the answers of requests made
@@ -144,8 +142,8 @@ func (m *MemoryIdempotency) expire(name string, sc *memScope, now time.Time) {
 }
 
 // Begin implements IdempotencyStore. Past MaxIdempotentKeys keys held
-// in all, once the expired ones are forgotten, it fails with
-// admit.CodeExhausted.
+// in all, once the expired ones are forgotten, it answers IdempotentFull
+// too, with when the first key of all expires.
 func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (Idempotent, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -157,15 +155,19 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 			return e.Idempotent, nil
 		}
 		if len(sc.keys) >= m.perScope {
-			return Idempotent{State: IdempotentFull, RetryAfter: sc.expiries[0].until.Sub(now)}, nil
+			return Idempotent{State: IdempotentFull, RetryAfter: sc.firstExpiry().Sub(now)}, nil
 		}
 	}
 	if m.held >= MaxIdempotentKeys {
+		first := time.Time{}
 		for name, s := range m.scopes {
 			m.expire(name, s, now)
+			if len(s.keys) > 0 && (first.IsZero() || s.firstExpiry().Before(first)) {
+				first = s.firstExpiry()
+			}
 		}
 		if m.held >= MaxIdempotentKeys {
-			return Idempotent{}, admit.Errorf(admit.CodeExhausted, "policy: %d idempotency keys held, the most this server holds; retry later", MaxIdempotentKeys)
+			return Idempotent{State: IdempotentFull, RetryAfter: first.Sub(now)}, nil
 		}
 	}
 	if sc = m.scopes[scope]; sc == nil {
@@ -174,6 +176,19 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 	}
 	m.put(sc, key, &memIdem{Idempotent: Idempotent{State: IdempotentPending, Fingerprint: fp}, token: token, until: now.Add(pending)})
 	return Idempotent{State: IdempotentNew, Fingerprint: fp}, nil
+}
+
+// firstExpiry returns when the first of sc's keys expires, the stale
+// entries at the heap's top (a key made again since) dropped first.
+func (sc *memScope) firstExpiry() time.Time {
+	for len(sc.expiries) > 0 {
+		x := sc.expiries[0]
+		if e, ok := sc.keys[x.key]; ok && e.until.Equal(x.until) {
+			return x.until
+		}
+		heap.Pop(&sc.expiries)
+	}
+	return time.Time{}
 }
 
 // put sets sc's key to e, queued for its expiry. m.mu is held.

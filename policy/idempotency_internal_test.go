@@ -5,13 +5,11 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/admitdev/admit"
 )
 
 // TestMemoryIdempotencyBounded: callers sending a new key with every
 // request fill at most MaxIdempotentKeys; past them they are refused
-// (exhausted, a 429) rather than held, until keys expire.
+// (full, a 429 with when to retry) rather than held, until keys expire.
 func TestMemoryIdempotencyBounded(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	m := NewMemoryIdempotency(0)
@@ -22,8 +20,8 @@ func TestMemoryIdempotencyBounded(t *testing.T) {
 			t.Fatalf("key %d: %v", i, err)
 		}
 	}
-	if _, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); admit.ErrorCode(err) != admit.CodeExhausted {
-		t.Fatalf("a key past %d held: %v; want exhausted", MaxIdempotentKeys, err)
+	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentFull || got.RetryAfter != time.Minute {
+		t.Fatalf("a key past %d held: %+v %v; want full, until the first expires (a minute)", MaxIdempotentKeys, got, err)
 	}
 	now = now.Add(time.Minute)
 	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentNew {

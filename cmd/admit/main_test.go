@@ -102,9 +102,10 @@ func call(t *testing.T, method, url, body string) (int, map[string]any) {
 	return resp.StatusCode, m
 }
 
-// asAdmin gives an admin API request the test servers' admin token.
+// asAdmin gives an admin API request the test servers' admin token, and
+// /readyz, which tells the admin alone why a reload was refused.
 func asAdmin(req *http.Request) {
-	if strings.HasPrefix(req.URL.Path, "/v1/admin/") {
+	if strings.HasPrefix(req.URL.Path, "/v1/admin/") || req.URL.Path == "/readyz" {
 		req.Header.Set("Authorization", "Bearer "+testAdminToken)
 		if req.Method != http.MethodGet {
 			req.Header.Set("Content-Type", "application/json")
@@ -191,6 +192,18 @@ func TestServeHotReload(t *testing.T) {
 	}, "/readyz to show the bad edit")
 	if got := limit(); got != 5 {
 		t.Errorf("after a bad edit the limit is %v, want the running 5", got)
+	}
+	// Without the admin token, /readyz says a reload was refused, not
+	// what the file holds.
+	if resp, err := http.Get(s.url + "/readyz"); err != nil {
+		t.Fatal(err)
+	} else {
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		resp.Body.Close()
+		if e, _ := m["config_error"].(string); !strings.Contains(e, "refused") || strings.Contains(e, "admit.yaml") {
+			t.Errorf("/readyz without the admin token: config_error %q; want the refusal without the file's words", e)
+		}
 	}
 	if !strings.Contains(s.stderr.String(), "configuration reload refused") {
 		t.Error("the refused reload was not logged")

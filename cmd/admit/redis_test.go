@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -469,4 +470,48 @@ func redisCLI(t *testing.T, addr string, args ...string) string {
 		t.Fatalf("redis-cli %v: %v\n%s", args, err, out)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// TestIdempotencyRedisPaused: a keyed report sent while Redis is paused
+// is answered by the failure mode without a charge sent to the store
+// (which a paused Redis would apply on waking), and its retry on another
+// server, once Redis is back, is charged once.
+func TestIdempotencyRedisPaused(t *testing.T) {
+	srv := redistest.Start(t)
+	spec := filepath.Join(t.TempDir(), "admit.yaml")
+	writeFile(t, spec, "version: 1\nstore:\n  on_error: open\ntiers:\n  free:\n    rules:\n      - {name: q, scope: tenant, algorithm: quota, limit: 1000, period: month, max_cost: 100}\ntenants:\n  t1: {tier: free}\n")
+	a := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	b := startServe(t, "--store", "redis://"+srv.Addr, "--config", spec)
+	report := func(s *running) (int, map[string]any, http.Header) {
+		req, _ := http.NewRequest("POST", s.url+"/v1/report", strings.NewReader(`{"tenant":"t1","cost":1}`))
+		req.Header.Set("Idempotency-Key", "paused-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m, resp.Header
+	}
+	srv.Freeze()
+	code, m, _ := report(a)
+	srv.Thaw()
+	if code != 200 || m["failover"] != "open" {
+		t.Fatalf("a keyed report, Redis paused: %d %v; want 200 by on_error open", code, m)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, m, _ = report(b)
+		if code == 200 && m["failover"] == nil {
+			break
+		}
+		if code != 409 && (code != 200 || m["failover"] == nil) || time.Now().After(deadline) {
+			t.Fatalf("its retry on the other server, Redis back: %d %v; want 200 (or 409 a moment)", code, m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, m := call(t, "POST", a.url+"/v1/check", `{"tenant":"t1","dry_run":true}`); m["remaining"] != float64(998) {
+		t.Errorf("after the paused report and its retry: %v, want one charge (999 left, 998 after the dry run)", m)
+	}
 }

@@ -410,7 +410,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Waiting: waiting, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
-		Idempotency: st.idem, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
+		Idempotency: st.idem, AnonymousIdempotency: st.anonIdem, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
 	})
 	if err != nil {
 		return err

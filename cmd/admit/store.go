@@ -42,8 +42,10 @@ type openedStore struct {
 	llmUsage llm.UsageStore
 	// idem keeps the idempotency keys of the decision API: nil (this
 	// process) with the memory store, shared in Redis with Redis.
-	idem  policy.IdempotencyStore
-	close func()
+	idem policy.IdempotencyStore
+	// anonIdem keeps anonymous callers' keys, per address.
+	anonIdem policy.IdempotencyStore
+	close    func()
 	// home says the store is one region of limits held across regions.
 	home bool
 }
@@ -53,6 +55,16 @@ type openedStore struct {
 // usage records in files under dataDir (which it locks, if it owns it:
 // otherwise it only reads the catalog there), or Redis, which then also
 // holds the catalog and the records.
+// anonymousKeys is the bound of an anonymous address's idempotency keys:
+// a tenth of a tenant's (server.idempotency_keys_per_tenant), at least 1.
+func anonymousKeys(cfg *Config) int {
+	n := cfg.Server.IdempotencyKeysPerTenant
+	if n == 0 {
+		n = policy.DefaultIdempotentKeysPerScope
+	}
+	return max(n/10, 1)
+}
+
 func openStore(ctx context.Context, url string, cfg *Config, dataDir string, ownsDataDir bool, log *slog.Logger) (*openedStore, error) {
 	rc, isRedis, err := redisConfig(url, cfg)
 	if err != nil {
@@ -92,6 +104,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 			usage:    usage,
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
 			idem:     policy.NewMemoryIdempotency(cfg.Server.IdempotencyKeysPerTenant),
+			anonIdem: policy.NewMemoryIdempotency(anonymousKeys(cfg)),
 			close:    func() { m.Close(); release() },
 		}, nil
 	}
@@ -174,6 +187,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
 		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),
+		anonIdem: redisidem.New(r, anonymousKeys(cfg)),
 		close:    func() { stopWatch(); sessions.Close(); r.Close(); closeHome() },
 	}, nil
 }

@@ -144,7 +144,11 @@ func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, 
 			return
 		}
 	}
-	if err := s.decide(r.Context(), c); err != nil {
+	decide := s.decide
+	if claim != nil && claim.down {
+		decide = func(ctx context.Context, c *call) error { return s.failover(ctx, c, claim.cause) }
+	}
+	if err := decide(r.Context(), c); err != nil {
 		claim.finish(r.Context(), false, 0, nil)
 		s.fail(w, r, endpoint, err)
 		return

@@ -1,13 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -28,42 +31,75 @@ const idempotencyPending = policy.IdempotencyPending
 // is answered as the first was and charges nothing.
 const IdempotencyHeader = httpx.IdempotencyHeader
 
+// addressScope is the address an anonymous caller's keys are kept under:
+// itself, or an IPv6 address's /64, which one host may hold whole.
+func addressScope(addr string) string {
+	ip, err := netip.ParseAddr(addr)
+	if err != nil || !ip.Unmap().Is6() {
+		return addr
+	}
+	p, _ := ip.Prefix(64)
+	return p.String()
+}
+
 // idemClaim is a request's claim of its idempotency key.
 type idemClaim struct {
 	store             policy.IdempotencyStore
 	scope, key, token string
 	fingerprint       [32]byte
 	keep              time.Duration
+	// until is when the claim lets the key go by itself.
+	until time.Time
+	// down says the keys' store could not be reached to claim the key:
+	// the request is decided by the failure modes without the store,
+	// since a charge sent to a store that does not answer may still be
+	// applied, and its retry, claiming again, would charge it twice.
+	down  bool
+	cause error
+	// retry keeps an answer the store did not take for later (the
+	// server's idemRetrier).
+	retry *idemRetrier
 }
 
 // claimIdempotency claims r's idempotency key for c's request to
 // endpoint. It reports true when it has answered r itself: a replay of
 // the key's answer, 409 while the key's first request is being decided,
 // 422 when the key was used for another request, 429 when the caller
-// holds the most keys it may. A claim is nil when r has no key, or the
-// keys' store could not be reached (the request is decided as if it had
-// none: its store is down too, and what fails over charges nothing).
+// holds the most keys it may. A claim is nil when r has no key; it is
+// down when the keys' store could not be reached, and the request is
+// then decided by the failure modes alone.
 //
 // A key is its caller's: its tenant's, as trusted (a service or admin
 // token) or not, or an anonymous caller's address; one key names one
 // request, whichever endpoint it is sent to.
 func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoint, key string, c *call, body *checkRequest) (*idemClaim, bool) {
-	scope := "anon:" + c.req.Client
-	if c.res.Tenant != nil {
-		scope = "tenant:" + c.res.Tenant.ID
+	// An anonymous caller's keys, and those of a tenant the catalog does
+	// not know (which any caller may name), are its address's (an IPv6
+	// address's /64), kept apart from the tenants' and bounded tighter:
+	// no caller fills or reads another's by naming it.
+	store, scope := s.idem, ""
+	if t := c.res.Tenant; t != nil && t.Source != "default" {
+		scope = "tenant:" + t.ID
+	} else {
+		store, scope = s.anonIdem, "anon:"+addressScope(c.req.Client)
 	}
 	if !c.req.Untrusted {
 		scope = "trusted:" + scope
 	}
 	canon, _ := json.Marshal(body)
-	cl := &idemClaim{store: s.idem, scope: scope, key: key, fingerprint: sha256.Sum256(append([]byte(endpoint+"\x00"), canon...)), keep: s.idemWindow}
+	cl := &idemClaim{store: store, scope: scope, key: key, fingerprint: sha256.Sum256(append([]byte(endpoint+"\x00"), canon...)), keep: s.idemWindow,
+		until: time.Now().Add(idempotencyPending), retry: s.idemRetry}
 	var t [16]byte
 	_, _ = rand.Read(t[:])
 	cl.token = hex.EncodeToString(t[:])
-	got, err := s.idem.Begin(r.Context(), cl.scope, cl.key, cl.fingerprint, cl.token, idempotencyPending)
+	got, err := store.Begin(r.Context(), cl.scope, cl.key, cl.fingerprint, cl.token, idempotencyPending)
 	switch {
 	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
-		return nil, false
+		// The claim may still be made, by a store that answers late:
+		// once it answers, let it go, so that the key's retries are
+		// decided rather than told to wait for the claim's minute.
+		cl.retry.add(cl, policy.Idempotent{}, true)
+		return &idemClaim{down: true, cause: err}, false
 	case err != nil:
 		if admit.ErrorCode(err) == admit.CodeExhausted {
 			w.Header().Set("Retry-After", "1")
@@ -93,7 +129,7 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 // nothing to charge, an error) it lets the key go, and a retry decides
 // again.
 func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body []byte) {
-	if cl == nil {
+	if cl == nil || cl.down {
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -101,5 +137,104 @@ func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body 
 		_ = cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
 		return
 	}
-	_ = cl.store.Finish(ctx, cl.scope, cl.key, policy.Idempotent{Fingerprint: cl.fingerprint, Status: status, Body: body}, cl.keep)
+	a := policy.Idempotent{Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
+	if err := cl.store.Finish(ctx, cl.scope, cl.key, a, cl.keep); err != nil {
+		// The key stays claimed until cl.until: its retries are told to
+		// wait meanwhile, and the answer is kept once the store takes it.
+		cl.retry.add(cl, a, false)
+	}
+}
+
+// idemRetrier keeps, until the keys' store takes them, the answers it
+// refused (a Redis that paused, or failed over, as they were decided):
+// within its claim, a key's retries are told to wait, and once its answer
+// is kept, replayed it. Without it, a charge the late store applied after
+// all would be charged again by the retry that found the claim gone.
+type idemRetrier struct {
+	mu      sync.Mutex
+	waiting []idemAnswer
+	wake    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+type idemAnswer struct {
+	cl      *idemClaim
+	a       policy.Idempotent
+	abandon bool // let the claim go rather than keep a
+}
+
+// maxIdemRetries bounds the answers waiting for the store: past them an
+// answer is dropped, and its key let go with its claim.
+const maxIdemRetries = 10_000
+
+// idemRetryEvery is how often answers waiting are offered again.
+const idemRetryEvery = 200 * time.Millisecond
+
+func newIdemRetrier() *idemRetrier {
+	r := &idemRetrier{wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+func (r *idemRetrier) add(cl *idemClaim, a policy.Idempotent, abandon bool) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	if len(r.waiting) < maxIdemRetries {
+		r.waiting = append(r.waiting, idemAnswer{cl, a, abandon})
+	}
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (r *idemRetrier) run() {
+	defer close(r.done)
+	t := time.NewTicker(idemRetryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.wake:
+		case <-t.C:
+		}
+		r.mu.Lock()
+		batch := r.waiting
+		r.waiting = nil
+		r.mu.Unlock()
+		var again []idemAnswer
+		for _, w := range batch {
+			if time.Now().After(w.cl.until) {
+				continue // the claim is gone: so is the key
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			var err error
+			if w.abandon {
+				err = w.cl.store.Abandon(ctx, w.cl.scope, w.cl.key, w.cl.token)
+			} else {
+				err = w.cl.store.Finish(ctx, w.cl.scope, w.cl.key, w.a, w.cl.keep)
+			}
+			cancel()
+			if err != nil {
+				again = append(again, w)
+			}
+		}
+		if len(again) > 0 {
+			r.mu.Lock()
+			r.waiting = append(again, r.waiting...)
+			r.mu.Unlock()
+		}
+	}
+}
+
+// close stops the retrier; answers still waiting are dropped.
+func (r *idemRetrier) close() {
+	r.once.Do(func() { close(r.stop) })
+	<-r.done
 }

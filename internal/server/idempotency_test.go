@@ -2,12 +2,15 @@ package server
 
 import (
 	"context"
+	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -148,4 +151,100 @@ func TestIdempotencyLateStore(t *testing.T) {
 	// docs holds 3: the late report took 1.
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","action":"doc","cost":2}`), 200, "the two left")
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","action":"doc"}`), 429, "none left")
+}
+
+// flakyKeys is an idempotency store whose Begin fails while down is set,
+// and whose Finish fails its first finishFails times, as a Redis paused
+// while a request was decided.
+type flakyKeys struct {
+	*policy.MemoryIdempotency
+	down        atomic.Bool
+	finishFails atomic.Int64
+}
+
+func (k *flakyKeys) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (policy.Idempotent, error) {
+	if k.down.Load() {
+		return policy.Idempotent{}, admit.Errorf(admit.CodeUnavailable, "keys down")
+	}
+	return k.MemoryIdempotency.Begin(ctx, scope, key, fp, token, pending)
+}
+
+func (k *flakyKeys) Finish(ctx context.Context, scope, key string, a policy.Idempotent, keep time.Duration) error {
+	if k.finishFails.Add(-1) >= 0 {
+		return admit.Errorf(admit.CodeUnavailable, "keys paused")
+	}
+	return k.MemoryIdempotency.Finish(ctx, scope, key, a, keep)
+}
+
+// TestIdempotencyKeysStoreFailing: a keyed charge whose key cannot be
+// claimed is decided by the failure modes without the store (a charge
+// sent to a store that does not answer may be applied after all, and its
+// retry, claimed, would charge it again); an answer the keys' store did
+// not take is kept once it does, and the retry is that answer.
+func TestIdempotencyKeysStoreFailing(t *testing.T) {
+	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0)}
+	spec := testSpec()
+	spec.OnError = "open"
+	h := start(t, spec, "", func(o *Options) { o.Idempotency = keys })
+	body := `{"tenant":"t2","action":"doc","cost":1}` // docs: a bucket of 3
+
+	keys.down.Store(true)
+	a := h.do("POST", "/v1/report", body, "Idempotency-Key", "down-1")
+	h.want(a, 200, "a keyed report, the keys' store down")
+	if a.body["failover"] != "open" {
+		t.Errorf("want the open failure mode's answer, the store not asked: %s", a.raw)
+	}
+	keys.down.Store(false)
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","action":"doc","cost":3,"dry_run":true}`), 200, "all 3 still there")
+
+	keys.finishFails.Store(3)
+	first := h.do("POST", "/v1/report", body, "Idempotency-Key", "late-1")
+	h.want(first, 200, "a report whose answer the keys' store did not take at first")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		again := h.do("POST", "/v1/report", body, "Idempotency-Key", "late-1")
+		if again.header.Get("Idempotent-Replayed") == "true" {
+			if again.raw != first.raw {
+				t.Errorf("replayed %s, want %s", again.raw, first.raw)
+			}
+			break
+		}
+		h.want(again, 409, "a retry while the answer waits for the keys' store")
+		if time.Now().After(deadline) {
+			t.Fatal("the answer was not kept within 5 s of the keys' store taking writes")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","action":"doc","cost":2,"dry_run":true}`), 200, "2 left: charged once")
+	h.want(h.do("POST", "/v1/check", `{"tenant":"t2","action":"doc","cost":3,"dry_run":true}`), 429, "not 3")
+}
+
+// TestIdempotencyUnknownTenants: a tenant the catalog does not know
+// (given the default tier) is anyone's to name, so its keys are the
+// address's, apart from the tenants' and bounded together: one address
+// naming many tenants holds its bound in all, and another address naming
+// the same tenant and key neither replays nor is refused by the first's.
+func TestIdempotencyUnknownTenants(t *testing.T) {
+	spec := testSpec()
+	spec.UnknownTenant = "small"
+	h := start(t, spec, "", func(o *Options) {
+		o.Idempotency, o.AnonymousIdempotency = policy.NewMemoryIdempotency(3), policy.NewMemoryIdempotency(3)
+	})
+	for i, tenant := range []string{"u1", "u2", "u3"} {
+		h.want(h.do("POST", "/v1/report", `{"tenant":"`+tenant+`","user":"x","cost":1}`, "Idempotency-Key", "k"+strconv.Itoa(i)), 200, tenant+"'s keyed report")
+	}
+	h.want(h.do("POST", "/v1/report", `{"tenant":"u4","user":"x","cost":1}`, "Idempotency-Key", "k9"), 429, "a fourth key of the address, under a fourth made-up tenant")
+
+	// Another address: a client dialing from 127.0.0.2.
+	other := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext}}
+	req, _ := http.NewRequest("POST", h.url+"/v1/report", strings.NewReader(`{"tenant":"u1","user":"x","cost":1}`))
+	req.Header.Set("Idempotency-Key", "k0")
+	resp, err := other.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("another address, u1's k0: %d replayed %q; want its own charge", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+	}
 }

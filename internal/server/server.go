@@ -128,6 +128,10 @@ type Options struct {
 	// DefaultIdempotencyWindow); nil keeps them in this process.
 	Idempotency       policy.IdempotencyStore
 	IdempotencyWindow time.Duration
+	// AnonymousIdempotency keeps the keys of anonymous callers, and of
+	// tenants the catalog does not know, per address (nil: in this
+	// process, a tenth of the default bound an address).
+	AnonymousIdempotency policy.IdempotencyStore
 	// Health reports a remote store's breaker and call counters for the
 	// metrics and /readyz; optional.
 	Health func() StoreHealth
@@ -182,6 +186,8 @@ type Server struct {
 	waiting        func() error
 	idem           policy.IdempotencyStore
 	idemWindow     time.Duration
+	idemRetry      *idemRetrier
+	anonIdem       policy.IdempotencyStore
 	health         func() StoreHealth
 	maxWait        time.Duration
 
@@ -226,6 +232,10 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.log == nil {
 		s.log = slog.Default()
+	}
+	s.idemRetry = newIdemRetrier()
+	if s.anonIdem = opts.AnonymousIdempotency; s.anonIdem == nil {
+		s.anonIdem = policy.NewMemoryIdempotency(policy.DefaultIdempotentKeysPerScope / 10)
 	}
 	if s.idem == nil {
 		s.idem = policy.NewMemoryIdempotency(0)
@@ -362,6 +372,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Close flushes the decision log and stops the local fallback limiter. It
 // does not close the store, which the caller owns.
 func (s *Server) Close() error {
+	s.idemRetry.close()
 	if s.decisions != nil {
 		s.decisions.close()
 	}
@@ -547,11 +558,20 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 // readiness is what /readyz answers.
 func (s *Server) readiness(r *http.Request) (readyAnswer, int) {
 	ans := readyAnswer{Status: "ready", Store: "ok"}
+	// Why a reload was refused quotes the file (a value mistyped into the
+	// wrong field, a token among them; tenants' and rules' names): only
+	// the admin reads it here, every caller that it happened.
+	why := func(e *string) string {
+		if s.isAdmin(r) || s.adminLoopback && s.loopbackClient(r) == "" {
+			return ": " + *e
+		}
+		return " (the reason is in the server's log, and here with the admin token)"
+	}
 	if e := s.configErr.Load(); e != nil {
-		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use: " + *e
+		ans.ConfigError = "the last configuration reload was refused, the previous configuration is in use" + why(e)
 	}
 	if e := s.envoyErr.Load(); e != nil {
-		ans.EnvoyError = "the last envoyproxy/ratelimit configuration (files or xDS version) was refused, the previous one is in use: " + *e
+		ans.EnvoyError = "the last envoyproxy/ratelimit configuration (files or xDS version) was refused, the previous one is in use" + why(e)
 	}
 	status := http.StatusOK
 	if s.health != nil {

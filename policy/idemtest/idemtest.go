@@ -129,6 +129,24 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 		}
 	})
 
+	// A full scope's wait is until its first key, as kept, expires: keys
+	// claimed for a minute and answered for an hour wait the hour.
+	t.Run("full_waits_for_answers", func(t *testing.T) {
+		s := open(t, 2)
+		for _, k := range []string{"a", "b"} {
+			if got, err := s.Begin(ctx, "scope", k, fp, "t"+k, time.Minute); err != nil || got.State != policy.IdempotentNew {
+				t.Fatalf("key %s: %+v, %v", k, got, err)
+			}
+			if err := s.Finish(ctx, "scope", k, policy.Idempotent{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := s.Begin(ctx, "scope", "c", fp, "tc", time.Minute)
+		if err != nil || got.State != policy.IdempotentFull || got.RetryAfter < 59*time.Minute || got.RetryAfter > time.Hour {
+			t.Errorf("a third key: %+v, %v; want full for about an hour", got, err)
+		}
+	})
+
 	// A scope holds at most its bound of keys, claimed or answered; past
 	// it a claim is refused (full) with when the first expires, and other
 	// scopes are not; a key let go, or expired, makes room.
