@@ -596,8 +596,10 @@ func (d *decoder) check(c *Config) {
 	}
 	for _, f := range []struct{ path, addr string }{{"server.http", c.Server.HTTP}, {"server.grpc", c.Server.GRPC}} {
 		if f.addr != "" {
-			if _, _, err := net.SplitHostPort(f.addr); err != nil {
+			if _, port, err := net.SplitHostPort(f.addr); err != nil {
 				d.failAt(f.path, "%q is not host:port (%v)", f.addr, err)
+			} else if _, err := net.LookupPort("tcp", port); err != nil {
+				d.failAt(f.path, "%q: the port is not a number from 0 to 65535 (or a service of /etc/services)", f.addr)
 			}
 		}
 	}
@@ -623,12 +625,16 @@ func (d *decoder) check(c *Config) {
 			d.failAt(fmt.Sprintf("server.trusted_proxies[%d]", i), "%v", err)
 		}
 	}
-	if o, err := httpOptions(c); err != nil {
-		var fe *fieldError
-		if errors.As(err, &fe) && fe.path != "server.trusted_proxies" {
+	o, err := httpOptions(c)
+	var fes fieldErrors
+	errors.As(err, &fes)
+	for _, fe := range fes {
+		if fe.path != "server.trusted_proxies" { // reported above, entry by entry
 			d.failAt(fe.path, "%s", fe.msg)
 		}
-	} else if err := o.Validate(); err != nil {
+	}
+	// The options the other fields made are checked whatever failed.
+	if err := o.Validate(); err != nil {
 		msg := strings.TrimPrefix(err.Error(), "httplimit: ")
 		path := "http"
 		var oe *httplimit.OptionError
@@ -660,6 +666,17 @@ func (d *decoder) check(c *Config) {
 	}
 	if t := c.Store.Redis.TLS; t != nil && (t.CertFile == "") != (t.KeyFile == "") {
 		d.failAt("store.redis.tls", "cert_file and key_file go together")
+	}
+	if t := c.Store.Redis.TLS; t != nil && t.Enabled {
+		// The files are read when the store connects: a missing one
+		// would stop the server there, without the file's position.
+		for _, f := range []struct{ path, file string }{{"store.redis.tls.ca_file", t.CAFile}, {"store.redis.tls.cert_file", t.CertFile}, {"store.redis.tls.key_file", t.KeyFile}} {
+			if f.file != "" {
+				if _, err := os.Stat(f.file); err != nil {
+					d.failAt(f.path, "%v", err)
+				}
+			}
+		}
 	}
 	if c.Store.Redis.Timeout != "" {
 		if t, err := time.ParseDuration(c.Store.Redis.Timeout); err != nil || t <= 0 {

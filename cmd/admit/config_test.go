@@ -112,3 +112,37 @@ func TestConfigErrorsInOneRun(t *testing.T) {
 		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
 	}
 }
+
+// TestConfigHTTPErrorsInOneRun: the server and http sections' errors all
+// come in one run (a bad trusted proxy hid a bad forwarded header, which
+// hid a bad route), and what would stop serve later is refused here with
+// its position: a listen port that is none, a TLS file that is not there.
+func TestConfigHTTPErrorsInOneRun(t *testing.T) {
+	data := "version: 1\n" +
+		"server:\n" +
+		"  http: \"localhost:abc\"\n" + // 3
+		"  grpc: \":99999\"\n" + // 4
+		"  trusted_proxies: [\"nope\"]\n" + // 5
+		"store:\n" +
+		"  backend: redis\n" +
+		"  redis:\n" +
+		"    tls: {enabled: true, ca_file: /nonexistent/ca.pem}\n" + // 9
+		"http:\n" +
+		"  forwarded_header: x-real-ip\n" + // 11
+		"  actions:\n" +
+		"    - match: \"POST /a/{\"\n" + // 13
+		"      action: a\n"
+	_, err := ParseConfig("c.yaml", []byte(data))
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
+	}
+	want := []string{"3:server.http", "4:server.grpc", "5:server.trusted_proxies[0]", "9:store.redis.tls.ca_file", "11:http.forwarded_header", "13:http.actions[0]"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -162,13 +163,28 @@ type fieldError struct{ path, msg string }
 
 func (e *fieldError) Error() string { return e.path + ": " + e.msg }
 
+// fieldErrors are every problem httpOptions found, in the order of the
+// fields.
+type fieldErrors []*fieldError
+
+func (e fieldErrors) Error() string {
+	s := make([]string, len(e))
+	for i, fe := range e {
+		s[i] = fe.Error()
+	}
+	return strings.Join(s, "\n")
+}
+
 // httpOptions turns the server and http sections into middleware options
-// (without store and policy). An error is a *fieldError.
+// (without store and policy). Its error is a fieldErrors: every field's
+// problem, the options built from the others.
 func httpOptions(c *Config) (httplimit.Options, error) {
 	var o httplimit.Options
+	var errs fieldErrors
+	fail := func(path, msg string) { errs = append(errs, &fieldError{path, msg}) }
 	proxies, err := httplimit.ParseProxies(c.Server.TrustedProxies)
 	if err != nil {
-		return o, &fieldError{"server.trusted_proxies", err.Error()}
+		fail("server.trusted_proxies", err.Error())
 	}
 	o.TrustedProxies = proxies
 	h := &c.HTTP
@@ -178,16 +194,16 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 	case "forwarded":
 		o.ForwardedHeader = httplimit.Forwarded
 	default:
-		return o, &fieldError{"http.forwarded_header", fmt.Sprintf("%q: want x-forwarded-for or forwarded", h.ForwardedHeader)}
+		fail("http.forwarded_header", fmt.Sprintf("%q: want x-forwarded-for or forwarded", h.ForwardedHeader))
 	}
 	if _, ok := server.ForwardAuthProxies[h.ForwardAuth]; !ok {
-		return o, &fieldError{"http.forward_auth", fmt.Sprintf("%q: want traefik, caddy, nginx, haproxy or envoy", h.ForwardAuth)}
+		fail("http.forward_auth", fmt.Sprintf("%q: want traefik, caddy, nginx, haproxy or envoy", h.ForwardAuth))
 	}
 	o.UserHeader = h.UserHeader
 	if h.RetryJitter != "" {
 		d, err := time.ParseDuration(h.RetryJitter)
 		if err != nil || d < 0 {
-			return o, &fieldError{"http.retry_jitter", fmt.Sprintf("%q is not a duration like 1s", h.RetryJitter)}
+			fail("http.retry_jitter", fmt.Sprintf("%q is not a duration like 1s", h.RetryJitter))
 		}
 		o.RetryJitter = d
 		if d == 0 {
@@ -203,27 +219,35 @@ func httpOptions(c *Config) (httplimit.Options, error) {
 		if j.Leeway != "" {
 			d, err := time.ParseDuration(j.Leeway)
 			if err != nil || d < 0 {
-				return o, &fieldError{"http.jwt.leeway", fmt.Sprintf("%q is not a duration like 30s", j.Leeway)}
+				fail("http.jwt.leeway", fmt.Sprintf("%q is not a duration like 30s", j.Leeway))
 			}
 			jwt.Leeway = d
 		}
 		if len(j.Keys) == 0 {
-			return o, &fieldError{"http.jwt.keys", "at least one key is needed"}
+			fail("http.jwt.keys", "at least one key is needed")
 		}
 		for i, k := range j.Keys {
 			key, err := jwtKey(k)
 			if err != nil {
-				return o, &fieldError{fmt.Sprintf("http.jwt.keys[%d]", i), err.Error()}
+				fail(fmt.Sprintf("http.jwt.keys[%d]", i), err.Error())
+				continue
 			}
 			jwt.Keys = append(jwt.Keys, key)
 		}
 		o.JWT = jwt
 	}
 	groups, err := shedGroups(c)
-	if err != nil {
-		return o, err
+	var fe *fieldError
+	switch {
+	case errors.As(err, &fe):
+		errs = append(errs, fe)
+	case err != nil:
+		fail("shedding", err.Error())
 	}
 	o.Shedding = groups
+	if len(errs) > 0 {
+		return o, errs
+	}
 	return o, nil
 }
 
