@@ -35,6 +35,9 @@ type link struct {
 	closed          chan struct{} // closed by close
 	probing         atomic.Bool   // a probe of an open breaker runs
 	views           clusterViews  // see cluster.go
+	// evicts is the maxmemory-policy of a Redis that may evict keys, as
+	// the last ping found it ("" when none may).
+	evicts atomic.Pointer[string]
 }
 
 // connection holds the store's client, so that a store dialed lazily can
@@ -269,7 +272,6 @@ func (l *link) clusterView(ctx context.Context, nodes map[string]rueidis.Client)
 	return nil
 }
 
-
 // slotOwner returns a client of the node that serves key's slot now, as
 // the cluster says, or nil if it cannot tell or does not know the node.
 func (l *link) slotOwner(ctx context.Context, client rueidis.Client, key string) rueidis.Client {
@@ -328,6 +330,8 @@ func (l *link) ping(ctx context.Context) error {
 			}
 		}
 	}
+	evicts := ""
+	defer func() { l.evicts.Store(&evicts) }()
 	for addr, c := range nodes {
 		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
 			if refusedCredentials(err) {
@@ -335,6 +339,9 @@ func (l *link) ping(ctx context.Context) error {
 				return admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", addr, err)
 			}
 			return admit.Errorf(admit.CodeUnavailable, "redisstore: ping %s: %w", addr, err)
+		}
+		if p := evictionPolicy(ctx, c); p != "" {
+			evicts = p
 		}
 		if key, ok := probes[addr]; ok {
 			// A write Redis refuses when it refuses writes (at its
@@ -345,6 +352,32 @@ func (l *link) ping(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// evictionPolicy returns the maxmemory-policy of c's Redis when it may
+// evict keys (a maxmemory, and a policy other than noeviction), else "":
+// such a Redis forgets limits' states and idempotency keys under memory
+// pressure, which resets limits.
+func evictionPolicy(ctx context.Context, c rueidis.Client) string {
+	info, err := c.Do(ctx, c.B().Info().Section("memory").Build()).ToString()
+	if err != nil {
+		return ""
+	}
+	var maxmemory int64
+	policy := "noeviction"
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			maxmemory, _ = strconv.ParseInt(v, 10, 64)
+		case "maxmemory_policy":
+			policy = v
+		}
+	}
+	if maxmemory > 0 && policy != "noeviction" {
+		return policy
+	}
+	return ""
 }
 
 // tagIn returns a hash tag whose Cluster slot is in one of slots.

@@ -412,17 +412,25 @@ type Health struct {
 	Refunded       int64
 	Expired        int64
 	Lost           int64
+	// Evicts names the maxmemory-policy of a Redis that may evict keys
+	// (a maxmemory and a policy other than noeviction), as the last ping
+	// found it: evicted keys are limits reset and idempotency keys lost.
+	Evicts string
 }
 
 // Health returns the store's current state.
 func (s *Store) Health() Health {
-	return Health{
+	h := Health{
 		Breaker: s.link.breaker.state(time.Now()), Calls: s.link.calls.Load(), Failures: s.link.failures.Load(),
 		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
 		LocalRefusals: s.localRefusals.Load(),
 		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
 		Expired: s.expired.Load(), Lost: s.lost.Load(),
 	}
+	if e := s.link.evicts.Load(); e != nil {
+		h.Evicts = *e
+	}
+	return h
 }
 
 // String describes the store for logs.

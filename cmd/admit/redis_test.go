@@ -515,3 +515,18 @@ func TestIdempotencyRedisPaused(t *testing.T) {
 		t.Errorf("after the paused report and its retry: %v, want one charge (999 left, 998 after the dry run)", m)
 	}
 }
+
+// TestRedisEvictionWarned: a Redis that may evict keys (a maxmemory and
+// an LRU policy, ElastiCache's default) is warned of at start: an evicted
+// key resets its limit and forgets its idempotency answers.
+func TestRedisEvictionWarned(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru")
+	s := startServe(t, "--store", "redis://"+srv.Addr)
+	if !strings.Contains(s.stderr.String(), "Redis may evict keys (maxmemory-policy volatile-lru)") {
+		t.Errorf("no warning of an evicting Redis:\n%s", s.stderr)
+	}
+	quiet := startServe(t, "--store", "redis://"+redistest.Start(t).Addr)
+	if strings.Contains(quiet.stderr.String(), "may evict") {
+		t.Errorf("a warning for a Redis that does not evict:\n%s", quiet.stderr)
+	}
+}

@@ -155,6 +155,9 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		closeHome()
 		return nil, fmt.Errorf("store %s: %w", rc, err)
 	}
+	if p := r.Health().Evicts; p != "" {
+		log.Warn("Redis may evict keys (maxmemory-policy "+p+"): an evicted key resets its limit and forgets its idempotency answers; set maxmemory-policy noeviction, or maxmemory 0", "store", rc.String())
+	}
 	check := redisstore.CheckRule
 	name := "redis " + rc.String()
 	stopWatch := func() {}
