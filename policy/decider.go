@@ -87,11 +87,16 @@ func (d *Decider) OnStoreChange(f func(StoreEvent)) { d.onChange = f }
 // StoreDownSince returns when the current outage began, and false while
 // the store answers.
 func (d *Decider) StoreDownSince() (time.Time, bool) {
-	if v := d.downSince.Load(); v != 0 {
+	if v := d.downSince.Load(); v != 0 && time.Now().UnixNano()-d.lastFailure.Load() < int64(outageOver) {
 		return time.Unix(0, v), true
 	}
 	return time.Time{}, false
 }
+
+// outageOver is how long after the store's last failure an outage is
+// over, though no call since has been answered to say so (no traffic):
+// the next failure starts another.
+const outageOver = 10 * time.Second
 
 // storeAnswered records a call the store answered.
 func (d *Decider) storeAnswered() {
@@ -111,7 +116,11 @@ func (d *Decider) storeAnswered() {
 // storeFailed records a call the store could not answer.
 func (d *Decider) storeFailed(err error) {
 	now := time.Now()
-	d.lastFailure.Store(now.UnixNano())
+	last := d.lastFailure.Swap(now.UnixNano())
+	if v := d.downSince.Load(); v != 0 && now.UnixNano()-last >= int64(outageOver) {
+		// An outage no answered call ended: this failure is another's.
+		d.downSince.CompareAndSwap(v, 0)
+	}
 	if d.downSince.Load() == 0 && d.downSince.CompareAndSwap(0, now.UnixNano()) && d.onChange != nil {
 		d.onChange(StoreEvent{At: now, Err: err})
 	}
