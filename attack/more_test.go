@@ -72,7 +72,7 @@ func TestConfigFilesBounded(t *testing.T) {
 	if err := os.Symlink("/dev/zero", filepath.Join(good, "zero.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(s.do("GET", "/readyz", "").raw, "not a regular file") }) {
+	if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken).raw, "not a regular file") }) {
 		t.Fatal("the reload of a directory with /dev/zero in it was not refused")
 	}
 	// Bytes allocated, not held: no collection can hide a read of
@@ -125,10 +125,10 @@ func TestConfigFIFOs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !proctest.WaitFor(10*time.Second, func() bool {
-		a := s.do("GET", "/readyz", "")
+		a := s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken)
 		return strings.Count(a.raw, "not a regular file") == 2
 	}) {
-		t.Fatalf("the reloads of two pipes were not refused: %s", s.do("GET", "/readyz", "").raw)
+		t.Fatalf("the reloads of two pipes were not refused: %s", s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken).raw)
 	}
 	for _, logged := range []string{"envoy configuration reload refused", "configuration reload refused; keeping the running configuration"} {
 		if !strings.Contains(p.Output.String(), logged) {

@@ -71,7 +71,7 @@ type debitKeys struct {
 	// path the key is for.
 	scope, prefix string
 	request       [32]byte
-	n       atomic.Uint64 // the debits made so far
+	n             atomic.Uint64 // the debits made so far
 }
 
 // debitKeys returns the keys of r's debits, nil when r has no
