@@ -72,7 +72,9 @@ func TestConfigFilesBounded(t *testing.T) {
 	if err := os.Symlink("/dev/zero", filepath.Join(good, "zero.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken).raw, "not a regular file") }) {
+	if !proctest.WaitFor(10*time.Second, func() bool {
+		return strings.Contains(s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken).raw, "not a regular file")
+	}) {
 		t.Fatal("the reload of a directory with /dev/zero in it was not refused")
 	}
 	// Bytes allocated, not held: no collection can hide a read of
