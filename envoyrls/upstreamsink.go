@@ -23,13 +23,13 @@ import (
 // response time as "ratelimit_server.ShouldRateLimit.response_time:ms|ms".
 // A flush the server does not take is dropped, and the connection made
 // again at the next. It returns when ctx ends, after a last flush.
-func (stats *UpstreamStats) SendStatsd(ctx context.Context, addr string, every time.Duration, log *slog.Logger) {
+func (s *UpstreamStats) SendStatsd(ctx context.Context, addr string, every time.Duration, log *slog.Logger) {
 	var conn net.Conn
 	last := map[string]uint64{}
 	failing := false
 	flush := func() {
 		var b bytes.Buffer
-		for _, c := range stats.Counters() {
+		for _, c := range s.Counters() {
 			if d := c.Value - last[c.Name]; d > 0 {
 				b.WriteString(c.Name)
 				b.WriteByte(':')
@@ -38,7 +38,7 @@ func (stats *UpstreamStats) SendStatsd(ctx context.Context, addr string, every t
 			}
 			last[c.Name] = c.Value
 		}
-		for _, t := range stats.TakeResponseTimes() {
+		for _, t := range s.TakeResponseTimes() {
 			b.WriteString("ratelimit_server.ShouldRateLimit.response_time:")
 			b.WriteString(strconv.FormatInt(t.Milliseconds(), 10))
 			b.WriteString("|ms\n")
@@ -111,8 +111,8 @@ const responseTimeName = "ratelimit_server.ShouldRateLimit.response_time"
 // mapped by the statsd_exporter mapping file mapperFile if set. As
 // envoyproxy/ratelimit, a mapping file that cannot be read maps nothing;
 // the warning logged says why.
-func (stats *UpstreamStats) Collector(mapperFile string, log *slog.Logger) prometheus.Collector {
-	u := &upstreamCollector{stats: stats, buckets: make([]uint64, len(prometheus.DefBuckets))}
+func (s *UpstreamStats) Collector(mapperFile string, log *slog.Logger) prometheus.Collector {
+	u := &upstreamCollector{stats: s, buckets: make([]uint64, len(prometheus.DefBuckets))}
 	if mapperFile != "" {
 		u.mapper = &mapper.MetricMapper{Registerer: prometheus.NewRegistry(), Logger: kitlog.NewNopLogger()}
 		if err := u.mapper.InitFromFile(mapperFile); err != nil {
