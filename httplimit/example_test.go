@@ -62,7 +62,7 @@ func ExampleIdempotentDebits() {
 		panic(err)
 	}
 	who := func(r *http.Request) (admit.Who, error) { return admit.Who{Tenant: r.Header.Get("X-Tenant")}, nil }
-	h := httplimit.Middleware(lim, who, httplimit.IdempotentDebits(policy.NewMemoryIdempotency(0), time.Hour))(
+	h := httplimit.Middleware(lim, who, httplimit.IdempotentDebits(policy.NewMemoryIdempotency(0, 0), time.Hour))(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if err := httplimit.Debit(r, 1_200); err != nil { // the tokens the call took
 				http.Error(w, err.Error(), http.StatusConflict)

@@ -65,7 +65,7 @@ func TestIdempotentDebits(t *testing.T) {
 	}
 	ls := [2]*admit.Limiter{l, l}
 	// Two middlewares of one keys' store, as two servers would have.
-	keys := policy.NewMemoryIdempotency(0)
+	keys := policy.NewMemoryIdempotency(0, 0)
 	var hs [2]http.Handler
 	errs := make(chan error, 10)
 	for i := range hs {

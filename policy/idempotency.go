@@ -74,11 +74,11 @@ const DefaultIdempotentKeysPerScope = 20_000
 // MemoryIdempotency is an IdempotencyStore in this process's memory,
 // for the memory store. Create it with NewMemoryIdempotency.
 type MemoryIdempotency struct {
-	perScope int
-	mu       sync.Mutex
-	scopes   map[string]*memScope
-	held     int // keys of every scope
-	now      func() time.Time
+	perScope, maxKeys int
+	mu                sync.Mutex
+	scopes            map[string]*memScope
+	held              int // keys of every scope
+	now               func() time.Time
 }
 
 // memScope is a scope's keys, and the order they expire in: each key's
@@ -119,12 +119,15 @@ var _ IdempotencyStore = (*MemoryIdempotency)(nil)
 
 // NewMemoryIdempotency returns an empty MemoryIdempotency that holds at
 // most perScope keys of a scope (DefaultIdempotentKeysPerScope when 0)
-// and MaxIdempotentKeys in all.
-func NewMemoryIdempotency(perScope int) *MemoryIdempotency {
+// and maxKeys in all (MaxIdempotentKeys when 0, and at most that).
+func NewMemoryIdempotency(perScope, maxKeys int) *MemoryIdempotency {
 	if perScope <= 0 {
 		perScope = DefaultIdempotentKeysPerScope
 	}
-	return &MemoryIdempotency{perScope: perScope, scopes: map[string]*memScope{}, now: time.Now}
+	if maxKeys <= 0 || maxKeys > MaxIdempotentKeys {
+		maxKeys = MaxIdempotentKeys
+	}
+	return &MemoryIdempotency{perScope: perScope, maxKeys: maxKeys, scopes: map[string]*memScope{}, now: time.Now}
 }
 
 // expire forgets sc's keys that expired by now. m.mu is held.
@@ -141,8 +144,7 @@ func (m *MemoryIdempotency) expire(name string, sc *memScope, now time.Time) {
 	}
 }
 
-// Begin implements IdempotencyStore. Past MaxIdempotentKeys keys held
-// in all, once the expired ones are forgotten, it answers IdempotentFull
+// Begin implements IdempotencyStore. Past its bound of keys held in all, once the expired ones are forgotten, it answers IdempotentFull
 // too, with when the first key of all expires.
 func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (Idempotent, error) {
 	m.mu.Lock()
@@ -158,7 +160,7 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 			return Idempotent{State: IdempotentFull, RetryAfter: sc.firstExpiry().Sub(now)}, nil
 		}
 	}
-	if m.held >= MaxIdempotentKeys {
+	if m.held >= m.maxKeys {
 		first := time.Time{}
 		for name, s := range m.scopes {
 			m.expire(name, s, now)
@@ -166,7 +168,7 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 				first = s.firstExpiry()
 			}
 		}
-		if m.held >= MaxIdempotentKeys {
+		if m.held >= m.maxKeys {
 			return Idempotent{State: IdempotentFull, RetryAfter: first.Sub(now)}, nil
 		}
 	}

@@ -8,5 +8,7 @@ import (
 )
 
 func TestMemoryIdempotencyConformance(t *testing.T) {
-	idemtest.Run(t, func(t *testing.T, perScope int) policy.IdempotencyStore { return policy.NewMemoryIdempotency(perScope) })
+	idemtest.Run(t, func(t *testing.T, perScope int) policy.IdempotencyStore {
+		return policy.NewMemoryIdempotency(perScope, 0)
+	})
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -385,30 +387,46 @@ func (c *Config) CheckRegions() error {
 
 // checkRegionRules is CheckRegions, adding its errors to d's.
 func (d *decoder) checkRegionRules(c *Config) {
+	d.checkStoreRules(c, redisstore.CheckRegionRule, true)
+}
+
+// checkStoreRules checks the compiled rules of c with check, a store's
+// bounds (the Redis store's spans, a region's algorithms), each error at
+// its rule's position, rather than at serve's start without one.
+func (d *decoder) checkStoreRules(c *Config, check func(*admit.Rule) error, region bool) {
 	p, err := policy.Compile(c.Spec())
 	if err != nil {
 		return // reported by check
 	}
 	paths := map[string]string{}
-	note := func(path string, rules []policy.RuleSpec) {
+	note := func(tier, path string, rules []policy.RuleSpec) {
 		for i, r := range rules {
-			if _, ok := paths[r.Name]; !ok {
-				paths[r.Name] = fmt.Sprintf("%s[%d]", path, i)
+			for _, k := range []string{tier + "\x00" + r.Name, r.Name} {
+				if _, ok := paths[k]; !ok {
+					paths[k] = fmt.Sprintf("%s[%d]", path, i)
+				}
 			}
 		}
 	}
-	note("global", c.Global)
+	note("", "global", c.Global)
 	for _, name := range slices.Sorted(maps.Keys(c.Tiers)) {
-		note("tiers."+name+".rules", c.Tiers[name].Rules)
+		note(name, "tiers."+name+".rules", c.Tiers[name].Rules)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Tenants)) {
-		note("tenants."+name+".overrides", c.Tenants[name].Overrides)
+		note("", "tenants."+name+".overrides", c.Tenants[name].Overrides)
 	}
 	for _, r := range p.Rules() {
-		path := paths[r.Name]
-		if err := redisstore.CheckRegionRule(&r.Rule); err != nil {
-			d.failAt(path+".algorithm", "%v", err)
-		} else if r.Fair {
+		path, ok := paths[r.Tier+"\x00"+r.Name]
+		if !ok {
+			path = paths[r.Name]
+		}
+		if err := check(&r.Rule); err != nil {
+			field := admit.ErrorField(err)
+			if field == "" {
+				field = "algorithm"
+			}
+			d.failAt(path+"."+field, "%v", err)
+		} else if region && r.Fair {
 			d.failAt(path+".fair_share", "rule %q: fair shares of a limit tenants share are not held across regions yet; set fair_share: false", r.Name)
 		}
 	}
@@ -603,6 +621,9 @@ func (d *decoder) check(c *Config) {
 			}
 		}
 	}
+	if c.Server.HTTP != "" && c.Server.HTTP == c.Server.GRPC {
+		d.failAt("server.grpc", "%q is server.http's address too; the two ports differ", c.Server.GRPC)
+	}
 	for _, f := range []struct {
 		path string
 		n    int
@@ -668,13 +689,18 @@ func (d *decoder) check(c *Config) {
 		d.failAt("store.redis.tls", "cert_file and key_file go together")
 	}
 	if t := c.Store.Redis.TLS; t != nil && t.Enabled {
-		// The files are read when the store connects: a missing one
-		// would stop the server there, without the file's position.
-		for _, f := range []struct{ path, file string }{{"store.redis.tls.ca_file", t.CAFile}, {"store.redis.tls.cert_file", t.CertFile}, {"store.redis.tls.key_file", t.KeyFile}} {
-			if f.file != "" {
-				if _, err := os.Stat(f.file); err != nil {
-					d.failAt(f.path, "%v", err)
-				}
+		// The files are read when the store connects: a missing or
+		// broken one would stop the server there, without its position.
+		if t.CAFile != "" {
+			if pem, err := os.ReadFile(t.CAFile); err != nil {
+				d.failAt("store.redis.tls.ca_file", "%v", err)
+			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+				d.failAt("store.redis.tls.ca_file", "%s holds no PEM certificate", t.CAFile)
+			}
+		}
+		if t.CertFile != "" && t.KeyFile != "" {
+			if _, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile); err != nil {
+				d.failAt("store.redis.tls.cert_file", "%v", err)
 			}
 		}
 	}
@@ -696,8 +722,11 @@ func (d *decoder) check(c *Config) {
 	if c.Store.MaxKeys < 0 || c.Store.MaxKeys > 1_000_000_000 {
 		d.failAt("store.max_keys", "must be from 1 to 1000000000")
 	}
-	if c.Store.Home != "" {
+	switch {
+	case c.Store.Home != "":
 		d.checkRegionRules(c)
+	case c.Store.Backend == "redis":
+		d.checkStoreRules(c, redisstore.CheckRule, false)
 	}
 	if _, err := policy.Compile(c.Spec()); err != nil {
 		var fes policy.Errors

@@ -146,3 +146,31 @@ func TestConfigHTTPErrorsInOneRun(t *testing.T) {
 		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
 	}
 }
+
+// TestConfigStoreBoundsValidated: with backend redis, every rule the
+// Redis store cannot hold is refused by validate, each at its position
+// (serve refused the first alone, without one); two servers on one
+// address too.
+func TestConfigStoreBoundsValidated(t *testing.T) {
+	data := "version: 1\n" +
+		"server: {http: \":9000\", grpc: \":9000\"}\n" + // 2
+		"store: {backend: redis}\n" +
+		"tiers:\n" +
+		"  free:\n" +
+		"    rules:\n" +
+		"      - {name: a, scope: tenant, algorithm: token_bucket, rate: 1/h, burst: 100000}\n" + // 7
+		"      - {name: b, scope: tenant, algorithm: token_bucket, rate: 10/s, burst: 10}\n" +
+		"      - {name: c, scope: tenant, algorithm: token_bucket, rate: 1/h, burst: 200000}\n" // 9
+	_, err := ParseConfig("c.yaml", []byte(data))
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
+	}
+	if want := "2:server.grpc 7:tiers.free.rules[0].algorithm 9:tiers.free.rules[2].algorithm"; strings.Join(got, " ") != want {
+		t.Errorf("errors at %v, want %s\n%v", got, want, err)
+	}
+}

@@ -103,8 +103,8 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 			sessions: sessions,
 			usage:    usage,
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
-			idem:     policy.NewMemoryIdempotency(cfg.Server.IdempotencyKeysPerTenant),
-			anonIdem: policy.NewMemoryIdempotency(anonymousKeys(cfg)),
+			idem:     policy.NewMemoryIdempotency(cfg.Server.IdempotencyKeysPerTenant, 0),
+			anonIdem: policy.NewMemoryIdempotency(anonymousKeys(cfg), policy.MaxIdempotentKeys/10),
 			close:    func() { m.Close(); release() },
 		}, nil
 	}

@@ -17,7 +17,7 @@ const MaxIdempotencyKey = 255
 
 // IdempotencyKey returns r's idempotency key, "" when it has none: a
 // structured-field string ("…") or the same text bare, of visible ASCII
-// without quotes or backslashes. Its error, of code admit.CodeInvalid and
+// without quotes, backslashes or commas. Its error, of code admit.CodeInvalid and
 // field IdempotencyHeader, says what is wrong with a key given.
 func IdempotencyKey(r *http.Request) (string, error) {
 	vs := r.Header[IdempotencyHeader]
@@ -36,8 +36,9 @@ func IdempotencyKey(r *http.Request) (string, error) {
 		return "", badKey("%s: 1 to %d characters, got %d", IdempotencyHeader, MaxIdempotencyKey, len(k))
 	}
 	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return "", badKey("%s: printable ASCII without quotes or backslashes, got %q at %d", IdempotencyHeader, c, i)
+		// A comma would be two keys a proxy folded into one field.
+		if c := k[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == ',' {
+			return "", badKey("%s: printable ASCII without quotes, backslashes or commas, got %q at %d", IdempotencyHeader, c, i)
 		}
 	}
 	return k, nil

@@ -56,6 +56,11 @@ type idemClaim struct {
 	// applied, and its retry, claiming again, would charge it twice.
 	down  bool
 	cause error
+	// held is where this server keeps the key meanwhile: the answer a
+	// down claim was decided to, replayed to its retries here until the
+	// keys' store takes it.
+	held *heldKeys
+	hk   string
 	// retry keeps an answer the store did not take for later (the
 	// server's idemRetrier).
 	retry *idemRetrier
@@ -92,14 +97,23 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 	var t [16]byte
 	_, _ = rand.Read(t[:])
 	cl.token = hex.EncodeToString(t[:])
+	cl.held, cl.hk = s.held, scope+"\x00"+key
+	if got, ok := s.held.get(cl.hk, time.Now()); ok {
+		// Decided here while the keys' store did not answer: this
+		// server's answer stands until the store takes it.
+		s.answerClaimed(w, got, cl.fingerprint, key)
+		return nil, true
+	}
 	got, err := store.Begin(r.Context(), cl.scope, cl.key, cl.fingerprint, cl.token, idempotencyPending)
 	switch {
 	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
-		// The claim may still be made, by a store that answers late:
-		// once it answers, let it go, so that the key's retries are
-		// decided rather than told to wait for the claim's minute.
-		cl.retry.add(cl, policy.Idempotent{}, true)
-		return &idemClaim{down: true, cause: err}, false
+		// Decided by the failure modes, the key claimed here: its
+		// retries to this server are told to wait, then answered as it
+		// was; the store gets the answer (or the claim it may make late
+		// is let go) once it answers.
+		cl.down, cl.cause = true, err
+		s.held.claim(cl.hk, cl.fingerprint, cl.until)
+		return cl, false
 	case err != nil:
 		if admit.ErrorCode(err) == admit.CodeExhausted {
 			w.Header().Set("Retry-After", "1")
@@ -108,10 +122,18 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 		return nil, true
 	case got.State == policy.IdempotentNew:
 		return cl, false
+	}
+	s.answerClaimed(w, got, cl.fingerprint, key)
+	return nil, true
+}
+
+// answerClaimed answers a request whose key is held already, as got says.
+func (s *Server) answerClaimed(w http.ResponseWriter, got policy.Idempotent, fingerprint [32]byte, key string) {
+	switch {
 	case got.State == policy.IdempotentFull:
 		w.Header().Set("Retry-After", strconv.FormatInt(httpx.CeilDiv(got.RetryAfter, time.Second), 10))
-		writeProblem(w, http.StatusTooManyRequests, "the caller holds the most "+IdempotencyHeader+"s it may keep at once; send this request without one, or retry once an older key expires")
-	case got.Fingerprint != cl.fingerprint:
+		writeProblem(w, http.StatusTooManyRequests, "too many "+IdempotencyHeader+"s are kept (by this caller, or by the server in all); send this request without one, or retry once an older key expires")
+	case got.Fingerprint != fingerprint:
 		writeProblem(w, http.StatusUnprocessableEntity, IdempotencyHeader+" "+key+" was given with another request; a retry must send the same request, and another request another key")
 	case got.State == policy.IdempotentPending:
 		w.Header().Set("Retry-After", "1")
@@ -120,7 +142,6 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeBody(w, got.Status, got.Body)
 	}
-	return nil, true
 }
 
 // finish keeps the answer for retries when it charged something, or may
@@ -129,7 +150,20 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 // nothing to charge, an error) it lets the key go, and a retry decides
 // again.
 func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body []byte) {
-	if cl == nil || cl.down {
+	if cl == nil {
+		return
+	}
+	if cl.down {
+		// Kept here, and for the store once it answers; or let go, here
+		// and of the claim the store may make late.
+		if !charged {
+			cl.held.drop(cl.hk)
+			cl.retry.add(cl, policy.Idempotent{}, opAbandon)
+			return
+		}
+		a := policy.Idempotent{State: policy.IdempotentDone, Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
+		cl.held.answer(cl.hk, a)
+		cl.retry.add(cl, a, opLand)
 		return
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -141,7 +175,7 @@ func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body 
 	if err := cl.store.Finish(ctx, cl.scope, cl.key, a, cl.keep); err != nil {
 		// The key stays claimed until cl.until: its retries are told to
 		// wait meanwhile, and the answer is kept once the store takes it.
-		cl.retry.add(cl, a, false)
+		cl.retry.add(cl, a, opFinish)
 	}
 }
 
@@ -160,13 +194,84 @@ type idemRetrier struct {
 }
 
 type idemAnswer struct {
-	cl      *idemClaim
-	a       policy.Idempotent
-	abandon bool // let the claim go rather than keep a
+	cl *idemClaim
+	a  policy.Idempotent
+	op idemOp
 }
 
-// maxIdemRetries bounds the answers waiting for the store: past them an
-// answer is dropped, and its key let go with its claim.
+// idemOp is what an answer waits to do in the keys' store.
+type idemOp uint8
+
+const (
+	opFinish  idemOp = iota // keep a for the claim
+	opAbandon               // let the claim go
+	// opLand keeps a, decided without a claim in the store: the key is
+	// claimed first (a claim the store made late, ours, let go first),
+	// unless another answer holds it already.
+	opLand
+)
+
+// heldKeys are the keys of requests this server decided while the keys'
+// store did not answer, and their answers once decided: their retries
+// here are told to wait, then answered so, until the store takes the
+// answers. At most maxIdemRetries are held.
+type heldKeys struct {
+	mu   sync.Mutex
+	keys map[string]*heldKey
+}
+
+type heldKey struct {
+	a     policy.Idempotent
+	until time.Time
+}
+
+func newHeldKeys() *heldKeys { return &heldKeys{keys: map[string]*heldKey{}} }
+
+// claim holds k, pending, until until; a key past the bound is not held.
+func (h *heldKeys) claim(k string, fp [32]byte, until time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.keys) < maxIdemRetries {
+		h.keys[k] = &heldKey{a: policy.Idempotent{State: policy.IdempotentPending, Fingerprint: fp}, until: until}
+	}
+}
+
+// answer keeps a as k's answer, if k is held.
+func (h *heldKeys) answer(k string, a policy.Idempotent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.keys[k]; e != nil {
+		e.a = a
+	}
+}
+
+// get returns what k holds, if it is held and its claim lasts.
+func (h *heldKeys) get(k string, now time.Time) (policy.Idempotent, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.keys[k]
+	if e == nil {
+		return policy.Idempotent{}, false
+	}
+	if !now.Before(e.until) {
+		delete(h.keys, k)
+		return policy.Idempotent{}, false
+	}
+	return e.a, true
+}
+
+func (h *heldKeys) drop(k string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	delete(h.keys, k)
+	h.mu.Unlock()
+}
+
+// maxIdemRetries bounds the answers waiting for the store, and the keys
+// held here: past them an answer is dropped, and its key let go with its
+// claim.
 const maxIdemRetries = 10_000
 
 // idemRetryEvery is how often answers waiting are offered again.
@@ -178,13 +283,13 @@ func newIdemRetrier() *idemRetrier {
 	return r
 }
 
-func (r *idemRetrier) add(cl *idemClaim, a policy.Idempotent, abandon bool) {
+func (r *idemRetrier) add(cl *idemClaim, a policy.Idempotent, op idemOp) {
 	if r == nil {
 		return
 	}
 	r.mu.Lock()
 	if len(r.waiting) < maxIdemRetries {
-		r.waiting = append(r.waiting, idemAnswer{cl, a, abandon})
+		r.waiting = append(r.waiting, idemAnswer{cl, a, op})
 	}
 	r.mu.Unlock()
 	select {
@@ -211,19 +316,14 @@ func (r *idemRetrier) run() {
 		var again []idemAnswer
 		for _, w := range batch {
 			if time.Now().After(w.cl.until) {
-				continue // the claim is gone: so is the key
+				w.cl.held.drop(w.cl.hk) // the claim is gone: so is the key
+				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			var err error
-			if w.abandon {
-				err = w.cl.store.Abandon(ctx, w.cl.scope, w.cl.key, w.cl.token)
-			} else {
-				err = w.cl.store.Finish(ctx, w.cl.scope, w.cl.key, w.a, w.cl.keep)
-			}
-			cancel()
-			if err != nil {
+			if !r.do(ctx, w) {
 				again = append(again, w)
 			}
+			cancel()
 		}
 		if len(again) > 0 {
 			r.mu.Lock()
@@ -231,6 +331,35 @@ func (r *idemRetrier) run() {
 			r.mu.Unlock()
 		}
 	}
+}
+
+// do makes w's call to the keys' store, and reports whether it is done.
+func (r *idemRetrier) do(ctx context.Context, w idemAnswer) bool {
+	cl := w.cl
+	switch w.op {
+	case opAbandon:
+		return cl.store.Abandon(ctx, cl.scope, cl.key, cl.token) == nil
+	case opFinish:
+		return cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep) == nil
+	}
+	got, err := cl.store.Begin(ctx, cl.scope, cl.key, cl.fingerprint, cl.token, idempotencyPending)
+	switch {
+	case err != nil:
+		return false
+	case got.State == policy.IdempotentPending:
+		// Ours, made late, or another server's: let ours go, and look
+		// again at the next round.
+		_ = cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
+		return false
+	case got.State == policy.IdempotentNew:
+		if cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep) != nil {
+			return false
+		}
+	}
+	// Kept, or another answer holds the key (or the caller's keys are
+	// full): the store answers its retries from now on.
+	cl.held.drop(cl.hk)
+	return true
 }
 
 // close stops the retrier; answers still waiting are dropped.

@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
 )
 
 // TestIdempotentCharges: a charge retried with its Idempotency-Key is
@@ -84,7 +86,7 @@ func (k *keptKeys) Finish(ctx context.Context, scope, key string, a policy.Idemp
 func TestIdempotencyKeysBounded(t *testing.T) {
 	spec := testSpec()
 	spec.Global = nil
-	keys := &keptKeys{MemoryIdempotency: policy.NewMemoryIdempotency(3)}
+	keys := &keptKeys{MemoryIdempotency: policy.NewMemoryIdempotency(3, 0)}
 	h := start(t, spec, "", func(o *Options) { o.Idempotency = keys })
 	for i := range 50 {
 		k := "anon-" + strconv.Itoa(i)
@@ -182,7 +184,7 @@ func (k *flakyKeys) Finish(ctx context.Context, scope, key string, a policy.Idem
 // retry, claimed, would charge it again); an answer the keys' store did
 // not take is kept once it does, and the retry is that answer.
 func TestIdempotencyKeysStoreFailing(t *testing.T) {
-	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0)}
+	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0, 0)}
 	spec := testSpec()
 	spec.OnError = "open"
 	h := start(t, spec, "", func(o *Options) { o.Idempotency = keys })
@@ -228,7 +230,7 @@ func TestIdempotencyUnknownTenants(t *testing.T) {
 	spec := testSpec()
 	spec.UnknownTenant = "small"
 	h := start(t, spec, "", func(o *Options) {
-		o.Idempotency, o.AnonymousIdempotency = policy.NewMemoryIdempotency(3), policy.NewMemoryIdempotency(3)
+		o.Idempotency, o.AnonymousIdempotency = policy.NewMemoryIdempotency(3, 0), policy.NewMemoryIdempotency(3, 0)
 	})
 	for i, tenant := range []string{"u1", "u2", "u3"} {
 		h.want(h.do("POST", "/v1/report", `{"tenant":"`+tenant+`","user":"x","cost":1}`, "Idempotency-Key", "k"+strconv.Itoa(i)), 200, tenant+"'s keyed report")
@@ -247,4 +249,58 @@ func TestIdempotencyUnknownTenants(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("another address, u1's k0: %d replayed %q; want its own charge", resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
 	}
+}
+
+// TestIdempotencyKeysDownLocal: with the keys' store down and the rules
+// failing local, a keyed charge is decided by the server's own limiter
+// once: its retries here are that answer again (not another local
+// charge), and once the store answers it holds the answer for every
+// server.
+func TestIdempotencyKeysDownLocal(t *testing.T) {
+	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0, 0)}
+	spec := testSpec()
+	spec.OnError = "local"
+	f := &storetest.Faulty{Store: memstore.New(nil)}
+	t.Cleanup(func() { f.Store.Close() })
+	h := start(t, spec, "", func(o *Options) { o.Idempotency, o.Store = keys, f })
+	f.Down.Store(true)
+	keys.down.Store(true)
+	body := `{"tenant":"t2","action":"doc","cost":3}` // docs: a bucket of 3
+	first := h.do("POST", "/v1/report", body, "Idempotency-Key", "local-1")
+	h.want(first, 200, "a keyed report, the store and the keys' store down")
+	if first.body["failover"] != "local" {
+		t.Fatalf("want the local limiter's answer: %s", first.raw)
+	}
+	for range 3 {
+		again := h.do("POST", "/v1/report", body, "Idempotency-Key", "local-1")
+		if again.header.Get("Idempotent-Replayed") != "true" || again.raw != first.raw {
+			t.Fatalf("a retry here while the keys' store is down: %s (replayed %q), want the first answer", again.raw, again.header.Get("Idempotent-Replayed"))
+		}
+	}
+	keys.down.Store(false)
+	f.Down.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h.srv.held.mu.Lock()
+		n := len(h.srv.held.keys)
+		h.srv.held.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the answer did not reach the keys' store within 5 s of its return")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	again := h.do("POST", "/v1/report", body, "Idempotency-Key", "local-1")
+	if again.header.Get("Idempotent-Replayed") != "true" || again.raw != first.raw {
+		t.Errorf("a retry once the keys' store holds the answer: %s, want the first answer", again.raw)
+	}
+}
+
+// TestIdempotencyKeyFolded: two keys a proxy folded into one field
+// ("a, b") are refused, as two fields are.
+func TestIdempotencyKeyFolded(t *testing.T) {
+	h := start(t, testSpec(), "")
+	h.want(h.do("POST", "/v1/report", `{"tenant":"t2","action":"doc","cost":1}`, "Idempotency-Key", "a, b"), 400, "a folded key")
 }

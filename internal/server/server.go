@@ -187,6 +187,7 @@ type Server struct {
 	idem           policy.IdempotencyStore
 	idemWindow     time.Duration
 	idemRetry      *idemRetrier
+	held           *heldKeys
 	anonIdem       policy.IdempotencyStore
 	health         func() StoreHealth
 	maxWait        time.Duration
@@ -233,12 +234,12 @@ func New(opts Options) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.Default()
 	}
-	s.idemRetry = newIdemRetrier()
+	s.idemRetry, s.held = newIdemRetrier(), newHeldKeys()
 	if s.anonIdem = opts.AnonymousIdempotency; s.anonIdem == nil {
-		s.anonIdem = policy.NewMemoryIdempotency(policy.DefaultIdempotentKeysPerScope / 10)
+		s.anonIdem = policy.NewMemoryIdempotency(policy.DefaultIdempotentKeysPerScope/10, policy.MaxIdempotentKeys/10)
 	}
 	if s.idem == nil {
-		s.idem = policy.NewMemoryIdempotency(0)
+		s.idem = policy.NewMemoryIdempotency(0, 0)
 	}
 	fa, ok := ForwardAuthProxies[opts.ForwardAuth]
 	if !ok {
