@@ -331,13 +331,13 @@ var standaloneFaults = []fault{
 	{name: "frozen", before: true,
 		begin: func(t *testing.T, r *redistest.Server) { r.Freeze() },
 		end:   func(t *testing.T, r *redistest.Server) { r.Thaw() }},
-	// Frozen longer than the store keeps an unanswered connection (2 s):
+	// Frozen longer than the store keeps an unanswered connection (5 s):
 	// the connection is made again and again while Redis is frozen, and
 	// a call that waits for one, made by whichever caller asked first
 	// (the catalog's poll, of a 2 s context), waits at most the dial's
 	// bound (200 ms), not that caller's context.
 	{name: "frozen past its connections' write timeout", before: true, slowest: time.Second,
-		begin: func(t *testing.T, r *redistest.Server) { r.Freeze(); time.Sleep(2500 * time.Millisecond) },
+		begin: func(t *testing.T, r *redistest.Server) { r.Freeze(); time.Sleep(6 * time.Second) },
 		end:   func(t *testing.T, r *redistest.Server) { r.Thaw() }},
 	{name: "unreachable at start", before: false, lost: true,
 		begin: func(t *testing.T, r *redistest.Server) {},

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit/internal/redishook"
 )
@@ -36,5 +39,27 @@ func TestLuaFiles(t *testing.T) {
 	}
 	if !strings.HasSuffix(scriptSource, "redis.register_function('"+redishook.FunctionName+"', run)\n") {
 		t.Error("the library does not end by registering its function")
+	}
+}
+
+// TestConnectionsBounded: a connection is made within 4 timeouts (200 ms
+// at least), so that a call waiting for one made by a caller of a longer
+// context (a catalog poll of 2 s) waits no longer; one left unanswered is
+// made again after 100 (5 s at least), not the client's 10 s.
+func TestConnectionsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		timeout       time.Duration
+		dial, unheard time.Duration
+	}{
+		{0, 200 * time.Millisecond, 5 * time.Second},
+		{50 * time.Millisecond, 200 * time.Millisecond, 5 * time.Second},
+		{time.Second, 4 * time.Second, 10 * time.Second},
+		{10 * time.Second, 5 * time.Second, 10 * time.Second},
+	} {
+		var co rueidis.ClientOption
+		boundConnections(&co, &Options{Timeout: tc.timeout})
+		if co.Dialer.Timeout != tc.dial || co.ConnWriteTimeout != tc.unheard {
+			t.Errorf("timeout %v: dial %v, unanswered %v; want %v, %v", tc.timeout, co.Dialer.Timeout, co.ConnWriteTimeout, tc.dial, tc.unheard)
+		}
 	}
 }

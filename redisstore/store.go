@@ -75,7 +75,7 @@
 // the cooldown closes it as soon as Redis answers again. Failures are admit errors of
 // code CodeUnavailable, so callers apply their on_error mode. A new
 // connection is made within 4 timeouts (200 ms at least), and one left
-// unanswered for 40 (2 s at least) is made again.
+// unanswered for 100 (5 s at least) is made again.
 package redisstore
 
 import (
@@ -319,7 +319,7 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 // context: made under a dial timeout of 4 timeouts (200 ms at least, 5 s
 // at most), a frozen Redis holds such a call that long, not the 5 s of
 // the client's default or the seconds of a background caller's context.
-// A connection that has not been answered for 40 timeouts (2 s at least,
+// A connection that has not been answered for 100 timeouts (5 s at least,
 // 10 s at most) is closed and made again, rather than after 10 s.
 func boundConnections(co *rueidis.ClientOption, opts *Options) {
 	t := 50 * time.Millisecond
@@ -327,7 +327,7 @@ func boundConnections(co *rueidis.ClientOption, opts *Options) {
 		t = opts.Timeout
 	}
 	co.Dialer.Timeout = min(max(4*t, 200*time.Millisecond), 5*time.Second)
-	co.ConnWriteTimeout = min(max(40*t, 2*time.Second), 10*time.Second)
+	co.ConnWriteTimeout = min(max(100*t, 5*time.Second), 10*time.Second)
 }
 
 // DialLazy returns a store for cfg without waiting for Redis to answer, so
