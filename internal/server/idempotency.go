@@ -115,9 +115,6 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 		s.held.claim(cl.hk, cl.fingerprint, cl.until)
 		return cl, false
 	case err != nil:
-		if admit.ErrorCode(err) == admit.CodeExhausted {
-			w.Header().Set("Retry-After", "1")
-		}
 		s.fail(w, r, endpoint, err)
 		return nil, true
 	case got.State == policy.IdempotentNew:
@@ -314,14 +311,22 @@ func (r *idemRetrier) run() {
 		r.waiting = nil
 		r.mu.Unlock()
 		var again []idemAnswer
+		failed := false
 		for _, w := range batch {
 			if time.Now().After(w.cl.until) {
 				w.cl.held.drop(w.cl.hk) // the claim is gone: so is the key
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if !r.do(ctx, w) {
+			if failed {
+				// The store did not answer the last: the rest wait for
+				// the next round, rather than each a timeout of this one.
 				again = append(again, w)
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			done, answered := r.do(ctx, w)
+			if !done {
+				again, failed = append(again, w), !answered
 			}
 			cancel()
 		}
@@ -333,33 +338,36 @@ func (r *idemRetrier) run() {
 	}
 }
 
-// do makes w's call to the keys' store, and reports whether it is done.
-func (r *idemRetrier) do(ctx context.Context, w idemAnswer) bool {
+// do makes w's call to the keys' store, and reports whether it is done
+// and whether the store answered.
+func (r *idemRetrier) do(ctx context.Context, w idemAnswer) (done, answered bool) {
 	cl := w.cl
 	switch w.op {
 	case opAbandon:
-		return cl.store.Abandon(ctx, cl.scope, cl.key, cl.token) == nil
+		err := cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
+		return err == nil, err == nil
 	case opFinish:
-		return cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep) == nil
+		err := cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep)
+		return err == nil, err == nil
 	}
 	got, err := cl.store.Begin(ctx, cl.scope, cl.key, cl.fingerprint, cl.token, idempotencyPending)
 	switch {
 	case err != nil:
-		return false
+		return false, false
 	case got.State == policy.IdempotentPending:
 		// Ours, made late, or another server's: let ours go, and look
 		// again at the next round.
 		_ = cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
-		return false
+		return false, true
 	case got.State == policy.IdempotentNew:
 		if cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep) != nil {
-			return false
+			return false, false
 		}
 	}
 	// Kept, or another answer holds the key (or the caller's keys are
 	// full): the store answers its retries from now on.
 	cl.held.drop(cl.hk)
-	return true
+	return true, true
 }
 
 // close stops the retrier; answers still waiting are dropped.
