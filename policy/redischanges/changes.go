@@ -57,6 +57,11 @@ func (c *Store) Load(ctx context.Context) (*policy.Changes, error) {
 		return nil, err
 	}
 	b, err := client.Do(ctx, client.B().Get().Key(c.key).Build()).AsBytes()
+	if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && ctx.Err() == nil {
+		// A connection a Redis restart broke fails the first call made
+		// on it; a read is safe to make again, on one made anew.
+		b, err = client.Do(ctx, client.B().Get().Key(c.key).Build()).AsBytes()
+	}
 	if rueidis.IsRedisNil(err) {
 		return &policy.Changes{Version: 1}, nil
 	}
