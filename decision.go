@@ -7,11 +7,6 @@ import (
 	"github.com/admitdev/admit/internal/slots"
 )
 
-// MaxCharges bounds the charges of one decision. A request resolves to a
-// handful of charges (global, tenant, user, action…); the bound keeps a
-// decision's locks, script arguments and stack buffers small.
-const MaxCharges = 32
-
 // Charge is one bucket a request is counted against: its key, the rule that
 // governs it and the cost of the request. Cost 0 is a peek: the decision is
 // computed and reported, and nothing is charged; a peek at a bucket in debt
@@ -34,9 +29,9 @@ type Charge struct {
 	// requests are refused until it is repaid. A debit never refuses the
 	// decision it is in and is applied even when the decision's other
 	// charges refuse it; those are all or nothing among themselves. Its
-	// cost may exceed what the rule admits at once (up to MaxCost). Token
-	// buckets, GCRA and fixed and sliding windows take debits (see
-	// Rule.CheckDebit).
+	// cost may exceed what the rule admits at once (up to 1,000,000,000).
+	// Token buckets, GCRA, fixed and sliding windows and quotas take
+	// debits.
 	Debit bool
 	// DryRun asks what the decision would be without charging anything.
 	// A decision is a dry run as a whole: if any of its charges sets
@@ -104,7 +99,7 @@ type Decision struct {
 	// held under this one lease until it is released or expires.
 	Lease Lease
 	// At is the store's clock when it made the decision, the time a
-	// Refunder needs to give a charge back to the window it was counted
+	// store needs to give a charge back to the window it was counted
 	// in. The zero time means the store did not say.
 	At time.Time
 	// FailedOpen says the store could not be reached and every limit
@@ -136,39 +131,6 @@ func (d *Decision) Reset() {
 	d.Lease = Lease{}
 	d.At = time.Time{}
 	d.FailedOpen = false
-}
-
-// Summarize sets d's top-level fields from d.Results. Stores call it after
-// appending every charge's result.
-func (d *Decision) Summarize() {
-	d.Allowed = true
-	best := -1
-	for i := range d.Results {
-		r := &d.Results[i]
-		if r.Allowed || r.Shadow || r.Debit {
-			continue
-		}
-		if d.Allowed || r.RetryAfter > d.Results[best].RetryAfter {
-			best = i
-		}
-		d.Allowed = false
-	}
-	if d.Allowed {
-		for i := range d.Results {
-			r := &d.Results[i]
-			if !r.Shadow && (best < 0 || r.Remaining < d.Results[best].Remaining) {
-				best = i
-			}
-		}
-	}
-	if best < 0 {
-		return
-	}
-	r := &d.Results[best]
-	d.Limit, d.Remaining, d.ResetAfter = r.Limit, r.Remaining, r.ResetAfter
-	if !d.Allowed { // an admitted decision's debit may have a RetryAfter
-		d.RetryAfter, d.DeniedBy = r.RetryAfter, r.Rule
-	}
 }
 
 // Lease is a slot in one or more concurrency limits, held from an admitted
@@ -205,13 +167,13 @@ type Store interface {
 	Reserve(ctx context.Context, charges []Charge, maxWait time.Duration) (Reservation, error)
 	// CancelReservation gives back what a reservation booked, if the time
 	// it was booked for has not come yet. An unknown or already cancelled
-	// reservation is ErrNotFound.
+	// reservation is CodeNotFound.
 	CancelReservation(ctx context.Context, id string) error
 
 	// RenewLease extends every slot of a live lease by its TTL.
 	RenewLease(ctx context.Context, id string) (Lease, error)
 	// ReleaseLease frees the slots of a lease. An unknown or expired lease
-	// is ErrNotFound.
+	// is CodeNotFound.
 	ReleaseLease(ctx context.Context, id string) error
 
 	// Reset forgets the state of the charges' buckets, as if they had
@@ -220,50 +182,4 @@ type Store interface {
 
 	// Close releases the store's resources. It is idempotent.
 	Close() error
-}
-
-// A RuleChecker is a Store that cannot decide every valid rule, a store
-// with bounds of its own (Redis keeps times in whole microseconds and
-// windows of at most 52 days): NewLimiter asks it about each limit, so
-// that a limit it cannot decide is refused at wiring rather than at every
-// request. A Store that wraps another should pass CheckRule on.
-type RuleChecker interface {
-	// CheckRule reports why the store cannot decide r, a valid rule, or
-	// nil.
-	CheckRule(r *Rule) error
-}
-
-// A Refunder gives back what admitted charges took, when the cost turns
-// out smaller than the one charged (an LLM call reserved for its longest
-// answer and gave a short one). Stores that keep counts implement it.
-type Refunder interface {
-	// Refund gives back each charge's Cost to its key, as charged by a
-	// decision made at the store's time at (Decision.At): a token bucket
-	// or GCRA gets the tokens back (never above its burst); a fixed or
-	// sliding window or a quota gets them back only while the window or
-	// period they were counted in has not ended, and never below zero.
-	// Other algorithms are refused with CodeInvalid. What a refund cannot
-	// give back (a window that ended) is simply not given back, so a
-	// refund never lets more through than a decision at the lower cost
-	// would have.
-	Refund(ctx context.Context, charges []Charge, at time.Time) error
-}
-
-// CheckRefund reports whether r takes refunds: the algorithms that take
-// debits do (see Refunder).
-func (r *Rule) CheckRefund(cost int64) error {
-	if err := r.CheckDebit(cost); err != nil {
-		e := Errorf(CodeInvalid, "rule %q: %v takes no refunds; token_bucket, gcra, fixed_window, sliding_window and quota do", r.Name, r.Algorithm)
-		e.Field = "refund"
-		return e
-	}
-	return nil
-}
-
-// Check decides charges with s and returns the decision. It allocates the
-// result; hot paths call s.Decide with a reused Decision instead.
-func Check(ctx context.Context, s Store, charges ...Charge) (Decision, error) {
-	var d Decision
-	err := s.Decide(ctx, charges, &d)
-	return d, err
 }

@@ -50,7 +50,8 @@
 //
 // A Store decides a set of charges all or nothing (Decide), books
 // capacity ahead (Reserve), renews and releases concurrency leases, and
-// resets keys; a Refunder also gives back what was charged. The stores of
+// resets keys; a store that keeps counts also gives back what was charged
+// (Refund). The stores of
 // this module, memstore and redisstore, share one engine, with one set of
 // test vectors; storetest is the conformance suite every store runs.
 //

@@ -42,25 +42,6 @@ func (c Code) String() string {
 	return fmt.Sprintf("code(%d)", uint8(c))
 }
 
-// Sentinel errors, one per code, for use with errors.Is:
-//
-//	if errors.Is(err, admit.ErrNotFound) { … }
-//
-// Any *Error with the same code matches its sentinel.
-var (
-	ErrInternal        = &Error{Code: CodeInternal, Message: "internal error"}
-	ErrInvalid         = &Error{Code: CodeInvalid, Message: "invalid argument"}
-	ErrNotFound        = &Error{Code: CodeNotFound, Message: "not found"}
-	ErrConflict        = &Error{Code: CodeConflict, Message: "conflict"}
-	ErrUnavailable     = &Error{Code: CodeUnavailable, Message: "store unavailable"}
-	ErrPermission      = &Error{Code: CodePermission, Message: "permission denied"}
-	ErrUnauthenticated = &Error{Code: CodeUnauthenticated, Message: "unauthenticated"}
-	ErrExhausted       = &Error{Code: CodeExhausted, Message: "exhausted"}
-	// ErrEmptyKey refuses a charge whose key is empty: every request
-	// charged so would share one state.
-	ErrEmptyKey = &Error{Code: CodeInvalid, Field: "key", Message: "a charge has an empty key, which every caller would share; build keys with admit.Key"}
-)
-
 // Error is the error type of Admit's packages. It carries a Code, a message
 // meant for the person who made the request, optionally the error that
 // caused it, and the field the error is about when there is one.
@@ -100,33 +81,6 @@ func (e *Error) Unwrap() error {
 		return nil
 	}
 	return e.Err
-}
-
-// Is reports whether target is the sentinel error of e's code.
-func (e *Error) Is(target error) bool {
-	t, ok := target.(*Error)
-	return ok && e != nil && t != nil && t.Message != "" && t == sentinel(e.Code)
-}
-
-func sentinel(c Code) *Error {
-	switch c {
-	case CodeInvalid:
-		return ErrInvalid
-	case CodeNotFound:
-		return ErrNotFound
-	case CodeConflict:
-		return ErrConflict
-	case CodeUnavailable:
-		return ErrUnavailable
-	case CodePermission:
-		return ErrPermission
-	case CodeUnauthenticated:
-		return ErrUnauthenticated
-	case CodeExhausted:
-		return ErrExhausted
-	default:
-		return ErrInternal
-	}
 }
 
 // ErrorCode returns the Code of the first *Error in err's chain, CodeInternal

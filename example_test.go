@@ -43,7 +43,7 @@ func Example_hierarchy() {
 // A rule with a rate parsed from configuration syntax.
 func ExampleParseRate() {
 	r, err := admit.ParseRate("5/30s")
-	fmt.Println(r.N, r.Per, r.Interval(), err)
+	fmt.Println(r.N, r.Per, r.Per/time.Duration(r.N), err)
 	// Output: 5 30s 6s <nil>
 }
 
@@ -54,7 +54,8 @@ func ExampleStore_reserve() {
 	defer store.Close()
 	docs := &admit.Rule{Name: "doc-summaries", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 10, Per: time.Minute}, Burst: 20}
 	c := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "t1234", Action: "invoke-doc-summary-ai"}.String(), Rule: docs, Cost: 20}}
-	d, _ := admit.Check(context.Background(), store, c...)
+	var d admit.Decision
+	_ = store.Decide(context.Background(), c, &d)
 	fmt.Println("claim 20 at once:", d.Allowed)
 	c[0].Cost = 3
 	r, _ := store.Reserve(context.Background(), c, time.Minute)
@@ -82,16 +83,16 @@ func ExampleLimiter() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Println(user, d.Allowed, d.DeniedBy, d.RetryAfterSeconds())
+		fmt.Println(user, d.Allowed, d.DeniedBy, d.RetryAfter)
 	}
 	_, err = limiter.Allow(ctx, admit.Who{User: "carol"})
 	fmt.Println(err)
 	// Output:
-	// alice true  0
-	// alice true  0
-	// alice false user 1
-	// bob true  0
-	// bob false tenant 1
+	// alice true  0s
+	// alice true  0s
+	// alice false user 1s
+	// bob true  0s
+	// bob false tenant 100ms
 	// limit "user" is per tenant and the request's Who has no tenant
 }
 

@@ -41,8 +41,8 @@ func (k Key) Append(dst []byte) []byte {
 	return dst
 }
 
-// ParseKey decodes a string made by Key.String.
-func ParseKey(s string) (Key, error) {
+// parseKey decodes a string made by Key.String.
+func parseKey(s string) (Key, error) {
 	var f [5]string
 	rest := s
 	for i := range f {

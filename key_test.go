@@ -14,8 +14,8 @@ func TestKeyEncoding(t *testing.T) {
 		t.Fatalf("%+v and %+v share the encoding %q", a, b, a.String())
 	}
 	for _, bad := range []string{"", "4:user", "1:a1:b1:c1:d1:e!", "01:a0:0:0:0:", "-1:a", "+1:a0:0:0:0:", "9:a0:0:0:0:"} {
-		if _, err := ParseKey(bad); err == nil {
-			t.Errorf("ParseKey(%q) succeeded", bad)
+		if _, err := parseKey(bad); err == nil {
+			t.Errorf("parseKey(%q) succeeded", bad)
 		}
 	}
 }
@@ -40,9 +40,9 @@ func FuzzKey(f *testing.F) {
 		if (k1 == k2) != (e1 == e2) {
 			t.Fatalf("%+v -> %q, %+v -> %q", k1, e1, k2, e2)
 		}
-		back, err := ParseKey(e1)
+		back, err := parseKey(e1)
 		if err != nil || back != k1 {
-			t.Fatalf("ParseKey(%q) = %+v, %v; want %+v", e1, back, err, k1)
+			t.Fatalf("parseKey(%q) = %+v, %v; want %+v", e1, back, err, k1)
 		}
 	})
 }

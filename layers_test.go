@@ -15,9 +15,9 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"the slots of rules and charges", []string{"internal/slots"}},
+	{"the slots of rules and charges, the bounds", []string{"internal/slots", "internal/bounds"}},
 	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
-	{"the engine", []string{"internal/engine", "internal/redishook"}},
+	{"the engine", []string{"internal/engine", "internal/redishook", "internal/ruletext"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage", "policy/redisidem", "policy/idemtest"}},

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/slots"
 )
 
@@ -23,10 +24,6 @@ import (
 type Who struct {
 	Tenant, User, Action, IP string
 }
-
-// MaxWhoLen bounds each field of a Who, in bytes: the fields become keys in
-// the store, and a caller may take them from what clients send.
-const MaxWhoLen = 256
 
 // The scopes Limit.Per takes.
 const (
@@ -89,7 +86,7 @@ func CalendarQuota(name string, limit int64, p Period, loc *time.Location) Limit
 
 // Concurrent admits up to max requests at once. An admitted Decision holds
 // a lease on the slots it took, which Limiter.Release frees; a lease not
-// released expires after DefaultLeaseTTL.
+// released expires after 30 seconds.
 func Concurrent(name string, max int64) Limit {
 	return Limit{rule: Rule{Name: name, Algorithm: Concurrency, Max: max}}
 }
@@ -232,7 +229,7 @@ type cachedKey struct {
 // or a store and a wrapper around it, are two stores to it, and a store of
 // a type that cannot be compared (a struct holding a slice) is not checked.
 //
-// A store that cannot decide every valid rule says so (RuleChecker): a
+// A store that cannot decide every valid rule says so (its CheckRule): a
 // limit it cannot decide is an error here, not at every request.
 func NewLimiter(s Store, limits ...Limit) (*Limiter, error) {
 	return newLimiter(s, "", limits)
@@ -265,8 +262,8 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 	if len(limits) == 0 {
 		return nil, Errorf(CodeInvalid, "admit.NewLimiter: no limits; a Limiter with none would admit everything")
 	}
-	if len(limits) > MaxCharges {
-		return nil, Errorf(CodeInvalid, "admit.NewLimiter: %d limits, at most %d", len(limits), MaxCharges)
+	if len(limits) > bounds.MaxCharges {
+		return nil, Errorf(CodeInvalid, "admit.NewLimiter: %d limits, at most %d", len(limits), bounds.MaxCharges)
 	}
 	l := &Limiter{store: s, seed: maphash.MakeSeed(), prefix: keyPrefix}
 	if name != "" {
@@ -298,7 +295,7 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 		if err := r.Validate(); err != nil {
 			return nil, err
 		}
-		if rc, ok := s.(RuleChecker); ok {
+		if rc, ok := s.(interface{ CheckRule(*Rule) error }); ok {
 			if err := rc.CheckRule(&r); err != nil {
 				return nil, err
 			}
@@ -306,8 +303,8 @@ func newLimiter(s Store, name string, limits []Limit) (*Limiter, error) {
 		l.rules = append(l.rules, &r)
 		l.pers = append(l.pers, lim.per)
 		l.v6 = append(l.v6, cmp.Or(lim.v6, 64))
-		l.debits = l.debits || r.CheckDebit(1) == nil
-		l.reservable = (i == 0 || l.reservable) && r.Algorithm.Reservable()
+		l.debits = l.debits || takesDebits(r.Algorithm)
+		l.reservable = (i == 0 || l.reservable) && (r.Algorithm == TokenBucket || r.Algorithm == GCRA)
 	}
 	// Each (Who, limit) pair takes an entry: the cache grows with the
 	// limits, so that as many callers stay cached with eight as with one.
@@ -531,7 +528,7 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, how chargeHow, 
 	charges := d.charges[:len(l.rules)]
 	n := 0
 	for i, r := range l.rules {
-		if how == debiting && r.CheckDebit(1) != nil {
+		if how == debiting && !takesDebits(r.Algorithm) {
 			continue
 		}
 		c := &charges[n]
@@ -545,14 +542,21 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, how chargeHow, 
 	err := l.store.Decide(ctx, charges[:n], d)
 	if err != nil && ErrorCode(err) == CodeUnavailable && failsOpen(charges[:n]) {
 		// Admitted without the store: each limit reports its whole
-		// capacity, since nothing is known of its level.
+		// capacity, since nothing is known of its level, and the decision
+		// the smallest of the non-shadow limits'.
 		d.Reset()
+		d.Allowed, d.FailedOpen = true, true
+		best := -1
 		for _, c := range charges[:n] {
 			capacity := c.Rule.Capacity()
 			d.Results = append(d.Results, Result{Rule: c.Rule.Name, Allowed: true, Shadow: c.Rule.Shadow, Debit: c.Debit, Limit: capacity, Remaining: capacity})
+			if !c.Rule.Shadow && (best < 0 || capacity < d.Results[best].Remaining) {
+				best = len(d.Results) - 1
+			}
 		}
-		d.Summarize()
-		d.FailedOpen = true
+		if best >= 0 {
+			d.Limit, d.Remaining = d.Results[best].Limit, d.Results[best].Remaining
+		}
 		return nil
 	}
 	return err
@@ -753,24 +757,10 @@ func whoField(r *Rule, field, v string) error {
 		e := Errorf(CodeInvalid, "limit %q is per %s and the request's Who has no %s", r.Name, field, field)
 		e.Field = field
 		return e
-	case len(v) > MaxWhoLen:
-		e := Errorf(CodeInvalid, "the request's %s is %d bytes long, at most %d", field, len(v), MaxWhoLen)
+	case len(v) > bounds.MaxWhoLen:
+		e := Errorf(CodeInvalid, "the request's %s is %d bytes long, at most %d", field, len(v), bounds.MaxWhoLen)
 		e.Field = field
 		return e
 	}
 	return nil
-}
-
-// RetryAfterSeconds returns how long a refused request should wait, in
-// whole seconds rounded up and at least 1, as Retry-After takes it (a
-// client told 0 would retry at once); 0 for an admitted one.
-func (d *Decision) RetryAfterSeconds() int64 {
-	if d.Allowed {
-		return 0
-	}
-	s := int64(d.RetryAfter / time.Second)
-	if d.RetryAfter%time.Second > 0 {
-		s++
-	}
-	return max(s, 1)
 }

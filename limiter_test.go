@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/storetest"
@@ -26,7 +27,7 @@ func (r *recorder) Decide(_ context.Context, charges []admit.Charge, d *admit.De
 	for _, c := range charges {
 		d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Allowed: true})
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 
@@ -254,9 +255,9 @@ func TestLimiterMissingScope(t *testing.T) {
 			t.Errorf("Allow(%+v): code %v, want invalid", who, admit.ErrorCode(err))
 		}
 	}
-	long := admit.Who{Tenant: "acme", User: strings.Repeat("u", admit.MaxWhoLen+1)}
+	long := admit.Who{Tenant: "acme", User: strings.Repeat("u", bounds.MaxWhoLen+1)}
 	if _, err := l.Allow(ctx, long); admit.ErrorField(err) != "user" {
-		t.Errorf("a user of %d bytes: %v, want an error about the user", admit.MaxWhoLen+1, err)
+		t.Errorf("a user of %d bytes: %v, want an error about the user", bounds.MaxWhoLen+1, err)
 	}
 	// The global bucket's one token is still there.
 	if d, err := l.Allow(ctx, admit.Who{Tenant: "acme", User: "alice"}); err != nil || !d.Allowed {
@@ -362,9 +363,6 @@ func TestLimiterDebit(t *testing.T) {
 	if err != nil || next.Allowed || next.DeniedBy != "tokens" || next.RetryAfter != 5020*time.Millisecond {
 		t.Fatalf("after the debit: %+v %v, want refused by tokens for 5.02s (502 tokens at 100/s)", next, err)
 	}
-	if got := next.RetryAfterSeconds(); got != 6 {
-		t.Errorf("RetryAfterSeconds = %d, want 6 (5.02 s rounded up)", got)
-	}
 	if _, err := l.Debit(ctx, w, 0); admit.ErrorField(err) != "cost" {
 		t.Errorf("Debit(0): %v", err)
 	}
@@ -457,26 +455,6 @@ func TestLimiterZeroAllocations(t *testing.T) {
 	}
 }
 
-func TestRetryAfterSeconds(t *testing.T) {
-	for _, tc := range []struct {
-		allowed bool
-		retry   time.Duration
-		want    int64
-	}{
-		{true, 0, 0},
-		{false, 0, 1},
-		{false, time.Millisecond, 1},
-		{false, time.Second, 1},
-		{false, time.Second + 1, 2},
-		{false, 90 * time.Second, 90},
-	} {
-		d := admit.Decision{Allowed: tc.allowed, RetryAfter: tc.retry}
-		if got := d.RetryAfterSeconds(); got != tc.want {
-			t.Errorf("%+v: %d, want %d", d, got, tc.want)
-		}
-	}
-}
-
 // A limit that fails open admits, uncounted, while its store is down; a
 // decision with any limit that does not fails with the store's error.
 func TestLimiterFailOpen(t *testing.T) {
@@ -540,7 +518,7 @@ func TestPeekAsAllow(t *testing.T) {
 }
 
 // checkingStore is a store that decides windows of at most a day
-// (admit.RuleChecker).
+// (engine.RuleChecker).
 type checkingStore struct{ admit.Store }
 
 func (checkingStore) CheckRule(r *admit.Rule) error {

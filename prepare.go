@@ -17,7 +17,7 @@ func init() {
 	slots.RuleOffset = unsafe.Offsetof(Rule{}.prepared)
 	slots.ChargeOffset = unsafe.Offsetof(Charge{}.prepared)
 	slots.TenantOf = func(key string) string {
-		if k, err := ParseKey(key); err == nil {
+		if k, err := parseKey(key); err == nil {
 			return k.Tenant
 		}
 		return key // a key Key did not make is its own tenant

@@ -4,16 +4,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-)
 
-// Bounds on rates. A rate is at most one event per nanosecond (1e9/s) and at
-// least one event per year, so that every interval is a whole number of
-// nanoseconds or more and every product of a count and a period fits the
-// 128-bit intermediate arithmetic the algorithms use.
-const (
-	MaxRatePeriod = 366 * 24 * time.Hour // the longest Per, and the longest window
-	MaxCount      = 4_000_000_000        // the largest burst, limit, max or rate count
-	MaxCost       = 1_000_000_000        // the largest cost of one charge
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // Rate is N events per Per, such as 100 per second. Tokens accrue
@@ -45,7 +37,7 @@ func ParseRate(s string) (Rate, error) {
 		return Rate{}, Errorf(CodeInvalid, "rate %q: %v", s, err)
 	}
 	r := Rate{N: n, Per: per}
-	if err := r.Validate(); err != nil {
+	if err := r.validate(); err != nil {
 		return Rate{}, err
 	}
 	return r, nil
@@ -77,8 +69,8 @@ func ParseDuration(s string) (time.Duration, error) {
 			return 0, Errorf(CodeInvalid, "unit %q: days must be a whole number", s)
 		}
 		// Checked before the product, which would wrap around.
-		if n > int64(MaxRatePeriod/(24*time.Hour)) {
-			return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, MaxRatePeriod)
+		if n > int64(bounds.MaxRatePeriod/(24*time.Hour)) {
+			return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, bounds.MaxRatePeriod)
 		}
 		days, s = time.Duration(n)*24*time.Hour, s[i+1:]
 		if s == "" {
@@ -89,8 +81,8 @@ func ParseDuration(s string) (time.Duration, error) {
 	if err != nil {
 		return 0, Errorf(CodeInvalid, "unit %q is not s, min, h, d or a duration such as 30s", s)
 	}
-	if d > MaxRatePeriod || d+days > MaxRatePeriod {
-		return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, MaxRatePeriod)
+	if d > bounds.MaxRatePeriod || d+days > bounds.MaxRatePeriod {
+		return 0, Errorf(CodeInvalid, "duration %q is longer than %v", whole, bounds.MaxRatePeriod)
 	}
 	d += days
 	if d <= 0 {
@@ -99,28 +91,19 @@ func ParseDuration(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// Validate reports whether r is within the bounds Admit supports: a count
-// from 1 to MaxCount, a period up to MaxRatePeriod, and at most one event
+// validate reports whether r is within the bounds Admit supports: a count
+// from 1 to 4,000,000,000, a period up to 366 days, and at most one event
 // per nanosecond.
-func (r Rate) Validate() error {
+func (r Rate) validate() error {
 	switch {
-	case r.N < 1 || r.N > MaxCount:
-		return Errorf(CodeInvalid, "rate %v: count must be from 1 to %d", r, int64(MaxCount))
-	case r.Per <= 0 || r.Per > MaxRatePeriod:
-		return Errorf(CodeInvalid, "rate %v: period must be positive and at most %v", r, MaxRatePeriod)
+	case r.N < 1 || r.N > bounds.MaxCount:
+		return Errorf(CodeInvalid, "rate %v: count must be from 1 to %d", r, int64(bounds.MaxCount))
+	case r.Per <= 0 || r.Per > bounds.MaxRatePeriod:
+		return Errorf(CodeInvalid, "rate %v: period must be positive and at most %v", r, bounds.MaxRatePeriod)
 	case int64(r.Per) < r.N:
 		return Errorf(CodeInvalid, "rate %v: faster than one per nanosecond", r)
 	}
 	return nil
-}
-
-// Interval returns the time between two events, rounded down to the
-// nanosecond. The algorithms themselves keep the exact fraction.
-func (r Rate) Interval() time.Duration {
-	if r.N <= 0 {
-		return 0
-	}
-	return r.Per / time.Duration(r.N)
 }
 
 // String formats r the way ParseRate reads it, such as "100/s" or "5/30s".

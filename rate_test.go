@@ -3,6 +3,8 @@ package admit
 import (
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 func TestParseRate(t *testing.T) {
@@ -49,7 +51,7 @@ func FuzzParseRate(f *testing.F) {
 			}
 			return
 		}
-		if r.Validate() != nil {
+		if r.validate() != nil {
 			t.Fatalf("ParseRate(%q) = %v, which does not validate", s, r)
 		}
 		back, err := ParseRate(r.String())
@@ -59,7 +61,7 @@ func FuzzParseRate(f *testing.F) {
 	})
 }
 
-// TestParseDurationBounds: a duration is at most MaxRatePeriod however it
+// TestParseDurationBounds: a duration is at most bounds.MaxRatePeriod however it
 // is written; a count of days that would overflow int64 nanoseconds is
 // refused, not wrapped around into minutes.
 func TestParseDurationBounds(t *testing.T) {
@@ -68,7 +70,7 @@ func TestParseDurationBounds(t *testing.T) {
 			t.Errorf("ParseDuration(%q) = %v, want an error", s, d)
 		}
 	}
-	if d, err := ParseDuration("366d"); err != nil || d != MaxRatePeriod {
-		t.Errorf("ParseDuration(366d) = %v, %v; want %v", d, err, MaxRatePeriod)
+	if d, err := ParseDuration("366d"); err != nil || d != bounds.MaxRatePeriod {
+		t.Errorf("ParseDuration(366d) = %v, %v; want %v", d, err, bounds.MaxRatePeriod)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"math/bits"
 	"time"
 	"unsafe"
+
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
@@ -43,20 +45,6 @@ func (a Algorithm) String() string {
 	return "invalid"
 }
 
-// ParseAlgorithm returns the Algorithm with the configuration name s. It also
-// accepts "leaky_bucket" for GCRA, the leaky bucket as a meter.
-func ParseAlgorithm(s string) (Algorithm, error) {
-	if s == "leaky_bucket" {
-		return GCRA, nil
-	}
-	for a, name := range algorithmNames {
-		if a > 0 && name == s {
-			return Algorithm(a), nil
-		}
-	}
-	return 0, Errorf(CodeInvalid, "unknown algorithm %q (want token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination, concurrency or quota)", s)
-}
-
 // FailureMode says what a decision does when the store cannot answer.
 // The zero FailureMode defers to the deployment's default.
 type FailureMode uint8
@@ -79,16 +67,6 @@ func (m FailureMode) String() string {
 	return "invalid"
 }
 
-// ParseFailureMode parses "open", "closed", "local" or "" (the default).
-func ParseFailureMode(s string) (FailureMode, error) {
-	for m, name := range failureNames {
-		if name == s {
-			return FailureMode(m), nil
-		}
-	}
-	return 0, Errorf(CodeInvalid, "unknown on_error %q (want open, closed or local)", s)
-}
-
 // Distribution says how servers sharing a store decide a rule's charges.
 // The zero Distribution is Exact.
 type Distribution uint8
@@ -103,8 +81,7 @@ const (
 	// withdrawn before it is used; what servers hold unused is admitted
 	// by none until it is returned or expires. A store that is not shared
 	// (the memory store) decides leased rules exactly. Token buckets, GCRA,
-	// fixed and sliding windows and quotas can be leased (see
-	// Algorithm.Leasable).
+	// fixed and sliding windows and quotas can be leased.
 	Leased
 	// Counted keeps a fixed window's count where a store shared by
 	// servers adds to it with its cheapest means (the Redis store: plain
@@ -130,25 +107,13 @@ func (d Distribution) String() string {
 	return "invalid"
 }
 
-// ParseDistribution parses "exact", "leased" or "" (exact).
-func ParseDistribution(s string) (Distribution, error) {
-	if s == "" {
-		return Exact, nil
-	}
-	for d, name := range distributionNames[:Counted] {
-		if name == s {
-			return Distribution(d), nil
-		}
-	}
-	return 0, Errorf(CodeInvalid, "unknown distribution %q (want exact or leased)", s)
-}
-
-// Leasable reports whether a rule of algorithm a can have its capacity
+// leasable reports whether a rule of algorithm a can have its capacity
 // leased in allowances: a count of units that any server may spend where
 // and when it likes within the allowance's life. The sliding log (whose
 // entries are times), combinations (two buckets whose order matters) and
-// concurrency (slots that are held, not spent) cannot.
-func (a Algorithm) Leasable() bool {
+// concurrency (slots that are held, not spent) cannot. The algorithms that
+// take debits are the same.
+func leasable(a Algorithm) bool {
 	switch a {
 	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:
 		return true
@@ -156,30 +121,9 @@ func (a Algorithm) Leasable() bool {
 	return false
 }
 
-// Limits on what one rule may hold.
-const (
-	// MaxSlidingLogLimit caps a sliding log's limit: the log keeps one
-	// timestamp per admitted unit of cost, so memory grows with the limit.
-	MaxSlidingLogLimit = 10_000
-	// MaxConcurrency caps a concurrency rule's max, for the same reason.
-	MaxConcurrency = 100_000
-	// MaxLeaseCost caps the slots one lease takes. A shared store keeps
-	// a slot per unit of cost (Redis: a member of a sorted set each), so
-	// taking, renewing and releasing a lease costs the store in
-	// proportion: 60,000 slots held Redis for 130 ms, stalling every
-	// tenant's decisions.
-	MaxLeaseCost = 1000
-	// maxSpan bounds burst × interval of a bucket, so that a bucket's
-	// theoretical arrival time stays far from the int64 nanosecond horizon.
-	maxSpan = 100 * 366 * 24 * time.Hour
-	// DefaultLeaseTTL is a concurrency rule's lease TTL when it names none.
-	DefaultLeaseTTL = 30 * time.Second
-	// RememberFull is how long a store keeps a full token bucket whose
-	// initial balance is below its burst. Such a bucket can never look like
-	// a new one again, so it is forgotten this long after it filled up: a
-	// day after its last use.
-	RememberFull = 24 * time.Hour
-)
+// takesDebits reports whether a rule of algorithm a takes debits: the
+// algorithms that can be leased, whose units may be spent ahead.
+func takesDebits(a Algorithm) bool { return leasable(a) }
 
 // Rule is one limit: an algorithm with its parameters, and how a decision
 // treats it. Which requests a rule applies to (scope, actions) is the
@@ -207,7 +151,7 @@ const (
 //     window's count plus the previous window's count weighted by the part
 //     of it still inside the sliding window. RetryAfter is exact for that
 //     estimate; ResetAfter is the time until the estimate falls to zero.
-//   - SlidingLog: Limit (at most MaxSlidingLogLimit), Window. An exact log of
+//   - SlidingLog: Limit (at most 10,000), Window. An exact log of
 //     admission times. RetryAfter is the time until enough entries leave the
 //     window; ResetAfter until the newest one does.
 //   - Combination: Floor, Rate, Burst, Initial. A floor bucket (rate Floor,
@@ -217,9 +161,14 @@ const (
 //     stay within Max; an admitted decision holds a lease until it is
 //     released or expires. RetryAfter is the time until enough leases would
 //     expire if none were renewed.
-//   - Quota: Limit, Period, Location, Anchor. A counter per calendar period
-//     (see PeriodAt): a day, week, month or year in Location's time, which
-//     is why a day may last 23 or 25 hours. ResetAfter and RetryAfter are
+//   - Quota: Limit, Period, Location, Anchor. A counter per calendar period:
+//     a day, week, month or year in Location's time (UTC when nil), which
+//     is why a day may last 23 or 25 hours. Periods start at Anchor's
+//     position in its period: its time of day for a day, its weekday and
+//     time for a week, its day of the month and time for a month, its date
+//     and time for a year; the zero Anchor is the calendar's (midnight,
+//     Monday, the 1st, the 1st of January). An anchor day a month lacks
+//     (the 31st, the 29th of February) falls on that month's last day. ResetAfter and RetryAfter are
 //     the time to the period's end. A period in progress keeps its end when
 //     the anchor changes: the new anchor applies from the next period.
 //
@@ -250,17 +199,17 @@ type Rule struct {
 	Window time.Duration // fixed_window, sliding_window, sliding_log
 
 	Max      int64         // concurrency
-	LeaseTTL time.Duration // concurrency; zero means DefaultLeaseTTL
+	LeaseTTL time.Duration // concurrency; zero means 30s
 
 	Period   Period         // quota
 	Location *time.Location // quota; nil means UTC
-	Anchor   time.Time      // quota; the zero Time means the calendar's (see PeriodAt)
+	Anchor   time.Time      // quota; the zero Time means the calendar's
 
 	// MaxCost bounds the cost of one charge of the rule, debits included:
-	// a larger cost is a request error. Zero bounds checks only by what
-	// the rule can admit at once (see CheckCost) and debits only by the
-	// package's MaxCost. A policy that serves untrusted callers sets it,
-	// since a debit is never refused and one debit of any size would
+	// a larger cost is a request error. Zero bounds a charge only by what
+	// the rule can admit at once and a debit only by the most any charge
+	// costs (1,000,000,000). A policy that serves untrusted callers sets
+	// it, since a debit is never refused and one debit of any size would
 	// otherwise empty a bucket that other callers share.
 	MaxCost int64
 
@@ -308,25 +257,25 @@ func (r *Rule) Validate() error {
 		add("distribution", Errorf(CodeInvalid, "unknown distribution %d", r.Distribution))
 	case r.Distribution == Counted && r.Algorithm != FixedWindow:
 		add("distribution", Errorf(CodeInvalid, "only fixed_window counts every charge on its own, not %v", r.Algorithm))
-	case r.Distribution == Leased && r.Algorithm != 0 && !r.Algorithm.Leasable():
+	case r.Distribution == Leased && r.Algorithm != 0 && !leasable(r.Algorithm):
 		add("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
 	}
-	if r.MaxCost < 0 || r.MaxCost > MaxCost {
-		add("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(MaxCost)))
+	if r.MaxCost < 0 || r.MaxCost > bounds.MaxCost {
+		add("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(bounds.MaxCost)))
 	}
 	if r.MaxDebt != 0 && r.Algorithm != TokenBucket && r.Algorithm != GCRA {
-		add("max_debt", Errorf(CodeInvalid, "only token_bucket and gcra owe a debt of their own bound; a combination owes one burst, a window counts debits up to %d", int64(MaxCount)))
+		add("max_debt", Errorf(CodeInvalid, "only token_bucket and gcra owe a debt of their own bound; a combination owes one burst, a window counts debits up to %d", int64(bounds.MaxCount)))
 	}
 	switch r.Algorithm {
 	case TokenBucket, GCRA, Combination:
-		rateErr := r.Rate.Validate()
+		rateErr := r.Rate.validate()
 		if rateErr != nil {
 			add("rate", rateErr)
 		}
 		// A burst's refill time needs a valid rate; its range does not.
-		if err := checkBucket(r.Rate, r.Burst); err != nil && (rateErr == nil || r.Burst < 1 || r.Burst > MaxCount) {
+		if err := checkBucket(r.Rate, r.Burst); err != nil && (rateErr == nil || r.Burst < 1 || r.Burst > bounds.MaxCount) {
 			if rateErr != nil {
-				err = Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount))
+				err = Errorf(CodeInvalid, "must be from 1 to %d", int64(bounds.MaxCount))
 			}
 			add("burst", err)
 		}
@@ -343,26 +292,26 @@ func (r *Rule) Validate() error {
 			}
 		}
 		if r.Algorithm == Combination {
-			if err := r.Floor.Validate(); err != nil {
+			if err := r.Floor.validate(); err != nil {
 				add("floor", err)
 			} else if err := checkBucket(r.Floor, r.Floor.N); err != nil {
 				add("floor", err)
 			}
 		}
 	case FixedWindow, SlidingWindow, SlidingLog:
-		max := int64(MaxCount)
+		max := int64(bounds.MaxCount)
 		if r.Algorithm == SlidingLog {
-			max = MaxSlidingLogLimit
+			max = bounds.MaxSlidingLogLimit
 		}
 		if r.Limit < 1 || r.Limit > max {
 			add("limit", Errorf(CodeInvalid, "must be from 1 to %d", max))
 		}
-		if r.Window < time.Millisecond || r.Window > MaxRatePeriod {
-			add("window", Errorf(CodeInvalid, "must be from 1ms to %v", MaxRatePeriod))
+		if r.Window < time.Millisecond || r.Window > bounds.MaxRatePeriod {
+			add("window", Errorf(CodeInvalid, "must be from 1ms to %v", bounds.MaxRatePeriod))
 		}
 	case Quota:
-		if r.Limit < 1 || r.Limit > MaxCount {
-			add("limit", Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount)))
+		if r.Limit < 1 || r.Limit > bounds.MaxCount {
+			add("limit", Errorf(CodeInvalid, "must be from 1 to %d", int64(bounds.MaxCount)))
 		}
 		if r.Period < Day || r.Period > Year {
 			add("period", Errorf(CodeInvalid, "want day, week, month or year"))
@@ -371,11 +320,11 @@ func (r *Rule) Validate() error {
 			add("anchor", Errorf(CodeInvalid, "must be a whole second"))
 		}
 	case Concurrency:
-		if r.Max < 1 || r.Max > MaxConcurrency {
-			add("max", Errorf(CodeInvalid, "must be from 1 to %d", MaxConcurrency))
+		if r.Max < 1 || r.Max > bounds.MaxConcurrency {
+			add("max", Errorf(CodeInvalid, "must be from 1 to %d", bounds.MaxConcurrency))
 		}
-		if r.LeaseTTL < 0 || r.LeaseTTL > MaxRatePeriod {
-			add("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", MaxRatePeriod))
+		if r.LeaseTTL < 0 || r.LeaseTTL > bounds.MaxRatePeriod {
+			add("lease_ttl", Errorf(CodeInvalid, "must be from 0 to %v", bounds.MaxRatePeriod))
 		}
 	default:
 		e := Errorf(CodeInvalid, "rule %q: algorithm is not set", r.Name)
@@ -404,12 +353,12 @@ func (r *Rule) fail(field string, err error) error {
 // checkBucket bounds burst and burst × interval so that every bucket
 // computation fits in int64 nanoseconds.
 func checkBucket(rate Rate, burst int64) error {
-	if burst < 1 || burst > MaxCount {
-		return Errorf(CodeInvalid, "must be from 1 to %d", int64(MaxCount))
+	if burst < 1 || burst > bounds.MaxCount {
+		return Errorf(CodeInvalid, "must be from 1 to %d", int64(bounds.MaxCount))
 	}
-	// burst*Per/N <= maxSpan  <=>  burst*Per <= maxSpan*N, compared in 128 bits.
+	// burst*Per/N <= bounds.MaxSpan  <=>  burst*Per <= bounds.MaxSpan*N, compared in 128 bits.
 	h1, l1 := bits.Mul64(uint64(burst), uint64(rate.Per))
-	h2, l2 := bits.Mul64(uint64(maxSpan), uint64(rate.N))
+	h2, l2 := bits.Mul64(uint64(bounds.MaxSpan), uint64(rate.N))
 	if h1 > h2 || (h1 == h2 && l1 > l2) {
 		return Errorf(CodeInvalid, "burst %d at %v takes longer than 100 years to refill", burst, rate)
 	}
@@ -431,99 +380,3 @@ func (r *Rule) Capacity() int64 {
 		return r.Limit
 	}
 }
-
-// CheckCost reports whether a request may charge cost to r: cost must be
-// from 0 to MaxCost, no more than r.MaxCost when it is set, and no more
-// than the most the rule could ever admit at once (see MostAtOnce) — a
-// larger cost is a request error, never a silent refusal.
-func (r *Rule) CheckCost(cost int64) error {
-	if err := r.checkMaxCost(cost); err != nil {
-		return err
-	}
-	if most := r.MostAtOnce(); cost > most {
-		if r.Algorithm == Concurrency && most == MaxLeaseCost {
-			return r.costError(cost, "is more slots than one lease takes (%d)", most)
-		}
-		return r.costError(cost, "is more than rule %q can ever admit at once (%d)", r.Name, most)
-	}
-	return nil
-}
-
-// MostAtOnce returns the largest cost one request could ever be admitted
-// at: the capacity, the larger of a combination's two buckets, or for
-// concurrency the slots one lease may take (at most MaxLeaseCost).
-func (r *Rule) MostAtOnce() int64 {
-	switch r.Algorithm {
-	case Combination:
-		return max(r.Burst, r.Floor.N)
-	case Concurrency:
-		return min(r.Max, MaxLeaseCost)
-	}
-	return r.Capacity()
-}
-
-// checkMaxCost checks cost against the package's bound and r.MaxCost.
-func (r *Rule) checkMaxCost(cost int64) error {
-	if cost < 0 || cost > MaxCost {
-		return r.costError(cost, "must be from 0 to %d", int64(MaxCost))
-	}
-	if r.MaxCost > 0 && cost > r.MaxCost {
-		return r.costError(cost, "is more than rule %q takes in one charge (max_cost %d)", r.Name, r.MaxCost)
-	}
-	return nil
-}
-
-// costError is an invalid cost, about the field "cost".
-func (r *Rule) costError(cost int64, format string, args ...any) error {
-	e := Errorf(CodeInvalid, "cost %d "+format, append([]any{cost}, args...)...)
-	e.Field = "cost"
-	return e
-}
-
-// CheckDebit reports whether r takes a debit of cost (see Charge.Debit):
-// token buckets, GCRA and fixed and sliding windows do, of any cost from
-// 0 to MaxCost (a Counted window without a MaxCost of its own up to
-// MaxCount, the most it counts), and to r.MaxCost when it is set. A combination (which half would owe?), a
-// sliding log (one entry per unit, which a debt would grow without bound)
-// and concurrency (a lease is not a cost) do not.
-func (r *Rule) CheckDebit(cost int64) error {
-	if r.Distribution == Counted && r.MaxCost == 0 && cost > MaxCost && cost <= MaxCount {
-		return nil
-	}
-	if err := r.checkMaxCost(cost); err != nil {
-		return err
-	}
-	switch r.Algorithm {
-	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:
-		return nil
-	}
-	e := Errorf(CodeInvalid, "rule %q: %v takes no debits; token_bucket, gcra, fixed_window, sliding_window and quota do", r.Name, r.Algorithm)
-	e.Field = "debit"
-	return e
-}
-
-// LeaseTTLOrDefault returns r.LeaseTTL, or DefaultLeaseTTL when it is zero.
-func (r *Rule) LeaseTTLOrDefault() time.Duration {
-	if r.LeaseTTL > 0 {
-		return r.LeaseTTL
-	}
-	return DefaultLeaseTTL
-}
-
-// MostDebt returns the largest MaxDebt a bucket of rate may owe: MaxCount
-// tokens, or what it repays in 100 years if that is less.
-func MostDebt(rate Rate) int64 {
-	if rate.N <= 0 || rate.Per <= 0 {
-		return 0
-	}
-	hi, lo := bits.Mul64(uint64(maxSpan), uint64(rate.N))
-	if hi >= uint64(rate.Per) {
-		return MaxCount
-	}
-	q, _ := bits.Div64(hi, lo, uint64(rate.Per))
-	return int64(min(q, uint64(MaxCount)))
-}
-
-// Reservable reports whether a can book future capacity: token buckets and
-// GCRA can.
-func (a Algorithm) Reservable() bool { return a == TokenBucket || a == GCRA }

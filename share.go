@@ -22,14 +22,6 @@ package admit
 // takes slots within its entitled part, or beyond it up to a ceiling and
 // only while no class below its part has been refused (its claim).
 
-// Bounds on a Share.
-const (
-	// MaxShareWeight bounds a class's weight.
-	MaxShareWeight = 10_000
-	// MaxShareName bounds Share.Class and Share.Sub, in bytes.
-	MaxShareName = 512
-)
-
 // Share names who a charge of a shared limit is made for, so that a store
 // divides the limit fairly among those that want it (see the package's
 // fair shares). The zero Share is no share: the limit is first come,
@@ -38,24 +30,11 @@ type Share struct {
 	// Class is the caller's class among those sharing the key: a tenant,
 	// or the anonymous callers. Classes are weighted by Weight.
 	Class string
-	// Weight is the class's weight, from 1 to MaxShareWeight.
+	// Weight is the class's weight, from 1 to 10,000.
 	Weight int64
 	// Sub divides the class's part equally among its members, such as
 	// the client addresses of anonymous callers; "" for none.
 	Sub string
-}
-
-// Validate reports whether s can be decided.
-func (s *Share) Validate() error {
-	switch {
-	case s.Class == "":
-		return Errorf(CodeInvalid, "share: class is empty")
-	case len(s.Class) > MaxShareName || len(s.Sub) > MaxShareName:
-		return Errorf(CodeInvalid, "share: class and sub are at most %d bytes", MaxShareName)
-	case s.Weight < 1 || s.Weight > MaxShareWeight:
-		return Errorf(CodeInvalid, "share: weight %d: must be from 1 to %d", s.Weight, MaxShareWeight)
-	}
-	return nil
 }
 
 // SharePath says how a charge of a shared limit was decided (Result.Share).

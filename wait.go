@@ -29,16 +29,8 @@ func (l *Limiter) WaitN(ctx context.Context, w Who, n int64) (Decision, error) {
 	if n < 1 {
 		return Decision{}, costError("WaitN", n)
 	}
-	for _, r := range l.rules {
-		if r.Shadow {
-			continue
-		}
-		if err := r.CheckCost(n); err != nil {
-			e := Errorf(CodeInvalid, "admit.Limiter.WaitN: cost %d can never be admitted: %v", n, err)
-			e.Field = "cost"
-			return Decision{}, e
-		}
-	}
+	// A cost a limit can never admit at once is the store's CodeInvalid,
+	// returned at the first call rather than waited on.
 	if l.reservable {
 		return l.waitReserved(ctx, w, n)
 	}

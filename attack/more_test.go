@@ -457,7 +457,7 @@ func statusOn(t *testing.T, c net.Conn) int {
 }
 
 // TestWideLeases: a concurrency rule may allow 100,000 slots, but one
-// lease takes at most admit.MaxLeaseCost (1,000) of them: in Redis each
+// lease takes at most bounds.MaxLeaseCost (1,000) of them: in Redis each
 // slot is a member of a sorted set, and 60,000 at once held Redis for
 // 130 ms (a ZADD of that many members had also failed in the middle of a
 // commit, past Lua's unpack limit). The most one request may take is taken,

@@ -16,6 +16,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/ruletext"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/yamlconf"
 )
@@ -587,7 +590,7 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 	}
 	algo := admit.FixedWindow
 	if an := f["algorithm"]; an != nil {
-		a, err := admit.ParseAlgorithm(p.str(an))
+		a, err := ruletext.Algorithm(p.str(an))
 		switch {
 		case err != nil:
 			p.fail(an, "algorithm %q: want fixed_window, sliding_window, sliding_log, token_bucket or gcra", an.Value)
@@ -603,11 +606,11 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 	}
 	dist := admit.Exact
 	if dn := f["distribution"]; dn != nil {
-		d, err := admit.ParseDistribution(p.str(dn))
+		d, err := ruletext.Distribution(p.str(dn))
 		switch {
 		case err != nil:
 			p.fail(dn, "distribution %q: want exact or leased", dn.Value)
-		case d == admit.Leased && !algo.Leasable():
+		case d == admit.Leased && !engine.Leasable(algo):
 			p.fail(dn, "algorithm %s cannot be leased; fixed_window, sliding_window, token_bucket and gcra can", algo)
 		default:
 			dist = d
@@ -617,10 +620,10 @@ func (p *parser) rateLimit(n *yaml.Node, full string, shadow, quota bool) *Limit
 		return l
 	}
 	window := l.Window()
-	if u := l.Unit.Duration(); u > 0 && int64(l.UnitMultiplier) > int64(admit.MaxRatePeriod/u) || window > admit.MaxRatePeriod {
+	if u := l.Unit.Duration(); u > 0 && int64(l.UnitMultiplier) > int64(bounds.MaxRatePeriod/u) || window > bounds.MaxRatePeriod {
 		// The first test before the product, which wraps around: a
 		// year × 585 is not 21 days.
-		p.fail(orNode(f["unit_multiplier"], n), "a period of %d × %s is longer than %v", l.UnitMultiplier, l.Unit, admit.MaxRatePeriod)
+		p.fail(orNode(f["unit_multiplier"], n), "a period of %d × %s is longer than %v", l.UnitMultiplier, l.Unit, bounds.MaxRatePeriod)
 		return l
 	}
 	name := l.Name

@@ -11,6 +11,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -61,8 +63,8 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	// A domain that counts each hit decides more charges than one
 	// decision takes in several (see Service.run): its hits are counted
 	// each on its own anyway.
-	if n := len(c.all.Charges); n > admit.MaxCharges && !(c.each && n <= MaxDescriptors) {
-		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", n, admit.MaxCharges)
+	if n := len(c.all.Charges); n > bounds.MaxCharges && !(c.each && n <= MaxDescriptors) {
+		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", n, bounds.MaxCharges)
 	}
 	return nil
 }
@@ -73,7 +75,7 @@ const overrideFullKey = "limit-override"
 
 // hits returns a descriptor's cost: its own hits_addend if set (0 asks
 // without counting), else the request's, where 0 means 1, at most
-// admit.MaxCount (no window counts further). never is set when the cost is
+// bounds.MaxCount (no window counts further). never is set when the cost is
 // more than a charge may carry but a counted debit's (see call.add).
 func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64, never bool) {
 	n := max(1, uint64(req.GetHitsAddend()))
@@ -83,7 +85,7 @@ func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64
 	if d.GetIsNegativeHits() {
 		n = 0 // a refund: Admit gives nothing back, and reports the counters
 	}
-	return int64(min(n, admit.MaxCount)), n > admit.MaxCost
+	return int64(min(n, bounds.MaxCount)), n > bounds.MaxCost
 }
 
 // readEntries copies a descriptor's entries into c.entries, bounded.
@@ -159,11 +161,11 @@ func (c *call) add(ch admit.Charge, r *policy.Rule, never bool) {
 	x := &c.all.Charges[j]
 	if never && c.each && x.Rule.Algorithm == admit.FixedWindow && x.Rule.Distribution == admit.Exact {
 		// Counted as envoyproxy/ratelimit counts, whatever its cost: a
-		// cost past admit.MaxCount takes the count past any limit, as
+		// cost past bounds.MaxCount takes the count past any limit, as
 		// the cost itself would.
 		never = false
 	}
-	if never || !c.each && x.Rule.CheckCost(x.Cost) != nil {
+	if never || !c.each && engine.CheckCost(x.Rule, x.Cost) != nil {
 		// More than the rule can ever admit at once: over the limit
 		// whatever the counter holds, which a peek reports.
 		c.never[j] = true
@@ -178,7 +180,7 @@ func (c *call) add(ch admit.Charge, r *policy.Rule, never bool) {
 // tenants and rules and adds its charges.
 func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int64, never bool) error {
 	r := &c.req
-	*r = policy.Request{Cost: min(cost, admit.MaxCost), Kind: policy.Requests}
+	*r = policy.Request{Cost: min(cost, bounds.MaxCost), Kind: policy.Requests}
 	clear(c.attrs)
 	// Each entry that names who asks, or an attribute, comes once: of two,
 	// two readers could take either (a proxy the first, Admit the last).
@@ -333,8 +335,8 @@ func (s *Service) override(o *rlext.RateLimitDescriptor_RateLimitOverride) (*Lim
 		return nil, errors.New("unit " + k.unit.String() + " is not a rate limit unit")
 	}
 	l = &Limit{FullKey: overrideFullKey, RequestsPerUnit: k.rpu, Unit: unit, UnitMultiplier: k.mult}
-	if l.Window() > admit.MaxRatePeriod {
-		return nil, errors.New("the period is longer than " + admit.MaxRatePeriod.String())
+	if l.Window() > bounds.MaxRatePeriod {
+		return nil, errors.New("the period is longer than " + bounds.MaxRatePeriod.String())
 	}
 	if k.rpu > 0 {
 		r := admit.Rule{Name: "limit-override", Algorithm: admit.FixedWindow, Limit: int64(k.rpu), Window: l.Window()}

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -354,7 +356,7 @@ func (c *call) prepareCounting(req *rlsv3.RateLimitRequest, answers QuotaAnswers
 		for i := range c.all.Charges {
 			// A rule that cannot count past its limit (an Admit
 			// extension: sliding_log) stays all or nothing.
-			c.all.Charges[i].Debit = c.all.Charges[i].Rule.CheckDebit(1) == nil
+			c.all.Charges[i].Debit = engine.CheckDebit(c.all.Charges[i].Rule, 1) == nil
 		}
 	} else if quotas == 1 {
 		c.strictQuota()
@@ -442,7 +444,7 @@ func (s *Service) run(ctx context.Context, c *call, dry bool) (policy.Outcome, e
 	for i := range c.all.Charges {
 		c.all.Charges[i].DryRun = dry
 	}
-	if len(c.all.Charges) <= admit.MaxCharges {
+	if len(c.all.Charges) <= bounds.MaxCharges {
 		return s.opts.Decider.Decide(ctx, &c.all, &c.dec)
 	}
 	// More charges than one decision takes (a domain that counts each
@@ -451,8 +453,8 @@ func (s *Service) run(ctx context.Context, c *call, dry bool) (policy.Outcome, e
 	out := policy.Stored
 	var part admit.Decision
 	c.dec.Reset()
-	for from := 0; from < len(c.all.Charges); from += admit.MaxCharges {
-		to := min(len(c.all.Charges), from+admit.MaxCharges)
+	for from := 0; from < len(c.all.Charges); from += bounds.MaxCharges {
+		to := min(len(c.all.Charges), from+bounds.MaxCharges)
 		r := policy.Resolution{Policy: c.all.Policy, Tenant: c.all.Tenant, Charges: c.all.Charges[from:to], Rules: c.all.Rules[from:to]}
 		o, err := s.opts.Decider.Decide(ctx, &r, &part)
 		if err != nil {
@@ -463,7 +465,7 @@ func (s *Service) run(ctx context.Context, c *call, dry bool) (policy.Outcome, e
 			c.dec.Results = append(c.dec.Results, part.Results...)
 		}
 	}
-	c.dec.Summarize()
+	engine.Summarize(&c.dec)
 	return out, nil
 }
 

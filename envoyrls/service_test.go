@@ -671,7 +671,7 @@ func TestCatalogDomain(t *testing.T) {
 type failingStore struct{ admit.Store }
 
 func (failingStore) Decide(context.Context, []admit.Charge, *admit.Decision) error {
-	return admit.Errorf(admit.CodeUnavailable, "store down: %w", admit.ErrUnavailable)
+	return admit.Errorf(admit.CodeUnavailable, "store down")
 }
 
 func TestStoreDown(t *testing.T) {
@@ -759,7 +759,7 @@ func TestHealthFollowsTheStore(t *testing.T) {
 	var down atomic.Bool
 	srv := NewServer(svc, func(context.Context) error {
 		if down.Load() {
-			return admit.ErrUnavailable
+			return admit.Errorf(admit.CodeUnavailable, "store down")
 		}
 		return nil
 	})

@@ -484,7 +484,7 @@ func TestUpstreamConfigErrors(t *testing.T) {
 
 // TestLargeHitsCounted: with charge: each, a fixed window counts a hit of
 // any cost, as envoyproxy/ratelimit does: 2e9 fits a limit of 4e9, and a
-// cost past admit.MaxCost (up to 2⁶⁴−1) is counted, so the next check is
+// cost past bounds.MaxCost (up to 2⁶⁴−1) is counted, so the next check is
 // refused. Red team, 2026-11-26: such costs were refused and not counted.
 func TestLargeHitsCounted(t *testing.T) {
 	e := start(t, Options{Charge: ChargeEach, Config: parse(t, `

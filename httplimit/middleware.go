@@ -87,7 +87,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error), op
 			}
 			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
 			if !st.d.Allowed {
-				writeRefusal(w, r, &st.d, st.d.RetryAfterSeconds())
+				writeRefusal(w, r, &st.d, httpx.RetrySeconds(st.d.RetryAfter))
 				return
 			}
 			if st.d.Lease.ID != "" {

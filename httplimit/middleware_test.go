@@ -17,6 +17,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/storetest"
@@ -113,7 +114,7 @@ func TestMiddlewareRefusesUnidentified(t *testing.T) {
 			t.Errorf("tenant %q user %q: %d %s, want 400", tc.tenant, tc.user, w.Code, w.Body)
 		}
 	}
-	if w := get(h, "/", "acme", strings.Repeat("u", admit.MaxWhoLen+1)); w.Code != http.StatusBadRequest {
+	if w := get(h, "/", "acme", strings.Repeat("u", bounds.MaxWhoLen+1)); w.Code != http.StatusBadRequest {
 		t.Errorf("a user name too long for a key: %d", w.Code)
 	}
 	if served.Load() != 0 {
@@ -374,12 +375,12 @@ func TestMiddlewareHidesWrappedWhoErrors(t *testing.T) {
 		err  error
 		code int
 	}{
-		{"wrapping a sentinel", fmt.Errorf("tenant lookup via %w: %w", dsn, admit.ErrPermission), http.StatusForbidden},
+		{"wrapping an admit error", fmt.Errorf("tenant lookup via %w: %w", dsn, admit.Errorf(admit.CodePermission, "permission denied")), http.StatusForbidden},
 		{"an admit error wrapping the cause", admit.Errorf(admit.CodeUnauthenticated, "token check: %w", dsn), http.StatusUnauthorized},
 		{"an admit error with the cause", &admit.Error{Code: admit.CodePermission, Err: dsn}, http.StatusForbidden},
-		{"joined", errors.Join(dsn, admit.ErrUnauthenticated), http.StatusUnauthorized},
+		{"joined", errors.Join(dsn, admit.Errorf(admit.CodeUnauthenticated, "unauthenticated")), http.StatusUnauthorized},
 		{"an invalid request wrapping the cause", admit.Errorf(admit.CodeInvalid, "bad tenant: %w", dsn), http.StatusBadRequest},
-		{"the store's outage", fmt.Errorf("%w: %w", dsn, admit.ErrUnavailable), http.StatusServiceUnavailable},
+		{"the store's outage", fmt.Errorf("%w: %w", dsn, admit.Errorf(admit.CodeUnavailable, "store unavailable")), http.StatusServiceUnavailable},
 		{"an internal error", &admit.Error{Code: admit.CodeInternal, Message: "lookup", Err: dsn}, http.StatusInternalServerError},
 		// A wrapped error that would choose its own status (a body too
 		// large: 413) and show its text.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -22,7 +23,7 @@ import (
 type Rates [policy.NumTokenKinds]int64
 
 // Cost returns what t costs at r in millionths of the currency, rounded
-// up to a whole millionth, at most admit.MaxCost: exact integer
+// up to a whole millionth, at most bounds.MaxCost: exact integer
 // arithmetic, no floating point.
 func (r *Rates) Cost(t policy.Tokens) int64 {
 	var hi, lo uint64
@@ -33,13 +34,13 @@ func (r *Rates) Cost(t policy.Tokens) int64 {
 		hi += h + c
 	}
 	if hi >= 1_000_000 {
-		return admit.MaxCost
+		return bounds.MaxCost
 	}
 	q, rem := bits.Div64(hi, lo, 1_000_000)
 	if rem > 0 {
 		q++
 	}
-	return int64(min(q, admit.MaxCost))
+	return int64(min(q, bounds.MaxCost))
 }
 
 // Price is a model's price: its rates, those of a long context, and
@@ -469,10 +470,10 @@ func (g *Gate) inputRoom(ctx context.Context, who policy.Request, req *Request) 
 		res := &d.Results[i]
 		left := max(min(res.Remaining, r.MaxCost), 0)
 		hi, lo := bits.Mul64(uint64(left), uint64(per))
-		n := int64(admit.MaxCost)
+		n := int64(bounds.MaxCost)
 		if hi < uint64(lightest) {
 			q, _ := bits.Div64(hi, lo, uint64(lightest))
-			n = int64(min(q, uint64(admit.MaxCost)))
+			n = int64(min(q, uint64(bounds.MaxCost)))
 		}
 		if room < 0 || n < room {
 			room = n
@@ -675,10 +676,10 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 			refunds = append(refunds, c)
 		case diff > 0:
 			// The whole excess, whatever the rule's max_cost (a bound on
-			// what callers ask): in charges of at most admit.MaxCost.
+			// what callers ask): in charges of at most bounds.MaxCost.
 			c.Rule, c.Debit = r.Settling(), true
 			for ; diff > 0; diff -= c.Cost {
-				c.Cost = min(diff, admit.MaxCost)
+				c.Cost = min(diff, bounds.MaxCost)
 				debits = append(debits, c)
 				debitRules = append(debitRules, r)
 			}

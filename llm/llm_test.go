@@ -90,7 +90,7 @@ func (r *rig) remaining(name string) int64 {
 	if err := r.pol.Resolve(&req, &res); err != nil {
 		r.t.Fatal(err)
 	}
-	d, err := admit.Check(context.Background(), r.store, res.Charges...)
+	d, err := storetest.Check(context.Background(), r.store, res.Charges...)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -807,7 +807,7 @@ func TestMissPaidInFull(t *testing.T) {
 	if err := r.pol.Resolve(&req, &res); err != nil {
 		t.Fatal(err)
 	}
-	d, err := admit.Check(context.Background(), r.store, res.Charges...)
+	d, err := storetest.Check(context.Background(), r.store, res.Charges...)
 	if err != nil {
 		t.Fatal(err)
 	}

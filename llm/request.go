@@ -11,7 +11,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/httpx"
 )
 
@@ -949,7 +949,7 @@ func countInputUpTo(body []byte, count func(text string) int64, limit int64) inp
 		}
 	}
 	flush()
-	return inputCount{tokens: min(tokens+mediaTokens+audio, admit.MaxCost), media: media, audio: min(audio, admit.MaxCost), audioItems: audioItems, over: over}
+	return inputCount{tokens: min(tokens+mediaTokens+audio, bounds.MaxCost), media: media, audio: min(audio, bounds.MaxCost), audioItems: audioItems, over: over}
 }
 
 // countChunk is the most text CountInput gives its count function at once.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -27,8 +28,8 @@ type scratch struct {
 
 // validate checks every charge and appends its prepared rule to rules.
 func validate(charges []admit.Charge, rules []*engine.PreparedRule) ([]*engine.PreparedRule, error) {
-	if len(charges) > admit.MaxCharges {
-		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	if len(charges) > bounds.MaxCharges {
+		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
 	if err := engine.CheckDebits(charges); err != nil {
 		return nil, err
@@ -45,7 +46,7 @@ func validate(charges []admit.Charge, rules []*engine.PreparedRule) ([]*engine.P
 
 func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 	if c.Key == "" {
-		return nil, admit.ErrEmptyKey
+		return nil, engine.ErrEmptyKey
 	}
 	p, err := engine.Prepare(c.Rule)
 	if err != nil {
@@ -55,7 +56,7 @@ func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 		return nil, err
 	}
 	if c.Share != nil {
-		if err := c.Share.Validate(); err != nil {
+		if err := engine.CheckShare(c.Share); err != nil {
 			return nil, err
 		}
 		if !c.Debit {
@@ -65,7 +66,7 @@ func prepare(c *admit.Charge) (*engine.PreparedRule, error) {
 		}
 	}
 	if c.Debit {
-		return p, c.Rule.CheckDebit(c.Cost)
+		return p, engine.CheckDebit(c.Rule, c.Cost)
 	}
 	return p, p.CheckCost(c.Cost)
 }
@@ -141,7 +142,7 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	if lease != nil {
 		d.Lease = s.recordLease(lease)
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 
@@ -330,7 +331,7 @@ func (s *Store) commit(charges []admit.Charge, d *admit.Decision, sc *scratch, n
 			}
 			ttl := int64(c.LeaseTTL)
 			if ttl <= 0 {
-				ttl = int64(c.Rule.LeaseTTLOrDefault())
+				ttl = int64(engine.LeaseTTL(c.Rule))
 			}
 			set := side(&sh.leases, h, true)
 			set.Commit(now, lease.num, c.Cost, now+ttl)
@@ -361,17 +362,17 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	return nil
 }
 
-// Refund implements admit.Refunder.
+// Refund implements engine.Refunder.
 func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
 	for i := range charges {
 		c := &charges[i]
 		if c.Key == "" {
-			return admit.ErrEmptyKey
+			return engine.ErrEmptyKey
 		}
 		if err := c.Rule.Validate(); err != nil {
 			return err
 		}
-		if err := c.Rule.CheckRefund(c.Cost); err != nil {
+		if err := engine.CheckRefund(c.Rule, c.Cost); err != nil {
 			return err
 		}
 	}
@@ -391,4 +392,4 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 	return nil
 }
 
-var _ admit.Refunder = (*Store)(nil)
+var _ engine.Refunder = (*Store)(nil)

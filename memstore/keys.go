@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -32,7 +33,7 @@ func (s *Store) shardOf(h uint64) int { return int(h>>s.shift) & (len(s.shards) 
 
 // lockSet is the sorted set of shard indexes a decision locks.
 type lockSet struct {
-	idx [admit.MaxCharges]uint16
+	idx [bounds.MaxCharges]uint16
 	n   int
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/storetest"
 )
@@ -92,7 +93,7 @@ func TestLeasesOutliveNothing(t *testing.T) {
 	defer s.Close()
 	r := &admit.Rule{Name: "exports", Algorithm: admit.Concurrency, Max: 2, LeaseTTL: time.Second}
 	c := []admit.Charge{{Key: "tenant/acme", Rule: r, Cost: 1}}
-	d, err := admit.Check(context.Background(), s, c...)
+	d, err := storetest.Check(context.Background(), s, c...)
 	if err != nil || !d.Allowed || d.Lease.ID == "" || !d.Lease.ExpiresAt.Equal(storetest.Epoch.Add(time.Second)) {
 		t.Fatalf("%v %+v", err, d)
 	}
@@ -112,7 +113,7 @@ func TestInvalidInput(t *testing.T) {
 	for name, c := range map[string][]admit.Charge{
 		"nil rule":      {{Key: "k", Cost: 1}},
 		"negative cost": {{Key: "k", Rule: userRule, Cost: -1}},
-		"too many":      make([]admit.Charge, admit.MaxCharges+1),
+		"too many":      make([]admit.Charge, bounds.MaxCharges+1),
 	} {
 		if err := s.Decide(ctx, c, &d); admit.ErrorCode(err) != admit.CodeInvalid {
 			t.Errorf("%s: %v, want invalid", name, err)

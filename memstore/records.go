@@ -142,7 +142,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		if charges[i].Share != nil {
 			return admit.Reservation{}, errShareReserve(i)
 		}
-		if r := charges[i].Rule; !r.Algorithm.Reservable() {
+		if r := charges[i].Rule; !engine.Reservable(r.Algorithm) {
 			return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", r.Name, r.Algorithm)
 		}
 	}

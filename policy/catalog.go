@@ -479,7 +479,7 @@ func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*T
 	return p.tenants[id], nil
 }
 
-// DeleteTenant deletes a tenant; an unknown tenant is admit.ErrNotFound.
+// DeleteTenant deletes a tenant; an unknown tenant is admit.CodeNotFound.
 func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
 	_, err := c.apply(ctx, func(ch *Changes) error {
 		if c.cur.Load().tenants[id] == nil {
@@ -529,8 +529,8 @@ func APIKeyID(hash string) string { return hash[:min(len(hash), 12)] }
 
 // RevokeAPIKey removes the API key of tenant id whose APIKeyID is keyID:
 // from the next request on, on every server, it is an unknown key (401).
-// A key that does not exist is admit.ErrNotFound; the tenant's last key is
-// admit.ErrConflict, since a tenant without keys needs none.
+// A key that does not exist is admit.CodeNotFound; the tenant's last key is
+// admit.CodeConflict, since a tenant without keys needs none.
 func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
 	_, err := c.apply(ctx, func(ch *Changes) error {
 		t := c.cur.Load().tenants[id]

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/ruletext"
 )
 
 // FieldError is one problem in a Spec: the path of the field, in the
@@ -60,7 +63,7 @@ func (c *compiler) fail(path, format string, args ...any) {
 func (c *compiler) compile(spec *Spec) {
 	p := c.p
 	var err error
-	if p.onError, err = admit.ParseFailureMode(spec.OnError); err != nil {
+	if p.onError, err = ruletext.FailureMode(spec.OnError); err != nil {
 		c.fail("on_error", "%v", err)
 	}
 	p.anonymous = c.weight("anonymous_weight", spec.AnonymousWeight, 1)
@@ -219,8 +222,8 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 // weight returns a weight in shared limits, w or def when w is 0,
 // reporting one out of bounds under path.
 func (c *compiler) weight(path string, w, def int64) int64 {
-	if w < 0 || w > admit.MaxShareWeight {
-		c.fail(path, "%d: a weight is from 1 to %d (0 or absent: the default)", w, admit.MaxShareWeight)
+	if w < 0 || w > bounds.MaxShareWeight {
+		c.fail(path, "%d: a weight is from 1 to %d (0 or absent: the default)", w, bounds.MaxShareWeight)
 		return def
 	}
 	if w == 0 {
@@ -296,7 +299,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if r.allActions {
 		r.actions = nil
 	}
-	alg, err := admit.ParseAlgorithm(rs.Algorithm)
+	alg, err := ruletext.Algorithm(rs.Algorithm)
 	if rs.Algorithm == "" {
 		c.fail(path+".algorithm", "missing (token_bucket, gcra, fixed_window, sliding_window, sliding_log, combination, concurrency or quota)")
 		return nil
@@ -381,14 +384,14 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		// What an LLM call used beyond its reservation is debited after
 		// it, and owed in full: a debt capped at one burst would forgive
 		// the rest.
-		r.MaxDebt = admit.MostDebt(r.Rate)
+		r.MaxDebt = engine.MostDebt(r.Rate)
 	}
 	if rs.Initial != nil && want["initial"] {
 		v := *rs.Initial
 		r.Initial = &v
 	}
 	r.Shadow = shadow || (rs.Shadow != nil && *rs.Shadow)
-	if r.OnError, err = admit.ParseFailureMode(rs.OnError); err != nil {
+	if r.OnError, err = ruletext.FailureMode(rs.OnError); err != nil {
 		c.fail(path+".on_error", "%v", err)
 	}
 	if r.OnError == admit.FailDefault && r.Unit != UnitRequests {
@@ -398,7 +401,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		// every call through.
 		r.OnError = admit.FailClosed
 	}
-	if r.Distribution, err = admit.ParseDistribution(rs.Distribution); err != nil {
+	if r.Distribution, err = ruletext.Distribution(rs.Distribution); err != nil {
 		c.fail(path+".distribution", "%v", err)
 	}
 	c.share(path, rs, r, tier)
@@ -495,7 +498,7 @@ func (c *compiler) unit(path string, rs *RuleSpec, r *Rule) {
 		c.fail(path+".unit", "unknown unit %q (want requests, tokens or money)", rs.Unit)
 		return
 	}
-	if r.Unit != UnitRequests && r.CheckDebit(0) != nil {
+	if r.Unit != UnitRequests && engine.CheckDebit(&r.Rule, 0) != nil {
 		c.fail(path+".unit", "a rule in %s must be a token_bucket, gcra, fixed_window, sliding_window or quota: an LLM call is settled after its answer, by refund or debit", r.Unit)
 	}
 	r.Weights = EveryTokenWeighsOne
@@ -530,7 +533,7 @@ func (c *compiler) budget(path string, rs *RuleSpec) *RuleSpec {
 		c.fail(path+".budget", "missing; a rule in money needs its budget, like \"10.00\"")
 	default:
 		n, err := ParseDecimal(rs.Budget, 6)
-		if err != nil || n < 1 || n > admit.MaxCount {
+		if err != nil || n < 1 || n > bounds.MaxCount {
 			c.fail(path+".budget", "%q: want an amount from 0.000001 to 4000 with at most 6 decimals", rs.Budget)
 			break
 		}
@@ -543,7 +546,7 @@ func (c *compiler) budget(path string, rs *RuleSpec) *RuleSpec {
 func (c *compiler) quota(path string, rs *RuleSpec, r *Rule) {
 	var err error
 	if rs.Period != "" {
-		if r.Period, err = admit.ParsePeriod(rs.Period); err != nil {
+		if r.Period, err = ruletext.Period(rs.Period); err != nil {
 			c.fail(path+".period", "%v", err)
 		}
 	}
@@ -599,12 +602,12 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 		v, max int64
 		dst    *int64
 	}{
-		{"tenant_connections", g.TenantConnections, admit.MaxConcurrency, &out.TenantConnections},
-		{"connections_per_session", g.ConnectionsPerSession, admit.MaxConcurrency, &out.ConnectionsPerSession},
-		{"tenant_per_minute", g.TenantPerMinute, admit.MaxCount, &out.TenantPerMinute},
-		{"session_per_minute", g.SessionPerMinute, admit.MaxCount, &out.SessionPerMinute},
-		{"messages_per_minute", g.MessagesPerMinute, admit.MaxCount, &out.MessagesPerMinute},
-		{"tenant_sessions", g.TenantSessions, admit.MaxConcurrency, &out.TenantSessions},
+		{"tenant_connections", g.TenantConnections, bounds.MaxConcurrency, &out.TenantConnections},
+		{"connections_per_session", g.ConnectionsPerSession, bounds.MaxConcurrency, &out.ConnectionsPerSession},
+		{"tenant_per_minute", g.TenantPerMinute, bounds.MaxCount, &out.TenantPerMinute},
+		{"session_per_minute", g.SessionPerMinute, bounds.MaxCount, &out.SessionPerMinute},
+		{"messages_per_minute", g.MessagesPerMinute, bounds.MaxCount, &out.MessagesPerMinute},
+		{"tenant_sessions", g.TenantSessions, bounds.MaxConcurrency, &out.TenantSessions},
 	} {
 		switch {
 		case f.v == 0:
@@ -619,14 +622,14 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 		switch {
 		case err != nil:
 			c.fail(path+".session_ttl", "%v", err)
-		case d < time.Second || d > admit.MaxRatePeriod:
-			c.fail(path+".session_ttl", "must be from 1s to %v", admit.MaxRatePeriod)
+		case d < time.Second || d > bounds.MaxRatePeriod:
+			c.fail(path+".session_ttl", "must be from 1s to %v", bounds.MaxRatePeriod)
 		default:
 			out.SessionTTL = d
 		}
 	}
 	if g.TenantSessions == 0 {
-		out.TenantSessions = min(admit.MaxConcurrency, max(10, 2*out.TenantConnections))
+		out.TenantSessions = min(bounds.MaxConcurrency, max(10, 2*out.TenantConnections))
 	}
 	return out
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 )
@@ -219,7 +220,7 @@ func (d *Decider) Failover(ctx context.Context, res *Resolution, dec *admit.Deci
 	charges := make([]admit.Charge, len(res.Charges))
 	for i, ch := range res.Charges {
 		ch.Rule = d.shares.Get(ch.Rule, d.share)
-		if err := ch.Rule.CheckCost(ch.Cost); err != nil {
+		if err := engine.CheckCost(ch.Rule, ch.Cost); err != nil {
 			ch.Cost = ch.Rule.Capacity()
 		}
 		charges[i] = ch
@@ -253,7 +254,7 @@ func unheld(res *Resolution, now time.Time) admit.Lease {
 		if ch.Rule.Algorithm == admit.Concurrency {
 			t := ch.LeaseTTL
 			if t <= 0 {
-				t = ch.Rule.LeaseTTLOrDefault()
+				t = engine.LeaseTTL(ch.Rule)
 			}
 			ttl = max(ttl, t)
 		}
@@ -277,7 +278,7 @@ func (d *Decider) RenewLease(ctx context.Context, id string) (admit.Lease, error
 	case strings.HasPrefix(id, unheldLease):
 		ms, _, ok := strings.Cut(id[len(unheldLease):], "-")
 		n, err := strconv.ParseInt(ms, 10, 64)
-		if !ok || err != nil || n <= 0 || n > admit.MaxRatePeriod.Milliseconds() {
+		if !ok || err != nil || n <= 0 || n > bounds.MaxRatePeriod.Milliseconds() {
 			return admit.Lease{}, admit.Errorf(admit.CodeNotFound, "lease %.64q does not exist", id)
 		}
 		return admit.Lease{ID: id, ExpiresAt: time.Now().Add(time.Duration(n) * time.Millisecond)}, nil
@@ -337,7 +338,7 @@ func admitUnknown(res *Resolution, dec *admit.Decision) {
 		c := r.Capacity()
 		dec.Results = append(dec.Results, admit.Result{Rule: r.Name, Allowed: true, Shadow: r.Shadow, Limit: c, Remaining: c})
 	}
-	dec.Summarize()
+	engine.Summarize(dec)
 }
 
 // share returns r with its limits divided among the servers, for the local
@@ -385,7 +386,7 @@ func (d *Decider) Close() error {
 func (d *Decider) Refund(ctx context.Context, charges []admit.Charge, at time.Time, out Outcome) error {
 	switch out {
 	case Stored:
-		f, ok := d.store.(admit.Refunder)
+		f, ok := d.store.(engine.Refunder)
 		if !ok {
 			return admit.Errorf(admit.CodeInvalid, "the store (%T) takes no refunds", d.store)
 		}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // The scopes with a meaning of their own. A rule keyed by a request
@@ -131,7 +132,7 @@ func (r *Rule) Spec() RuleSpec {
 			s.Floor = r.Floor.String()
 		}
 	case admit.Concurrency:
-		s.Max, s.LeaseTTL = n(r.Max), r.LeaseTTLOrDefault().String()
+		s.Max, s.LeaseTTL = n(r.Max), engine.LeaseTTL(&r.Rule).String()
 	case admit.Quota:
 		s.Limit, s.Period, s.TimeZone = n(r.Limit), r.Period.String(), r.Location.String()
 		switch {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -47,11 +48,8 @@ func TestResolveScopes(t *testing.T) {
 		}
 		var out []string
 		for i, r := range res.Rules {
-			k, err := admit.ParseKey(res.Charges[i].Key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, r.Name+"="+k.Tenant+"|"+k.Subject+"|"+k.Action)
+			k := keyFields(t, res.Charges[i].Key)
+			out = append(out, r.Name+"="+k[1]+"|"+k[2]+"|"+k[3])
 		}
 		return strings.Join(out, " ")
 	}
@@ -79,7 +77,7 @@ func TestResolveScopes(t *testing.T) {
 		t.Errorf("beta's user rule = %+v, want the tier's", got)
 	}
 	req := Request{Tenant: "ghost", Cost: 1}
-	if err := p.Resolve(&req, &res); !errors.Is(err, admit.ErrPermission) {
+	if err := p.Resolve(&req, &res); admit.ErrorCode(err) != admit.CodePermission {
 		t.Errorf("unknown tenant: %v, want ErrPermission", err)
 	}
 }
@@ -99,8 +97,8 @@ func TestCompileReportsEveryError(t *testing.T) {
 	s.Tenants["acme"] = TenantSpec{Tier: "free", Overrides: []RuleSpec{{Name: "zzz"}, {Name: "user", Scope: "ip"}}, APIKeysSHA256: []string{"abc"}}
 	_, err := Compile(s)
 	var errs Errors
-	if !errors.As(err, &errs) || !errors.Is(err, admit.ErrInvalid) {
-		t.Fatalf("error %v is not Errors/ErrInvalid", err)
+	if !errors.As(err, &errs) || admit.ErrorCode(err) != admit.CodeInvalid {
+		t.Fatalf("error %v is not Errors/CodeInvalid", err)
 	}
 	want := []string{
 		"global[2].name", "tiers.bad.rules[0].burst", "tiers.bad.rules[1].scope", "tiers.bad.rules[1].rate",
@@ -251,7 +249,7 @@ func TestAuthenticateRequestThenResolve(t *testing.T) {
 		}
 		if base.Tenant == "newco" {
 			var res Resolution
-			if err := p.Resolve(&once, &res); !errors.Is(err, admit.ErrPermission) {
+			if err := p.Resolve(&once, &res); admit.ErrorCode(err) != admit.CodePermission {
 				t.Errorf("an unknown tenant resolved: %v", err)
 			}
 			continue
@@ -279,7 +277,7 @@ func TestAuthenticateRequestThenResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	var res Resolution
-	if err := other.Resolve(&req, &res); !errors.Is(err, admit.ErrPermission) {
+	if err := other.Resolve(&req, &res); admit.ErrorCode(err) != admit.CodePermission {
 		t.Errorf("another policy resolved tenant keyed: %v", err)
 	}
 }
@@ -307,4 +305,23 @@ func TestPutTenantKeepsBilling(t *testing.T) {
 	if tn, err = c.PutTenant(ctx, "billed", TenantSpec{Tier: "free", BillingAnchor: "2026-02-01"}); err != nil || tn.Spec.BillingAnchor != "2026-02-01" {
 		t.Fatalf("a new anchor: %+v %v", tn, err)
 	}
+}
+
+// keyFields decodes a key admit.Key made into its five fields (scope,
+// tenant, subject, action, rule), each its length, a colon and its bytes.
+func keyFields(t *testing.T, key string) (f [5]string) {
+	t.Helper()
+	rest := key
+	for i := range f {
+		n, tail, _ := strings.Cut(rest, ":")
+		size, err := strconv.Atoi(n)
+		if err != nil || size < 0 || size > len(tail) {
+			t.Fatalf("key %q: field %d is not length-prefixed", key, i+1)
+		}
+		f[i], rest = tail[:size], tail[size:]
+	}
+	if rest != "" {
+		t.Fatalf("key %q: trailing bytes", key)
+	}
+	return f
 }

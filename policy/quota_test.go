@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // TestQuotaRules: a quota's period, time zone and anchor compile into its
@@ -37,7 +38,7 @@ func TestQuotaRules(t *testing.T) {
 	}
 	// Its February period runs from the 28th (February has no 31st), at
 	// midnight in Paris.
-	start, end := own.PeriodAt(time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
+	start, end := engine.PeriodAt(&own.Rule, time.Date(2026, 3, 10, 12, 0, 0, 0, time.UTC))
 	if !start.Equal(time.Date(2026, 2, 28, 0, 0, 0, 0, paris)) || !end.Equal(time.Date(2026, 3, 31, 0, 0, 0, 0, paris)) {
 		t.Errorf("period %v – %v", start, end)
 	}

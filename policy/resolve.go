@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -195,8 +196,8 @@ func (r *Request) Validate() error {
 			return admit.Errorf(admit.CodeInvalid, "attribute %.64q: names are at most 64 bytes, values %d", k, MaxValueLen)
 		}
 	}
-	if r.Cost < 0 || r.Cost > admit.MaxCost {
-		return admit.Errorf(admit.CodeInvalid, "cost %d: must be from 0 to %d", r.Cost, int64(admit.MaxCost))
+	if r.Cost < 0 || r.Cost > bounds.MaxCost {
+		return admit.Errorf(admit.CodeInvalid, "cost %d: must be from 0 to %d", r.Cost, int64(bounds.MaxCost))
 	}
 	return nil
 }
@@ -204,7 +205,7 @@ func (r *Request) Validate() error {
 // Resolve resolves req into res: the global rules, then the tenant's rules
 // (its tier's after its overrides), each if it applies to req.Action and req
 // carries its scope. A tenant the policy does not know is refused with
-// admit.ErrPermission, or gets the default tier if the policy has one.
+// admit.CodePermission, or gets the default tier if the policy has one.
 func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	res.Policy, res.Tenant = p, nil
 	res.Charges = res.Charges[:0]
@@ -242,8 +243,8 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 			p.add(req, res, r, false)
 		}
 	}
-	if len(res.Charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), admit.MaxCharges)
+	if len(res.Charges) > bounds.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), bounds.MaxCharges)
 	}
 	return nil
 }
@@ -252,7 +253,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	if (r.Algorithm == admit.Concurrency) != (req.Kind == Leases) || !r.Applies(req.Action) {
 		return
 	}
-	if req.Debit && r.Rule.CheckDebit(0) != nil {
+	if req.Debit && engine.CheckDebit(&r.Rule, 0) != nil {
 		return
 	}
 	if r.Unit != UnitRequests && !req.Metered || r.PerModel && req.Model == "" {
@@ -305,7 +306,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	res.buf = k.Append(res.buf[:0])
 	res.Charges = append(res.Charges, admit.Charge{
 		Key: string(res.buf), Rule: &r.Rule, Cost: req.Cost, DryRun: req.DryRun, Debit: req.Debit,
-		LeaseTTL: min(req.LeaseTTL, r.LeaseTTLOrDefault()),
+		LeaseTTL: min(req.LeaseTTL, engine.LeaseTTL(&r.Rule)),
 	})
 	if r.Fair && k.Tenant == "" {
 		if res.share.Class == "" {
@@ -326,7 +327,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 // TenantOrDefault returns the tenant with the given id: the catalog's, or,
 // when the catalog does not know it, a tenant of the default tier if the
 // policy has one (Source "default"). Without a default tier an unknown
-// tenant is admit.ErrPermission.
+// tenant is admit.CodePermission.
 func (p *Policy) TenantOrDefault(id string) (*Tenant, error) {
 	if t := p.tenants[id]; t != nil {
 		return t, nil

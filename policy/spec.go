@@ -116,7 +116,7 @@ type TierSpec struct {
 	Rules   []RuleSpec   `json:"rules,omitempty"`
 	Gateway *GatewaySpec `json:"gateway,omitempty"`
 	// Weight is the tier's tenants' weight in the limits tenants share
-	// (see RuleSpec.FairShare), from 1 to admit.MaxShareWeight; default 1.
+	// (see RuleSpec.FairShare), from 1 to bounds.MaxShareWeight; default 1.
 	Weight int64 `json:"weight,omitempty"`
 	// LLMInFlight bounds each of the tier's tenants' LLM calls in flight
 	// through one admit proxy, from 1 to 100,000; default

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // Unit is what a rule counts.
@@ -102,7 +102,7 @@ type Weights [NumTokenKinds]int64
 // counts 1; web searches, not tokens, count 0.
 var EveryTokenWeighsOne = Weights{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 0}
 
-// Cost returns the weighted count of t, rounded up, at most admit.MaxCost
+// Cost returns the weighted count of t, rounded up, at most bounds.MaxCost
 // past which no charge goes.
 func (w Weights) Cost(t Tokens) int64 {
 	var hi, lo uint64
@@ -113,9 +113,9 @@ func (w Weights) Cost(t Tokens) int64 {
 		hi += h + c
 	}
 	if hi > 0 {
-		return admit.MaxCost
+		return bounds.MaxCost
 	}
-	return min(int64((lo+999)/1000), admit.MaxCost)
+	return min(int64((lo+999)/1000), bounds.MaxCost)
 }
 
 // parseWeights parses a weights map: kind name → a number from 0 to 1000

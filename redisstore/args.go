@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -61,18 +62,18 @@ func CheckRule(r *admit.Rule) error {
 			return admit.Errorf(admit.CodeInvalid, "rule %q: window %v: the Redis store needs whole microseconds", r.Name, r.Window)
 		}
 	case admit.Concurrency:
-		if r.LeaseTTLOrDefault() > maxSpan {
-			return tooLong("lease_ttl", r.LeaseTTLOrDefault())
+		if engine.LeaseTTL(r) > maxSpan {
+			return tooLong("lease_ttl", engine.LeaseTTL(r))
 		}
 	}
 	return nil
 }
 
 // CheckRule is the package's CheckRule, so that admit.NewLimiter refuses
-// at wiring a limit this store cannot decide (admit.RuleChecker).
+// at wiring a limit this store cannot decide (engine.RuleChecker).
 func (s *Store) CheckRule(r *admit.Rule) error { return CheckRule(r) }
 
-var _ admit.RuleChecker = (*Store)(nil)
+var _ engine.RuleChecker = (*Store)(nil)
 
 // bucketSpan returns burst × per / n and whether it is within maxSpan.
 func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
@@ -126,7 +127,7 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 	if r.Shadow {
 		a.fixed[2] = "1"
 	}
-	a.fixed[3] = micros(r.LeaseTTLOrDefault())
+	a.fixed[3] = micros(engine.LeaseTTL(r))
 	p := a.fixed[5:]
 	bucket := func(p []string, rate admit.Rate, burst, initial int64, remember time.Duration) {
 		n, per := rate.N, int64(rate.Per)
@@ -141,7 +142,7 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 		}
 		remember := time.Duration(0)
 		if initial < r.Burst {
-			remember = admit.RememberFull
+			remember = bounds.RememberFull
 		}
 		bucket(p, r.Rate, r.Burst, initial, remember)
 		if r.Algorithm != admit.Combination {
@@ -156,7 +157,7 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 	case admit.Quota:
 		p[0] = itoa(r.Limit) // the period's ends come with each charge
 	case admit.Concurrency:
-		p[0], p[1] = itoa(r.Max), micros(r.LeaseTTLOrDefault())
+		p[0], p[1] = itoa(r.Max), micros(engine.LeaseTTL(r))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -308,8 +309,8 @@ func counted(rules []*ruleArgs, counts []int64, nu, nsub int64) []int64 {
 			x[0], x[1], x[2], x[3] = 1, r.limit-c, reset, 0
 		} else { // a debit past the limit: what a cost of 1 meets after it,
 			// and how far past (see fill) the count went, which stops at
-			// admit.MaxCount
-			x[0], x[1], x[2], x[3] = 0, r.limit-min(c, admit.MaxCount), reset, reset
+			// bounds.MaxCount
+			x[0], x[1], x[2], x[3] = 0, r.limit-min(c, bounds.MaxCount), reset, reset
 		}
 	}
 	return v

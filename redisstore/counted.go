@@ -16,6 +16,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -149,8 +150,8 @@ func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
 // one of them (never admit one too many: a decision is admitted only by
 // counts within the limit, counts that were taken back included).
 func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
-	if len(charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	if len(charges) > bounds.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
 	if err := engine.CheckDebits(charges); err != nil {
 		return err
@@ -315,7 +316,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			res.Remaining = max(c.Rule.Limit-held, 0)
 		}
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	if !d.Allowed && !dry {
 		s.learnCountedRefusals(charges, d, now)
 	}
@@ -557,7 +558,7 @@ func countedResult(res *admit.Result, c *admit.Charge, count int64, now time.Tim
 	}
 	res.RetryAfter = left
 	if c.Debit {
-		res.Over = min(count, admit.MaxCount) - r.Limit
+		res.Over = min(count, bounds.MaxCount) - r.Limit
 	}
 }
 
@@ -668,7 +669,7 @@ type countOp struct {
 }
 
 // countCeiling is where a counted key's count is held: far past any limit
-// (admit.MaxCount), and far from the int64 Redis counts in, so that a
+// (bounds.MaxCount), and far from the int64 Redis counts in, so that a
 // count's take-backs never bring it under a limit again.
 const countCeiling = 1 << 62
 

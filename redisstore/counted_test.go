@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -369,13 +370,13 @@ func TestCountedCeiling(t *testing.T) {
 	s := dial(t, "redis://"+srv.Addr)
 	ctx := context.Background()
 	rule := &admit.Rule{Name: "hits", Algorithm: admit.FixedWindow, Limit: 5, Window: time.Hour, Distribution: admit.Counted}
-	c := admit.Charge{Key: "k", Rule: rule, Cost: admit.MaxCount, Debit: true}
+	c := admit.Charge{Key: "k", Rule: rule, Cost: bounds.MaxCount, Debit: true}
 	if _, err := redistest.Command(srv.Addr, "SET", redisstore.CountedKey(s, &c), strconv.FormatInt(1<<63-2, 10), "PX", "60000"); err != nil {
 		t.Fatal(err)
 	}
 	var d admit.Decision
 	for range 2 {
-		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil || d.Results[0].Allowed || d.Results[0].Over != admit.MaxCount-5 {
+		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil || d.Results[0].Allowed || d.Results[0].Over != bounds.MaxCount-5 {
 			t.Fatalf("a debit past the int64 end: %+v, %v", d.Results, err)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -75,8 +76,8 @@ func (s *Store) groups(charges []admit.Charge, split bool) []group {
 
 // validate checks charges and returns the arguments of each one's rule.
 func validate(charges []admit.Charge, reserve bool) ([]*ruleArgs, error) {
-	if len(charges) > admit.MaxCharges {
-		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	if len(charges) > bounds.MaxCharges {
+		return nil, admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
 	if err := engine.CheckDebits(charges); err != nil {
 		return nil, err
@@ -97,7 +98,7 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d has no rule", i)
 	}
 	if c.Key == "" {
-		return nil, admit.ErrEmptyKey
+		return nil, engine.ErrEmptyKey
 	}
 	ra := argsOf(c.Rule)
 	if ra.err != nil {
@@ -106,15 +107,15 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	if err := engine.CheckCounted(c); err != nil {
 		return nil, err
 	}
-	check := c.Rule.CheckCost
+	check := engine.CheckCost
 	if c.Debit {
-		check = c.Rule.CheckDebit
+		check = engine.CheckDebit
 	}
-	if err := check(c.Cost); err != nil {
+	if err := check(c.Rule, c.Cost); err != nil {
 		return nil, err
 	}
 	if c.Share != nil {
-		if err := c.Share.Validate(); err != nil {
+		if err := engine.CheckShare(c.Share); err != nil {
 			return nil, err
 		}
 		if p, err := engine.Prepare(c.Rule); err == nil && !c.Debit {
@@ -129,7 +130,7 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	if reserve && c.Debit {
 		return nil, admit.Errorf(admit.CodeInvalid, "charge %d: a reservation books capacity ahead; it takes no debits", i)
 	}
-	if reserve && !c.Rule.Algorithm.Reservable() {
+	if reserve && !engine.Reservable(c.Rule.Algorithm) {
 		return nil, admit.Errorf(admit.CodeInvalid, "rule %q: %v cannot reserve; only token_bucket and gcra can", c.Rule.Name, c.Rule.Algorithm)
 	}
 	return ra, nil
@@ -317,7 +318,7 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 	} else if dry {
 		s.learnRefusals(charges, d, now) // what refused a look refuses a decision
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 
@@ -407,7 +408,7 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 	}
 }
 
-// Refund implements admit.Refunder. A window's or bucket's charge is given
+// Refund implements engine.Refunder. A window's or bucket's charge is given
 // back in Redis, by Redis's clock, exactly as a Cluster decision that
 // failed half way gives back what it charged. A quota's is given back
 // only when the period at fell in is the current one by this server's
@@ -426,7 +427,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		if _, err := checkCharge(i, &c, false); err != nil {
 			return err
 		}
-		if err := c.Rule.CheckRefund(c.Cost); err != nil {
+		if err := engine.CheckRefund(c.Rule, c.Cost); err != nil {
 			return err
 		}
 		if c.Cost == 0 {
@@ -439,8 +440,8 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 			continue
 		}
 		if c.Rule.Algorithm == admit.Quota {
-			_, was := c.Rule.PeriodAt(at)
-			_, is := c.Rule.PeriodAt(now)
+			_, was := engine.PeriodAt(c.Rule, at)
+			_, is := engine.PeriodAt(c.Rule, now)
 			if !was.Equal(is) || is.Sub(now) < quotaRefundMargin {
 				continue
 			}
@@ -472,7 +473,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 // refunds, for the clocks of this server and Redis's to disagree by.
 const quotaRefundMargin = 2 * time.Second
 
-var _ admit.Refunder = (*Store)(nil)
+var _ engine.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {

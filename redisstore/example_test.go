@@ -10,7 +10,7 @@ import (
 
 // A limit the Redis store cannot decide — here a window longer than the
 // about 52 days its arithmetic allows — is refused when the Limiter is
-// made (the store is an admit.RuleChecker), not at every request. The
+// made (the store is an engine.RuleChecker), not at every request. The
 // store is dialled lazily, so nothing here needs a Redis.
 func ExampleStore_CheckRule() {
 	cfg, err := redisstore.ParseURL("redis://127.0.0.1:6379/0")

@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
+	"github.com/admitdev/admit/storetest"
 )
 
 // TestRedisOutage kills redis-server under load and starts it again: no
@@ -68,7 +68,7 @@ func TestRedisOutage(t *testing.T) {
 					continue
 				}
 				failed[p].Add(1)
-				if !errors.Is(err, admit.ErrUnavailable) {
+				if admit.ErrorCode(err) != admit.CodeUnavailable {
 					wrongErr.Store(err)
 				}
 				time.Sleep(time.Millisecond)
@@ -90,7 +90,7 @@ func TestRedisOutage(t *testing.T) {
 	t.Logf("up: %d ok; down: %d failed, %d ok, slowest %v; back: %d ok, %d failed, first ok %v after restart",
 		ok[0].Load(), failed[1].Load(), ok[1].Load(), slowest[1], ok[2].Load(), failed[2].Load(), time.Duration(backOKAt.Load()-at.UnixNano()))
 	if err, _ := wrongErr.Load().(error); err != nil {
-		t.Errorf("a failure was not ErrUnavailable: %v", err)
+		t.Errorf("a failure was not CodeUnavailable: %v", err)
 	}
 	if ok[0].Load() == 0 || failed[1].Load() == 0 {
 		t.Fatalf("the load did not run through the outage")
@@ -123,7 +123,7 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	ctx := context.Background()
 	srv.Kill()
 	for range 2 {
-		if _, err := admit.Check(ctx, s, c); !errors.Is(err, admit.ErrUnavailable) {
+		if _, err := storetest.Check(ctx, s, c); admit.ErrorCode(err) != admit.CodeUnavailable {
 			t.Fatalf("with Redis down: %v", err)
 		}
 	}
@@ -132,7 +132,7 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	}
 	// An open breaker answers without calling Redis.
 	calls := s.Health().Calls
-	if _, err = admit.Check(ctx, s, c); !errors.Is(err, admit.ErrUnavailable) || s.Health().Calls != calls {
+	if _, err = storetest.Check(ctx, s, c); admit.ErrorCode(err) != admit.CodeUnavailable || s.Health().Calls != calls {
 		t.Fatalf("an open breaker: %v, %d calls made (want none)", err, s.Health().Calls-calls)
 	}
 	// Redis returns: the breaker's probe closes it with no decision made.
@@ -156,8 +156,8 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	// The first call on a connection the restart broke may fail, as a
 	// call during the outage did (the store makes it again): one failure
 	// leaves the breaker closed, and the next call is Redis's.
-	if _, err := admit.Check(ctx, s, c); err != nil {
-		if _, err := admit.Check(ctx, s, c); err != nil {
+	if _, err := storetest.Check(ctx, s, c); err != nil {
+		if _, err := storetest.Check(ctx, s, c); err != nil {
 			t.Fatalf("after the breaker closed, twice: %v", err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -176,14 +177,14 @@ func allowanceKeyOf(c *admit.Charge) allowanceKey {
 // a leased rule, a positive cost, no debit, and no sub of a class (the
 // anonymous callers' addresses), whose demand is each too small to lease.
 func leasable(c *admit.Charge) bool {
-	return c.Rule != nil && c.Rule.Distribution == admit.Leased && c.Rule.Algorithm.Leasable() && c.Cost > 0 && !c.Debit &&
+	return c.Rule != nil && c.Rule.Distribution == admit.Leased && engine.Leasable(c.Rule.Algorithm) && c.Cost > 0 && !c.Debit &&
 		(c.Share == nil || c.Share.Sub == "")
 }
 
 // anyLeasable reports whether a decision of charges goes through
 // allowances: one charge at least is leasable and none is a dry run.
 func anyLeasable(charges []admit.Charge) bool {
-	if len(charges) == 0 || len(charges) > admit.MaxCharges {
+	if len(charges) == 0 || len(charges) > bounds.MaxCharges {
 		return false
 	}
 	any := false
@@ -331,7 +332,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		}
 	}
 	now := s.link.now()
-	var pools [admit.MaxCharges]*allowance
+	var pools [bounds.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	for i := range charges {
 		if leasable(&charges[i]) {
@@ -348,14 +349,14 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 			s.decisions.Add(1)
 			s.localDecisions.Add(1)
 			d.At = now
-			d.Summarize()
+			engine.Summarize(d)
 			return nil
 		}
 		if try == 1 {
 			break
 		}
 		// Withdraw for each charge short of units, and wait.
-		var waits [admit.MaxCharges]*fetch
+		var waits [bounds.MaxCharges]*fetch
 		n := 0
 		for i, p := range ps {
 			if p == nil || taken&(1<<i) != 0 {
@@ -400,8 +401,8 @@ func waitFetches(ctx context.Context, fs []*fetch) error {
 // decideRest decides exactly in Redis the charges not in taken, and
 // fills d with their results and the taken ones'.
 func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*allowance, taken uint64, now time.Time, d *admit.Decision) error {
-	var rest [admit.MaxCharges]admit.Charge
-	var at [admit.MaxCharges]int
+	var rest [bounds.MaxCharges]admit.Charge
+	var at [bounds.MaxCharges]int
 	n := 0
 	for i := range charges {
 		if taken&(1<<i) == 0 {
@@ -428,7 +429,7 @@ func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*al
 		}
 	}
 	d.Lease = sub.Lease
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 
@@ -437,7 +438,7 @@ var decisions = sync.Pool{New: func() any { return new(admit.Decision) }}
 
 // generations holds, per charge taken from an allowance, the allowance's
 // generation then, so that a unit is put back only where it came from.
-type generations [admit.MaxCharges]uint64
+type generations [bounds.MaxCharges]uint64
 
 // takeLocal takes from their allowances ps the leasable charges they
 // cover, and returns which it took, with their results in d; or, if one

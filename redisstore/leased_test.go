@@ -118,7 +118,7 @@ func left(t *testing.T, s *redisstore.Store, key string, r *admit.Rule) int64 {
 	t.Helper()
 	exact := *r
 	exact.Distribution = admit.Exact
-	d, err := admit.Check(context.Background(), s, admit.Charge{Key: key, Rule: &exact})
+	d, err := storetest.Check(context.Background(), s, admit.Charge{Key: key, Rule: &exact})
 	if err != nil {
 		t.Fatal(err)
 	}

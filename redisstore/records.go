@@ -11,6 +11,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 func newID() string {
@@ -73,7 +74,7 @@ func (s *Store) tags() (all, tenants int) {
 	if !s.link.cluster {
 		return 1, 1
 	}
-	return min(s.tenantTags+1, admit.MaxCharges), s.tenantTags
+	return min(s.tenantTags+1, bounds.MaxCharges), s.tenantTags
 }
 
 // checkTenantGroups refuses a decision or reservation whose groups that
@@ -82,7 +83,7 @@ func (s *Store) tags() (all, tenants int) {
 // released or cancelled.
 func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
 	_, most := s.tags()
-	if most >= admit.MaxCharges {
+	if most >= bounds.MaxCharges {
 		return nil // as many groups as charges
 	}
 	n := 0

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // TestSplitIDRefusesForgedIDs: renewing, releasing or cancelling costs two
@@ -16,7 +16,7 @@ import (
 func TestSplitIDRefusesForgedIDs(t *testing.T) {
 	raw := "0123456789abcdef01234567"
 	tag1, tag2 := "0123456789abcdef", "fedcba9876543210"
-	const most = admit.MaxCharges
+	const most = bounds.MaxCharges
 	standalone, cluster, oneTenant := [2]int{1, 1}, [2]int{most, most}, [2]int{2, 1}
 	for _, tc := range []struct {
 		id   string

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Local refusals. When Redis refuses a charge, its reply says how long
@@ -137,7 +139,7 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		}
 		d.Results = append(d.Results, res)
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	s.decisions.Add(1)
 	s.localDecisions.Add(1)
 	s.localRefusals.Add(1)
@@ -151,7 +153,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 	if s.exactRefusals {
 		return
 	}
-	var learn [admit.MaxCharges]bool
+	var learn [bounds.MaxCharges]bool
 	any := false
 	for i := range charges {
 		c, res := &charges[i], &d.Results[i]

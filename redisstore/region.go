@@ -14,6 +14,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -260,8 +261,8 @@ func kindOf(r *admit.Rule) string {
 // decideRegion decides charges from allowances taken from the region's
 // pools: all or nothing, locally once the allowances are in hand.
 func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
-	if len(charges) > admit.MaxCharges {
-		return admit.Errorf(admit.CodeInvalid, "redisstore: %d charges in one decision; at most %d", len(charges), admit.MaxCharges)
+	if len(charges) > bounds.MaxCharges {
+		return admit.Errorf(admit.CodeInvalid, "redisstore: %d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
 	if err := engine.CheckDebits(charges); err != nil {
 		return err
@@ -281,7 +282,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		return nil
 	}
 	now := s.link.now()
-	var pools [admit.MaxCharges]*allowance
+	var pools [bounds.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	dry := false
 	for i := range charges {
@@ -294,7 +295,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 					Limit: c.Rule.Capacity(), RetryAfter: time.Second, ResetAfter: time.Second})
 			}
 			d.At = now
-			d.Summarize()
+			engine.Summarize(d)
 			return nil
 		}
 		dry = dry || charges[i].DryRun
@@ -310,7 +311,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	}
 	// Debits are charged once the checks are admitted, whatever they
 	// find: takeLocal sees only the checks.
-	var checks [admit.MaxCharges]*allowance
+	var checks [bounds.MaxCharges]*allowance
 	cs := checks[:len(charges)]
 	var all uint64
 	for i, p := range ps {
@@ -328,7 +329,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			}
 			s.localDecisions.Add(1)
 			d.At = now
-			d.Summarize()
+			engine.Summarize(d)
 			return nil
 		}
 		if try == 1 {
@@ -337,7 +338,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		}
 		// Fetch for the checks short of units, and for the debits too,
 		// so that a debit finds its units when the region has them.
-		var waits [admit.MaxCharges]*fetch
+		var waits [bounds.MaxCharges]*fetch
 		n := 0
 		for i, p := range ps {
 			if taken&(1<<i) != 0 {
@@ -352,7 +353,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			s.debit(charges, ps, now, d)
 			s.localDecisions.Add(1)
 			d.At = now
-			d.Summarize()
+			engine.Summarize(d)
 			return nil
 		}
 		s.putBack(charges, cs, &gens, taken)
@@ -384,7 +385,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 	}
 	s.localDecisions.Add(1)
 	d.At = now
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 
@@ -395,7 +396,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 // pay it. A debit that the allowance did not cover is reported over the
 // limit, with the time the debt takes to repay as its retry.
 func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
-	var owes [admit.MaxCharges]int64
+	var owes [bounds.MaxCharges]int64
 	for i, p := range ps {
 		c := &charges[i]
 		if !c.Debit {
@@ -478,7 +479,7 @@ func (s *Store) peekRegion(charges []admit.Charge, ps []*allowance, now time.Tim
 		d.Results = append(d.Results, r)
 	}
 	d.At = now
-	d.Summarize()
+	engine.Summarize(d)
 }
 
 // retryIn estimates how long from now until p could cover cost. p.mu is
@@ -507,7 +508,7 @@ func isBucket(r *admit.Rule) bool {
 // or a quota) that now is in.
 func periodEnd(r *admit.Rule, now time.Time) time.Time {
 	if r.Algorithm == admit.Quota {
-		_, end := r.PeriodAt(now)
+		_, end := engine.PeriodAt(r, now)
 		return end
 	}
 	us := now.UnixMicro()
@@ -1025,8 +1026,8 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 		return []string{"c", w, demand, itoa(r.Limit), itoa(r.Window.Microseconds()), "0", "0", "0"}
 	case admit.Quota:
 		now := s.link.now()
-		start, end := r.PeriodAt(now)
-		_, next := r.PeriodAt(end)
+		start, end := engine.PeriodAt(r, now)
+		_, next := engine.PeriodAt(r, end)
 		return []string{"c", w, demand, itoa(r.Limit), "0", itoa(start.UnixMicro()), itoa(end.UnixMicro()), itoa(next.UnixMicro())}
 	}
 	initial := r.Burst

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
@@ -64,7 +65,7 @@ func TestSharesMatchMemstore(t *testing.T) {
 		switch k := rng.IntN(20); {
 		case k == 0:
 			c.Cost = 0
-		case k == 1 && r.CheckDebit(0) == nil:
+		case k == 1 && engine.CheckDebit(r, 0) == nil:
 			c.Debit, c.Cost = true, 1+int64(rng.IntN(10))
 		case k == 2 && r.Algorithm != admit.Concurrency:
 			// Up to the ceiling: classes that take their parts, and

@@ -91,6 +91,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/redishook"
 )
 
@@ -257,8 +258,8 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	if o.BreakerCooldown <= 0 {
 		o.BreakerCooldown = time.Second
 	}
-	if o.TenantsPerDecision <= 0 || o.TenantsPerDecision > admit.MaxCharges {
-		o.TenantsPerDecision = admit.MaxCharges
+	if o.TenantsPerDecision <= 0 || o.TenantsPerDecision > bounds.MaxCharges {
+		o.TenantsPerDecision = bounds.MaxCharges
 	}
 	var rg *region
 	if o.Home != nil {

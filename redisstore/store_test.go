@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 	"github.com/admitdev/admit/storetest"
@@ -97,7 +97,7 @@ func TestParseURL(t *testing.T) {
 		if err != nil {
 			got = err.Error()
 		}
-		if !strings.HasPrefix(got, tc.want) || (err != nil && !errors.Is(err, admit.ErrInvalid)) {
+		if !strings.HasPrefix(got, tc.want) || (err != nil && admit.ErrorCode(err) != admit.CodeInvalid) {
 			t.Errorf("ParseURL(%q) = %s, want %s", tc.url, got, tc.want)
 		}
 	}
@@ -122,7 +122,7 @@ func TestCheckRule(t *testing.T) {
 	}
 	for want, r := range bad {
 		err := redisstore.CheckRule(r)
-		if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, admit.ErrInvalid) {
+		if err == nil || !strings.Contains(err.Error(), want) || admit.ErrorCode(err) != admit.CodeInvalid {
 			t.Errorf("%s: error %v, want one about %q", r.Name, err, want)
 		}
 	}
@@ -197,7 +197,7 @@ func TestScriptCacheLossAndExpiry(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		d, err := admit.Check(ctx, s, charges...)
+		d, err := storetest.Check(ctx, s, charges...)
 		if err != nil || !d.Allowed {
 			t.Fatalf("decision %d: %+v, %v", i, d, err)
 		}
@@ -232,7 +232,7 @@ func TestClusterTenantSlots(t *testing.T) {
 	conc := &admit.Rule{Name: "conc", Algorithm: admit.Concurrency, Max: 5, LeaseTTL: time.Hour}
 	global := &admit.Rule{Name: "global", Algorithm: admit.GCRA, Rate: hourly, Burst: 10}
 	for _, tenant := range []string{"acme", "globex", "initech", "a{b}c"} {
-		d, err := admit.Check(ctx, s,
+		d, err := storetest.Check(ctx, s,
 			admit.Charge{Key: admit.Key{Scope: "user", Tenant: tenant, Subject: "u1", Rule: "user"}.String(), Rule: user, Cost: 1},
 			admit.Charge{Key: admit.Key{Scope: "tenant", Tenant: tenant, Rule: "conc"}.String(), Rule: conc, Cost: 1},
 			admit.Charge{Key: admit.Key{Scope: "global", Rule: "global"}.String(), Rule: global, Cost: 1},
@@ -295,16 +295,16 @@ func TestClusterTenantsPerDecision(t *testing.T) {
 	}
 	global := admit.Charge{Key: admit.Key{Scope: "global", Rule: "conc"}.String(), Rule: conc, Cost: 1}
 
-	if _, err := admit.Check(ctx, s, charge(conc, "acme"), charge(conc, "globex")); !errors.Is(err, admit.ErrInvalid) {
+	if _, err := storetest.Check(ctx, s, charge(conc, "acme"), charge(conc, "globex")); admit.ErrorCode(err) != admit.CodeInvalid {
 		t.Errorf("a lease of two tenants: %v, want invalid", err)
 	}
-	if _, err := s.Reserve(ctx, []admit.Charge{charge(bucket, "acme"), charge(bucket, "globex")}, time.Second); !errors.Is(err, admit.ErrInvalid) {
+	if _, err := s.Reserve(ctx, []admit.Charge{charge(bucket, "acme"), charge(bucket, "globex")}, time.Second); admit.ErrorCode(err) != admit.CodeInvalid {
 		t.Errorf("a reservation of two tenants: %v, want invalid", err)
 	}
-	if d, err := admit.Check(ctx, s, charge(bucket, "acme"), charge(bucket, "globex")); err != nil || !d.Allowed {
+	if d, err := storetest.Check(ctx, s, charge(bucket, "acme"), charge(bucket, "globex")); err != nil || !d.Allowed {
 		t.Errorf("a check of two tenants without a lease: %+v %v", d, err)
 	}
-	d, err := admit.Check(ctx, s, charge(conc, "acme"), global) // the refused lease took no slot
+	d, err := storetest.Check(ctx, s, charge(conc, "acme"), global) // the refused lease took no slot
 	if err != nil || !d.Allowed || strings.Count(d.Lease.ID, ".") != 2 {
 		t.Fatalf("a lease of acme and the global group: %+v %v", d, err)
 	}
@@ -312,7 +312,7 @@ func TestClusterTenantsPerDecision(t *testing.T) {
 		t.Errorf("renewing it: %v", err)
 	}
 	raw, _, _ := strings.Cut(d.Lease.ID, ".")
-	if _, err := s.RenewLease(ctx, raw+".0123456789abcdef.fedcba9876543210.g"); !errors.Is(err, admit.ErrNotFound) {
+	if _, err := s.RenewLease(ctx, raw+".0123456789abcdef.fedcba9876543210.g"); admit.ErrorCode(err) != admit.CodeNotFound {
 		t.Errorf("an id of two tenants: %v, want not found", err)
 	}
 	if err := s.ReleaseLease(ctx, d.Lease.ID); err != nil {
@@ -382,7 +382,7 @@ func TestSentinel(t *testing.T) {
 func TestNoCharges(t *testing.T) {
 	srv := redistest.Start(t)
 	s := dial(t, "redis://"+srv.Addr)
-	d, err := admit.Check(context.Background(), s)
+	d, err := storetest.Check(context.Background(), s)
 	if err != nil || !d.Allowed {
 		t.Fatalf("no charges: %+v %v, want admitted", d, err)
 	}
@@ -477,7 +477,7 @@ func TestFairSharesLeased(t *testing.T) {
 	var scs []storetest.FairScenario
 	for _, sc := range fairScenarios() {
 		// Acquire's waiters ask as checks do: the exact run covers them.
-		if sc.Rule.Algorithm.Leasable() && sc.MaxWait == 0 {
+		if engine.Leasable(sc.Rule.Algorithm) && sc.MaxWait == 0 {
 			sc.Rule.Distribution = admit.Leased
 			sc.Name += "/leased"
 			scs = append(scs, sc)

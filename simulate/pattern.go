@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // Event is one request: when it arrives, counted from the start of the
@@ -175,7 +176,7 @@ func (p Pattern) expected() float64 {
 	d := p.Duration.Seconds()
 	switch p.Kind {
 	case "constant", "seed004":
-		return ticks(p.Duration, p.Rate.Interval())
+		return ticks(p.Duration, interval(p.Rate))
 	case "bursts":
 		return float64(p.N) * ticks(p.Duration, p.Every)
 	case "ramp":
@@ -184,7 +185,7 @@ func (p Pattern) expected() float64 {
 		// Every on period sends one request at its start, however short
 		// it is and however slow the rate: counted per period, not as
 		// the rate times the time spent on.
-		gap, period := p.Rate.Interval(), p.On+p.Off
+		gap, period := interval(p.Rate), p.On+p.Off
 		full := p.Duration / period
 		n := float64(full) * ticks(p.On, gap)
 		if rest := p.Duration - full*period; rest > 0 {
@@ -236,7 +237,7 @@ func (p Pattern) Events(id Identity, limit int) ([]Event, error) {
 	}
 	switch p.Kind {
 	case "constant", "seed004":
-		gap := p.Rate.Interval()
+		gap := interval(p.Rate)
 		for t := time.Duration(0); t < p.Duration; t += gap {
 			if !add(t) {
 				return tooMany()
@@ -263,7 +264,7 @@ func (p Pattern) Events(id Identity, limit int) ([]Event, error) {
 			}
 		}
 	case "onoff":
-		gap := p.Rate.Interval()
+		gap := interval(p.Rate)
 		for start := time.Duration(0); start < p.Duration; start += p.On + p.Off {
 			for t := start; t < start+p.On && t < p.Duration; t += gap {
 				if !add(t) {
@@ -390,8 +391,8 @@ func parseCost(s string) (int64, error) {
 		return 1, nil
 	}
 	c, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || c < 0 || c > admit.MaxCount {
-		return 0, fmt.Errorf("cost %q: want a whole number from 0 to %d", s, int64(admit.MaxCount))
+	if err != nil || c < 0 || c > bounds.MaxCount {
+		return 0, fmt.Errorf("cost %q: want a whole number from 0 to %d", s, int64(bounds.MaxCount))
 	}
 	return c, nil
 }
@@ -500,4 +501,13 @@ func readJSONLines(r *bufio.Reader, onlyTenant string) ([]Event, error) {
 		return nil, fmt.Errorf("log: %v", err)
 	}
 	return out, nil
+}
+
+// interval returns the time between two events of r, rounded down to the
+// nanosecond.
+func interval(r admit.Rate) time.Duration {
+	if r.N <= 0 {
+		return 0
+	}
+	return r.Per / time.Duration(r.N)
 }

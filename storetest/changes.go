@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // changed returns charges of one key under each of rules in turn: a rule
@@ -54,7 +55,7 @@ func ruleChanges() []Timeline {
 	twenty := windowRule("twenty", admit.SlidingWindow, 20, time.Second)
 	twoMonthly := quotaRule("two", 2, admit.Month, "UTC", time.Time{})
 	fiveMonthly := quotaRule("five", 5, admit.Month, "UTC", time.Time{})
-	most := windowRule("most", admit.FixedWindow, admit.MaxCount, time.Hour)
+	most := windowRule("most", admit.FixedWindow, bounds.MaxCount, time.Hour)
 	perSecond := bucketRule("per-second", admit.TokenBucket, admit.PerSecond(1), 1)
 	quick := bucketRule("quick", admit.TokenBucket, admit.PerSecond(10000), 100)
 	comboFast := rule("combo-fast", admit.Combination, func(r *admit.Rule) {
@@ -294,10 +295,10 @@ func ruleChanges() []Timeline {
 			Name:    "debit/fixed_window_at_max_count",
 			Charges: changed("c10", most),
 			Steps: []Step{
-				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-admit.MaxCost)), 0),
-				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-2*admit.MaxCost)), 0),
-				debit(ok(0, admit.MaxCost, int64(admit.MaxCount-3*admit.MaxCost)), 0),
-				debit(ok(0, admit.MaxCost, 0), 0),
+				debit(ok(0, bounds.MaxCost, int64(bounds.MaxCount-bounds.MaxCost)), 0),
+				debit(ok(0, bounds.MaxCost, int64(bounds.MaxCount-2*bounds.MaxCost)), 0),
+				debit(ok(0, bounds.MaxCost, int64(bounds.MaxCount-3*bounds.MaxCost)), 0),
+				debit(ok(0, bounds.MaxCost, 0), 0),
 				debit(Step{At: 0, Cost: 1, Want: true, Remaining: []int64{0}, Fits: []bool{false}, RuleRetry: []time.Duration{time.Hour}}, 0),
 				no(0, 1, time.Hour, 0),
 			},

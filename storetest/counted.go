@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // RunCounted checks rules of distribution admit.Counted: every debit is
@@ -67,9 +69,9 @@ func RunCounted(t *testing.T, newStore Factory) {
 		if r := debit("other", 1); r.Remaining != 2 {
 			t.Fatalf("the dry run counted: %+v", r)
 		}
-		// A counted debit takes any cost up to admit.MaxCount.
+		// A counted debit takes any cost up to bounds.MaxCount.
 		huge := newRule()
-		huge.Limit = admit.MaxCount
+		huge.Limit = bounds.MaxCount
 		if err := s.Decide(ctx, []admit.Charge{{Key: "huge", Rule: huge, Cost: 3_000_000_000, Debit: true}}, &d); err != nil || !d.Allowed || d.Results[0].Remaining != 1_000_000_000 {
 			t.Fatalf("a debit of 3e9 of 4e9: %+v, %v", d, err)
 		}
@@ -215,7 +217,7 @@ func RunCounted(t *testing.T, newStore Factory) {
 		if err := s.Decide(ctx, []admit.Charge{c}, &d); err != nil {
 			t.Fatal(err)
 		}
-		if f, ok := s.(admit.Refunder); ok {
+		if f, ok := s.(engine.Refunder); ok {
 			if err := f.Refund(ctx, []admit.Charge{{Key: "k", Rule: rule, Cost: 1}}, d.At); err != nil {
 				t.Fatal(err)
 			}

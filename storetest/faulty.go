@@ -6,11 +6,12 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Faulty wraps a store and fails as a broken one does, so that what sits
 // on a store can be tried on its failure paths: with Down set every call
-// answers admit.ErrUnavailable, as a store that cannot be reached; with
+// answers admit.CodeUnavailable, as a store that cannot be reached; with
 // Short set Decide answers one result fewer than it was given charges, as
 // a store with a bug.
 type Faulty struct {
@@ -26,7 +27,7 @@ var _ admit.Store = (*Faulty)(nil)
 
 func (f *Faulty) down() error {
 	if f.Down.Load() {
-		return admit.Errorf(admit.CodeUnavailable, "store down (storetest.Faulty): %w", admit.ErrUnavailable)
+		return admit.Errorf(admit.CodeUnavailable, "store down (storetest.Faulty)")
 	}
 	return nil
 }
@@ -41,7 +42,7 @@ func (f *Faulty) Decide(ctx context.Context, charges []admit.Charge, d *admit.De
 	}
 	if f.Late.Load() {
 		d.Reset()
-		return admit.Errorf(admit.CodeUnavailable, "store answered too late (storetest.Faulty): %w", admit.ErrUnavailable)
+		return admit.Errorf(admit.CodeUnavailable, "store answered too late (storetest.Faulty)")
 	}
 	if f.Short.Load() && len(d.Results) > 0 {
 		d.Results = d.Results[:len(d.Results)-1]
@@ -89,12 +90,12 @@ func (f *Faulty) Reset(ctx context.Context, charges []admit.Charge) error {
 	return f.Store.Reset(ctx, charges)
 }
 
-// Refund implements admit.Refunder when the wrapped store does.
+// Refund implements engine.Refunder when the wrapped store does.
 func (f *Faulty) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
 	if err := f.down(); err != nil {
 		return err
 	}
-	r, ok := f.Store.(admit.Refunder)
+	r, ok := f.Store.(engine.Refunder)
 	if !ok {
 		return admit.Errorf(admit.CodeInvalid, "storetest.Faulty: %T takes no refunds", f.Store)
 	}

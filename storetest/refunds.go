@@ -6,9 +6,10 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
-// RunRefunds checks admit.Refunder: what a refund gives back, to which
+// RunRefunds checks engine.Refunder: what a refund gives back, to which
 // window, and never past the limit. Every Admit store implements it.
 func RunRefunds(t *testing.T, newStore Factory) {
 	minute := time.Minute
@@ -24,16 +25,16 @@ func RunRefunds(t *testing.T, newStore Factory) {
 			t.Parallel()
 			clock := NewClock()
 			s := newStore(t, clock.Now)
-			f, ok := s.(admit.Refunder)
+			f, ok := s.(engine.Refunder)
 			if !ok {
-				t.Fatalf("%T does not implement admit.Refunder", s)
+				t.Fatalf("%T does not implement engine.Refunder", s)
 			}
 			ctx := context.Background()
 			key := "refund:" + r.Name
 			at := func(d time.Duration, cost int64) admit.Decision {
 				t.Helper()
 				clock.Set(d)
-				dec, err := admit.Check(ctx, s, admit.Charge{Key: key, Rule: r, Cost: cost})
+				dec, err := Check(ctx, s, admit.Charge{Key: key, Rule: r, Cost: cost})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -92,7 +93,7 @@ func RunRefunds(t *testing.T, newStore Factory) {
 	}
 	t.Run("refused_algorithms", func(t *testing.T) {
 		s := newStore(t, NewClock().Now)
-		f := s.(admit.Refunder)
+		f := s.(engine.Refunder)
 		for _, r := range []*admit.Rule{
 			{Name: "log", Algorithm: admit.SlidingLog, Limit: 10, Window: time.Minute},
 			{Name: "conc", Algorithm: admit.Concurrency, Max: 3},

@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 )
 
 // Factory returns a new, empty store for one test. clock is the time source
@@ -91,7 +91,7 @@ type Step struct {
 	// whether it fitted) and RuleRetry its own RetryAfter.
 	Fits      []bool
 	RuleRetry []time.Duration
-	Err       error // an error matching it (errors.Is), if set
+	Err       error // an error of its code (admit.ErrorCode), if set
 }
 
 // Timeline is a named list of charges and the steps that use them.
@@ -110,7 +110,7 @@ func Leased(tls []Timeline) []Timeline {
 		tl.Charges = slices.Clone(tl.Charges)
 		for j := range tl.Charges {
 			r := tl.Charges[j].Rule
-			if r == nil || !r.Algorithm.Leasable() {
+			if r == nil || !engine.Leasable(r.Algorithm) {
 				continue
 			}
 			if leased[r] == nil {
@@ -176,7 +176,7 @@ func (tl Timeline) run(t *testing.T, s admit.Store, clock *Clock) {
 		switch {
 		case st.Err == nil && err != nil:
 			t.Fatalf("%s: unexpected error %v", where, err)
-		case st.Err != nil && !errors.Is(err, st.Err):
+		case st.Err != nil && (err == nil || admit.ErrorCode(err) != admit.ErrorCode(st.Err)):
 			t.Fatalf("%s: error %v, want %v", where, err, st.Err)
 		}
 	}
@@ -247,4 +247,18 @@ func checkDecision(t *testing.T, where string, st Step, d *admit.Decision) {
 	if !d.Allowed && d.DeniedBy == "" {
 		t.Errorf("%s: refused without naming the rule", where)
 	}
+}
+
+// The errors steps expect, matched by their codes.
+var (
+	errInvalid  = admit.Errorf(admit.CodeInvalid, "invalid")
+	errNotFound = admit.Errorf(admit.CodeNotFound, "not found")
+)
+
+// Check decides charges with s and returns the decision, for tests that
+// decide once; hot paths call s.Decide with a reused Decision.
+func Check(ctx context.Context, s admit.Store, charges ...admit.Charge) (admit.Decision, error) {
+	var d admit.Decision
+	err := s.Decide(ctx, charges, &d)
+	return d, err
 }

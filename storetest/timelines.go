@@ -5,6 +5,7 @@ import (
 	_ "time/tzdata" // the quota timelines' zones, wherever the tests run
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 const (
@@ -146,7 +147,7 @@ func Timelines() []Timeline {
 				reset(ok(10*time.Second, 0, 5), 0), // a peek: admitted, nothing charged
 				reset(ok(10*time.Second, 1, 4), 100*ms),
 				ok(10*time.Second, 4, 0),
-				{At: 10 * time.Second, Cost: 6, Err: admit.ErrInvalid}, // cost > burst is an error
+				{At: 10 * time.Second, Cost: 6, Err: errInvalid}, // cost > burst is an error
 			},
 		},
 		{
@@ -213,7 +214,7 @@ func Timelines() []Timeline {
 				reset(ok(1500*ms, 2, 0), 500*ms),
 				no(1999*ms, 1, ms, 0),
 				ok(5*time.Second, 3, 0),
-				{At: 5 * time.Second, Cost: 4, Err: admit.ErrInvalid},
+				{At: 5 * time.Second, Cost: 4, Err: errInvalid},
 			},
 		},
 		{
@@ -259,7 +260,7 @@ func Timelines() []Timeline {
 				no(1100*ms, 1, 100*ms, 0),
 				no(1200*ms, 2, 200*ms, 1),
 				ok(1400*ms, 2, 0),
-				{At: 1400 * ms, Cost: 4, Err: admit.ErrInvalid},
+				{At: 1400 * ms, Cost: 4, Err: errInvalid},
 			},
 		},
 		{
@@ -278,7 +279,7 @@ func Timelines() []Timeline {
 				no(1500*ms, 1, 500*ms, 0),
 				ok(2*time.Second, 1, 1),
 				ok(10*time.Second, 3, 2), // more than the floor holds: the burst bucket pays
-				{At: 10 * time.Second, Cost: 4, Err: admit.ErrInvalid},
+				{At: 10 * time.Second, Cost: 4, Err: errInvalid},
 			},
 		},
 		{
@@ -292,20 +293,20 @@ func Timelines() []Timeline {
 				named(ok(3*time.Second, 1, 0), "C"),
 				// B expires at 11s unrenewed: its slot is reclaimed.
 				named(ok(11*time.Second, 1, 0), "D"),
-				{At: 11 * time.Second, Op: Renew, Name: "B", Err: admit.ErrNotFound},
-				{At: 11 * time.Second, Op: Release, Name: "A", Err: admit.ErrNotFound},
+				{At: 11 * time.Second, Op: Renew, Name: "B", Err: errNotFound},
+				{At: 11 * time.Second, Op: Release, Name: "A", Err: errNotFound},
 				{At: 12 * time.Second, Op: Renew, Name: "C", Reset: D(10 * time.Second)},
 				no(14*time.Second, 1, 7*time.Second, 0), // D expires at 21s, C now at 22s
 				{At: 14 * time.Second, Op: Release, Name: "C"},
 				ok(14*time.Second, 1, 0),
-				{At: 14 * time.Second, Cost: 3, Err: admit.ErrInvalid},
+				{At: 14 * time.Second, Cost: 3, Err: errInvalid},
 			},
 		},
 		{
 			// Leases of many slots at once — more than a Redis command
 			// takes in one go from a Lua table — are taken, renewed and
 			// released whole, a refusal takes none, and one lease takes
-			// at most admit.MaxLeaseCost slots.
+			// at most bounds.MaxLeaseCost slots.
 			Name:    "concurrency/wide_leases",
 			Charges: []admit.Charge{key("t10w", "u", wide)},
 			Steps: []Step{
@@ -318,9 +319,9 @@ func Timelines() []Timeline {
 				{At: 5 * time.Second, Op: Release, Name: "A"},
 				named(ok(5*time.Second, 1000, 1), "D"),
 				{At: 6 * time.Second, Op: Release, Name: "B"},
-				{At: 6 * time.Second, Op: Release, Name: "B", Err: admit.ErrNotFound},
+				{At: 6 * time.Second, Op: Release, Name: "B", Err: errNotFound},
 				ok(6*time.Second, 1, 1000),
-				{At: 6 * time.Second, Cost: admit.MaxLeaseCost + 1, Err: admit.ErrInvalid},
+				{At: 6 * time.Second, Cost: bounds.MaxLeaseCost + 1, Err: errInvalid},
 			},
 		},
 		{
@@ -334,7 +335,7 @@ func Timelines() []Timeline {
 				// The refused reservation booked nothing.
 				{Op: Reserve, Cost: 1, MaxWait: 3 * time.Second, Want: true, Wait: D(3 * time.Second), Name: "R3"},
 				{Op: Cancel, Name: "R2"},
-				{Op: Cancel, Name: "R2", Err: admit.ErrNotFound},
+				{Op: Cancel, Name: "R2", Err: errNotFound},
 				// R2's second is free again: the next booking waits 3s, not 4s.
 				{Op: Reserve, Cost: 1, MaxWait: 10 * time.Second, Want: true, Wait: D(3 * time.Second)},
 				no(0, 1, 4*time.Second, 0),
@@ -351,7 +352,7 @@ func Timelines() []Timeline {
 				// The slow bucket needs 1s, the other none: both book, wait 1s.
 				use(Step{Op: Reserve, Cost: 1, MaxWait: time.Second, Want: true, Wait: D(time.Second)}, 0, 1),
 				use(ok(time.Second, 0, 0, 2), 0, 1),
-				use(Step{Op: Reserve, Cost: 1, MaxWait: time.Hour, Err: admit.ErrInvalid}, 0, 2),
+				use(Step{Op: Reserve, Cost: 1, MaxWait: time.Hour, Err: errInvalid}, 0, 2),
 			},
 		},
 		{
@@ -437,7 +438,7 @@ func Timelines() []Timeline {
 				debit(ok(10*time.Second, 100, 0), 0), // capped at one burst of debt
 				no(10*time.Second+599*ms, 1, ms, 0),
 				ok(10*time.Second+600*ms, 1, 0),
-				debit(Step{At: 11 * time.Second, Cost: admit.MaxCost + 1, Err: admit.ErrInvalid}, 0),
+				debit(Step{At: 11 * time.Second, Cost: bounds.MaxCost + 1, Err: errInvalid}, 0),
 			},
 		},
 		{
@@ -528,15 +529,15 @@ func Timelines() []Timeline {
 				key("d6", "l", slog), key("d6", "c", conc), key("d6", "k", combo), key("d6", "u", tb), key("d6", "u", tb),
 			},
 			Steps: []Step{
-				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 0), 0),
-				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 1), 1),
-				use(debit(Step{Cost: 1, Err: admit.ErrInvalid}, 2), 2),
-				use(debit(Step{Op: Reserve, Cost: 1, MaxWait: time.Second, Err: admit.ErrInvalid}, 3), 3),
+				use(debit(Step{Cost: 1, Err: errInvalid}, 0), 0),
+				use(debit(Step{Cost: 1, Err: errInvalid}, 1), 1),
+				use(debit(Step{Cost: 1, Err: errInvalid}, 2), 2),
+				use(debit(Step{Op: Reserve, Cost: 1, MaxWait: time.Second, Err: errInvalid}, 3), 3),
 				use(debit(dry(ok(0, 7, 0)), 3), 3),
 				use(ok(0, 5, 0), 3),
 				// One key checked and debited at once is refused; debited
 				// twice, it owes both.
-				debit(use(Step{At: time.Minute, Cost: 1, Err: admit.ErrInvalid}, 3, 4), 4),
+				debit(use(Step{At: time.Minute, Cost: 1, Err: errInvalid}, 3, 4), 4),
 				debit(use(ok(time.Minute, 3, 2, 0), 3, 4), 3, 4),
 			},
 		},

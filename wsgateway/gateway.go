@@ -442,7 +442,7 @@ func (g *Gateway) tenantOf(id string) (*policy.Policy, *policy.Tenant, *limits, 
 // random bits) that expires after the tier's session_ttl without activity.
 // The session holds a slot of its tenant's tenant_sessions limit until it
 // is deleted or expires; a tenant at its limit is refused with a
-// *LimitError. An unknown tenant is admit.ErrPermission (unless the policy
+// *LimitError. An unknown tenant is admit.CodePermission (unless the policy
 // has a default tier). Whether the caller may act for the tenant (API
 // keys) is the caller's to check.
 func (g *Gateway) CreateSession(ctx context.Context, tenant string) (Session, error) {
@@ -479,7 +479,7 @@ func (g *Gateway) CreateSessionFor(ctx context.Context, tenant, holder string) (
 // DeleteSession deletes a session of tenant, closes its connections
 // (CloseSessionDeleted) on every server sharing the Sessions and frees its
 // tenant_sessions slot. A session that does not exist is
-// admit.ErrNotFound; one of another tenant is admit.ErrPermission.
+// admit.CodeNotFound; one of another tenant is admit.CodePermission.
 func (g *Gateway) DeleteSession(ctx context.Context, tenant, id string) error {
 	s, err := g.session(ctx, tenant, id)
 	if err != nil {
@@ -501,7 +501,7 @@ func (g *Gateway) releaseSlot(lease, tenant string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	err := g.decider.ReleaseLease(ctx, lease)
 	cancel()
-	if err != nil && !errors.Is(err, admit.ErrNotFound) {
+	if err != nil && admit.ErrorCode(err) != admit.CodeNotFound {
 		// The store reclaims the slot after the lease TTL.
 		g.log.Warn("gateway: releasing a slot", "tenant", tenant, "err", err)
 	}
@@ -513,7 +513,7 @@ func (g *Gateway) renewSlot(ctx context.Context, lease, tenant string) {
 	if lease == "" {
 		return
 	}
-	if _, err := g.decider.RenewLease(ctx, lease); err != nil && !errors.Is(err, admit.ErrNotFound) {
+	if _, err := g.decider.RenewLease(ctx, lease); err != nil && admit.ErrorCode(err) != admit.CodeNotFound {
 		g.log.Warn("gateway: renewing a session's slot", "tenant", tenant, "err", err)
 	}
 }

@@ -2,7 +2,6 @@ package wsgateway
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -70,7 +69,7 @@ func (g *Gateway) expire(conns []*conn, now time.Time) {
 			for _, c := range cs {
 				c.setDeadline(s.ExpiresAt)
 			}
-		case errors.Is(err, admit.ErrNotFound):
+		case admit.ErrorCode(err) == admit.CodeNotFound:
 			for _, c := range cs {
 				g.stats.expired.Add(1)
 				c.close(CloseSessionExpired, "the session expired")
@@ -109,7 +108,7 @@ func (g *Gateway) renew(conns []*conn) {
 		cancel()
 		switch {
 		case err == nil:
-		case errors.Is(err, admit.ErrNotFound):
+		case admit.ErrorCode(err) == admit.CodeNotFound:
 			c.close(CloseSlotLost, "the connection's slot expired; connect again")
 		default:
 			g.log.Warn("gateway: renewing a connection's slot", "tenant", c.tenant, "err", err)

@@ -3,7 +3,6 @@ package wsgateway
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -201,7 +200,7 @@ func (rs *routes) process(j *job) {
 	ctx, cancel := context.WithTimeout(g.ctx, 5*time.Second)
 	defer cancel()
 	if _, err := g.sessions.Publish(ctx, m.Session, j.ttl, frame); err != nil {
-		if errors.Is(err, admit.ErrNotFound) {
+		if admit.ErrorCode(err) == admit.CodeNotFound {
 			j.c.send(errorFrame(m.ID, "the session has ended"))
 			return
 		}

@@ -40,7 +40,7 @@ type Event struct {
 // safe for concurrent use. The memory implementation (NewMemorySessions)
 // serves one process; redisstore.Sessions shares sessions among servers.
 //
-// A session that does not exist or has expired is admit.ErrNotFound.
+// A session that does not exist or has expired is admit.CodeNotFound.
 type Sessions interface {
 	// Create stores a new session s (its ID and Lease chosen by the
 	// caller) that expires after ttl without activity; the answer carries

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/simulate"
 )
@@ -226,7 +227,7 @@ func simulateCmd(ctx context.Context, args []string, e *env) int {
 	}
 	for _, r := range compiled {
 		for i := range events {
-			if err := r.CheckCost(events[i].Cost); err != nil && r.Applies(events[i].Action) {
+			if err := engine.CheckCost(&r.Rule, events[i].Cost); err != nil && r.Applies(events[i].Action) {
 				return fail("request %d costs %d: rule %s: %v", i+1, events[i].Cost, r.Name, err)
 			}
 		}

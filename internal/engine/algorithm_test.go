@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 const base = int64(1_767_225_600_000_000_000) // 2026-01-01T00:00:00Z, day-aligned
@@ -61,9 +62,9 @@ func TestExtremeRates(t *testing.T) {
 		})
 	})
 	t.Run("year window", func(t *testing.T) {
-		runSteps(t, &admit.Rule{Algorithm: admit.SlidingWindow, Limit: admit.MaxCount, Window: admit.MaxRatePeriod}, []tstep{
-			{at: 0, cost: admit.MaxCost, ok: true, rem: admit.MaxCount - admit.MaxCost},
-			{at: 0, cost: admit.MaxCost, ok: true, rem: admit.MaxCount - 2*admit.MaxCost},
+		runSteps(t, &admit.Rule{Algorithm: admit.SlidingWindow, Limit: bounds.MaxCount, Window: bounds.MaxRatePeriod}, []tstep{
+			{at: 0, cost: bounds.MaxCost, ok: true, rem: bounds.MaxCount - bounds.MaxCost},
+			{at: 0, cost: bounds.MaxCost, ok: true, rem: bounds.MaxCount - 2*bounds.MaxCost},
 		})
 	})
 }
@@ -102,7 +103,7 @@ func TestRuleValidate(t *testing.T) {
 		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: 24 * time.Hour}, Burst: 100_000}, "burst"}, // 273 years to refill
 		{admit.Rule{Algorithm: admit.TokenBucket, Rate: admit.PerSecond(2e9), Burst: 1}, "rate"},                         // faster than 1/ns
 		{admit.Rule{Algorithm: admit.FixedWindow, Limit: 10, Window: time.Microsecond}, "window"},
-		{admit.Rule{Algorithm: admit.SlidingLog, Limit: admit.MaxSlidingLogLimit + 1, Window: time.Second}, "limit"},
+		{admit.Rule{Algorithm: admit.SlidingLog, Limit: bounds.MaxSlidingLogLimit + 1, Window: time.Second}, "limit"},
 		{admit.Rule{Algorithm: admit.Combination, Rate: admit.PerSecond(1), Burst: 10}, "floor"},
 		{admit.Rule{Algorithm: admit.Concurrency, Max: 0}, "max"},
 		{admit.Rule{Algorithm: admit.Concurrency, Max: 1, LeaseTTL: -1}, "lease_ttl"},
@@ -124,10 +125,10 @@ func TestRuleValidate(t *testing.T) {
 	if err := good.Validate(); err != nil {
 		t.Errorf("Validate() = %v", err)
 	}
-	if err := good.CheckCost(11); admit.ErrorCode(err) != admit.CodeInvalid {
+	if err := CheckCost(&good, 11); admit.ErrorCode(err) != admit.CodeInvalid {
 		t.Errorf("cost > burst: %v", err)
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = good.Validate(); _ = good.CheckCost(1) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _ = good.Validate(); _ = CheckCost(&good, 1) }); n != 0 {
 		t.Errorf("validating a good rule allocates %v times", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // A bucket is a token bucket kept as a theoretical arrival time (TAT), the
@@ -31,7 +32,7 @@ func newBucket(rate admit.Rate, burst, initial int64) bucket {
 		b.whole = int64(q)
 	}
 	if initial < burst {
-		b.remember = int64(admit.RememberFull)
+		b.remember = int64(bounds.RememberFull)
 	}
 	return b
 }

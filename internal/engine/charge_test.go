@@ -1,11 +1,11 @@
 package engine_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -84,11 +84,11 @@ func BenchmarkKeyHash(b *testing.B) {
 func TestMaxCost(t *testing.T) {
 	r := &admit.Rule{Name: "global", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(100), Burst: 1000}
 	for _, cost := range []int64{1000, 1_000_000} { // no MaxCost: debits of any cost
-		if err := r.CheckDebit(cost); err != nil {
+		if err := engine.CheckDebit(r, cost); err != nil {
 			t.Fatalf("debit %d without MaxCost: %v", cost, err)
 		}
 	}
-	if err := r.CheckCost(1001); admit.ErrorField(err) != "cost" {
+	if err := engine.CheckCost(r, 1001); admit.ErrorField(err) != "cost" {
 		t.Fatalf("check 1001 of burst 1000: %v, want an error about the cost", err)
 	}
 	r.MaxCost = 50
@@ -99,12 +99,12 @@ func TestMaxCost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, check := range []func(int64) error{r.CheckCost, r.CheckDebit, p.CheckCost} {
+	for _, check := range []func(int64) error{func(c int64) error { return engine.CheckCost(r, c) }, func(c int64) error { return engine.CheckDebit(r, c) }, p.CheckCost} {
 		if err := check(50); err != nil {
 			t.Errorf("cost 50 with MaxCost 50: %v", err)
 		}
 		err := check(51)
-		if !errors.Is(err, admit.ErrInvalid) || admit.ErrorField(err) != "cost" || !strings.Contains(err.Error(), "max_cost 50") {
+		if admit.ErrorCode(err) != admit.CodeInvalid || admit.ErrorField(err) != "cost" || !strings.Contains(err.Error(), "max_cost 50") {
 			t.Errorf("cost 51 with MaxCost 50: %v, want invalid, about cost, naming max_cost 50", err)
 		}
 	}
@@ -112,7 +112,7 @@ func TestMaxCost(t *testing.T) {
 	if p, err = engine.Prepare(r); err != nil || p.CheckCost(60) != nil {
 		t.Errorf("MaxCost raised to 60 after Prepare: %v, %v", err, p.CheckCost(60))
 	}
-	for _, bad := range []int64{-1, admit.MaxCost + 1} {
+	for _, bad := range []int64{-1, bounds.MaxCost + 1} {
 		r.MaxCost = bad
 		if err := r.Validate(); admit.ErrorField(err) != "max_cost" {
 			t.Errorf("MaxCost %d: %v, want an error about max_cost", bad, err)

@@ -6,6 +6,7 @@ import (
 	_ "time/tzdata" // FuzzQuota's zones
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // checkRetry asserts what RetryAfter promises: the same request passes
@@ -15,7 +16,7 @@ func checkRetry(t *testing.T, r *admit.Rule, st [2]State, now, cost int64) ([2]S
 	t.Helper()
 	next, res := Step(r, st, now, cost)
 	checkPrepared(t, r, st, now, cost, next, res)
-	if r.CheckDebit(cost) == nil {
+	if CheckDebit(r, cost) == nil {
 		checkDebit(t, r, st[0], now, cost, &next[0], &res)
 		checkDebit(t, r, st[0], now, cost*3, nil, nil) // past any burst
 	}
@@ -83,9 +84,9 @@ func checkPrepared(t *testing.T, r *admit.Rule, st [2]State, now, cost int64, ne
 	if err != nil {
 		t.Fatalf("%+v: Prepare: %v", r, err)
 	}
-	for _, c := range []int64{cost, -1, 0, r.Capacity(), r.Capacity() + 1, admit.MaxCost + 1} {
-		if (p.CheckCost(c) == nil) != (r.CheckCost(c) == nil) {
-			t.Fatalf("%+v: cost %d: prepared CheckCost %v, CheckCost %v", r, c, p.CheckCost(c), r.CheckCost(c))
+	for _, c := range []int64{cost, -1, 0, r.Capacity(), r.Capacity() + 1, bounds.MaxCost + 1} {
+		if (p.CheckCost(c) == nil) != (CheckCost(r, c) == nil) {
+			t.Fatalf("%+v: cost %d: prepared CheckCost %v, CheckCost %v", r, c, p.CheckCost(c), CheckCost(r, c))
 		}
 	}
 	var pres admit.Result
@@ -102,12 +103,12 @@ func checkPrepared(t *testing.T, r *admit.Rule, st [2]State, now, cost int64, ne
 // fuzzStart rejects inputs outside the documented bounds and maps start to
 // an instant within a year after base.
 func fuzzStart(r *admit.Rule, cost, gap, start int64) (int64, bool) {
-	if r.Validate() != nil || r.CheckCost(cost) != nil || cost == 0 || gap < 0 || gap > int64(admit.MaxRatePeriod) {
+	if r.Validate() != nil || CheckCost(r, cost) != nil || cost == 0 || gap < 0 || gap > int64(bounds.MaxRatePeriod) {
 		return 0, false
 	}
-	now := base + start%int64(admit.MaxRatePeriod)
+	now := base + start%int64(bounds.MaxRatePeriod)
 	if now < base {
-		now += int64(admit.MaxRatePeriod)
+		now += int64(bounds.MaxRatePeriod)
 	}
 	return now, true
 }
@@ -163,7 +164,7 @@ func FuzzBucket(f *testing.F) {
 func FuzzWindows(f *testing.F) {
 	f.Add(false, int64(10), int64(time.Second), int64(1), int64(100_000_000), int64(0))
 	f.Add(true, int64(10), int64(time.Second), int64(3), int64(77_777_777), int64(5))
-	f.Add(true, int64(4e9), int64(admit.MaxRatePeriod), int64(1e9), int64(time.Hour), int64(-9))
+	f.Add(true, int64(4e9), int64(bounds.MaxRatePeriod), int64(1e9), int64(time.Hour), int64(-9))
 	f.Fuzz(func(t *testing.T, sliding bool, limit, window, cost, gap, start int64) {
 		r := &admit.Rule{Algorithm: admit.FixedWindow, Limit: limit, Window: time.Duration(window)}
 		if sliding {
@@ -215,7 +216,7 @@ func FuzzQuota(f *testing.F) {
 		perPeriod := map[int64]int64{}
 		for range 30 {
 			tn := time.Unix(0, now)
-			s, e := r.PeriodAt(tn)
+			s, e := PeriodAt(r, tn)
 			if s.After(tn) || !tn.Before(e) {
 				t.Fatalf("%v is not in its period [%v, %v)", tn.In(loc), s, e)
 			}

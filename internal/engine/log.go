@@ -152,7 +152,7 @@ func (s *LeaseSet) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending i
 		res.Allowed = true
 		res.Remaining = r.Max - live - cost
 		if cost > 0 {
-			res.ResetAfter = max(res.ResetAfter, r.LeaseTTLOrDefault())
+			res.ResetAfter = max(res.ResetAfter, LeaseTTL(r))
 		}
 		return
 	}
@@ -162,7 +162,7 @@ func (s *LeaseSet) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending i
 	if at, ok := s.kthExpiry(now, k); ok {
 		res.RetryAfter = durNs(at - now)
 	} else {
-		res.RetryAfter = r.LeaseTTLOrDefault()
+		res.RetryAfter = LeaseTTL(r)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // FuzzKthExpiry holds the window that finds a refusal's k-th soonest expiry
@@ -36,10 +37,10 @@ func FuzzKthExpiry(f *testing.F) {
 // BenchmarkFullLeaseSetRefusal is one refusal of a concurrency key holding
 // MaxConcurrency slots: what a caller at its limit costs per request.
 func BenchmarkFullLeaseSetRefusal(b *testing.B) {
-	r := &admit.Rule{Name: "c", Algorithm: admit.Concurrency, Max: admit.MaxConcurrency}
+	r := &admit.Rule{Name: "c", Algorithm: admit.Concurrency, Max: bounds.MaxConcurrency}
 	var s LeaseSet
-	for i := range admit.MaxConcurrency {
-		s.Commit(0, uint64(i), 1, int64(1e9+i*7919%admit.MaxConcurrency))
+	for i := range bounds.MaxConcurrency {
+		s.Commit(0, uint64(i), 1, int64(1e9+i*7919%bounds.MaxConcurrency))
 	}
 	b.ReportAllocs()
 	b.ResetTimer()

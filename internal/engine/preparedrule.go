@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/slots"
 )
 
@@ -116,7 +117,7 @@ func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
-	p := &PreparedRule{rule: r, params: paramsOf(r), b: prepareBuckets(r), most: r.MostAtOnce(), share: shareParamsOf(r)}
+	p := &PreparedRule{rule: r, params: paramsOf(r), b: prepareBuckets(r), most: MostAtOnce(r), share: shareParamsOf(r)}
 	if r.MaxCost > 0 {
 		p.most = min(p.most, r.MaxCost)
 	}
@@ -127,10 +128,10 @@ func Prepare(r *admit.Rule) (*PreparedRule, error) {
 // Rule returns the rule p was prepared from.
 func (p *PreparedRule) Rule() *admit.Rule { return p.rule }
 
-// CheckCost is p.Rule().CheckCost(cost).
+// CheckCost is CheckCost(p.Rule(), cost).
 func (p *PreparedRule) CheckCost(cost int64) error {
-	if cost < 0 || cost > admit.MaxCost || cost > p.most {
-		return p.rule.CheckCost(cost) // for its error
+	if cost < 0 || cost > bounds.MaxCost || cost > p.most {
+		return CheckCost(p.rule, cost) // for its error
 	}
 	return nil
 }

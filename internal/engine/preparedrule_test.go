@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 )
 
@@ -49,7 +50,7 @@ func TestRulePrepare(t *testing.T) {
 		{"combination", "burst", func(r *admit.Rule) { r.Burst = -1 }},
 		{"fixed_window", "limit", func(r *admit.Rule) { r.Limit = 0 }},
 		{"fixed_window", "window", func(r *admit.Rule) { r.Window = time.Nanosecond }},
-		{"sliding_log", "limit", func(r *admit.Rule) { r.Limit = admit.MaxSlidingLogLimit + 1 }},
+		{"sliding_log", "limit", func(r *admit.Rule) { r.Limit = bounds.MaxSlidingLogLimit + 1 }},
 		{"concurrency", "max", func(r *admit.Rule) { r.Max = 0 }},
 		{"concurrency", "lease_ttl", func(r *admit.Rule) { r.LeaseTTL = -time.Second }},
 		{"concurrency", "algorithm", func(r *admit.Rule) { r.Algorithm = admit.TokenBucket }},

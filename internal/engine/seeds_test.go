@@ -60,16 +60,16 @@ func TestSeed000ClaimSeveral(t *testing.T) {
 	s, clock := seedStore(t)
 	email := &admit.Rule{Name: "schedule-email", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 10, Per: time.Minute}, Burst: 1000}
 	c := []admit.Charge{{Key: admit.Key{Scope: "tenant", Tenant: "t1234", Action: "schedule-email"}.String(), Rule: email, Cost: 1000}}
-	if d, err := admit.Check(context.Background(), s, c...); err != nil || !d.Allowed || d.Remaining != 0 {
+	if d, err := storetest.Check(context.Background(), s, c...); err != nil || !d.Allowed || d.Remaining != 0 {
 		t.Fatalf("claim all 1000 at once: %v %+v", err, d)
 	}
 	c[0].Cost = 5
-	d, _ := admit.Check(context.Background(), s, c...)
+	d, _ := storetest.Check(context.Background(), s, c...)
 	if d.Allowed || d.RetryAfter != 30*time.Second {
 		t.Fatalf("claim 5 of none: %+v, want refused, retry after 30s", d)
 	}
 	clock.Set(30 * time.Second)
-	if d, _ := admit.Check(context.Background(), s, c...); !d.Allowed {
+	if d, _ := storetest.Check(context.Background(), s, c...); !d.Allowed {
 		t.Fatalf("claim 5 after 30s at 10/min: %+v", d)
 	}
 }
@@ -83,7 +83,7 @@ func TestSeed004TokenBucket(t *testing.T) {
 	admitted := 0
 	for at := time.Duration(0); at <= 20*time.Second; at += 250 * time.Millisecond {
 		clock.Set(at)
-		if d, _ := admit.Check(context.Background(), s, c...); d.Allowed {
+		if d, _ := storetest.Check(context.Background(), s, c...); d.Allowed {
 			admitted++
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"math"
 	"sync"
 
-	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // A bucket's state is its theoretical arrival time, which means tokens only
@@ -17,7 +17,7 @@ import (
 //
 // The name is a small number kept in the state's Prev, which a bucket does
 // not otherwise use: an id given to each shape the process has prepared.
-// Ids are above admit.MaxCount, which no count reaches, so a bucket tells
+// Ids are above bounds.MaxCount, which no count reaches, so a bucket tells
 // its own states from a sliding window's (whose Prev is a count), and 0
 // means a state written before shapes were named, read as the rule's own.
 
@@ -35,7 +35,7 @@ type shape struct {
 const maxShapes = 1 << 20
 
 // firstShapeID is the first id; ids run up from it.
-const firstShapeID = uint32(admit.MaxCount) + 1
+const firstShapeID = uint32(bounds.MaxCount) + 1
 
 var shapes struct {
 	mu    sync.Mutex
@@ -146,7 +146,7 @@ func intervalOf(n, per uint64) float64 {
 // ahead (a leased bucket's refill) comes back from it as a give-back, and
 // giving back what a cap forgot would hand out tokens nobody paid for.
 func (b *bucket) keptDebt() int64 {
-	most := int64(admit.MaxCount)
+	most := int64(bounds.MaxCount)
 	if b.per/b.n >= 1<<20 { // as the script computes it, whose spans stop at 2^32 tokens
 		most = min(b.tokens(fine{ns: 1 << 52})-b.burst, most)
 	}

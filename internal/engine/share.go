@@ -222,7 +222,7 @@ func shareParamsOf(r *admit.Rule) shareParams {
 		// the rule whatever the epoch, and its claims stand two epochs,
 		// kept short so that a class that gave up stops holding back the
 		// others soon.
-		sp.epoch = min(max(int64(r.LeaseTTLOrDefault()/10), minShareEpoch), int64(10*time.Second))
+		sp.epoch = min(max(int64(LeaseTTL(r)/10), minShareEpoch), int64(10*time.Second))
 		sp.epoch -= sp.epoch % int64(time.Microsecond)
 		sp.once = float64(sp.ceiling)
 		return sp

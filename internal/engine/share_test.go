@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // shareKey is the states a store keeps for one key of a shared rule: the
@@ -437,7 +438,7 @@ func FuzzShare(f *testing.F) {
 		case admit.FixedWindow, admit.SlidingWindow:
 			r.Limit, r.Window = int64(size), time.Duration(n)*time.Second
 		case admit.SlidingLog:
-			r.Limit, r.Window = min(int64(size), admit.MaxSlidingLogLimit), time.Duration(n)*time.Second
+			r.Limit, r.Window = min(int64(size), bounds.MaxSlidingLogLimit), time.Duration(n)*time.Second
 		case admit.Concurrency:
 			r.Max = min(int64(size), 1000)
 		case admit.Quota:
@@ -459,11 +460,11 @@ func FuzzShare(f *testing.F) {
 				share = admit.Share{Class: "anonymous", Weight: 2, Sub: string(rune('0' + arg%5))}
 			}
 			cost := int64(arg % 4)
-			most := r.MostAtOnce()
+			most := MostAtOnce(r)
 			if cost > most {
 				cost = most
 			}
-			debit := op%13 == 0 && r.CheckDebit(0) == nil
+			debit := op%13 == 0 && CheckDebit(r, 0) == nil
 			res := k.decide(share, now, cost, debit)
 			switch {
 			case res.Share == admit.ShareRefused && res.RetryAfter <= 0:

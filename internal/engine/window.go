@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // Windows are aligned to the Unix epoch, so every store and every server
@@ -51,7 +52,7 @@ func stepCount(limit int64, s State, now, end, cost int64, res *admit.Result, de
 	res.Remaining = max(limit-count, 0)
 	res.RetryAfter = durNs(end - now)
 	if debit {
-		return State{Expiry: end, Count: uint32(min(count+cost, admit.MaxCount))}
+		return State{Expiry: end, Count: uint32(min(count+cost, bounds.MaxCount))}
 	}
 	return s
 }
@@ -85,7 +86,7 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		// right to make and a shorter one forgets within two of its
 		// windows. It is kept so, refused or not, or every look would
 		// read it so again until it expired.
-		cur = min(int64(s.Count)+int64(s.Prev), admit.MaxCount)
+		cur = min(int64(s.Count)+int64(s.Prev), bounds.MaxCount)
 		s = State{Expiry: end + w + tag, Count: uint32(cur)}
 	}
 	left := uint64(max(end-now, 0)) // W − e
@@ -115,7 +116,7 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		return s
 	}
 	if debit { // what it meets after is for the caller to ask (see stepTo)
-		return State{Expiry: end + w + tag, Count: uint32(min(cur+cost, admit.MaxCount)), Prev: uint32(prev)}
+		return State{Expiry: end + w + tag, Count: uint32(min(cur+cost, bounds.MaxCount)), Prev: uint32(prev)}
 	}
 	// The earliest instant the same request would pass, if nothing else
 	// is admitted meanwhile.
@@ -162,7 +163,7 @@ func StepRefund(r *admit.Rule, s State, now, at, cost int64) State {
 			s.Count = give(s.Count)
 		}
 	case admit.Quota:
-		if _, end := r.PeriodAt(time.Unix(0, at)); s.Expiry == end.UnixNano() {
+		if _, end := PeriodAt(r, time.Unix(0, at)); s.Expiry == end.UnixNano() {
 			s.Count = give(s.Count)
 		}
 	case admit.SlidingWindow:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -106,7 +107,7 @@ func limitParams(b []byte, _ *admit.Rule, res *admit.Result) []byte {
 func window(r *admit.Rule) int64 {
 	switch r.Algorithm {
 	case admit.Quota:
-		start, end := r.PeriodAt(time.Now())
+		start, end := engine.PeriodAt(r, time.Now())
 		return CeilDiv(end.Sub(start), time.Second)
 	case admit.TokenBucket, admit.GCRA, admit.Combination:
 		// burst × Per / N in floating point: the product can pass 2^63,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -67,7 +68,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 
 func reservable(charges []admit.Charge) bool {
 	for i := range charges {
-		if !charges[i].Rule.Algorithm.Reservable() {
+		if !engine.Reservable(charges[i].Rule.Algorithm) {
 			return false
 		}
 	}
@@ -139,7 +140,7 @@ func admitBooked(d *admit.Decision) {
 			r.Allowed, r.RetryAfter = true, 0
 		}
 	}
-	d.Summarize()
+	engine.Summarize(d)
 }
 
 // acquireShared decides c, and while it is refused waits in the queue of
@@ -275,7 +276,7 @@ func (r *bookingRefusals) refused(c *call, maxWait time.Duration) bool {
 	}
 	c.d.Reset()
 	c.d.Results = append(c.d.Results, e.d.Results...)
-	c.d.Summarize()
+	engine.Summarize(&c.d)
 	c.d.Allowed = false
 	c.d.RetryAfter = e.until.Sub(now) - maxWait
 	if c.d.DeniedBy == "" && len(c.res.Rules) > 0 {

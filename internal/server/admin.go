@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -210,8 +211,8 @@ func (s *Server) resolveAll(b *scopeRequest) (*policy.Resolution, error) {
 		}
 		all.Charges, all.Rules = all.Charges[:keep], all.Rules[:keep]
 	}
-	if len(all.Charges) > admit.MaxCharges {
-		return nil, admit.Errorf(admit.CodeInvalid, "%d buckets; at most %d at once", len(all.Charges), admit.MaxCharges)
+	if len(all.Charges) > bounds.MaxCharges {
+		return nil, admit.Errorf(admit.CodeInvalid, "%d buckets; at most %d at once", len(all.Charges), bounds.MaxCharges)
 	}
 	return &all, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -44,8 +45,8 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "lease", err)
 		return
 	}
-	if body.TTLMS < 0 || body.TTLMS > admit.MaxRatePeriod.Milliseconds() {
-		e := admit.Errorf(admit.CodeInvalid, "ttl_ms %d: must be from 0 (the rule's lease_ttl) to %d; a longer one is cut to the rule's lease_ttl", body.TTLMS, admit.MaxRatePeriod.Milliseconds())
+	if body.TTLMS < 0 || body.TTLMS > bounds.MaxRatePeriod.Milliseconds() {
+		e := admit.Errorf(admit.CodeInvalid, "ttl_ms %d: must be from 0 (the rule's lease_ttl) to %d; a longer one is cut to the rule's lease_ttl", body.TTLMS, bounds.MaxRatePeriod.Milliseconds())
 		e.Field = "ttl_ms"
 		s.fail(w, r, "lease", e)
 		return

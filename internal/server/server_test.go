@@ -18,6 +18,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/proctest"
@@ -827,7 +828,7 @@ func (g *grudging) Decide(ctx context.Context, charges []admit.Charge, d *admit.
 	for _, c := range charges {
 		d.Results = append(d.Results, admit.Result{Rule: c.Rule.Name, Limit: c.Rule.Capacity()})
 	}
-	d.Summarize()
+	engine.Summarize(d)
 	return nil
 }
 

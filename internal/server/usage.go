@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -122,7 +123,7 @@ func usage(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
 		// A period in progress keeps its end (an anchor that changed
 		// applies from the next): the end the store reports is the one.
 		end := now.Add(x.ResetAfter).Round(time.Second)
-		start, _ := rule.PeriodAt(end.Add(-time.Second))
+		start, _ := engine.PeriodAt(&rule.Rule, end.Add(-time.Second))
 		v.PeriodStart, v.PeriodEnd = utc(start), utc(end)
 	case admit.SlidingWindow, admit.SlidingLog:
 		v.WindowMS = ms(rule.Window)

@@ -4,7 +4,6 @@ package sessionstest
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -52,7 +51,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b wsgateway.Sessions)) {
 		if err != nil || s.Tenant != "t1" || time.Until(s.ExpiresAt) > time.Second {
 			t.Fatalf("Create: %+v %v", s, err)
 		}
-		if _, err := b.Create(ctx, wsgateway.Session{Tenant: "t2", ID: "life"}, time.Minute); !errors.Is(err, admit.ErrConflict) {
+		if _, err := b.Create(ctx, wsgateway.Session{Tenant: "t2", ID: "life"}, time.Minute); admit.ErrorCode(err) != admit.CodeConflict {
 			t.Errorf("creating an existing id: %v", err)
 		}
 		got, err := b.Get(ctx, "life")
@@ -75,7 +74,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b wsgateway.Sessions)) {
 			func() error { _, err := a.Publish(ctx, "life", time.Minute, []byte(`{"x":1`)); return err }(),
 			a.Delete(ctx, "life"),
 		} {
-			if !errors.Is(err, admit.ErrNotFound) {
+			if admit.ErrorCode(err) != admit.CodeNotFound {
 				t.Errorf("after expiry: %v, want not found", err)
 			}
 		}
@@ -145,7 +144,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b wsgateway.Sessions)) {
 	})
 
 	t.Run("subscribe to a missing session", func(t *testing.T) {
-		if _, err := a.Subscribe(ctx, "missing", func(wsgateway.Event) {}); !errors.Is(err, admit.ErrNotFound) {
+		if _, err := a.Subscribe(ctx, "missing", func(wsgateway.Event) {}); admit.ErrorCode(err) != admit.CodeNotFound {
 			t.Errorf("Subscribe: %v", err)
 		}
 	})
