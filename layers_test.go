@@ -15,12 +15,12 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"the slots of rules and charges, the bounds", []string{"internal/slots", "internal/bounds"}},
-	{"vocabulary and basement", []string{"", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
+	{"the slots of rules and charges, the bounds", []string{"internal/slots", "internal/bounds", "internal/syncfile"}},
+	{"vocabulary and basement", []string{"", "units", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
 	{"the engine", []string{"internal/engine", "internal/redishook", "internal/ruletext"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"stores", []string{"memstore", "redisstore"}},
-	{"policy", []string{"policy", "policy/changestest", "policy/redischanges", "policy/usagetest", "policy/redisusage", "policy/redisidem", "policy/idemtest"}},
+	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
 	{"adapter helpers", []string{"internal/httpx", "internal/connlimit"}},
 	{"adapters", []string{"httplimit", "envoyrls", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},
@@ -107,9 +107,9 @@ func TestLayersRule(t *testing.T) {
 		{"redisstore", "wsgateway", false},
 		{"redisstore", "memstore", false},
 		{"policy", "memstore", true},
-		{"policy/redischanges", "policy", true},
-		{"policy/redischanges", "redisstore", true},
-		{"policy", "policy/redischanges", false},
+		{"policy/catalog/redischanges", "policy", true},
+		{"policy/catalog/redischanges", "redisstore", true},
+		{"policy", "policy/catalog/redischanges", false},
 		{"httplimit", "wsgateway", false},
 		{"wsgateway/redissessions", "wsgateway", true},
 		{"wsgateway/redissessions", "envoyrls", false},

@@ -7,7 +7,7 @@ import (
 	"path"
 	"strings"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/internal/bounds"
 )
 
 // The action of a request is found by ServeMux patterns (Options.Actions).
@@ -59,8 +59,8 @@ func (l *Limiter) compileActions() (err error) {
 		if name == "" {
 			name = a.Pattern
 		}
-		if len(name) > policy.MaxNameLen {
-			return optionError("Actions", i, "action %d: the action name is %d bytes; at most %d", i, len(name), policy.MaxNameLen)
+		if len(name) > bounds.MaxNameLen {
+			return optionError("Actions", i, "action %d: the action name is %d bytes; at most %d", i, len(name), bounds.MaxNameLen)
 		}
 		pat := a.Pattern
 		if !l.opts.StrictPaths {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 )
@@ -50,7 +51,7 @@ func Example() {
 
 // A handler debits the tokens an LLM call took; a client that lost the
 // answer retries with the same Idempotency-Key and is not billed twice.
-// Servers that share a Redis share the keys with policy/redisidem's store
+// Servers that share a Redis share the keys with idempotency/redisidem's store
 // in place of the memory one.
 func ExampleIdempotentDebits() {
 	// A stopped clock keeps the day from ending while this runs.
@@ -62,7 +63,7 @@ func ExampleIdempotentDebits() {
 		panic(err)
 	}
 	who := func(r *http.Request) (admit.Who, error) { return admit.Who{Tenant: r.Header.Get("X-Tenant")}, nil }
-	h := httplimit.Middleware(lim, who, httplimit.IdempotentDebits(policy.NewMemoryIdempotency(0, 0), time.Hour))(
+	h := httplimit.Middleware(lim, who, httplimit.IdempotentDebits(idempotency.NewMemory(0, 0), time.Hour))(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if err := httplimit.Debit(r, 1_200); err != nil { // the tokens the call took
 				http.Error(w, err.Error(), http.StatusConflict)

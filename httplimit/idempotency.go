@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/internal/httpx"
-	"github.com/admitdev/admit/policy"
 )
 
 // A MiddlewareOption changes how Middleware decides and charges.
 type MiddlewareOption func(*middlewareOptions)
 
 type middlewareOptions struct {
-	idem   policy.IdempotencyStore
+	idem   idempotency.Store
 	window time.Duration
 }
 
@@ -28,10 +28,10 @@ type middlewareOptions struct {
 // Idempotency-Key header safe to retry: the i-th Debit of a request is
 // charged once for its key, its caller, its method and its path, however
 // often the request is retried within window (zero means
-// policy.DefaultIdempotencyWindow). A retry that debits more times than
+// idempotency.DefaultWindow). A retry that debits more times than
 // the first attempt did pays for the debits beyond; the amount of a debit
 // made again is not compared (the first one stands). Middlewares that
-// share store share the keys: on a policy/redisidem store, a retry that
+// share store share the keys: on a idempotency/redisidem store, a retry that
 // reaches another server is charged nothing either.
 //
 // A key is the caller's own, kept apart per the Who's tenant and user, or
@@ -47,9 +47,9 @@ type middlewareOptions struct {
 //
 // Each request's admission is decided and charged as any request's: the
 // work a retry is let in to do is done again.
-func IdempotentDebits(store policy.IdempotencyStore, window time.Duration) MiddlewareOption {
+func IdempotentDebits(store idempotency.Store, window time.Duration) MiddlewareOption {
 	if store == nil {
-		panic("httplimit.IdempotentDebits: nil policy.IdempotencyStore")
+		panic("httplimit.IdempotentDebits: nil idempotency.Store")
 	}
 	if window < 0 {
 		panic("httplimit.IdempotentDebits: negative window")
@@ -58,14 +58,14 @@ func IdempotentDebits(store policy.IdempotencyStore, window time.Duration) Middl
 		o.idem = store
 		o.window = window
 		if o.window == 0 {
-			o.window = policy.DefaultIdempotencyWindow
+			o.window = idempotency.DefaultWindow
 		}
 	}
 }
 
 // debitKeys are the idempotency keys of one request's debits.
 type debitKeys struct {
-	store  policy.IdempotencyStore
+	store  idempotency.Store
 	window time.Duration
 	// scope is the caller, prefix the key; request names the method and
 	// path the key is for.
@@ -108,20 +108,20 @@ func (d *debitKeys) debit(ctx context.Context, l *admit.Limiter, w admit.Who, n 
 	var t [16]byte
 	_, _ = rand.Read(t[:])
 	token := hex.EncodeToString(t[:])
-	got, err := d.store.Begin(ctx, d.scope, key, fp, token, policy.IdempotencyPending)
+	got, err := d.store.Begin(ctx, d.scope, key, fp, token, idempotency.PendingTTL)
 	switch {
 	case err != nil && admit.ErrorCode(err) == admit.CodeUnavailable:
 		_, err := l.Debit(ctx, w, n)
 		return err
 	case err != nil:
 		return err
-	case got.State == policy.IdempotentFull:
+	case got.State == idempotency.Full:
 		return exhausted(got.RetryAfter)
-	case got.State != policy.IdempotentNew && got.Fingerprint != fp:
+	case got.State != idempotency.Claimed && got.Fingerprint != fp:
 		return conflict("the request's " + httpx.IdempotencyHeader + " was given with another method or path; a retry must send the same request, and another request another key")
-	case got.State == policy.IdempotentPending:
+	case got.State == idempotency.Pending:
 		return conflict("debit " + strconv.FormatUint(i, 10) + " of the request's " + httpx.IdempotencyHeader + " is being charged by another attempt; retry in a moment")
-	case got.State == policy.IdempotentDone:
+	case got.State == idempotency.Done:
 		return nil
 	}
 	if _, err := l.Debit(ctx, w, n); err != nil {
@@ -130,7 +130,7 @@ func (d *debitKeys) debit(ctx context.Context, l *admit.Limiter, w admit.Who, n 
 	}
 	// A key not kept charges a later retry again: the store that lost it
 	// is failing, and the debit stands.
-	_ = d.store.Finish(context.WithoutCancel(ctx), d.scope, key, policy.Idempotent{Fingerprint: fp, Status: http.StatusOK}, d.window)
+	_ = d.store.Finish(context.WithoutCancel(ctx), d.scope, key, idempotency.Entry{Fingerprint: fp, Status: http.StatusOK}, d.window)
 	return nil
 }
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
-	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/redisidem"
+	"github.com/admitdev/admit/idempotency"
+	"github.com/admitdev/admit/idempotency/redisidem"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -65,7 +65,7 @@ func TestIdempotentDebits(t *testing.T) {
 	}
 	ls := [2]*admit.Limiter{l, l}
 	// Two middlewares of one keys' store, as two servers would have.
-	keys := policy.NewMemoryIdempotency(0, 0)
+	keys := idempotency.NewMemory(0, 0)
 	var hs [2]http.Handler
 	errs := make(chan error, 10)
 	for i := range hs {
@@ -138,10 +138,10 @@ func TestIdempotentDebits(t *testing.T) {
 }
 
 // failingKeys is a keys' store that cannot be reached.
-type failingKeys struct{ policy.IdempotencyStore }
+type failingKeys struct{ idempotency.Store }
 
-func (failingKeys) Begin(context.Context, string, string, [32]byte, string, time.Duration) (policy.Idempotent, error) {
-	return policy.Idempotent{}, admit.Errorf(admit.CodeUnavailable, "down")
+func (failingKeys) Begin(context.Context, string, string, [32]byte, string, time.Duration) (idempotency.Entry, error) {
+	return idempotency.Entry{}, admit.Errorf(admit.CodeUnavailable, "down")
 }
 
 // Where the keys cannot be reached, a debit is charged as if its request

@@ -60,7 +60,7 @@ type Options struct {
 	// shared too.
 	Decider *policy.Decider
 	// Policy returns the current policy, for instance a
-	// (*policy.Catalog).Policy method value.
+	// (*catalog.Catalog).Policy method value.
 	Policy func() *policy.Policy
 
 	// TrustedProxies are the peers whose forwarding and user headers are

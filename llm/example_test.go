@@ -11,6 +11,7 @@ import (
 	"github.com/admitdev/admit/llm/llmtest"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // A Go service that calls an LLM provider itself puts a Gate in its HTTP
@@ -33,7 +34,7 @@ func ExampleTransport() {
 		Decider: policy.NewDecider(store, 1),
 		Policy:  func() *policy.Policy { return pol },
 		Record: func(r *llm.Record) {
-			fmt.Printf("%s used %d output tokens of %s\n", r.Tenant, r.Usage[policy.Output], r.Model)
+			fmt.Printf("%s used %d output tokens of %s\n", r.Tenant, r.Usage[units.Output], r.Model)
 		},
 	})
 	client := &http.Client{Transport: &llm.Transport{

@@ -15,17 +15,18 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // Rates are prices per million tokens of each kind (web searches: per
 // million searches), in millionths of the currency (150000 is 0.15 per
 // million tokens).
-type Rates [policy.NumTokenKinds]int64
+type Rates [units.NumTokenKinds]int64
 
 // Cost returns what t costs at r in millionths of the currency, rounded
 // up to a whole millionth, at most bounds.MaxCost: exact integer
 // arithmetic, no floating point.
-func (r *Rates) Cost(t policy.Tokens) int64 {
+func (r *Rates) Cost(t units.Tokens) int64 {
 	var hi, lo uint64
 	for k, n := range t {
 		h, l := bits.Mul64(uint64(max(n, 0)), uint64(max(r[k], 0)))
@@ -61,7 +62,7 @@ type Price struct {
 
 // RatesAt returns the rates of a call the provider served at tier ("" for
 // its default) and that used t.
-func (p *Price) RatesAt(tier string, t policy.Tokens) *Rates {
+func (p *Price) RatesAt(tier string, t units.Tokens) *Rates {
 	if tp, ok := p.Tiers[tier]; ok && tier != "" {
 		p = tp
 	}
@@ -72,7 +73,7 @@ func (p *Price) RatesAt(tier string, t policy.Tokens) *Rates {
 }
 
 // Cost returns what a call served at tier that used t costs.
-func (p *Price) Cost(tier string, t policy.Tokens) int64 {
+func (p *Price) Cost(tier string, t units.Tokens) int64 {
 	return p.RatesAt(tier, t).Cost(t)
 }
 
@@ -184,7 +185,7 @@ func (g *Gate) rememberSpent(tenant string, pol *policy.Policy, p *Problem) {
 // body is read or counted, so that a flood of calls costs little. The
 // returned func ends the call; calling it again does nothing.
 func (g *Gate) Enter(tenant string) (leave func(), err error) {
-	limit := int64(policy.DefaultLLMInFlight)
+	limit := int64(bounds.DefaultLLMInFlight)
 	pol := g.opts.Policy()
 	if t, err := pol.TenantOrDefault(tenant); err == nil && t.Tier != nil && t.Tier.LLMInFlight > 0 {
 		limit = t.Tier.LLMInFlight
@@ -249,7 +250,7 @@ type Record struct {
 	Tenant, User, Model string
 	API                 API
 	At                  time.Time
-	Usage               policy.Tokens
+	Usage               units.Tokens
 	// Cost is in millionths of the currency; 0 without a price.
 	Cost   int64
 	Priced bool
@@ -311,7 +312,7 @@ func (g *Gate) begin(ctx context.Context, p *policy.Policy, who policy.Request, 
 		return nil, err
 	}
 	for _, r := range t.res.Rules {
-		if r.Unit == policy.UnitMoney && t.price == nil {
+		if r.Unit == units.UnitMoney && t.price == nil {
 			pr, ok := g.priceOf(req.Model)
 			if !ok {
 				return nil, &Problem{Status: http.StatusBadRequest, Kind: "model_not_found",
@@ -353,9 +354,9 @@ func (g *Gate) begin(ctx context.Context, p *policy.Policy, who policy.Request, 
 // output tokens per choice (see heaviest).
 func (t *Ticket) cost(r *policy.Rule, out int64) int64 {
 	switch r.Unit {
-	case policy.UnitTokens:
+	case units.UnitTokens:
 		return heaviest(r.Weights, t.req, out, r.Weights.Cost)
-	case policy.UnitMoney:
+	case units.UnitMoney:
 		return heaviest(t.rates, t.req, out, t.rates.Cost)
 	}
 	return max(t.who.Cost, 1)
@@ -368,29 +369,29 @@ func (t *Ticket) cost(r *policy.Rule, out int64) int64 {
 // searches. Kinds the request cannot be billed are left out: audio
 // output unless it asks for audio, hour-long cache writes unless it may
 // make them.
-func heaviest(w [policy.NumTokenKinds]int64, req *Request, out int64, cost func(policy.Tokens) int64) int64 {
-	var t policy.Tokens
-	in := policy.Input
-	for _, k := range []policy.TokenKind{policy.CachedInput, policy.CacheWrite, policy.CacheWriteLong} {
-		if w[k] > w[in] && (k != policy.CacheWriteLong || req.CacheLong) {
+func heaviest(w [units.NumTokenKinds]int64, req *Request, out int64, cost func(units.Tokens) int64) int64 {
+	var t units.Tokens
+	in := units.Input
+	for _, k := range []units.TokenKind{units.CachedInput, units.CacheWrite, units.CacheWriteLong} {
+		if w[k] > w[in] && (k != units.CacheWriteLong || req.CacheLong) {
 			in = k
 		}
 	}
 	audio := min(req.AudioInput, req.Input)
 	t[in] = req.Input - audio
-	if w[policy.AudioInput] > w[in] {
-		t[policy.AudioInput] = audio
+	if w[units.AudioInput] > w[in] {
+		t[units.AudioInput] = audio
 	} else {
 		t[in] += audio
 	}
-	o := policy.Output
-	for _, k := range []policy.TokenKind{policy.Reasoning, policy.AudioOutput} {
-		if w[k] > w[o] && (k != policy.AudioOutput || req.AudioOutput) {
+	o := units.Output
+	for _, k := range []units.TokenKind{units.Reasoning, units.AudioOutput} {
+		if w[k] > w[o] && (k != units.AudioOutput || req.AudioOutput) {
 			o = k
 		}
 	}
 	t[o] = out * req.Choices
-	t[policy.WebSearch] = req.Searches
+	t[units.WebSearch] = req.Searches
 	return cost(t)
 }
 
@@ -443,12 +444,12 @@ func (g *Gate) inputRoom(ctx context.Context, who policy.Request, req *Request) 
 	room := int64(-1)
 	var refusal *Problem
 	for i, r := range t.res.Rules {
-		if r.Unit == policy.UnitRequests || r.Shadow || i >= len(d.Results) {
+		if r.Unit == units.UnitRequests || r.Shadow || i >= len(d.Results) {
 			continue
 		}
-		var w [policy.NumTokenKinds]int64
+		var w [units.NumTokenKinds]int64
 		var per int64 // the weights' unit: thousandths of a token, millionths of a price
-		if r.Unit == policy.UnitTokens {
+		if r.Unit == units.UnitTokens {
 			w, per = r.Weights, 1000
 		} else if pr, ok := g.priceOf(req.Model); ok {
 			w, per = pr.Rates, 1_000_000
@@ -457,11 +458,11 @@ func (g *Gate) inputRoom(ctx context.Context, who policy.Request, req *Request) 
 		}
 		// The kinds text may be billed as: Anthropic alone reports cache
 		// writes.
-		lightest := min(w[policy.Input], w[policy.CachedInput])
+		lightest := min(w[units.Input], w[units.CachedInput])
 		if req.API.Provider() == Anthropic {
-			lightest = min(lightest, w[policy.CacheWrite])
+			lightest = min(lightest, w[units.CacheWrite])
 			if req.CacheLong {
-				lightest = min(lightest, w[policy.CacheWriteLong])
+				lightest = min(lightest, w[units.CacheWriteLong])
 			}
 		}
 		if lightest <= 0 {
@@ -510,7 +511,7 @@ func (g *Gate) room(ctx context.Context, t *Ticket, want int64) (int64, *Problem
 	var tightest *admit.Result
 	var rule *policy.Rule
 	for i, r := range t.res.Rules {
-		if r.Unit == policy.UnitRequests || r.Shadow || i >= len(d.Results) {
+		if r.Unit == units.UnitRequests || r.Shadow || i >= len(d.Results) {
 			continue
 		}
 		res := &d.Results[i]
@@ -546,12 +547,12 @@ func (g *Gate) refusal(r *policy.Rule, res *admit.Result, msg string) *Problem {
 	if p.RetryAfter <= 0 {
 		p.RetryAfter = res.ResetAfter
 	}
-	if r.Unit == policy.UnitMoney || r.Algorithm == admit.Quota {
+	if r.Unit == units.UnitMoney || r.Algorithm == admit.Quota {
 		// A budget spent until its period ends: retrying sooner is
 		// pointless, and OpenAI calls that insufficient quota.
 		p.Final = true
 		p.RetryAfter = max(res.ResetAfter, res.RetryAfter)
-		if r.Unit == policy.UnitMoney {
+		if r.Unit == units.UnitMoney {
 			p.Kind = "insufficient_quota"
 		}
 	}
@@ -569,7 +570,7 @@ func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
 		if c > r.MaxCost {
 			p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Final: true, DeniedBy: r.Name,
 				Message: fmt.Sprintf("this request may use up to %s of rule %q, which allows at most %s in one request: lower its maximum output", amount(r, c), r.Name, amount(r, r.MaxCost))}
-			if r.Unit == policy.UnitMoney {
+			if r.Unit == units.UnitMoney {
 				p.Kind = "insufficient_quota"
 			}
 			return p
@@ -597,7 +598,7 @@ func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
 // Settlement is how a call ended, for Ticket.Settle.
 type Settlement struct {
 	// Usage is what the call used: reported, or estimated.
-	Usage policy.Tokens
+	Usage units.Tokens
 	// Reported says the provider reported Usage.
 	Reported bool
 	// ServiceTier is the service tier the provider reports it served the
@@ -625,13 +626,13 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 	g := t.g
 	usage := s.Usage
 	if s.Keep {
-		usage = policy.Tokens{}
-		usage[policy.Input], usage[policy.Output] = t.req.Input, t.maxOut*t.req.Choices
-		usage[policy.WebSearch] = t.req.Searches
-	} else if t.req.API.Provider() != Anthropic && usage[policy.WebSearch] == 0 {
+		usage = units.Tokens{}
+		usage[units.Input], usage[units.Output] = t.req.Input, t.maxOut*t.req.Choices
+		usage[units.WebSearch] = t.req.Searches
+	} else if t.req.API.Provider() != Anthropic && usage[units.WebSearch] == 0 {
 		// OpenAI and Google bill searches without counting them in the
 		// usage they report: charged as reserved.
-		usage[policy.WebSearch] = t.req.Searches
+		usage[units.WebSearch] = t.req.Searches
 	}
 	tier := s.ServiceTier
 	if tier == "" {
@@ -659,11 +660,11 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 	var refunds, debits []admit.Charge
 	var debitRules []*policy.Rule
 	for i, r := range t.res.Rules {
-		if r.Unit == policy.UnitRequests {
+		if r.Unit == units.UnitRequests {
 			continue
 		}
 		var used int64
-		if r.Unit == policy.UnitTokens {
+		if r.Unit == units.UnitTokens {
 			used = r.Weights.Cost(usage)
 		} else {
 			used = t.price.Cost(tier, usage)
@@ -701,8 +702,8 @@ func (t *Ticket) Settle(ctx context.Context, s Settlement) error {
 // amount says n of r's units as a caller reads them: tokens, requests,
 // or money in the prices' currency units (a rule counts millionths).
 func amount(r *policy.Rule, n int64) string {
-	if r.Unit == policy.UnitMoney {
-		return policy.FormatDecimal(n, 6) + " in money (the prices' currency)"
+	if r.Unit == units.UnitMoney {
+		return units.FormatDecimal(n, 6) + " in money (the prices' currency)"
 	}
 	return strconv.FormatInt(n, 10) + " " + r.Unit.String()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/storetest"
+	"github.com/admitdev/admit/units"
 )
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -200,7 +201,7 @@ func TestStreamUsageChunkHidden(t *testing.T) {
 	if events != 12 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("%d events:\n%s", events, body)
 	}
-	if r.records[0].Usage[policy.Output] != 10 {
+	if r.records[0].Usage[units.Output] != 10 {
 		t.Fatalf("usage %v", r.records[0].Usage)
 	}
 }
@@ -275,8 +276,8 @@ func TestClientLeavesMidStream(t *testing.T) {
 	if r.records[0].Reported {
 		t.Fatal("a call cut short was recorded as reported")
 	}
-	if u[policy.Output] != 800 {
-		t.Fatalf("output charged %d for a call allowed 800 and cut after 5 deltas, want 800", u[policy.Output])
+	if u[units.Output] != 800 {
+		t.Fatalf("output charged %d for a call allowed 800 and cut after 5 deltas, want 800", u[units.Output])
 	}
 	if got, want := r.remaining("tokens"), 1000-u.Sum(); got != want {
 		t.Fatalf("bucket %d, want %d", got, want)
@@ -326,7 +327,7 @@ func TestCompressedAnswer(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(b), `"usage"`) || len(r.records) != 1 || !r.records[0].Reported || r.records[0].Usage[policy.Output] != 40 {
+	if !strings.Contains(string(b), `"usage"`) || len(r.records) != 1 || !r.records[0].Reported || r.records[0].Usage[units.Output] != 40 {
 		t.Fatalf("body %.80q, records %+v", b, r.records)
 	}
 }
@@ -354,7 +355,7 @@ func TestMoneyBudget(t *testing.T) {
 		rec := r.records[len(r.records)-1]
 		// 0.15 per million input, 0.60 per million output, in µUSD,
 		// rounded up once per call.
-		want := (rec.Usage[policy.Input]*150_000 + rec.Usage[policy.Output]*600_000 + 999_999) / 1_000_000
+		want := (rec.Usage[units.Input]*150_000 + rec.Usage[units.Output]*600_000 + 999_999) / 1_000_000
 		if rec.Cost != want {
 			t.Fatalf("call %d cost %d µUSD for %v, want %d", i, rec.Cost, rec.Usage, want)
 		}
@@ -463,7 +464,7 @@ func TestDrainAfterClientLeft(t *testing.T) {
 		}
 	}
 	rec := r.records[0]
-	if !rec.Reported || rec.Usage[policy.Output] != 20 {
+	if !rec.Reported || rec.Usage[units.Output] != 20 {
 		t.Fatalf("drained call recorded %+v, want the provider's report of 20 output tokens", rec)
 	}
 	if got := r.remaining("tokens"); got != 1000-rec.Usage.Sum() {
@@ -598,7 +599,7 @@ func TestClientLeavesBeforeAnswer(t *testing.T) {
 			t.Errorf("drain %v: charged %d tokens for a call the provider billed %d", drain, charged, billed)
 		}
 		switch {
-		case drain == 0 && (rec.Reported || rec.Usage[policy.Output] != 2*300):
+		case drain == 0 && (rec.Reported || rec.Usage[units.Output] != 2*300):
 			t.Errorf("no drain: recorded %+v, want the reservation (2 × 300 output), not reported", rec)
 		case drain > 0 && (!rec.Reported || rec.Usage.Sum() != charged || charged != billed):
 			t.Errorf("drain: recorded %+v and charged %d, want the provider's report, %d", rec, charged, billed)
@@ -623,7 +624,7 @@ func TestBrokenCallKeepsReservation(t *testing.T) {
 	if _, err := r.client.Post(cut.URL+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
 		t.Fatal("a cut connection answered")
 	}
-	if rec := r.waitRecord(t); rec.Reported || rec.Usage[policy.Output] != 300 {
+	if rec := r.waitRecord(t); rec.Reported || rec.Usage[units.Output] != 300 {
 		t.Errorf("a call cut after it was sent recorded %+v, want its reservation", rec)
 	}
 	if got := r.remaining("tokens"); got > 1000-300 {
@@ -734,7 +735,7 @@ func TestCompletionsReserveEveryAnswer(t *testing.T) {
 	if resp, _ := r.post("/v1/completions", body); resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	billed := r.records[0].Usage[policy.Output]
+	billed := r.records[0].Usage[units.Output]
 	if billed != 4*4*40 {
 		t.Fatalf("the stand-in billed %d output tokens, want 640", billed)
 	}
@@ -909,23 +910,23 @@ func TestSpentBudgetRefusedEarly(t *testing.T) {
 // list prices the models of TestPricedAsBilled, in µUSD per million
 // tokens (web searches: per million searches).
 var listPrices = map[string]llm.Price{
-	"gpt-4o-audio-preview": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 2_500_000, policy.Output: 10_000_000,
-		policy.AudioInput: 40_000_000, policy.AudioOutput: 80_000_000})},
-	"gpt-5": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 1_250_000, policy.CachedInput: 125_000, policy.Output: 10_000_000}),
+	"gpt-4o-audio-preview": {Rates: rates(map[units.TokenKind]int64{units.Input: 2_500_000, units.Output: 10_000_000,
+		units.AudioInput: 40_000_000, units.AudioOutput: 80_000_000})},
+	"gpt-5": {Rates: rates(map[units.TokenKind]int64{units.Input: 1_250_000, units.CachedInput: 125_000, units.Output: 10_000_000}),
 		Tiers: map[string]*llm.Price{
-			"priority": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 2_500_000, policy.CachedInput: 250_000, policy.Output: 20_000_000})},
+			"priority": {Rates: rates(map[units.TokenKind]int64{units.Input: 2_500_000, units.CachedInput: 250_000, units.Output: 20_000_000})},
 		}},
 	"claude-sonnet-4-5": {
-		Rates: rates(map[policy.TokenKind]int64{policy.Input: 3_000_000, policy.CachedInput: 300_000, policy.CacheWrite: 3_750_000,
-			policy.CacheWriteLong: 6_000_000, policy.Output: 15_000_000, policy.WebSearch: 10_000_000_000}),
+		Rates: rates(map[units.TokenKind]int64{units.Input: 3_000_000, units.CachedInput: 300_000, units.CacheWrite: 3_750_000,
+			units.CacheWriteLong: 6_000_000, units.Output: 15_000_000, units.WebSearch: 10_000_000_000}),
 		LongContextAbove: 200_000,
-		LongContext: rates(map[policy.TokenKind]int64{policy.Input: 6_000_000, policy.CachedInput: 600_000, policy.CacheWrite: 7_500_000,
-			policy.CacheWriteLong: 12_000_000, policy.Output: 22_500_000, policy.WebSearch: 10_000_000_000}),
+		LongContext: rates(map[units.TokenKind]int64{units.Input: 6_000_000, units.CachedInput: 600_000, units.CacheWrite: 7_500_000,
+			units.CacheWriteLong: 12_000_000, units.Output: 22_500_000, units.WebSearch: 10_000_000_000}),
 	},
-	"gemini-2.5-flash": {Rates: rates(map[policy.TokenKind]int64{policy.Input: 300_000, policy.AudioInput: 1_000_000, policy.Output: 2_500_000})},
+	"gemini-2.5-flash": {Rates: rates(map[units.TokenKind]int64{units.Input: 300_000, units.AudioInput: 1_000_000, units.Output: 2_500_000})},
 }
 
-func rates(m map[policy.TokenKind]int64) llm.Rates {
+func rates(m map[units.TokenKind]int64) llm.Rates {
 	var r llm.Rates
 	for k, v := range m {
 		r[k] = v
@@ -942,7 +943,7 @@ func rates(m map[policy.TokenKind]int64) llm.Rates {
 func TestPricedAsBilled(t *testing.T) {
 	budget := policy.RuleSpec{Name: "spend", Scope: "tenant", Unit: "money", Algorithm: "quota", Period: "day", Budget: "100"}
 	r := newRig(t, []policy.RuleSpec{budget}, llm.GateOptions{Prices: listPrices})
-	type kinds = map[policy.TokenKind]int64
+	type kinds = map[units.TokenKind]int64
 	for _, c := range []struct {
 		name, path, body string
 		up               func(*llmtest.Upstream)
@@ -955,7 +956,7 @@ func TestPricedAsBilled(t *testing.T) {
 		{name: "openai_audio", path: "/v1/chat/completions",
 			body: `{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_completion_tokens":500,
 				"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + llmtest.WAV(1) + `","format":"wav"}}]}]}`,
-			up: func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32; u.AudioOut = 300 }, want: kinds{policy.AudioInput: 32, policy.AudioOutput: 300}, tier: "default"},
+			up: func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32; u.AudioOut = 300 }, want: kinds{units.AudioInput: 32, units.AudioOutput: 300}, tier: "default"},
 		{name: "anthropic_cache_1h_and_searches", path: "/v1/messages",
 			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}],
 				"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}],"messages":[{"role":"user","content":"news"}]}`,
@@ -966,13 +967,13 @@ func TestPricedAsBilled(t *testing.T) {
 				u.CacheWrite1h = 2000
 				u.WebSearches = 3
 			},
-			want: kinds{policy.CachedInput: 500, policy.CacheWrite: 1000, policy.CacheWriteLong: 2000, policy.WebSearch: 3}, tier: "standard"},
+			want: kinds{units.CachedInput: 500, units.CacheWrite: 1000, units.CacheWriteLong: 2000, units.WebSearch: 3}, tier: "standard"},
 		{name: "anthropic_more_searches_than_reserved", path: "/v1/messages",
 			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"tools":[{"type":"web_search_20250305","name":"web_search"}],"messages":[{"role":"user","content":"news"}]}`,
-			up:   func(u *llmtest.Upstream) { u.Output = 100; u.WebSearches = 7 }, want: kinds{policy.WebSearch: 7}, tier: "standard"},
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.WebSearches = 7 }, want: kinds{units.WebSearch: 7}, tier: "standard"},
 		{name: "anthropic_long_context", path: "/v1/messages",
 			body: `{"model":"claude-sonnet-4-5","max_tokens":400,"messages":[{"role":"user","content":"the rest of a long document"}]}`,
-			up:   func(u *llmtest.Upstream) { u.Output = 100; u.Cached = 250_000 }, want: kinds{policy.CachedInput: 250_000}, tier: "standard", long: true},
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.Cached = 250_000 }, want: kinds{units.CachedInput: 250_000}, tier: "standard", long: true},
 		{name: "openai_priority_asked", path: "/v1/chat/completions",
 			body: `{"model":"gpt-5","service_tier":"priority","max_completion_tokens":300,"messages":[{"role":"user","content":"fast"}]}`,
 			up:   func(u *llmtest.Upstream) { u.Output = 100 }, tier: "priority"},
@@ -981,10 +982,10 @@ func TestPricedAsBilled(t *testing.T) {
 			up:   func(u *llmtest.Upstream) { u.Output = 100; u.ServiceTier = "priority" }, tier: "priority"},
 		{name: "openai_responses_search_not_counted", path: "/v1/responses",
 			body: `{"model":"gpt-5","input":"news","tools":[{"type":"web_search"}],"max_output_tokens":300}`,
-			up:   func(u *llmtest.Upstream) { u.Output = 100 }, want: kinds{policy.WebSearch: llm.DefaultSearches}, tier: "default"},
+			up:   func(u *llmtest.Upstream) { u.Output = 100 }, want: kinds{units.WebSearch: llm.DefaultSearches}, tier: "default"},
 		{name: "gemini_audio", path: "/v1beta/models/gemini-2.5-flash:generateContent",
 			body: `{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + llmtest.WAV(1) + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
-			up:   func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32 }, want: kinds{policy.AudioInput: 32}},
+			up:   func(u *llmtest.Upstream) { u.Output = 100; u.AudioIn = 32 }, want: kinds{units.AudioInput: 32}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r.up.Cached, r.up.CacheWrite, r.up.CacheWrite1h, r.up.AudioIn, r.up.AudioOut, r.up.WebSearches, r.up.ServiceTier = 0, 0, 0, 0, 0, 0, ""
@@ -996,12 +997,12 @@ func TestPricedAsBilled(t *testing.T) {
 			}
 			_, sent := r.up.Last()
 			rec := r.records[len(r.records)-1]
-			var want policy.Tokens
+			var want units.Tokens
 			for k, n := range c.want {
 				want[k] = n
 			}
-			want[policy.Input] = llmtest.InputTokens(sent)
-			want[policy.Output] = 100
+			want[units.Input] = llmtest.InputTokens(sent)
+			want[units.Output] = 100
 			if rec.Usage != want || !rec.Reported || rec.ServiceTier != c.tier {
 				t.Fatalf("recorded %v (reported %v, tier %q), want %v (tier %q)", rec.Usage, rec.Reported, rec.ServiceTier, want, c.tier)
 			}
@@ -1032,7 +1033,7 @@ func TestLargePromptRefusedBeforeCounted(t *testing.T) {
 				rule.Limit, rule.Budget, rule.Unit = nil, "0.15", "money" // a million input tokens at 0.15
 			}
 			r := newRig(t, []policy.RuleSpec{rule}, llm.GateOptions{Count: count, Prices: map[string]llm.Price{
-				"gpt-4o-mini": {Rates: llm.Rates{policy.Input: 150_000, policy.CachedInput: 75_000, policy.Output: 600_000}}}})
+				"gpt-4o-mini": {Rates: llm.Rates{units.Input: 150_000, units.CachedInput: 75_000, units.Output: 600_000}}}})
 			prompt := func(bytes int) string {
 				return `{"model":"gpt-4o-mini","max_tokens":10,"messages":[{"role":"user","content":"` + strings.Repeat("word ", bytes/5) + `"}]}`
 			}
@@ -1082,7 +1083,7 @@ func TestGeminiStreamEndedEarlyKeepsReservation(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 	rec := r.records[len(r.records)-1]
-	if rec.Reported || rec.Usage[policy.Output] != 500 {
+	if rec.Reported || rec.Usage[units.Output] != 500 {
 		t.Fatalf("a stream ended before its last chunk: recorded %v (reported %v), want the reservation's 500 output tokens", rec.Usage, rec.Reported)
 	}
 }
@@ -1112,7 +1113,7 @@ func TestStreamCutAtMaximum(t *testing.T) {
 					t.Errorf("the client got %d tokens of a stream sent with a maximum of 100", words)
 				}
 				rec := r.records[len(r.records)-1]
-				if rec.Reported || rec.Usage[policy.Output] != 100 {
+				if rec.Reported || rec.Usage[units.Output] != 100 {
 					t.Errorf("recorded %v (reported %v), want the reservation's 100 output tokens", rec.Usage, rec.Reported)
 				}
 			})

@@ -17,8 +17,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
+	"github.com/admitdev/admit/units"
 )
 
 // MaxMeterRows bounds the tenant × model pairs a Meter keeps apart,
@@ -82,7 +82,7 @@ func NewMeter(o MeterOptions) *Meter {
 	return &Meter{
 		currency: o.Currency, rows: map[meterKey]*DayUsage{}, records: o.Records, store: o.Store, log: o.Logger,
 		requests:   prometheus.NewDesc("admit_llm_requests_total", "LLM calls settled, per tenant and model.", tm, nil),
-		tokens:     prometheus.NewDesc("admit_llm_tokens_total", "LLM tokens used, per tenant, model and kind ("+strings.Join(policy.TokenKindNames[:policy.WebSearch], ", ")+").", []string{"tenant", "model", "kind"}, nil),
+		tokens:     prometheus.NewDesc("admit_llm_tokens_total", "LLM tokens used, per tenant, model and kind ("+strings.Join(units.TokenKindNames[:units.WebSearch], ", ")+").", []string{"tenant", "model", "kind"}, nil),
 		searches:   prometheus.NewDesc("admit_llm_web_searches_total", "Web searches LLM calls ran at the provider, per tenant and model.", tm, nil),
 		cost:       prometheus.NewDesc("admit_llm_cost_total", "What LLM calls cost at the configured prices, in the currency.", []string{"tenant", "model", "currency"}, nil),
 		unreported: prometheus.NewDesc("admit_llm_unreported_total", "LLM calls whose usage the provider did not report (estimated or charged their reservation).", tm, nil),
@@ -106,10 +106,10 @@ type billingRecord struct {
 	ServiceTier string `json:"service_tier,omitempty"`
 }
 
-func tokenMap(t policy.Tokens) map[string]int64 {
+func tokenMap(t units.Tokens) map[string]int64 {
 	m := make(map[string]int64, len(t))
 	for k, n := range t {
-		m[policy.TokenKindNames[k]] = n
+		m[units.TokenKindNames[k]] = n
 	}
 	return m
 }
@@ -140,7 +140,7 @@ func (m *Meter) Record(r *Record) {
 		rec := billingRecord{At: r.At.UTC(), Tenant: r.Tenant, User: r.User, Model: r.Model, API: r.API.String(),
 			Status: r.Status, Tokens: tokenMap(r.Usage), Reported: r.Reported, ServiceTier: r.ServiceTier}
 		if r.Priced {
-			rec.Cost, rec.Currency = policy.FormatDecimal(r.Cost, 6), m.currency
+			rec.Cost, rec.Currency = units.FormatDecimal(r.Cost, 6), m.currency
 		}
 		b, _ := json.Marshal(rec)
 		_, _ = m.records.Write(append(b, '\n'))
@@ -209,10 +209,10 @@ func (m *Meter) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.requests, prometheus.CounterValue, float64(row.Requests), k.tenant, k.model)
 		ch <- prometheus.MustNewConstMetric(m.unreported, prometheus.CounterValue, float64(row.Unreported), k.tenant, k.model)
 		ch <- prometheus.MustNewConstMetric(m.cost, prometheus.CounterValue, float64(row.Cost)/1e6, k.tenant, k.model, m.currency)
-		for i, n := range row.Tokens[:policy.WebSearch] {
-			ch <- prometheus.MustNewConstMetric(m.tokens, prometheus.CounterValue, float64(n), k.tenant, k.model, policy.TokenKindNames[i])
+		for i, n := range row.Tokens[:units.WebSearch] {
+			ch <- prometheus.MustNewConstMetric(m.tokens, prometheus.CounterValue, float64(n), k.tenant, k.model, units.TokenKindNames[i])
 		}
-		ch <- prometheus.MustNewConstMetric(m.searches, prometheus.CounterValue, float64(row.Tokens[policy.WebSearch]), k.tenant, k.model)
+		ch <- prometheus.MustNewConstMetric(m.searches, prometheus.CounterValue, float64(row.Tokens[units.WebSearch]), k.tenant, k.model)
 	}
 }
 
@@ -288,7 +288,7 @@ func (m *Meter) serveUsage(w http.ResponseWriter, r *http.Request) {
 	rows := make([]usageRow, len(days))
 	for i, d := range days {
 		rows[i] = usageRow{Tenant: d.Tenant, Model: d.Model, Day: d.Day, Requests: d.Requests, Unreported: d.Unreported,
-			Tokens: tokenMap(d.Tokens), Cost: policy.FormatDecimal(d.Cost, 6)}
+			Tokens: tokenMap(d.Tokens), Cost: units.FormatDecimal(d.Cost, 6)}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"currency": m.currency, "usage": rows})

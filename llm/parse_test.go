@@ -14,7 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 func bytesPerToken(text string) int64 { return int64(len(text)) }
@@ -64,7 +64,7 @@ func TestUsageNeverSummed(t *testing.T) {
 	} {
 		m.observe([]byte(ev))
 	}
-	if want := (policy.Tokens{20, 5, 0, 25, 0}); m.usage != want {
+	if want := (units.Tokens{20, 5, 0, 25, 0}); m.usage != want {
 		t.Fatalf("anthropic usage %v, want %v", m.usage, want)
 	}
 	g := meter{api: StreamGenerateContent}
@@ -75,7 +75,7 @@ func TestUsageNeverSummed(t *testing.T) {
 	} {
 		g.observe([]byte(ev))
 	}
-	if want := (policy.Tokens{20, 10, 0, 9, 7}); g.usage != want {
+	if want := (units.Tokens{20, 10, 0, 9, 7}); g.usage != want {
 		t.Fatalf("gemini usage %v, want %v", g.usage, want)
 	}
 }
@@ -90,24 +90,24 @@ func TestUsageByStructure(t *testing.T) {
 		name string
 		api  API
 		body string
-		want policy.Tokens
+		want units.Tokens
 	}{
 		{"openai, usage in the text", ChatCompletions,
 			`{"choices":[{"message":{"content":"say \"usage\": {\"prompt_tokens\":1}"}}],"usage":{"prompt_tokens":12,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":2},"completion_tokens_details":{"reasoning_tokens":3}}}`,
-			policy.Tokens{10, 2, 0, 5, 3}},
+			units.Tokens{10, 2, 0, 5, 3}},
 		{"anthropic, a tool's input names usageMetadata and usage", Messages,
 			`{"type":"message","content":[{"type":"tool_use","name":"report","input":{"usageMetadata":{"promptTokenCount":0},"usage":{"input_tokens":0,"output_tokens":0}}}],"usage":{"input_tokens":900,"output_tokens":25000}}`,
-			policy.Tokens{900, 0, 0, 25000, 0}},
+			units.Tokens{900, 0, 0, 25000, 0}},
 		{"anthropic, the tool's input after the usage", Messages,
 			`{"type":"message","usage":{"input_tokens":900,"output_tokens":25000},"content":[{"type":"tool_use","input":{"usage":{"input_tokens":1,"output_tokens":1}}}]}`,
-			policy.Tokens{900, 0, 0, 25000, 0}},
+			units.Tokens{900, 0, 0, 25000, 0}},
 		{"openai, an answer of 5 MB", ChatCompletions,
 			`{"choices":[{"message":{"content":"` + big + `"},"logprobs":{"content":[{"token":"usage","bytes":[1,2]}]}}],"usage":{"prompt_tokens":7,"completion_tokens":1500000}}`,
-			policy.Tokens{7, 0, 0, 1500000, 0}},
+			units.Tokens{7, 0, 0, 1500000, 0}},
 		{"gemini, a stream as one array", StreamGenerateContent,
 			`[{"candidates":[{"content":{"parts":[{"text":"{\"usageMetadata\":{}}"}]}}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":1}},` +
 				`{"candidates":[{"content":{"parts":[{"functionCall":{"args":{"usageMetadata":{"promptTokenCount":0,"candidatesTokenCount":0}}}}]}}],"usageMetadata":{"promptTokenCount":5,"candidatesTokenCount":40}}]`,
-			policy.Tokens{5, 0, 0, 40, 0}},
+			units.Tokens{5, 0, 0, 40, 0}},
 	} {
 		for _, piece := range []int{1, 7, 4096, 1 << 30} {
 			var got *meter
@@ -467,7 +467,7 @@ func TestStreamLineEndings(t *testing.T) {
 		if _, err := io.Copy(io.Discard, b); err != nil {
 			t.Fatal(err)
 		}
-		if got == nil || got.usage != (policy.Tokens{3, 0, 0, 4, 0}) {
+		if got == nil || got.usage != (units.Tokens{3, 0, 0, 4, 0}) {
 			t.Errorf("%q: usage %+v", nl, got)
 		}
 	}
@@ -481,27 +481,27 @@ func TestBilledExtrasByStructure(t *testing.T) {
 		name string
 		api  API
 		body string
-		want policy.Tokens
+		want units.Tokens
 		tier string
 	}{
 		{"openai, a tier in the answer's text and a tool's arguments", ChatCompletions,
 			`{"choices":[{"message":{"content":"\"service_tier\":\"flex\"","tool_calls":[{"function":{"arguments":{"service_tier":"flex"}}}]}}],"service_tier":"priority",` +
 				`"usage":{"prompt_tokens":40,"completion_tokens":30,"prompt_tokens_details":{"cached_tokens":5,"audio_tokens":15},"completion_tokens_details":{"reasoning_tokens":4,"audio_tokens":20}}}`,
-			policy.Tokens{policy.Input: 20, policy.CachedInput: 5, policy.AudioInput: 15, policy.Output: 6, policy.Reasoning: 4, policy.AudioOutput: 20}, "priority"},
+			units.Tokens{units.Input: 20, units.CachedInput: 5, units.AudioInput: 15, units.Output: 6, units.Reasoning: 4, units.AudioOutput: 20}, "priority"},
 		{"openai responses", Responses,
 			`{"object":"response","output":[{"content":[{"text":"{\"service_tier\":\"flex\"}"}]}],"service_tier":"flex","usage":{"input_tokens":3,"output_tokens":2}}`,
-			policy.Tokens{policy.Input: 3, policy.Output: 2}, "flex"},
+			units.Tokens{units.Input: 3, units.Output: 2}, "flex"},
 		{"openai, parts beyond their whole", ChatCompletions,
 			`{"usage":{"prompt_tokens":10,"completion_tokens":10,"prompt_tokens_details":{"cached_tokens":8,"audio_tokens":8},"completion_tokens_details":{"reasoning_tokens":-3,"audio_tokens":99}}}`,
-			policy.Tokens{policy.CachedInput: 8, policy.AudioInput: 2, policy.AudioOutput: 10}, ""},
+			units.Tokens{units.CachedInput: 8, units.AudioInput: 2, units.AudioOutput: 10}, ""},
 		{"anthropic", Messages,
 			`{"type":"message","content":[{"type":"text","text":"x"}],"usage":{"input_tokens":10,"output_tokens":7,"cache_read_input_tokens":3,"cache_creation_input_tokens":50,` +
 				`"cache_creation":{"ephemeral_5m_input_tokens":20,"ephemeral_1h_input_tokens":30},"server_tool_use":{"web_search_requests":4},"service_tier":"priority"}}`,
-			policy.Tokens{policy.Input: 10, policy.CachedInput: 3, policy.CacheWrite: 20, policy.CacheWriteLong: 30, policy.Output: 7, policy.WebSearch: 4}, "priority"},
+			units.Tokens{units.Input: 10, units.CachedInput: 3, units.CacheWrite: 20, units.CacheWriteLong: 30, units.Output: 7, units.WebSearch: 4}, "priority"},
 		{"gemini audio", GenerateContent,
 			`{"candidates":[],"usageMetadata":{"promptTokenCount":100,"candidatesTokenCount":50,"promptTokensDetails":[{"modality":"TEXT","tokenCount":36},{"modality":"AUDIO","tokenCount":64}],` +
 				`"candidatesTokensDetails":[{"modality":"AUDIO","tokenCount":45}]}}`,
-			policy.Tokens{policy.Input: 36, policy.AudioInput: 64, policy.Output: 5, policy.AudioOutput: 45}, ""},
+			units.Tokens{units.Input: 36, units.AudioInput: 64, units.Output: 5, units.AudioOutput: 45}, ""},
 	} {
 		for _, piece := range []int{1, 5, 1 << 30} {
 			var got *meter
@@ -519,7 +519,7 @@ func TestBilledExtrasByStructure(t *testing.T) {
 	m := &meter{api: Messages}
 	m.observe([]byte(`{"type":"message_start","message":{"usage":{"input_tokens":5,"output_tokens":1,"service_tier":"standard"}}}`))
 	m.observe([]byte(`{"type":"message_delta","usage":{"output_tokens":9,"cache_creation_input_tokens":12,"cache_creation":{"ephemeral_1h_input_tokens":12},"server_tool_use":{"web_search_requests":2}}}`))
-	if want := (policy.Tokens{policy.Input: 5, policy.Output: 9, policy.CacheWriteLong: 12, policy.WebSearch: 2}); m.usage != want || m.tier != "standard" {
+	if want := (units.Tokens{units.Input: 5, units.Output: 9, units.CacheWriteLong: 12, units.WebSearch: 2}); m.usage != want || m.tier != "standard" {
 		t.Errorf("anthropic stream: %v %q, want %v standard", m.usage, m.tier, want)
 	}
 }
@@ -747,36 +747,36 @@ func TestReserveBilledExtras(t *testing.T) {
 	}
 
 	// The bound: every kind at the most the call may be billed it.
-	price := Price{Rates: Rates{policy.Input: 1, policy.CachedInput: 1, policy.CacheWrite: 2, policy.CacheWriteLong: 5, policy.Output: 10,
-		policy.AudioInput: 40, policy.AudioOutput: 80, policy.WebSearch: 1000},
-		LongContextAbove: 1000, LongContext: Rates{policy.Input: 3, policy.Output: 30},
-		Tiers: map[string]*Price{"priority": {Rates: Rates{policy.Input: 7, policy.Output: 70}}}}
+	price := Price{Rates: Rates{units.Input: 1, units.CachedInput: 1, units.CacheWrite: 2, units.CacheWriteLong: 5, units.Output: 10,
+		units.AudioInput: 40, units.AudioOutput: 80, units.WebSearch: 1000},
+		LongContextAbove: 1000, LongContext: Rates{units.Input: 3, units.Output: 30},
+		Tiers: map[string]*Price{"priority": {Rates: Rates{units.Input: 7, units.Output: 70}}}}
 	req := &Request{Input: 500, AudioInput: 200, Choices: 2, Searches: 3}
-	var want policy.Tokens
-	want[policy.CacheWrite], want[policy.AudioInput], want[policy.Output], want[policy.WebSearch] = 300, 200, 200, 3
-	if got, cost := heaviest(price.bound("", req.Input), req, 100, func(t policy.Tokens) int64 {
-		return int64(t[policy.CacheWrite]*2 + t[policy.AudioInput]*40 + t[policy.Output]*10 + t[policy.WebSearch]*1000)
+	var want units.Tokens
+	want[units.CacheWrite], want[units.AudioInput], want[units.Output], want[units.WebSearch] = 300, 200, 200, 3
+	if got, cost := heaviest(price.bound("", req.Input), req, 100, func(t units.Tokens) int64 {
+		return int64(t[units.CacheWrite]*2 + t[units.AudioInput]*40 + t[units.Output]*10 + t[units.WebSearch]*1000)
 	}), int64(300*2+200*40+200*10+3*1000); got != cost {
 		t.Errorf("bound %d, want %d (%v)", got, cost, want)
 	}
 	req.CacheLong, req.AudioOutput = true, true
 	r2 := price.bound("", req.Input)
-	if got, cost := heaviest(r2, req, 100, r2.Cost), r2.Cost(policy.Tokens{policy.CacheWriteLong: 300, policy.AudioInput: 200, policy.AudioOutput: 200, policy.WebSearch: 3}); got != cost {
+	if got, cost := heaviest(r2, req, 100, r2.Cost), r2.Cost(units.Tokens{units.CacheWriteLong: 300, units.AudioInput: 200, units.AudioOutput: 200, units.WebSearch: 3}); got != cost {
 		t.Errorf("with audio out and an hour's cache: bound %d, want %d", got, cost)
 	}
-	if b := price.bound("priority", 10); b[policy.Input] != 7 || b[policy.Output] != 70 {
+	if b := price.bound("priority", 10); b[units.Input] != 7 || b[units.Output] != 70 {
 		t.Errorf("priority bound %v", b)
 	}
-	if b := price.bound("", 5000); b[policy.Input] != 3 || b[policy.Output] != 30 || b[policy.AudioOutput] != 80 {
+	if b := price.bound("", 5000); b[units.Input] != 3 || b[units.Output] != 30 || b[units.AudioOutput] != 80 {
 		t.Errorf("a long prompt's bound %v: each kind at the higher of its rates", b)
 	}
-	if c := price.Cost("flex", policy.Tokens{policy.Input: 1000}); c != 1 {
+	if c := price.Cost("flex", units.Tokens{units.Input: 1000}); c != 1 {
 		t.Errorf("an unpriced tier costs the model's rates: %d", c)
 	}
-	if c := price.Cost("priority", policy.Tokens{policy.Input: 1_000_000}); c != 7 {
+	if c := price.Cost("priority", units.Tokens{units.Input: 1_000_000}); c != 7 {
 		t.Errorf("priority: %d", c)
 	}
-	if c := price.Cost("", policy.Tokens{policy.Input: 600_000, policy.CachedInput: 500_000}); c != 2 {
+	if c := price.Cost("", units.Tokens{units.Input: 600_000, units.CachedInput: 500_000}); c != 2 {
 		t.Errorf("a long prompt (1.1M tokens): %d, want the long-context rate 3 × 0.6 rounded up", c)
 	}
 }

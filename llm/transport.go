@@ -19,6 +19,7 @@ import (
 	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
+	"github.com/admitdev/admit/units"
 )
 
 // DefaultMaxBody bounds the request bodies a Transport reads: 32 MiB.
@@ -318,9 +319,9 @@ func setHeaders(h http.Header, t *Ticket) {
 	d, rules := t.Decision()
 	httpx.SetHeaders(h, nil, rules, d.Results)
 	for _, u := range [...]struct {
-		unit policy.Unit
+		unit units.Unit
 		name string
-	}{{policy.UnitRequests, "requests"}, {policy.UnitTokens, "tokens"}} {
+	}{{units.UnitRequests, "requests"}, {units.UnitTokens, "tokens"}} {
 		var best *admit.Result
 		for r, res := range policy.RuleResults(rules, d.Results) {
 			if r.Unit == u.unit && !r.Shadow && (best == nil || res.Remaining < best.Remaining) {

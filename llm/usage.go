@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // usageJSON holds every provider's usage fields; which apply depends on
@@ -72,15 +72,15 @@ func audio(d []geminiModality) int64 {
 	return n
 }
 
-func (g *geminiUsage) tokens() policy.Tokens {
-	var t policy.Tokens
-	t[policy.CachedInput] = g.CachedContentTokenCount
+func (g *geminiUsage) tokens() units.Tokens {
+	var t units.Tokens
+	t[units.CachedInput] = g.CachedContentTokenCount
 	fresh := max(g.PromptTokenCount+g.ToolUsePromptTokenCount-g.CachedContentTokenCount, 0)
-	t[policy.AudioInput] = min(audio(g.PromptTokensDetails), fresh)
-	t[policy.Input] = fresh - t[policy.AudioInput]
-	t[policy.AudioOutput] = min(audio(g.CandidatesTokensDetails), max(g.CandidatesTokenCount, 0))
-	t[policy.Output] = g.CandidatesTokenCount - t[policy.AudioOutput]
-	t[policy.Reasoning] = g.ThoughtsTokenCount
+	t[units.AudioInput] = min(audio(g.PromptTokensDetails), fresh)
+	t[units.Input] = fresh - t[units.AudioInput]
+	t[units.AudioOutput] = min(audio(g.CandidatesTokensDetails), max(g.CandidatesTokenCount, 0))
+	t[units.Output] = g.CandidatesTokenCount - t[units.AudioOutput]
+	t[units.Reasoning] = g.ThoughtsTokenCount
 	return t
 }
 
@@ -94,8 +94,8 @@ func val(p *int64) int64 {
 // openAITokens reads OpenAI's usage, chat completions' or Responses'
 // names: prompt and completion counts include their cached and reasoning
 // parts, which Tokens keeps apart.
-func (u *usageJSON) openAITokens() policy.Tokens {
-	var t policy.Tokens
+func (u *usageJSON) openAITokens() units.Tokens {
+	var t units.Tokens
 	in, out := val(u.PromptTokens), val(u.CompletionTokens)
 	if u.InputTokens != nil || u.OutputTokens != nil {
 		in, out = val(u.InputTokens), val(u.OutputTokens)
@@ -115,32 +115,32 @@ func (u *usageJSON) openAITokens() policy.Tokens {
 	}
 	// Each part at most what is left of its whole: a report whose parts
 	// exceed it charges the whole, never more.
-	t[policy.CachedInput] = min(max(cached, 0), in)
-	t[policy.AudioInput] = min(max(audioIn, 0), in-t[policy.CachedInput])
-	t[policy.Input] = in - t[policy.CachedInput] - t[policy.AudioInput]
-	t[policy.Reasoning] = min(max(reasoning, 0), out)
-	t[policy.AudioOutput] = min(max(audioOut, 0), out-t[policy.Reasoning])
-	t[policy.Output] = out - t[policy.Reasoning] - t[policy.AudioOutput]
+	t[units.CachedInput] = min(max(cached, 0), in)
+	t[units.AudioInput] = min(max(audioIn, 0), in-t[units.CachedInput])
+	t[units.Input] = in - t[units.CachedInput] - t[units.AudioInput]
+	t[units.Reasoning] = min(max(reasoning, 0), out)
+	t[units.AudioOutput] = min(max(audioOut, 0), out-t[units.Reasoning])
+	t[units.Output] = out - t[units.Reasoning] - t[units.AudioOutput]
 	return t
 }
 
 // anthropicTokens reads Anthropic's usage: input_tokens excludes the
 // cache's reads and writes, which it counts apart.
-func (u *usageJSON) anthropicTokens() policy.Tokens {
-	var t policy.Tokens
-	t[policy.Input] = val(u.InputTokens)
-	t[policy.CachedInput] = val(u.CacheReadInputTokens)
+func (u *usageJSON) anthropicTokens() units.Tokens {
+	var t units.Tokens
+	t[units.Input] = val(u.InputTokens)
+	t[units.CachedInput] = val(u.CacheReadInputTokens)
 	u.cacheWrites(&t)
-	t[policy.Output] = val(u.OutputTokens)
+	t[units.Output] = val(u.OutputTokens)
 	if u.ServerToolUse != nil {
-		t[policy.WebSearch] = u.ServerToolUse.WebSearchRequests
+		t[units.WebSearch] = u.ServerToolUse.WebSearchRequests
 	}
 	return t
 }
 
 // cacheWrites sets t's cache writes from Anthropic's usage: all of them,
 // of which those kept an hour are priced apart.
-func (u *usageJSON) cacheWrites(t *policy.Tokens) {
+func (u *usageJSON) cacheWrites(t *units.Tokens) {
 	all := val(u.CacheCreationInputTokens)
 	var long int64
 	if u.CacheCreation != nil {
@@ -149,8 +149,8 @@ func (u *usageJSON) cacheWrites(t *policy.Tokens) {
 	// An hour's writes reported beyond the total are all there is.
 	long = max(long, 0)
 	all = max(all, long)
-	t[policy.CacheWriteLong] = long
-	t[policy.CacheWrite] = all - long
+	t[units.CacheWriteLong] = long
+	t[units.CacheWrite] = all - long
 }
 
 // event is one JSON response or stream event, with the fields of every
@@ -184,7 +184,7 @@ type meter struct {
 	// usage is the latest report; input and output say which halves
 	// were reported (an Anthropic stream reports input first, output
 	// last).
-	usage         policy.Tokens
+	usage         units.Tokens
 	input, output bool
 	// tier is the service tier the provider reported, if it did.
 	tier string
@@ -203,7 +203,7 @@ func (m *meter) runningOutput() int64 {
 	if !m.output {
 		return 0
 	}
-	return m.usage[policy.Output] + m.usage[policy.AudioOutput]
+	return m.usage[units.Output] + m.usage[units.AudioOutput]
 }
 
 // complete says whether the response reported its whole usage: input and
@@ -297,18 +297,18 @@ func (m *meter) observeEvent(ev *event) (usageChunk bool) {
 			// Cumulative: the latest replaces, never adds to, the
 			// output; input counts, when present, replace too.
 			u := ev.Usage
-			m.usage[policy.Output], m.output = val(u.OutputTokens), true
+			m.usage[units.Output], m.output = val(u.OutputTokens), true
 			if u.InputTokens != nil {
-				m.usage[policy.Input] = *u.InputTokens
+				m.usage[units.Input] = *u.InputTokens
 			}
 			if u.CacheReadInputTokens != nil {
-				m.usage[policy.CachedInput] = *u.CacheReadInputTokens
+				m.usage[units.CachedInput] = *u.CacheReadInputTokens
 			}
 			if u.CacheCreationInputTokens != nil || u.CacheCreation != nil {
 				u.cacheWrites(&m.usage)
 			}
 			if u.ServerToolUse != nil {
-				m.usage[policy.WebSearch] = u.ServerToolUse.WebSearchRequests
+				m.usage[units.WebSearch] = u.ServerToolUse.WebSearchRequests
 			}
 			m.anthropicTier(u)
 		case ev.Usage != nil && ev.Type != "message_delta": // a whole message

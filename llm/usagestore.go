@@ -7,18 +7,18 @@ import (
 	"sync"
 	"time"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // DayUsage is what one tenant's calls to one model used in one UTC day:
 // a billing record, summed.
 type DayUsage struct {
-	Tenant     string        `json:"tenant"`
-	Model      string        `json:"model"`
-	Day        string        `json:"day"` // 2006-01-02, UTC
-	Requests   int64         `json:"requests"`
-	Unreported int64         `json:"unreported"`
-	Tokens     policy.Tokens `json:"-"`
+	Tenant     string       `json:"tenant"`
+	Model      string       `json:"model"`
+	Day        string       `json:"day"` // 2006-01-02, UTC
+	Requests   int64        `json:"requests"`
+	Unreported int64        `json:"unreported"`
+	Tokens     units.Tokens `json:"-"`
 	// Cost is in millionths of the prices' currency.
 	Cost int64 `json:"-"`
 }

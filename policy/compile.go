@@ -14,6 +14,7 @@ import (
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/internal/ruletext"
+	"github.com/admitdev/admit/units"
 )
 
 // FieldError is one problem in a Spec: the path of the field, in the
@@ -67,8 +68,8 @@ func (c *compiler) compile(spec *Spec) {
 		c.fail("on_error", "%v", err)
 	}
 	p.anonymous = c.weight("anonymous_weight", spec.AnonymousWeight, 1)
-	if len(spec.Global) > MaxGlobalRules {
-		c.fail("global", "%d rules; at most %d", len(spec.Global), MaxGlobalRules)
+	if len(spec.Global) > bounds.MaxGlobalRules {
+		c.fail("global", "%d rules; at most %d", len(spec.Global), bounds.MaxGlobalRules)
 	}
 	globalNames := map[string]bool{}
 	for i := range spec.Global {
@@ -95,8 +96,8 @@ func (c *compiler) compile(spec *Spec) {
 		ts := spec.Tiers[name]
 		t := &Tier{Name: name, Gateway: c.gateway(path+".gateway", ts.Gateway), Source: "config", Spec: ts, Weight: c.weight(path+".weight", ts.Weight, 1),
 			LLMInFlight: c.inFlight(path+".llm_in_flight", ts.LLMInFlight)}
-		if len(ts.Rules) > MaxRulesPerTier {
-			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), MaxRulesPerTier)
+		if len(ts.Rules) > bounds.MaxRulesPerTier {
+			c.fail(path+".rules", "%d rules; at most %d", len(ts.Rules), bounds.MaxRulesPerTier)
 		}
 		names := map[string]bool{}
 		for i := range ts.Rules {
@@ -154,8 +155,8 @@ func (c *compiler) tenant(path, id string, ts *TenantSpec, shadow bool) *Tenant 
 		}
 		return nil
 	}
-	if len(ts.APIKeysSHA256) > MaxAPIKeys {
-		c.fail(path+".api_keys_sha256", "%d keys; at most %d", len(ts.APIKeysSHA256), MaxAPIKeys)
+	if len(ts.APIKeysSHA256) > bounds.MaxAPIKeys {
+		c.fail(path+".api_keys_sha256", "%d keys; at most %d", len(ts.APIKeysSHA256), bounds.MaxAPIKeys)
 	}
 	for i, h := range ts.APIKeysSHA256 {
 		if b, err := hex.DecodeString(h); err != nil || len(b) != sha256.Size || strings.ToLower(h) != h {
@@ -282,16 +283,16 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		c.fail(path+".scope", "%s", msg)
 	}
 	r.attribute, _ = strings.CutPrefix(rs.Scope, ScopeAttribute)
-	if len(rs.Actions) > MaxActions {
-		c.fail(path+".actions", "%d actions; at most %d", len(rs.Actions), MaxActions)
+	if len(rs.Actions) > bounds.MaxActions {
+		c.fail(path+".actions", "%d actions; at most %d", len(rs.Actions), bounds.MaxActions)
 	}
 	r.allActions = len(rs.Actions) == 0
 	for i, a := range rs.Actions {
 		switch {
 		case a == "*":
 			r.allActions = true
-		case a == "" || len(a) > MaxNameLen:
-			c.fail(fmt.Sprintf("%s.actions[%d]", path, i), "an action is 1 to %d bytes", MaxNameLen)
+		case a == "" || len(a) > bounds.MaxNameLen:
+			c.fail(fmt.Sprintf("%s.actions[%d]", path, i), "an action is 1 to %d bytes", bounds.MaxNameLen)
 		default:
 			r.actions = append(r.actions, a)
 		}
@@ -380,7 +381,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 			c.fail(path+".max_debt", "must be at least 1")
 		}
 		r.MaxDebt = *rs.MaxDebt
-	case want["max_debt"] && r.Unit == UnitTokens:
+	case want["max_debt"] && r.Unit == units.UnitTokens:
 		// What an LLM call used beyond its reservation is debited after
 		// it, and owed in full: a debt capped at one burst would forgive
 		// the rest.
@@ -394,7 +395,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 	if r.OnError, err = ruletext.FailureMode(rs.OnError); err != nil {
 		c.fail(path+".on_error", "%v", err)
 	}
-	if r.OnError == admit.FailDefault && r.Unit != UnitRequests {
+	if r.OnError == admit.FailDefault && r.Unit != units.UnitRequests {
 		// A budget in tokens or money fails closed unless it says
 		// otherwise: admitted without the store, a call reserves
 		// nothing, and a store made slow enough to time out would let
@@ -433,7 +434,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		// any caller empty a bucket in one request.
 		r.MaxCost = r.Capacity()
 	}
-	if r.Unit != UnitRequests {
+	if r.Unit != units.UnitRequests {
 		settle := r.Rule
 		settle.MaxCost = 0
 		r.settle = &settle
@@ -491,30 +492,30 @@ func (c *compiler) unit(path string, rs *RuleSpec, r *Rule) {
 	switch rs.Unit {
 	case "", "requests":
 	case "tokens":
-		r.Unit = UnitTokens
+		r.Unit = units.UnitTokens
 	case "money":
-		r.Unit = UnitMoney
+		r.Unit = units.UnitMoney
 	default:
 		c.fail(path+".unit", "unknown unit %q (want requests, tokens or money)", rs.Unit)
 		return
 	}
-	if r.Unit != UnitRequests && engine.CheckDebit(&r.Rule, 0) != nil {
+	if r.Unit != units.UnitRequests && engine.CheckDebit(&r.Rule, 0) != nil {
 		c.fail(path+".unit", "a rule in %s must be a token_bucket, gcra, fixed_window, sliding_window or quota: an LLM call is settled after its answer, by refund or debit", r.Unit)
 	}
-	r.Weights = EveryTokenWeighsOne
+	r.Weights = units.EveryTokenWeighsOne
 	if rs.Weights != nil {
-		if r.Unit != UnitTokens {
+		if r.Unit != units.UnitTokens {
 			c.fail(path+".weights", "only a rule in tokens has weights")
-		} else if w, err := parseWeights(rs.Weights); err != nil {
+		} else if w, err := units.ParseWeights(rs.Weights); err != nil {
 			c.fail(path+".weights", "%v", err)
 		} else {
 			r.Weights = w
 		}
 	}
 	switch {
-	case r.Unit == UnitMoney && (r.Algorithm == admit.TokenBucket || r.Algorithm == admit.GCRA):
+	case r.Unit == units.UnitMoney && (r.Algorithm == admit.TokenBucket || r.Algorithm == admit.GCRA):
 		c.fail(path+".unit", "a budget in money is a quota or a window: %s has none", r.Algorithm)
-	case r.Unit != UnitMoney && rs.Budget != "":
+	case r.Unit != units.UnitMoney && rs.Budget != "":
 		c.fail(path+".budget", "only a rule in money has a budget")
 	}
 }
@@ -532,7 +533,7 @@ func (c *compiler) budget(path string, rs *RuleSpec) *RuleSpec {
 	case rs.Budget == "":
 		c.fail(path+".budget", "missing; a rule in money needs its budget, like \"10.00\"")
 	default:
-		n, err := ParseDecimal(rs.Budget, 6)
+		n, err := units.ParseDecimal(rs.Budget, 6)
 		if err != nil || n < 1 || n > bounds.MaxCount {
 			c.fail(path+".budget", "%q: want an amount from 0.000001 to 4000 with at most 6 decimals", rs.Budget)
 			break
@@ -584,7 +585,7 @@ func parseAnchor(s string, loc *time.Location) (time.Time, error) {
 func (c *compiler) inFlight(path string, n int64) int64 {
 	switch {
 	case n == 0:
-		return DefaultLLMInFlight
+		return bounds.DefaultLLMInFlight
 	case n < 1 || n > 100_000:
 		c.fail(path, "%d: want 1 to 100000", n)
 	}
@@ -634,12 +635,12 @@ func (c *compiler) gateway(path string, g *GatewaySpec) Gateway {
 	return out
 }
 
-// checkName accepts tenant ids, tier and rule names: 1 to MaxNameLen bytes
+// checkName accepts tenant ids, tier and rule names: 1 to 128 bytes
 // of letters, digits and . _ : @ -, so that names are safe in URL paths,
 // header parameters, metrics labels and logs.
 func checkName(s string) error {
-	if s == "" || len(s) > MaxNameLen {
-		return fmt.Errorf("%q: must be 1 to %d bytes", s, MaxNameLen)
+	if s == "" || len(s) > bounds.MaxNameLen {
+		return fmt.Errorf("%q: must be 1 to %d bytes", s, bounds.MaxNameLen)
 	}
 	for i := 0; i < len(s); i++ {
 		if !nameByte(s[i]) {
@@ -649,8 +650,11 @@ func checkName(s string) error {
 	return nil
 }
 
-// nameError is checkName as an admit error (CodeInvalid).
-func nameError(s string) error {
+// CheckName reports whether s may name a tenant, a tier or a rule: 1 to
+// 128 bytes of letters, digits and . _ : @ -, so that names are safe in
+// URL paths, header parameters, metrics labels and logs. The error is of
+// code CodeInvalid.
+func CheckName(s string) error {
 	if err := checkName(s); err != nil {
 		return admit.Errorf(admit.CodeInvalid, "%v", err)
 	}

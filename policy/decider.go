@@ -57,7 +57,7 @@ type Decider struct {
 	downSince   atomic.Int64
 	lastFailure atomic.Int64
 	onChange    func(StoreEvent)
-	usage       *UsageMeter
+	usage       Observer
 }
 
 // storeSettle is how long a store must go without a failed call before an
@@ -139,15 +139,21 @@ func NewDecider(store admit.Store, instances int64) *Decider {
 // outage itself when a rule fails closed.
 func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
 	out, err := d.decide(ctx, res, dec)
-	if err == nil {
+	if err == nil && d.usage != nil {
 		d.usage.Observe(res, dec, out)
 	}
 	return out, err
 }
 
-// MeterUsage makes d count every decision into m's usage records. Call it
-// before the first decision.
-func (d *Decider) MeterUsage(m *UsageMeter) { d.usage = m }
+// An Observer is told of every decision a Decider makes, with its
+// outcome (package usage's Meter counts quotas' usage so).
+type Observer interface {
+	Observe(res *Resolution, dec *admit.Decision, out Outcome)
+}
+
+// MeterUsage makes d tell o of every decision it makes. Call it before
+// the first decision.
+func (d *Decider) MeterUsage(o Observer) { d.usage = o }
 
 func (d *Decider) decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
 	if len(res.Charges) == 0 {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/units"
 )
 
 // The scopes with a meaning of their own. A rule keyed by a request
@@ -38,16 +39,6 @@ const (
 // scopes lists the named scopes, for errors and suggestions.
 var scopes = []string{ScopeGlobal, ScopeTenant, ScopeUser, ScopeAPIKey, ScopeIP, ScopeSession}
 
-// Bounds on names and lists, so that one configuration or admin call cannot
-// grow a policy without limit.
-const (
-	MaxNameLen      = 128 // tenant ids, tier and rule names
-	MaxRulesPerTier = 64
-	MaxGlobalRules  = 64
-	MaxAPIKeys      = 100 // per tenant
-	MaxActions      = 256 // per rule
-)
-
 // Rule is a compiled rule: the store's admit.Rule plus which requests it
 // applies to. A Rule is never changed once compiled.
 type Rule struct {
@@ -60,8 +51,8 @@ type Rule struct {
 	PerAction bool
 	// Unit is what the rule counts; Weights weigh the token kinds of a
 	// rule in tokens.
-	Unit    Unit
-	Weights Weights
+	Unit    units.Unit
+	Weights units.Weights
 	// PerModel gives every LLM model its own bucket.
 	PerModel bool
 	// Tier is the tier the rule belongs to, "" for a global rule.
@@ -164,16 +155,16 @@ func (r *Rule) Spec() RuleSpec {
 		s.ShareCeiling = strconv.FormatInt(r.ShareCeiling, 10)
 	}
 	switch r.Unit {
-	case UnitTokens:
+	case units.UnitTokens:
 		s.Unit = r.Unit.String()
-		if r.Weights != EveryTokenWeighsOne {
+		if r.Weights != units.EveryTokenWeighsOne {
 			s.Weights = map[string]string{}
 			for k, w := range r.Weights {
-				s.Weights[TokenKindNames[k]] = FormatDecimal(w, 3)
+				s.Weights[units.TokenKindNames[k]] = units.FormatDecimal(w, 3)
 			}
 		}
-	case UnitMoney:
-		s.Unit, s.Budget, s.Limit = r.Unit.String(), FormatDecimal(r.Limit, 6), nil
+	case units.UnitMoney:
+		s.Unit, s.Budget, s.Limit = r.Unit.String(), units.FormatDecimal(r.Limit, 6), nil
 	}
 	if r.Distribution != admit.Exact {
 		s.Distribution = r.Distribution.String()

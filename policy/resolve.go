@@ -8,12 +8,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
-)
-
-// Bounds on what one request may carry.
-const (
-	MaxValueLen   = 256 // user, action, ip, api key, session, attribute values
-	MaxAttributes = 16
+	"github.com/admitdev/admit/units"
 )
 
 // Kind selects which rules a request is resolved against.
@@ -184,16 +179,16 @@ func (r *Request) Validate() error {
 		{"tenant", r.Tenant}, {"user", r.User}, {"action", r.Action}, {"ip", r.IP},
 		{"api_key", r.APIKey}, {"session", r.Session}, {"model", r.Model},
 	} {
-		if len(f.v) > MaxValueLen {
-			return admit.Errorf(admit.CodeInvalid, "%s is %d bytes; at most %d", f.name, len(f.v), MaxValueLen)
+		if len(f.v) > bounds.MaxValueLen {
+			return admit.Errorf(admit.CodeInvalid, "%s is %d bytes; at most %d", f.name, len(f.v), bounds.MaxValueLen)
 		}
 	}
-	if len(r.Attributes) > MaxAttributes {
-		return admit.Errorf(admit.CodeInvalid, "%d attributes; at most %d", len(r.Attributes), MaxAttributes)
+	if len(r.Attributes) > bounds.MaxAttributes {
+		return admit.Errorf(admit.CodeInvalid, "%d attributes; at most %d", len(r.Attributes), bounds.MaxAttributes)
 	}
 	for k, v := range r.Attributes {
-		if len(k) > 64 || len(v) > MaxValueLen {
-			return admit.Errorf(admit.CodeInvalid, "attribute %.64q: names are at most 64 bytes, values %d", k, MaxValueLen)
+		if len(k) > 64 || len(v) > bounds.MaxValueLen {
+			return admit.Errorf(admit.CodeInvalid, "attribute %.64q: names are at most 64 bytes, values %d", k, bounds.MaxValueLen)
 		}
 	}
 	if r.Cost < 0 || r.Cost > bounds.MaxCost {
@@ -256,7 +251,7 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 	if req.Debit && engine.CheckDebit(&r.Rule, 0) != nil {
 		return
 	}
-	if r.Unit != UnitRequests && !req.Metered || r.PerModel && req.Model == "" {
+	if r.Unit != units.UnitRequests && !req.Metered || r.PerModel && req.Model == "" {
 		return
 	}
 	k := admit.Key{Scope: r.Scope, Rule: r.bucket}

@@ -119,13 +119,9 @@ type TierSpec struct {
 	// (see RuleSpec.FairShare), from 1 to bounds.MaxShareWeight; default 1.
 	Weight int64 `json:"weight,omitempty"`
 	// LLMInFlight bounds each of the tier's tenants' LLM calls in flight
-	// through one admit proxy, from 1 to 100,000; default
-	// DefaultLLMInFlight.
+	// through one admit proxy, from 1 to 100,000; default 100.
 	LLMInFlight int64 `json:"llm_in_flight,omitempty"`
 }
-
-// DefaultLLMInFlight is a tier's llm_in_flight when it sets none.
-const DefaultLLMInFlight = 100
 
 // GatewaySpec holds a tier's WebSocket gateway settings. Zero
 // values take the defaults documented on Gateway.

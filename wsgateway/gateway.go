@@ -48,6 +48,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
@@ -427,8 +428,8 @@ func key(r *policy.Rule, tenant, session, action string) string {
 
 // tenantOf returns the tenant and its gateway limits.
 func (g *Gateway) tenantOf(id string) (*policy.Policy, *policy.Tenant, *limits, error) {
-	if id == "" || len(id) > policy.MaxValueLen {
-		return nil, nil, nil, admit.Errorf(admit.CodeInvalid, "tenant must be 1 to %d bytes", policy.MaxValueLen)
+	if id == "" || len(id) > bounds.MaxValueLen {
+		return nil, nil, nil, admit.Errorf(admit.CodeInvalid, "tenant must be 1 to %d bytes", bounds.MaxValueLen)
 	}
 	p := g.policy()
 	t, err := p.TenantOrDefault(id)
@@ -520,7 +521,7 @@ func (g *Gateway) renewSlot(ctx context.Context, lease, tenant string) {
 
 // session returns the session id if it belongs to tenant.
 func (g *Gateway) session(ctx context.Context, tenant, id string) (Session, error) {
-	if id == "" || len(id) > policy.MaxValueLen {
+	if id == "" || len(id) > bounds.MaxValueLen {
 		return Session{}, admit.Errorf(admit.CodeNotFound, "session %.64q does not exist", id)
 	}
 	s, err := g.sessions.Get(ctx, id)

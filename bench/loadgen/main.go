@@ -27,7 +27,7 @@ import (
 	"github.com/admitdev/admit/bench/load"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/redisstore"
 )
 
@@ -90,7 +90,7 @@ func run(callers int, d time.Duration, rounds, tenants, users int, storeURL, dis
 			}
 		}
 	}
-	cat, err := policy.NewCatalog(context.Background(), spec, nil)
+	cat, err := catalog.New(context.Background(), spec, nil)
 	if err != nil {
 		return err
 	}

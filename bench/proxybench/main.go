@@ -28,7 +28,7 @@ import (
 	"github.com/admitdev/admit/bench/load"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 )
 
 func main() {
@@ -76,7 +76,7 @@ func run(callers int, d time.Duration, rounds int) error {
 
 	store := memstore.New(nil)
 	defer store.Close()
-	cat, err := policy.NewCatalog(context.Background(), load.Spec(tenants, key), nil)
+	cat, err := catalog.New(context.Background(), load.Spec(tenants, key), nil)
 	if err != nil {
 		return err
 	}

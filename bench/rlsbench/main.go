@@ -36,6 +36,7 @@ import (
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/redisstore"
 )
 
@@ -137,7 +138,7 @@ func run(callers, conns int, d time.Duration, rounds int, storeName, mode string
 	if err != nil {
 		return err
 	}
-	cat, err := policy.NewCatalog(context.Background(), load.Spec(load.RLSTenants, nil), nil)
+	cat, err := catalog.New(context.Background(), load.Spec(load.RLSTenants, nil), nil)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 )
 
 const checkUsage = `Usage: admit check --tenant T [--user U] [--action A] [--cost N] [--server URL]
@@ -152,7 +152,7 @@ func askLocally(ctx context.Context, file string, body []byte) (int, []byte, err
 	if err != nil {
 		return 0, nil, err
 	}
-	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), nil)
+	catalog, err := catalog.New(ctx, cfg.Spec(), nil)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -29,7 +29,7 @@ func TestDocListsTheUsage(t *testing.T) {
 		}
 		return out
 	}
-	inDoc, inUsage := commands(doc), commands(usage)
+	inDoc, inUsage := commands(doc), commands(usageText)
 	if len(inUsage) < 8 || !slices.Equal(inDoc, inUsage) {
 		t.Errorf("the package doc lists %q, the usage %q", inDoc, inUsage)
 	}

@@ -16,8 +16,8 @@ import (
 
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/llm/llmtest"
-	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redistest"
+	"github.com/admitdev/admit/units"
 )
 
 // llmProxy starts admit proxy on examples/llm/admit.yaml (or config) with
@@ -411,23 +411,23 @@ func TestLLMPricesScale(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := prices["m"]
-	want := llm.Rates{policy.Input: 2e6, policy.CachedInput: 2e5, policy.CacheWrite: 2e6, policy.CacheWriteLong: 4e6, policy.Output: 10e6,
-		policy.Reasoning: 10e6, policy.AudioInput: 40e6, policy.AudioOutput: 10e6, policy.WebSearch: 10e9}
+	want := llm.Rates{units.Input: 2e6, units.CachedInput: 2e5, units.CacheWrite: 2e6, units.CacheWriteLong: 4e6, units.Output: 10e6,
+		units.Reasoning: 10e6, units.AudioInput: 40e6, units.AudioOutput: 10e6, units.WebSearch: 10e9}
 	if p.Rates != want {
 		t.Errorf("rates %v, want %v", p.Rates, want)
 	}
-	long := llm.Rates{policy.Input: 4e6, policy.CachedInput: 4e5, policy.CacheWrite: 4e6, policy.CacheWriteLong: 8e6, policy.Output: 15e6,
-		policy.Reasoning: 15e6, policy.AudioInput: 80e6, policy.AudioOutput: 15e6, policy.WebSearch: 10e9}
+	long := llm.Rates{units.Input: 4e6, units.CachedInput: 4e5, units.CacheWrite: 4e6, units.CacheWriteLong: 8e6, units.Output: 15e6,
+		units.Reasoning: 15e6, units.AudioInput: 80e6, units.AudioOutput: 15e6, units.WebSearch: 10e9}
 	if p.LongContextAbove != 100 || p.LongContext != long {
 		t.Errorf("long context above %d: %v, want %v", p.LongContextAbove, p.LongContext, long)
 	}
 	pr := p.Tiers["priority"]
-	if pr.Rates[policy.Input] != 3e6 || pr.Rates[policy.CachedInput] != 3e5 || pr.Rates[policy.Output] != 10e6 || pr.Rates[policy.AudioInput] != 60e6 {
+	if pr.Rates[units.Input] != 3e6 || pr.Rates[units.CachedInput] != 3e5 || pr.Rates[units.Output] != 10e6 || pr.Rates[units.AudioInput] != 60e6 {
 		t.Errorf("priority %v", pr.Rates)
 	}
 	// The tier has no long context of its own: the higher of its rates
 	// and the model's long-context ones.
-	if pr.LongContextAbove != 100 || pr.LongContext[policy.Input] != 4e6 || pr.LongContext[policy.AudioInput] != 80e6 {
+	if pr.LongContextAbove != 100 || pr.LongContext[units.Input] != 4e6 || pr.LongContext[units.AudioInput] != 80e6 {
 		t.Errorf("priority's long context %d %v", pr.LongContextAbove, pr.LongContext)
 	}
 }
@@ -469,7 +469,7 @@ tenants:
 	a, b, up, path := twoLLMProxies(t, cfg)
 	prices := mustPrices(t, path)
 	wav := llmtest.WAV(1)
-	type kinds = map[policy.TokenKind]int64
+	type kinds = map[units.TokenKind]int64
 	var spent int64
 	for i, call := range []struct {
 		name, path, body string
@@ -482,10 +482,10 @@ tenants:
 			`{"model":"claude-sonnet-4-5","max_tokens":400,"system":[{"type":"text","text":"rules","cache_control":{"type":"ephemeral","ttl":"1h"}}],` +
 				`"tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}],"messages":[{"role":"user","content":"news"}]}`,
 			func(u *llmtest.Upstream) { u.Cached, u.CacheWrite, u.CacheWrite1h, u.WebSearches = 500, 1000, 2000, 3 },
-			kinds{policy.CachedInput: 500, policy.CacheWrite: 1000, policy.CacheWriteLong: 2000, policy.WebSearch: 3}, "standard", false},
+			kinds{units.CachedInput: 500, units.CacheWrite: 1000, units.CacheWriteLong: 2000, units.WebSearch: 3}, "standard", false},
 		{"a long prompt", "/v1/messages",
 			`{"model":"claude-sonnet-4-5","max_tokens":400,"stream":true,"messages":[{"role":"user","content":"the rest"}]}`,
-			func(u *llmtest.Upstream) { u.Cached = 250_000 }, kinds{policy.CachedInput: 250_000}, "standard", true},
+			func(u *llmtest.Upstream) { u.Cached = 250_000 }, kinds{units.CachedInput: 250_000}, "standard", true},
 		{"priority asked for", "/v1/chat/completions",
 			`{"model":"gpt-5","service_tier":"priority","max_completion_tokens":300,"messages":[{"role":"user","content":"fast"}]}`,
 			func(*llmtest.Upstream) {}, nil, "priority", false},
@@ -495,10 +495,10 @@ tenants:
 		{"audio in and out", "/v1/chat/completions",
 			`{"model":"gpt-4o-audio-preview","modalities":["text","audio"],"audio":{"voice":"alloy","format":"wav"},"max_completion_tokens":500,` +
 				`"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"` + wav + `","format":"wav"}}]}]}`,
-			func(u *llmtest.Upstream) { u.AudioIn, u.AudioOut = 32, 300 }, kinds{policy.AudioInput: 32, policy.AudioOutput: 300}, "default", false},
+			func(u *llmtest.Upstream) { u.AudioIn, u.AudioOut = 32, 300 }, kinds{units.AudioInput: 32, units.AudioOutput: 300}, "default", false},
 		{"gemini audio", "/v1beta/models/gemini-2.5-flash:generateContent",
 			`{"contents":[{"parts":[{"inline_data":{"mime_type":"audio/wav","data":"` + wav + `"}}]}],"generationConfig":{"maxOutputTokens":300}}`,
-			func(u *llmtest.Upstream) { u.AudioIn = 32 }, kinds{policy.AudioInput: 32}, "", false},
+			func(u *llmtest.Upstream) { u.AudioIn = 32 }, kinds{units.AudioInput: 32}, "", false},
 	} {
 		up.Output, up.Cached, up.CacheWrite, up.CacheWrite1h, up.WebSearches, up.ServiceTier, up.AudioIn, up.AudioOut = 100, 0, 0, 0, 0, "", 0, 0
 		call.set(up)
@@ -511,11 +511,11 @@ tenants:
 			t.Fatalf("%s: %d %s", call.name, resp.StatusCode, body)
 		}
 		_, sent := up.Last()
-		var tok policy.Tokens
+		var tok units.Tokens
 		for k, n := range call.extra {
 			tok[k] = n
 		}
-		tok[policy.Input], tok[policy.Output] = llmtest.InputTokens(sent), 100
+		tok[units.Input], tok[units.Output] = llmtest.InputTokens(sent), 100
 		model := strings.TrimSuffix(strings.TrimPrefix(call.path, "/v1beta/models/"), ":generateContent")
 		if !strings.HasPrefix(call.path, "/v1beta") {
 			var m struct{ Model string }
@@ -524,7 +524,7 @@ tenants:
 		}
 		pr := prices[model]
 		cost := llmtest.ListCost(&pr, call.tier, call.long, tok)
-		t.Logf("%s: %s at the list price", call.name, policy.FormatDecimal(cost, 6))
+		t.Logf("%s: %s at the list price", call.name, units.FormatDecimal(cost, 6))
 		spent += cost
 	}
 	addr := metricsAddr(t, a.stderr.String())
@@ -547,20 +547,20 @@ tenants:
 	}
 	var recorded int64
 	for _, row := range u.Usage {
-		n, err := policy.ParseDecimal(row.Cost, 6)
+		n, err := units.ParseDecimal(row.Cost, 6)
 		if err != nil {
 			t.Fatalf("cost %q: %v", row.Cost, err)
 		}
 		recorded += n
 	}
 	if recorded != spent {
-		t.Fatalf("the usage both proxies stored costs %s; the list prices bill %s (%s)", policy.FormatDecimal(recorded, 6), policy.FormatDecimal(spent, 6), body)
+		t.Fatalf("the usage both proxies stored costs %s; the list prices bill %s (%s)", units.FormatDecimal(recorded, 6), units.FormatDecimal(spent, 6), body)
 	}
 	// The budget of 3 USD lost exactly that: a call that may cost what is
 	// left and a millionth more is refused, one that may cost what is
 	// left is not (gpt-5: 1.25 per million input, 10 per million output).
 	left := 3_000_000 - spent
-	t.Logf("spent %s of 3; %s left", policy.FormatDecimal(spent, 6), policy.FormatDecimal(left, 6))
+	t.Logf("spent %s of 3; %s left", units.FormatDecimal(spent, 6), units.FormatDecimal(left, 6))
 	up.ServiceTier, up.Output = "", 1
 	probe := func(maxOut int64) int {
 		body := `{"model":"gpt-5","max_completion_tokens":` + strconv.FormatInt(maxOut, 10) + `,"messages":[{"role":"user","content":"x"}]}`

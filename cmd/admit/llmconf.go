@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/llm"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // LLMConfig is the llm section: the LLM providers admit proxy forwards
@@ -199,17 +199,17 @@ func (c *LLMConfig) prices() (map[string]llm.Price, error) {
 func (rc *LLMRatesConfig) rates(path string, base *llm.Rates) (llm.Rates, error) {
 	var r llm.Rates
 	for _, f := range []struct {
-		kind policy.TokenKind
+		kind units.TokenKind
 		v    string
-		def  policy.TokenKind // -1: required; NumTokenKinds: 0
-	}{{policy.Input, rc.Input, -1}, {policy.Output, rc.Output, -1}, {policy.CachedInput, rc.CachedInput, policy.Input},
-		{policy.CacheWrite, rc.CacheWrite, policy.Input}, {policy.CacheWriteLong, rc.CacheWrite1h, policy.CacheWrite},
-		{policy.Reasoning, rc.Reasoning, policy.Output}, {policy.AudioInput, rc.AudioInput, policy.Input},
-		{policy.AudioOutput, rc.AudioOutput, policy.Output}, {policy.WebSearch, rc.WebSearch, policy.NumTokenKinds}} {
-		name := policy.TokenKindNames[f.kind]
+		def  units.TokenKind // -1: required; NumTokenKinds: 0
+	}{{units.Input, rc.Input, -1}, {units.Output, rc.Output, -1}, {units.CachedInput, rc.CachedInput, units.Input},
+		{units.CacheWrite, rc.CacheWrite, units.Input}, {units.CacheWriteLong, rc.CacheWrite1h, units.CacheWrite},
+		{units.Reasoning, rc.Reasoning, units.Output}, {units.AudioInput, rc.AudioInput, units.Input},
+		{units.AudioOutput, rc.AudioOutput, units.Output}, {units.WebSearch, rc.WebSearch, units.NumTokenKinds}} {
+		name := units.TokenKindNames[f.kind]
 		if f.v == "" {
 			switch {
-			case base != nil && f.def >= 0 && f.def < policy.NumTokenKinds && base[f.def] > 0:
+			case base != nil && f.def >= 0 && f.def < units.NumTokenKinds && base[f.def] > 0:
 				// Scaled as the kind it defaults to is in this block.
 				n := new(big.Int).Mul(big.NewInt(base[f.kind]), big.NewInt(r[f.def]))
 				n.Add(n, big.NewInt(base[f.def]-1))
@@ -218,13 +218,13 @@ func (rc *LLMRatesConfig) rates(path string, base *llm.Rates) (llm.Rates, error)
 				r[f.kind] = base[f.kind]
 			case f.def < 0:
 				return r, &fieldError{path + "." + name, "missing: the price of a million " + name + " tokens, like \"0.15\""}
-			case f.def < policy.NumTokenKinds:
+			case f.def < units.NumTokenKinds:
 				r[f.kind] = r[f.def]
 			}
 			continue
 		}
-		n, err := policy.ParseDecimal(f.v, 6)
-		if f.kind == policy.WebSearch {
+		n, err := units.ParseDecimal(f.v, 6)
+		if f.kind == units.WebSearch {
 			// Priced per thousand searches; kept per million.
 			if err != nil || n > 1_000_000_000_000 {
 				return r, &fieldError{path + "." + name, fmt.Sprintf("%q: want an amount per thousand searches from 0 to 1000000 with at most 6 decimals", f.v)}

@@ -60,7 +60,7 @@ type env struct {
 	reload chan struct{}
 }
 
-const usage = `admit: multi-tenant rate limiting
+const usageText = `admit: multi-tenant rate limiting
 
 Usage:
   admit serve [flags]            run the server (see admit serve --help)
@@ -81,7 +81,7 @@ Exit codes: 0 success (check: admitted), 1 refused (check) or invalid
 // run runs one command line and returns the exit code.
 func run(ctx context.Context, args []string, e *env) int {
 	if len(args) == 0 {
-		fmt.Fprint(e.stderr, usage)
+		fmt.Fprint(e.stderr, usageText)
 		return 2
 	}
 	switch args[0] {
@@ -102,10 +102,10 @@ func run(ctx context.Context, args []string, e *env) int {
 	case "healthcheck":
 		return healthcheck(ctx, args[1:], e)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(e.stdout, usage)
+		fmt.Fprint(e.stdout, usageText)
 		return 0
 	}
-	fmt.Fprintf(e.stderr, "admit: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(e.stderr, "admit: unknown command %q\n\n%s", args[0], usageText)
 	return 2
 }
 

@@ -29,6 +29,8 @@ import (
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
+	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 	"github.com/admitdev/admit/yamlconf"
@@ -194,7 +196,7 @@ type backend struct {
 	cfg     *Config
 	data    []byte // the configuration file as loaded
 	st      *openedStore
-	catalog *policy.Catalog
+	catalog *catalog.Catalog
 	stop    context.CancelFunc // ends the catalog watch
 	// check, if set, is what a reloaded configuration must also pass
 	// (admit proxy's actions).
@@ -228,7 +230,7 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 	if err != nil {
 		return nil, err
 	}
-	catalog, err := policy.NewCatalog(ctx, cfg.Spec(), st.changes)
+	catalog, err := catalog.New(ctx, cfg.Spec(), st.changes)
 	if err != nil {
 		st.close()
 		return nil, err
@@ -371,7 +373,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	// in-process limiter whichever way it is asked.
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)
 	defer dec.Close()
-	meter := policy.NewUsageMeter(st.usage, time.Second)
+	meter := usage.NewMeter(st.usage, time.Second)
 	dec.MeterUsage(meter)
 	defer func() {
 		// After the servers stopped (deferred after this): the last
@@ -590,7 +592,7 @@ func (f *serveFlags) configName() string {
 // gatewayOptions are the WebSocket gateway's options from the gateway
 // section (validated with the configuration); h says which proxies are
 // believed about a client's address.
-func gatewayOptions(g *GatewayConfig, h *httplimit.Options, st *openedStore, catalog *policy.Catalog, dec *policy.Decider, log *slog.Logger) wsgateway.Options {
+func gatewayOptions(g *GatewayConfig, h *httplimit.Options, st *openedStore, catalog *catalog.Catalog, dec *policy.Decider, log *slog.Logger) wsgateway.Options {
 	dur := func(s string) time.Duration {
 		d, _ := time.ParseDuration(s)
 		return d

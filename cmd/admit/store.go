@@ -9,14 +9,16 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/idempotency"
+	"github.com/admitdev/admit/idempotency/redisidem"
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/llm/redisllm"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/redischanges"
-	"github.com/admitdev/admit/policy/redisidem"
-	"github.com/admitdev/admit/policy/redisusage"
+	"github.com/admitdev/admit/policy/catalog"
+	"github.com/admitdev/admit/policy/catalog/redischanges"
+	"github.com/admitdev/admit/policy/usage"
+	"github.com/admitdev/admit/policy/usage/redisusage"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
 	"github.com/admitdev/admit/wsgateway/redissessions"
@@ -27,7 +29,7 @@ import (
 type openedStore struct {
 	name    string
 	store   admit.Store
-	changes policy.ChangeStore
+	changes catalog.Store
 	stats   func() server.StoreStats
 	ready   func(context.Context) error
 	health  func() server.StoreHealth
@@ -38,13 +40,13 @@ type openedStore struct {
 	sessions wsgateway.Sessions
 	// usage keeps the quotas' usage records, the same way; llmUsage the
 	// LLM calls' usage by tenant, model and day.
-	usage    policy.UsageStore
+	usage    usage.Store
 	llmUsage llm.UsageStore
 	// idem keeps the idempotency keys of the decision API: nil (this
 	// process) with the memory store, shared in Redis with Redis.
-	idem policy.IdempotencyStore
+	idem idempotency.Store
 	// anonIdem keeps anonymous callers' keys, per address.
-	anonIdem policy.IdempotencyStore
+	anonIdem idempotency.Store
 	close    func()
 	// home says the store is one region of limits held across regions.
 	home bool
@@ -60,7 +62,7 @@ type openedStore struct {
 func anonymousKeys(cfg *Config) int {
 	n := cfg.Server.IdempotencyKeysPerTenant
 	if n == 0 {
-		n = policy.DefaultIdempotentKeysPerScope
+		n = idempotency.DefaultKeysPerScope
 	}
 	return max(n/10, 1)
 }
@@ -74,7 +76,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		return nil, fmt.Errorf("a home (--home or store.home) needs the region's own Redis as the store: --store redis://… or store.backend: redis")
 	}
 	if !isRedis {
-		var usage policy.UsageStore = policy.NewMemoryUsage(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
+		var records usage.Store = usage.NewMemory(cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
 		release := func() {}
 		if ownsDataDir {
 			// The catalog's changes and the usage records are saved in
@@ -83,28 +85,28 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 			if err != nil {
 				return nil, err
 			}
-			fu, err := policy.OpenFileUsage(filepath.Join(dataDir, "usage.jsonl"), cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
+			fu, err := usage.OpenFile(filepath.Join(dataDir, "usage.jsonl"), cfg.Usage.KeepPeriods, cfg.Usage.MaxRecords)
 			if err != nil {
 				unlock()
 				return nil, err
 			}
-			usage, release = fu, func() { fu.Close(); unlock() }
+			records, release = fu, func() { fu.Close(); unlock() }
 		}
 		m := memstore.New(&memstore.Options{MaxKeys: int(cfg.Store.MaxKeys)})
 		sessions := wsgateway.NewMemorySessions(nil)
 		sessions.SetMaxSessions(int(cfg.Gateway.MaxSessions))
 		return &openedStore{
 			name: "memory", store: m,
-			changes: &policy.FileStore{Path: filepath.Join(dataDir, "catalog.json")},
+			changes: &catalog.FileStore{Path: filepath.Join(dataDir, "catalog.json")},
 			stats: func() server.StoreStats {
 				st := m.Stats()
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
 			},
 			sessions: sessions,
-			usage:    usage,
+			usage:    records,
 			llmUsage: llm.NewMemoryUsage(0, cfg.Usage.MaxRecords),
-			idem:     policy.NewMemoryIdempotency(cfg.Server.IdempotencyKeysPerTenant, 0),
-			anonIdem: policy.NewMemoryIdempotency(anonymousKeys(cfg), policy.MaxIdempotentKeys/10),
+			idem:     idempotency.NewMemory(cfg.Server.IdempotencyKeysPerTenant, 0),
+			anonIdem: idempotency.NewMemory(anonymousKeys(cfg), idempotency.MaxKeys/10),
 			close:    func() { m.Close(); release() },
 		}, nil
 	}

@@ -60,6 +60,25 @@ const (
 	MaxShareName = 512
 )
 
+// Bounds on a policy's names and lists, so that one configuration or
+// admin call cannot grow a policy without limit.
+const (
+	MaxNameLen      = 128 // tenant ids, tier and rule names
+	MaxRulesPerTier = 64
+	MaxGlobalRules  = 64
+	MaxAPIKeys      = 100 // per tenant
+	MaxActions      = 256 // per rule
+)
+
+// Bounds on what one request may carry.
+const (
+	MaxValueLen   = 256 // user, action, ip, api key, session, attribute values
+	MaxAttributes = 16
+)
+
+// DefaultLLMInFlight is a tier's llm_in_flight when it sets none.
+const DefaultLLMInFlight = 100
+
 // MostDebt returns the largest debt a bucket refilling n tokens per per
 // may owe: MaxCount tokens, or what it repays in 100 years if that is
 // less.

@@ -7,6 +7,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 )
 
 // tenantView is a tenant as the admin API shows it. API keys are counted,
@@ -33,7 +34,7 @@ func viewTenant(t *policy.Tenant) tenantView {
 	}
 	v.APIKeyIDs = make([]string, len(t.Spec.APIKeysSHA256))
 	for i, h := range t.Spec.APIKeysSHA256 {
-		v.APIKeyIDs[i] = policy.APIKeyID(h)
+		v.APIKeyIDs[i] = catalog.APIKeyID(h)
 	}
 	for i, r := range t.Rules {
 		v.Rules[i] = r.Spec()
@@ -118,7 +119,7 @@ func (s *Server) handleAPIKeyCreate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	id := policy.APIKeyID(policy.HashKey(key))
+	id := catalog.APIKeyID(policy.HashKey(key))
 	s.log.Info("API key created", "tenant", r.PathValue("id"), "key_id", id) // never the key
 	w.Header().Set("Cache-Control", "no-store")
 	writeJSON(w, http.StatusCreated, map[string]string{"api_key": key, "key_id": id, "tenant": r.PathValue("id")})

@@ -14,17 +14,17 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/internal/httpx"
-	"github.com/admitdev/admit/policy"
 )
 
 // DefaultIdempotencyWindow is how long an answer is kept for retries when
 // Options.IdempotencyWindow is 0.
-const DefaultIdempotencyWindow = policy.DefaultIdempotencyWindow
+const DefaultIdempotencyWindow = idempotency.DefaultWindow
 
 // idempotencyPending is how long a key is held for a request still being
 // decided: a server that stopped meanwhile lets its key go then.
-const idempotencyPending = policy.IdempotencyPending
+const idempotencyPending = idempotency.PendingTTL
 
 // IdempotencyHeader names a request's idempotency key: a retry of a
 // charge made with the same key, by the same tenant, within the window
@@ -44,7 +44,7 @@ func addressScope(addr string) string {
 
 // idemClaim is a request's claim of its idempotency key.
 type idemClaim struct {
-	store             policy.IdempotencyStore
+	store             idempotency.Store
 	scope, key, token string
 	fingerprint       [32]byte
 	keep              time.Duration
@@ -117,7 +117,7 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 	case err != nil:
 		s.fail(w, r, endpoint, err)
 		return nil, true
-	case got.State == policy.IdempotentNew:
+	case got.State == idempotency.Claimed:
 		return cl, false
 	}
 	s.answerClaimed(w, got, cl.fingerprint, key)
@@ -125,14 +125,14 @@ func (s *Server) claimIdempotency(w http.ResponseWriter, r *http.Request, endpoi
 }
 
 // answerClaimed answers a request whose key is held already, as got says.
-func (s *Server) answerClaimed(w http.ResponseWriter, got policy.Idempotent, fingerprint [32]byte, key string) {
+func (s *Server) answerClaimed(w http.ResponseWriter, got idempotency.Entry, fingerprint [32]byte, key string) {
 	switch {
-	case got.State == policy.IdempotentFull:
+	case got.State == idempotency.Full:
 		w.Header().Set("Retry-After", strconv.FormatInt(httpx.CeilDiv(got.RetryAfter, time.Second), 10))
 		writeProblem(w, http.StatusTooManyRequests, "too many "+IdempotencyHeader+"s are kept (by this caller, or by the server in all); send this request without one, or retry once an older key expires")
 	case got.Fingerprint != fingerprint:
 		writeProblem(w, http.StatusUnprocessableEntity, IdempotencyHeader+" "+key+" was given with another request; a retry must send the same request, and another request another key")
-	case got.State == policy.IdempotentPending:
+	case got.State == idempotency.Pending:
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, http.StatusConflict, "the request of "+IdempotencyHeader+" "+key+" is being decided; retry in a moment")
 	default:
@@ -155,10 +155,10 @@ func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body 
 		// and of the claim the store may make late.
 		if !charged {
 			cl.held.drop(cl.hk)
-			cl.retry.add(cl, policy.Idempotent{}, opAbandon)
+			cl.retry.add(cl, idempotency.Entry{}, opAbandon)
 			return
 		}
-		a := policy.Idempotent{State: policy.IdempotentDone, Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
+		a := idempotency.Entry{State: idempotency.Done, Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
 		cl.held.answer(cl.hk, a)
 		cl.retry.add(cl, a, opLand)
 		return
@@ -168,7 +168,7 @@ func (cl *idemClaim) finish(ctx context.Context, charged bool, status int, body 
 		_ = cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
 		return
 	}
-	a := policy.Idempotent{Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
+	a := idempotency.Entry{Fingerprint: cl.fingerprint, Status: status, Body: bytes.Clone(body)}
 	if err := cl.store.Finish(ctx, cl.scope, cl.key, a, cl.keep); err != nil {
 		// The key stays claimed until cl.until: its retries are told to
 		// wait meanwhile, and the answer is kept once the store takes it.
@@ -192,7 +192,7 @@ type idemRetrier struct {
 
 type idemAnswer struct {
 	cl *idemClaim
-	a  policy.Idempotent
+	a  idempotency.Entry
 	op idemOp
 }
 
@@ -218,7 +218,7 @@ type heldKeys struct {
 }
 
 type heldKey struct {
-	a     policy.Idempotent
+	a     idempotency.Entry
 	until time.Time
 }
 
@@ -229,12 +229,12 @@ func (h *heldKeys) claim(k string, fp [32]byte, until time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.keys) < maxIdemRetries {
-		h.keys[k] = &heldKey{a: policy.Idempotent{State: policy.IdempotentPending, Fingerprint: fp}, until: until}
+		h.keys[k] = &heldKey{a: idempotency.Entry{State: idempotency.Pending, Fingerprint: fp}, until: until}
 	}
 }
 
 // answer keeps a as k's answer, if k is held.
-func (h *heldKeys) answer(k string, a policy.Idempotent) {
+func (h *heldKeys) answer(k string, a idempotency.Entry) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if e := h.keys[k]; e != nil {
@@ -243,16 +243,16 @@ func (h *heldKeys) answer(k string, a policy.Idempotent) {
 }
 
 // get returns what k holds, if it is held and its claim lasts.
-func (h *heldKeys) get(k string, now time.Time) (policy.Idempotent, bool) {
+func (h *heldKeys) get(k string, now time.Time) (idempotency.Entry, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.keys[k]
 	if e == nil {
-		return policy.Idempotent{}, false
+		return idempotency.Entry{}, false
 	}
 	if !now.Before(e.until) {
 		delete(h.keys, k)
-		return policy.Idempotent{}, false
+		return idempotency.Entry{}, false
 	}
 	return e.a, true
 }
@@ -280,7 +280,7 @@ func newIdemRetrier() *idemRetrier {
 	return r
 }
 
-func (r *idemRetrier) add(cl *idemClaim, a policy.Idempotent, op idemOp) {
+func (r *idemRetrier) add(cl *idemClaim, a idempotency.Entry, op idemOp) {
 	if r == nil {
 		return
 	}
@@ -354,12 +354,12 @@ func (r *idemRetrier) do(ctx context.Context, w idemAnswer) (done, answered bool
 	switch {
 	case err != nil:
 		return false, false
-	case got.State == policy.IdempotentPending:
+	case got.State == idempotency.Pending:
 		// Ours, made late, or another server's: let ours go, and look
 		// again at the next round.
 		_ = cl.store.Abandon(ctx, cl.scope, cl.key, cl.token)
 		return false, true
-	case got.State == policy.IdempotentNew:
+	case got.State == idempotency.Claimed:
 		if cl.store.Finish(ctx, cl.scope, cl.key, w.a, cl.keep) != nil {
 			return false, false
 		}

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/memstore"
-	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/storetest"
 )
 
@@ -69,13 +69,13 @@ func TestIdempotentCharges(t *testing.T) {
 
 // keptKeys is an idempotency store that counts the answers it keeps.
 type keptKeys struct {
-	*policy.MemoryIdempotency
+	*idempotency.Memory
 	kept atomic.Int64
 }
 
-func (k *keptKeys) Finish(ctx context.Context, scope, key string, a policy.Idempotent, keep time.Duration) error {
+func (k *keptKeys) Finish(ctx context.Context, scope, key string, a idempotency.Entry, keep time.Duration) error {
 	k.kept.Add(1)
-	return k.MemoryIdempotency.Finish(ctx, scope, key, a, keep)
+	return k.Memory.Finish(ctx, scope, key, a, keep)
 }
 
 // TestIdempotencyKeysBounded: the keys a caller can make the server keep
@@ -86,7 +86,7 @@ func (k *keptKeys) Finish(ctx context.Context, scope, key string, a policy.Idemp
 func TestIdempotencyKeysBounded(t *testing.T) {
 	spec := testSpec()
 	spec.Global = nil
-	keys := &keptKeys{MemoryIdempotency: policy.NewMemoryIdempotency(3, 0)}
+	keys := &keptKeys{Memory: idempotency.NewMemory(3, 0)}
 	h := start(t, spec, "", func(o *Options) { o.Idempotency = keys })
 	for i := range 50 {
 		k := "anon-" + strconv.Itoa(i)
@@ -159,23 +159,23 @@ func TestIdempotencyLateStore(t *testing.T) {
 // and whose Finish fails its first finishFails times, as a Redis paused
 // while a request was decided.
 type flakyKeys struct {
-	*policy.MemoryIdempotency
+	*idempotency.Memory
 	down        atomic.Bool
 	finishFails atomic.Int64
 }
 
-func (k *flakyKeys) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (policy.Idempotent, error) {
+func (k *flakyKeys) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (idempotency.Entry, error) {
 	if k.down.Load() {
-		return policy.Idempotent{}, admit.Errorf(admit.CodeUnavailable, "keys down")
+		return idempotency.Entry{}, admit.Errorf(admit.CodeUnavailable, "keys down")
 	}
-	return k.MemoryIdempotency.Begin(ctx, scope, key, fp, token, pending)
+	return k.Memory.Begin(ctx, scope, key, fp, token, pending)
 }
 
-func (k *flakyKeys) Finish(ctx context.Context, scope, key string, a policy.Idempotent, keep time.Duration) error {
+func (k *flakyKeys) Finish(ctx context.Context, scope, key string, a idempotency.Entry, keep time.Duration) error {
 	if k.finishFails.Add(-1) >= 0 {
 		return admit.Errorf(admit.CodeUnavailable, "keys paused")
 	}
-	return k.MemoryIdempotency.Finish(ctx, scope, key, a, keep)
+	return k.Memory.Finish(ctx, scope, key, a, keep)
 }
 
 // TestIdempotencyKeysStoreFailing: a keyed charge whose key cannot be
@@ -184,7 +184,7 @@ func (k *flakyKeys) Finish(ctx context.Context, scope, key string, a policy.Idem
 // retry, claimed, would charge it again); an answer the keys' store did
 // not take is kept once it does, and the retry is that answer.
 func TestIdempotencyKeysStoreFailing(t *testing.T) {
-	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0, 0)}
+	keys := &flakyKeys{Memory: idempotency.NewMemory(0, 0)}
 	spec := testSpec()
 	spec.OnError = "open"
 	h := start(t, spec, "", func(o *Options) { o.Idempotency = keys })
@@ -230,7 +230,7 @@ func TestIdempotencyUnknownTenants(t *testing.T) {
 	spec := testSpec()
 	spec.UnknownTenant = "small"
 	h := start(t, spec, "", func(o *Options) {
-		o.Idempotency, o.AnonymousIdempotency = policy.NewMemoryIdempotency(3, 0), policy.NewMemoryIdempotency(3, 0)
+		o.Idempotency, o.AnonymousIdempotency = idempotency.NewMemory(3, 0), idempotency.NewMemory(3, 0)
 	})
 	for i, tenant := range []string{"u1", "u2", "u3"} {
 		h.want(h.do("POST", "/v1/report", `{"tenant":"`+tenant+`","user":"x","cost":1}`, "Idempotency-Key", "k"+strconv.Itoa(i)), 200, tenant+"'s keyed report")
@@ -257,7 +257,7 @@ func TestIdempotencyUnknownTenants(t *testing.T) {
 // charge), and once the store answers it holds the answer for every
 // server.
 func TestIdempotencyKeysDownLocal(t *testing.T) {
-	keys := &flakyKeys{MemoryIdempotency: policy.NewMemoryIdempotency(0, 0)}
+	keys := &flakyKeys{Memory: idempotency.NewMemory(0, 0)}
 	spec := testSpec()
 	spec.OnError = "local"
 	f := &storetest.Faulty{Store: memstore.New(nil)}

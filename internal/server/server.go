@@ -2,7 +2,7 @@
 // health, readiness and metrics, over net/http (docs/api.md).
 //
 // A Server decides against one admit.Store and resolves requests against
-// the current Policy of one policy.Catalog. Both are safe for concurrent
+// the current Policy of one catalog.Catalog. Both are safe for concurrent
 // use, so handlers share them without locks of their own; the only
 // per-server state that handlers write is atomic (counters, the last reload
 // error) or behind the decision log's channel.
@@ -23,14 +23,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitdev/admit/policy/catalog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/api"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/problem"
 	"github.com/admitdev/admit/wsgateway"
 )
@@ -77,7 +80,7 @@ type RegionHealth struct {
 // value of every other field is a documented default.
 type Options struct {
 	Store   admit.Store
-	Catalog *policy.Catalog
+	Catalog *catalog.Catalog
 	// AdminToken opens the admin API to callers that present it
 	// (Authorization: Bearer). It is also a service token. Empty: the
 	// admin API is closed, unless AdminLoopback.
@@ -126,12 +129,12 @@ type Options struct {
 	// Idempotency keeps the answers of charges made with an
 	// Idempotency-Key header for IdempotencyWindow (default
 	// DefaultIdempotencyWindow); nil keeps them in this process.
-	Idempotency       policy.IdempotencyStore
+	Idempotency       idempotency.Store
 	IdempotencyWindow time.Duration
 	// AnonymousIdempotency keeps the keys of anonymous callers, and of
 	// tenants the catalog does not know, per address (nil: in this
 	// process, a tenth of the default bound an address).
-	AnonymousIdempotency policy.IdempotencyStore
+	AnonymousIdempotency idempotency.Store
 	// Health reports a remote store's breaker and call counters for the
 	// metrics and /readyz; optional.
 	Health func() StoreHealth
@@ -146,7 +149,7 @@ type Options struct {
 	Decider *policy.Decider
 	// Usage, if set, answers GET /v1/admin/usage with the quotas' usage
 	// records (the Decider's meter writes them).
-	Usage policy.UsageStore
+	Usage usage.Store
 	// Gateway, if set, serves the WebSocket gateway: PUT /v1/sessions,
 	// DELETE /v1/sessions/{tenant}/{session} and GET /v1/ws. The caller
 	// owns it and closes it.
@@ -172,7 +175,7 @@ type Options struct {
 // use.
 type Server struct {
 	store   admit.Store
-	catalog *policy.Catalog
+	catalog *catalog.Catalog
 	// adminHash is the admin token's SHA-256, nil without one;
 	// serviceHashes the service tokens'.
 	adminHash      *[sha256.Size]byte
@@ -184,11 +187,11 @@ type Server struct {
 	log            *slog.Logger
 	ready          func(ctx context.Context) error
 	waiting        func() error
-	idem           policy.IdempotencyStore
+	idem           idempotency.Store
 	idemWindow     time.Duration
 	idemRetry      *idemRetrier
 	held           *heldKeys
-	anonIdem       policy.IdempotencyStore
+	anonIdem       idempotency.Store
 	health         func() StoreHealth
 	maxWait        time.Duration
 
@@ -216,7 +219,7 @@ type Server struct {
 	bookings bookingRefusals // acquire's refused bookings
 	authz    *httplimit.Limiter
 	gateway  *wsgateway.Gateway
-	usage    policy.UsageStore
+	usage    usage.Store
 
 	mux *http.ServeMux
 }
@@ -236,10 +239,10 @@ func New(opts Options) (*Server, error) {
 	}
 	s.idemRetry, s.held = newIdemRetrier(), newHeldKeys()
 	if s.anonIdem = opts.AnonymousIdempotency; s.anonIdem == nil {
-		s.anonIdem = policy.NewMemoryIdempotency(policy.DefaultIdempotentKeysPerScope/10, policy.MaxIdempotentKeys/10)
+		s.anonIdem = idempotency.NewMemory(idempotency.DefaultKeysPerScope/10, idempotency.MaxKeys/10)
 	}
 	if s.idem == nil {
-		s.idem = policy.NewMemoryIdempotency(0, 0)
+		s.idem = idempotency.NewMemory(0, 0)
 	}
 	fa, ok := ForwardAuthProxies[opts.ForwardAuth]
 	if !ok {

@@ -18,9 +18,11 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/proctest"
 )
 
@@ -65,7 +67,7 @@ type harness struct {
 	t       testing.TB
 	url     string
 	srv     *Server
-	catalog *policy.Catalog
+	catalog *catalog.Catalog
 	store   *memstore.Store
 	log     *syncBuffer
 }
@@ -76,7 +78,7 @@ type syncBuffer = proctest.Buffer
 func start(t testing.TB, spec *policy.Spec, token string, opts ...func(*Options)) *harness {
 	t.Helper()
 	store := memstore.New(nil)
-	cat, err := policy.NewCatalog(context.Background(), spec, &policy.FileStore{Path: t.TempDir() + "/catalog.json"})
+	cat, err := catalog.New(context.Background(), spec, &catalog.FileStore{Path: t.TempDir() + "/catalog.json"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +247,7 @@ func TestReport(t *testing.T) {
 
 func TestCheckBadInput(t *testing.T) {
 	h := start(t, testSpec(), "")
-	long := strings.Repeat("x", policy.MaxValueLen+1)
+	long := strings.Repeat("x", bounds.MaxValueLen+1)
 	for _, tc := range []struct {
 		body   string
 		status int
@@ -370,11 +372,11 @@ func TestAPIKeys(t *testing.T) {
 	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+secondID, ""), 404, "revoke twice")
 	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/abc", ""), 404, "a key id that names nothing")
 	// The last key stays: without keys a tenant would need none.
-	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+policy.APIKeyID(policy.HashKey(key)), ""), 409, "revoke the last key")
+	h.want(h.do("DELETE", "/v1/admin/tenants/t1/api-keys/"+catalog.APIKeyID(policy.HashKey(key)), ""), 409, "revoke the last key")
 	h.want(h.do("POST", "/v1/check", `{"tenant":"t1"}`), 401, "t1 after refusing to revoke its last key")
 	// A key from the configuration can be revoked too.
 	h.want(h.do("POST", "/v1/admin/tenants/keyed/api-keys", ""), 201, "a second key for keyed")
-	id := policy.APIKeyID(policy.HashKey("secret-key"))
+	id := catalog.APIKeyID(policy.HashKey("secret-key"))
 	h.want(h.do("DELETE", "/v1/admin/tenants/keyed/api-keys/"+id, ""), 204, "revoke a configured key")
 	h.want(h.do("POST", "/v1/check", body, "X-API-Key", "secret-key"), 401, "the revoked configured key")
 }

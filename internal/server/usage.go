@@ -10,6 +10,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/usage"
 )
 
 // usageView is one rule's entry in GET /v1/usage: how much of it is used
@@ -97,13 +98,13 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	out := make([]usageView, 0, len(all.Rules))
 	for rule, x := range policy.RuleResults(all.Rules, d.Results) {
-		out = append(out, usage(rule, x, now))
+		out = append(out, usageOf(rule, x, now))
 	}
 	ans := map[string]any{"tenant": all.Tenant.ID, "tier": all.Tenant.Tier.Name, "rules": out}
 	writeJSON(w, http.StatusOK, ans)
 }
 
-func usage(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
+func usageOf(rule *policy.Rule, x *admit.Result, now time.Time) usageView {
 	v := usageView{
 		Name: rule.Name, Scope: rule.Scope, Algorithm: rule.Algorithm.String(),
 		Limit: x.Limit, Remaining: x.Remaining, Used: max(x.Limit-x.Remaining, 0), ResetAfterMS: ms(x.ResetAfter),
@@ -193,7 +194,7 @@ func (s *Server) handleUsageRecords(w http.ResponseWriter, r *http.Request) {
 		recs[i].PeriodStart, recs[i].PeriodEnd = recs[i].PeriodStart.UTC(), recs[i].PeriodEnd.UTC()
 	}
 	if recs == nil {
-		recs = []policy.UsageRecord{}
+		recs = []usage.Record{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tenant": tenant, "records": recs})
 }

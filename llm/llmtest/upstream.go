@@ -22,7 +22,7 @@ import (
 	"sync/atomic"
 
 	"github.com/admitdev/admit/llm"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // Upstream is the stand-in. Its fields may be set before it serves;
@@ -632,7 +632,7 @@ func (u *Upstream) String() string {
 // long-context rates when long, Σ tokens × rate rounded up to a whole
 // millionth once per call. Counts and rates must be small enough that
 // their products fit an int64.
-func ListCost(p *llm.Price, tier string, long bool, t policy.Tokens) int64 {
+func ListCost(p *llm.Price, tier string, long bool, t units.Tokens) int64 {
 	if tp := p.Tiers[tier]; tp != nil {
 		p = tp
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/llm"
-	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
+	"github.com/admitdev/admit/units"
 )
 
 // Usage keeps a tenant's day as a hash, Prefix + "{llmusage:TENANT}:DAY",
@@ -44,7 +44,7 @@ func (u *Usage) index(tenant string) string { return u.store.Prefix() + "{llmusa
 
 // counts names a DayUsage's counts in the hash: requests, unreported,
 // cost, then the token kinds.
-var counts = append([]string{"requests", "unreported", "cost"}, policy.TokenKindNames[:]...)
+var counts = append([]string{"requests", "unreported", "cost"}, units.TokenKindNames[:]...)
 
 // Add implements llm.UsageStore, in one round trip.
 func (u *Usage) Add(ctx context.Context, recs []*llm.Record) error {
@@ -130,7 +130,7 @@ func (u *Usage) Usage(ctx context.Context, tenant string, from, to time.Time) ([
 				case "cost":
 					row.Cost = n
 				default:
-					for k, kn := range policy.TokenKindNames {
+					for k, kn := range units.TokenKindNames {
 						if kn == name {
 							row.Tokens[k] = n
 						}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/llm"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/units"
 )
 
 // Run checks a new, empty store: calls add up by tenant, model and UTC
@@ -19,11 +19,11 @@ func Run(t *testing.T, s llm.UsageStore) {
 	day1 := time.Date(2026, 3, 1, 23, 30, 0, 0, time.UTC)
 	day2 := day1.Add(time.Hour) // 00:30 the next day
 	recs := []*llm.Record{
-		{Tenant: "acme", Model: "gpt-4o-mini", At: day1, Usage: policy.Tokens{10, 2, 0, 5, 1}, Cost: 7, Reported: true},
-		{Tenant: "acme", Model: "gpt-4o-mini", At: day1, Usage: policy.Tokens{20, 0, 0, 5, 0}, Cost: 9, Reported: false},
-		{Tenant: "acme", Model: "claude-haiku-4-5", At: day1, Usage: policy.Tokens{1, 0, 3, 1, 0}, Reported: true},
-		{Tenant: "acme", Model: "gpt-4o-mini", At: day2, Usage: policy.Tokens{4, 0, 0, 4, 0}, Cost: 2, Reported: true},
-		{Tenant: "other", Model: "gpt-4o-mini", At: day1, Usage: policy.Tokens{100, 0, 0, 100, 0}, Cost: 100, Reported: true},
+		{Tenant: "acme", Model: "gpt-4o-mini", At: day1, Usage: units.Tokens{10, 2, 0, 5, 1}, Cost: 7, Reported: true},
+		{Tenant: "acme", Model: "gpt-4o-mini", At: day1, Usage: units.Tokens{20, 0, 0, 5, 0}, Cost: 9, Reported: false},
+		{Tenant: "acme", Model: "claude-haiku-4-5", At: day1, Usage: units.Tokens{1, 0, 3, 1, 0}, Reported: true},
+		{Tenant: "acme", Model: "gpt-4o-mini", At: day2, Usage: units.Tokens{4, 0, 0, 4, 0}, Cost: 2, Reported: true},
+		{Tenant: "other", Model: "gpt-4o-mini", At: day1, Usage: units.Tokens{100, 0, 0, 100, 0}, Cost: 100, Reported: true},
 	}
 	// Two writers, as two proxies.
 	if err := s.Add(ctx, recs[:2]); err != nil {
@@ -37,9 +37,9 @@ func Run(t *testing.T, s llm.UsageStore) {
 		t.Fatal(err)
 	}
 	want := []llm.DayUsage{
-		{Tenant: "acme", Model: "claude-haiku-4-5", Day: "2026-03-01", Requests: 1, Tokens: policy.Tokens{1, 0, 3, 1, 0}},
-		{Tenant: "acme", Model: "gpt-4o-mini", Day: "2026-03-01", Requests: 2, Unreported: 1, Tokens: policy.Tokens{30, 2, 0, 10, 1}, Cost: 16},
-		{Tenant: "acme", Model: "gpt-4o-mini", Day: "2026-03-02", Requests: 1, Tokens: policy.Tokens{4, 0, 0, 4, 0}, Cost: 2},
+		{Tenant: "acme", Model: "claude-haiku-4-5", Day: "2026-03-01", Requests: 1, Tokens: units.Tokens{1, 0, 3, 1, 0}},
+		{Tenant: "acme", Model: "gpt-4o-mini", Day: "2026-03-01", Requests: 2, Unreported: 1, Tokens: units.Tokens{30, 2, 0, 10, 1}, Cost: 16},
+		{Tenant: "acme", Model: "gpt-4o-mini", Day: "2026-03-02", Requests: 1, Tokens: units.Tokens{4, 0, 0, 4, 0}, Cost: 2},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("acme's usage: %+v, want %+v", got, want)

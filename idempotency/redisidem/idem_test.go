@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/idemtest"
-	"github.com/admitdev/admit/policy/redisidem"
+	"github.com/admitdev/admit/idempotency"
+	"github.com/admitdev/admit/idempotency/idemtest"
+	"github.com/admitdev/admit/idempotency/redisidem"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -18,7 +18,7 @@ var prefixes atomic.Int64
 
 func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
-	idemtest.Run(t, func(t *testing.T, perScope int) policy.IdempotencyStore {
+	idemtest.Run(t, func(t *testing.T, perScope int) idempotency.Store {
 		s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{
 			Prefix: "idem" + strconv.FormatInt(prefixes.Add(1), 10) + ":", Timeout: time.Second})
 		if err != nil {

@@ -1,4 +1,8 @@
-package policy
+// Package units is what a limit counts: requests (or a cost the caller
+// names), the tokens of an LLM call weighted by kind, or money in
+// millionths of a currency; with the exact decimal arithmetic prices and
+// weights are written in.
+package units
 
 import (
 	"fmt"
@@ -118,10 +122,10 @@ func (w Weights) Cost(t Tokens) int64 {
 	return min(int64((lo+999)/1000), bounds.MaxCost)
 }
 
-// parseWeights parses a weights map: kind name → a number from 0 to 1000
+// ParseWeights parses a weights map: kind name → a number from 0 to 1000
 // with at most three decimals. Kinds not named weigh as
 // EveryTokenWeighsOne has them.
-func parseWeights(m map[string]string) (Weights, error) {
+func ParseWeights(m map[string]string) (Weights, error) {
 	w := EveryTokenWeighsOne
 	for name, v := range m {
 		k := tokenKind(name)

@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/changestest"
-	"github.com/admitdev/admit/policy/redischanges"
+	"github.com/admitdev/admit/policy/catalog"
+	"github.com/admitdev/admit/policy/catalog/changestest"
+	"github.com/admitdev/admit/policy/catalog/redischanges"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -32,14 +33,14 @@ func TestSharedCatalog(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	open := func() (*policy.Catalog, *redischanges.Store) {
+	open := func() (*catalog.Catalog, *redischanges.Store) {
 		s, err := redisstore.Open(ctx, "redis://"+srv.Addr, &redisstore.Options{Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { s.Close() })
 		cs := redischanges.New(s)
-		c, err := policy.NewCatalog(ctx, catalogSpec(), cs)
+		c, err := catalog.New(ctx, catalogSpec(), cs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,7 +96,7 @@ func TestSharedCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Base, old.Revision = old.Revision-1, old.Revision+1 // as a server that missed the last save would
-	if err := cs.Save(ctx, old); !errors.Is(err, policy.ErrStale) {
+	if err := cs.Save(ctx, old); !errors.Is(err, catalog.ErrStale) {
 		t.Fatalf("stale save: %v, want ErrStale", err)
 	}
 }
@@ -103,10 +104,10 @@ func TestSharedCatalog(t *testing.T) {
 func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	prefixes := 0
-	changestest.Run(t, func(t *testing.T) (a, b policy.ChangeStore) {
+	changestest.Run(t, func(t *testing.T) (a, b catalog.Store) {
 		prefixes++ // each test its own, empty catalog
 		prefix := "conf" + strconv.Itoa(prefixes) + ":"
-		server := func() policy.ChangeStore {
+		server := func() catalog.Store {
 			s, err := redisstore.Open(context.Background(), "redis://"+srv.Addr, &redisstore.Options{Prefix: prefix})
 			if err != nil {
 				t.Fatal(err)

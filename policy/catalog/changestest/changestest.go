@@ -1,4 +1,4 @@
-// Package changestest is the conformance suite of policy.ChangeStore: the
+// Package changestest is the conformance suite of catalog.Store: the
 // behaviour every implementation must have, run on each of them.
 package changestest
 
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 )
 
 // Options describe the store under test.
@@ -21,12 +22,12 @@ type Options struct {
 // Run runs the suite; open returns an empty store, closed when the test
 // ends. With opts.Shared, open is called twice per test and both stores
 // must hold the same changes, as two servers of one deployment.
-func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts Options) {
+func Run(t *testing.T, open func(t *testing.T) (a, b catalog.Store), opts Options) {
 	ctx := context.Background()
 	burst := int64(3)
-	first := &policy.Changes{
+	first := &catalog.Changes{
 		Version: 1, Revision: 1,
-		Tenants: map[string]*policy.TenantChange{
+		Tenants: map[string]*catalog.TenantChange{
 			"acme": {TenantSpec: policy.TenantSpec{Tier: "pro", APIKeysSHA256: []string{"0123abcd"}, Overrides: []policy.RuleSpec{{Name: "user", Burst: &burst}}}},
 			"gone": {Deleted: true},
 		},
@@ -55,7 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 		same(t, load(t, b), first)
 		second := *first
 		second.Base, second.Revision = 1, 2
-		second.Tenants = map[string]*policy.TenantChange{"acme": {TenantSpec: policy.TenantSpec{Tier: "free"}}}
+		second.Tenants = map[string]*catalog.TenantChange{"acme": {TenantSpec: policy.TenantSpec{Tier: "free"}}}
 		if err := b.Save(ctx, &second); err != nil {
 			t.Fatal(err)
 		}
@@ -81,13 +82,13 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 		fromA := *first
 		fromA.Base, fromA.Revision = 1, 30
 		fromA.Tenants = nil
-		if err := a.Save(ctx, &fromA); !errors.Is(err, policy.ErrStale) {
+		if err := a.Save(ctx, &fromA); !errors.Is(err, catalog.ErrStale) {
 			t.Fatalf("a save over a revision it has not seen: %v, want ErrStale", err)
 		}
 		same(t, load(t, a), &fromB)
 		// Made on a revision the store never held: as stale.
 		fromA.Base = 25
-		if err := a.Save(ctx, &fromA); !errors.Is(err, policy.ErrStale) {
+		if err := a.Save(ctx, &fromA); !errors.Is(err, catalog.ErrStale) {
 			t.Fatalf("a save made on revision 25 over 20: %v, want ErrStale", err)
 		}
 		fromA.Base = 20
@@ -98,7 +99,7 @@ func Run(t *testing.T, open func(t *testing.T) (a, b policy.ChangeStore), opts O
 	})
 }
 
-func load(t *testing.T, s policy.ChangeStore) *policy.Changes {
+func load(t *testing.T, s catalog.Store) *catalog.Changes {
 	t.Helper()
 	c, err := s.Load(context.Background())
 	if err != nil {
@@ -108,7 +109,7 @@ func load(t *testing.T, s policy.ChangeStore) *policy.Changes {
 }
 
 // same compares changes as they are saved: as JSON.
-func same(t *testing.T, got, want *policy.Changes) {
+func same(t *testing.T, got, want *catalog.Changes) {
 	t.Helper()
 	g, _ := json.Marshal(got)
 	w, _ := json.Marshal(want)

@@ -1,4 +1,4 @@
-package policy
+package usage
 
 import (
 	"bufio"
@@ -11,16 +11,18 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/admitdev/admit/internal/syncfile"
 )
 
-// FileUsage is a MemoryUsage kept in a file too, for the memory store: a
+// File is a Memory kept in a file too, for the memory store: a
 // journal of the records added, one JSON record a line, appended and
 // synced by each AddUsage before its records count, read back by
-// OpenFileUsage and compacted then and whenever it holds more than twice
+// OpenFile and compacted then and whenever it holds more than twice
 // the records it adds up to. A crash loses nothing AddUsage returned; a
 // line it cut short is skipped.
-type FileUsage struct {
-	*MemoryUsage
+type File struct {
+	*Memory
 	path string
 
 	mu    sync.Mutex // serializes the journal's writes
@@ -28,13 +30,13 @@ type FileUsage struct {
 	lines int // in the journal
 }
 
-var _ UsageStore = (*FileUsage)(nil)
+var _ Store = (*File)(nil)
 
-// OpenFileUsage returns the FileUsage of the journal at path (made if
+// OpenFile returns the File of the journal at path (made if
 // missing), with its records loaded, keeping keep ended periods and at
-// most max records as NewMemoryUsage does.
-func OpenFileUsage(path string, keep, max int) (*FileUsage, error) {
-	u := &FileUsage{MemoryUsage: NewMemoryUsage(keep, max), path: path}
+// most max records as NewMemory does.
+func OpenFile(path string, keep, max int) (*File, error) {
+	u := &File{Memory: NewMemory(keep, max), path: path}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("policy: usage records: %w", err)
 	}
@@ -48,7 +50,7 @@ func OpenFileUsage(path string, keep, max int) (*FileUsage, error) {
 }
 
 // load adds up the journal's records.
-func (u *FileUsage) load() error {
+func (u *File) load() error {
 	f, err := os.Open(u.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -61,7 +63,7 @@ func (u *FileUsage) load() error {
 	for {
 		line, err := r.ReadBytes('\n')
 		if len(line) > 0 && line[len(line)-1] == '\n' {
-			var rec UsageRecord
+			var rec Record
 			if jerr := json.Unmarshal(line, &rec); jerr != nil {
 				return fmt.Errorf("policy: %s is not a usage journal: %w", u.path, jerr)
 			}
@@ -74,24 +76,24 @@ func (u *FileUsage) load() error {
 			return fmt.Errorf("policy: usage records: %w", err)
 		}
 	}
-	u.MemoryUsage.mu.Lock()
+	u.Memory.mu.Lock()
 	u.trim()
-	u.MemoryUsage.mu.Unlock()
+	u.Memory.mu.Unlock()
 	return nil
 }
 
 // compact rewrites the journal as one line per record held (a temporary
 // file, synced and renamed over it), and opens it for appending.
-func (u *FileUsage) compact() error {
-	u.MemoryUsage.mu.Lock()
+func (u *File) compact() error {
+	u.Memory.mu.Lock()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	for _, r := range u.recs {
 		_ = enc.Encode(r)
 	}
 	n := len(u.recs)
-	u.MemoryUsage.mu.Unlock()
-	if err := writeSynced(u.path, buf.Bytes()); err != nil {
+	u.Memory.mu.Unlock()
+	if err := syncfile.Write(u.path, buf.Bytes(), (*os.File).Write); err != nil {
 		return fmt.Errorf("policy: usage records: %w", err)
 	}
 	f, err := os.OpenFile(u.path, os.O_WRONLY|os.O_APPEND, 0o600)
@@ -105,10 +107,10 @@ func (u *FileUsage) compact() error {
 	return nil
 }
 
-// AddUsage implements UsageStore: the records count once they are in the
+// AddUsage implements Store: the records count once they are in the
 // journal, synced; if they cannot be written, AddUsage fails and nothing
 // is added.
-func (u *FileUsage) AddUsage(ctx context.Context, recs []UsageRecord) error {
+func (u *File) AddUsage(ctx context.Context, recs []Record) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -122,13 +124,13 @@ func (u *FileUsage) AddUsage(ctx context.Context, recs []UsageRecord) error {
 	if err := u.append(buf.Bytes()); err != nil {
 		return err
 	}
-	if err := u.MemoryUsage.AddUsage(ctx, recs); err != nil {
+	if err := u.Memory.AddUsage(ctx, recs); err != nil {
 		return err
 	}
 	u.lines += len(recs)
-	u.MemoryUsage.mu.Lock()
+	u.Memory.mu.Lock()
 	held := len(u.recs)
-	u.MemoryUsage.mu.Unlock()
+	u.Memory.mu.Unlock()
 	if u.lines > 2*held+100 {
 		// A failed compaction leaves the journal as it was: still whole.
 		_ = u.compact()
@@ -138,7 +140,7 @@ func (u *FileUsage) AddUsage(ctx context.Context, recs []UsageRecord) error {
 
 // append writes b to the journal and syncs it; a write that fails leaves
 // the journal as it was before (cut back), so a retry adds it once.
-func (u *FileUsage) append(b []byte) error {
+func (u *File) append(b []byte) error {
 	st, err := u.f.Stat()
 	if err != nil {
 		return fmt.Errorf("policy: usage records: %w", err)
@@ -155,7 +157,7 @@ func (u *FileUsage) append(b []byte) error {
 }
 
 // Close closes the journal.
-func (u *FileUsage) Close() error {
+func (u *File) Close() error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.f == nil {
@@ -164,36 +166,4 @@ func (u *FileUsage) Close() error {
 	err := u.f.Close()
 	u.f = nil
 	return err
-}
-
-// writeSynced writes data to path so that a crash at any point leaves the
-// old file or the new one, never a mix: a temporary file in the same
-// directory, synced, renamed over path, and the directory synced. The
-// catalog's FileStore and the usage journal's compaction save so.
-func writeSynced(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*.tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // after the rename, a no-op
-	if _, err := writeFile(tmp, data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }

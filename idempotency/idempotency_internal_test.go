@@ -1,4 +1,4 @@
-package policy
+package idempotency
 
 import (
 	"context"
@@ -8,23 +8,23 @@ import (
 )
 
 // TestMemoryIdempotencyBounded: callers sending a new key with every
-// request fill at most MaxIdempotentKeys; past them they are refused
+// request fill at most MaxKeys; past them they are refused
 // (full, a 429 with when to retry) rather than held, until keys expire.
 func TestMemoryIdempotencyBounded(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	m := NewMemoryIdempotency(0, 0)
+	m := NewMemory(0, 0)
 	m.now = func() time.Time { return now }
 	ctx := context.Background()
-	for i := range MaxIdempotentKeys {
+	for i := range MaxKeys {
 		if _, err := m.Begin(ctx, "scope"+strconv.Itoa(i%20), "k"+strconv.Itoa(i), [32]byte{}, "t", time.Minute); err != nil {
 			t.Fatalf("key %d: %v", i, err)
 		}
 	}
-	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentFull || got.RetryAfter != time.Minute {
-		t.Fatalf("a key past %d held: %+v %v; want full, until the first expires (a minute)", MaxIdempotentKeys, got, err)
+	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != Full || got.RetryAfter != time.Minute {
+		t.Fatalf("a key past %d held: %+v %v; want full, until the first expires (a minute)", MaxKeys, got, err)
 	}
 	now = now.Add(time.Minute)
-	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentNew {
+	if got, err := m.Begin(ctx, "another", "one more", [32]byte{}, "t", time.Minute); err != nil || got.State != Claimed {
 		t.Fatalf("once the others expired: %+v, %v", got, err)
 	}
 	if m.held != 1 || len(m.scopes) != 1 {
@@ -37,15 +37,15 @@ func TestMemoryIdempotencyBounded(t *testing.T) {
 // however many scopes share it, and says when the first key expires.
 func TestMemoryIdempotencyMaxKeys(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
-	m := NewMemoryIdempotency(5, 10)
+	m := NewMemory(5, 10)
 	m.now = func() time.Time { return now }
 	ctx := context.Background()
 	for i := range 10 {
-		if got, err := m.Begin(ctx, "addr"+strconv.Itoa(i%4), "k"+strconv.Itoa(i), [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentNew {
+		if got, err := m.Begin(ctx, "addr"+strconv.Itoa(i%4), "k"+strconv.Itoa(i), [32]byte{}, "t", time.Minute); err != nil || got.State != Claimed {
 			t.Fatalf("key %d: %+v %v", i, got, err)
 		}
 	}
-	if got, err := m.Begin(ctx, "addr9", "k", [32]byte{}, "t", time.Minute); err != nil || got.State != IdempotentFull || got.RetryAfter != time.Minute {
+	if got, err := m.Begin(ctx, "addr9", "k", [32]byte{}, "t", time.Minute); err != nil || got.State != Full || got.RetryAfter != time.Minute {
 		t.Errorf("an eleventh key, of a new scope: %+v %v; want full for a minute", got, err)
 	}
 }

@@ -15,20 +15,20 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/redisstore"
 )
 
 // Store keeps the tenant catalog's changes (tenants, tiers,
 // overrides, API key hashes) in Redis, shared by every server of a
 // deployment: one JSON document under Prefix + "{catalog}changes", saved
-// only on top of the revision it holds (policy.ErrStale otherwise), its
+// only on top of the revision it holds (catalog.ErrStale otherwise), its
 // revision under Prefix + "{catalog}revision" (what Watch polls), and a
 // message on the Prefix + "catalog" channel after each save, on which the
 // other servers load it again (Watch). Redis persistence (RDB/AOF) is what
 // makes the changes survive Redis restarting; without it, the servers'
 // catalogs restore what a Redis that came back empty lost (see
-// policy.Catalog.Sync).
+// catalog.Catalog.Sync).
 type Store struct {
 	store   *redisstore.Store
 	key     string
@@ -37,7 +37,7 @@ type Store struct {
 	timeout time.Duration
 }
 
-var _ policy.ChangeStore = (*Store)(nil)
+var _ catalog.Store = (*Store)(nil)
 
 // New returns the catalog changes of s's deployment.
 func New(s *redisstore.Store) *Store {
@@ -48,8 +48,8 @@ func New(s *redisstore.Store) *Store {
 	}
 }
 
-// Load implements policy.ChangeStore.
-func (c *Store) Load(ctx context.Context) (*policy.Changes, error) {
+// Load implements catalog.Store.
+func (c *Store) Load(ctx context.Context) (*catalog.Changes, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	client, err := c.client()
@@ -63,12 +63,12 @@ func (c *Store) Load(ctx context.Context) (*policy.Changes, error) {
 		b, err = client.Do(ctx, client.B().Get().Key(c.key).Build()).AsBytes()
 	}
 	if rueidis.IsRedisNil(err) {
-		return &policy.Changes{Version: 1}, nil
+		return &catalog.Changes{Version: 1}, nil
 	}
 	if err != nil {
 		return nil, admit.Errorf(admit.CodeUnavailable, "redischanges: loading the catalog: %w", err)
 	}
-	var ch policy.Changes
+	var ch catalog.Changes
 	if err := json.Unmarshal(b, &ch); err != nil {
 		return nil, fmt.Errorf("redischanges: %s does not hold a catalog: %w", c.key, err)
 	}
@@ -90,8 +90,8 @@ redis.call('SET', KEYS[2], ARGV[4])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1`)
 
-// Save implements policy.ChangeStore.
-func (c *Store) Save(ctx context.Context, ch *policy.Changes) error {
+// Save implements catalog.Store.
+func (c *Store) Save(ctx context.Context, ch *catalog.Changes) error {
 	b, err := json.Marshal(ch)
 	if err != nil {
 		return fmt.Errorf("redischanges: encoding the catalog: %w", err)
@@ -109,7 +109,7 @@ func (c *Store) Save(ctx context.Context, ch *policy.Changes) error {
 		return admit.Errorf(admit.CodeUnavailable, "redischanges: saving the catalog: %w", err)
 	}
 	if ok != 1 {
-		return fmt.Errorf("redischanges: saving catalog revision %d: %w", ch.Revision, policy.ErrStale)
+		return fmt.Errorf("redischanges: saving catalog revision %d: %w", ch.Revision, catalog.ErrStale)
 	}
 	return nil
 }

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/redisusage"
-	"github.com/admitdev/admit/policy/usagetest"
+	"github.com/admitdev/admit/policy/usage"
+	"github.com/admitdev/admit/policy/usage/redisusage"
+	"github.com/admitdev/admit/policy/usage/usagetest"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -19,7 +19,7 @@ func TestConformance(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			u := url(t)
-			usagetest.Run(t, func(t *testing.T) policy.UsageStore {
+			usagetest.Run(t, func(t *testing.T) usage.Store {
 				s, err := redisstore.Open(context.Background(), u, &redisstore.Options{Timeout: 10 * time.Second, Prefix: t.Name() + ":"})
 				if err != nil {
 					t.Fatal(err)

@@ -1,4 +1,9 @@
-package policy
+// Package usage keeps the quotas' usage records: what each tenant did with
+// each quota in each period, for billing. A Meter, told of every decision
+// a policy.Decider makes, counts them in memory and writes them to a
+// Store every interval: in memory, in a journal file, or (package
+// redisusage) in Redis, where every server's records add up.
+package usage
 
 import (
 	"context"
@@ -9,15 +14,16 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/policy"
 )
 
-// UsageRecord is what one tenant did with one quota in one of its periods:
+// Record is what one tenant did with one quota in one of its periods:
 // the requests admitted and refused, and the cost charged (debits
 // included). Records are what a billing job reads at the end of a period.
 // Admitted and Cost are what the quota counted; requests admitted without
 // the store (its rule's on_error, open or local, while it was down), which
 // the quota did not count, are apart in Failover and FailoverCost.
-type UsageRecord struct {
+type Record struct {
 	Tenant       string    `json:"tenant"`
 	Rule         string    `json:"rule"`
 	PeriodStart  time.Time `json:"period_start"`
@@ -29,12 +35,12 @@ type UsageRecord struct {
 	FailoverCost int64     `json:"failover_cost"`
 }
 
-// UsageStore keeps usage records: AddUsage adds the counts of recs to
+// Store keeps usage records: AddUsage adds the counts of recs to
 // those of the same tenant, rule and period; Usage returns a tenant's
 // records whose period overlaps [from, to), by period, then rule.
-type UsageStore interface {
-	AddUsage(ctx context.Context, recs []UsageRecord) error
-	Usage(ctx context.Context, tenant string, from, to time.Time) ([]UsageRecord, error)
+type Store interface {
+	AddUsage(ctx context.Context, recs []Record) error
+	Usage(ctx context.Context, tenant string, from, to time.Time) ([]Record, error)
 }
 
 // DefaultKeepPeriods is how many ended periods a usage store keeps of each
@@ -52,34 +58,34 @@ type usageKey struct {
 	start        int64
 }
 
-// MemoryUsage is a UsageStore in the process's memory, for the memory
+// Memory is a Store in the process's memory, for the memory
 // store. It keeps a record until keep periods of its length after its
 // period ended, and at most max records: past it, the records of the
 // oldest periods go first.
-type MemoryUsage struct {
+type Memory struct {
 	mu   sync.Mutex
-	recs map[usageKey]*UsageRecord
+	recs map[usageKey]*Record
 	keep int
 	max  int
 	now  func() time.Time
 }
 
-var _ UsageStore = (*MemoryUsage)(nil)
+var _ Store = (*Memory)(nil)
 
-// NewMemoryUsage returns a MemoryUsage keeping keep ended periods
+// NewMemory returns a Memory keeping keep ended periods
 // (DefaultKeepPeriods when 0) and at most max records (1,000,000 when 0).
-func NewMemoryUsage(keep, max int) *MemoryUsage {
+func NewMemory(keep, max int) *Memory {
 	if keep <= 0 {
 		keep = DefaultKeepPeriods
 	}
 	if max <= 0 {
 		max = 1_000_000
 	}
-	return &MemoryUsage{recs: map[usageKey]*UsageRecord{}, keep: keep, max: max, now: time.Now}
+	return &Memory{recs: map[usageKey]*Record{}, keep: keep, max: max, now: time.Now}
 }
 
-// AddUsage implements UsageStore.
-func (m *MemoryUsage) AddUsage(_ context.Context, recs []UsageRecord) error {
+// AddUsage implements Store.
+func (m *Memory) AddUsage(_ context.Context, recs []Record) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, r := range recs {
@@ -92,7 +98,7 @@ func (m *MemoryUsage) AddUsage(_ context.Context, recs []UsageRecord) error {
 }
 
 // merge adds r's counts to the record of its tenant, rule and period.
-func merge(recs map[usageKey]*UsageRecord, r UsageRecord) {
+func merge(recs map[usageKey]*Record, r Record) {
 	k := usageKey{r.Tenant, r.Rule, r.PeriodStart.UnixNano()}
 	if have := recs[k]; have != nil {
 		have.Admitted += r.Admitted
@@ -106,7 +112,7 @@ func merge(recs map[usageKey]*UsageRecord, r UsageRecord) {
 }
 
 // trim drops expired records, then the oldest periods' until max hold.
-func (m *MemoryUsage) trim() {
+func (m *Memory) trim() {
 	now := m.now()
 	for k, r := range m.recs {
 		if !Retention(r.PeriodStart, r.PeriodEnd, m.keep).After(now) {
@@ -125,25 +131,25 @@ func (m *MemoryUsage) trim() {
 	}
 }
 
-// Usage implements UsageStore.
-func (m *MemoryUsage) Usage(_ context.Context, tenant string, from, to time.Time) ([]UsageRecord, error) {
+// Usage implements Store.
+func (m *Memory) Usage(_ context.Context, tenant string, from, to time.Time) ([]Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	var out []UsageRecord
+	var out []Record
 	for k, r := range m.recs {
 		if k.tenant == tenant && r.PeriodEnd.After(from) && r.PeriodStart.Before(to) &&
 			Retention(r.PeriodStart, r.PeriodEnd, m.keep).After(now) {
 			out = append(out, *r)
 		}
 	}
-	SortUsage(out)
+	Sort(out)
 	return out, nil
 }
 
-// SortUsage sorts records by period start, then rule.
-func SortUsage(recs []UsageRecord) {
-	slices.SortFunc(recs, func(a, b UsageRecord) int {
+// Sort sorts records by period start, then rule.
+func Sort(recs []Record) {
+	slices.SortFunc(recs, func(a, b Record) int {
 		if c := a.PeriodStart.Compare(b.PeriodStart); c != 0 {
 			return c
 		}
@@ -156,14 +162,14 @@ func SortUsage(recs []UsageRecord) {
 // together, so that invented tenants leave no records of their own.
 const DefaultTierRecord = "_default_tier"
 
-// UsageMeter counts decisions into usage records, in memory, and writes
+// Meter counts decisions into usage records, in memory, and writes
 // them to its store every interval: a decision costs a map update, never
 // a store call. Only quotas are metered, the limits that plans bill.
-type UsageMeter struct {
-	store UsageStore
+type Meter struct {
+	store Store
 	now   func() time.Time
 	mu    sync.Mutex
-	recs  map[usageKey]*UsageRecord
+	recs  map[usageKey]*Record
 	stop  chan struct{}
 	done  chan struct{}
 	once  sync.Once
@@ -172,13 +178,13 @@ type UsageMeter struct {
 	failed int64
 }
 
-// NewUsageMeter returns a meter writing to store every interval (1s when
+// NewMeter returns a meter writing to store every interval (1s when
 // 0) until Close.
-func NewUsageMeter(store UsageStore, interval time.Duration) *UsageMeter {
+func NewMeter(store Store, interval time.Duration) *Meter {
 	if interval <= 0 {
 		interval = time.Second
 	}
-	m := &UsageMeter{store: store, now: time.Now, recs: map[usageKey]*UsageRecord{}, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &Meter{store: store, now: time.Now, recs: map[usageKey]*Record{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(m.done)
 		t := time.NewTicker(interval)
@@ -198,9 +204,9 @@ func NewUsageMeter(store UsageStore, interval time.Duration) *UsageMeter {
 // Observe counts a decision of res, made now, with outcome out: for every
 // quota charge of a tenant, an admitted or refused request (debits count
 // their cost only), and the cost the decision charged; a decision made
-// without the store (out is not Stored), which no quota counted, is
+// without the store (out is not policy.Stored), which no quota counted, is
 // counted as a failover. Dry runs count nothing.
-func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision, out Outcome) {
+func (m *Meter) Observe(res *policy.Resolution, dec *admit.Decision, out policy.Outcome) {
 	if m == nil || res.Tenant == nil || len(dec.Results) != len(res.Charges) {
 		return
 	}
@@ -231,11 +237,11 @@ func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision, out Outcome) 
 		k := usageKey{id, r.Name, start.UnixNano()}
 		rec := m.recs[k]
 		if rec == nil {
-			rec = &UsageRecord{Tenant: id, Rule: r.Name, PeriodStart: start, PeriodEnd: end}
+			rec = &Record{Tenant: id, Rule: r.Name, PeriodStart: start, PeriodEnd: end}
 			m.recs[k] = rec
 		}
 		switch {
-		case out != Stored && (ch.Debit || dec.Allowed):
+		case out != policy.Stored && (ch.Debit || dec.Allowed):
 			if !ch.Debit {
 				rec.Failover++
 			}
@@ -253,17 +259,17 @@ func (m *UsageMeter) Observe(res *Resolution, dec *admit.Decision, out Outcome) 
 
 // Flush writes the records counted since the last flush. Records a store
 // refuses are kept and added to the next flush.
-func (m *UsageMeter) Flush(ctx context.Context) error {
+func (m *Meter) Flush(ctx context.Context) error {
 	m.mu.Lock()
 	if len(m.recs) == 0 {
 		m.mu.Unlock()
 		return nil
 	}
-	recs := make([]UsageRecord, 0, len(m.recs))
+	recs := make([]Record, 0, len(m.recs))
 	for _, r := range m.recs {
 		recs = append(recs, *r)
 	}
-	m.recs = map[usageKey]*UsageRecord{}
+	m.recs = map[usageKey]*Record{}
 	m.mu.Unlock()
 	err := m.store.AddUsage(ctx, recs)
 	if err != nil {
@@ -278,7 +284,7 @@ func (m *UsageMeter) Flush(ctx context.Context) error {
 }
 
 // Close stops the meter and flushes what it holds.
-func (m *UsageMeter) Close(ctx context.Context) error {
+func (m *Meter) Close(ctx context.Context) error {
 	m.once.Do(func() { close(m.stop) })
 	<-m.done
 	return m.Flush(ctx)

@@ -1,4 +1,4 @@
-// Package idemtest is the conformance suite of policy.IdempotencyStore:
+// Package idemtest is the conformance suite of idempotency.Store:
 // every implementation runs it.
 package idemtest
 
@@ -9,14 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/idempotency"
 )
 
 // Run runs the suite on stores that open returns, new and empty, holding
 // at most perScope keys of a scope (0: the store's default). Claims and
 // answers expire on the store's own clock: the suite waits out a claim
 // of 50 ms.
-func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyStore) {
+func Run(t *testing.T, open func(t *testing.T, perScope int) idempotency.Store) {
 	ctx := context.Background()
 	fp := sha256.Sum256([]byte("request"))
 	other := sha256.Sum256([]byte("another request"))
@@ -24,25 +24,25 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 	t.Run("claim_answer_replay", func(t *testing.T) {
 		s := open(t, 0)
 		got, err := s.Begin(ctx, "scope", "k", fp, "t1", time.Minute)
-		if err != nil || got.State != policy.IdempotentNew {
+		if err != nil || got.State != idempotency.Claimed {
 			t.Fatalf("first Begin: %+v, %v; want new", got, err)
 		}
 		got, err = s.Begin(ctx, "scope", "k", other, "t2", time.Minute)
-		if err != nil || got.State != policy.IdempotentPending || got.Fingerprint != fp {
+		if err != nil || got.State != idempotency.Pending || got.Fingerprint != fp {
 			t.Fatalf("Begin while claimed: %+v, %v; want pending, the first's fingerprint", got, err)
 		}
-		if err := s.Finish(ctx, "scope", "k", policy.Idempotent{Fingerprint: fp, Status: 200, Body: []byte(`{"allowed":true}`)}, time.Minute); err != nil {
+		if err := s.Finish(ctx, "scope", "k", idempotency.Entry{Fingerprint: fp, Status: 200, Body: []byte(`{"allowed":true}`)}, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		got, err = s.Begin(ctx, "scope", "k", fp, "t3", time.Minute)
-		if err != nil || got.State != policy.IdempotentDone || got.Status != 200 || string(got.Body) != `{"allowed":true}` || got.Fingerprint != fp {
+		if err != nil || got.State != idempotency.Done || got.Status != 200 || string(got.Body) != `{"allowed":true}` || got.Fingerprint != fp {
 			t.Fatalf("Begin once answered: %+v, %v; want the answer", got, err)
 		}
 		// Abandon by a claim that no longer holds the key does nothing.
 		if err := s.Abandon(ctx, "scope", "k", "t1"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "scope", "k", fp, "t4", time.Minute); got.State != policy.IdempotentDone {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t4", time.Minute); got.State != idempotency.Done {
 			t.Errorf("an answer abandoned: %+v", got)
 		}
 	})
@@ -55,13 +55,13 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 		if err := s.Abandon(ctx, "scope", "k", "t2"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != policy.IdempotentPending {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != idempotency.Pending {
 			t.Errorf("another claim's Abandon let the key go: %+v", got)
 		}
 		if err := s.Abandon(ctx, "scope", "k", "t1"); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != policy.IdempotentNew {
+		if got, _ := s.Begin(ctx, "scope", "k", fp, "t3", time.Minute); got.State != idempotency.Claimed {
 			t.Errorf("Begin after its claim's Abandon: %+v, want new", got)
 		}
 	})
@@ -77,7 +77,7 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.State == policy.IdempotentNew {
+			if got.State == idempotency.Claimed {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -101,7 +101,7 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 					t.Error(err)
 					return
 				}
-				if got.State == policy.IdempotentNew {
+				if got.State == idempotency.Claimed {
 					mu.Lock()
 					news++
 					mu.Unlock()
@@ -117,13 +117,13 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 	t.Run("keys_apart", func(t *testing.T) {
 		s := open(t, 0)
 		for _, k := range []string{"a", "b", "a\x00b", "tenant:x\x00k"} {
-			if got, err := s.Begin(ctx, "scope", k, fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+			if got, err := s.Begin(ctx, "scope", k, fp, "t", time.Minute); err != nil || got.State != idempotency.Claimed {
 				t.Errorf("Begin %q: %+v, %v; want new", k, got, err)
 			}
 		}
 		// The same key of another scope is another key.
 		for _, sc := range []string{"other", "scope\x00", ""} {
-			if got, err := s.Begin(ctx, sc, "a", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+			if got, err := s.Begin(ctx, sc, "a", fp, "t", time.Minute); err != nil || got.State != idempotency.Claimed {
 				t.Errorf("Begin of scope %q: %+v, %v; want new", sc, got, err)
 			}
 		}
@@ -134,15 +134,15 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 	t.Run("full_waits_for_answers", func(t *testing.T) {
 		s := open(t, 2)
 		for _, k := range []string{"a", "b"} {
-			if got, err := s.Begin(ctx, "scope", k, fp, "t"+k, time.Minute); err != nil || got.State != policy.IdempotentNew {
+			if got, err := s.Begin(ctx, "scope", k, fp, "t"+k, time.Minute); err != nil || got.State != idempotency.Claimed {
 				t.Fatalf("key %s: %+v, %v", k, got, err)
 			}
-			if err := s.Finish(ctx, "scope", k, policy.Idempotent{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
+			if err := s.Finish(ctx, "scope", k, idempotency.Entry{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		}
 		got, err := s.Begin(ctx, "scope", "c", fp, "tc", time.Minute)
-		if err != nil || got.State != policy.IdempotentFull || got.RetryAfter < 59*time.Minute || got.RetryAfter > time.Hour {
+		if err != nil || got.State != idempotency.Full || got.RetryAfter < 59*time.Minute || got.RetryAfter > time.Hour {
 			t.Errorf("a third key: %+v, %v; want full for about an hour", got, err)
 		}
 	})
@@ -153,28 +153,28 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 	t.Run("bounded_per_scope", func(t *testing.T) {
 		s := open(t, 3)
 		for i, k := range []string{"a", "b", "c"} {
-			if got, err := s.Begin(ctx, "greedy", k, fp, "t"+k, time.Minute); err != nil || got.State != policy.IdempotentNew {
+			if got, err := s.Begin(ctx, "greedy", k, fp, "t"+k, time.Minute); err != nil || got.State != idempotency.Claimed {
 				t.Fatalf("key %d: %+v, %v", i, got, err)
 			}
 		}
-		if err := s.Finish(ctx, "greedy", "a", policy.Idempotent{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
+		if err := s.Finish(ctx, "greedy", "a", idempotency.Entry{Fingerprint: fp, Status: 200}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		got, err := s.Begin(ctx, "greedy", "d", fp, "td", time.Minute)
-		if err != nil || got.State != policy.IdempotentFull || got.RetryAfter <= 0 || got.RetryAfter > time.Hour {
+		if err != nil || got.State != idempotency.Full || got.RetryAfter <= 0 || got.RetryAfter > time.Hour {
 			t.Fatalf("a fourth key: %+v, %v; want full, with a wait of at most the longest key's", got, err)
 		}
 		// Keys held are still answered, and other scopes still claim.
-		if got, err := s.Begin(ctx, "greedy", "a", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentDone {
+		if got, err := s.Begin(ctx, "greedy", "a", fp, "t", time.Minute); err != nil || got.State != idempotency.Done {
 			t.Errorf("a key held, its scope full: %+v, %v; want its answer", got, err)
 		}
-		if got, err := s.Begin(ctx, "modest", "d", fp, "t", time.Minute); err != nil || got.State != policy.IdempotentNew {
+		if got, err := s.Begin(ctx, "modest", "d", fp, "t", time.Minute); err != nil || got.State != idempotency.Claimed {
 			t.Errorf("another scope: %+v, %v; want new", got, err)
 		}
 		if err := s.Abandon(ctx, "greedy", "b", "tb"); err != nil {
 			t.Fatal(err)
 		}
-		if got, err := s.Begin(ctx, "greedy", "d", fp, "td", 50*time.Millisecond); err != nil || got.State != policy.IdempotentNew {
+		if got, err := s.Begin(ctx, "greedy", "d", fp, "td", 50*time.Millisecond); err != nil || got.State != idempotency.Claimed {
 			t.Fatalf("after one was let go: %+v, %v; want new", got, err)
 		}
 		// Once d's claim of 50 ms expires, e takes its place.
@@ -184,10 +184,10 @@ func Run(t *testing.T, open func(t *testing.T, perScope int) policy.IdempotencyS
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.State == policy.IdempotentNew {
+			if got.State == idempotency.Claimed {
 				break
 			}
-			if got.State != policy.IdempotentFull || time.Now().After(deadline) {
+			if got.State != idempotency.Full || time.Now().After(deadline) {
 				t.Fatalf("waiting for an expiry: %+v", got)
 			}
 			time.Sleep(10 * time.Millisecond)

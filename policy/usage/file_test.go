@@ -1,4 +1,4 @@
-package policy_test
+package usage_test
 
 import (
 	"context"
@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/usagetest"
+	"github.com/admitdev/admit/policy/usage"
+	"github.com/admitdev/admit/policy/usage/usagetest"
 )
 
 func TestFileUsageConformance(t *testing.T) {
-	usagetest.Run(t, func(t *testing.T) policy.UsageStore {
-		u, err := policy.OpenFileUsage(filepath.Join(t.TempDir(), "usage.jsonl"), 0, 0)
+	usagetest.Run(t, func(t *testing.T) usage.Store {
+		u, err := usage.OpenFile(filepath.Join(t.TempDir(), "usage.jsonl"), 0, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -29,10 +29,10 @@ func TestFileUsageSurvivesRestarts(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "data", "usage.jsonl")
 	start := time.Now().UTC().Truncate(24 * time.Hour)
-	rec := func(admitted int64) []policy.UsageRecord {
-		return []policy.UsageRecord{{Tenant: "acme", Rule: "calls", PeriodStart: start, PeriodEnd: start.Add(24 * time.Hour), Admitted: admitted, Cost: admitted}}
+	rec := func(admitted int64) []usage.Record {
+		return []usage.Record{{Tenant: "acme", Rule: "calls", PeriodStart: start, PeriodEnd: start.Add(24 * time.Hour), Admitted: admitted, Cost: admitted}}
 	}
-	u, err := policy.OpenFileUsage(path, 0, 0)
+	u, err := usage.OpenFile(path, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestFileUsageSurvivesRestarts(t *testing.T) {
 	if st, _ := os.Stat(path); st.Size() > 20_000 {
 		t.Errorf("the journal of 3000 additions to one record is %d bytes: not compacted", st.Size())
 	}
-	u, err = policy.OpenFileUsage(path, 0, 0)
+	u, err = usage.OpenFile(path, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

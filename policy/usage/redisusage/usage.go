@@ -1,4 +1,4 @@
-// Package redisusage keeps usage records (policy.UsageRecord) in Redis, in
+// Package redisusage keeps usage records (usage.Record) in Redis, in
 // the deployment of a redisstore.Store, so that the records of every
 // server of a deployment add up in one place.
 package redisusage
@@ -13,7 +13,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/redisstore"
 )
 
@@ -27,13 +27,13 @@ type Store struct {
 	keep  int
 }
 
-var _ policy.UsageStore = (*Store)(nil)
+var _ usage.Store = (*Store)(nil)
 
 // New returns the usage records of s's deployment, kept keep ended
-// periods (policy.DefaultKeepPeriods when 0).
+// periods (usage.DefaultKeepPeriods when 0).
 func New(s *redisstore.Store, keep int) *Store {
 	if keep <= 0 {
-		keep = policy.DefaultKeepPeriods
+		keep = usage.DefaultKeepPeriods
 	}
 	return &Store{store: s, keep: keep}
 }
@@ -45,19 +45,19 @@ func (u *Store) index(tenant string) string {
 	return u.store.Prefix() + "{usage:" + tenant + "}"
 }
 
-func member(r *policy.UsageRecord) string {
+func member(r *usage.Record) string {
 	return strconv.FormatInt(r.PeriodStart.Unix(), 10) + ":" + r.Rule
 }
 
-// AddUsage implements policy.UsageStore, in one round trip.
-func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
+// AddUsage implements usage.Store, in one round trip.
+func (u *Store) AddUsage(ctx context.Context, recs []usage.Record) error {
 	return redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		cmds := make(rueidis.Commands, 0, 9*len(recs))
 		for i := range recs {
 			r := &recs[i]
 			idx := u.index(r.Tenant)
 			key := idx + ":" + member(r)
-			until := strconv.FormatInt(policy.Retention(r.PeriodStart, r.PeriodEnd, u.keep).UnixMilli(), 10)
+			until := strconv.FormatInt(usage.Retention(r.PeriodStart, r.PeriodEnd, u.keep).UnixMilli(), 10)
 			cmds = append(cmds,
 				c.B().Hincrby().Key(key).Field("admitted").Increment(r.Admitted).Build(),
 				c.B().Hincrby().Key(key).Field("refused").Increment(r.Refused).Build(),
@@ -79,10 +79,10 @@ func (u *Store) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
 	})
 }
 
-// Usage implements policy.UsageStore. Index entries whose record expired
+// Usage implements usage.Store. Index entries whose record expired
 // are dropped as they are met.
-func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]policy.UsageRecord, error) {
-	var out []policy.UsageRecord
+func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([]usage.Record, error) {
+	var out []usage.Record
 	err := redishook.Call(u.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		idx := u.index(tenant)
 		// A period that overlaps [from, to) starts before to and at most
@@ -111,7 +111,7 @@ func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([
 				continue
 			}
 			start, rule, _ := strings.Cut(members[i], ":")
-			r := policy.UsageRecord{Tenant: tenant, Rule: rule}
+			r := usage.Record{Tenant: tenant, Rule: rule}
 			s, err1 := strconv.ParseInt(start, 10, 64)
 			e, err2 := strconv.ParseInt(h["end"], 10, 64)
 			if err1 != nil || err2 != nil {
@@ -132,6 +132,6 @@ func (u *Store) Usage(ctx context.Context, tenant string, from, to time.Time) ([
 		}
 		return nil
 	})
-	policy.SortUsage(out)
+	usage.Sort(out)
 	return out, err
 }

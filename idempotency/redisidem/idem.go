@@ -1,4 +1,4 @@
-// Package redisidem keeps idempotency keys (policy.IdempotencyStore) in
+// Package redisidem keeps idempotency keys (idempotency.Store) in
 // Redis, in the deployment of a redisstore.Store, so that a retry reaching
 // another server of the deployment is answered as the first request was.
 package redisidem
@@ -13,8 +13,8 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/internal/redishook"
-	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 )
 
@@ -30,13 +30,13 @@ type Store struct {
 	perScope int
 }
 
-var _ policy.IdempotencyStore = (*Store)(nil)
+var _ idempotency.Store = (*Store)(nil)
 
 // New returns the idempotency keys of s's deployment, at most perScope
-// of a scope at once (policy.DefaultIdempotentKeysPerScope when 0).
+// of a scope at once (idempotency.DefaultKeysPerScope when 0).
 func New(s *redisstore.Store, perScope int) *Store {
 	if perScope <= 0 {
-		perScope = policy.DefaultIdempotentKeysPerScope
+		perScope = idempotency.DefaultKeysPerScope
 	}
 	return &Store{store: s, perScope: perScope}
 }
@@ -91,20 +91,20 @@ return 0`)
 
 func pendingValue(fp [32]byte, token string) string { return "p" + string(fp[:]) + token }
 
-// Begin implements policy.IdempotencyStore in one round trip.
-func (i *Store) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (policy.Idempotent, error) {
-	var got policy.Idempotent
+// Begin implements idempotency.Store in one round trip.
+func (i *Store) Begin(ctx context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (idempotency.Entry, error) {
+	var got idempotency.Entry
 	err := redishook.Call(i.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		ks := i.keys(scope, key)
 		r := beginScript.Exec(ctx, c, ks, []string{pendingValue(fp, token), strconv.FormatInt(max(pending.Milliseconds(), 1), 10),
 			strconv.Itoa(i.perScope), ks[0][len(ks[1]):]})
 		if ms, err := r.AsInt64(); err == nil {
-			got = policy.Idempotent{State: policy.IdempotentFull, RetryAfter: time.Duration(ms) * time.Millisecond}
+			got = idempotency.Entry{State: idempotency.Full, RetryAfter: time.Duration(ms) * time.Millisecond}
 			return nil
 		}
 		v, err := r.ToString()
 		if rueidis.IsRedisNil(err) {
-			got = policy.Idempotent{State: policy.IdempotentNew, Fingerprint: fp}
+			got = idempotency.Entry{State: idempotency.Claimed, Fingerprint: fp}
 			return nil
 		}
 		if err != nil {
@@ -116,15 +116,15 @@ func (i *Store) Begin(ctx context.Context, scope, key string, fp [32]byte, token
 	return got, err
 }
 
-func decode(v string) (policy.Idempotent, error) {
-	var a policy.Idempotent
+func decode(v string) (idempotency.Entry, error) {
+	var a idempotency.Entry
 	if len(v) < 1+32 {
 		return a, admit.Errorf(admit.CodeInternal, "redisidem: a key of %d bytes", len(v))
 	}
 	copy(a.Fingerprint[:], v[1:33])
 	switch v[0] {
 	case 'p':
-		a.State = policy.IdempotentPending
+		a.State = idempotency.Pending
 	case 'd':
 		if len(v) < 36 {
 			return a, admit.Errorf(admit.CodeInternal, "redisidem: an answer of %d bytes", len(v))
@@ -133,15 +133,15 @@ func decode(v string) (policy.Idempotent, error) {
 		if err != nil {
 			return a, admit.Errorf(admit.CodeInternal, "redisidem: an answer's status %q", v[33:36])
 		}
-		a.State, a.Status, a.Body = policy.IdempotentDone, status, []byte(v[36:])
+		a.State, a.Status, a.Body = idempotency.Done, status, []byte(v[36:])
 	default:
 		return a, admit.Errorf(admit.CodeInternal, "redisidem: a key holding %q", v[:1])
 	}
 	return a, nil
 }
 
-// Finish implements policy.IdempotencyStore.
-func (i *Store) Finish(ctx context.Context, scope, key string, a policy.Idempotent, keep time.Duration) error {
+// Finish implements idempotency.Store.
+func (i *Store) Finish(ctx context.Context, scope, key string, a idempotency.Entry, keep time.Duration) error {
 	if a.Status < 100 || a.Status > 999 {
 		return admit.Errorf(admit.CodeInvalid, "redisidem: status %d", a.Status)
 	}
@@ -152,7 +152,7 @@ func (i *Store) Finish(ctx context.Context, scope, key string, a policy.Idempote
 	})
 }
 
-// Abandon implements policy.IdempotencyStore.
+// Abandon implements idempotency.Store.
 func (i *Store) Abandon(ctx context.Context, scope, key, token string) error {
 	return redishook.Call(i.store, ctx, func(ctx context.Context, c rueidis.Client) error {
 		ks := i.keys(scope, key)

@@ -1,4 +1,4 @@
-package policy
+package catalog
 
 import (
 	"context"
@@ -6,9 +6,11 @@ import (
 	"errors"
 	"sync"
 	"testing"
+
+	"github.com/admitdev/admit/policy"
 )
 
-// sharedStore is a ChangeStore shared by several catalogs, as one Redis
+// sharedStore is a Store shared by several catalogs, as one Redis
 // is, that can lose what it holds.
 type sharedStore struct {
 	mu    sync.Mutex
@@ -66,9 +68,9 @@ func (s *sharedStore) restore(b []byte) {
 	s.mu.Unlock()
 }
 
-func mustCatalog(t *testing.T, store ChangeStore) *Catalog {
+func mustCatalog(t *testing.T, store Store) *Catalog {
 	t.Helper()
-	c, err := NewCatalog(context.Background(), spec(), store)
+	c, err := New(context.Background(), spec(), store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +96,7 @@ func TestCatalogNeverGoesBack(t *testing.T) {
 		if kept, err = a.CreateAPIKey(ctx, "acme"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.PutTenant(ctx, "pad-1", TenantSpec{Tier: "free"}); err != nil {
+		if _, err := a.PutTenant(ctx, "pad-1", policy.TenantSpec{Tier: "free"}); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Refresh(ctx); err != nil { // b has seen it all, then pauses
@@ -105,10 +107,10 @@ func TestCatalogNeverGoesBack(t *testing.T) {
 	// after makes the changes acknowledged after the loss, on a.
 	after := func(t *testing.T, a *Catalog, old string) {
 		t.Helper()
-		if err := a.RevokeAPIKey(ctx, "acme", APIKeyID(HashKey(old))); err != nil {
+		if err := a.RevokeAPIKey(ctx, "acme", APIKeyID(policy.HashKey(old))); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := a.PutTenant(ctx, "new1", TenantSpec{Tier: "free"}); err != nil {
+		if _, err := a.PutTenant(ctx, "new1", policy.TenantSpec{Tier: "free"}); err != nil {
 			t.Fatal(err)
 		}
 		if err := a.DeleteTenant(ctx, "pad-1"); err != nil {
@@ -230,7 +232,7 @@ func TestCatalogKeysMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	// a is paused; b revokes k1; the store loses it all; b is paused.
-	if err := b.RevokeAPIKey(ctx, "acme", APIKeyID(HashKey(k1))); err != nil {
+	if err := b.RevokeAPIKey(ctx, "acme", APIKeyID(policy.HashKey(k1))); err != nil {
 		t.Fatal(err)
 	}
 	store.lose()
@@ -267,7 +269,7 @@ func TestCatalogKeysMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.restore(snap)
-	if _, err := a.PutTenant(ctx, "acme", TenantSpec{Tier: "free", Weight: 3}); err != nil {
+	if _, err := a.PutTenant(ctx, "acme", policy.TenantSpec{Tier: "free", Weight: 3}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Sync(ctx); err != nil {
@@ -294,11 +296,11 @@ func TestCatalogKeysMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.lose()
-	if err := a.RevokeAPIKey(ctx, "beta", APIKeyID(HashKey(b1))); err != nil {
+	if err := a.RevokeAPIKey(ctx, "beta", APIKeyID(policy.HashKey(b1))); err != nil {
 		t.Fatal(err)
 	}
 	store.lose()
-	if err := b.RevokeAPIKey(ctx, "beta", APIKeyID(HashKey(b2))); err != nil {
+	if err := b.RevokeAPIKey(ctx, "beta", APIKeyID(policy.HashKey(b2))); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Sync(ctx); err != nil {

@@ -1,4 +1,10 @@
-package policy
+// Package idempotency keeps the answers of requests made with an
+// Idempotency-Key, so that a retry is answered as the first was and
+// charges nothing again: a Store interface, the in-memory Memory, and
+// (package redisidem) one shared by servers on one Redis. Keys belong to
+// a scope, the caller that chose them, and a scope holds a bounded
+// number, so that one caller cannot fill what every caller shares.
+package idempotency
 
 import (
 	"container/heap"
@@ -7,73 +13,73 @@ import (
 	"time"
 )
 
-// An IdempotencyStore keeps, for a while, the answers of requests made
+// An Store keeps, for a while, the answers of requests made
 // with an idempotency key, so that a retry of one is answered as it was
 // and charges nothing. A key is claimed before its request is decided and
 // holds the answer once it is: a retry meanwhile is told the first is
-// still being decided. Servers that share an IdempotencyStore share the
+// still being decided. Servers that share an Store share the
 // keys.
 //
 // Every key belongs to a scope, the caller that chose it (a tenant, an
 // address): keys of two scopes never meet, and a store holds at most its
 // bound of keys per scope, so that one caller cannot fill what every
 // caller shares.
-type IdempotencyStore interface {
+type Store interface {
 	// Begin claims scope's key, for a request of the given fingerprint,
 	// for at most pending, unless key is claimed or answered already: it
 	// then returns what key holds. token names this claim for Abandon.
 	// When scope holds its bound of keys, it claims nothing and returns
-	// IdempotentFull, with when the first of them expires.
-	Begin(ctx context.Context, scope, key string, fingerprint [32]byte, token string, pending time.Duration) (Idempotent, error)
+	// Full, with when the first of them expires.
+	Begin(ctx context.Context, scope, key string, fingerprint [32]byte, token string, pending time.Duration) (Entry, error)
 	// Finish stores the answer of scope's key's request, kept for keep.
-	Finish(ctx context.Context, scope, key string, answer Idempotent, keep time.Duration) error
+	Finish(ctx context.Context, scope, key string, answer Entry, keep time.Duration) error
 	// Abandon lets scope's key go if the claim named token still holds
 	// it: its request was not answered with a charge, and a retry decides
 	// again.
 	Abandon(ctx context.Context, scope, key, token string) error
 }
 
-// IdempotentState is what an idempotency key holds.
-type IdempotentState int
+// State is what an idempotency key holds.
+type State int
 
 // The states of an idempotency key.
 const (
-	IdempotentNew     IdempotentState = iota // claimed by this Begin
-	IdempotentPending                        // claimed by another request, not answered yet
-	IdempotentDone                           // answered
-	IdempotentFull                           // not claimed: its scope holds the most keys it may
+	Claimed State = iota // claimed by this Begin
+	Pending              // claimed by another request, not answered yet
+	Done                 // answered
+	Full                 // not claimed: its scope holds the most keys it may
 )
 
-// Idempotent is what an idempotency key holds: its request's fingerprint
-// and, once answered, the answer's status and body. For IdempotentFull,
+// Entry is what an idempotency key holds: its request's fingerprint
+// and, once answered, the answer's status and body. For Full,
 // RetryAfter is how long until the scope's first key expires.
-type Idempotent struct {
-	State       IdempotentState
+type Entry struct {
+	State       State
 	Fingerprint [32]byte
 	Status      int
 	Body        []byte
 	RetryAfter  time.Duration
 }
 
-// DefaultIdempotencyWindow is how long an answer is kept for retries
+// DefaultWindow is how long an answer is kept for retries
 // where the server or middleware is not told another window.
-const DefaultIdempotencyWindow = time.Hour
+const DefaultWindow = time.Hour
 
-// IdempotencyPending is how long a key is claimed for a request still
+// PendingTTL is how long a key is claimed for a request still
 // being decided: a key whose server stopped meanwhile goes free then.
-const IdempotencyPending = time.Minute
+const PendingTTL = time.Minute
 
-// MaxIdempotentKeys bounds the keys a MemoryIdempotency holds at once,
+// MaxKeys bounds the keys a Memory holds at once,
 // of every scope.
-const MaxIdempotentKeys = 200_000
+const MaxKeys = 200_000
 
-// DefaultIdempotentKeysPerScope is the bound of the keys one scope holds
+// DefaultKeysPerScope is the bound of the keys one scope holds
 // at once where no other is set.
-const DefaultIdempotentKeysPerScope = 20_000
+const DefaultKeysPerScope = 20_000
 
-// MemoryIdempotency is an IdempotencyStore in this process's memory,
-// for the memory store. Create it with NewMemoryIdempotency.
-type MemoryIdempotency struct {
+// Memory is an Store in this process's memory,
+// for the memory store. Create it with NewMemory.
+type Memory struct {
 	perScope, maxKeys int
 	mu                sync.Mutex
 	scopes            map[string]*memScope
@@ -110,28 +116,28 @@ func (h *expiryHeap) Pop() any {
 }
 
 type memIdem struct {
-	Idempotent
+	Entry
 	token string
 	until time.Time
 }
 
-var _ IdempotencyStore = (*MemoryIdempotency)(nil)
+var _ Store = (*Memory)(nil)
 
-// NewMemoryIdempotency returns an empty MemoryIdempotency that holds at
-// most perScope keys of a scope (DefaultIdempotentKeysPerScope when 0)
-// and maxKeys in all (MaxIdempotentKeys when 0, and at most that).
-func NewMemoryIdempotency(perScope, maxKeys int) *MemoryIdempotency {
+// NewMemory returns an empty Memory that holds at
+// most perScope keys of a scope (DefaultKeysPerScope when 0)
+// and maxKeys in all (MaxKeys when 0, and at most that).
+func NewMemory(perScope, maxKeys int) *Memory {
 	if perScope <= 0 {
-		perScope = DefaultIdempotentKeysPerScope
+		perScope = DefaultKeysPerScope
 	}
-	if maxKeys <= 0 || maxKeys > MaxIdempotentKeys {
-		maxKeys = MaxIdempotentKeys
+	if maxKeys <= 0 || maxKeys > MaxKeys {
+		maxKeys = MaxKeys
 	}
-	return &MemoryIdempotency{perScope: perScope, maxKeys: maxKeys, scopes: map[string]*memScope{}, now: time.Now}
+	return &Memory{perScope: perScope, maxKeys: maxKeys, scopes: map[string]*memScope{}, now: time.Now}
 }
 
 // expire forgets sc's keys that expired by now. m.mu is held.
-func (m *MemoryIdempotency) expire(name string, sc *memScope, now time.Time) {
+func (m *Memory) expire(name string, sc *memScope, now time.Time) {
 	for len(sc.expiries) > 0 && !now.Before(sc.expiries[0].until) {
 		x := heap.Pop(&sc.expiries).(memExpiry)
 		if e, ok := sc.keys[x.key]; ok && e.until.Equal(x.until) {
@@ -144,9 +150,9 @@ func (m *MemoryIdempotency) expire(name string, sc *memScope, now time.Time) {
 	}
 }
 
-// Begin implements IdempotencyStore. Past its bound of keys held in all, once the expired ones are forgotten, it answers IdempotentFull
+// Begin implements Store. Past its bound of keys held in all, once the expired ones are forgotten, it answers Full
 // too, with when the first key of all expires.
-func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (Idempotent, error) {
+func (m *Memory) Begin(_ context.Context, scope, key string, fp [32]byte, token string, pending time.Duration) (Entry, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
@@ -154,10 +160,10 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 	if sc != nil {
 		m.expire(scope, sc, now)
 		if e, ok := sc.keys[key]; ok {
-			return e.Idempotent, nil
+			return e.Entry, nil
 		}
 		if len(sc.keys) >= m.perScope {
-			return Idempotent{State: IdempotentFull, RetryAfter: sc.firstExpiry().Sub(now)}, nil
+			return Entry{State: Full, RetryAfter: sc.firstExpiry().Sub(now)}, nil
 		}
 	}
 	if m.held >= m.maxKeys {
@@ -169,15 +175,15 @@ func (m *MemoryIdempotency) Begin(_ context.Context, scope, key string, fp [32]b
 			}
 		}
 		if m.held >= m.maxKeys {
-			return Idempotent{State: IdempotentFull, RetryAfter: first.Sub(now)}, nil
+			return Entry{State: Full, RetryAfter: first.Sub(now)}, nil
 		}
 	}
 	if sc = m.scopes[scope]; sc == nil {
 		sc = &memScope{keys: map[string]*memIdem{}}
 		m.scopes[scope] = sc
 	}
-	m.put(sc, key, &memIdem{Idempotent: Idempotent{State: IdempotentPending, Fingerprint: fp}, token: token, until: now.Add(pending)})
-	return Idempotent{State: IdempotentNew, Fingerprint: fp}, nil
+	m.put(sc, key, &memIdem{Entry: Entry{State: Pending, Fingerprint: fp}, token: token, until: now.Add(pending)})
+	return Entry{State: Claimed, Fingerprint: fp}, nil
 }
 
 // firstExpiry returns when the first of sc's keys expires, the stale
@@ -194,7 +200,7 @@ func (sc *memScope) firstExpiry() time.Time {
 }
 
 // put sets sc's key to e, queued for its expiry. m.mu is held.
-func (m *MemoryIdempotency) put(sc *memScope, key string, e *memIdem) {
+func (m *Memory) put(sc *memScope, key string, e *memIdem) {
 	if _, ok := sc.keys[key]; !ok {
 		m.held++
 	}
@@ -202,8 +208,8 @@ func (m *MemoryIdempotency) put(sc *memScope, key string, e *memIdem) {
 	heap.Push(&sc.expiries, memExpiry{key, e.until})
 }
 
-// Finish implements IdempotencyStore.
-func (m *MemoryIdempotency) Finish(_ context.Context, scope, key string, a Idempotent, keep time.Duration) error {
+// Finish implements Store.
+func (m *Memory) Finish(_ context.Context, scope, key string, a Entry, keep time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sc := m.scopes[scope]
@@ -211,21 +217,21 @@ func (m *MemoryIdempotency) Finish(_ context.Context, scope, key string, a Idemp
 		sc = &memScope{keys: map[string]*memIdem{}}
 		m.scopes[scope] = sc
 	}
-	a.State = IdempotentDone
+	a.State = Done
 	a.Body = append([]byte(nil), a.Body...)
-	m.put(sc, key, &memIdem{Idempotent: a, until: m.now().Add(keep)})
+	m.put(sc, key, &memIdem{Entry: a, until: m.now().Add(keep)})
 	return nil
 }
 
-// Abandon implements IdempotencyStore.
-func (m *MemoryIdempotency) Abandon(_ context.Context, scope, key, token string) error {
+// Abandon implements Store.
+func (m *Memory) Abandon(_ context.Context, scope, key, token string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	sc := m.scopes[scope]
 	if sc == nil {
 		return nil
 	}
-	if e, ok := sc.keys[key]; ok && e.State == IdempotentPending && e.token == token {
+	if e, ok := sc.keys[key]; ok && e.State == Pending && e.token == token {
 		delete(sc.keys, key)
 		m.held--
 		if len(sc.keys) == 0 {

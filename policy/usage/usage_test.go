@@ -1,4 +1,4 @@
-package policy_test
+package usage_test
 
 import (
 	"context"
@@ -9,22 +9,23 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
-	"github.com/admitdev/admit/policy/usagetest"
+	"github.com/admitdev/admit/policy/usage"
+	"github.com/admitdev/admit/policy/usage/usagetest"
 )
 
 func TestMemoryUsageConformance(t *testing.T) {
-	usagetest.Run(t, func(*testing.T) policy.UsageStore { return policy.NewMemoryUsage(0, 0) })
+	usagetest.Run(t, func(*testing.T) usage.Store { return usage.NewMemory(0, 0) })
 }
 
 // TestMemoryUsageBound: past its bound, the records of the oldest periods
 // go first.
 func TestMemoryUsageBound(t *testing.T) {
-	m := policy.NewMemoryUsage(0, 3)
+	m := usage.NewMemory(0, 3)
 	now := time.Now().UTC()
 	ctx := context.Background()
 	for d := 5; d >= 1; d-- {
 		start := now.AddDate(0, 0, -d).Truncate(24 * time.Hour)
-		if err := m.AddUsage(ctx, []policy.UsageRecord{{Tenant: "t", Rule: "daily", PeriodStart: start, PeriodEnd: start.Add(24 * time.Hour), Admitted: int64(d)}}); err != nil {
+		if err := m.AddUsage(ctx, []usage.Record{{Tenant: "t", Rule: "daily", PeriodStart: start, PeriodEnd: start.Add(24 * time.Hour), Admitted: int64(d)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -35,15 +36,15 @@ func TestMemoryUsageBound(t *testing.T) {
 }
 
 type failing struct {
-	policy.UsageStore
+	usage.Store
 	fail bool
 }
 
-func (f *failing) AddUsage(ctx context.Context, recs []policy.UsageRecord) error {
+func (f *failing) AddUsage(ctx context.Context, recs []usage.Record) error {
 	if f.fail {
 		return errors.New("down")
 	}
-	return f.UsageStore.AddUsage(ctx, recs)
+	return f.Store.AddUsage(ctx, recs)
 }
 
 // TestUsageMeter: decisions through a Decider are counted per tenant, quota
@@ -62,8 +63,8 @@ func TestUsageMeter(t *testing.T) {
 	}
 	mem := memstore.New(nil)
 	defer mem.Close()
-	store := &failing{UsageStore: policy.NewMemoryUsage(0, 0)}
-	meter := policy.NewUsageMeter(store, time.Hour) // flushed by hand
+	store := &failing{Store: usage.NewMemory(0, 0)}
+	meter := usage.NewMeter(store, time.Hour) // flushed by hand
 	dec := policy.NewDecider(mem, 1)
 	dec.MeterUsage(meter)
 	ctx := context.Background()
@@ -130,8 +131,8 @@ func TestUsageMeterFailover(t *testing.T) {
 	}
 	mem := memstore.New(nil)
 	defer mem.Close()
-	usage := policy.NewMemoryUsage(0, 0)
-	meter := policy.NewUsageMeter(usage, time.Hour)
+	records := usage.NewMemory(0, 0)
+	meter := usage.NewMeter(records, time.Hour)
 	ctx := context.Background()
 	for i, store := range []admit.Store{mem, downStore{mem}, downStore{mem}, mem} {
 		dec := policy.NewDecider(store, 1)
@@ -150,7 +151,7 @@ func TestUsageMeterFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	got, _ := usage.Usage(ctx, "acme", now.AddDate(0, -1, 0), now.AddDate(0, 1, 0))
+	got, _ := records.Usage(ctx, "acme", now.AddDate(0, -1, 0), now.AddDate(0, 1, 0))
 	if len(got) != 1 || got[0].Admitted != 2 || got[0].Cost != 5 || got[0].Failover != 2 || got[0].FailoverCost != 5 {
 		t.Fatalf("records %+v, want 2 admitted of cost 5 counted, 2 of cost 5 admitted open", got)
 	}

@@ -1,4 +1,9 @@
-package policy
+// Package catalog is the tenant catalog: the configuration's policy with
+// the changes made through the admin API (tenants, tiers, API keys) on
+// top, compiled into the current policy.Policy and swapped in at once. The
+// changes are saved in a Store: a file (FileStore), or (package
+// redischanges) Redis, shared by every server, which each server follows.
+package catalog
 
 import (
 	"cmp"
@@ -18,6 +23,9 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/syncfile"
+	"github.com/admitdev/admit/policy"
 )
 
 // Changes are the catalog changes made through the admin API. A tenant or
@@ -30,10 +38,10 @@ type Changes struct {
 	// that later saves carry larger revisions, across servers too.
 	Revision int64 `json:"revision,omitempty"`
 	// Base is the revision these changes were made on: a shared
-	// ChangeStore saves them only over it (see ErrStale).
-	Base    int64                    `json:"-"`
-	Tenants map[string]*TenantChange `json:"tenants,omitempty"`
-	Tiers   map[string]*TierSpec     `json:"tiers,omitempty"`
+	// Store saves them only over it (see ErrStale).
+	Base    int64                       `json:"-"`
+	Tenants map[string]*TenantChange    `json:"tenants,omitempty"`
+	Tiers   map[string]*policy.TierSpec `json:"tiers,omitempty"`
 	// Written has the revision each entry was last written at, by
 	// entryKey: so that copies of the catalog held by several servers
 	// merge, entry by entry, the later write winning, when the store
@@ -59,7 +67,7 @@ func (c *Changes) revoked(id string) []string {
 }
 
 // setTier writes tier name's entry at c's revision.
-func (c *Changes) setTier(name string, t *TierSpec) {
+func (c *Changes) setTier(name string, t *policy.TierSpec) {
 	c.Tiers[name] = t
 	c.Written[entryKey("tiers", name)] = c.Revision
 }
@@ -117,7 +125,7 @@ func mergeChanges(saved, mine *Changes) (*Changes, int) {
 // TenantChange is a tenant as the admin API left it.
 type TenantChange struct {
 	Deleted bool `json:"deleted,omitempty"`
-	TenantSpec
+	policy.TenantSpec
 	// RevokedKeysSHA256 are the hashes of the tenant's API keys revoked
 	// (a deleted tenant's keys among them), the latest last, at most
 	// maxRevokedKeys: a copy of the catalog that still lists one, merged
@@ -157,7 +165,7 @@ func mergeTenant(win, lose *TenantChange) *TenantChange {
 	out.RevokedKeysSHA256 = withRevoked(win.RevokedKeysSHA256, lose.RevokedKeysSHA256...)
 	var keys []string
 	for _, h := range slices.Concat(win.APIKeysSHA256, lose.APIKeysSHA256) {
-		if h != lockedKey && !slices.Contains(out.RevokedKeysSHA256, h) && !slices.Contains(keys, h) && len(keys) < MaxAPIKeys {
+		if h != lockedKey && !slices.Contains(out.RevokedKeysSHA256, h) && !slices.Contains(keys, h) && len(keys) < bounds.MaxAPIKeys {
 			keys = append(keys, h)
 		}
 	}
@@ -181,7 +189,7 @@ func sameTenant(a, b *TenantChange) bool {
 		overridesEqual(a.Overrides, b.Overrides)
 }
 
-func overridesEqual(a, b []RuleSpec) bool {
+func overridesEqual(a, b []policy.RuleSpec) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -197,7 +205,7 @@ func (c *Changes) clone() *Changes {
 		out.Tenants = map[string]*TenantChange{}
 	}
 	if out.Tiers == nil {
-		out.Tiers = map[string]*TierSpec{}
+		out.Tiers = map[string]*policy.TierSpec{}
 	}
 	if out.Written == nil {
 		out.Written = map[string]int64{}
@@ -205,8 +213,8 @@ func (c *Changes) clone() *Changes {
 	return out
 }
 
-// ChangeStore keeps the catalog's changes across restarts.
-type ChangeStore interface {
+// Store keeps the catalog's changes across restarts.
+type Store interface {
 	// Load returns the saved changes; empty Changes if none were saved.
 	Load(ctx context.Context) (*Changes, error)
 	// Save replaces the saved changes. When it fails, the previously saved
@@ -216,24 +224,24 @@ type ChangeStore interface {
 	Save(ctx context.Context, c *Changes) error
 }
 
-// ErrStale is the error a shared ChangeStore's Save wraps when another
+// ErrStale is the error a shared Store's Save wraps when another
 // server saved changes since these were loaded. Catalog edits load the
 // saved changes again and retry.
 var ErrStale = errors.New("the saved catalog changed meanwhile")
 
 // Catalog is the live tenant catalog: the configuration's policy with the
-// admin API's changes on top, compiled into the Policy that requests are
-// resolved against. Changes are persisted in a ChangeStore before they take
+// admin API's changes on top, compiled into the policy.Policy that requests are
+// resolved against. Changes are persisted in a Store before they take
 // effect, and take effect with the next request.
 //
 // A Catalog is safe for concurrent use: writers are serialized by a mutex,
-// readers load the current Policy with one atomic read.
+// readers load the current policy.Policy with one atomic read.
 type Catalog struct {
 	mu      sync.Mutex
-	base    Spec
+	base    policy.Spec
 	changes *Changes
-	store   ChangeStore
-	cur     atomic.Pointer[Policy]
+	store   Store
+	cur     atomic.Pointer[policy.Policy]
 	// pending is set while the saved changes could not be loaded yet.
 	pending atomic.Bool
 	// restores counts the times this server saved back the changes its
@@ -262,7 +270,7 @@ func (c *Catalog) Pending() bool { return c.pending.Load() }
 // alone, Pending reports it, and the first Refresh that reaches the store
 // loads the changes. Until then an admin change fails as stale (the
 // store's revision is ahead), so nothing saved is overwritten.
-func NewCatalog(ctx context.Context, base *Spec, store ChangeStore) (*Catalog, error) {
+func New(ctx context.Context, base *policy.Spec, store Store) (*Catalog, error) {
 	c := &Catalog{base: *base, store: store, changes: (&Changes{}).clone()}
 	if store != nil {
 		ch, err := store.Load(ctx)
@@ -283,13 +291,13 @@ func NewCatalog(ctx context.Context, base *Spec, store ChangeStore) (*Catalog, e
 	return c, nil
 }
 
-// Policy returns the current policy.
-func (c *Catalog) Policy() *Policy { return c.cur.Load() }
+// policy.Policy returns the current policy.
+func (c *Catalog) Policy() *policy.Policy { return c.cur.Load() }
 
 // SetBase replaces the configuration's policy (a reload). If the new
 // configuration does not compile, alone or with the catalog's changes, the
 // current policy is kept and the error returned.
-func (c *Catalog) SetBase(base *Spec) error {
+func (c *Catalog) SetBase(base *policy.Spec) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p, err := compileWith(base, c.changes)
@@ -302,15 +310,15 @@ func (c *Catalog) SetBase(base *Spec) error {
 }
 
 // compileWith compiles base with changes applied.
-func compileWith(base *Spec, ch *Changes) (*Policy, error) {
+func compileWith(base *policy.Spec, ch *Changes) (*policy.Policy, error) {
 	spec := *base
 	spec.Tiers = maps.Clone(base.Tiers)
 	spec.Tenants = maps.Clone(base.Tenants)
 	if spec.Tiers == nil {
-		spec.Tiers = map[string]TierSpec{}
+		spec.Tiers = map[string]policy.TierSpec{}
 	}
 	if spec.Tenants == nil {
-		spec.Tenants = map[string]TenantSpec{}
+		spec.Tenants = map[string]policy.TenantSpec{}
 	}
 	for name, t := range ch.Tiers {
 		spec.Tiers[name] = *t
@@ -322,16 +330,16 @@ func compileWith(base *Spec, ch *Changes) (*Policy, error) {
 			spec.Tenants[id] = t.TenantSpec
 		}
 	}
-	p, err := Compile(&spec)
+	p, err := policy.Compile(&spec)
 	if err != nil {
 		return nil, err
 	}
 	for name := range ch.Tiers {
-		p.tiers[name].Source = "admin"
+		p.Tier(name).Source = "admin"
 	}
 	for id, t := range ch.Tenants {
 		if !t.Deleted {
-			p.tenants[id].Source = "admin"
+			p.Tenant(id).Source = "admin"
 		}
 	}
 	return p, nil
@@ -341,7 +349,7 @@ func compileWith(base *Spec, ch *Changes) (*Policy, error) {
 // or changes nothing and returns the error. The edit starts from the saved
 // changes, which another server sharing the store may have made; if one
 // saves in between, the edit is made again on top of its changes.
-func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*Policy, error) {
+func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*policy.Policy, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for attempt := 0; ; attempt++ {
@@ -456,16 +464,16 @@ func (c *Catalog) syncLocked(ctx context.Context) (int, error) {
 // PutTenant creates or replaces a tenant's tier and overrides. The tenant
 // keeps its API keys, and its billing anchor and weight unless spec sets
 // them: a new tier does not move the day its quotas renew.
-func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*Tenant, error) {
-	if err := nameError(id); err != nil {
+func (c *Catalog) PutTenant(ctx context.Context, id string, spec policy.TenantSpec) (*policy.Tenant, error) {
+	if err := policy.CheckName(id); err != nil {
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
-		tc := &TenantChange{TenantSpec: TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides, BillingAnchor: spec.BillingAnchor, Weight: spec.Weight}}
+		tc := &TenantChange{TenantSpec: policy.TenantSpec{Tier: spec.Tier, Overrides: spec.Overrides, BillingAnchor: spec.BillingAnchor, Weight: spec.Weight}}
 		if prev := ch.Tenants[id]; prev != nil {
 			tc.RevokedKeysSHA256 = prev.RevokedKeysSHA256
 		}
-		if old := c.cur.Load().tenants[id]; old != nil {
+		if old := c.cur.Load().Tenant(id); old != nil {
 			tc.APIKeysSHA256 = old.Spec.APIKeysSHA256
 			tc.BillingAnchor = cmp.Or(tc.BillingAnchor, old.Spec.BillingAnchor)
 			tc.Weight = cmp.Or(tc.Weight, old.Spec.Weight)
@@ -476,13 +484,13 @@ func (c *Catalog) PutTenant(ctx context.Context, id string, spec TenantSpec) (*T
 	if err != nil {
 		return nil, err
 	}
-	return p.tenants[id], nil
+	return p.Tenant(id), nil
 }
 
 // DeleteTenant deletes a tenant; an unknown tenant is admit.CodeNotFound.
 func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
 	_, err := c.apply(ctx, func(ch *Changes) error {
-		if c.cur.Load().tenants[id] == nil {
+		if c.cur.Load().Tenant(id) == nil {
 			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
 		}
 		// Its keys count as revoked: a copy that still lists them never
@@ -491,7 +499,7 @@ func (c *Catalog) DeleteTenant(ctx context.Context, id string) error {
 		if prev := ch.Tenants[id]; prev != nil {
 			revoked = prev.RevokedKeysSHA256
 		}
-		ch.setTenant(id, &TenantChange{Deleted: true, RevokedKeysSHA256: withRevoked(revoked, c.cur.Load().tenants[id].Spec.APIKeysSHA256...)})
+		ch.setTenant(id, &TenantChange{Deleted: true, RevokedKeysSHA256: withRevoked(revoked, c.cur.Load().Tenant(id).Spec.APIKeysSHA256...)})
 		return nil
 	})
 	return err
@@ -504,15 +512,15 @@ func (c *Catalog) CreateAPIKey(ctx context.Context, id string) (string, error) {
 	_, _ = rand.Read(raw[:]) // crypto/rand.Read never fails (Go 1.24+)
 	key := "ak_" + base64.RawURLEncoding.EncodeToString(raw[:])
 	_, err := c.apply(ctx, func(ch *Changes) error {
-		t := c.cur.Load().tenants[id]
+		t := c.cur.Load().Tenant(id)
 		if t == nil {
 			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
 		}
-		if len(t.Spec.APIKeysSHA256) >= MaxAPIKeys {
-			return admit.Errorf(admit.CodeConflict, "tenant %q has %d API keys, the most it may have", id, MaxAPIKeys)
+		if len(t.Spec.APIKeysSHA256) >= bounds.MaxAPIKeys {
+			return admit.Errorf(admit.CodeConflict, "tenant %q has %d API keys, the most it may have", id, bounds.MaxAPIKeys)
 		}
 		spec := t.Spec
-		spec.APIKeysSHA256 = append(slices.DeleteFunc(slices.Clone(spec.APIKeysSHA256), func(h string) bool { return h == lockedKey }), HashKey(key))
+		spec.APIKeysSHA256 = append(slices.DeleteFunc(slices.Clone(spec.APIKeysSHA256), func(h string) bool { return h == lockedKey }), policy.HashKey(key))
 		ch.setTenant(id, &TenantChange{TenantSpec: spec, RevokedKeysSHA256: ch.revoked(id)})
 		return nil
 	})
@@ -533,7 +541,7 @@ func APIKeyID(hash string) string { return hash[:min(len(hash), 12)] }
 // admit.CodeConflict, since a tenant without keys needs none.
 func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
 	_, err := c.apply(ctx, func(ch *Changes) error {
-		t := c.cur.Load().tenants[id]
+		t := c.cur.Load().Tenant(id)
 		if t == nil {
 			return admit.Errorf(admit.CodeNotFound, "tenant %q is unknown", id)
 		}
@@ -556,8 +564,8 @@ func (c *Catalog) RevokeAPIKey(ctx context.Context, id, keyID string) error {
 
 // PutTier creates or replaces a tier. Tenants of the tier get its new rules
 // with their next request.
-func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tier, error) {
-	if err := nameError(name); err != nil {
+func (c *Catalog) PutTier(ctx context.Context, name string, spec policy.TierSpec) (*policy.Tier, error) {
+	if err := policy.CheckName(name); err != nil {
 		return nil, err
 	}
 	p, err := c.apply(ctx, func(ch *Changes) error {
@@ -567,10 +575,10 @@ func (c *Catalog) PutTier(ctx context.Context, name string, spec TierSpec) (*Tie
 	if err != nil {
 		return nil, err
 	}
-	return p.tiers[name], nil
+	return p.Tier(name), nil
 }
 
-// FileStore is a ChangeStore in one JSON file. Save writes a temporary file
+// FileStore is a Store in one JSON file. Save writes a temporary file
 // in the same directory, syncs it and renames it over the old one, so a
 // crash at any point leaves either the old changes or the new ones, never a
 // mix. The zero FileStore is not usable; set Path.
@@ -578,9 +586,9 @@ type FileStore struct {
 	Path string
 }
 
-var _ ChangeStore = (*FileStore)(nil)
+var _ Store = (*FileStore)(nil)
 
-// Load implements ChangeStore. A missing file is an empty catalog.
+// Load implements Store. A missing file is an empty catalog.
 func (f *FileStore) Load(ctx context.Context) (*Changes, error) {
 	b, err := os.ReadFile(f.Path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -604,7 +612,7 @@ func (f *FileStore) Load(ctx context.Context) (*Changes, error) {
 // writeFile is os.File.Write; tests replace it to fail mid-write.
 var writeFile = func(f *os.File, b []byte) (int, error) { return f.Write(b) }
 
-// Save implements ChangeStore.
+// Save implements Store.
 func (f *FileStore) Save(ctx context.Context, c *Changes) error {
 	b, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
@@ -613,7 +621,7 @@ func (f *FileStore) Save(ctx context.Context, c *Changes) error {
 	if err := os.MkdirAll(filepath.Dir(f.Path), 0o700); err != nil {
 		return fmt.Errorf("policy: saving the catalog: %w", err)
 	}
-	if err := writeSynced(f.Path, append(b, '\n')); err != nil {
+	if err := syncfile.Write(f.Path, append(b, '\n'), writeFile); err != nil {
 		return fmt.Errorf("policy: saving the catalog: %w", err)
 	}
 	return nil

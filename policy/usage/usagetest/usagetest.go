@@ -1,4 +1,4 @@
-// Package usagetest is the conformance suite of policy.UsageStore: every
+// Package usagetest is the conformance suite of usage.Store: every
 // implementation runs it.
 package usagetest
 
@@ -7,25 +7,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/usage"
 )
 
 // Run runs the suite on stores that open returns, new and empty, keeping
-// policy.DefaultKeepPeriods periods.
-func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
+// usage.DefaultKeepPeriods periods.
+func Run(t *testing.T, open func(t *testing.T) usage.Store) {
 	ctx := context.Background()
 	day := func(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, time.UTC) }
 	now := time.Now().UTC()
 	thisMonth := day(now.Year(), now.Month(), 1)
 	nextMonth, lastMonth := thisMonth.AddDate(0, 1, 0), thisMonth.AddDate(0, -1, 0)
-	rec := func(tenant, rule string, start, end time.Time, admitted, refused, cost int64) policy.UsageRecord {
-		return policy.UsageRecord{Tenant: tenant, Rule: rule, PeriodStart: start, PeriodEnd: end, Admitted: admitted, Refused: refused, Cost: cost}
+	rec := func(tenant, rule string, start, end time.Time, admitted, refused, cost int64) usage.Record {
+		return usage.Record{Tenant: tenant, Rule: rule, PeriodStart: start, PeriodEnd: end, Admitted: admitted, Refused: refused, Cost: cost}
 	}
 
 	t.Run("adds_up", func(t *testing.T) {
 		s := open(t)
 		for range 3 { // three servers' flushes
-			if err := s.AddUsage(ctx, []policy.UsageRecord{
+			if err := s.AddUsage(ctx, []usage.Record{
 				rec("acme", "ai", thisMonth, nextMonth, 2, 1, 70),
 				rec("acme", "mail", thisMonth, nextMonth, 1, 0, 1),
 			}); err != nil {
@@ -36,14 +36,14 @@ func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []policy.UsageRecord{rec("acme", "ai", thisMonth, nextMonth, 6, 3, 210), rec("acme", "mail", thisMonth, nextMonth, 3, 0, 3)}
+		want := []usage.Record{rec("acme", "ai", thisMonth, nextMonth, 6, 3, 210), rec("acme", "mail", thisMonth, nextMonth, 3, 0, 3)}
 		check(t, got, want)
 	})
 
 	t.Run("ranges_tenants_and_order", func(t *testing.T) {
 		s := open(t)
 		weekStart := thisMonth.AddDate(0, 0, 7)
-		if err := s.AddUsage(ctx, []policy.UsageRecord{
+		if err := s.AddUsage(ctx, []usage.Record{
 			rec("acme", "ai", thisMonth, nextMonth, 1, 0, 1),
 			rec("acme", "ai", lastMonth, thisMonth, 5, 5, 5),
 			rec("acme", "week", weekStart, weekStart.AddDate(0, 0, 7), 2, 0, 2),
@@ -55,7 +55,7 @@ func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		check(t, all, []policy.UsageRecord{
+		check(t, all, []usage.Record{
 			rec("acme", "ai", lastMonth, thisMonth, 5, 5, 5),
 			rec("acme", "ai", thisMonth, nextMonth, 1, 0, 1),
 			rec("acme", "week", weekStart, weekStart.AddDate(0, 0, 7), 2, 0, 2),
@@ -65,7 +65,7 @@ func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		check(t, cur, []policy.UsageRecord{rec("acme", "ai", thisMonth, nextMonth, 1, 0, 1)})
+		check(t, cur, []usage.Record{rec("acme", "ai", thisMonth, nextMonth, 1, 0, 1)})
 		none, err := s.Usage(ctx, "nobody", lastMonth, nextMonth)
 		if err != nil || len(none) != 0 {
 			t.Fatalf("a tenant with no records: %v, %v", none, err)
@@ -76,7 +76,7 @@ func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
 		s := open(t)
 		// Ended more than 12 periods ago: not kept.
 		old := day(2000, time.January, 1)
-		if err := s.AddUsage(ctx, []policy.UsageRecord{
+		if err := s.AddUsage(ctx, []usage.Record{
 			rec("acme", "ai", old, old.AddDate(0, 1, 0), 1, 0, 1),
 			rec("acme", "ai", lastMonth, thisMonth, 1, 0, 1),
 		}); err != nil {
@@ -86,11 +86,11 @@ func Run(t *testing.T, open func(t *testing.T) policy.UsageStore) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		check(t, got, []policy.UsageRecord{rec("acme", "ai", lastMonth, thisMonth, 1, 0, 1)})
+		check(t, got, []usage.Record{rec("acme", "ai", lastMonth, thisMonth, 1, 0, 1)})
 	})
 }
 
-func check(t *testing.T, got, want []policy.UsageRecord) {
+func check(t *testing.T, got, want []usage.Record) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d records, want %d:\n%+v\nwant\n%+v", len(got), len(want), got, want)
