@@ -10,6 +10,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // Batching. Redis spends about as long starting a function call as
@@ -31,7 +32,7 @@ const (
 	// maxFlight bounds the calls in flight per slot; more keep Redis busy
 	// while replies are read, fewer make larger batches.
 	maxFlight = 4
-	// maxBatch bounds the decisions of one call, so that one call never
+	// maxBatch bounds the decisions of one link.Call, so that one call never
 	// holds Redis for long.
 	maxBatch = 64
 )
@@ -138,8 +139,8 @@ func (s *Store) quotaEnds(r *admit.Rule) (string, string) {
 		return "0", "0" // validate refused it before any call is made
 	}
 	now := time.Now()
-	if s.link.clock != nil {
-		now = s.link.clock()
+	if s.link.Clock != nil {
+		now = s.link.Clock()
 	}
 	e1, e2 := p.QuotaEnds(now)
 	return itoa(e1.UnixMicro()), itoa(e2.UnixMicro())
@@ -155,8 +156,8 @@ type batcher struct {
 // batcher returns the batcher of the slot of tag.
 func (s *Store) batcher(tag string) *batcher {
 	i := 0
-	if s.link.cluster {
-		i = int(slotOf(tag))
+	if s.link.Cluster {
+		i = int(link.SlotOf(tag))
 	}
 	if b := s.batchers[i].Load(); b != nil {
 		return b
@@ -249,7 +250,7 @@ func (s *Store) send(batch []*job) {
 		return
 	}
 	keys, args := s.batchArgs(batch)
-	v, err := s.link.run(context.Background(), call{keys: keys, args: args})
+	v, err := s.link.Run(context.Background(), link.Call{Keys: keys, Args: args})
 	if err == nil && args[0] == "b" && len(v) != replyLen(batch) {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: batch of %d replied %d values, want %d", len(batch), len(v), replyLen(batch))
 	}
@@ -361,7 +362,7 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 	if !slices.ContainsFunc(batch, func(j *job) bool { return !j.windows }) {
 		args[0] = "w"
 	}
-	args[1], args[2] = s.link.nowArgs()
+	args[1], args[2] = s.link.NowArgs()
 	args[3], args[4], args[5] = itoa(int64(len(rules))), itoa(int64(len(batch))), itoa(int64(replyLen(batch)))
 	for _, r := range rules {
 		args = append(args, r.text)
@@ -371,23 +372,6 @@ func (s *Store) batchArgs(batch []*job) (keys, args []string) {
 		args = append(args, j.args...)
 	}
 	return keys, args
-}
-
-// slotOf returns the Redis Cluster hash slot of keys tagged tag: CRC16
-// (XMODEM) of the tag, modulo 16384.
-func slotOf(tag string) uint16 {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc & 16383
 }
 
 // batchersFor returns the batcher table of a store: one per hash slot in

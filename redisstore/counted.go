@@ -135,7 +135,7 @@ func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
 	b = append(b, c.Key...)
 	sum := sha256.Sum256(b)
 	var key [64]byte
-	k := append(key[:0], s.link.prefix...)
+	k := append(key[:0], s.link.Prefix...)
 	k = append(k, '#')
 	k = base64.RawURLEncoding.AppendEncode(k, sum[:16])
 	return string(k), [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
@@ -177,7 +177,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 			others[i].DryRun = true
 		}
 	}
-	now := s.link.now()
+	now := s.link.Now()
 	if !dry && s.refuseLocally(charges, now, d) {
 		// A counted key refused a moment ago (see learnRefusals): its
 		// traffic touches none of the request's shared counts.
@@ -450,7 +450,7 @@ var takeBackSource string
 func (s *Store) lower(keys []string, costs []int64) error {
 	// Not the caller's context: a count must be taken back even when the
 	// caller has gone.
-	return s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	return s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		execs := make([]rueidis.LuaExec, len(keys))
 		for j, k := range keys {
 			execs[j] = rueidis.LuaExec{Keys: []string{k}, Args: []string{strconv.FormatInt(costs[j], 10)}}
@@ -491,7 +491,7 @@ func (s *Store) fixExpiries(ops []countOp) {
 func (s *Store) retryExpiries() {
 	for {
 		select {
-		case <-s.link.closed:
+		case <-s.link.Closed:
 			return
 		case <-time.After(time.Second):
 		}
@@ -499,7 +499,7 @@ func (s *Store) retryExpiries() {
 		fixes := s.fixes
 		s.fixes = nil
 		s.fixMu.Unlock()
-		err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 			cmds := make(rueidis.Commands, len(fixes))
 			for i, f := range fixes {
 				cmds[i] = client.B().Pexpire().Key(f.key).Milliseconds(max(time.Until(f.at).Milliseconds(), 1)).Build()
@@ -534,7 +534,7 @@ type expiryFix struct {
 // countedSlack is how long past its window a counted key lives: with a
 // clock of the store's own (tests), as long as the script's keys get.
 func (s *Store) countedSlack() time.Duration {
-	if s.link.clock != nil {
+	if s.link.Clock != nil {
 		return 10 * time.Minute
 	}
 	return countedSlack
@@ -565,7 +565,7 @@ func countedResult(res *admit.Result, c *admit.Charge, count int64, now time.Tim
 // readTally reads t's counts for a dry run: what each key holds, plus the
 // costs of t's charges before it and its own.
 func (s *Store) readTally(t *tally) error {
-	return s.link.do(t.ctx, func(ctx context.Context, client rueidis.Client) error {
+	return s.link.Do(t.ctx, func(ctx context.Context, client rueidis.Client) error {
 		cmds := make(rueidis.Commands, len(t.keys))
 		for i, k := range t.keys {
 			cmds[i] = client.B().Get().Key(k).Build()
@@ -694,7 +694,7 @@ func (s *Store) sendTallies(batch []*tally) {
 			place[ti][i] = [2]int64{int64(k), ops[k].total}
 		}
 	}
-	err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		cmds := make(rueidis.Commands, 0, 2*len(ops))
 		for i := range ops {
 			op := &ops[i]
@@ -792,7 +792,7 @@ func (s *Store) sendTallies(batch []*tally) {
 // zero, never on a key that is gone (see takeBack).
 func (s *Store) refundCounted(c *admit.Charge, at time.Time) error {
 	w := int64(c.Rule.Window)
-	n, a := s.link.now().UnixNano(), at.UnixNano()
+	n, a := s.link.Now().UnixNano(), at.UnixNano()
 	if a-a%w != n-n%w || c.Cost <= 0 {
 		return nil
 	}
@@ -803,9 +803,9 @@ func (s *Store) refundCounted(c *admit.Charge, at time.Time) error {
 // resetCounted deletes charge c's count of the current window.
 func (s *Store) resetCounted(ctx context.Context, c *admit.Charge) error {
 	w := int64(c.Rule.Window)
-	n := s.link.now().UnixNano()
+	n := s.link.Now().UnixNano()
 	key, _ := s.countedKey(c, n-n%w+w)
-	return s.link.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+	return s.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
 		return client.Do(ctx, client.B().Del().Key(key).Build()).Error()
 	})
 }

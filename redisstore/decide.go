@@ -8,6 +8,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // tagOf returns the hash tag of a charge's key: its tenant's hash
@@ -29,7 +30,7 @@ func tagOf(c *admit.Charge) string {
 }
 
 func (s *Store) redisKey(tag, key string) string {
-	return s.link.prefix + "{" + tag + "}" + key
+	return s.link.Prefix + "{" + tag + "}" + key
 }
 
 // group is the charges of one decision that share a hash tag, with their
@@ -136,7 +137,7 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	return ra, nil
 }
 
-// reply is one decision's part of the reply of a decide or undo call
+// reply is one decision's part of the reply of a decide or undo link.Call
 // (lua/library, reply): allowed, four values per charge (allowed + 2 × how,
 // remaining, reset, retry) and the lease's expiry; with the call's now.
 type reply struct {
@@ -256,13 +257,13 @@ func (s *Store) decideExact(ctx context.Context, charges []admit.Charge, d *admi
 		d.Allowed = true // nothing limits the request, as in memstore
 		return nil
 	}
-	now := s.link.now()
+	now := s.link.Now()
 	if s.refuseLocally(charges, now, d) {
 		return nil
 	}
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
-	groups := s.groups(charges, s.link.cluster)
-	if !dry && s.link.cluster {
+	groups := s.groups(charges, s.link.Cluster)
+	if !dry && s.link.Cluster {
 		if err := s.checkTenantGroups(groups, func(g group) bool { return hasLeases(charges, g) }); err != nil {
 			return err
 		}
@@ -352,7 +353,7 @@ type exactCall struct {
 func (s *Store) giveBack(ctx context.Context, x *exactCall, refused int) error {
 	charges, d, leaseID := x.charges, x.d, x.leaseID
 	for _, gd := range x.done {
-		v, err := s.link.run(ctx, s.undoCall(charges, gd, leaseID))
+		v, err := s.link.Run(ctx, s.undoCall(charges, gd, leaseID))
 		if err != nil {
 			s.undoFailures.Add(1)
 			return err
@@ -373,21 +374,21 @@ func (s *Store) giveBack(ctx context.Context, x *exactCall, refused int) error {
 	return nil
 }
 
-func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) call {
+func (s *Store) undoCall(charges []admit.Charge, gd groupDone, leaseID string) link.Call {
 	rec := ""
 	if leaseID != "" && hasLeases(charges, gd.g) {
 		rec = s.leaseKey(gd.g.tag, leaseID)
 	}
 	c := s.newCall("u", itoa(gd.reply.nu), itoa(gd.reply.nsub), leaseID, charges, gd.g, rec)
 	for k, i := range gd.g.idx {
-		c.args[7+stride*k+4] = gd.reply.hows[k]
+		c.Args[7+stride*k+4] = gd.reply.hows[k]
 		if charges[i].Debit {
-			c.args[7+stride*k+4] = "-1" // a debit stays charged
+			c.Args[7+stride*k+4] = "-1" // a debit stays charged
 		}
 		if charges[i].Rule.Algorithm == admit.Quota {
 			// Where a quota's rule has no other parameter (lua/library,
 			// strided), its period's ends, for the look after the undo.
-			c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
+			c.Args[7+stride*k+5+1], c.Args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
 		}
 	}
 	return c
@@ -399,10 +400,10 @@ func (s *Store) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 	if len(done) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	for _, gd := range done {
-		if _, err := s.link.run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
+		if _, err := s.link.Run(ctx, s.undoCall(charges, gd, leaseID)); err != nil {
 			s.undoFailures.Add(1)
 		}
 	}
@@ -419,7 +420,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		s.refundRegion(charges)
 		return nil
 	}
-	now := s.link.now()
+	now := s.link.Now()
 	keep := make([]admit.Charge, 0, len(charges))
 	for i := range charges {
 		c := charges[i]
@@ -454,15 +455,15 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 	}
 	s.forgetRefusals(keep, false)
 	u := at.UnixMicro()
-	for _, g := range s.groups(keep, s.link.cluster) {
+	for _, g := range s.groups(keep, s.link.Cluster) {
 		c := s.newCall("u", itoa(u), itoa(at.UnixNano()-u*1000), "", keep, g, "")
 		for k, i := range g.idx {
-			c.args[7+stride*k+4] = "0"
+			c.Args[7+stride*k+4] = "0"
 			if keep[i].Rule.Algorithm == admit.Quota {
-				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(keep[i].Rule)
+				c.Args[7+stride*k+5+1], c.Args[7+stride*k+5+2] = s.quotaEnds(keep[i].Rule)
 			}
 		}
-		if _, err := s.link.run(ctx, c); err != nil {
+		if _, err := s.link.Run(ctx, c); err != nil {
 			return err
 		}
 	}
@@ -501,14 +502,14 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 	}
 	// A window's count is kept in a key named for the window, which only
 	// the script knows from Redis's clock; a call stays within a slot.
-	for _, g := range s.groups(charges, s.link.cluster) {
+	for _, g := range s.groups(charges, s.link.Cluster) {
 		c := s.newCall("x", "", "", "", charges, g, "")
 		for k, i := range g.idx {
 			if charges[i].Rule.Algorithm == admit.Quota {
-				c.args[7+stride*k+5+1], c.args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
+				c.Args[7+stride*k+5+1], c.Args[7+stride*k+5+2] = s.quotaEnds(charges[i].Rule)
 			}
 		}
-		if _, err := s.link.run(ctx, c); err != nil {
+		if _, err := s.link.Run(ctx, c); err != nil {
 			return err
 		}
 	}

@@ -79,7 +79,7 @@ func TagOf(c admit.Charge) string { return tagOf(&c) }
 func New(client rueidis.Client, opts *Options) *Store { return withClient(client, opts) }
 
 // LoadFunctions loads the store's function library on every node.
-func (s *Store) LoadFunctions(ctx context.Context) error { return s.link.loadFunctions(ctx) }
+func (s *Store) LoadFunctions(ctx context.Context) error { return s.link.LoadFunctions(ctx) }
 
 // Command is redishook.Command.
 func (s *Store) Command(charges []admit.Charge) (keys, args []string) { return s.command(charges) }
@@ -90,7 +90,7 @@ func (s *Store) Client() rueidis.Client { return redishook.Client(s) }
 // CountedKey returns the key of c's count now, as s names it.
 func CountedKey(s *Store, c *admit.Charge) string {
 	w := int64(c.Rule.Window)
-	n := s.link.now().UnixNano()
+	n := s.link.Now().UnixNano()
 	key, _ := s.countedKey(c, n-n%w+w)
 	return key
 }
@@ -109,7 +109,7 @@ func PoolCall(s *Store, key string, args ...string) ([]int64, error) {
 
 func scriptCall(s *Store, script *rueidis.Lua, key string, args []string) ([]int64, error) {
 	var out []int64
-	err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := script.Exec(ctx, client, []string{key}, args).ToArray()
 		if err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 
 // Leased allowances. A rule with Distribution admit.Leased is decided from
 // allowances: units a server has withdrawn from the key's state in Redis
-// (a charge like any other, made by one atomic call) and spends locally,
+// (a charge like any other, made by one atomic link.Call) and spends locally,
 // without a round trip, until they run out or expire. Since every unit is
 // withdrawn before it admits anything, the servers together never admit
 // more than the exact limit would; what they hold unused is admitted by
@@ -331,7 +331,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 			return err
 		}
 	}
-	now := s.link.now()
+	now := s.link.Now()
 	var pools [bounds.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	for i := range charges {
@@ -374,7 +374,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		if err := waitFetches(ctx, waits[:n]); err != nil {
 			return err
 		}
-		now = s.link.now()
+		now = s.link.Now()
 	}
 	err := s.decideRest(ctx, charges, ps, taken, now, d)
 	if err != nil || !d.Allowed {
@@ -584,13 +584,13 @@ func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 // withdraw asks Redis for want units of p and adds what it grants.
 func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	defer s.leased.fetches.Done()
-	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
-	sent := s.link.now()
+	sent := s.link.Now()
 	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want, Share: p.share}}
 	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
 	v, err := s.decideCall(p.tag, s.newJob(ctx, jobSpec{charges: charges[:], ras: []*ruleArgs{p.ra}, g: g, how: decideWithdraw}))
-	recv := s.link.now()
+	recv := s.link.Now()
 	if err == nil && len(v.v) != 6 {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))
 	}
@@ -797,10 +797,10 @@ func (s *Store) sweepLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-s.link.closed:
+		case <-s.link.Closed:
 			return
 		case <-t.C:
-			s.sweep(s.link.now())
+			s.sweep(s.link.Now())
 		}
 	}
 }
@@ -857,14 +857,14 @@ func (s *Store) refund(p *allowance) {
 	if n <= 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	charges := []admit.Charge{{Key: p.key, Rule: p.rule, Cost: n}}
 	gd := groupDone{
 		g:     group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}},
 		reply: groupReply{nu: tu, nsub: tn, hows: []string{"0"}},
 	}
-	if _, err := s.link.run(ctx, s.undoCall(charges, gd, "")); err != nil {
+	if _, err := s.link.Run(ctx, s.undoCall(charges, gd, "")); err != nil {
 		s.lost.Add(n)
 		return
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 func newID() string {
@@ -71,7 +72,7 @@ func isHex(s string) bool {
 // in one; in Cluster a group per tenant the decision names, up to
 // Options.TenantsPerDecision, and the global group.
 func (s *Store) tags() (all, tenants int) {
-	if !s.link.cluster {
+	if !s.link.Cluster {
 		return 1, 1
 	}
 	return min(s.tenantTags+1, bounds.MaxCharges), s.tenantTags
@@ -98,9 +99,9 @@ func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
 	return nil
 }
 
-func (s *Store) leaseKey(tag, id string) string { return s.link.prefix + "{" + tag + "}lease:" + id }
+func (s *Store) leaseKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}lease:" + id }
 
-func (s *Store) resKey(tag, id string) string { return s.link.prefix + "{" + tag + "}res:" + id }
+func (s *Store) resKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}res:" + id }
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
@@ -112,12 +113,12 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	}
 	if len(charges) == 0 {
 		now := time.Now()
-		if s.link.clock != nil {
-			now = s.link.clock()
+		if s.link.Clock != nil {
+			now = s.link.Clock()
 		}
 		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
 	}
-	groups := s.groups(charges, s.link.cluster)
+	groups := s.groups(charges, s.link.Cluster)
 	if err := s.checkTenantGroups(groups, func(group) bool { return true }); err != nil {
 		return admit.Reservation{}, err
 	}
@@ -125,7 +126,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	var booked []string
 	var res admit.Reservation
 	for _, g := range groups {
-		v, err := s.link.run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
+		v, err := s.link.Run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
 		if err == nil && len(v) != 4 {
 			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
 		}
@@ -151,7 +152,7 @@ func (s *Store) cancelTags(id string, tags []string) {
 	if len(tags) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.link.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	for _, tag := range tags {
 		_, _ = s.cancelOne(ctx, tag, id)
@@ -174,7 +175,7 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 			keys = append(keys, k)
 		}
 	}
-	v, err := s.link.run(ctx, call{keys: keys, args: s.opArgs("c", id)})
+	v, err := s.link.Run(ctx, link.Call{Keys: keys, Args: s.opArgs("c", id)})
 	if err != nil {
 		return false, err
 	}
@@ -182,14 +183,14 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 }
 
 func (s *Store) opArgs(op, id string) []string {
-	us, ns := s.link.nowArgs()
+	us, ns := s.link.NowArgs()
 	return []string{op, us, ns, "", "", id, "0"}
 }
 
 // recordFields returns the field names of a lease or reservation record.
 func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
 	var fields []string
-	err := s.link.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+	err := s.link.Do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
 		fields, err = client.Do(ctx, client.B().Hkeys().Key(rec).Build()).AsStrSlice()
 		return err
 	})
@@ -264,7 +265,7 @@ func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error)
 		if op == "n" {
 			keys = appendShareRecords(keys, fields)
 		}
-		v, err := s.link.run(ctx, call{keys: keys, args: s.opArgs(op, raw)})
+		v, err := s.link.Run(ctx, link.Call{Keys: keys, Args: s.opArgs(op, raw)})
 		if err != nil {
 			return false, 0, err
 		}

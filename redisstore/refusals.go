@@ -246,7 +246,7 @@ func (s *Store) forgetReleased(fields []string) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for _, f := range fields {
-		rest, ok := strings.CutPrefix(f, s.link.prefix+"{")
+		rest, ok := strings.CutPrefix(f, s.link.Prefix+"{")
 		if !ok {
 			continue
 		}

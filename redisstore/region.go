@@ -242,13 +242,13 @@ func regionCharge(i int, c *admit.Charge) error {
 // state they hold (b, a bucket, or c, a count), so that a rule whose
 // algorithm changed under the same name starts anew.
 func (s *Store) poolKey(p *allowance) string {
-	return s.link.prefix + "r{" + p.tag + "}" + kindOf(p.rule) + p.key
+	return s.link.Prefix + "r{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
 func (s *Store) agentKey(p *allowance) string {
-	return s.link.prefix + "a{" + p.tag + "}" + kindOf(p.rule) + p.key
+	return s.link.Prefix + "a{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
 func (s *Store) homeKey(p *allowance) string {
-	return s.link.prefix + "h{" + p.tag + "}" + kindOf(p.rule) + p.key
+	return s.link.Prefix + "h{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
 
 func kindOf(r *admit.Rule) string {
@@ -281,7 +281,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		d.Allowed = true
 		return nil
 	}
-	now := s.link.now()
+	now := s.link.Now()
 	var pools [bounds.MaxCharges]*allowance
 	ps := pools[:len(charges)]
 	dry := false
@@ -363,7 +363,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		if err := waitFetches(ctx, waits[:n]); err != nil {
 			return err
 		}
-		now = s.link.now()
+		now = s.link.Now()
 	}
 	// What is in hand does not cover the request: refuse it, each charge
 	// reporting what it holds and when it could be admitted.
@@ -448,7 +448,7 @@ func (s *Store) owe(p *allowance, n int64) {
 	p.mu.Lock()
 	gen := p.hgen
 	p.mu.Unlock()
-	if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), "0", "0", itoa(-n)}).Error()
 	}); err != nil {
 		s.lost.Add(n) // a debt lost: as much admitted that should not be
@@ -553,7 +553,7 @@ type poolTake struct {
 // of this server since its last take, need the units its callers lack.
 func (s *Store) take(p *allowance, want, arrivals, need int64) (poolTake, error) {
 	var t poolTake
-	err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
 			itoa(want), itoa(arrivals), itoa(regionHorizon.Microseconds()), itoa(s.region.period().Microseconds()),
 			strconv.FormatFloat(spanMicros(p.rule), 'g', -1, 64), itoa(leastHeld(p.rule)), itoa(need), poolShape(p.rule)}).ToArray()
@@ -621,7 +621,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	}
 	var takes [3]taken
 	n := 1
-	takes[0].sent = s.link.now()
+	takes[0].sent = s.link.Now()
 	t, err := s.take(p, want, asked, short)
 	takes[0].poolTake = t
 	got := t.got
@@ -639,7 +639,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 				} else if g < 0 {
 					break
 				}
-				takes[n].sent = s.link.now()
+				takes[n].sent = s.link.Now()
 				if takes[n].poolTake, err = s.take(p, want-got, 0, short-got); err != nil {
 					break
 				}
@@ -653,7 +653,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 			s.goRefill(p)
 		}
 	}
-	recv := s.link.now()
+	recv := s.link.Now()
 	s.withdrawals.Add(1)
 	p.mu.Lock()
 	p.fetch = nil
@@ -819,7 +819,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		return
 	}
 	pk := s.poolKey(p)
-	now := s.link.now()
+	now := s.link.Now()
 	rg.mu.Lock()
 	if rg.agents == nil {
 		rg.agents = make(map[string]time.Time)
@@ -857,7 +857,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 
 	token := newID()
 	var locked bool
-	if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		err := client.Do(ctx, client.B().Set().Key(s.agentKey(p)).Value(token).Nx().Px(agentLock).Build()).Error()
 		if rueidis.IsRedisNil(err) {
 			return nil
@@ -870,7 +870,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	if !locked {
 		return refillElsewhere
 	}
-	defer s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	defer s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return unlockScript.Exec(ctx, client, []string{s.agentKey(p)}, []string{token}).Error()
 	})
 
@@ -880,8 +880,8 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	var prep []int64
 	var demand string
 	var poolNow int64
-	prepSent := s.link.now()
-	if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	prepSent := s.link.Now()
+	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{pk}, []string{"a", itoa(rg.period().Microseconds()), itoa(leastHeld(p.rule))}).ToArray()
 		if err != nil {
 			return err
@@ -909,7 +909,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 	}); err != nil {
 		return
 	}
-	prepRecv := s.link.now()
+	prepRecv := s.link.Now()
 	deltaMin, deltaMax := poolNow-prepRecv.UnixMicro(), poolNow-prepSent.UnixMicro()
 	held, target, back := prep[0], prep[1], prep[2:]
 	rg.held.Store(held)
@@ -927,11 +927,11 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 			owed -= back[i+1]
 		}
 	}
-	sent := s.link.now()
+	sent := s.link.Now()
 	var g, first, last, gen, share, spentFor int64
 	var T float64
 	var pos, fair string
-	err := rg.home.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	err := rg.home.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p)}, args).ToArray()
 		if err != nil {
 			return err
@@ -955,7 +955,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		T, err = strconv.ParseFloat(ts, 64)
 		return err
 	})
-	recv := s.link.now()
+	recv := s.link.Now()
 	rg.homeCalls.Add(1)
 	if err != nil {
 		rg.homeFailures.Add(1) // what was to go home stays in the pool, sent again next time
@@ -975,7 +975,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		for i := 2; i < len(back); i += 3 {
 			acked = max(acked, back[i])
 		}
-		if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+		if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 			return poolScript.Exec(ctx, client, []string{pk}, []string{"k", itoa(acked)}).Error()
 		}); err == nil {
 			p.mu.Lock()
@@ -1009,7 +1009,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		expiry := sent.Add(time.Duration(max(last, 0))*time.Microsecond+hold).UnixMicro() + deltaMin
 		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair, poolShape(p.rule)}
 	}
-	if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{pk}, ops).Error()
 	}); err != nil {
 		s.lost.Add(g)
@@ -1025,7 +1025,7 @@ func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
 	case admit.FixedWindow:
 		return []string{"c", w, demand, itoa(r.Limit), itoa(r.Window.Microseconds()), "0", "0", "0"}
 	case admit.Quota:
-		now := s.link.now()
+		now := s.link.Now()
 		start, end := engine.PeriodAt(r, now)
 		_, next := engine.PeriodAt(r, end)
 		return []string{"c", w, demand, itoa(r.Limit), "0", itoa(start.UnixMicro()), itoa(end.UnixMicro()), itoa(next.UnixMicro())}
@@ -1055,7 +1055,7 @@ func poolShape(r *admit.Rule) string {
 // returnToPool gives back the units p holds to its pool, or through it
 // home.
 func (s *Store) returnToPool(p *allowance) {
-	now := s.link.now()
+	now := s.link.Now()
 	p.mu.Lock()
 	p.release(now)
 	n, booked, until, gen, delta := p.avail, p.future, p.until, p.hgen, p.delta
@@ -1069,7 +1069,7 @@ func (s *Store) returnToPool(p *allowance) {
 	// have); units booked, not due, go home: no other server may spend
 	// them before they are due, and giving them back is always safe.
 	expiry := until.UnixMicro() + delta // early: see addTake
-	if err := s.link.do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
+	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), itoa(n), itoa(expiry), itoa(booked)}).Error()
 	}); err != nil {
 		s.lost.Add(n + booked)
@@ -1132,12 +1132,12 @@ func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 	s.forget(charges)
 	for i := range charges {
 		p := &allowance{rule: charges[i].Rule, key: charges[i].Key, tag: tagOf(&charges[i])}
-		if err := s.region.home.link.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+		if err := s.region.home.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
 			return client.Do(ctx, client.B().Del().Key(s.region.home.homeKey(p)).Build()).Error()
 		}); err != nil {
 			return err
 		}
-		if err := s.link.do(ctx, func(ctx context.Context, client rueidis.Client) error {
+		if err := s.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
 			return client.Do(ctx, client.B().Del().Key(s.poolKey(p)).Build()).Error()
 		}); err != nil {
 			return err
@@ -1149,7 +1149,7 @@ func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 // refundRegion puts back into the allowances of charges the units a
 // decision took, while they last.
 func (s *Store) refundRegion(charges []admit.Charge) {
-	now := s.link.now()
+	now := s.link.Now()
 	for i := range charges {
 		c := &charges[i]
 		if c.Cost <= 0 || regionCharge(i, c) != nil {

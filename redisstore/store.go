@@ -27,7 +27,7 @@
 // when Redis answers that the function is missing.
 //
 // Decisions made at the same time share calls: while calls for a hash
-// slot are in flight, the decisions that arrive queue, and the next call
+// slot are in flight, the decisions that arrive queue, and the next link.Call
 // decides them all, one after the other, each all or nothing on its own
 // (see batch.go). A lone decision is sent at once; nothing waits for a
 // batch to fill.
@@ -93,6 +93,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/redishook"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // scriptSource is the Functions library Redis loads: lua/library's
@@ -193,7 +194,7 @@ func (o *Options) check() error {
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
 type Store struct {
-	link *link // the connection room
+	link *link.Link // the connection room
 	// exactRefusals: see Options.ExactRefusals.
 	exactRefusals bool
 	// tenantTags is the most groups of tenants' keys a lease or
@@ -237,7 +238,7 @@ func withClient(client rueidis.Client, opts *Options) *Store {
 		mode = "sentinel"
 	}
 	s := newStore(mode == "cluster", mode, opts)
-	s.link.conn.Store(&connection{client})
+	s.link.SetClient(client)
 	return s
 }
 
@@ -266,8 +267,8 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills), coldRefills: make(chan struct{}, maxColdRefills)}
 	}
 	return &Store{
-		link: &link{cluster: cluster, mode: mode, prefix: o.Prefix, timeout: o.Timeout, clock: o.Clock,
-			breaker: breaker{threshold: int64(o.BreakerFailures), cooldown: o.BreakerCooldown}, closed: make(chan struct{})},
+		link: &link.Link{Cluster: cluster, Mode: mode, Prefix: o.Prefix, Timeout: o.Timeout, Clock: o.Clock, Library: scriptSource,
+			Breaker: link.Breaker{Threshold: int64(o.BreakerFailures), Cooldown: o.BreakerCooldown}, Closed: make(chan struct{})},
 		region:        rg,
 		batchers:      batchersFor(cluster),
 		exactRefusals: o.ExactRefusals,
@@ -299,14 +300,14 @@ func Dial(ctx context.Context, cfg Config, opts *Options) (*Store, error) {
 	}
 	boundConnections(&co, opts)
 	client, err := rueidis.NewClient(co)
-	if refusedCredentials(err) {
+	if link.RefusedCredentials(err) {
 		return nil, admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", cfg, err)
 	}
 	if err != nil {
 		return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 	}
 	s := withClient(client, opts)
-	s.link.own = true
+	s.link.Own = true
 	if err := s.Ping(ctx); err != nil {
 		client.Close()
 		return nil, err
@@ -353,12 +354,12 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 			return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: connecting to %s: %w", cfg, err)
 		}
 		s := withClient(client, opts)
-		s.link.own = true
+		s.link.Own = true
 		return s, nil
 	}
 	s := newStore(cfg.Mode == Cluster, string(cfg.Mode), opts)
-	s.link.own = true
-	go s.link.connect(co)
+	s.link.Own = true
+	go s.link.Connect(co)
 	return s, nil
 }
 
@@ -366,7 +367,7 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.returnAll()
-		s.link.close()
+		s.link.Close()
 	})
 	return nil
 }
@@ -374,25 +375,15 @@ func (s *Store) Close() error {
 // Prefix returns the prefix of the store's keys; packages that keep their
 // own data in the store's Redis (gateway sessions, the shared catalog) put
 // theirs under it too.
-func (s *Store) Prefix() string { return s.link.prefix }
+func (s *Store) Prefix() string { return s.link.Prefix }
 
 // Timeout returns the bound of every call the store makes.
-func (s *Store) Timeout() time.Duration { return s.link.timeout }
+func (s *Store) Timeout() time.Duration { return s.link.Timeout }
 
 // Ping checks that Redis answers (every master, in Cluster) within the
 // timeout. It does not go through the breaker, so readiness probes see the
 // store's real state.
-func (s *Store) Ping(ctx context.Context) error { return s.link.ping(ctx) }
-
-// refusedCredentials reports whether err is Redis refusing the username
-// or password.
-func refusedCredentials(err error) bool {
-	if re, ok := rueidis.IsRedisErr(err); ok {
-		msg := re.Error()
-		return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
-	}
-	return false
-}
+func (s *Store) Ping(ctx context.Context) error { return s.link.Ping(ctx) }
 
 // Health is the store's state for readiness checks and metrics.
 type Health struct {
@@ -422,13 +413,13 @@ type Health struct {
 // Health returns the store's current state.
 func (s *Store) Health() Health {
 	h := Health{
-		Breaker: s.link.breaker.state(time.Now()), Calls: s.link.calls.Load(), Failures: s.link.failures.Load(),
+		Breaker: s.link.Breaker.State(time.Now()), Calls: s.link.Calls.Load(), Failures: s.link.Failures.Load(),
 		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
 		LocalRefusals: s.localRefusals.Load(),
 		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
 		Expired: s.expired.Load(), Lost: s.lost.Load(),
 	}
-	if e := s.link.evicts.Load(); e != nil {
+	if e := s.link.Evicts.Load(); e != nil {
 		h.Evicts = *e
 	}
 	return h
@@ -436,18 +427,16 @@ func (s *Store) Health() Health {
 
 // String describes the store for logs.
 func (s *Store) String() string {
-	return fmt.Sprintf("redis (%s)", s.link.mode)
+	return fmt.Sprintf("redis (%s)", s.link.Mode)
 }
 
 func init() {
 	redishook.Call = func(store any, ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
-		return store.(*Store).link.do(ctx, f)
+		return store.(*Store).link.Do(ctx, f)
 	}
 	redishook.Client = func(store any) rueidis.Client {
-		if c := store.(*Store).link.conn.Load(); c != nil {
-			return c.client
-		}
-		return nil
+		c, _ := store.(*Store).link.Client() // nil while it has none
+		return c
 	}
 	redishook.Command = func(store any, charges []admit.Charge) (keys, args []string) {
 		return store.(*Store).command(charges)

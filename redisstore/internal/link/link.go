@@ -1,4 +1,4 @@
-package redisstore
+package link
 
 import (
 	"context"
@@ -12,32 +12,36 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/redishook"
 )
 
-// link is the store's connection room: the client, dialed at once or
+// Link is the store's connection room: the client, dialed at once or
 // lazily, the prefix of its keys, the bound of every call, the circuit
 // breaker, the clock a test may set and the Cluster's own account of its
 // masters. Every other room of the store — the exact path, leased,
 // counted and region allowances — calls Redis through a link and never
 // through the Store.
-type link struct {
+type Link struct {
 	conn    atomic.Pointer[connection] // nil until a lazily dialed store connects
-	own     bool                       // close closes the client
-	cluster bool
-	mode    string // for String: standalone, sentinel or cluster
-	prefix  string
-	timeout time.Duration
-	clock   func() time.Time
-	breaker breaker
+	Own     bool                       // Close closes the client
+	Cluster bool
+	Mode    string // for String: standalone, sentinel or cluster
+	Prefix  string
+	Timeout time.Duration
+	Clock   func() time.Time
+	Breaker Breaker
+	// Library is the Functions library Redis loads, whose function every
+	// call of Run calls; it is loaded again where Redis lacks it.
+	Library string
 
-	calls, failures atomic.Int64
-	connMu          sync.Mutex    // orders a lazy connect with close
-	closed          chan struct{} // closed by close
+	Calls, Failures atomic.Int64
+	connMu          sync.Mutex    // orders a lazy connect with Close
+	Closed          chan struct{} // closed by Close
 	probing         atomic.Bool   // a probe of an open breaker runs
 	views           clusterViews  // see cluster.go
 	// evicts is the maxmemory-policy of a Redis that may evict keys, as
 	// the last ping found it ("" when none may).
-	evicts atomic.Pointer[string]
+	Evicts atomic.Pointer[string]
 }
 
 // connection holds the store's client, so that a store dialed lazily can
@@ -45,18 +49,18 @@ type link struct {
 type connection struct{ client rueidis.Client }
 
 // close closes the client if the store opened it. The store calls it once.
-func (l *link) close() {
+func (l *Link) Close() {
 	l.connMu.Lock()
 	defer l.connMu.Unlock()
-	close(l.closed)
-	if c := l.conn.Load(); c != nil && l.own {
+	close(l.Closed)
+	if c := l.conn.Load(); c != nil && l.Own {
 		c.client.Close()
 	}
 }
 
 // connect makes the client of a lazily dialed store, trying again until it
 // succeeds or the store is closed.
-func (l *link) connect(co rueidis.ClientOption) {
+func (l *Link) Connect(co rueidis.ClientOption) {
 	wait := 100 * time.Millisecond
 	for {
 		client, err := rueidis.NewClient(co)
@@ -64,7 +68,7 @@ func (l *link) connect(co rueidis.ClientOption) {
 			l.connMu.Lock()
 			defer l.connMu.Unlock()
 			select {
-			case <-l.closed:
+			case <-l.Closed:
 				client.Close()
 			default:
 				l.conn.Store(&connection{client})
@@ -72,7 +76,7 @@ func (l *link) connect(co rueidis.ClientOption) {
 			return
 		}
 		select {
-		case <-l.closed:
+		case <-l.Closed:
 			return
 		case <-time.After(wait):
 		}
@@ -82,48 +86,48 @@ func (l *link) connect(co rueidis.ClientOption) {
 
 // client returns the store's Redis client, or CodeUnavailable while it has
 // none yet.
-func (l *link) client() (rueidis.Client, error) {
+func (l *Link) Client() (rueidis.Client, error) {
 	if c := l.conn.Load(); c != nil {
 		return c.client, nil
 	}
-	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", l.mode)
+	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", l.Mode)
 }
 
 // nowArgs returns the clock arguments of a call: empty for Redis TIME, or
 // the injected clock's microseconds and the nanoseconds beyond.
-func (l *link) nowArgs() (us, ns string) {
-	if l.clock == nil {
+func (l *Link) NowArgs() (us, ns string) {
+	if l.Clock == nil {
 		return "", ""
 	}
-	now := l.clock()
+	now := l.Clock()
 	u := now.UnixMicro()
-	return itoa(u), itoa(now.UnixNano() - u*1000)
+	return strconv.FormatInt(u, 10), strconv.FormatInt(now.UnixNano()-u*1000, 10)
 }
 
 // do makes one call to Redis, f, through the breaker and with the timeout,
 // and classifies its failure.
-func (l *link) do(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
-	if !l.breaker.allow(time.Now()) {
-		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", l.breaker.threshold)
+func (l *Link) Do(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
+	if !l.Breaker.allow(time.Now()) {
+		return admit.Errorf(admit.CodeUnavailable, "redisstore: circuit breaker open after %d consecutive failures", l.Breaker.Threshold)
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ctx, cancel := context.WithTimeout(ctx, l.Timeout)
 	defer cancel()
-	l.calls.Add(1)
-	client, err := l.client()
+	l.Calls.Add(1)
+	client, err := l.Client()
 	if err == nil {
 		err = f(ctx, client)
 	}
 	if err != nil {
 		return l.fail(ctx, err)
 	}
-	l.breaker.success()
+	l.Breaker.success()
 	return nil
 }
 
 // run makes a call of the library's function.
-func (l *link) run(ctx context.Context, c call) ([]int64, error) {
+func (l *Link) Run(ctx context.Context, c Call) ([]int64, error) {
 	var v []int64
-	err := l.do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
+	err := l.Do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
 		v, err = l.fcall(ctx, client, c)
 		return err
 	})
@@ -133,16 +137,16 @@ func (l *link) run(ctx context.Context, c call) ([]int64, error) {
 // fcall calls the library's function. A server without the library — a new
 // deployment, a restart without persistence, a failover to a node that
 // never had it — gets it loaded, on every node, and the call is made again.
-func (l *link) fcall(ctx context.Context, client rueidis.Client, c call) ([]int64, error) {
+func (l *Link) fcall(ctx context.Context, client rueidis.Client, c Call) ([]int64, error) {
 	loaded := false
 	for {
-		cmd := client.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()
+		cmd := client.B().Fcall().Function(functionName).Numkeys(int64(len(c.Keys))).Key(c.Keys...).Arg(c.Args...).Build()
 		v, err := client.Do(ctx, cmd).AsIntSlice()
-		if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && l.cluster && ctx.Err() == nil {
+		if _, reply := rueidis.IsRedisErr(err); err != nil && !reply && l.Cluster && ctx.Err() == nil {
 			// The slot's master, as the client knows it, is not there:
 			// after a failover, its replica may serve the slot already.
-			if node := l.slotOwner(ctx, client, c.keys[0]); node != nil {
-				nv, nerr := node.Do(ctx, node.B().Fcall().Function(functionName).Numkeys(int64(len(c.keys))).Key(c.keys...).Arg(c.args...).Build()).AsIntSlice()
+			if node := l.slotOwner(ctx, client, c.Keys[0]); node != nil {
+				nv, nerr := node.Do(ctx, node.B().Fcall().Function(functionName).Numkeys(int64(len(c.Keys))).Key(c.Keys...).Arg(c.Args...).Build()).AsIntSlice()
 				if re, ok := rueidis.IsRedisErr(nerr); !ok || !isRedirect(re) {
 					// A redirect means the cluster's account was
 					// already old: the first failure stands.
@@ -153,7 +157,7 @@ func (l *link) fcall(ctx context.Context, client rueidis.Client, c call) ([]int6
 		re, ok := rueidis.IsRedisErr(err)
 		switch {
 		case ok && !loaded && strings.Contains(re.Error(), "Function not found"):
-			if err := l.loadFunctions(ctx); err != nil {
+			if err := l.LoadFunctions(ctx); err != nil {
 				return nil, err
 			}
 			loaded = true
@@ -176,19 +180,19 @@ func (l *link) fcall(ctx context.Context, client rueidis.Client, c call) ([]int6
 // loadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
 // store calls it by itself when Redis says the function is missing.
-func (l *link) loadFunctions(ctx context.Context) error {
-	client, err := l.client()
+func (l *Link) LoadFunctions(ctx context.Context) error {
+	client, err := l.Client()
 	if err != nil {
 		return err
 	}
 	nodes := map[string]rueidis.Client{"redis": client}
-	if l.cluster {
+	if l.Cluster {
 		nodes = client.Nodes()
 	}
 	loaded := 0
 	var last error
 	for _, c := range nodes {
-		err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(scriptSource).Build()).Error()
+		err := c.Do(ctx, c.B().FunctionLoad().Replace().FunctionCode(l.Library).Build()).Error()
 		if re, ok := rueidis.IsRedisErr(err); ok && strings.HasPrefix(re.Error(), "READONLY") {
 			continue
 		}
@@ -207,17 +211,17 @@ func (l *link) loadFunctions(ctx context.Context) error {
 // fail classifies err: Redis refusing the script is a bug (CodeInternal),
 // anything else — a timeout, a lost connection, a cluster in failover —
 // is the store being unavailable, which also counts against the breaker.
-func (l *link) fail(ctx context.Context, err error) error {
+func (l *Link) fail(ctx context.Context, err error) error {
 	if re, ok := rueidis.IsRedisErr(err); ok && !re.IsClusterDown() && !re.IsLoading() && !re.IsTryAgain() && !isTransient(re.Error()) {
-		l.breaker.success() // Redis answered
+		l.Breaker.success() // Redis answered
 		return admit.Errorf(admit.CodeInternal, "redisstore: script: %w", err)
 	}
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// The caller gave up; that says nothing about Redis.
 		return admit.Errorf(admit.CodeUnavailable, "redisstore: %w", err)
 	}
-	l.failures.Add(1)
-	if l.breaker.failure(time.Now()) {
+	l.Failures.Add(1)
+	if l.Breaker.failure(time.Now()) {
 		go l.probe()
 	}
 	if admit.ErrorCode(err) == admit.CodeUnavailable {
@@ -230,22 +234,22 @@ func (l *link) fail(ctx context.Context, err error) error {
 // and closes the breaker at the first answer: decisions are Redis's again
 // within moments of its return, not a cooldown later. One probe runs at a
 // time; it stops when the breaker closes or the store does.
-func (l *link) probe() {
+func (l *Link) probe() {
 	if !l.probing.CompareAndSwap(false, true) {
 		return
 	}
 	defer l.probing.Store(false)
-	every := max(l.breaker.cooldown/10, 10*time.Millisecond)
+	every := max(l.Breaker.Cooldown/10, 10*time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
-	for l.breaker.openAt.Load() != 0 {
+	for l.Breaker.openAt.Load() != 0 {
 		select {
-		case <-l.closed:
+		case <-l.Closed:
 			return
 		case <-t.C:
 		}
-		if l.ping(context.Background()) == nil {
-			l.breaker.success()
+		if l.Ping(context.Background()) == nil {
+			l.Breaker.success()
 		}
 	}
 }
@@ -253,7 +257,7 @@ func (l *link) probe() {
 // clusterView returns the cluster's account of its masters: the last one if it is
 // fresh, else a new one from the first node that answers, or nil when none
 // does.
-func (l *link) clusterView(ctx context.Context, nodes map[string]rueidis.Client) *clusterView {
+func (l *Link) clusterView(ctx context.Context, nodes map[string]rueidis.Client) *clusterView {
 	l.views.mu.Lock()
 	defer l.views.mu.Unlock()
 	if v := l.views.last; v != nil && time.Since(v.at) < clusterViewTTL {
@@ -274,7 +278,7 @@ func (l *link) clusterView(ctx context.Context, nodes map[string]rueidis.Client)
 
 // slotOwner returns a client of the node that serves key's slot now, as
 // the cluster says, or nil if it cannot tell or does not know the node.
-func (l *link) slotOwner(ctx context.Context, client rueidis.Client, key string) rueidis.Client {
+func (l *Link) slotOwner(ctx context.Context, client rueidis.Client, key string) rueidis.Client {
 	nodes := client.Nodes()
 	v := l.clusterView(ctx, nodes)
 	if v == nil {
@@ -285,9 +289,9 @@ func (l *link) slotOwner(ctx context.Context, client rueidis.Client, key string)
 
 // now is the store's clock, with a monotonic reading unless a test set
 // one.
-func (l *link) now() time.Time {
-	if l.clock != nil {
-		return l.clock()
+func (l *Link) Now() time.Time {
+	if l.Clock != nil {
+		return l.Clock()
 	}
 	return time.Now()
 }
@@ -300,16 +304,16 @@ func (l *link) now() time.Time {
 // not keep the store unready; while one is a master the client does not
 // know yet, every known node is pinged. It does not go through the
 // breaker, so readiness probes see the store's real state.
-func (l *link) ping(ctx context.Context) error {
-	client, err := l.client()
+func (l *Link) Ping(ctx context.Context) error {
+	client, err := l.Client()
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ctx, cancel := context.WithTimeout(ctx, l.Timeout)
 	defer cancel()
 	nodes := map[string]rueidis.Client{"redis": client}
-	probes := map[string]string{"redis": l.prefix + "ready"}
-	if l.cluster {
+	probes := map[string]string{"redis": l.Prefix + "ready"}
+	if l.Cluster {
 		nodes = client.Nodes()
 		probes = map[string]string{}
 		if v := l.clusterView(ctx, nodes); v != nil {
@@ -322,7 +326,7 @@ func (l *link) ping(ctx context.Context) error {
 				}
 				masters[m.addr] = c
 				if tag, ok := tagIn(m.slots); ok {
-					probes[m.addr] = l.prefix + "ready{" + tag + "}"
+					probes[m.addr] = l.Prefix + "ready{" + tag + "}"
 				}
 			}
 			if len(masters) > 0 {
@@ -331,10 +335,10 @@ func (l *link) ping(ctx context.Context) error {
 		}
 	}
 	evicts := ""
-	defer func() { l.evicts.Store(&evicts) }()
+	defer func() { l.Evicts.Store(&evicts) }()
 	for addr, c := range nodes {
 		if err := c.Do(ctx, c.B().Ping().Build()).Error(); err != nil {
-			if refusedCredentials(err) {
+			if RefusedCredentials(err) {
 				// Waiting will not mend it: a configuration error.
 				return admit.Errorf(admit.CodeInvalid, "redisstore: %s refused the credentials: %w", addr, err)
 			}
@@ -384,7 +388,7 @@ func evictionPolicy(ctx context.Context, c rueidis.Client) string {
 func tagIn(slots [][2]int) (string, bool) {
 	for i := range 1 << 17 {
 		tag := strconv.Itoa(i)
-		s := int(slotOf(tag))
+		s := int(SlotOf(tag))
 		for _, r := range slots {
 			if r[0] <= s && s <= r[1] {
 				return tag, true
@@ -392,4 +396,46 @@ func tagIn(slots [][2]int) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// SetClient makes client the link's, for a store made around a client of
+// its caller's.
+func (l *Link) SetClient(client rueidis.Client) { l.conn.Store(&connection{client}) }
+
+// Key returns the Redis key of a charge's key under hash tag tag:
+// Prefix + "{" + tag + "}" + key.
+func (l *Link) Key(tag, key string) string { return l.Prefix + "{" + tag + "}" + key }
+
+// Call is one call of the library's function: its keys and arguments.
+type Call struct {
+	Keys, Args []string
+}
+
+// functionName is the library's function; redishook.FunctionName says
+// what each version changed.
+const functionName = redishook.FunctionName
+
+// isTransient reports Redis errors that say "not now" rather than "wrong":
+// a master that is gone or read-only after a failover, a server at its
+// maxmemory that takes no more writes.
+func isTransient(msg string) bool {
+	// WRONGPASS, NOAUTH and NOPERM: the ACL changed under a running
+	// server; until it is mended, the store is as good as down, and the
+	// rules' on_error decides.
+	for _, p := range []string{"READONLY", "MASTERDOWN", "NOREPLICAS", "BUSY", "NOTBUSY", "OOM", "WRONGPASS", "NOAUTH", "NOPERM"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// RefusedCredentials reports whether err is Redis refusing the username
+// or password.
+func RefusedCredentials(err error) bool {
+	if re, ok := rueidis.IsRedisErr(err); ok {
+		msg := re.Error()
+		return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
+	}
+	return false
 }

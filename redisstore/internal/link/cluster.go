@@ -1,4 +1,4 @@
-package redisstore
+package link
 
 import (
 	"strconv"
@@ -93,7 +93,7 @@ func keySlot(key string) int {
 			key = key[i+1 : i+1+j]
 		}
 	}
-	return int(slotOf(key))
+	return int(SlotOf(key))
 }
 
 // isRedirect reports a MOVED or ASK reply.
@@ -101,4 +101,21 @@ func isRedirect(re *rueidis.RedisError) bool {
 	_, moved := re.IsMoved()
 	_, ask := re.IsAsk()
 	return moved || ask
+}
+
+// SlotOf returns the Redis Cluster hash slot of keys tagged tag: CRC16
+// (XMODEM) of the tag, modulo 16384.
+func SlotOf(tag string) uint16 {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc & 16383
 }

@@ -1,19 +1,19 @@
-package redisstore
+package link
 
 import (
 	"sync/atomic"
 	"time"
 )
 
-// breaker is a circuit breaker: after threshold consecutive failures it
+// Breaker is a circuit breaker: after threshold consecutive failures it
 // opens, and calls fail at once instead of waiting out a timeout on a store
 // that is down. After cooldown it lets one probe call through (half-open);
 // the probe's success closes it, its failure opens it for another cooldown.
 // A breaker with its threshold and cooldown set starts closed. It is safe
 // for concurrent use, and a closed breaker costs two atomic loads a call.
-type breaker struct {
-	threshold int64
-	cooldown  time.Duration
+type Breaker struct {
+	Threshold int64
+	Cooldown  time.Duration
 
 	failures atomic.Int64 // consecutive
 	openAt   atomic.Int64 // Unix ns the breaker opened; 0 while closed
@@ -21,18 +21,18 @@ type breaker struct {
 }
 
 // allow reports whether a call may go to the store now.
-func (b *breaker) allow(now time.Time) bool {
+func (b *Breaker) allow(now time.Time) bool {
 	at := b.openAt.Load()
 	if at == 0 {
 		return true
 	}
-	if now.UnixNano()-at < int64(b.cooldown) {
+	if now.UnixNano()-at < int64(b.Cooldown) {
 		return false
 	}
 	return b.probing.CompareAndSwap(false, true)
 }
 
-func (b *breaker) success() {
+func (b *Breaker) success() {
 	if b.failures.Load() != 0 {
 		b.failures.Store(0)
 	}
@@ -44,8 +44,8 @@ func (b *breaker) success() {
 
 // failure records a failed call, and reports whether it opened a closed
 // breaker.
-func (b *breaker) failure(now time.Time) bool {
-	if n := b.failures.Add(1); n >= b.threshold || b.probing.Load() {
+func (b *Breaker) failure(now time.Time) bool {
+	if n := b.failures.Add(1); n >= b.Threshold || b.probing.Load() {
 		opened := b.openAt.Swap(now.UnixNano()) == 0
 		b.probing.Store(false)
 		return opened
@@ -54,12 +54,12 @@ func (b *breaker) failure(now time.Time) bool {
 }
 
 // state names the breaker's state at now: closed, open or half-open.
-func (b *breaker) state(now time.Time) string {
+func (b *Breaker) State(now time.Time) string {
 	at := b.openAt.Load()
 	switch {
 	case at == 0:
 		return "closed"
-	case b.probing.Load() || now.UnixNano()-at >= int64(b.cooldown):
+	case b.probing.Load() || now.UnixNano()-at >= int64(b.Cooldown):
 		return "half-open"
 	}
 	return "open"

@@ -1,4 +1,4 @@
-package redisstore
+package link
 
 import (
 	"math/rand/v2"
