@@ -18,6 +18,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/exact"
 )
 
 // Counted rules. A rule of distribution admit.Counted counts every charge
@@ -42,6 +43,9 @@ import (
 const (
 	// maxTallyBatch bounds the decisions one pipeline carries.
 	maxTallyBatch = 256
+	// maxPipelines bounds the pipelines in flight, as the exact path
+	// bounds its calls per slot.
+	maxPipelines = 4
 	// expiryEntries is the size of the table of keys whose expiry this
 	// server has set in their window: a key whose entry another key took
 	// since has its expiry set again, which costs a command and nothing
@@ -69,7 +73,7 @@ type tally struct {
 }
 
 // tallier batches tallies as batcher does decisions: a tally goes at once
-// while fewer than maxFlight pipelines are in flight, else it waits and the
+// while fewer than maxPipelines are in flight, else it waits and the
 // next pipeline takes every tally waiting.
 type tallier struct {
 	mu     sync.Mutex
@@ -161,7 +165,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 	var others []admit.Charge
 	for i := range charges {
 		// Every charge is checked before any is counted.
-		if _, err := checkCharge(i, &charges[i], false); err != nil {
+		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
 		}
 		if isCounted(&charges[i]) {
@@ -178,7 +182,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		}
 	}
 	now := s.link.Now()
-	if !dry && s.refuseLocally(charges, now, d) {
+	if !dry && s.exact.RefuseLocally(charges, now, d) {
 		// A counted key refused a moment ago (see learnRefusals): its
 		// traffic touches none of the request's shared counts.
 		return nil
@@ -346,7 +350,7 @@ func (s *Store) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, 
 			of.Results = append(of.Results, d.Results[i])
 		}
 	}
-	s.learnRefusals(learn, &of, now)
+	s.exact.LearnRefusals(learn, &of, now)
 }
 
 // countSteps splits the places of the counted charges of a decision into
@@ -592,7 +596,7 @@ func (s *Store) readTally(t *tally) error {
 func (s *Store) tallyCall(t *tally) error {
 	b := &s.tallier
 	b.mu.Lock()
-	if b.flying < maxFlight && len(b.queue) == 0 {
+	if b.flying < maxPipelines && len(b.queue) == 0 {
 		b.flying++
 		b.mu.Unlock()
 		s.sendTallies([]*tally{t})

@@ -6,33 +6,18 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
+	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/link"
 	"github.com/redis/rueidis"
 )
 
 // HoldBatches makes the decisions s is asked for outside Cluster queue
-// until release, which sends the queue as one batch (up to maxBatch) and
-// returns once it is answered.
-func HoldBatches(s *Store) (release func()) {
-	b := s.batcher("")
-	b.mu.Lock()
-	b.flying += maxFlight
-	b.mu.Unlock()
-	return func() {
-		b.mu.Lock()
-		b.flying -= maxFlight - 1
-		batch := b.take()
-		b.mu.Unlock()
-		s.sendAll(b, batch)
-	}
-}
+// until release, which sends the queue as one batch and returns once it
+// is answered.
+func HoldBatches(s *Store) (release func()) { return exact.HoldBatches(s.exact) }
 
 // Queued returns how many decisions wait in s's queue outside Cluster.
-func Queued(s *Store) int {
-	b := s.batcher("")
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue)
-}
+func Queued(s *Store) int { return exact.Queued(s.exact) }
 
 // Held returns the units s holds of key's allowance, due or booked, and
 // whether a withdrawal for it is in flight.
@@ -59,21 +44,13 @@ const (
 
 // SetMaxRefusals sets the bound of the refusals a store remembers, and
 // returns a function that restores it.
-func SetMaxRefusals(n int) func() {
-	old := maxRefusals
-	maxRefusals = n
-	return func() { maxRefusals = old }
-}
+func SetMaxRefusals(n int) func() { return exact.SetMaxRefusals(n) }
 
 // Refusals returns how many refusals s remembers.
-func Refusals(s *Store) int {
-	s.refused.mu.RLock()
-	defer s.refused.mu.RUnlock()
-	return len(s.refused.m)
-}
+func Refusals(s *Store) int { return exact.Refusals(s.exact) }
 
 // TagOf returns the hash tag of c's Redis keys.
-func TagOf(c admit.Charge) string { return tagOf(&c) }
+func TagOf(c admit.Charge) string { return link.Tag(&c) }
 
 // New returns a Store that uses client, which the test keeps and closes.
 func New(client rueidis.Client, opts *Options) *Store { return withClient(client, opts) }
@@ -82,7 +59,9 @@ func New(client rueidis.Client, opts *Options) *Store { return withClient(client
 func (s *Store) LoadFunctions(ctx context.Context) error { return s.link.LoadFunctions(ctx) }
 
 // Command is redishook.Command.
-func (s *Store) Command(charges []admit.Charge) (keys, args []string) { return s.command(charges) }
+func (s *Store) Command(charges []admit.Charge) (keys, args []string) {
+	return s.exact.Command(charges)
+}
 
 // Client is redishook.Client.
 func (s *Store) Client() rueidis.Client { return redishook.Client(s) }
@@ -128,5 +107,5 @@ func scriptCall(s *Store, script *rueidis.Lua, key string, args []string) ([]int
 
 // HomeKey returns the key at home of c's limit held across regions.
 func HomeKey(s *Store, c admit.Charge) string {
-	return s.homeKey(&allowance{rule: c.Rule, key: c.Key, tag: tagOf(&c)})
+	return s.homeKey(&allowance{rule: c.Rule, key: c.Key, tag: link.Tag(&c)})
 }

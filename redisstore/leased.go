@@ -11,6 +11,8 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // Leased allowances. A rule with Distribution admit.Leased is decided from
@@ -91,17 +93,13 @@ const (
 // of what the key has left.
 const shareOf = 8
 
-// decideWithdraw is the how of a withdrawal job (lua/library, withdraw).
-const decideWithdraw = "w"
-
 // allowance is what one server holds of one leased key, for one class of
 // callers when the key's limit is shared (admit.Charge.Share): a class's
 // allowance is withdrawn with its share, and spent by it alone.
 type allowance struct {
-	rule           *admit.Rule
-	ra             *ruleArgs
-	key, tag, rkey string
-	share          *admit.Share // nil: the key's limit is not shared
+	rule     *admit.Rule
+	key, tag string
+	share    *admit.Share // nil: the key's limit is not shared
 
 	mu     sync.Mutex
 	avail  int64     // units in hand
@@ -273,8 +271,8 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 			return p
 		}
 	}
-	tag := tagOf(c)
-	p = &allowance{rule: c.Rule, ra: argsOf(c.Rule), key: c.Key, tag: tag, rkey: s.redisKey(tag, c.Key), since: now, lastUse: now}
+	tag := link.Tag(c)
+	p = &allowance{rule: c.Rule, key: c.Key, tag: tag, since: now, lastUse: now}
 	if old != nil && a.m[k] == old {
 		old.handOver(p)
 	}
@@ -327,7 +325,7 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		return err
 	}
 	for i := range charges {
-		if _, err := checkCharge(i, &charges[i], false); err != nil {
+		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
 		}
 	}
@@ -346,8 +344,8 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		var refused bool
 		taken, refused = s.takeLocal(charges, ps, &gens, now, d)
 		if refused || taken == all {
-			s.decisions.Add(1)
-			s.localDecisions.Add(1)
+			s.exact.Decisions.Add(1)
+			s.exact.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -412,7 +410,7 @@ func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*al
 	}
 	sub := decisions.Get().(*admit.Decision)
 	defer decisions.Put(sub)
-	if err := s.decideExact(ctx, rest[:n], sub); err != nil {
+	if err := s.exact.Decide(ctx, rest[:n], sub); err != nil {
 		return err
 	}
 	d.At = sub.At
@@ -587,12 +585,10 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	sent := s.link.Now()
-	charges := [1]admit.Charge{{Key: p.key, Rule: p.rule, Cost: want, Share: p.share}}
-	g := group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}}
-	v, err := s.decideCall(p.tag, s.newJob(ctx, jobSpec{charges: charges[:], ras: []*ruleArgs{p.ra}, g: g, how: decideWithdraw}))
+	v, err := s.exact.Withdraw(ctx, admit.Charge{Key: p.key, Rule: p.rule, Cost: want, Share: p.share}, p.tag)
 	recv := s.link.Now()
-	if err == nil && len(v.v) != 6 {
-		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.v))
+	if err == nil && len(v.V) != 6 {
+		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.V))
 	}
 	s.withdrawals.Add(1)
 	p.mu.Lock()
@@ -603,11 +599,11 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 		close(f.done)
 		return
 	}
-	granted, left := v.v[5], v.v[2]
-	resetIn := s.replyReset(p.rule, v, v.v[3])
+	granted, left := v.V[5], v.V[2]
+	resetIn := s.replyReset(p.rule, v, v.V[3])
 	if p.books() {
-		p.book(granted, recv.Add(time.Duration(v.v[4])), sent)
-		p.takenU, p.takenN = v.nu, v.nsub
+		p.book(granted, recv.Add(time.Duration(v.V[4])), sent)
+		p.takenU, p.takenN = v.NU, v.NSub
 		left = max(left-granted, 0)
 		s.withdrawn.Add(granted)
 	} else if granted > 0 {
@@ -630,7 +626,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 			p.avail += granted
 			p.until = minTime(p.until, until)
 		}
-		p.takenU, p.takenN = v.nu, v.nsub
+		p.takenU, p.takenN = v.NU, v.NSub
 		s.withdrawn.Add(granted)
 	}
 	p.grant = granted
@@ -729,9 +725,9 @@ func maxTime(a, b time.Time) time.Time {
 
 // replyReset returns the reset time a reply reports for a charge of r,
 // whose reply values x[3] (reset) says.
-func (s *Store) replyReset(r *admit.Rule, v reply, reset int64) time.Duration {
+func (s *Store) replyReset(r *admit.Rule, v exact.Reply, reset int64) time.Duration {
 	if r.Algorithm == admit.Quota {
-		return time.Duration(reset*1000 - (v.nu*1000 + v.nsub))
+		return time.Duration(reset*1000 - (v.NU*1000 + v.NSub))
 	}
 	return time.Duration(reset)
 }
@@ -739,20 +735,20 @@ func (s *Store) replyReset(r *admit.Rule, v reply, reset int64) time.Duration {
 // allowanceEnd returns when units of r withdrawn in the call of reply v,
 // sent at sent, stop being spendable, and the end of the period they
 // were withdrawn from in Redis's time (µs; 0 for a bucket).
-func (s *Store) allowanceEnd(r *admit.Rule, v reply, sent time.Time) (time.Time, int64) {
+func (s *Store) allowanceEnd(r *admit.Rule, v exact.Reply, sent time.Time) (time.Time, int64) {
 	var endu int64
 	switch r.Algorithm {
 	case admit.FixedWindow:
-		endu = v.nu + (v.v[3]+v.nsub)/1000
+		endu = v.NU + (v.V[3]+v.NSub)/1000
 	case admit.Quota:
-		endu = v.v[3]
+		endu = v.V[3]
 	case admit.SlidingWindow:
 		wu := r.Window.Microseconds()
-		endu = v.nu - v.nu%wu + wu
+		endu = v.NU - v.NU%wu + wu
 	default:
 		return sent.Add(bucketHold), 0
 	}
-	return sent.Add(time.Duration(endu*1000 - (v.nu*1000 + v.nsub))), endu
+	return sent.Add(time.Duration(endu*1000 - (v.NU*1000 + v.NSub))), endu
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -859,12 +855,7 @@ func (s *Store) refund(p *allowance) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
-	charges := []admit.Charge{{Key: p.key, Rule: p.rule, Cost: n}}
-	gd := groupDone{
-		g:     group{tag: p.tag, idx: []int{0}, keys: []string{p.rkey}},
-		reply: groupReply{nu: tu, nsub: tn, hows: []string{"0"}},
-	}
-	if _, err := s.link.Run(ctx, s.undoCall(charges, gd, "")); err != nil {
+	if err := s.exact.GiveBack(ctx, admit.Charge{Key: p.key, Rule: p.rule, Cost: n}, p.tag, tu, tn); err != nil {
 		s.lost.Add(n)
 		return
 	}

@@ -11,14 +11,15 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit/internal/redishook"
+	"github.com/admitdev/admit/redisstore/internal/exact"
 )
 
-// The Lua the store sends lives in lua/, in files a reader can hold: none
+// The Lua the store sends lives in .lua files a reader can hold: none
 // passes 900 lines, and the library is its files joined, named as the
 // store calls it.
 func TestLuaFiles(t *testing.T) {
-	err := filepath.WalkDir("lua", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || filepath.Ext(path) != ".lua" {
 			return err
 		}
 		b, err := os.ReadFile(path)
@@ -33,11 +34,11 @@ func TestLuaFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, _, _ := strings.Cut(scriptSource, "\n")
+	first, _, _ := strings.Cut(exact.Library, "\n")
 	if first != "#!lua name="+redishook.FunctionName {
 		t.Errorf("the library opens %q, want the name %s", first, redishook.FunctionName)
 	}
-	if !strings.HasSuffix(scriptSource, "redis.register_function('"+redishook.FunctionName+"', run)\n") {
+	if !strings.HasSuffix(exact.Library, "redis.register_function('"+redishook.FunctionName+"', run)\n") {
 		t.Error("the library does not end by registering its function")
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // Limits across regions. A store opened with Options.Home is one region
@@ -268,14 +270,14 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		return err
 	}
 	for i := range charges {
-		if _, err := checkCharge(i, &charges[i], false); err != nil {
+		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
 		}
 		if err := regionCharge(i, &charges[i]); err != nil {
 			return err
 		}
 	}
-	s.decisions.Add(1)
+	s.exact.Decisions.Add(1)
 	d.Reset()
 	if len(charges) == 0 {
 		d.Allowed = true
@@ -327,7 +329,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			if !refused {
 				s.debit(charges, ps, now, d)
 			}
-			s.localDecisions.Add(1)
+			s.exact.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -351,7 +353,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		}
 		if n == 0 && taken == all {
 			s.debit(charges, ps, now, d)
-			s.localDecisions.Add(1)
+			s.exact.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -383,7 +385,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		p.mu.Unlock()
 		d.Results = append(d.Results, r)
 	}
-	s.localDecisions.Add(1)
+	s.exact.LocalDecisions.Add(1)
 	d.At = now
 	engine.Summarize(d)
 	return nil
@@ -855,7 +857,7 @@ func (s *Store) refill(p *allowance, need int64) (granted int64) {
 		close(done)
 	}()
 
-	token := newID()
+	token := exact.NewID()
 	var locked bool
 	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		err := client.Do(ctx, client.B().Set().Key(s.agentKey(p)).Value(token).Nx().Px(agentLock).Build()).Error()
@@ -1122,7 +1124,7 @@ func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
 // expires: a reset is an operator's override of the limit.
 func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 	for i := range charges {
-		if _, err := checkCharge(i, &charges[i], false); err != nil {
+		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
 		}
 		if err := regionCharge(i, &charges[i]); err != nil {
@@ -1131,7 +1133,7 @@ func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 	}
 	s.forget(charges)
 	for i := range charges {
-		p := &allowance{rule: charges[i].Rule, key: charges[i].Key, tag: tagOf(&charges[i])}
+		p := &allowance{rule: charges[i].Rule, key: charges[i].Key, tag: link.Tag(&charges[i])}
 		if err := s.region.home.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
 			return client.Do(ctx, client.B().Del().Key(s.region.home.homeKey(p)).Build()).Error()
 		}); err != nil {

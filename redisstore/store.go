@@ -80,10 +80,7 @@ package redisstore
 
 import (
 	"context"
-	"embed"
 	"fmt"
-	"io/fs"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,31 +90,9 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/redishook"
+	"github.com/admitdev/admit/redisstore/internal/exact"
 	"github.com/admitdev/admit/redisstore/internal/link"
 )
-
-// scriptSource is the Functions library Redis loads: lua/library's
-// files joined in the order of their names.
-var scriptSource = joinLibrary()
-
-//go:embed lua/library/*.lua
-var libraryFiles embed.FS
-
-func joinLibrary() string {
-	files, err := fs.Glob(libraryFiles, "lua/library/*.lua")
-	if err != nil {
-		panic(err) // the pattern is valid
-	}
-	var b strings.Builder
-	for _, f := range files { // in lexical order
-		src, err := libraryFiles.ReadFile(f)
-		if err != nil {
-			panic(err) // embedded
-		}
-		b.Write(src)
-	}
-	return b.String()
-}
 
 // Options configure a Store. The zero Options is valid.
 type Options struct {
@@ -194,28 +169,19 @@ func (o *Options) check() error {
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
 type Store struct {
-	link *link.Link // the connection room
-	// exactRefusals: see Options.ExactRefusals.
-	exactRefusals bool
-	// tenantTags is the most groups of tenants' keys a lease or
-	// reservation may be held in (Options.TenantsPerDecision).
-	tenantTags int
+	link  *link.Link  // the connection room
+	exact *exact.Room // the exact path: every decision made in Redis
 	// region is set when the store is one region of limits held across
 	// regions (see region.go).
 	region *region
 
-	undoFailures              atomic.Int64
-	decisions, localDecisions atomic.Int64
-	localRefusals             atomic.Int64 // local decisions that were refusals (see refusals.go)
-	refused                   refusals
-	withdrawals               atomic.Int64 // withdrawal calls
-	withdrawn, refunded       atomic.Int64 // units of allowances
-	expired, lost             atomic.Int64
-	leased                    allowances // see leased.go
-	closeOnce                 sync.Once
+	withdrawals         atomic.Int64 // withdrawal calls
+	withdrawn, refunded atomic.Int64 // units of allowances
+	expired, lost       atomic.Int64
+	leased              allowances // see leased.go
+	closeOnce           sync.Once
 
-	batchers []atomic.Pointer[batcher] // see batch.go
-	tallier  tallier                   // see counted.go
+	tallier  tallier // see counted.go
 	expiries expiryTable
 	fixMu    sync.Mutex
 	fixes    []expiryFix
@@ -266,14 +232,9 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	if o.Home != nil {
 		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills), coldRefills: make(chan struct{}, maxColdRefills)}
 	}
-	return &Store{
-		link: &link.Link{Cluster: cluster, Mode: mode, Prefix: o.Prefix, Timeout: o.Timeout, Clock: o.Clock, Library: scriptSource,
-			Breaker: link.Breaker{Threshold: int64(o.BreakerFailures), Cooldown: o.BreakerCooldown}, Closed: make(chan struct{})},
-		region:        rg,
-		batchers:      batchersFor(cluster),
-		exactRefusals: o.ExactRefusals,
-		tenantTags:    o.TenantsPerDecision,
-	}
+	l := &link.Link{Cluster: cluster, Mode: mode, Prefix: o.Prefix, Timeout: o.Timeout, Clock: o.Clock, Library: exact.Library,
+		Breaker: link.Breaker{Threshold: int64(o.BreakerFailures), Cooldown: o.BreakerCooldown}, Closed: make(chan struct{})}
+	return &Store{link: l, exact: exact.New(l, o.TenantsPerDecision, o.ExactRefusals), region: rg}
 }
 
 // Open connects to the Redis deployment that url names (see ParseURL) and
@@ -414,8 +375,8 @@ type Health struct {
 func (s *Store) Health() Health {
 	h := Health{
 		Breaker: s.link.Breaker.State(time.Now()), Calls: s.link.Calls.Load(), Failures: s.link.Failures.Load(),
-		UndoFailures: s.undoFailures.Load(), Decisions: s.decisions.Load(), LocalDecisions: s.localDecisions.Load(),
-		LocalRefusals: s.localRefusals.Load(),
+		UndoFailures: s.exact.UndoFailures.Load(), Decisions: s.exact.Decisions.Load(), LocalDecisions: s.exact.LocalDecisions.Load(),
+		LocalRefusals: s.exact.LocalRefusals.Load(),
 		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
 		Expired: s.expired.Load(), Lost: s.lost.Load(),
 	}
@@ -439,6 +400,6 @@ func init() {
 		return c
 	}
 	redishook.Command = func(store any, charges []admit.Charge) (keys, args []string) {
-		return store.(*Store).command(charges)
+		return store.(*Store).exact.Command(charges)
 	}
 }

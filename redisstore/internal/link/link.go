@@ -12,6 +12,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/internal/redishook"
 )
 
@@ -438,4 +439,22 @@ func RefusedCredentials(err error) bool {
 		return strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH")
 	}
 	return false
+}
+
+// Tag returns the hash tag of a charge's key: its tenant's hash
+// (engine.TenantHash, stable across processes and versions, as a tag must
+// be; a collision only puts two tenants in one slot), "g" for keys without
+// a tenant.
+func Tag(c *admit.Charge) string {
+	h, ok := engine.TenantHash(c)
+	if !ok {
+		return "g"
+	}
+	var b [16]byte
+	const digits = "0123456789abcdef"
+	for i := range b {
+		b[15-i] = digits[h&15]
+		h >>= 4
+	}
+	return string(b[:])
 }

@@ -1,4 +1,4 @@
-package redisstore
+package exact
 
 import (
 	"strconv"
@@ -28,7 +28,7 @@ const (
 // keys, in the order of the charges: pool, class, sub (when the share has
 // one), then for a concurrency charge its holdings, the class's and the
 // sub's.
-func (s *Store) shareKeys(keys []string, charges []admit.Charge, g group) []string {
+func (s *Room) shareKeys(keys []string, charges []admit.Charge, g group) []string {
 	for k, i := range g.idx {
 		c := &charges[i]
 		if c.Share == nil {

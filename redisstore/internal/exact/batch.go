@@ -1,4 +1,4 @@
-package redisstore
+package exact
 
 import (
 	"context"
@@ -52,7 +52,7 @@ type job struct {
 	// shared: some charge is fair, and every charge has a share argument.
 	shared bool
 	done   chan struct{} // closed when reply or err is set; nil when its caller sends it
-	reply  reply
+	reply  Reply
 	err    error
 }
 
@@ -76,7 +76,7 @@ type jobSpec struct {
 }
 
 // newJob prepares the decision js describes.
-func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
+func (s *Room) newJob(ctx context.Context, js jobSpec) *job {
 	charges, ras, g, how, lease, rec := js.charges, js.ras, js.g, js.how, js.lease, js.rec
 	j := &job{ctx: ctx, keys: g.keys, rules: ras, args: make([]string, 1, 1+3*len(g.idx))}
 	if len(g.idx) < len(charges) { // one of several groups
@@ -133,7 +133,7 @@ func (s *Store) newJob(ctx context.Context, js jobSpec) *job {
 // quotaEnds returns the ends, in µs, of the calendar period of quota rule
 // r in progress and of the next: the script, which knows no time zones,
 // takes the first of them after its clock's now.
-func (s *Store) quotaEnds(r *admit.Rule) (string, string) {
+func (s *Room) quotaEnds(r *admit.Rule) (string, string) {
 	p, err := engine.Prepare(r)
 	if err != nil {
 		return "0", "0" // validate refused it before any call is made
@@ -154,7 +154,7 @@ type batcher struct {
 }
 
 // batcher returns the batcher of the slot of tag.
-func (s *Store) batcher(tag string) *batcher {
+func (s *Room) batcher(tag string) *batcher {
 	i := 0
 	if s.link.Cluster {
 		i = int(link.SlotOf(tag))
@@ -169,7 +169,7 @@ func (s *Store) batcher(tag string) *batcher {
 // decideCall decides j in a call of its own, or, when calls for the slot
 // of tag are already in flight, in the next one with the other decisions
 // waiting for it, and returns j's part of the reply.
-func (s *Store) decideCall(tag string, j *job) (reply, error) {
+func (s *Room) decideCall(tag string, j *job) (Reply, error) {
 	b := s.batcher(tag)
 	b.mu.Lock()
 	if b.flying < maxFlight && len(b.queue) == 0 {
@@ -186,14 +186,14 @@ func (s *Store) decideCall(tag string, j *job) (reply, error) {
 	case <-j.done:
 		return j.reply, j.err
 	case <-j.ctx.Done():
-		return reply{}, admit.Errorf(admit.CodeUnavailable, "redisstore: %w", j.ctx.Err())
+		return Reply{}, admit.Errorf(admit.CodeUnavailable, "redisstore: %w", j.ctx.Err())
 	}
 }
 
 // landed ends a call of b: the decisions queued meanwhile go in a call of
 // their own, made by a new goroutine so that this caller, which has its
 // answer, goes back to its request.
-func (s *Store) landed(b *batcher) {
+func (s *Room) landed(b *batcher) {
 	if next, ok := b.next(); ok {
 		go s.sendAll(b, next)
 	}
@@ -232,7 +232,7 @@ func (b *batcher) take() []*job {
 
 // sendAll sends batch and then what queued meanwhile, until the queue is
 // empty.
-func (s *Store) sendAll(b *batcher, batch []*job) {
+func (s *Room) sendAll(b *batcher, batch []*job) {
 	for ok := true; ok; batch, ok = b.next() {
 		s.send(batch)
 	}
@@ -245,7 +245,7 @@ func (j *job) finish() {
 }
 
 // send makes one call for batch and gives every job its part of the reply.
-func (s *Store) send(batch []*job) {
+func (s *Room) send(batch []*job) {
 	if len(batch) == 0 {
 		return
 	}
@@ -270,7 +270,7 @@ func (s *Store) send(batch []*job) {
 		k := 2 + 4*n
 		switch {
 		case args[0] == "w" && len(v) >= n && n > 0 && v[0] >= 0:
-			j.reply = reply{nu: nu, nsub: nsub, v: counted(j.rules, v[:n], nu, nsub)}
+			j.reply = Reply{NU: nu, NSub: nsub, V: counted(j.rules, v[:n], nu, nsub)}
 			k = n
 		case args[0] == "w" && len(v) > 0 && v[0] == -2:
 			v = v[1:]
@@ -278,7 +278,7 @@ func (s *Store) send(batch []*job) {
 				k = len(v)
 				j.err = admit.Errorf(admit.CodeInternal, "redisstore: a batch of windows replied too few values")
 			} else {
-				j.reply = reply{nu: nu, nsub: nsub, v: v[:k:k]}
+				j.reply = Reply{NU: nu, NSub: nsub, V: v[:k:k]}
 			}
 		case len(v) > 0 && v[0] == -1:
 			j.err = admit.Errorf(admit.CodeInternal, "redisstore: script: a command failed deciding in Redis (the Redis log says which)")
@@ -289,7 +289,7 @@ func (s *Store) send(batch []*job) {
 			k = len(v)
 			j.err = admit.Errorf(admit.CodeInternal, "redisstore: a batch replied too few values")
 		default:
-			j.reply = reply{nu: nu, nsub: nsub, v: v[:k:k]}
+			j.reply = Reply{NU: nu, NSub: nsub, V: v[:k:k]}
 		}
 		v = v[k:]
 		j.finish()
@@ -330,7 +330,7 @@ func replyLen(batch []*job) int {
 
 // batchArgs returns the keys and arguments of the call (op "b") deciding
 // every job of batch: the distinct rules first, then the decisions.
-func (s *Store) batchArgs(batch []*job) (keys, args []string) {
+func (s *Room) batchArgs(batch []*job) (keys, args []string) {
 	var rules []*ruleArgs
 	nkeys, nargs := 0, 6
 	for _, j := range batch {

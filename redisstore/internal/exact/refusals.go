@@ -1,4 +1,4 @@
-package redisstore
+package exact
 
 import (
 	"strconv"
@@ -83,7 +83,7 @@ func refusalKeyOf(c *admit.Charge, res *admit.Result) refusalKey {
 // refuseLocally reports whether a refusal known at now refuses charges,
 // and if so fills d as a refusal by that charge. The other charges report
 // their rules and limits, undecided: what they hold is in Redis.
-func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.Decision) bool {
+func (s *Room) RefuseLocally(charges []admit.Charge, now time.Time, d *admit.Decision) bool {
 	rs := &s.refused
 	if s.exactRefusals || rs.n.Load() == 0 {
 		return false
@@ -140,15 +140,15 @@ func (s *Store) refuseLocally(charges []admit.Charge, now time.Time, d *admit.De
 		d.Results = append(d.Results, res)
 	}
 	engine.Summarize(d)
-	s.decisions.Add(1)
-	s.localDecisions.Add(1)
-	s.localRefusals.Add(1)
+	s.Decisions.Add(1)
+	s.LocalDecisions.Add(1)
+	s.LocalRefusals.Add(1)
 	return true
 }
 
 // learnRefusals remembers the refusals of d, the decision of charges
 // Redis made for a call sent at sent.
-func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent time.Time) {
+func (s *Room) LearnRefusals(charges []admit.Charge, d *admit.Decision, sent time.Time) {
 	rs := &s.refused
 	if s.exactRefusals {
 		return
@@ -199,7 +199,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 			continue
 		}
 		until := sent.Add(d.Results[i].RetryAfter)
-		if c.Rule.Algorithm == admit.Concurrency || isCounted(c) {
+		if c.Rule.Algorithm == admit.Concurrency || c.Rule.Distribution == admit.Counted {
 			// A counted key's count may fall back when the checks of
 			// refused decisions are taken back: held a moment only.
 			until = sent.Add(min(d.Results[i].RetryAfter, concHold))
@@ -212,7 +212,7 @@ func (s *Store) learnRefusals(charges []admit.Charge, d *admit.Decision, sent ti
 // forgetRefusals drops the refusals of charges' keys, as Reset clears
 // them in Redis; with debitsOnly, of the keys charges debit, whose wait a
 // debit moves.
-func (s *Store) forgetRefusals(charges []admit.Charge, debitsOnly bool) {
+func (s *Room) ForgetRefusals(charges []admit.Charge, debitsOnly bool) {
 	rs := &s.refused
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
@@ -238,7 +238,7 @@ func (rs *refusals) forget(c *admit.Charge) {
 // record holds the Redis keys fields (each the store's prefix, a hash tag
 // and a charge's key: outside Cluster one record holds every tag's): its
 // keys', and the classes' whose holdings it names (see shareKeys).
-func (s *Store) forgetReleased(fields []string) {
+func (s *Room) forgetReleased(fields []string) {
 	rs := &s.refused
 	if rs.n.Load() == 0 {
 		return

@@ -1,4 +1,4 @@
-package redisstore
+package exact
 
 import (
 	"context"
@@ -15,7 +15,9 @@ import (
 	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
-func newID() string {
+// NewID returns a random id of 24 hex digits, for a lease, a reservation
+// or a region agent's lock.
+func NewID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
 	return hex.EncodeToString(b[:])
@@ -56,7 +58,7 @@ func splitID(id string, maxTags, tenantTags int) (string, []string, bool) {
 }
 
 // isHex reports whether s is lower-case hex digits only, as newID and
-// tagOf write them.
+// link.Tag write them.
 func isHex(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
@@ -71,7 +73,7 @@ func isHex(s string) bool {
 // than the global one: one group outside Cluster, where every charge is
 // in one; in Cluster a group per tenant the decision names, up to
 // Options.TenantsPerDecision, and the global group.
-func (s *Store) tags() (all, tenants int) {
+func (s *Room) tags() (all, tenants int) {
 	if !s.link.Cluster {
 		return 1, 1
 	}
@@ -82,7 +84,7 @@ func (s *Store) tags() (all, tenants int) {
 // hold its records (those held says) are more tenants' groups than
 // Options.TenantsPerDecision allows: its id could not be renewed,
 // released or cancelled.
-func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
+func (s *Room) checkTenantGroups(groups []group, held func(group) bool) error {
 	_, most := s.tags()
 	if most >= bounds.MaxCharges {
 		return nil // as many groups as charges
@@ -99,15 +101,12 @@ func (s *Store) checkTenantGroups(groups []group, held func(group) bool) error {
 	return nil
 }
 
-func (s *Store) leaseKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}lease:" + id }
+func (s *Room) leaseKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}lease:" + id }
 
-func (s *Store) resKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}res:" + id }
+func (s *Room) resKey(tag, id string) string { return s.link.Prefix + "{" + tag + "}res:" + id }
 
 // Reserve implements admit.Store.
-func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
-	if s.region != nil && len(charges) > 0 {
-		return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "redisstore: reservations are not made across regions yet: this store is region %s of a home", s.region.name)
-	}
+func (s *Room) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
 	if _, err := validate(charges, true); err != nil {
 		return admit.Reservation{}, err
 	}
@@ -116,17 +115,17 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		if s.link.Clock != nil {
 			now = s.link.Clock()
 		}
-		return admit.Reservation{ID: joinID(newID(), nil), OK: true, At: now}, nil
+		return admit.Reservation{ID: joinID(NewID(), nil), OK: true, At: now}, nil
 	}
 	groups := s.groups(charges, s.link.Cluster)
 	if err := s.checkTenantGroups(groups, func(group) bool { return true }); err != nil {
 		return admit.Reservation{}, err
 	}
-	id := newID()
+	id := NewID()
 	var booked []string
 	var res admit.Reservation
 	for _, g := range groups {
-		v, err := s.link.Run(ctx, s.newCall("r", itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
+		v, err := s.link.Run(ctx, s.newCall(opReserve, itoa(int64(maxWait)), "", id, charges, g, s.resKey(g.tag, id)))
 		if err == nil && len(v) != 4 {
 			err = admit.Errorf(admit.CodeInternal, "redisstore: reserve replied %d values", len(v))
 		}
@@ -148,7 +147,7 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 	return res, nil
 }
 
-func (s *Store) cancelTags(id string, tags []string) {
+func (s *Room) cancelTags(id string, tags []string) {
 	if len(tags) == 0 {
 		return
 	}
@@ -162,7 +161,7 @@ func (s *Store) cancelTags(id string, tags []string) {
 // cancelOne cancels the part of reservation id held under tag. It reads
 // the record's keys first, so that the script declares every key it
 // touches, as Cluster requires.
-func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
+func (s *Room) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 	rec := s.resKey(tag, id)
 	fields, err := s.recordFields(ctx, rec)
 	if err != nil {
@@ -182,13 +181,13 @@ func (s *Store) cancelOne(ctx context.Context, tag, id string) (bool, error) {
 	return len(v) >= 3 && v[2] == 1, nil
 }
 
-func (s *Store) opArgs(op, id string) []string {
+func (s *Room) opArgs(op, id string) []string {
 	us, ns := s.link.NowArgs()
 	return []string{op, us, ns, "", "", id, "0"}
 }
 
 // recordFields returns the field names of a lease or reservation record.
-func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) {
+func (s *Room) recordFields(ctx context.Context, rec string) ([]string, error) {
 	var fields []string
 	err := s.link.Do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
 		fields, err = client.Do(ctx, client.B().Hkeys().Key(rec).Build()).AsStrSlice()
@@ -198,7 +197,7 @@ func (s *Store) recordFields(ctx context.Context, rec string) ([]string, error) 
 }
 
 // CancelReservation implements admit.Store.
-func (s *Store) CancelReservation(ctx context.Context, id string) error {
+func (s *Room) CancelReservation(ctx context.Context, id string) error {
 	all, tenants := s.tags()
 	raw, tags, ok := splitID(id, all, tenants)
 	if !ok {
@@ -219,7 +218,7 @@ func (s *Store) CancelReservation(ctx context.Context, id string) error {
 }
 
 // RenewLease implements admit.Store.
-func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) {
+func (s *Room) RenewLease(ctx context.Context, id string) (admit.Lease, error) {
 	held, expiry, err := s.leaseOp(ctx, "n", id)
 	if err != nil {
 		return admit.Lease{}, err
@@ -231,7 +230,7 @@ func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) 
 }
 
 // ReleaseLease implements admit.Store.
-func (s *Store) ReleaseLease(ctx context.Context, id string) error {
+func (s *Room) ReleaseLease(ctx context.Context, id string) error {
 	held, _, err := s.leaseOp(ctx, "l", id)
 	if err != nil {
 		return err
@@ -242,7 +241,7 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 	return nil
 }
 
-func (s *Store) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
+func (s *Room) leaseOp(ctx context.Context, op, id string) (bool, int64, error) {
 	all, tenants := s.tags()
 	raw, tags, ok := splitID(id, all, tenants)
 	if !ok {

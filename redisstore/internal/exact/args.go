@@ -1,4 +1,4 @@
-package redisstore
+package exact
 
 import (
 	"math/bits"
@@ -69,12 +69,6 @@ func CheckRule(r *admit.Rule) error {
 	return nil
 }
 
-// CheckRule is the package's CheckRule, so that admit.NewLimiter refuses
-// at wiring a limit this store cannot decide (engine.RuleChecker).
-func (s *Store) CheckRule(r *admit.Rule) error { return CheckRule(r) }
-
-var _ engine.RuleChecker = (*Store)(nil)
-
 // bucketSpan returns burst × per / n and whether it is within maxSpan.
 func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 	// burst ≤ 4e9 and per ≤ 366 days: compare burst·per with maxSpan·n
@@ -123,12 +117,12 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 	for i := range a.fixed {
 		a.fixed[i] = "0"
 	}
-	a.fixed[0] = strconv.Itoa(int(r.Algorithm))
+	a.fixed[chAlgorithm] = strconv.Itoa(int(r.Algorithm))
 	if r.Shadow {
-		a.fixed[2] = "1"
+		a.fixed[chShadow] = "1"
 	}
-	a.fixed[3] = micros(engine.LeaseTTL(r))
-	p := a.fixed[5:]
+	a.fixed[chLeaseTTL] = micros(engine.LeaseTTL(r))
+	p := a.fixed[chParams:]
 	bucket := func(p []string, rate admit.Rate, burst, initial int64, remember time.Duration) {
 		n, per := rate.N, int64(rate.Per)
 		p[0], p[1], p[2] = itoa(n), itoa(per/n), itoa(per%n)
