@@ -21,6 +21,7 @@ var layers = []struct {
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"the Redis store's connection", []string{"redisstore/internal/link"}},
 	{"the Redis store's exact path", []string{"redisstore/internal/exact"}},
+	{"the Redis store's rooms on the exact path", []string{"redisstore/internal/counted", "redisstore/internal/leased"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
 	{"adapter helpers", []string{"internal/httpx", "internal/connlimit"}},

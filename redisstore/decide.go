@@ -7,27 +7,37 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/redisstore/internal/counted"
 	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/leased"
 )
 
 // Decide implements admit.Store. Counted charges are counted with plain
-// commands (see counted.go); decisions with a leased charge go through
+// commands (see internal/counted); decisions with a leased charge go through
 // allowances (see leased.go); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
-	if s.region != nil {
-		return s.decideRegion(ctx, charges, d)
+	if _, ok := s.leased.InRegion(); ok {
+		return s.leased.DecideRegion(ctx, charges, d)
 	}
-	if anyCounted(charges) {
-		return s.decideCounted(ctx, charges, d)
+	if counted.Any(charges) {
+		return s.counted.Decide(ctx, charges, d)
 	}
 	return s.decideOthers(ctx, charges, d)
+}
+
+// othersOf is the Decider of the charges of a decision its counted ones
+// leave (see counted.Room).
+type othersOf struct{ s *Store }
+
+func (o othersOf) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	return o.s.decideOthers(ctx, charges, d)
 }
 
 // decideOthers decides charges of which none is counted.
 func (s *Store) decideOthers(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	var err error
-	if anyLeasable(charges) {
-		err = s.decideLeased(ctx, charges, d)
+	if leased.Leasable(charges) {
+		err = s.leased.Decide(ctx, charges, d)
 	} else {
 		err = s.exact.Decide(ctx, charges, d)
 	}
@@ -40,11 +50,11 @@ func (s *Store) decideOthers(ctx context.Context, charges []admit.Charge, d *adm
 }
 
 // Refund implements engine.Refunder. Counted charges are given back in
-// their window's count (see counted.go), the others in Redis by the exact
+// their window's count (see internal/counted), the others in Redis by the exact
 // path, and a region's to its pool.
 func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time) error {
-	if s.region != nil {
-		s.refundRegion(charges)
+	if _, ok := s.leased.InRegion(); ok {
+		s.leased.RefundRegion(charges)
 		return nil
 	}
 	keep := make([]admit.Charge, 0, len(charges))
@@ -60,8 +70,8 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		if c.Cost == 0 {
 			continue
 		}
-		if isCounted(&c) {
-			if err := s.refundCounted(&c, at); err != nil {
+		if counted.Is(&c) {
+			if err := s.counted.Refund(&c, at); err != nil {
 				return err
 			}
 			continue
@@ -75,15 +85,15 @@ var _ engine.Refunder = (*Store)(nil)
 
 // Reset implements admit.Store.
 func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
-	if s.region != nil {
-		return s.resetRegion(ctx, charges)
+	if _, ok := s.leased.InRegion(); ok {
+		return s.leased.ResetRegion(ctx, charges)
 	}
-	if anyCounted(charges) {
+	if counted.Any(charges) {
 		var others []admit.Charge
 		for i := range charges {
-			if !isCounted(&charges[i]) {
+			if !counted.Is(&charges[i]) {
 				others = append(others, charges[i])
-			} else if err := s.resetCounted(ctx, &charges[i]); err != nil {
+			} else if err := s.counted.Reset(ctx, &charges[i]); err != nil {
 				return err
 			}
 		}
@@ -92,14 +102,14 @@ func (s *Store) Reset(ctx context.Context, charges []admit.Charge) error {
 		}
 		charges = others
 	}
-	s.forget(charges)
+	s.leased.Forget(charges)
 	return s.exact.Reset(ctx, charges)
 }
 
 // Reserve implements admit.Store.
 func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait time.Duration) (admit.Reservation, error) {
-	if s.region != nil && len(charges) > 0 {
-		return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "redisstore: reservations are not made across regions yet: this store is region %s of a home", s.region.name)
+	if name, ok := s.leased.InRegion(); ok && len(charges) > 0 {
+		return admit.Reservation{}, admit.Errorf(admit.CodeInvalid, "redisstore: reservations are not made across regions yet: this store is region %s of a home", name)
 	}
 	return s.exact.Reserve(ctx, charges, maxWait)
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/leased"
 	"github.com/admitdev/admit/redisstore/internal/link"
 	"github.com/redis/rueidis"
 )
@@ -21,25 +22,15 @@ func Queued(s *Store) int { return exact.Queued(s.exact) }
 
 // Held returns the units s holds of key's allowance, due or booked, and
 // whether a withdrawal for it is in flight.
-func Held(s *Store, key string) (units int64, fetching bool) {
-	s.leased.mu.RLock()
-	p := s.leased.m[allowanceKey{key: key}]
-	s.leased.mu.RUnlock()
-	if p == nil {
-		return 0, false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.avail + p.future, p.fetch != nil
-}
+func Held(s *Store, key string) (units int64, fetching bool) { return s.leased.Held(key) }
 
 // Sweep runs s's sweep of its allowances at now.
-func Sweep(s *Store, now time.Time) { s.sweep(now) }
+func Sweep(s *Store, now time.Time) { s.leased.Sweep(now) }
 
 // Consts of leased allowances.
 const (
-	LeaseIdle  = leaseIdle
-	BucketHold = bucketHold
+	LeaseIdle  = leased.LeaseIdle
+	BucketHold = leased.BucketHold
 )
 
 // SetMaxRefusals sets the bound of the refusals a store remembers, and
@@ -70,7 +61,7 @@ func (s *Store) Client() rueidis.Client { return redishook.Client(s) }
 func CountedKey(s *Store, c *admit.Charge) string {
 	w := int64(c.Rule.Window)
 	n := s.link.Now().UnixNano()
-	key, _ := s.countedKey(c, n-n%w+w)
+	key, _ := s.counted.Key(c, n-n%w+w)
 	return key
 }
 
@@ -78,34 +69,13 @@ func CountedKey(s *Store, c *admit.Charge) string {
 // as a region's agent does, and returns its reply's integers (the text
 // ones as 0).
 func HomeCall(s *Store, key string, args ...string) ([]int64, error) {
-	return scriptCall(s, homeScript, key, args)
+	return leased.HomeCall(s.link, key, args...)
 }
 
 // PoolCall runs a pool's script on key with args (poolScript's ARGV).
 func PoolCall(s *Store, key string, args ...string) ([]int64, error) {
-	return scriptCall(s, poolScript, key, args)
-}
-
-func scriptCall(s *Store, script *rueidis.Lua, key string, args []string) ([]int64, error) {
-	var out []int64
-	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		v, err := script.Exec(ctx, client, []string{key}, args).ToArray()
-		if err != nil {
-			return err
-		}
-		for _, x := range v {
-			n, err := x.AsInt64()
-			if err != nil {
-				n = 0
-			}
-			out = append(out, n)
-		}
-		return nil
-	})
-	return out, err
+	return leased.PoolCall(s.link, key, args...)
 }
 
 // HomeKey returns the key at home of c's limit held across regions.
-func HomeKey(s *Store, c admit.Charge) string {
-	return s.homeKey(&allowance{rule: c.Rule, key: c.Key, tag: link.Tag(&c)})
-}
+func HomeKey(s *Store, c admit.Charge) string { return leased.HomeKey(s.link, c) }

@@ -20,7 +20,7 @@ import (
 // few addresses, debits, peeks, leases taken and released — through two
 // Redis stores in turn and through the memory store, and checks that each
 // decision is the same: admitted or not, and how its share decided it.
-// The library (lua/library) mirrors admit.DecideShare. The stores decide
+// The library (internal/exact/lua) mirrors admit.DecideShare. The stores decide
 // every charge in Redis (ExactRefusals): a refusal kept locally counts no
 // class active meanwhile, which the memory store does, so the decisions that
 // follow may differ (TestFairShares measures what the shares give then).

@@ -18,7 +18,7 @@
 //
 // # One round trip per decision
 //
-// Every algorithm runs inside Redis as one Lua function (lua/library, a
+// Every algorithm runs inside Redis as one Lua function (internal/exact/lua, a
 // Redis Functions library, so Redis 7.0 or later) that decides all the
 // charges of a request together, all or nothing, with Redis TIME as the
 // clock. It mirrors package admit's arithmetic exactly (integers only, no
@@ -27,16 +27,16 @@
 // when Redis answers that the function is missing.
 //
 // Decisions made at the same time share calls: while calls for a hash
-// slot are in flight, the decisions that arrive queue, and the next link.Call
+// slot are in flight, the decisions that arrive queue, and the next call
 // decides them all, one after the other, each all or nothing on its own
-// (see batch.go). A lone decision is sent at once; nothing waits for a
+// (see internal/exact). A lone decision is sent at once; nothing waits for a
 // batch to fill.
 //
 // Rules of distribution admit.Counted (fixed windows whose every charge
 // is a debit, as envoyproxy/ratelimit counts hits) take no function: their
 // charges are plain pipelined INCRBYs, the hits that meet in a pipeline
 // added together, with a PEXPIRE when this process first counts in a
-// key's window (see counted.go). Their keys are Prefix, '#' and a hash of
+// key's window (see internal/counted). Their keys are Prefix, '#' and a hash of
 // the window and the charge's key.
 //
 // # Regions
@@ -82,7 +82,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -90,7 +89,9 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/redishook"
+	"github.com/admitdev/admit/redisstore/internal/counted"
 	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/leased"
 	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
@@ -156,7 +157,7 @@ func (o *Options) check() error {
 	if o.Region == "" || len(o.Region) > 64 {
 		return admit.Errorf(admit.CodeInvalid, "redisstore: a store with a home needs its region's name, of at most 64 bytes")
 	}
-	if o.Home.region != nil {
+	if _, ok := o.Home.leased.InRegion(); ok {
 		return admit.Errorf(admit.CodeInvalid, "redisstore: a home is a plain store, not a region of another home")
 	}
 	if o.Clock != nil {
@@ -169,23 +170,12 @@ func (o *Options) check() error {
 
 // Store is the Redis admit.Store. It is safe for concurrent use.
 type Store struct {
-	link  *link.Link  // the connection room
-	exact *exact.Room // the exact path: every decision made in Redis
-	// region is set when the store is one region of limits held across
-	// regions (see region.go).
-	region *region
+	link    *link.Link    // the connection room
+	exact   *exact.Room   // the exact path: every decision made in Redis
+	leased  *leased.Room  // leased rules' allowances, and a region's
+	counted *counted.Room // counted rules' plain counts
 
-	withdrawals         atomic.Int64 // withdrawal calls
-	withdrawn, refunded atomic.Int64 // units of allowances
-	expired, lost       atomic.Int64
-	leased              allowances // see leased.go
-	closeOnce           sync.Once
-
-	tallier  tallier // see counted.go
-	expiries expiryTable
-	fixMu    sync.Mutex
-	fixes    []expiryFix
-	fixing   bool
+	closeOnce sync.Once
 }
 
 var _ admit.Store = (*Store)(nil)
@@ -228,13 +218,16 @@ func newStore(cluster bool, mode string, opts *Options) *Store {
 	if o.TenantsPerDecision <= 0 || o.TenantsPerDecision > bounds.MaxCharges {
 		o.TenantsPerDecision = bounds.MaxCharges
 	}
-	var rg *region
+	var ro *leased.RegionOptions
 	if o.Home != nil {
-		rg = &region{name: o.Region, home: o.Home, cut: o.Cut, refills: make(chan struct{}, maxRefills), coldRefills: make(chan struct{}, maxColdRefills)}
+		ro = &leased.RegionOptions{Name: o.Region, Home: o.Home.link, FailWhenCut: o.Cut == FailWhenCut}
 	}
 	l := &link.Link{Cluster: cluster, Mode: mode, Prefix: o.Prefix, Timeout: o.Timeout, Clock: o.Clock, Library: exact.Library,
 		Breaker: link.Breaker{Threshold: int64(o.BreakerFailures), Cooldown: o.BreakerCooldown}, Closed: make(chan struct{})}
-	return &Store{link: l, exact: exact.New(l, o.TenantsPerDecision, o.ExactRefusals), region: rg}
+	x := exact.New(l, o.TenantsPerDecision, o.ExactRefusals)
+	s := &Store{link: l, exact: x, leased: leased.New(l, x, ro)}
+	s.counted = counted.New(l, othersOf{s}, s.exact)
+	return s
 }
 
 // Open connects to the Redis deployment that url names (see ParseURL) and
@@ -327,7 +320,7 @@ func DialLazy(cfg Config, opts *Options) (*Store, error) {
 // Close closes the connection if the store opened it. It is idempotent.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.returnAll()
+		s.leased.ReturnAll()
 		s.link.Close()
 	})
 	return nil
@@ -375,10 +368,11 @@ type Health struct {
 func (s *Store) Health() Health {
 	h := Health{
 		Breaker: s.link.Breaker.State(time.Now()), Calls: s.link.Calls.Load(), Failures: s.link.Failures.Load(),
-		UndoFailures: s.exact.UndoFailures.Load(), Decisions: s.exact.Decisions.Load(), LocalDecisions: s.exact.LocalDecisions.Load(),
-		LocalRefusals: s.exact.LocalRefusals.Load(),
-		Withdrawals:   s.withdrawals.Load(), Withdrawn: s.withdrawn.Load(), Refunded: s.refunded.Load(),
-		Expired: s.expired.Load(), Lost: s.lost.Load(),
+		UndoFailures: s.exact.UndoFailures.Load(), LocalRefusals: s.exact.LocalRefusals.Load(),
+		Decisions:      s.exact.Decisions.Load() + s.leased.Decisions.Load(),
+		LocalDecisions: s.exact.LocalDecisions.Load() + s.leased.LocalDecisions.Load(),
+		Withdrawals:    s.leased.Withdrawals.Load(), Withdrawn: s.leased.Withdrawn.Load(), Refunded: s.leased.Refunded.Load(),
+		Expired: s.leased.Expired.Load(), Lost: s.leased.Lost.Load(),
 	}
 	if e := s.link.Evicts.Load(); e != nil {
 		h.Evicts = *e

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// FunctionName is the name of the store's Redis function (redisstore/lua/library
+// FunctionName is the name of the store's Redis function (redisstore/internal/exact/lua
 // registers it); a new library version that changes the arguments gets a
 // new name, so that servers of two versions
 // can share a deployment during an upgrade (the states they keep are the

@@ -18,7 +18,7 @@ import (
 // are refused with a clear error; monthly quotas (30 or 31 days) fit.
 const maxSpan = time.Duration(1 << 52)
 
-// stride is the number of script arguments per charge (lua/library, STRIDE).
+// stride is the number of script arguments per charge (the library, STRIDE).
 const stride = 15
 
 // ruleArgs holds the script arguments of one rule, computed once: slots
@@ -96,7 +96,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 		if a.err == nil {
 			a.fill(r)
 			// A batch's rule text carries the rule's share parameters
-			// too (lua/library, ruleOf), for its fair charges.
+			// too (the library, ruleOf), for its fair charges.
 			p, _ := engine.Prepare(r)
 			sp := p.ShareParams()
 			a.text = strings.Join(a.fixed[:], ",") + "," + strings.Join([]string{

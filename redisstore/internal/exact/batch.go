@@ -32,13 +32,13 @@ const (
 	// maxFlight bounds the calls in flight per slot; more keep Redis busy
 	// while replies are read, fewer make larger batches.
 	maxFlight = 4
-	// maxBatch bounds the decisions of one link.Call, so that one call never
+	// maxBatch bounds the decisions of one call, so that one call never
 	// holds Redis for long.
 	maxBatch = 64
 )
 
 // job is one decision waiting for a batch: its keys, its rules, and its
-// part of the batch's arguments (see lua/library, batch), with the rules'
+// part of the batch's arguments (see the library, batch), with the rules'
 // numbers left to fill in when the batch is made. It owns all of them, so
 // a caller that gives up cannot change a batch being built.
 type job struct {

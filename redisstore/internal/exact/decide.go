@@ -115,8 +115,8 @@ func checkCharge(i int, c *admit.Charge, reserve bool) (*ruleArgs, error) {
 	return ra, nil
 }
 
-// Reply is one decision's part of the reply of a decide or undo link.Call
-// (lua/library, reply): allowed, four values per charge (allowed + 2 × how,
+// Reply is one decision's part of the reply of a decide or undo call
+// (the library, reply): allowed, four values per charge (allowed + 2 × how,
 // remaining, reset, retry) and the lease's expiry; with the call's now.
 type Reply struct {
 	NU, NSub int64
@@ -153,7 +153,7 @@ func fill(rp Reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		rule := charges[i].Rule
 		reset, retry := time.Duration(x[2]), time.Duration(x[3])
 		if rule.Algorithm == admit.Quota {
-			// A quota's reply says its period's end in µs (lua/library,
+			// A quota's reply says its period's end in µs (the library,
 			// quotaEval): the time to it is reckoned here, exactly.
 			reset = time.Duration(x[2]*1000 - (rp.NU*1000 + rp.NSub))
 			if x[0]&1 == 0 && admit.SharePath(x[0]>>3&3) != admit.ShareRefused {
@@ -176,7 +176,7 @@ func fill(rp Reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		if res.Share != admit.ShareNone || charges[i].Share != nil {
 			res.Shared, res.ShareWhole = x[0]>>6, x[0]>>5&1 == 1
 		}
-		if x[1] < 0 { // a count's debit past its limit (lua/library, step)
+		if x[1] < 0 { // a count's debit past its limit (the library, step)
 			res.Remaining, res.Over = 0, -x[1]
 		}
 		r.hows[k] = itoa(x[0] >> 1 & 3)
@@ -335,7 +335,7 @@ func (s *Room) undoCall(charges []admit.Charge, gd groupDone, leaseID string) li
 			c.Args[argOf(k, chHow)] = "-1" // a debit stays charged
 		}
 		if charges[i].Rule.Algorithm == admit.Quota {
-			// Where a quota's rule has no other parameter (lua/library,
+			// Where a quota's rule has no other parameter (the library,
 			// strided), its period's ends, for the look after the undo.
 			c.Args[argOf(k, chPeriodStart)], c.Args[argOf(k, chPeriodEnd)] = s.quotaEnds(charges[i].Rule)
 		}

@@ -249,7 +249,7 @@ func (s *Room) leaseOp(ctx context.Context, op, id string) (bool, int64, error) 
 	}
 	if op == "n" {
 		// The global group first: a class that must yield its shared
-		// slots renews nothing (lua/library, shareYields).
+		// slots renews nothing (the library, shareYields).
 		tags = slices.Clone(tags)
 		slices.Reverse(tags)
 	}

@@ -8,7 +8,7 @@ import (
 )
 
 // Fair charges (admit.Charge.Share) are decided with their class's share
-// in the library (lua/library, shareDecide), which keeps beside the charge's
+// in the library (the library, shareDecide), which keeps beside the charge's
 // key the records admit.DecideShare reads: the key's pool of classes, the
 // class's record and its sub's, and for a concurrency key the slots the
 // class and its sub hold. Their keys are the charge's with a suffix that
@@ -65,7 +65,7 @@ func shareArg(c *admit.Charge) string {
 
 // appendShareRecords appends to keys the pool and class records of every
 // class holdings among a lease record's fields, which a renewal reads to
-// know whether the class must yield (lua/library, shareYields): so that the
+// know whether the class must yield (the library, shareYields): so that the
 // call declares every key it touches, as Cluster requires.
 func appendShareRecords(keys, fields []string) []string {
 	for _, f := range fields {

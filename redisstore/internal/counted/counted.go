@@ -1,4 +1,4 @@
-package redisstore
+package counted
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/redisstore/internal/exact"
+	"github.com/admitdev/admit/redisstore/internal/link"
 )
 
 // Counted rules. A rule of distribution admit.Counted counts every charge
@@ -56,6 +57,40 @@ const (
 	// transit.
 	countedSlack = 2 * time.Second
 )
+
+// Room is the counted room of the Redis store: the counts of rules of
+// distribution admit.Counted, kept with plain pipelined commands. The
+// charges of a decision that are not counted are decided by the room
+// below (Rest), and refusals are learned and answered there too.
+type Room struct {
+	link     *link.Link
+	rest     Decider
+	refusals Refusals
+
+	tallier  tallier
+	expiries expiryTable
+	fixMu    sync.Mutex
+	fixes    []expiryFix
+	fixing   bool
+}
+
+// A Decider decides the charges of a decision that are not counted.
+type Decider interface {
+	Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error
+}
+
+// Refusals are the store's refusals (see the exact path's): a key Redis
+// refused is refused without a call until it could admit again.
+type Refusals interface {
+	RefuseLocally(charges []admit.Charge, now time.Time, d *admit.Decision) bool
+	LearnRefusals(charges []admit.Charge, d *admit.Decision, sent time.Time)
+}
+
+// New returns the counted room of a store calling Redis through l, its
+// other charges decided by rest, its refusals kept by refusals.
+func New(l *link.Link, rest Decider, refusals Refusals) *Room {
+	return &Room{link: l, rest: rest, refusals: refusals}
+}
 
 // tally is one decision's counted charges waiting for a pipeline: their
 // keys, costs and expiries (ms from now), and after the pipeline each
@@ -115,24 +150,24 @@ func (t *expiryTable) forget(hs [][2]uint64) {
 	}
 }
 
-// isCounted reports whether c is decided by counting (see admit.Counted).
-func isCounted(c *admit.Charge) bool {
+// Is reports whether c is decided by counting (see admit.Counted).
+func Is(c *admit.Charge) bool {
 	return c.Rule != nil && c.Rule.Distribution == admit.Counted
 }
 
-// anyCounted reports whether some of charges are counted.
-func anyCounted(charges []admit.Charge) bool {
+// Any reports whether some of charges are counted.
+func Any(charges []admit.Charge) bool {
 	for i := range charges {
-		if isCounted(&charges[i]) {
+		if Is(&charges[i]) {
 			return true
 		}
 	}
 	return false
 }
 
-// countedKey returns the key of c's count in the window ending at end (ns
+// Key returns the key of c's count in the window ending at end (ns
 // since the epoch), and its hash.
-func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
+func (s *Room) Key(c *admit.Charge, end int64) (string, [2]uint64) {
 	var scratch [256]byte
 	b := binary.LittleEndian.AppendUint64(scratch[:0], uint64(c.Rule.Window))
 	b = binary.LittleEndian.AppendUint64(b, uint64(end))
@@ -145,7 +180,7 @@ func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
 	return string(k), [2]uint64{binary.LittleEndian.Uint64(sum[:8]), binary.LittleEndian.Uint64(sum[8:16])}
 }
 
-// decideCounted decides charges of which some are counted. Counted debits
+// Decide decides charges of which some are counted. Counted debits
 // are counted whatever they find. A counted charge that is not a debit is
 // counted too, at once, and taken back if it does not fit, or if the
 // decision is refused: the others are decided after the counts, as a dry
@@ -153,7 +188,7 @@ func (s *Store) countedKey(c *admit.Charge, end int64) (string, [2]uint64) {
 // back was visible to other decisions for that moment, which may refuse
 // one of them (never admit one too many: a decision is admitted only by
 // counts within the limit, counts that were taken back included).
-func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+func (s *Room) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if len(charges) > bounds.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "%d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
@@ -168,7 +203,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
 		}
-		if isCounted(&charges[i]) {
+		if Is(&charges[i]) {
 			idx = append(idx, i)
 		} else {
 			others = append(others, charges[i])
@@ -182,7 +217,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		}
 	}
 	now := s.link.Now()
-	if !dry && s.exact.RefuseLocally(charges, now, d) {
+	if !dry && s.refusals.RefuseLocally(charges, now, d) {
 		// A counted key refused a moment ago (see learnRefusals): its
 		// traffic touches none of the request's shared counts.
 		return nil
@@ -193,7 +228,7 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 		w := int64(c.Rule.Window)
 		n := now.UnixNano()
 		end := n - n%w + w
-		key, h := s.countedKey(c, end)
+		key, h := s.Key(c, end)
 		t.keys, t.hashes, t.costs = append(t.keys, key), append(t.hashes, h), append(t.costs, c.Cost)
 		t.ttls = append(t.ttls, (end-n+int64(time.Millisecond)-1)/int64(time.Millisecond)+s.countedSlack().Milliseconds())
 	}
@@ -261,20 +296,20 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 				}
 			}
 			if len(owed) > 0 {
-				if err := s.decideOthers(ctx, owed, &debits); err != nil {
+				if err := s.rest.Decide(ctx, owed, &debits); err != nil {
 					return errors.Join(err, s.takeBack(t, counted))
 				}
 			}
 		}
 		if len(part) > 0 {
-			if err := s.decideOthers(ctx, part, &rest); err != nil {
+			if err := s.rest.Decide(ctx, part, &rest); err != nil {
 				return errors.Join(err, s.takeBack(t, counted))
 			}
 			refused = refused || !rest.Allowed
 		}
 		for i := range charges {
 			switch {
-			case isCounted(&charges[i]):
+			case Is(&charges[i]):
 			case refused && charges[i].Debit && len(part) < len(others):
 				debitOf = append(debitOf, i)
 			default:
@@ -334,10 +369,10 @@ func (s *Store) decideCounted(ctx context.Context, charges []admit.Charge, d *ad
 // a wide count (a tenant's) refused while a user hammers its own spent one
 // would refuse the whole tenant. The narrowest refused count is the one
 // the request's own traffic most likely filled.
-func (s *Store) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, now time.Time) {
+func (s *Room) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, now time.Time) {
 	narrow := -1
 	for i := range charges {
-		if c, r := &charges[i], &d.Results[i]; isCounted(c) && !r.Allowed && !r.Shadow && !c.Debit &&
+		if c, r := &charges[i], &d.Results[i]; Is(c) && !r.Allowed && !r.Shadow && !c.Debit &&
 			(narrow < 0 || c.Rule.Limit < charges[narrow].Rule.Limit) {
 			narrow = i
 		}
@@ -345,12 +380,12 @@ func (s *Store) learnCountedRefusals(charges []admit.Charge, d *admit.Decision, 
 	var learn []admit.Charge
 	var of admit.Decision
 	for i := range charges {
-		if !isCounted(&charges[i]) || i == narrow {
+		if !Is(&charges[i]) || i == narrow {
 			learn = append(learn, charges[i])
 			of.Results = append(of.Results, d.Results[i])
 		}
 	}
-	s.exact.LearnRefusals(learn, &of, now)
+	s.refusals.LearnRefusals(learn, &of, now)
 }
 
 // countSteps splits the places of the counted charges of a decision into
@@ -378,7 +413,7 @@ func countSteps(charges []admit.Charge, idx []int, dry bool) (first, wide []int)
 
 // countPart counts (or, with read, reads) t's charges at places ks, in a
 // tally of their own, and writes their counts into t's.
-func (s *Store) countPart(t *tally, ks []int, read bool) error {
+func (s *Room) countPart(t *tally, ks []int, read bool) error {
 	if len(ks) == 0 {
 		return nil
 	}
@@ -431,7 +466,7 @@ func idxs(n int) []int {
 // one whose reply was lost may have been applied, and applying it twice
 // could admit past the limit. A count left refuses more until its window
 // ends, never less.
-func (s *Store) takeBack(t *tally, ks []int) error {
+func (s *Room) takeBack(t *tally, ks []int) error {
 	if len(ks) == 0 {
 		return nil
 	}
@@ -447,11 +482,11 @@ func (s *Store) takeBack(t *tally, ks []int) error {
 // zero, if the key is there; its expiry stays.
 var takeBackScript = rueidis.NewLuaScript(takeBackSource)
 
-//go:embed lua/counted_take_back.lua
+//go:embed lua/take_back.lua
 var takeBackSource string
 
 // lower runs takeBackScript on each key, by its cost.
-func (s *Store) lower(keys []string, costs []int64) error {
+func (s *Room) lower(keys []string, costs []int64) error {
 	// Not the caller's context: a count must be taken back even when the
 	// caller has gone.
 	return s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
@@ -476,7 +511,7 @@ const maxExpiryFixes = 1 << 16
 // PEXPIRE after it. Setting an expiry is idempotent, so it is tried every
 // second until Redis answers (or the store closes); a key gone stays gone,
 // and one whose window has ended expires at once.
-func (s *Store) fixExpiries(ops []countOp) {
+func (s *Room) fixExpiries(ops []countOp) {
 	s.fixMu.Lock()
 	for _, op := range ops {
 		if len(s.fixes) < maxExpiryFixes && op.total > 0 {
@@ -492,7 +527,7 @@ func (s *Store) fixExpiries(ops []countOp) {
 }
 
 // retryExpiries runs fixExpiries' retries until none is left.
-func (s *Store) retryExpiries() {
+func (s *Room) retryExpiries() {
 	for {
 		select {
 		case <-s.link.Closed:
@@ -537,7 +572,7 @@ type expiryFix struct {
 
 // countedSlack is how long past its window a counted key lives: with a
 // clock of the store's own (tests), as long as the script's keys get.
-func (s *Store) countedSlack() time.Duration {
+func (s *Room) countedSlack() time.Duration {
 	if s.link.Clock != nil {
 		return 10 * time.Minute
 	}
@@ -568,7 +603,7 @@ func countedResult(res *admit.Result, c *admit.Charge, count int64, now time.Tim
 
 // readTally reads t's counts for a dry run: what each key holds, plus the
 // costs of t's charges before it and its own.
-func (s *Store) readTally(t *tally) error {
+func (s *Room) readTally(t *tally) error {
 	return s.link.Do(t.ctx, func(ctx context.Context, client rueidis.Client) error {
 		cmds := make(rueidis.Commands, len(t.keys))
 		for i, k := range t.keys {
@@ -593,7 +628,7 @@ func (s *Store) readTally(t *tally) error {
 
 // tallyCall counts t in a pipeline of its own or, while pipelines are in
 // flight, in the next one.
-func (s *Store) tallyCall(t *tally) error {
+func (s *Room) tallyCall(t *tally) error {
 	b := &s.tallier
 	b.mu.Lock()
 	if b.flying < maxPipelines && len(b.queue) == 0 {
@@ -617,7 +652,7 @@ func (s *Store) tallyCall(t *tally) error {
 
 // tallied ends a pipeline: the tallies queued meanwhile go in the next,
 // sent by a new goroutine.
-func (s *Store) tallied() {
+func (s *Room) tallied() {
 	if next := s.nextTallies(); next != nil {
 		go func() {
 			for batch := next; batch != nil; batch = s.nextTallies() {
@@ -630,7 +665,7 @@ func (s *Store) tallied() {
 // nextTallies takes the next batch from the queue, answering the tallies
 // whose callers gave up, or, when none is left, ends the pipeline that
 // just landed.
-func (s *Store) nextTallies() []*tally {
+func (s *Room) nextTallies() []*tally {
 	b := &s.tallier
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -679,7 +714,7 @@ const countCeiling = 1 << 62
 
 // sendTallies counts batch in one pipeline and gives every tally its
 // counts.
-func (s *Store) sendTallies(batch []*tally) {
+func (s *Room) sendTallies(batch []*tally) {
 	var ops []countOp
 	at := make(map[string]int, len(batch))
 	// place[t][i]: the op of tally t's charge i, and the total on that
@@ -791,24 +826,24 @@ func (s *Store) sendTallies(batch []*tally) {
 	}
 }
 
-// refundCounted gives back charge c, counted in the window that holds at,
+// Refund gives back charge c, counted in the window that holds at,
 // if that window is the current one: its count less c's cost, never below
 // zero, never on a key that is gone (see takeBack).
-func (s *Store) refundCounted(c *admit.Charge, at time.Time) error {
+func (s *Room) Refund(c *admit.Charge, at time.Time) error {
 	w := int64(c.Rule.Window)
 	n, a := s.link.Now().UnixNano(), at.UnixNano()
 	if a-a%w != n-n%w || c.Cost <= 0 {
 		return nil
 	}
-	key, _ := s.countedKey(c, n-n%w+w)
+	key, _ := s.Key(c, n-n%w+w)
 	return s.lower([]string{key}, []int64{c.Cost})
 }
 
-// resetCounted deletes charge c's count of the current window.
-func (s *Store) resetCounted(ctx context.Context, c *admit.Charge) error {
+// Reset deletes charge c's count of the current window.
+func (s *Room) Reset(ctx context.Context, c *admit.Charge) error {
 	w := int64(c.Rule.Window)
 	n := s.link.Now().UnixNano()
-	key, _ := s.countedKey(c, n-n%w+w)
+	key, _ := s.Key(c, n-n%w+w)
 	return s.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
 		return client.Do(ctx, client.B().Del().Key(key).Build()).Error()
 	})

@@ -1,4 +1,4 @@
-package redisstore
+package leased
 
 import (
 	_ "embed"
@@ -6,7 +6,7 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// homeScript is the home's side of a limit held across regions: one link.Call
+// homeScript is the home's side of a limit held across regions: one call
 // grants a region part of the limit and applies the give-backs it
 // carries.
 //

@@ -1,11 +1,8 @@
-package redisstore
+package leased
 
 import (
-	"cmp"
 	"context"
 	_ "embed"
-	"math"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -63,7 +60,7 @@ import (
 // A region cut from its home spends what its pool and servers hold, at
 // most what its demand would spend in regionPeriod plus regionLookahead,
 // until it expires (holdOf after its last unit unlocks); then it
-// refuses, or with FailWhenCut its decisions fail with CodeUnavailable
+// refuses, or with FailWhenCut (redisstore) its decisions fail with CodeUnavailable
 // so that each rule's on_error applies. The other regions' shares grow
 // as soon as the cut region's demand report is a second old.
 const (
@@ -106,25 +103,12 @@ const (
 	cutRetry = 250 * time.Millisecond
 )
 
-// CutPolicy says what a region cut from its home does once it has spent
-// what it holds.
-type CutPolicy int
-
-const (
-	// RefuseWhenCut refuses, with the time the next unit would unlock as
-	// the retry.
-	RefuseWhenCut CutPolicy = iota
-	// FailWhenCut fails the decision with CodeUnavailable: the caller's
-	// failure mode (on_error) decides.
-	FailWhenCut
-)
-
 // region is the state of a store that is one region of limits held
 // across regions.
 type region struct {
-	name string
-	home *Store
-	cut  CutPolicy
+	name        string
+	home        *link.Link // the home Redis's
+	failWhenCut bool
 
 	homeCalls, homeFailures atomic.Int64
 	granted, givenBack      atomic.Int64 // units
@@ -158,8 +142,9 @@ func (rg *region) setErr(err error) {
 	rg.lastErr.Store(&msg)
 }
 
-// RegionHealth is what a region's store reports about its home.
-type RegionHealth struct {
+// Health is what a region's store reports about its home
+// (redisstore.RegionHealth).
+type Health struct {
 	Region       string
 	HomeCalls    int64 // calls to the home Redis
 	HomeFailures int64 // calls that failed or timed out
@@ -174,12 +159,12 @@ type RegionHealth struct {
 }
 
 // Region reports the region's state, or false when the store has no home.
-func (s *Store) Region() (RegionHealth, bool) {
+func (s *Room) Region() (Health, bool) {
 	rg := s.region
 	if rg == nil {
-		return RegionHealth{}, false
+		return Health{}, false
 	}
-	return RegionHealth{
+	return Health{
 		Region: rg.name, HomeCalls: rg.homeCalls.Load(), HomeFailures: rg.homeFailures.Load(),
 		Granted: rg.granted.Load(), GivenBack: rg.givenBack.Load(), Owed: rg.owed.Load(),
 		Share: float64(rg.share.Load()) / 1e6, Held: rg.held.Load(), RTT: time.Duration(rg.rtt.Load()),
@@ -191,7 +176,7 @@ func (s *Store) Region() (RegionHealth, bool) {
 // token buckets, GCRA, fixed windows and quotas can; sliding windows and
 // logs, floor + burst combinations and concurrency limits not yet.
 func CheckRegionRule(r *admit.Rule) error {
-	if err := CheckRule(r); err != nil {
+	if err := exact.CheckRule(r); err != nil {
 		return err
 	}
 	if regionAlgorithm(r.Algorithm) {
@@ -243,14 +228,14 @@ func regionCharge(i int, c *admit.Charge) error {
 // agent in the region's Redis, its state at home. They name the kind of
 // state they hold (b, a bucket, or c, a count), so that a rule whose
 // algorithm changed under the same name starts anew.
-func (s *Store) poolKey(p *allowance) string {
+func (s *Room) poolKey(p *allowance) string {
 	return s.link.Prefix + "r{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
-func (s *Store) agentKey(p *allowance) string {
+func (s *Room) agentKey(p *allowance) string {
 	return s.link.Prefix + "a{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
-func (s *Store) homeKey(p *allowance) string {
-	return s.link.Prefix + "h{" + p.tag + "}" + kindOf(p.rule) + p.key
+func homeKey(home *link.Link, p *allowance) string {
+	return home.Prefix + "h{" + p.tag + "}" + kindOf(p.rule) + p.key
 }
 
 func kindOf(r *admit.Rule) string {
@@ -262,7 +247,7 @@ func kindOf(r *admit.Rule) string {
 
 // decideRegion decides charges from allowances taken from the region's
 // pools: all or nothing, locally once the allowances are in hand.
-func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+func (s *Room) DecideRegion(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if len(charges) > bounds.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "redisstore: %d charges in one decision; at most %d", len(charges), bounds.MaxCharges)
 	}
@@ -277,7 +262,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			return err
 		}
 	}
-	s.exact.Decisions.Add(1)
+	s.Decisions.Add(1)
 	d.Reset()
 	if len(charges) == 0 {
 		d.Allowed = true
@@ -329,7 +314,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 			if !refused {
 				s.debit(charges, ps, now, d)
 			}
-			s.exact.LocalDecisions.Add(1)
+			s.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -353,7 +338,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		}
 		if n == 0 && taken == all {
 			s.debit(charges, ps, now, d)
-			s.exact.LocalDecisions.Add(1)
+			s.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -385,7 +370,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 		p.mu.Unlock()
 		d.Results = append(d.Results, r)
 	}
-	s.exact.LocalDecisions.Add(1)
+	s.LocalDecisions.Add(1)
 	d.At = now
 	engine.Summarize(d)
 	return nil
@@ -397,7 +382,7 @@ func (s *Store) decideRegion(ctx context.Context, charges []admit.Charge, d *adm
 // timeline moves on, a count goes up), so that every region's next grants
 // pay it. A debit that the allowance did not cover is reported over the
 // limit, with the time the debt takes to repay as its retry.
-func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
+func (s *Room) debit(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
 	var owes [bounds.MaxCharges]int64
 	for i, p := range ps {
 		c := &charges[i]
@@ -407,7 +392,7 @@ func (s *Store) debit(charges []admit.Charge, ps []*allowance, now time.Time, d 
 		p.mu.Lock()
 		p.release(now)
 		if !now.Before(p.until) && p.avail > 0 {
-			s.expired.Add(p.avail)
+			s.Expired.Add(p.avail)
 			p.avail = 0
 			p.gen++
 		}
@@ -446,14 +431,14 @@ func (p *allowance) repayIn(owe int64, now time.Time) time.Duration {
 
 // owe records in p's pool that its region owes home n units of p's limit,
 // and has the pool refilled now, which sends the debt home.
-func (s *Store) owe(p *allowance, n int64) {
+func (s *Room) owe(p *allowance, n int64) {
 	p.mu.Lock()
 	gen := p.hgen
 	p.mu.Unlock()
 	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), "0", "0", itoa(-n)}).Error()
 	}); err != nil {
-		s.lost.Add(n) // a debt lost: as much admitted that should not be
+		s.Lost.Add(n) // a debt lost: as much admitted that should not be
 		return
 	}
 	p.mu.Lock()
@@ -467,7 +452,7 @@ func (s *Store) owe(p *allowance, n int64) {
 const maxRegionKeys = 1 << 18
 
 // peekRegion answers a dry run from what the allowances hold.
-func (s *Store) peekRegion(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
+func (s *Room) peekRegion(charges []admit.Charge, ps []*allowance, now time.Time, d *admit.Decision) {
 	for i, p := range ps {
 		c := &charges[i]
 		p.mu.Lock()
@@ -521,7 +506,7 @@ func periodEnd(r *admit.Rule, now time.Time) time.Time {
 // fetchRegion returns the take from the pool that should cover cost in p,
 // started if need be, or nil when none would: p covers it, or the pool
 // said nothing unlocks before a time still to come.
-func (p *allowance) fetchRegion(s *Store, cost int64, debit bool, now time.Time) *fetch {
+func (p *allowance) fetchRegion(s *Room, cost int64, debit bool, now time.Time) *fetch {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.avail+p.future >= cost && now.Before(p.until) {
@@ -553,7 +538,7 @@ type poolTake struct {
 
 // take takes up to want units of p's pool, reporting arrivals units asked
 // of this server since its last take, need the units its callers lack.
-func (s *Store) take(p *allowance, want, arrivals, need int64) (poolTake, error) {
+func (s *Room) take(p *allowance, want, arrivals, need int64) (poolTake, error) {
 	var t poolTake
 	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
@@ -611,8 +596,8 @@ func (rg *region) period() time.Duration {
 // its fair rate, it refills the pool from home first and the decision
 // waits for it; otherwise the pool is refilled in the background when it
 // runs low.
-func (s *Store) takePool(p *allowance, f *fetch, want int64) {
-	defer s.leased.fetches.Done()
+func (s *Room) takePool(p *allowance, f *fetch, want int64) {
+	defer s.allowances.fetches.Done()
 	p.mu.Lock()
 	asked, short, debits := p.asked, p.short, p.debits
 	p.asked, p.short, p.waiting, p.debits = 0, 0, 0, false
@@ -656,7 +641,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 		}
 	}
 	recv := s.link.Now()
-	s.withdrawals.Add(1)
+	s.Withdrawals.Add(1)
 	p.mu.Lock()
 	p.fetch = nil
 	if err != nil {
@@ -675,7 +660,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 	p.reset = recv.Add(p.regionReset(recv))
 	switch {
 	case p.grant > 0:
-	case s.region.cut == FailWhenCut && s.region.cutSince.Load() != 0 && last.held == 0:
+	case s.region.failWhenCut && s.region.cutSince.Load() != 0 && last.held == 0:
 		f.err = admit.Errorf(admit.CodeUnavailable, "redisstore: region %s is cut from its home and holds nothing of %q", s.region.name, p.rule.Name)
 	default:
 		wait := time.Duration(last.next) * time.Microsecond
@@ -703,7 +688,7 @@ func (s *Store) takePool(p *allowance, f *fetch, want int64) {
 
 // addTake adds to p the units of take t, sent at sent and answered by
 // recv. p.mu is held.
-func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
+func (s *Room) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 	// The pool's clock less this one's, at least: the take ran before
 	// its reply arrived.
 	p.delta = t.poolNow - recv.UnixMicro()
@@ -713,7 +698,7 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 	until := sent.Add(time.Duration(t.hold) * time.Microsecond)
 	if p.books() {
 		if !sent.Before(p.until) && p.avail+p.future > 0 {
-			s.expired.Add(p.avail) // expired before the sweep saw them
+			s.Expired.Add(p.avail) // expired before the sweep saw them
 			p.avail, p.future = 0, 0
 			p.gen++
 		}
@@ -725,7 +710,7 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 		// A count's units are all there at once, and last until its
 		// period ends: units of an older period are worth nothing.
 		if p.hgen != t.gen || !sent.Before(p.until) {
-			s.expired.Add(p.avail)
+			s.Expired.Add(p.avail)
 			p.avail = 0
 			p.gen++
 			p.until = until
@@ -734,7 +719,7 @@ func (s *Store) addTake(p *allowance, t poolTake, sent, recv time.Time) {
 		p.until = minTime(p.until, until)
 	}
 	p.hgen = t.gen
-	s.withdrawn.Add(t.got)
+	s.Withdrawn.Add(t.got)
 }
 
 // regionReset estimates how long from now until p's limit is whole again,
@@ -747,382 +732,11 @@ func (p *allowance) regionReset(now time.Time) time.Duration {
 	return spanOf(p.rule.Rate, max(p.rule.Burst-p.avail-p.shared, 0))
 }
 
-// refillElsewhere is what refill returns when another refill of the pool
-// is in flight.
-const refillElsewhere = -2
-
-// awaitRefill waits for the refill of p's pool in flight: this server's,
-// until it lands; another server's, about a round trip to the home.
-func (s *Store) awaitRefill(p *allowance) {
-	rg := s.region
-	rg.mu.Lock()
-	done := rg.inflight[s.poolKey(p)]
-	rg.mu.Unlock()
-	if done != nil {
-		select {
-		case <-done:
-		case <-time.After(agentLock):
-		}
-		return
-	}
-	rtt := time.Duration(rg.rtt.Load())
-	if rtt == 0 {
-		rtt = 100 * time.Millisecond // none measured yet
-	}
-	time.Sleep(min(rtt*5/4+2*time.Millisecond, agentLock))
-}
-
-// goRefill refills p's pool in the background, unless the store is
-// closing.
-func (s *Store) goRefill(p *allowance) {
-	a := &s.leased
-	a.fetchMu.Lock()
-	defer a.fetchMu.Unlock()
-	if a.closing {
-		return
-	}
-	a.fetches.Add(1)
-	go func() {
-		defer a.fetches.Done()
-		s.refill(p, 0)
-	}()
-}
-
-// unlockScript deletes a lock if it is still the caller's.
-var unlockScript = rueidis.NewLuaScript(unlockSource)
-
-//go:embed lua/region_unlock.lua
-var unlockSource string
-
-// refill is a region's agent for p's key: it gives back home what the
-// pool no longer needs and asks for what it lacks, if no other server of
-// the region is doing so.
-//
-// It returns what the home granted, refillElsewhere when another server
-// of the region is refilling the pool, or -1 when it did not ask: too
-// many refills are in flight, the pool holds enough, or a call failed.
-func (s *Store) refill(p *allowance, need int64) (granted int64) {
-	granted = -1
-	rg := s.region
-	// Refills in flight are bounded per store, apart for keys the store
-	// never had units of, and per tenant: so that a flood of new keys,
-	// or one tenant's many keys, cannot take the refills of the keys
-	// others are spending.
-	p.mu.Lock()
-	slots := rg.refills
-	if p.hgen == 0 {
-		slots = rg.coldRefills
-	}
-	p.mu.Unlock()
-	select {
-	case slots <- struct{}{}:
-		defer func() { <-slots }()
-	default:
-		return
-	}
-	pk := s.poolKey(p)
-	now := s.link.Now()
-	rg.mu.Lock()
-	if rg.agents == nil {
-		rg.agents = make(map[string]time.Time)
-		rg.tenants = make(map[string]int)
-		rg.inflight = make(map[string]chan struct{})
-	}
-	if last, ok := rg.agents[pk]; ok && rg.cutSince.Load() != 0 && now.Sub(last) < cutRetry {
-		// The home does not answer: ask it again for this key once in
-		// a while, not at every take.
-		rg.mu.Unlock()
-		return granted
-	}
-	if rg.tenants[p.tag] >= maxTenantRefills && p.tag != "g" {
-		rg.mu.Unlock()
-		return granted
-	}
-	if rg.inflight[pk] != nil {
-		rg.mu.Unlock()
-		return refillElsewhere
-	}
-	done := make(chan struct{})
-	rg.inflight[pk] = done
-	rg.tenants[p.tag]++
-	rg.agents[pk] = now
-	rg.mu.Unlock()
-	defer func() {
-		rg.mu.Lock()
-		if rg.tenants[p.tag]--; rg.tenants[p.tag] <= 0 {
-			delete(rg.tenants, p.tag)
-		}
-		delete(rg.inflight, pk)
-		rg.mu.Unlock()
-		close(done)
-	}()
-
-	token := exact.NewID()
-	var locked bool
-	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		err := client.Do(ctx, client.B().Set().Key(s.agentKey(p)).Value(token).Nx().Px(agentLock).Build()).Error()
-		if rueidis.IsRedisNil(err) {
-			return nil
-		}
-		locked = err == nil
-		return err
-	}); err != nil {
-		return
-	}
-	if !locked {
-		return refillElsewhere
-	}
-	defer s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		return unlockScript.Exec(ctx, client, []string{s.agentKey(p)}, []string{token}).Error()
-	})
-
-	// The preparation reads the pool's clock too: it ran between
-	// prepSent and prepRecv by this one's, which bounds the difference
-	// of the two clocks, for the times the grant is added with.
-	var prep []int64
-	var demand string
-	var poolNow int64
-	prepSent := s.link.Now()
-	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		v, err := poolScript.Exec(ctx, client, []string{pk}, []string{"a", itoa(rg.period().Microseconds()), itoa(leastHeld(p.rule))}).ToArray()
-		if err != nil {
-			return err
-		}
-		if len(v) < 4 || (len(v)-4)%3 != 0 {
-			return admit.Errorf(admit.CodeInternal, "redisstore: a pool replied %d values", len(v))
-		}
-		demand, _ = v[2].ToString()
-		now, _ := v[3].ToString()
-		if poolNow, err = strconv.ParseInt(now, 10, 64); err != nil {
-			return err
-		}
-		prep = make([]int64, 0, len(v)-2)
-		for i, x := range v {
-			if i == 2 || i == 3 {
-				continue
-			}
-			n, err := x.AsInt64()
-			if err != nil {
-				return err
-			}
-			prep = append(prep, n)
-		}
-		return nil
-	}); err != nil {
-		return
-	}
-	prepRecv := s.link.Now()
-	deltaMin, deltaMax := poolNow-prepRecv.UnixMicro(), poolNow-prepSent.UnixMicro()
-	held, target, back := prep[0], prep[1], prep[2:]
-	rg.held.Store(held)
-	want := max(target-held, need, 0)
-	if len(back) == 0 && held >= (target+1)/2 && need <= 0 {
-		return
-	}
-	args := append([]string{rg.name}, s.homeArgs(p.rule, want, demand)...)
-	var units, owed int64
-	for i := 0; i+2 < len(back); i += 3 {
-		args = append(args, itoa(back[i]), itoa(back[i+1]), itoa(back[i+2]))
-		if back[i+1] > 0 {
-			units += back[i+1]
-		} else {
-			owed -= back[i+1]
-		}
-	}
-	sent := s.link.Now()
-	var g, first, last, gen, share, spentFor int64
-	var T float64
-	var pos, fair string
-	err := rg.home.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		v, err := homeScript.Exec(ctx, client, []string{rg.home.homeKey(p)}, args).ToArray()
-		if err != nil {
-			return err
-		}
-		if len(v) != 9 {
-			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 9", len(v))
-		}
-		var x [5]int64
-		for i := range x {
-			if x[i], err = v[i].AsInt64(); err != nil {
-				return err
-			}
-		}
-		g, first, last, gen, share = x[0], x[1], x[2], x[3], x[4]
-		if spentFor, err = v[7].AsInt64(); err != nil {
-			return err
-		}
-		ts, _ := v[5].ToString()
-		pos, _ = v[6].ToString()
-		fair, _ = v[8].ToString()
-		T, err = strconv.ParseFloat(ts, 64)
-		return err
-	})
-	recv := s.link.Now()
-	rg.homeCalls.Add(1)
-	if err != nil {
-		rg.homeFailures.Add(1) // what was to go home stays in the pool, sent again next time
-		rg.cutSince.CompareAndSwap(0, recv.UnixNano())
-		rg.setErr(err)
-		return
-	}
-	rg.cutSince.Store(0)
-	rg.setErr(nil)
-	rg.givenBack.Add(units)
-	rg.owed.Add(owed)
-	if len(back) > 0 {
-		// The home has them: the pool may forget them. Should this
-		// fail, the next refill sends them again, and the home, which
-		// applies each number once, ignores them.
-		acked := back[len(back)-1]
-		for i := 2; i < len(back); i += 3 {
-			acked = max(acked, back[i])
-		}
-		if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-			return poolScript.Exec(ctx, client, []string{pk}, []string{"k", itoa(acked)}).Error()
-		}); err == nil {
-			p.mu.Lock()
-			p.owing = false
-			p.mu.Unlock()
-		}
-	}
-	rg.share.Store(share)
-	rtt := int64(recv.Sub(sent))
-	if old := rg.rtt.Load(); old == 0 {
-		rg.rtt.Store(rtt)
-	} else {
-		rg.rtt.Store(old + (rtt-old)/8)
-	}
-	granted = g
-	// In the pool's clock: an unlock late (from the reply's arrival, and
-	// the most the clocks may differ), an expiry early (from the call's
-	// sending, and the least), however late the deposit itself runs.
-	spent := "0"
-	if spentFor > 0 {
-		spent = itoa(sent.UnixMicro() + spentFor + deltaMin)
-	}
-	ops := []string{"z", spent, fair, poolShape(p.rule)}
-	if g > 0 {
-		rg.granted.Add(g)
-		hold := holdOf(p.rule)
-		if T == 0 {
-			hold = 0 // a count's units are worth nothing once its period ends
-		}
-		unlock := recv.UnixMicro() + first + deltaMax
-		expiry := sent.Add(time.Duration(max(last, 0))*time.Microsecond+hold).UnixMicro() + deltaMin
-		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair, poolShape(p.rule)}
-	}
-	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		return poolScript.Exec(ctx, client, []string{pk}, ops).Error()
-	}); err != nil {
-		s.lost.Add(g)
-	}
-	return granted
-}
-
-// homeArgs returns the home's arguments (homeScript) for rule r after the
-// region's name: what it is, and what the region wants of it.
-func (s *Store) homeArgs(r *admit.Rule, want int64, demand string) []string {
-	w := strconv.FormatInt(want, 10)
-	switch r.Algorithm {
-	case admit.FixedWindow:
-		return []string{"c", w, demand, itoa(r.Limit), itoa(r.Window.Microseconds()), "0", "0", "0"}
-	case admit.Quota:
-		now := s.link.Now()
-		start, end := engine.PeriodAt(r, now)
-		_, next := engine.PeriodAt(r, end)
-		return []string{"c", w, demand, itoa(r.Limit), "0", itoa(start.UnixMicro()), itoa(end.UnixMicro()), itoa(next.UnixMicro())}
-	}
-	initial := r.Burst
-	if r.Initial != nil {
-		initial = *r.Initial
-	}
-	debt := r.MaxDebt
-	if debt == 0 {
-		debt = r.Burst
-	}
-	return []string{"b", w, demand, itoa(r.Rate.N), itoa(r.Rate.Per.Microseconds()), itoa(r.Burst), itoa(initial),
-		itoa(regionLookahead.Microseconds()), itoa(debt)}
-}
-
-// poolShape names what of r the home's answers about its key depend on
-// (how long it has nothing to grant, the region's fair rate), so that a
-// pool forgets them when the rule changes.
-func poolShape(r *admit.Rule) string {
-	if isBucket(r) {
-		return itoa(r.Rate.N) + "/" + itoa(r.Rate.Per.Microseconds()) + "/" + itoa(r.Burst)
-	}
-	return itoa(r.Limit) + "/" + itoa(r.Window.Microseconds())
-}
-
-// returnToPool gives back the units p holds to its pool, or through it
-// home.
-func (s *Store) returnToPool(p *allowance) {
-	now := s.link.Now()
-	p.mu.Lock()
-	p.release(now)
-	n, booked, until, gen, delta := p.avail, p.future, p.until, p.hgen, p.delta
-	p.avail, p.future = 0, 0
-	p.gen++
-	p.mu.Unlock()
-	if n+booked <= 0 {
-		return
-	}
-	// Units due go back to the pool until they expire (home, if they
-	// have); units booked, not due, go home: no other server may spend
-	// them before they are due, and giving them back is always safe.
-	expiry := until.UnixMicro() + delta // early: see addTake
-	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
-		return poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"r", itoa(gen), itoa(n), itoa(expiry), itoa(booked)}).Error()
-	}); err != nil {
-		s.lost.Add(n + booked)
-		return
-	}
-	s.refunded.Add(n + booked)
-}
-
-// sweepRegion looks at the pools of keys this server used lately and not
-// refilled for agentEvery, so that a pool whose demand went away gives
-// back what it holds.
-func (s *Store) sweepRegion(ps []*allowance, now time.Time) {
-	rg := s.region
-	held := make([]int64, len(ps))
-	idx := make([]int, 0, len(ps))
-	for i, p := range ps {
-		p.mu.Lock()
-		held[i] = p.shared
-		if p.owing {
-			held[i] = math.MaxInt64 // a debt not home yet goes first
-		}
-		p.mu.Unlock()
-		if held[i] > 0 {
-			idx = append(idx, i)
-		}
-	}
-	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(held[b], held[a]) })
-	for _, i := range idx[:min(len(idx), maxSweptPools)] {
-		p := ps[i]
-		rg.mu.Lock()
-		last, ok := rg.agents[s.poolKey(p)]
-		rg.mu.Unlock()
-		if ok && now.Sub(last) < agentEvery {
-			continue
-		}
-		s.goRefill(p)
-	}
-	rg.mu.Lock()
-	for k, at := range rg.agents {
-		if now.Sub(at) > leaseForget {
-			delete(rg.agents, k)
-		}
-	}
-	rg.mu.Unlock()
-}
-
 // resetRegion gives the keys of charges a fresh limit: their state at
 // home and this region's pools are deleted, and this server's allowances
 // forgotten. What other regions hold of them is theirs to spend until it
 // expires: a reset is an operator's override of the limit.
-func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
+func (s *Room) ResetRegion(ctx context.Context, charges []admit.Charge) error {
 	for i := range charges {
 		if err := exact.Check(i, &charges[i]); err != nil {
 			return err
@@ -1131,11 +745,11 @@ func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 			return err
 		}
 	}
-	s.forget(charges)
+	s.Forget(charges)
 	for i := range charges {
 		p := &allowance{rule: charges[i].Rule, key: charges[i].Key, tag: link.Tag(&charges[i])}
-		if err := s.region.home.link.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
-			return client.Do(ctx, client.B().Del().Key(s.region.home.homeKey(p)).Build()).Error()
+		if err := s.region.home.Do(ctx, func(ctx context.Context, client rueidis.Client) error {
+			return client.Do(ctx, client.B().Del().Key(homeKey(s.region.home, p)).Build()).Error()
 		}); err != nil {
 			return err
 		}
@@ -1150,7 +764,7 @@ func (s *Store) resetRegion(ctx context.Context, charges []admit.Charge) error {
 
 // refundRegion puts back into the allowances of charges the units a
 // decision took, while they last.
-func (s *Store) refundRegion(charges []admit.Charge) {
+func (s *Room) RefundRegion(charges []admit.Charge) {
 	now := s.link.Now()
 	for i := range charges {
 		c := &charges[i]

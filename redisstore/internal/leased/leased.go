@@ -1,4 +1,4 @@
-package redisstore
+package leased
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 
 // Leased allowances. A rule with Distribution admit.Leased is decided from
 // allowances: units a server has withdrawn from the key's state in Redis
-// (a charge like any other, made by one atomic link.Call) and spends locally,
+// (a charge like any other, made by one atomic call) and spends locally,
 // without a round trip, until they run out or expire. Since every unit is
 // withdrawn before it admits anything, the servers together never admit
 // more than the exact limit would; what they hold unused is admitted by
@@ -33,7 +33,7 @@ import (
 //
 // How much a withdrawal asks for follows the key's local demand: what the
 // server spent since its last withdrawal, scaled to leaseHorizon. Redis
-// grants at most 1/8 of what the key has left (lua/library, withdraw), so
+// grants at most 1/8 of what the key has left (the library, withdraw), so
 // batches shrink as the limit nears and the last 7 units are decided
 // exactly, one request at a time, by whichever server asks. A new
 // withdrawal is made when the allowance falls below half of the last
@@ -224,8 +224,8 @@ func sameRule(a, b *admit.Rule) bool {
 // allowanceOf returns the allowance of c's key, made on first use or when
 // the key's rule changed (the old one's units are given back); nil when a
 // region's store keeps maxRegionKeys already.
-func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
-	a := &s.leased
+func (s *Room) allowanceOf(c *admit.Charge, now time.Time) *allowance {
+	a := &s.allowances
 	k := allowanceKeyOf(c)
 	a.mu.RLock()
 	p := a.m[k]
@@ -259,7 +259,7 @@ func (s *Store) allowanceOf(c *admit.Charge, now time.Time) *allowance {
 		} else {
 			// What the old rule's allowance holds goes back before the
 			// new rule decides: the key's state adopts it under the rule
-			// that decides it now (see lua/library, adopt), rather than
+			// that decides it now (see the library, adopt), rather than
 			// the units coming back, late, into what the new rule
 			// already counted. A refund is one call; rules change
 			// rarely.
@@ -320,7 +320,7 @@ func (p *allowance) handOver(next *allowance) {
 // decided exactly in Redis, and if that refuses, what was taken is put
 // back, so the decision stays all or nothing. A charge short of units
 // first gets a withdrawal, which the callers of its key wait for.
-func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+func (s *Room) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if err := engine.CheckDebits(charges); err != nil {
 		return err
 	}
@@ -344,8 +344,8 @@ func (s *Store) decideLeased(ctx context.Context, charges []admit.Charge, d *adm
 		var refused bool
 		taken, refused = s.takeLocal(charges, ps, &gens, now, d)
 		if refused || taken == all {
-			s.exact.Decisions.Add(1)
-			s.exact.LocalDecisions.Add(1)
+			s.Decisions.Add(1)
+			s.LocalDecisions.Add(1)
 			d.At = now
 			engine.Summarize(d)
 			return nil
@@ -398,7 +398,7 @@ func waitFetches(ctx context.Context, fs []*fetch) error {
 
 // decideRest decides exactly in Redis the charges not in taken, and
 // fills d with their results and the taken ones'.
-func (s *Store) decideRest(ctx context.Context, charges []admit.Charge, ps []*allowance, taken uint64, now time.Time, d *admit.Decision) error {
+func (s *Room) decideRest(ctx context.Context, charges []admit.Charge, ps []*allowance, taken uint64, now time.Time, d *admit.Decision) error {
 	var rest [bounds.MaxCharges]admit.Charge
 	var at [bounds.MaxCharges]int
 	n := 0
@@ -442,7 +442,7 @@ type generations [bounds.MaxCharges]uint64
 // cover, and returns which it took, with their results in d; or, if one
 // was refused by Redis for at least its cost until after now, takes
 // nothing and returns refused, d holding the refusal.
-func (s *Store) takeLocal(charges []admit.Charge, ps []*allowance, gens *generations, now time.Time, d *admit.Decision) (taken uint64, refused bool) {
+func (s *Room) takeLocal(charges []admit.Charge, ps []*allowance, gens *generations, now time.Time, d *admit.Decision) (taken uint64, refused bool) {
 	d.Reset()
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
 	for i, p := range ps {
@@ -515,7 +515,7 @@ func (p *allowance) result(now time.Time, allowed bool) admit.Result {
 // putBack returns to their allowances the charges in taken, unless an
 // allowance was replaced meanwhile (its units expired): then they are
 // lost, which only admits less.
-func (s *Store) putBack(charges []admit.Charge, ps []*allowance, gens *generations, taken uint64) {
+func (s *Room) putBack(charges []admit.Charge, ps []*allowance, gens *generations, taken uint64) {
 	for i, p := range ps {
 		if taken&(1<<i) == 0 {
 			continue
@@ -532,7 +532,7 @@ func (s *Store) putBack(charges []admit.Charge, ps []*allowance, gens *generatio
 // fetchFor returns the withdrawal that should cover cost in p, started
 // if need be, or nil when p covers cost already or must be decided
 // exactly: it is near its limit, or too cold to be worth a withdrawal.
-func (p *allowance) fetchFor(s *Store, cost int64, now time.Time) *fetch {
+func (p *allowance) fetchFor(s *Room, cost int64, now time.Time) *fetch {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fetch != nil {
@@ -556,9 +556,9 @@ func (p *allowance) want(now time.Time) int64 {
 
 // startFetch starts a withdrawal for p of its demand plus need. p.mu is
 // held.
-func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
+func (p *allowance) startFetch(s *Room, need int64, now time.Time) *fetch {
 	f := &fetch{done: make(chan struct{})}
-	a := &s.leased
+	a := &s.allowances
 	a.fetchMu.Lock()
 	if a.closing {
 		a.fetchMu.Unlock()
@@ -580,8 +580,8 @@ func (p *allowance) startFetch(s *Store, need int64, now time.Time) *fetch {
 }
 
 // withdraw asks Redis for want units of p and adds what it grants.
-func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
-	defer s.leased.fetches.Done()
+func (s *Room) withdraw(p *allowance, f *fetch, want int64) {
+	defer s.allowances.fetches.Done()
 	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	sent := s.link.Now()
@@ -590,7 +590,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 	if err == nil && len(v.V) != 6 {
 		err = admit.Errorf(admit.CodeInternal, "redisstore: a withdrawal replied %d values, want 6", len(v.V))
 	}
-	s.withdrawals.Add(1)
+	s.Withdrawals.Add(1)
 	p.mu.Lock()
 	p.fetch = nil
 	if err != nil {
@@ -605,7 +605,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 		p.book(granted, recv.Add(time.Duration(v.V[4])), sent)
 		p.takenU, p.takenN = v.NU, v.NSub
 		left = max(left-granted, 0)
-		s.withdrawn.Add(granted)
+		s.Withdrawn.Add(granted)
 	} else if granted > 0 {
 		until, period := s.allowanceEnd(p.rule, v, sent)
 		if period == 0 {
@@ -619,7 +619,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 			// and units taken from them are not put back. Units of the
 			// same period are added to, even when none is in hand: a
 			// caller may be about to put one back.
-			s.expired.Add(p.avail)
+			s.Expired.Add(p.avail)
 			p.avail, p.until, p.period = granted, until, period
 			p.gen++
 		} else {
@@ -627,7 +627,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 			p.until = minTime(p.until, until)
 		}
 		p.takenU, p.takenN = v.NU, v.NSub
-		s.withdrawn.Add(granted)
+		s.Withdrawn.Add(granted)
 	}
 	p.grant = granted
 	p.shared = left
@@ -642,7 +642,7 @@ func (s *Store) withdraw(p *allowance, f *fetch, want int64) {
 
 // books reports whether p's withdrawals book the refill of a bucket: not
 // a shared bucket's, whose tokens booked ahead for one class would come
-// before every other class's share (lua/library, withdraw).
+// before every other class's share (the library, withdraw).
 func (p *allowance) books() bool {
 	return (p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA) && p.share == nil
 }
@@ -725,7 +725,7 @@ func maxTime(a, b time.Time) time.Time {
 
 // replyReset returns the reset time a reply reports for a charge of r,
 // whose reply values x[3] (reset) says.
-func (s *Store) replyReset(r *admit.Rule, v exact.Reply, reset int64) time.Duration {
+func (s *Room) replyReset(r *admit.Rule, v exact.Reply, reset int64) time.Duration {
 	if r.Algorithm == admit.Quota {
 		return time.Duration(reset*1000 - (v.NU*1000 + v.NSub))
 	}
@@ -735,7 +735,7 @@ func (s *Store) replyReset(r *admit.Rule, v exact.Reply, reset int64) time.Durat
 // allowanceEnd returns when units of r withdrawn in the call of reply v,
 // sent at sent, stop being spendable, and the end of the period they
 // were withdrawn from in Redis's time (µs; 0 for a bucket).
-func (s *Store) allowanceEnd(r *admit.Rule, v exact.Reply, sent time.Time) (time.Time, int64) {
+func (s *Room) allowanceEnd(r *admit.Rule, v exact.Reply, sent time.Time) (time.Time, int64) {
 	var endu int64
 	switch r.Algorithm {
 	case admit.FixedWindow:
@@ -788,7 +788,7 @@ func (p *allowance) learn(c *admit.Charge, res *admit.Result, now time.Time, ref
 }
 
 // sweepLoop sweeps the store's allowances until it is closed.
-func (s *Store) sweepLoop() {
+func (s *Room) sweepLoop() {
 	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
 	for {
@@ -804,10 +804,10 @@ func (s *Store) sweepLoop() {
 // sweep gives back the units of keys idle for leaseIdle, lets expire the
 // units of ended periods (giving back a bucket's), and forgets allowances
 // unused for leaseForget.
-func (s *Store) sweep(now time.Time) {
+func (s *Room) sweep(now time.Time) {
 	var back, recent []*allowance
-	s.leased.mu.Lock()
-	for k, p := range s.leased.m {
+	s.allowances.mu.Lock()
+	for k, p := range s.allowances.m {
 		p.mu.Lock()
 		if s.region != nil && (now.Sub(p.lastUse) < leaseForget || p.owing) {
 			recent = append(recent, p)
@@ -819,18 +819,18 @@ func (s *Store) sweep(now time.Time) {
 			} else if p.rule.Algorithm == admit.TokenBucket || p.rule.Algorithm == admit.GCRA {
 				back = append(back, p)
 			} else {
-				s.expired.Add(p.avail)
+				s.Expired.Add(p.avail)
 				p.avail = 0
 				p.gen++
 			}
 		case p.avail+p.future > 0 && now.Sub(p.lastUse) >= leaseIdle:
 			back = append(back, p)
 		case p.avail+p.future == 0 && p.fetch == nil && now.Sub(p.lastUse) >= leaseForget && !now.Before(p.refusedUntil) && !p.owing:
-			delete(s.leased.m, k)
+			delete(s.allowances.m, k)
 		}
 		p.mu.Unlock()
 	}
-	s.leased.mu.Unlock()
+	s.allowances.mu.Unlock()
 	for _, p := range back {
 		s.refund(p)
 	}
@@ -840,7 +840,7 @@ func (s *Store) sweep(now time.Time) {
 }
 
 // refund gives back the units p holds.
-func (s *Store) refund(p *allowance) {
+func (s *Room) refund(p *allowance) {
 	if s.region != nil {
 		s.returnToPool(p)
 		return
@@ -856,26 +856,26 @@ func (s *Store) refund(p *allowance) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.link.Timeout)
 	defer cancel()
 	if err := s.exact.GiveBack(ctx, admit.Charge{Key: p.key, Rule: p.rule, Cost: n}, p.tag, tu, tn); err != nil {
-		s.lost.Add(n)
+		s.Lost.Add(n)
 		return
 	}
-	s.refunded.Add(n)
+	s.Refunded.Add(n)
 }
 
 // returnAll gives back every allowance, as the store closes, once the
 // withdrawals in flight have landed; no other starts.
-func (s *Store) returnAll() {
-	s.leased.fetchMu.Lock()
-	s.leased.closing = true
-	s.leased.fetchMu.Unlock()
-	s.leased.fetches.Wait()
-	s.leased.mu.Lock()
-	ps := make([]*allowance, 0, len(s.leased.m))
-	for _, p := range s.leased.m {
+func (s *Room) ReturnAll() {
+	s.allowances.fetchMu.Lock()
+	s.allowances.closing = true
+	s.allowances.fetchMu.Unlock()
+	s.allowances.fetches.Wait()
+	s.allowances.mu.Lock()
+	ps := make([]*allowance, 0, len(s.allowances.m))
+	for _, p := range s.allowances.m {
 		ps = append(ps, p)
 	}
-	s.leased.m = nil
-	s.leased.mu.Unlock()
+	s.allowances.m = nil
+	s.allowances.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, p := range ps {
 		wg.Add(1)
@@ -889,10 +889,10 @@ func (s *Store) returnAll() {
 
 // forget drops the allowances of charges' keys, which Reset cleared in
 // Redis: their units were withdrawn from a state that is gone.
-func (s *Store) forget(charges []admit.Charge) {
-	s.leased.mu.Lock()
-	defer s.leased.mu.Unlock()
-	for k, p := range s.leased.m {
+func (s *Room) Forget(charges []admit.Charge) {
+	s.allowances.mu.Lock()
+	defer s.allowances.mu.Unlock()
+	for k, p := range s.allowances.m {
 		if !slices.ContainsFunc(charges, func(c admit.Charge) bool { return c.Key == k.key }) {
 			continue
 		}
@@ -900,6 +900,6 @@ func (s *Store) forget(charges []admit.Charge) {
 		p.avail, p.future, p.exact, p.refusedUntil = 0, 0, false, time.Time{}
 		p.gen++
 		p.mu.Unlock()
-		delete(s.leased.m, k)
+		delete(s.allowances.m, k)
 	}
 }
