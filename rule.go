@@ -2,11 +2,11 @@ package admit
 
 import (
 	"errors"
-	"math/bits"
 	"time"
 	"unsafe"
 
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // Algorithm names a rate limiting algorithm. The zero Algorithm is invalid,
@@ -357,9 +357,7 @@ func checkBucket(rate Rate, burst int64) error {
 		return Errorf(CodeInvalid, "must be from 1 to %d", int64(bounds.MaxCount))
 	}
 	// burst*Per/N <= bounds.MaxSpan  <=>  burst*Per <= bounds.MaxSpan*N, compared in 128 bits.
-	h1, l1 := bits.Mul64(uint64(burst), uint64(rate.Per))
-	h2, l2 := bits.Mul64(uint64(bounds.MaxSpan), uint64(rate.N))
-	if h1 > h2 || (h1 == h2 && l1 > l2) {
+	if wide.Mul(uint64(bounds.MaxSpan), uint64(rate.N)).Less(wide.Mul(uint64(burst), uint64(rate.Per))) {
 		return Errorf(CodeInvalid, "burst %d at %v takes longer than 100 years to refill", burst, rate)
 	}
 	return nil

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/units"
 )
@@ -27,21 +27,11 @@ type Rates [units.NumTokenKinds]int64
 // up to a whole millionth, at most bounds.MaxCost: exact integer
 // arithmetic, no floating point.
 func (r *Rates) Cost(t units.Tokens) int64 {
-	var hi, lo uint64
+	var sum wide.U128
 	for k, n := range t {
-		h, l := bits.Mul64(uint64(max(n, 0)), uint64(max(r[k], 0)))
-		var c uint64
-		lo, c = bits.Add64(lo, l, 0)
-		hi += h + c
+		sum = sum.Add(wide.Mul(uint64(max(n, 0)), uint64(max(r[k], 0))))
 	}
-	if hi >= 1_000_000 {
-		return bounds.MaxCost
-	}
-	q, rem := bits.Div64(hi, lo, 1_000_000)
-	if rem > 0 {
-		q++
-	}
-	return int64(min(q, bounds.MaxCost))
+	return min(sum.DivUp(1_000_000), bounds.MaxCost)
 }
 
 // Price is a model's price: its rates, those of a long context, and
@@ -470,12 +460,7 @@ func (g *Gate) inputRoom(ctx context.Context, who policy.Request, req *Request) 
 		}
 		res := &d.Results[i]
 		left := max(min(res.Remaining, r.MaxCost), 0)
-		hi, lo := bits.Mul64(uint64(left), uint64(per))
-		n := int64(bounds.MaxCost)
-		if hi < uint64(lightest) {
-			q, _ := bits.Div64(hi, lo, uint64(lightest))
-			n = int64(min(q, uint64(bounds.MaxCost)))
-		}
+		n := min(wide.MulDiv(uint64(left), uint64(per), uint64(lightest)), bounds.MaxCost)
 		if room < 0 || n < room {
 			room = n
 			refusal = g.refusal(r, res, fmt.Sprintf("rule %q leaves room for %d input tokens; this request's input is more", r.Name, n))

@@ -7,11 +7,11 @@ package units
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"strconv"
 	"strings"
 
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // Unit is what a rule counts.
@@ -109,17 +109,11 @@ var EveryTokenWeighsOne = Weights{1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000
 // Cost returns the weighted count of t, rounded up, at most bounds.MaxCost
 // past which no charge goes.
 func (w Weights) Cost(t Tokens) int64 {
-	var hi, lo uint64
+	var sum wide.U128
 	for k, n := range t {
-		h, l := bits.Mul64(uint64(max(n, 0)), uint64(w[k]))
-		var c uint64
-		lo, c = bits.Add64(lo, l, 0)
-		hi += h + c
+		sum = sum.Add(wide.Mul(uint64(max(n, 0)), uint64(w[k])))
 	}
-	if hi > 0 {
-		return bounds.MaxCost
-	}
-	return min(int64((lo+999)/1000), bounds.MaxCost)
+	return min(sum.DivUp(1000), bounds.MaxCost)
 }
 
 // ParseWeights parses a weights map: kind name → a number from 0 to 1000

@@ -5,8 +5,9 @@
 package bounds
 
 import (
-	"math/bits"
 	"time"
+
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // Bounds on rates. A rate is at most one event per nanosecond (1e9/s) and
@@ -86,10 +87,5 @@ func MostDebt(n int64, per time.Duration) int64 {
 	if n <= 0 || per <= 0 {
 		return 0
 	}
-	hi, lo := bits.Mul64(uint64(MaxSpan), uint64(n))
-	if hi >= uint64(per) {
-		return MaxCount
-	}
-	q, _ := bits.Div64(hi, lo, uint64(per))
-	return int64(min(q, uint64(MaxCount)))
+	return min(wide.MulDiv(uint64(MaxSpan), uint64(n), uint64(per)), MaxCount)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // A bucket is a token bucket kept as a theoretical arrival time (TAT), the
@@ -95,7 +96,7 @@ func (b *bucket) span(c int64) fine {
 	if b.whole > 0 {
 		return fine{ns: c * b.whole}
 	}
-	q, r := mul(uint64(c), b.per).div(b.n)
+	q, r := wide.Mul(uint64(c), b.per).Div(b.n)
 	return fine{ns: q, frac: int64(r)}
 }
 
@@ -107,7 +108,7 @@ func (b *bucket) tokens(d fine) int64 {
 	if b.whole > 0 {
 		return d.ns / b.whole
 	}
-	q, _ := mul(uint64(d.ns), b.n).add(u128{lo: uint64(d.frac)}).div(b.per)
+	q, _ := wide.Mul(uint64(d.ns), b.n).Add(wide.U128{Lo: uint64(d.frac)}).Div(b.per)
 	return q
 }
 

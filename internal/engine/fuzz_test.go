@@ -7,6 +7,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // checkRetry asserts what RetryAfter promises: the same request passes
@@ -147,7 +148,7 @@ func FuzzBucket(f *testing.F) {
 		// Everything admitted in [first, now−gap] fits in the burst plus
 		// the refill of that interval (both buckets for a combination).
 		limit := func(rate admit.Rate, b int64) int64 {
-			q, _ := mul(uint64(now-gap-first), uint64(rate.N)).div(uint64(rate.Per))
+			q, _ := wide.Mul(uint64(now-gap-first), uint64(rate.N)).Div(uint64(rate.Per))
 			return b + q
 		}
 		bound := limit(r.Rate, r.Burst)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // Windows are aligned to the Unix epoch, so every store and every server
@@ -90,16 +91,16 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 		s = State{Expiry: end + w + tag, Count: uint32(cur)}
 	}
 	left := uint64(max(end-now, 0)) // W − e
-	weighted := mul(uint64(prev), left)
-	capacity := mul(uint64(r.Limit), uint64(w))
-	admitted := !capacity.less(weighted.add(mul(uint64(cur+cost), uint64(w))))
+	weighted := wide.Mul(uint64(prev), left)
+	capacity := wide.Mul(uint64(r.Limit), uint64(w))
+	admitted := !capacity.Less(weighted.Add(wide.Mul(uint64(cur+cost), uint64(w))))
 
 	after := cur
 	if admitted {
 		after += cost
 	}
-	if weighted.less(capacity) {
-		q, _ := capacity.sub(weighted).div(uint64(w))
+	if weighted.Less(capacity) {
+		q, _ := capacity.Sub(weighted).Div(uint64(w))
 		res.Remaining = max(q-after, 0)
 	}
 	switch {
@@ -123,11 +124,11 @@ func stepSliding(r *admit.Rule, s State, now, cost int64, res *admit.Result, deb
 	if room := r.Limit - cur - cost; room >= 0 {
 		// Within this window, once enough of the previous one slides out:
 		// prev·(end−t) <= room·W.
-		k, _ := mul(uint64(room), uint64(w)).div(uint64(prev))
+		k, _ := wide.Mul(uint64(room), uint64(w)).Div(uint64(prev))
 		res.RetryAfter = durNs(end - k - now)
 	} else {
 		// In the next window, where this window's count is the previous.
-		k, _ := mul(uint64(r.Limit-cost), uint64(w)).div(uint64(cur))
+		k, _ := wide.Mul(uint64(r.Limit-cost), uint64(w)).Div(uint64(cur))
 		res.RetryAfter = durNs(end + w - k - now)
 	}
 	return s

@@ -1,7 +1,6 @@
 package exact
 
 import (
-	"math/bits"
 	"strconv"
 	"strings"
 	"time"
@@ -9,6 +8,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/wide"
 )
 
 // maxSpan bounds every time a rule makes the script compute with: a
@@ -77,8 +77,7 @@ func bucketSpan(rate admit.Rate, burst int64) (time.Duration, bool) {
 	if q > 0 && burst > int64(maxSpan)/q {
 		return time.Duration(burst) * time.Duration(q), false
 	}
-	hi, lo := bits.Mul64(uint64(burst), uint64(int64(rate.Per)%rate.N))
-	frac, _ := bits.Div64(hi, lo, uint64(rate.N)) // hi < N: the quotient is below burst
+	frac := wide.MulDiv(uint64(burst), uint64(int64(rate.Per)%rate.N), uint64(rate.N)) // below burst
 	d := time.Duration(burst*q + int64(frac))
 	return d, d <= maxSpan
 }

@@ -2,8 +2,6 @@ package leased
 
 import (
 	"context"
-	"math"
-	"math/bits"
 	"slices"
 	"sync"
 	"time"
@@ -11,6 +9,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/wide"
 	"github.com/admitdev/admit/redisstore/internal/exact"
 	"github.com/admitdev/admit/redisstore/internal/link"
 )
@@ -694,26 +693,13 @@ func (p *allowance) dueIn(n int64, now time.Time) time.Duration {
 // tokensIn returns how many tokens of rate r refill in d >= 0, rounded
 // down (saturated at math.MaxInt64).
 func tokensIn(r admit.Rate, d time.Duration) int64 {
-	hi, lo := bits.Mul64(uint64(d), uint64(r.N))
-	if hi >= uint64(r.Per) {
-		return math.MaxInt64
-	}
-	q, _ := bits.Div64(hi, lo, uint64(r.Per))
-	return int64(min(q, math.MaxInt64))
+	return wide.MulDiv(uint64(d), uint64(r.N), uint64(r.Per))
 }
 
 // spanOf returns how long n >= 0 tokens of rate r take to refill,
 // rounded up (saturated at math.MaxInt64).
 func spanOf(r admit.Rate, n int64) time.Duration {
-	hi, lo := bits.Mul64(uint64(n), uint64(r.Per))
-	if hi >= uint64(r.N) {
-		return math.MaxInt64
-	}
-	q, rem := bits.Div64(hi, lo, uint64(r.N))
-	if rem > 0 {
-		q++
-	}
-	return time.Duration(min(q, math.MaxInt64))
+	return time.Duration(wide.MulDivUp(uint64(n), uint64(r.Per), uint64(r.N)))
 }
 
 func maxTime(a, b time.Time) time.Time {
