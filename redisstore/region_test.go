@@ -14,6 +14,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
+	"github.com/admitdev/admit/storetest"
 )
 
 // admission is one admitted decision, at the time its answer was back.
@@ -851,4 +852,29 @@ func TestRegionsReloadsKeepBuckets(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRegionConformance: a store with a home, on a real home Redis and a
+// region's, runs the store suite's real-clock hammers of the algorithms
+// regions hold, and admits nothing past any limit. Its other promises —
+// how soon it admits — are the region tests' above: units wait in the
+// pool and at home, so a region refuses before a bucket would.
+func TestRegionConformance(t *testing.T) {
+	home, region := redistest.Start(t), redistest.Start(t)
+	storetest.RunUpperBounds(t, func(t *testing.T, clock func() time.Time) admit.Store {
+		if clock != nil {
+			t.Fatal("a store with a home reads the real clock")
+		}
+		prefix := newPrefix()
+		h, err := redisstore.Open(context.Background(), "redis://"+home.Addr, &redisstore.Options{Prefix: prefix, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := redisstore.Open(context.Background(), "redis://"+region.Addr, &redisstore.Options{Prefix: prefix, Timeout: 5 * time.Second, Home: h, Region: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close(); h.Close() })
+		return s
+	})
 }
