@@ -313,9 +313,10 @@ func (p *Policy) add(req *Request, res *Resolution, r *Rule, global bool) {
 			ch.Share = &res.shareWhole // one key per address already
 		}
 	}
-	// Hashed here, while the key is hot, once for every store that reads
-	// the charge (the decision, a local fallback, a retry).
-	engine.PrepareCharge(&res.Charges[len(res.Charges)-1])
+	// Hashed here, while the key is hot and its tenant known, once for
+	// every store that reads the charge (the decision, a local fallback,
+	// a retry).
+	engine.PrepareChargeOf(&res.Charges[len(res.Charges)-1], k.Tenant)
 	res.Rules = append(res.Rules, r)
 }
 

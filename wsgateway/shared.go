@@ -163,7 +163,7 @@ func (c *conn) messageCharges(p *policy.Policy, l *limits) (*msgCharges, error) 
 	m := &msgCharges{policy: p, limits: l, shared: c.g.sharedOf(p)}
 	rule := l.messages[0]
 	own := admit.Charge{Key: c.msgKey, Rule: &rule.Rule, Cost: 1}
-	engine.PrepareCharge(&own)
+	engine.PrepareChargeOf(&own, c.tenant) // key(…, c.tenant, …): its tenant's
 	if len(m.shared.message) == 0 {
 		m.charges, m.rules = []admit.Charge{own}, l.messages[:]
 	} else {

@@ -17,6 +17,13 @@ func PrepareCharge(c *admit.Charge) {
 	*slots.Charge(unsafe.Pointer(c)) = slots.Prepare(c.Key)
 }
 
+// PrepareChargeOf is PrepareCharge for a charge whose key's tenant is
+// known to its maker ("" for a key of no tenant): the tenant is hashed as
+// it is, not parsed back out of the key.
+func PrepareChargeOf(c *admit.Charge, tenant string) {
+	*slots.Charge(unsafe.Pointer(c)) = slots.Of(c.Key, tenant)
+}
+
 // KeyHash returns a 64-bit hash of c.Key, never 0, as PrepareCharge (or
 // the Limiter that made c) computed it if it still holds. It is the same
 // for equal keys within a process, and random across processes: stores of

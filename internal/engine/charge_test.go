@@ -125,3 +125,26 @@ func keyHash(k string) uint64 { return engine.KeyHash(&admit.Charge{Key: k}) }
 
 // keyTenantHash is the tenant hash a charge of key k gives, unprepared.
 func keyTenantHash(k string) (uint64, bool) { return engine.TenantHash(&admit.Charge{Key: k}) }
+
+// TestPrepareChargeOf: a charge prepared with the tenant its maker knows
+// places the key as its parsed tenant would, and a key whose maker says it
+// has no tenant has none, whatever the key spells.
+func TestPrepareChargeOf(t *testing.T) {
+	key := admit.Key{Scope: "user", Tenant: "acme", Subject: "al", Rule: "r"}.String()
+	parsed, known := admit.Charge{Key: key}, admit.Charge{Key: key}
+	engine.PrepareCharge(&parsed)
+	engine.PrepareChargeOf(&known, "acme")
+	ph, pok := engine.TenantHash(&parsed)
+	kh, kok := engine.TenantHash(&known)
+	if ph != kh || !pok || !kok {
+		t.Errorf("tenant hash %x, %v as parsed; %x, %v as known", ph, pok, kh, kok)
+	}
+	global := admit.Charge{Key: key}
+	engine.PrepareChargeOf(&global, "")
+	if _, ok := engine.TenantHash(&global); ok {
+		t.Error("a charge its maker says has no tenant has one")
+	}
+	if engine.KeyHash(&global) != engine.KeyHash(&parsed) {
+		t.Error("the key's hash depends on how its tenant was given")
+	}
+}
