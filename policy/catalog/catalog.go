@@ -264,7 +264,7 @@ func (c *Catalog) Restores() int64 { return c.restores.Load() }
 // changes (the store was unavailable) and has not loaded them since.
 func (c *Catalog) Pending() bool { return c.pending.Load() }
 
-// NewCatalog loads the saved changes from store (nil keeps changes in memory
+// New loads the saved changes from store (nil keeps changes in memory
 // only) and compiles them over base. A store that is unavailable
 // (admit.CodeUnavailable) does not stop it: the catalog starts from base
 // alone, Pending reports it, and the first Refresh that reaches the store
@@ -291,7 +291,7 @@ func New(ctx context.Context, base *policy.Spec, store Store) (*Catalog, error) 
 	return c, nil
 }
 
-// policy.Policy returns the current policy.
+// Policy returns the current policy.
 func (c *Catalog) Policy() *policy.Policy { return c.cur.Load() }
 
 // SetBase replaces the configuration's policy (a reload). If the new

@@ -193,7 +193,7 @@ func hasLeases(charges []admit.Charge, g group) bool {
 	return false
 }
 
-// decideExact decides charges in Redis, group by group.
+// Decide decides charges in Redis, group by group.
 func (s *Room) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	s.Decisions.Add(1)
 	d.Reset()
@@ -362,7 +362,7 @@ func (s *Room) undo(charges []admit.Charge, done []groupDone, leaseID string) {
 // refunds, for the clocks of this server and Redis's to disagree by.
 const quotaRefundMargin = 2 * time.Second
 
-// command is redishook.Command.
+// Command is redishook.Command.
 func (s *Room) Command(charges []admit.Charge) (keys, args []string) {
 	ras, _ := validate(charges, false)
 	return s.batchArgs([]*job{s.newJob(context.Background(), jobSpec{charges: charges, ras: ras, g: s.groups(charges, false)[0], how: decideCharge})})

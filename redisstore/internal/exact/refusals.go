@@ -80,7 +80,7 @@ func refusalKeyOf(c *admit.Charge, res *admit.Result) refusalKey {
 	return refusalKey{key: c.Key}
 }
 
-// refuseLocally reports whether a refusal known at now refuses charges,
+// RefuseLocally reports whether a refusal known at now refuses charges,
 // and if so fills d as a refusal by that charge. The other charges report
 // their rules and limits, undecided: what they hold is in Redis.
 func (s *Room) RefuseLocally(charges []admit.Charge, now time.Time, d *admit.Decision) bool {
@@ -146,7 +146,7 @@ func (s *Room) RefuseLocally(charges []admit.Charge, now time.Time, d *admit.Dec
 	return true
 }
 
-// learnRefusals remembers the refusals of d, the decision of charges
+// LearnRefusals remembers the refusals of d, the decision of charges
 // Redis made for a call sent at sent.
 func (s *Room) LearnRefusals(charges []admit.Charge, d *admit.Decision, sent time.Time) {
 	rs := &s.refused
@@ -209,7 +209,7 @@ func (s *Room) LearnRefusals(charges []admit.Charge, d *admit.Decision, sent tim
 	rs.n.Store(int64(len(rs.m)))
 }
 
-// forgetRefusals drops the refusals of charges' keys, as Reset clears
+// ForgetRefusals drops the refusals of charges' keys, as Reset clears
 // them in Redis; with debitsOnly, of the keys charges debit, whose wait a
 // debit moves.
 func (s *Room) ForgetRefusals(charges []admit.Charge, debitsOnly bool) {

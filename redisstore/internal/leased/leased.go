@@ -314,7 +314,7 @@ func (p *allowance) handOver(next *allowance) {
 	p.gen++
 }
 
-// decideLeased decides charges (anyLeasable): the leasable ones covered
+// Decide decides charges (anyLeasable): the leasable ones covered
 // by their allowances are taken from them; the others, if any, are
 // decided exactly in Redis, and if that refuses, what was taken is put
 // back, so the decision stays all or nothing. A charge short of units
@@ -848,7 +848,7 @@ func (s *Room) refund(p *allowance) {
 	s.Refunded.Add(n)
 }
 
-// returnAll gives back every allowance, as the store closes, once the
+// ReturnAll gives back every allowance, as the store closes, once the
 // withdrawals in flight have landed; no other starts.
 func (s *Room) ReturnAll() {
 	s.allowances.fetchMu.Lock()
@@ -873,7 +873,7 @@ func (s *Room) ReturnAll() {
 	wg.Wait()
 }
 
-// forget drops the allowances of charges' keys, which Reset cleared in
+// Forget drops the allowances of charges' keys, which Reset cleared in
 // Redis: their units were withdrawn from a state that is gone.
 func (s *Room) Forget(charges []admit.Charge) {
 	s.allowances.mu.Lock()

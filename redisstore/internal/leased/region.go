@@ -245,7 +245,7 @@ func kindOf(r *admit.Rule) string {
 	return "c"
 }
 
-// decideRegion decides charges from allowances taken from the region's
+// DecideRegion decides charges from allowances taken from the region's
 // pools: all or nothing, locally once the allowances are in hand.
 func (s *Room) DecideRegion(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if len(charges) > bounds.MaxCharges {
@@ -732,7 +732,7 @@ func (p *allowance) regionReset(now time.Time) time.Duration {
 	return spanOf(p.rule.Rate, max(p.rule.Burst-p.avail-p.shared, 0))
 }
 
-// resetRegion gives the keys of charges a fresh limit: their state at
+// ResetRegion gives the keys of charges a fresh limit: their state at
 // home and this region's pools are deleted, and this server's allowances
 // forgotten. What other regions hold of them is theirs to spend until it
 // expires: a reset is an operator's override of the limit.
@@ -762,7 +762,7 @@ func (s *Room) ResetRegion(ctx context.Context, charges []admit.Charge) error {
 	return nil
 }
 
-// refundRegion puts back into the allowances of charges the units a
+// RefundRegion puts back into the allowances of charges the units a
 // decision took, while they last.
 func (s *Room) RefundRegion(charges []admit.Charge) {
 	now := s.link.Now()

@@ -53,7 +53,7 @@ func (b *Breaker) failure(now time.Time) bool {
 	return false
 }
 
-// state names the breaker's state at now: closed, open or half-open.
+// State names the breaker's state at now: closed, open or half-open.
 func (b *Breaker) State(now time.Time) string {
 	at := b.openAt.Load()
 	switch {

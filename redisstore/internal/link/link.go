@@ -49,7 +49,7 @@ type Link struct {
 // set it once, when it connects.
 type connection struct{ client rueidis.Client }
 
-// close closes the client if the store opened it. The store calls it once.
+// Close closes the client if the store opened it. The store calls it once.
 func (l *Link) Close() {
 	l.connMu.Lock()
 	defer l.connMu.Unlock()
@@ -59,7 +59,7 @@ func (l *Link) Close() {
 	}
 }
 
-// connect makes the client of a lazily dialed store, trying again until it
+// Connect makes the client of a lazily dialed store, trying again until it
 // succeeds or the store is closed.
 func (l *Link) Connect(co rueidis.ClientOption) {
 	wait := 100 * time.Millisecond
@@ -85,7 +85,7 @@ func (l *Link) Connect(co rueidis.ClientOption) {
 	}
 }
 
-// client returns the store's Redis client, or CodeUnavailable while it has
+// Client returns the store's Redis client, or CodeUnavailable while it has
 // none yet.
 func (l *Link) Client() (rueidis.Client, error) {
 	if c := l.conn.Load(); c != nil {
@@ -94,7 +94,7 @@ func (l *Link) Client() (rueidis.Client, error) {
 	return nil, admit.Errorf(admit.CodeUnavailable, "redisstore: no connection to Redis %s yet", l.Mode)
 }
 
-// nowArgs returns the clock arguments of a call: empty for Redis TIME, or
+// NowArgs returns the clock arguments of a call: empty for Redis TIME, or
 // the injected clock's microseconds and the nanoseconds beyond.
 func (l *Link) NowArgs() (us, ns string) {
 	if l.Clock == nil {
@@ -105,7 +105,7 @@ func (l *Link) NowArgs() (us, ns string) {
 	return strconv.FormatInt(u, 10), strconv.FormatInt(now.UnixNano()-u*1000, 10)
 }
 
-// do makes one call to Redis, f, through the breaker and with the timeout,
+// Do makes one call to Redis, f, through the breaker and with the timeout,
 // and classifies its failure.
 func (l *Link) Do(ctx context.Context, f func(ctx context.Context, client rueidis.Client) error) error {
 	if !l.Breaker.allow(time.Now()) {
@@ -125,7 +125,7 @@ func (l *Link) Do(ctx context.Context, f func(ctx context.Context, client rueidi
 	return nil
 }
 
-// run makes a call of the library's function.
+// Run makes a call of the library's function.
 func (l *Link) Run(ctx context.Context, c Call) ([]int64, error) {
 	var v []int64
 	err := l.Do(ctx, func(ctx context.Context, client rueidis.Client) (err error) {
@@ -178,7 +178,7 @@ func (l *Link) fcall(ctx context.Context, client rueidis.Client, c Call) ([]int6
 	}
 }
 
-// loadFunctions loads the decision engine library on every node (FUNCTION
+// LoadFunctions loads the decision engine library on every node (FUNCTION
 // LOAD REPLACE). Replicas refuse writes and get it from their master. The
 // store calls it by itself when Redis says the function is missing.
 func (l *Link) LoadFunctions(ctx context.Context) error {
@@ -288,7 +288,7 @@ func (l *Link) slotOwner(ctx context.Context, client rueidis.Client, key string)
 	return nodes[v.owner(keySlot(key))]
 }
 
-// now is the store's clock, with a monotonic reading unless a test set
+// Now is the store's clock, with a monotonic reading unless a test set
 // one.
 func (l *Link) Now() time.Time {
 	if l.Clock != nil {
@@ -297,7 +297,7 @@ func (l *Link) Now() time.Time {
 	return time.Now()
 }
 
-// ping checks that Redis answers and takes writes (every master, in
+// Ping checks that Redis answers and takes writes (every master, in
 // Cluster) within the timeout: a Redis at its maxmemory answers PING but
 // refuses every decision's write, and is as good as down. In Cluster the
 // masters are those the cluster itself says serve slots: after a failover
