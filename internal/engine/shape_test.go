@@ -2,6 +2,7 @@ package engine
 
 import (
 	"math"
+	"reflect"
 	"testing"
 	"time"
 
@@ -123,4 +124,33 @@ func FuzzRuleChange(f *testing.F) {
 			st = next
 		}
 	})
+}
+
+// TestResetResultClearsEveryField: resetting a result that held anything
+// leaves what a fresh composite literal would, field by field — a field
+// added to admit.Result and not reset would carry one decision's value
+// into the next.
+func TestResetResultClearsEveryField(t *testing.T) {
+	r := &admit.Rule{Name: "r", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 7, Shadow: true}
+	var res admit.Result
+	v := reflect.ValueOf(&res).Elem()
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.String:
+			f.SetString("stale")
+		case reflect.Bool:
+			f.SetBool(true)
+		case reflect.Int64:
+			f.SetInt(99)
+		case reflect.Uint8:
+			f.SetUint(3)
+		default:
+			t.Fatalf("field %s of kind %v: teach this test to fill it", v.Type().Field(i).Name, f.Kind())
+		}
+	}
+	resetResult(&res, r, false)
+	if want := (admit.Result{Rule: "r", Shadow: true, Limit: 7}); res != want {
+		t.Errorf("reset to %+v, want %+v", res, want)
+	}
 }

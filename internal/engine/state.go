@@ -46,7 +46,7 @@ func StepTo(res *admit.Result, r *admit.Rule, st [2]State, now, cost int64) (nex
 // stepTo is StepTo with r's buckets, for a charge or a debit.
 func stepTo(res *admit.Result, r *admit.Rule, b *buckets, st [2]State, now, cost int64, debit bool) (next [2]State) {
 	if r.Algorithm == admit.Combination {
-		*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity()}
+		resetResult(res, r, false)
 		return stepCombination(b, st, now, cost, res)
 	}
 	next = st
@@ -58,7 +58,7 @@ func stepTo(res *admit.Result, r *admit.Rule, b *buckets, st [2]State, now, cost
 // whether it fits or not; res says whether it fitted and, when it did
 // not, what a request of cost 1 meets after it.
 func stepOne(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost int64, debit bool) State {
-	*res = admit.Result{Rule: r.Name, Shadow: r.Shadow, Limit: r.Capacity(), Debit: debit}
+	resetResult(res, r, debit)
 	next := stepOneAs(res, r, b, s, now, cost, debit)
 	if debit && !res.Allowed {
 		var after admit.Result
@@ -98,4 +98,15 @@ func Slots(a admit.Algorithm) int {
 	default:
 		return 1
 	}
+}
+
+// resetResult sets res to r's result before deciding: every field zero
+// but the rule's name, shadow, limit and the debit. Field by field, since
+// a composite literal stored through a pointer into a Decision's Results
+// (heap memory, a string among its fields) is copied whole with a write
+// barrier check, which a decision's hot path notices.
+func resetResult(res *admit.Result, r *admit.Rule, debit bool) {
+	res.Rule, res.Shadow, res.Debit, res.Limit = r.Name, r.Shadow, debit, r.Capacity()
+	res.Allowed, res.Remaining, res.ResetAfter, res.RetryAfter, res.Over = false, 0, 0, 0, 0
+	res.Share, res.Shared, res.ShareWhole = admit.ShareNone, 0, false
 }
