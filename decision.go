@@ -44,7 +44,11 @@ type Charge struct {
 	// first served.
 	Share *Share
 
-	prepared slots.Key // its key's hashes, once prepared (see package slots)
+	// Prepared is what the charge's maker computed of its key once, its
+	// hash and its tenant's, so that a store reads them rather than hash
+	// the key again or parse it for its tenant. A Limiter's and a
+	// policy's charges carry it; on a charge built by hand leave it zero.
+	Prepared slots.Key
 }
 
 // Result is the decision for one charge.

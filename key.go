@@ -2,7 +2,6 @@ package admit
 
 import (
 	"strconv"
-	"strings"
 )
 
 // Key identifies one bucket: the scope it is counted in, the tenant, the
@@ -39,22 +38,4 @@ func (k Key) Append(dst []byte) []byte {
 		dst = append(dst, f...)
 	}
 	return dst
-}
-
-// parseKey decodes a string made by Key.String.
-func parseKey(s string) (Key, error) {
-	var f [5]string
-	rest := s
-	for i := range f {
-		n, tail, ok := strings.Cut(rest, ":")
-		size, err := strconv.Atoi(n)
-		if !ok || err != nil || size < 0 || size > len(tail) || (len(n) > 1 && n[0] == '0') || n[0] == '+' || n[0] == '-' {
-			return Key{}, Errorf(CodeInvalid, "key %q: field %d is not length-prefixed", s, i+1)
-		}
-		f[i], rest = tail[:size], tail[size:]
-	}
-	if rest != "" {
-		return Key{}, Errorf(CodeInvalid, "key %q: trailing bytes", s)
-	}
-	return Key{Scope: f[0], Tenant: f[1], Subject: f[2], Action: f[3], Rule: f[4]}, nil
 }

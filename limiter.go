@@ -613,7 +613,7 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 	set := l.keys[h&uint64(len(l.keys)-1)&^7:][:8]
 	for j := range set {
 		if e := set[j].Load(); e != nil && e.who == k {
-			c.Key, c.prepared = e.key, e.prepared
+			c.Key, c.Prepared = e.key, e.prepared
 			return nil
 		}
 	}
@@ -641,7 +641,7 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 		}
 	}
 	victim.Store(e)
-	c.Key, c.prepared = e.key, e.prepared
+	c.Key, c.Prepared = e.key, e.prepared
 	return nil
 }
 

@@ -3,9 +3,9 @@ package admit
 import (
 	"errors"
 	"time"
-	"unsafe"
 
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/slots"
 	"github.com/admitdev/admit/internal/wide"
 )
 
@@ -238,7 +238,11 @@ type Rule struct {
 	// rule exactly (the default) or from leased allowances.
 	Distribution Distribution
 
-	prepared unsafe.Pointer // the engine's preparation of the rule; see package slots
+	// Prepared is what a store derived from the rule the first time it
+	// decided by it (its checked parameters, its buckets), derived again
+	// when they change. Leave it zero; a copy of a rule is prepared on
+	// its own.
+	Prepared slots.Rule
 }
 
 // Validate reports every parameter of r that is missing or out of

@@ -1,13 +1,10 @@
 package engine
 
 import (
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
-	"github.com/admitdev/admit/internal/slots"
 )
 
 // A store validates every rule it is given, on every decision, and a
@@ -109,8 +106,7 @@ func prepareBuckets(r *admit.Rule) buckets {
 // not, as for any rule.
 func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if r != nil {
-		p := (*PreparedRule)(atomic.LoadPointer(slots.Rule(unsafe.Pointer(r))))
-		if p != nil && p.holds(r) {
+		if p, _ := r.Prepared.Load().(*PreparedRule); p != nil && p.holds(r) {
 			return p, nil
 		}
 	}
@@ -121,7 +117,7 @@ func Prepare(r *admit.Rule) (*PreparedRule, error) {
 	if r.MaxCost > 0 {
 		p.most = min(p.most, r.MaxCost)
 	}
-	atomic.StorePointer(slots.Rule(unsafe.Pointer(r)), unsafe.Pointer(p))
+	r.Prepared.Store(p)
 	return p, nil
 }
 

@@ -1,66 +1,58 @@
-// Package slots reaches what an admit.Rule and an admit.Charge keep of
+// Package slots holds what an admit.Rule and an admit.Charge keep of
 // their preparation, for the engine of this module: a rule's derived
-// parameters, a charge's key hashes. Both live in unexported fields, so
-// that the preparation stays out of the package a user reads; package
-// admit records the fields' offsets here when it starts, and the engine
-// reaches them with one addition and no lookup.
+// parameters (Rule) and a charge's key hashes (Key). Package admit
+// declares them as the Prepared fields of its Rule and Charge, opaque to
+// a user, which the engine fills and reads like any other field.
 package slots
 
 import (
 	"hash/maphash"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"unsafe"
 )
 
-// RuleOffset and ChargeOffset are the offsets of the slots within a Rule
-// and a Charge, set by package admit's initialization, which runs before
-// any package that imports admit.
-var RuleOffset, ChargeOffset uintptr
+// Rule is the slot of a rule's preparation: the engine's, stored the
+// first time a store decides by the rule and again when its parameters
+// have changed. The zero Rule holds none.
+type Rule struct{ v atomic.Value }
 
-// Rule returns the preparation slot of the rule r points to.
-func Rule(r unsafe.Pointer) *unsafe.Pointer {
-	return (*unsafe.Pointer)(unsafe.Add(r, RuleOffset))
-}
+// Load returns the preparation r holds, or nil.
+func (r *Rule) Load() any { return r.v.Load() }
 
-// Charge returns the prepared key of the charge c points to.
-func Charge(c unsafe.Pointer) *Key {
-	return (*Key)(unsafe.Add(c, ChargeOffset))
-}
+// Store makes p r's preparation; every preparation is of one type.
+func (r *Rule) Store(p any) { r.v.Store(p) }
 
 // Key is what preparing a charge computed of its key. It holds while the
-// charge's key is the very string it was computed from: the same bytes at
-// the same address, which a Go string, immutable, cannot change.
+// charge's key is the string it was computed from (see Holds). The zero
+// Key holds nothing, and the key is hashed on every use.
 type Key struct {
-	data      *byte
-	len       uint32
+	data      *byte // the key it was computed from: its bytes' address
+	len       int
 	hasTenant bool
 	hash      uint64
 	tenant    uint64
 }
 
-// TenantOf returns the tenant of key, a key package admit made, or key
-// itself for one it did not make; set by package admit.
-var TenantOf func(key string) string
-
-// Prepare returns the prepared hashes of key: a key too long to prepare
-// (past 4 GiB) prepares nothing and is hashed on every use.
-func Prepare(key string) Key { return Of(key, TenantOf(key)) }
-
-// Of is Prepare for a key whose tenant is known ("" for none): a Limiter
-// builds its keys and knows their tenants.
+// Of returns the prepared hashes of key, whose tenant its maker knows (""
+// for a key of no tenant): a Limiter and a policy build their keys and
+// know their tenants.
 func Of(key, tenant string) Key {
-	if uint64(len(key)) > 1<<32-1 {
-		return Key{}
-	}
-	k := Key{data: unsafe.StringData(key), len: uint32(len(key)), hash: Hash(key)}
+	k := Key{data: unsafe.StringData(key), len: len(key), hash: Hash(key)}
 	if tenant != "" {
 		k.tenant, k.hasTenant = TenantHash(tenant), true
 	}
 	return k
 }
 
-// Holds reports whether k was prepared from key.
+// Holds reports whether k was prepared from key: the very string, the
+// same bytes at the same address, which a Go string, immutable, cannot
+// change. Its address is compared, never followed (unsafe.StringData
+// reads a string's address and nothing else), so that a prepared charge's
+// check costs two comparisons rather than a comparison of its bytes.
 func (k *Key) Holds(key string) bool {
-	return k.hash != 0 && k.data == unsafe.StringData(key) && int(k.len) == len(key)
+	return k.hash != 0 && k.data == unsafe.StringData(key) && k.len == len(key)
 }
 
 // KeyHash returns the hash of key, as k holds it when it was prepared from
@@ -72,16 +64,30 @@ func (k *Key) KeyHash(key string) uint64 {
 	return Hash(key)
 }
 
-// TenantHash returns the hash of key's tenant and whether it has one, as k
-// holds it when it was prepared from key.
-func (k *Key) TenantHash(key string) (uint64, bool) {
+// TenantHash returns the hash of key's tenant and whether it has one, as
+// k holds it when it was prepared from key; held is false when k was not,
+// and the caller finds the tenant itself.
+func (k *Key) TenantHash(key string) (hash uint64, ok, held bool) {
 	if k.Holds(key) {
-		return k.tenant, k.hasTenant
+		return k.tenant, k.hasTenant, true
 	}
-	if t := TenantOf(key); t != "" {
-		return TenantHash(t), true
+	return 0, false, false
+}
+
+// Fields decodes a key admit.Key made (its String) into its five fields,
+// scope, tenant, subject, action and rule, each written as its length in
+// decimal, a colon and its bytes; false for a key it did not make.
+func Fields(s string) (f [5]string, ok bool) {
+	rest := s
+	for i := range f {
+		n, tail, found := strings.Cut(rest, ":")
+		size, err := strconv.Atoi(n)
+		if !found || err != nil || size < 0 || size > len(tail) || (len(n) > 1 && n[0] == '0') || n[0] == '+' || n[0] == '-' {
+			return f, false
+		}
+		f[i], rest = tail[:size], tail[size:]
 	}
-	return 0, false
+	return f, rest == ""
 }
 
 // seed makes Hash random per process, so that no one can choose keys that
