@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -189,6 +190,15 @@ func limitHeaders(h *LimitHeaderNames, st *rlsv3.RateLimitResponse_DescriptorSta
 	}
 }
 
+// limitText writes a descriptor's limit override as envoyproxy/ratelimit's
+// metadata shows it, "requests_per_unit:2 unit:MINUTE": by hand, since the
+// protobuf text format (the peer's String) spaces its fields differently
+// from one build to the next, on purpose, to keep callers from depending
+// on its bytes; these are the same in every build.
+func limitText(l *rlv3.RateLimitDescriptor_RateLimitOverride) string {
+	return "requests_per_unit:" + strconv.FormatUint(uint64(l.GetRequestsPerUnit()), 10) + " unit:" + l.GetUnit().String()
+}
+
 // requestMetadata is what envoyproxy/ratelimit's dynamic metadata says of
 // the request: the domain, the descriptors (entries as "key=value", limit
 // and hitsAddend) and the request's hitsAddend.
@@ -201,7 +211,7 @@ func requestMetadata(req *rlsv3.RateLimitRequest) map[string]*structpb.Value {
 		}
 		f := map[string]*structpb.Value{"entries": structpb.NewListValue(&structpb.ListValue{Values: entries})}
 		if l := d.GetLimit(); l != nil {
-			f["limit"] = structpb.NewStringValue(l.String())
+			f["limit"] = structpb.NewStringValue(limitText(l))
 		}
 		if h := d.GetHitsAddend(); h != nil {
 			f["hitsAddend"] = structpb.NewNumberValue(float64(h.GetValue()))

@@ -580,3 +580,17 @@ func TestManyHitsOneRequest(t *testing.T) {
 		t.Fatalf("charge: all, 64 charges: %v, want InvalidArgument", err)
 	}
 }
+
+// TestMetadataLimitText: a descriptor's limit override reads the same in
+// the dynamic metadata of every build, one space between its fields,
+// where the protobuf text format spaces them differently build to build.
+func TestMetadataLimitText(t *testing.T) {
+	e := start(t, Options{DynamicMetadata: true, Config: parse(t, quotaRules)}, nil)
+	d := desc("plain", "x")
+	d.Limit = &rlext.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: typev3.RateLimitUnit_MINUTE}
+	r := e.ask(t, "d", 0, d)
+	got := r.GetDynamicMetadata().GetFields()["descriptors"].GetListValue().GetValues()[0].GetStructValue().GetFields()["limit"].GetStringValue()
+	if got != "requests_per_unit:2 unit:MINUTE" {
+		t.Errorf("limit %q in the metadata, want %q", got, "requests_per_unit:2 unit:MINUTE")
+	}
+}
