@@ -15,7 +15,7 @@ var layers = []struct {
 	name     string
 	packages []string
 }{
-	{"the slots of rules and charges, 128-bit arithmetic, files saved whole", []string{"internal/slots", "internal/wide", "internal/syncfile"}},
+	{"the slots of rules and charges, 128-bit arithmetic, files saved whole", []string{"internal/slots", "internal/wide", "internal/syncfile", "internal/portset"}},
 	{"the bounds", []string{"internal/bounds"}},
 	{"vocabulary and basement", []string{"", "units", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
 	{"the engine", []string{"internal/engine", "internal/redishook", "internal/ruletext"}},

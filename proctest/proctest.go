@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/internal/portset"
 )
 
 // Main is a TestMain: it builds the admit command into a temporary
@@ -85,10 +87,19 @@ var Client = &http.Client{Timeout: 5 * time.Second}
 // (ip_local_port_range, 32768–60999 by default): one from that range could
 // be taken meanwhile by any connection the tests make (a CI run saw
 // "address already in use").
+//
+// It never returns a port it returned before in this process: two
+// addresses asked for one process (its listener and its metrics) were
+// once the same port, free both times it was tried, and the process could
+// not start ("address already in use" on the second).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	for range 100 {
-		addr := "127.0.0.1:" + strconv.Itoa(61000+rand.IntN(4500))
+		port := 61000 + rand.IntN(4500)
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		if !portset.Take(port) {
+			continue
+		}
 		if ln, err := net.Listen("tcp", addr); err == nil {
 			ln.Close()
 			return addr

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/admitdev/admit/internal/portset"
 )
 
 // Server is one redis-server process started by a test.
@@ -56,7 +58,8 @@ func freePort(tb testing.TB) int {
 }
 
 // laterPort returns a loopback port for a server that starts later, when
-// nothing can pick another port for it if this one is taken meanwhile. It
+// nothing can pick another port for it if this one is taken meanwhile,
+// and never one it returned before in this process. It
 // is outside the range the kernel hands out to clients and to Start's
 // servers (ip_local_port_range, 32768–60999 by default), and so is its
 // Cluster bus port (+10000): 10000–22767 and 20000–32767.
@@ -64,7 +67,7 @@ func laterPort(tb testing.TB) int {
 	tb.Helper()
 	for range 100 {
 		p := 10000 + rand.IntN(12768)
-		if free(p) && free(p+10000) {
+		if portset.Take(p) && portset.Take(p+10000) && free(p) && free(p+10000) {
 			return p
 		}
 	}
