@@ -14,7 +14,7 @@ import (
 
 // Decide implements admit.Store. Counted charges are counted with plain
 // commands (see internal/counted); decisions with a leased charge go through
-// allowances (see leased.go); the others are decided in Redis.
+// allowances (see internal/leased); the others are decided in Redis.
 func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
 	if _, ok := s.leased.InRegion(); ok {
 		return s.leased.DecideRegion(ctx, charges, d)
