@@ -650,13 +650,25 @@ func (l *Limiter) charge(c *Charge, d *Decision, i int, w *Who) error {
 // empty fields included).
 func (l *Limiter) hashWho(k *whoKey) uint64 {
 	h := uint64(k.limit+1) * 0x9e3779b97f4a7c15
-	for _, f := range [...]string{k.tenant, k.user, k.action, k.ip} {
-		if f != "" {
-			h = (h ^ maphash.String(l.seed, f)) * 0xff51afd7ed558ccd
-			h ^= h >> 33
-		}
+	if k.tenant != "" {
+		h = l.mix(h, k.tenant)
+	}
+	if k.user != "" {
+		h = l.mix(h, k.user)
+	}
+	if k.action != "" {
+		h = l.mix(h, k.action)
+	}
+	if k.ip != "" {
+		h = l.mix(h, k.ip)
 	}
 	return h
+}
+
+// mix mixes the hash of field f into h.
+func (l *Limiter) mix(h uint64, f string) uint64 {
+	h = (h ^ maphash.String(l.seed, f)) * 0xff51afd7ed558ccd
+	return h ^ h>>33
 }
 
 // whoKey is what a charge of limit number limit is keyed by: the fields of
