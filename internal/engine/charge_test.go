@@ -3,6 +3,7 @@ package engine_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
@@ -146,5 +147,36 @@ func TestPrepareChargeOf(t *testing.T) {
 	}
 	if engine.KeyHash(&global) != engine.KeyHash(&parsed) {
 		t.Error("the key's hash depends on how its tenant was given")
+	}
+}
+
+// TestAlgorithmFactsAgree: the engine's account of which algorithms can
+// be leased is package admit's, which keeps its own copy of the list (it
+// cannot import the engine) and takes debits for the same algorithms: a
+// leased rule validates exactly when Leasable says so, and the engine
+// takes a debit of exactly those.
+func TestAlgorithmFactsAgree(t *testing.T) {
+	rules := map[admit.Algorithm]admit.Rule{
+		admit.TokenBucket:   {Rate: admit.PerSecond(10), Burst: 10},
+		admit.GCRA:          {Rate: admit.PerSecond(10), Burst: 10},
+		admit.FixedWindow:   {Limit: 10, Window: time.Second},
+		admit.SlidingWindow: {Limit: 10, Window: time.Second},
+		admit.SlidingLog:    {Limit: 10, Window: time.Second},
+		admit.Combination:   {Rate: admit.PerSecond(10), Burst: 10, Floor: admit.PerSecond(5)},
+		admit.Concurrency:   {Max: 10},
+		admit.Quota:         {Limit: 10, Period: admit.Day},
+	}
+	for a, r := range rules {
+		r.Name, r.Algorithm = "r", a
+		if err := r.Validate(); err != nil {
+			t.Fatalf("%v: %v", a, err)
+		}
+		if takes := engine.CheckDebit(&r, 1) == nil; takes != engine.Leasable(a) || takes != engine.TakesDebits(a) {
+			t.Errorf("%v: takes debits %v, Leasable %v, TakesDebits %v", a, takes, engine.Leasable(a), engine.TakesDebits(a))
+		}
+		r.Distribution = admit.Leased
+		if got := r.Validate() == nil; got != engine.Leasable(a) {
+			t.Errorf("%v: a leased rule validates %v, engine.Leasable %v", a, got, engine.Leasable(a))
+		}
 	}
 }

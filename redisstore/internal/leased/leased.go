@@ -178,9 +178,9 @@ func leasable(c *admit.Charge) bool {
 		(c.Share == nil || c.Share.Sub == "")
 }
 
-// anyLeasable reports whether a decision of charges goes through
+// Leasable reports whether a decision of charges goes through
 // allowances: one charge at least is leasable and none is a dry run.
-func anyLeasable(charges []admit.Charge) bool {
+func Leasable(charges []admit.Charge) bool {
 	if len(charges) == 0 || len(charges) > bounds.MaxCharges {
 		return false
 	}
@@ -314,7 +314,7 @@ func (p *allowance) handOver(next *allowance) {
 	p.gen++
 }
 
-// Decide decides charges (anyLeasable): the leasable ones covered
+// Decide decides charges (Leasable): the leasable ones covered
 // by their allowances are taken from them; the others, if any, are
 // decided exactly in Redis, and if that refuses, what was taken is put
 // back, so the decision stays all or nothing. A charge short of units

@@ -68,9 +68,6 @@ func (s *Room) InRegion() (string, bool) {
 	return s.region.name, true
 }
 
-// Leasable reports whether some of charges are decided by allowances.
-func Leasable(charges []admit.Charge) bool { return anyLeasable(charges) }
-
 // Held returns the units s holds of key's allowance, due or booked, and
 // whether a withdrawal for it is in flight: for the store's tests.
 func (s *Room) Held(key string) (units int64, fetching bool) {
