@@ -3,9 +3,11 @@ package redisstore_test
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
 )
@@ -277,5 +279,63 @@ func TestHomeCountRuleChanges(t *testing.T) {
 	}
 	if g := quota(12, now.Add(-time.Minute), now.Add(10*time.Minute)); g != 2 {
 		t.Errorf("granted %d when the quota went from 10 to 12; want 2", g)
+	}
+}
+
+// TestHomeTimelineInIntegers: the home's timeline moves by a grant's
+// exact span, rounded up, however far from a whole µs a token's interval
+// is. At 10,000,000 per 10,000,001 µs a token takes 1.0000001 µs: ten
+// take 10.000001 µs, which in floating point at today's µs since 1970
+// (where a double's step is 0.25 µs) round to 10, moving the timeline
+// less than it hands out, one µs in a million grants.
+func TestHomeTimelineInIntegers(t *testing.T) {
+	srv, s := scriptStore(t)
+	tat0 := time.Now().Add(1000 * time.Second).UnixMicro()
+	if _, err := redistest.Command(srv.Addr, "HSET", "exact", "tat", itoa(tat0), "gen", "1"); err != nil {
+		t.Fatal(err)
+	}
+	// Burst 1,000,000 (τ about 1 s), lookahead 2000 s: the key, granted
+	// 1000 s ahead, still has units within reach.
+	grant := func(want int, back ...string) (int64, int64) {
+		t.Helper()
+		args := append([]string{"a", "b", strconv.Itoa(want), "0", "10000000", "10000001", "1000000", "1000000", "2000000000", "1000000"}, back...)
+		v, err := redisstore.HomeCall(s, "exact", args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tat, err := redistest.Command(srv.Addr, "HGET", "exact", "tat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, err := strconv.ParseInt(tat, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v[0], at - tat0
+	}
+	for i, want := range []int64{11, 22} {
+		if g, moved := grant(10); g != 10 || moved != want {
+			t.Fatalf("grant %d: granted %d, the timeline moved to tat0 + %d µs; want 10 granted, tat0 + %d (each grant's 10.000001 µs rounded up)", i+1, g, moved, want)
+		}
+	}
+	// Ten given back take off their span rounded down: 10 µs.
+	if g, moved := grant(0, "1", "10", "1"); g != 0 || moved != 12 {
+		t.Errorf("after ten given back, the timeline is at tat0 + %d µs; want tat0 + 12", moved)
+	}
+}
+
+// TestRegionRuleWholeMicroseconds: the home keeps whole µs, so a rate or
+// window it would round is refused, rather than held a little faster.
+func TestRegionRuleWholeMicroseconds(t *testing.T) {
+	for _, r := range []admit.Rule{
+		{Name: "b", Algorithm: admit.TokenBucket, Rate: admit.Rate{N: 1, Per: 1500 * time.Nanosecond}, Burst: 1},
+		{Name: "w", Algorithm: admit.FixedWindow, Limit: 10, Window: time.Second + 1},
+	} {
+		if err := r.Validate(); err != nil {
+			t.Fatalf("rule %s: %v", r.Name, err)
+		}
+		if err := redisstore.CheckRegionRule(&r); admit.ErrorCode(err) != admit.CodeInvalid || !strings.Contains(err.Error(), "microseconds") {
+			t.Errorf("rule %s held across regions: %v; want it refused, naming microseconds", r.Name, err)
+		}
 	}
 }

@@ -29,3 +29,18 @@ func joinLibrary() string {
 	}
 	return b.String()
 }
+
+// Arithmetic is the library's exact arithmetic (lua/10_arith.lua): 128-bit
+// products and quotients, and a bucket's timeline kept as whole units of
+// time plus a remainder of its rate's count. The regions' scripts are
+// built on it, so that a bucket held across regions is computed as one
+// Redis computes it; they define fmod and floor before it.
+var Arithmetic = readLibraryFile("lua/10_arith.lua")
+
+func readLibraryFile(name string) string {
+	src, err := libraryFiles.ReadFile(name)
+	if err != nil {
+		panic(err) // embedded
+	}
+	return string(src)
+}

@@ -203,8 +203,7 @@ func (s *Room) refill(p *allowance, need int64) (granted int64) {
 	}
 	sent := s.link.Now()
 	var g, first, last, gen, share, spentFor int64
-	var T float64
-	var pos, fair string
+	var T, pos, fair string
 	err := rg.home.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := homeScript.Exec(ctx, client, []string{homeKey(rg.home, p)}, args).ToArray()
 		if err != nil {
@@ -223,11 +222,10 @@ func (s *Room) refill(p *allowance, need int64) (granted int64) {
 		if spentFor, err = v[7].AsInt64(); err != nil {
 			return err
 		}
-		ts, _ := v[5].ToString()
+		T, _ = v[5].ToString()
 		pos, _ = v[6].ToString()
 		fair, _ = v[8].ToString()
-		T, err = strconv.ParseFloat(ts, 64)
-		return err
+		return nil
 	})
 	recv := s.link.Now()
 	rg.homeCalls.Add(1)
@@ -276,12 +274,12 @@ func (s *Room) refill(p *allowance, need int64) (granted int64) {
 	if g > 0 {
 		rg.granted.Add(g)
 		hold := holdOf(p.rule)
-		if T == 0 {
+		if T == "0" {
 			hold = 0 // a count's units are worth nothing once its period ends
 		}
 		unlock := recv.UnixMicro() + first + deltaMax
 		expiry := sent.Add(time.Duration(max(last, 0))*time.Microsecond+hold).UnixMicro() + deltaMin
-		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), strconv.FormatFloat(T, 'g', -1, 64), itoa(expiry), pos, spent, fair, poolShape(p.rule)}
+		ops = []string{"d", itoa(gen), itoa(unlock), itoa(g), T, itoa(expiry), pos, spent, fair, poolShape(p.rule)}
 	}
 	if err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		return poolScript.Exec(ctx, client, []string{pk}, ops).Error()

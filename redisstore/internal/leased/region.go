@@ -179,10 +179,15 @@ func CheckRegionRule(r *admit.Rule) error {
 	if err := exact.CheckRule(r); err != nil {
 		return err
 	}
-	if regionAlgorithm(r.Algorithm) {
-		return nil
+	if !regionAlgorithm(r.Algorithm) {
+		return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
 	}
-	return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
+	// The home keeps its timelines in whole µs (a window's length the
+	// Redis store checks already).
+	if isBucket(r) && r.Rate.Per%time.Microsecond != 0 {
+		return admit.Errorf(admit.CodeInvalid, "rule %q: rate %v: held across regions, a rate's period must be a whole number of microseconds", r.Name, r.Rate)
+	}
+	return nil
 }
 
 // holdOf returns how long a bucket's units are held, in a pool and by a
@@ -543,7 +548,7 @@ func (s *Room) take(p *allowance, want, arrivals, need int64) (poolTake, error) 
 	err := s.link.Do(context.Background(), func(ctx context.Context, client rueidis.Client) error {
 		v, err := poolScript.Exec(ctx, client, []string{s.poolKey(p)}, []string{"t",
 			itoa(want), itoa(arrivals), itoa(regionHorizon.Microseconds()), itoa(s.region.period().Microseconds()),
-			strconv.FormatFloat(spanMicros(p.rule), 'g', -1, 64), itoa(leastHeld(p.rule)), itoa(need), poolShape(p.rule)}).ToArray()
+			spanText(p.rule), itoa(leastHeld(p.rule)), itoa(need), poolShape(p.rule)}).ToArray()
 		if err != nil {
 			return err
 		}
@@ -568,13 +573,13 @@ func (s *Room) take(p *allowance, want, arrivals, need int64) (poolTake, error) 
 	return t, err
 }
 
-// spanMicros returns how long one unit of r takes to refill, in µs: 0
-// for a count.
-func spanMicros(r *admit.Rule) float64 {
+// spanText returns how long one unit of r takes to refill, in µs, as the
+// regions' scripts read it: "per/n", or "0" for a count.
+func spanText(r *admit.Rule) string {
 	if !isBucket(r) {
-		return 0
+		return "0"
 	}
-	return float64(r.Rate.Per.Microseconds()) / float64(r.Rate.N)
+	return itoa(r.Rate.Per.Microseconds()) + "/" + itoa(r.Rate.N)
 }
 
 // leastHeld returns the fewest units a pool of r should hold, whatever

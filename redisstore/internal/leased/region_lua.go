@@ -4,7 +4,17 @@ import (
 	_ "embed"
 
 	"github.com/redis/rueidis"
+
+	"github.com/admitdev/admit/redisstore/internal/exact"
 )
+
+// regionScript returns a region script's source: the library's exact
+// arithmetic (exact.Arithmetic) and then body, so that the home's
+// timeline and a pool's pacing are computed in integers, as one Redis's
+// bucket is.
+func regionScript(body string) string {
+	return "local fmod, floor = math.fmod, math.floor\n" + exact.Arithmetic + body
+}
 
 // homeScript is the home's side of a limit held across regions: one call
 // grants a region part of the limit and applies the give-backs it
@@ -15,8 +25,9 @@ import (
 // was made) and sh, the shape it was written under (N/per/burst): a
 // timeline of another shape is adopted as one Redis's bucket adopts a
 // state (tokens kept, capped at the new burst; a debt kept as time), and
-// mT, the least interval of its earlier shapes, is kept until mTu for
-// the give-backs of what they granted. A count (a fixed window or a
+// mTr, the least interval of its earlier shapes (per/n µs; mT is the same
+// as a float, which earlier versions read), is kept until mTu for the
+// give-backs of what they granted. A count (a fixed window or a
 // quota) keeps e:end, the units granted in the period ending at end (µs;
 // the end is also the period's gen), one per period in progress: so a
 // period whose length changes counts anew, and finds its count again
@@ -45,12 +56,12 @@ import (
 //
 // The reply: granted, first unlock (µs from now), last unlock (a count:
 // its period's end; µs from now), gen, the region's share (parts per
-// million), T as text (0 for a count), the grant's name as text, how long
+// million), T as text ("per/n" µs; 0 for a count), the grant's name as text, how long
 // the home has nothing more to grant (µs; 0 when it has), and the region's
 // fair level (units a second, as text): the most max-min fairness would
 // give it, whatever its demand; negative when the regions together ask for
 // more than the limit.
-var homeScript = rueidis.NewLuaScript(homeScriptSource)
+var homeScript = rueidis.NewLuaScript(regionScript(homeScriptSource))
 
 //go:embed lua/region_home.lua
 var homeScriptSource string
@@ -60,7 +71,8 @@ var homeScriptSource string
 // their allowances from.
 //
 // KEYS[1] is the pool's hash: c, the chunks (cmsgpack: a list of {u, n,
-// k, T, e, g}: token j of n unlocks at u + j·T, k are taken, the rest
+// k, tp, tn, T, e, g}: token j of n unlocks at u + j·T, T = tp/tn µs
+// (T is the same as a float, which earlier versions read), k are taken, the rest
 // expire at e, all µs of this Redis's clock; g is the home key's gen),
 // b, the units to give back home (cmsgpack: {gen = units}), q the last
 // give-back's sequence number (never less than the time it was made, so
@@ -76,8 +88,8 @@ var homeScriptSource string
 //	t want arrivals horizon period span least need shape: take up to want
 //	  units that unlock within horizon, the arrivals (units asked of the
 //	  server since its last take) counted into the demand; span is the
-//	  rule's (µs a unit), least the fewest units the pool should hold,
-//	  need what the taker's callers lack. Replies
+//	  rule's ("per/n" µs a unit, 0 for a count), least the fewest units
+//	  the pool should hold, need what the taker's callers lack. Replies
 //	  taken, first due (µs from now: the taken units not ready are due
 //	  one per span after it), hold (µs from now), units held after, next
 //	  unlock (µs from now; -1 when none is held), whether the pool wants
@@ -92,9 +104,9 @@ var homeScriptSource string
 //	  not acknowledged yet.
 //	k seq: the home has applied the triples numbered up to seq.
 //	d gen unlock n T expiry pos until fair shape: add a grant of n units, the
-//	  first unlocking at unlock, one per T after it, held until expiry,
-//	  unless the grant (gen and pos name it) was added already; and set
-//	  what z sets.
+//	  first unlocking at unlock, one per T ("per/n" µs, as the home gave
+//	  it) after it, held until expiry, unless the grant (gen and pos name
+//	  it) was added already; and set what z sets.
 //	r gen n expiry m: add n units given back by a server, all unlocked,
 //	  held until expiry (given back home if that has passed); and give
 //	  back home m more (its booked units), or, negative, what it owes
@@ -108,7 +120,7 @@ var homeScriptSource string
 // and this Redis's clock as the agent's preparation read it: an unlock
 // late and an expiry early by the round trip of that reading, however
 // late the deposit itself runs.
-var poolScript = rueidis.NewLuaScript(poolScriptSource)
+var poolScript = rueidis.NewLuaScript(regionScript(poolScriptSource))
 
 //go:embed lua/region_pool.lua
 var poolScriptSource string

@@ -65,8 +65,6 @@ local SHARE = 8
 -- book; redisstore/leased.go's bookAhead).
 local BOOKAHEAD = 250000000
 local MAXCOUNT = 4000000000 -- admit.MaxCount: a window counts debits up to it
-local TWO53 = 9007199254740992
-local SPLIT = 2097152 -- 2^21
 -- TOPK is admit.ShareTopK: a window's or quota's pool record keeps its
 -- period's TOPK largest takers, 4 numbers each, after the record's 14;
 -- RECFMT packs such a record, RECLEN doubles.

@@ -1,5 +1,12 @@
 -- Exact arithmetic --------------------------------------------------------
 
+-- This file is also the regions' scripts' arithmetic (package leased
+-- prepends it to them, after locals for fmod and floor): whatever it
+-- uses it defines, or takes from those two.
+
+local TWO53 = 9007199254740992
+local SPLIT = 2097152 -- 2^21
+
 -- divmod returns floor(p/d) and p mod d for integers 0 <= p < 2^53.
 local function divmod(p, d)
   local r = fmod(p, d)
@@ -54,3 +61,67 @@ local function muldiv(a, b, d)
   return q, cmpprod(q, d, a, b) == 0
 end
 
+-- Timelines: a bucket b = {n, q, r} whose token takes q + r/n units of
+-- time (ns in the library, µs in the regions' scripts); times are (a, f),
+-- a units plus f/n, 0 <= f < n.
+
+-- span returns c tokens' time, c*per/n, for 0 <= c < 2^32.
+local function span(b, c)
+  local a = c * b.q
+  local r, n = b.r, b.n
+  if r == 0 then return a, 0 end
+  local p = c * r
+  if p < TWO53 then
+    local q, f = divmod(p, n)
+    return a + q, f
+  end
+  -- c*r can pass 2^53: split c so that every product stays below it.
+  local cl = fmod(c, SPLIT)
+  local ch = (c - cl) / SPLIT
+  local q0, f0 = divmod(cl * r, n)
+  local q1, f1 = divmod(ch * r, n)
+  local q2, f2 = divmod(f1 * SPLIT, n)
+  local q, f = q1 * SPLIT + q2 + q0, f0 + f2
+  if f >= n then q, f = q + 1, f - n end
+  return a + q, f
+end
+
+local function add(b, a1, f1, a2, f2)
+  local a, f = a1 + a2, f1 + f2
+  if f >= b.n then a, f = a + 1, f - b.n end
+  return a, f
+end
+
+local function sub(b, a1, f1, a2, f2)
+  local a, f = a1 - a2, f1 - f2
+  if f < 0 then a, f = a - 1, f + b.n end
+  return a, f
+end
+
+local function less(a1, f1, a2, f2)
+  return a1 < a2 or (a1 == a2 and f1 < f2)
+end
+
+local function ceil(a, f)
+  if f > 0 then return a + 1 end
+  return a
+end
+
+-- tokens returns the whole tokens that refill in (a, f) >= 0.
+local function tokens(b, a, f)
+  if a < 0 then return 0 end
+  if b.r == 0 then return (divmod(a, b.q)) end
+  local k = floor(a / (b.q + b.r / b.n))
+  if k < 0 then k = 0 end
+  while true do
+    local sa, sf = span(b, k + 1)
+    if less(a, f, sa, sf) then break end
+    k = k + 1
+  end
+  while k > 0 do
+    local sa, sf = span(b, k)
+    if not less(a, f, sa, sf) then break end
+    k = k - 1
+  end
+  return k
+end

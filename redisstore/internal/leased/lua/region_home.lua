@@ -9,56 +9,97 @@ if (tonumber(string.match(info, 'maxmemory:(%d+)')) or 0) > 0 and policy ~= 'noe
 end
 local region, kind = ARGV[1], ARGV[2]
 local want, demand = tonumber(ARGV[3]), tonumber(ARGV[4])
-local i, gen, avail, capacity, leastT
-local T, tat, c, pend, tau, look, maxDebt = 0
+local i, gen, avail, capacity, least
+local b, tat, c, pend, look, maxDebt, ta, tf
 -- shapeMemory is how long (µs) a bucket's earlier shapes are remembered
 -- for the give-backs of what they granted: far beyond a pool's hold.
 local shapeMemory = 600000000
+-- A bucket's timeline is in integers, as one Redis's is (the arithmetic
+-- above): a token takes T = per/n µs = q + r/n, tat is a whole µs, and
+-- each time computed from it is rounded toward admitting less (tat and
+-- unlocks up, what is given back down), so that the regions together
+-- never admit more than the bucket would.
+local function shape(n, per)
+  return {n = n, q = (per - fmod(per, n)) / n, r = fmod(per, n)}
+end
+-- paceOf returns the shape a text "per/n" names (nil for another text).
+local function paceOf(text)
+  local per, n = string.match(text or '', '^(%d+)/(%d+)$')
+  if not per then return nil end
+  return shape(tonumber(n), tonumber(per))
+end
+-- cheaper reports whether shape x's token takes less time than y's.
+local function cheaper(x, y)
+  return cmpprod(x.q * x.n + x.r, y.n, y.q * y.n + y.r, x.n) < 0
+end
 -- adopt returns tat, a bucket's timeline written under the shape old
--- (n/per/burst), as a timeline of this rule's shape (T, tau, burst), as
--- one Redis's bucket adopts a state of another shape: the tokens it holds
+-- (n/per/burst), as a timeline of this rule's shape (b, burst), as one
+-- Redis's bucket adopts a state of another shape: the tokens it holds
 -- now are kept, capped at the new burst, with the part of the next token
 -- already refilled scaled to the new interval and rounded down; a debt
 -- (or what was granted ahead) is kept as the time it takes to repay; a
 -- full bucket stays full.
-local function adopt(old, tat, now, T, tau, burst)
+local function adopt(old, tat, now, burst)
   local on, oper, oburst = string.match(old, '^(%d+)/(%d+)/(%d+)$')
   if not on then return tat end
-  local oT = tonumber(oper) / tonumber(on)
-  local otau = tonumber(oburst) * oT
+  on, oper = tonumber(on), tonumber(oper)
+  local o = shape(on, oper)
   local e = tat - now
   if e <= 0 then return now end
-  if e > otau then return math.ceil(now + tau + e - otau) end
-  local held = (otau - e) / oT
-  local m = math.floor(held)
+  local oa, of = span(o, tonumber(oburst))
+  if less(oa, of, e, 0) then return now + ceil(ta, tf) + e - oa end
+  local ha, hf = sub(o, oa, of, e, 0)
+  local m = tokens(o, ha, hf)
   if m >= burst then return now end
-  return math.ceil(now + tau - m * T - math.floor((held - m) * T))
+  -- The part of the next token refilled, x/oper of a token (x < oper),
+  -- is floor(x·per/(oper·n)) µs of the new shape.
+  local pa, pf = sub(o, ha, hf, span(o, m))
+  local per = b.q * b.n + b.r
+  local part = floor(muldiv(pa * on + pf, per, oper) / b.n)
+  local xa, xf = sub(b, ta, tf, span(b, m))
+  return now + ceil(xa - part, xf)
 end
 if kind == 'b' then
   local n, per = tonumber(ARGV[5]), tonumber(ARGV[6])
   local burst, initial = tonumber(ARGV[7]), tonumber(ARGV[8])
   look, maxDebt = tonumber(ARGV[9]), tonumber(ARGV[10])
   i = 11
-  T = per / n
-  tau = burst * T
+  b = shape(n, per)
+  b.burst, b.debt = burst, maxDebt
+  ta, tf = span(b, burst)
   capacity = n * 1000000 / per
   local sh = ARGV[5] .. '/' .. ARGV[6] .. '/' .. ARGV[7]
-  local h = redis.call('HMGET', KEYS[1], 'tat', 'gen', 'sh', 'mT', 'mTu')
+  local h = redis.call('HMGET', KEYS[1], 'tat', 'gen', 'sh', 'mT', 'mTu', 'mTr')
   tat, gen = tonumber(h[1]), tonumber(h[2])
-  if tonumber(h[5]) and tonumber(h[5]) > now then leastT = math.min(T, tonumber(h[4])) end
+  if tonumber(h[5]) and tonumber(h[5]) > now then
+    least = paceOf(h[6])
+    -- Written by an earlier version, as a float: rounded down to whole
+    -- µs, it repays a debt with no more than it did.
+    if not least and tonumber(h[4]) then least = shape(1, math.floor(tonumber(h[4]))) end
+    if least and not cheaper(least, b) then least = nil end
+  end
   if not tat then
     gen = now
-    tat = math.ceil(math.max(now + (burst - initial) * T, started + tau + look))
+    local ia, if_ = span(b, burst - initial)
+    tat = math.max(now + ceil(ia, if_), started + ceil(ta, tf) + look)
     redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen), 'sh', sh)
   elseif h[3] and h[3] ~= sh then
-    tat = adopt(h[3], tat, now, T, tau, burst)
+    tat = adopt(h[3], tat, now, burst)
     -- Give-backs of units granted under the old shape may still come
     -- (within a pool's hold, or later from a pool that could not reach
     -- home): for a while they repay a debt at the least interval of the
     -- shapes it had, so that units granted cheap never repay dear time.
     local on, oper = string.match(h[3], '^(%d+)/(%d+)/')
-    leastT = math.min(leastT or T, tonumber(oper) / tonumber(on))
-    redis.call('HSET', KEYS[1], 'sh', sh, 'mT', tostring(leastT), 'mTu', string.format('%d', now + shapeMemory))
+    local keep = least or b
+    local o = shape(tonumber(on), tonumber(oper))
+    if cheaper(o, keep) then keep = o end
+    least = nil
+    if cheaper(keep, b) then least = keep end
+    -- mT is the same interval as a float, for an earlier version's
+    -- script sharing this home.
+    local lp = keep.q * keep.n + keep.r
+    redis.call('HSET', KEYS[1], 'sh', sh, 'mT', tostring(lp / keep.n), 'mTr', string.format('%d/%d', lp, keep.n),
+      'mTu', string.format('%d', now + shapeMemory))
   elseif not h[3] then
     redis.call('HSET', KEYS[1], 'sh', sh)
   end
@@ -102,26 +143,52 @@ end
 -- m < 0 is a debt (debits a region could not pay), charged as one Redis
 -- charges a debit: the bucket's timeline moves on, the count goes up.
 local function giveBack(m)
-  if kind == 'b' then
-    if m > 0 and leastT and leastT < T then
-      -- Units that may have been granted under a cheaper shape repay a
-      -- debt at its interval, then come back as whole tokens.
-      local debt = math.max(tat - now - tau, 0)
-      local give = m * leastT
-      if give <= debt then
-        tat = tat - math.floor(give)
-      else
-        tat = math.max(now, tat - debt - math.floor((give - debt) / leastT) * T)
-      end
-    elseif m > 0 then
-      tat = math.max(now, tat - math.floor(m * T))
-    else
-      -- As one Redis charges a debit: into debt by at most maxDebt.
-      tat = math.ceil(math.min(math.max(now, tat) - m * T, math.max(tat, now + tau + maxDebt * T)))
-    end
-  else
+  if kind ~= 'b' then
     c = math.max(0, c - m)
+    return
   end
+  if m < 0 then
+    -- As one Redis charges a debit: into debt by at most maxDebt (more
+    -- owed than that changes nothing).
+    local most = b.burst + maxDebt
+    local da, df = span(b, math.min(-m, most))
+    local ma, mf = span(b, most)
+    tat = math.min(math.max(now, tat) + ceil(da, df), math.max(tat, now + ceil(ma, mf)))
+    return
+  end
+  -- Units given back beyond what the timeline holds ahead of now change
+  -- nothing more: cap m so that its span stays within the arithmetic's.
+  local ahead = math.max(tat - now, 0)
+  local enough = tokens(b, ahead, 0) + 1
+  if not least then
+    tat = math.max(now, tat - span(b, math.min(m, enough)))
+    return
+  end
+  -- Units that may have been granted under a cheaper shape repay a debt
+  -- (the timeline beyond τ) at its interval, then come back as whole
+  -- tokens. u, the units the debt takes, is rounded up, and what a
+  -- repayment takes off rounded down.
+  local da, df = sub(b, ahead, 0, ta, tf)
+  local u, dfloor = 0, 0
+  if less(0, 0, da, df) then
+    local lp = least.q * least.n + least.r
+    u, dfloor = math.huge, da
+    if lp > 0 then
+      local q, whole = muldiv(ceil(da, df), least.n, lp)
+      u = q
+      if not whole then u = u + 1 end
+    end
+  end
+  if m <= u then
+    tat = tat - math.min(span(least, m), dfloor)
+    return
+  end
+  local k = math.min(m - u, enough)
+  -- From the lesser of tat and now + τ, less k tokens.
+  local xa, xf = ahead, 0
+  if less(ta, tf, xa, xf) then xa, xf = ta, tf end
+  xa, xf = sub(b, xa, xf, span(b, k))
+  tat = math.max(now, now + ceil(xa, xf))
 end
 -- giveBackTo gives back m units to another period in progress, ending at
 -- g, if it is counted: the period of another length they came from.
@@ -187,23 +254,30 @@ if #ds > 1 and asked > 1.25 * capacity then level = -level end
 local w = 1
 if total > 0 then w = mine / total end
 local g, first, lastu, name, ttl, spentFor
+local T = '0'
 if kind == 'b' then
   if now > tat then tat = now end
-  avail = math.floor((now + tau + look - tat) / T)
+  -- Whole tokens from tat to now + τ + lookahead.
+  avail = tokens(b, add(b, now + look - tat, 0, ta, tf))
 else
-  T = 0
   avail = tonumber(ARGV[5]) - c
 end
+-- w <= 1 (mine is one of total's terms), so g <= avail, floats or not.
 g = math.max(math.min(want, math.floor(w * avail)), 0)
 if g < 1 and want >= 1 and avail >= 1 then g = 1 end
 if kind == 'b' then
+  T = string.format('%d/%d', b.q * b.n + b.r, b.n)
   name = tat
-  first = math.ceil(tat + T - tau - now)
-  lastu = math.ceil(tat + g * T - tau - now)
-  tat = math.ceil(tat + g * T)
+  -- Unit j of the grant unlocks at tat + j·T - τ, rounded up.
+  local function unlock(from, j)
+    local xa, xf = add(b, from, 0, span(b, j))
+    return ceil(sub(b, xa, xf, ta, tf))
+  end
+  first, lastu = unlock(tat - now, 1), unlock(tat - now, g)
+  tat = tat + ceil(span(b, g))
   -- Nothing more to grant until the next unit comes within the lookahead.
   spentFor = 0
-  if avail - g < 1 then spentFor = math.max(math.ceil(tat + T - tau - look - now), 0) end
+  if avail - g < 1 then spentFor = math.max(unlock(tat - now - look, 1), 0) end
   redis.call('HSET', KEYS[1], 'tat', string.format('%d', tat))
   ttl = math.ceil((tat - now + look) / 1000) + 60000
 else
@@ -216,4 +290,4 @@ else
   ttl = math.ceil((math.max(pend, lastEnd) - now) / 1000) + 60000
 end
 redis.call('PEXPIRE', KEYS[1], ttl)
-return {g, first, lastu, gen, math.floor(w * 1000000), tostring(T), string.format('%d', name), spentFor, tostring(level)}
+return {g, first, lastu, gen, math.floor(w * 1000000), T, string.format('%d', name), spentFor, tostring(level)}

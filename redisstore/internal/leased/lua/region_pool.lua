@@ -16,6 +16,42 @@ local shape = h[11]
 if op == 't' and ARGV[9] ~= shape then spent, fair = 0, 0 end
 local pending = {}
 if h[10] then pending = cmsgpack.unpack(h[10]) end
+-- A chunk's unit j >= 1 unlocks at u + (j - 1)·T, T = tp/tn µs (tp = 0:
+-- all at u), computed in integers as the home computes its timeline (the
+-- arithmetic above), never early. T is the same as a float, for an
+-- earlier version's script sharing this pool.
+local function rational(text)
+  local p, n = string.match(text or '', '^(%d+)/(%d+)$')
+  if p then return tonumber(p), tonumber(n) end
+  -- A float (an earlier version's), rounded up: no unit unlocks early.
+  local x = tonumber(text) or 0
+  if x > 0 then return math.ceil(x), 1 end
+  return 0, 1
+end
+local paces = {}
+-- paceOf returns chunk c's interval as the arithmetic's shape, nil when
+-- its units are all unlocked at u.
+local function paceOf(c)
+  if not c.tp then c.tp, c.tn = rational(tostring(c.T)) end
+  if c.tp == 0 then return nil end
+  local p = paces[c]
+  if not p then
+    p = {n = c.tn, q = (c.tp - fmod(c.tp, c.tn)) / c.tn, r = fmod(c.tp, c.tn)}
+    paces[c] = p
+  end
+  return p
+end
+-- unlocked returns how many of chunk c's units have unlocked by time t.
+local function unlocked(c, t)
+  if t < c.u then return 0 end
+  return (muldiv(t - c.u, c.tn, c.tp)) + 1
+end
+-- at returns when unit j + 1 of chunk c unlocks, rounded up.
+local function at(c, j)
+  local p = paceOf(c)
+  if not p then return c.u end
+  return c.u + ceil(span(p, j))
+end
 -- Chunks expired or spent leave; what an expired one still held goes back home.
 local keep = {}
 for _, c in ipairs(cs) do
@@ -39,19 +75,27 @@ if op == 't' then
   -- due one per Tr (the rule's span) from first, which is late enough
   -- for every one of them.
   local got, ready, booked, first, hold, gen = 0, 0, 0, nil, nil, 0
-  local Tr = tonumber(ARGV[6])
+  -- The rule's span, Tr = rp/rn µs a unit (0 for a count): booked units
+  -- are due one per Tr, each no earlier than it unlocks (rounded so).
+  local rp, rn = rational(ARGV[6])
+  local rule
+  if rp > 0 then rule = {n = rn, q = (rp - fmod(rp, rn)) / rn, r = fmod(rp, rn)} end
+  local function booking(j)
+    if not rule then return 0 end
+    return (span(rule, j))
+  end
   for _, c in ipairs(cs) do
     if got >= want then break end
+    local p = paceOf(c)
     local lim = c.n
-    if c.T > 0 then lim = math.min(c.n, math.floor((now + horizon - c.u) / c.T) + 1) end
+    if p then lim = math.min(c.n, unlocked(c, now + horizon)) end
     local take = math.min(want - got, lim - c.k)
     if take > 0 then
       local r = take
-      if c.T > 0 then r = math.max(math.min(math.floor((now - c.u) / c.T) + 1 - c.k, take), 0) end
+      if p then r = math.max(math.min(unlocked(c, now) - c.k, take), 0) end
       local m = take - r
       if m > 0 then
-        local u0 = c.u + (c.k + r) * c.T
-        local cand = math.max(u0 - booked * Tr, u0 + (m - 1) * c.T - (booked + m - 1) * Tr)
+        local cand = math.max(at(c, c.k + r) - booking(booked), at(c, c.k + r + m - 1) - booking(booked + m - 1))
         if not first or cand > first then first = cand end
         booked = booked + m
       end
@@ -65,7 +109,7 @@ if op == 't' then
   local nxt = -1
   for _, c in ipairs(cs) do
     if c.k < c.n then
-      local u = c.u + c.k * c.T
+      local u = at(c, c.k)
       if nxt < 0 or u - now < nxt then nxt = math.max(u - now, 0) end
     end
   end
@@ -86,7 +130,7 @@ if op == 't' then
   -- are refused at once instead, and its refill comes in the background.
   -- A count has no rate to be over: it waits until the home is spent.
   local wait = 0
-  if got < tonumber(ARGV[8]) and z == 0 and (Tr == 0 or fair == 0 or fair > 0 and dem <= 1.5 * fair) then wait = 1 end
+  if got < tonumber(ARGV[8]) and z == 0 and (not rule or fair == 0 or fair > 0 and dem <= 1.5 * fair) then wait = 1 end
   if not first then first = now end
   if not hold then hold = now end
   reply = {got, math.max(math.ceil(first - now), 0), math.floor(hold - now), hd, math.ceil(nxt), need, gen, ready, math.ceil(z), wait, tostring(dem), string.format('%d', now)}
@@ -156,10 +200,11 @@ elseif op == 'd' or op == 'r' then
     ids[#ids + 1] = id
     if #ids > 32 then table.remove(ids, 1) end
     redis.call('HSET', KEYS[1], 'ids', cmsgpack.pack(ids))
-    c = {u = tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tonumber(ARGV[5]), e = tonumber(ARGV[6]), g = tonumber(ARGV[2])}
+    local tp, tn = rational(ARGV[5])
+    c = {u = tonumber(ARGV[3]), n = tonumber(ARGV[4]), k = 0, T = tp / tn, tp = tp, tn = tn, e = tonumber(ARGV[6]), g = tonumber(ARGV[2])}
     spent, fair, shape = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
   else
-    c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, e = tonumber(ARGV[4]), g = tonumber(ARGV[2])}
+    c = {u = now, n = tonumber(ARGV[3]), k = 0, T = 0, tp = 0, tn = 1, e = tonumber(ARGV[4]), g = tonumber(ARGV[2])}
     -- Units a server gives back once expired, its booked ones, and its
     -- debts (negative) go home.
     local g = string.format('%d', c.g)
