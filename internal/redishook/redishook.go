@@ -35,8 +35,10 @@ import (
 // state the shape it was written under (its interval, burst and memory),
 // and a bucket of another shape adopts the tokens the state holds rather
 // than reading its time as its own; an admit_v9 server reads such a state
-// as its own, and writes it back without a shape.
-const FunctionName = "admit_v10"
+// as its own, and writes it back without a shape. admit_v11 names a
+// decision's debits in its head, a mask of its charges, rather than in
+// each debit's cost; the states it reads and writes are admit_v10's.
+const FunctionName = "admit_v11"
 
 var (
 	// Call makes one call to Redis, f, as the store makes its own:

@@ -34,3 +34,26 @@ func TestArgsCacheForgetsRules(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestHead: a decision's head names its debits as a mask of its charges,
+// a field of its own, so that a cost is only ever a number; the usual
+// decision, with no flags, debits or lease, is its count alone.
+func TestHead(t *testing.T) {
+	for _, c := range []struct {
+		n      int
+		flags  string
+		debits uint64
+		lease  string
+		want   string
+	}{
+		{3, "", 0, "", "3"},
+		{3, "", 0b101, "", "3::5:"},
+		{1, "d", 0, "", "1:d::"},
+		{2, "rs", 1 << 1, "L1", "2:rs:2:L1"},
+		{32, "", 1 << 31, "", "32::2147483648:"},
+	} {
+		if got := head(c.n, c.flags, c.debits, c.lease); got != c.want {
+			t.Errorf("head(%d, %q, %b, %q) = %q, want %q", c.n, c.flags, c.debits, c.lease, got, c.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package exact
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,33 +86,29 @@ func (s *Room) newJob(ctx context.Context, js jobSpec) *job {
 			j.rules[k] = ras[i]
 		}
 	}
-	j.args[0] = itoa(int64(len(g.idx)))
 	shared := false
-	for _, i := range g.idx {
+	var debits uint64 // bit k: the group's k-th charge is a debit
+	for k, i := range g.idx {
 		shared = shared || charges[i].Share != nil
+		if charges[i].Debit {
+			debits |= 1 << k
+		}
 	}
 	j.shared = shared
 	j.windows = how == decideCharge && lease == "" && rec == "" && !shared
-	if !j.windows {
-		flags := how
-		if rec != "" {
-			j.keys = append(j.keys, rec)
-			flags += "r"
-		}
-		if shared {
-			flags += "s"
-			j.keys = s.shareKeys(j.keys, charges, g)
-		}
-		j.args[0] += ":" + flags + ":" + lease
+	flags := how
+	if rec != "" {
+		j.keys = append(j.keys, rec)
+		flags += "r"
+	}
+	if shared {
+		flags += "s"
+		j.keys = s.shareKeys(j.keys, charges, g)
 	}
 	for k, i := range g.idx {
 		ch, r := &charges[i], j.rules[k]
 		j.windows = j.windows && r.window
-		cost := itoa(ch.Cost)
-		if ch.Debit {
-			cost = "d" + cost
-		}
-		j.args = append(j.args, "", cost)
+		j.args = append(j.args, "", itoa(ch.Cost))
 		if r.quota {
 			e1, e2 := s.quotaEnds(ch.Rule)
 			j.args = append(j.args, e1, e2)
@@ -127,7 +124,24 @@ func (s *Room) newJob(ctx context.Context, js jobSpec) *job {
 			j.args = append(j.args, shareArg(ch))
 		}
 	}
+	j.args[0] = head(len(g.idx), flags, debits, lease)
 	return j
+}
+
+// head returns a decision's head in a batch: its number of charges n,
+// alone when it has no flags, debits or lease (the usual decision), or
+// else "n:flags:debits:lease", debits the mask of which charges are
+// debits (bit k the k-th; empty when none).
+func head(n int, flags string, debits uint64, lease string) string {
+	h := itoa(int64(n))
+	if flags == "" && debits == 0 && lease == "" {
+		return h
+	}
+	d := ""
+	if debits != 0 {
+		d = strconv.FormatUint(debits, 10)
+	}
+	return h + ":" + flags + ":" + d + ":" + lease
 }
 
 // quotaEnds returns the ends, in µs, of the calendar period of quota rule

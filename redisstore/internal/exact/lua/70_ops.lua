@@ -248,9 +248,11 @@ end
 -- 5 the number of decisions M, 6 the reply's length; then R rules, each a
 -- stride joined with commas (cost and how unused, the lease TTL the
 -- rule's own); then M decisions, each: a head, N, its number of charges,
--- or "N:flags:lease" where flags holds d for a dry run, x for a decision
--- refused already, w for a withdrawal (N is 1; see withdraw), and r when a lease record key follows its charge keys; then per charge the rule's number
--- (1..R), the cost (d and the cost for a debit), for a quota the ends
+-- or "N:flags:debits:lease" where flags holds d for a dry run, x for a
+-- decision refused already, w for a withdrawal (N is 1; see withdraw), and
+-- r when a lease record key follows its charge keys, and debits is the
+-- mask of which charges are debits (bit k the k-th; empty for none); then
+-- per charge the rule's number (1..R), the cost, for a quota the ends
 -- of its period and the next in µs and, for a concurrency rule only, the lease TTL in µs
 -- or '' for the rule's. KEYS: each decision's charge keys and record key,
 -- in order. The reply: now (µs, ns), then each decision's (see reply).
@@ -269,9 +271,11 @@ local function batch()
     local w = false
     local shared = false
     n, DRY, REFUSED, LEASE = NUMS[h] or tonumber(h), false, false, ''
+    local dm = 0
     if not n then
-      local c, f, l = smatch(h, '^(%d+):(%a*):(.*)$')
+      local c, f, d, l = smatch(h, '^(%d+):(%a*):(%d*):(.*)$')
       n, LEASE = tonumber(c), l
+      if d ~= '' then dm = tonumber(d) end
       DRY, rec = sfind(f, 'd', 1, true) ~= nil, sfind(f, 'r', 1, true) ~= nil
       REFUSED, w = sfind(f, 'x', 1, true) ~= nil, sfind(f, 'w', 1, true) ~= nil
       shared = sfind(f, 's', 1, true) ~= nil
@@ -281,10 +285,10 @@ local function batch()
     for i = 1, n do
       local R, c = rs[NUMS[ARGV[a]] or tonumber(ARGV[a])], ARGV[a + 1]
       local cost, debit = NUMS[c] or tonumber(c), false
-      if not cost then
+      if dm > 0 then
+        debit, dm = dm % 2 == 1, floor(dm / 2)
         -- A fixed window's debit is decideFast's too.
-        cost, debit = tonumber(ssub(c, 2)), true
-        if R.alg ~= 3 then fast = false end
+        if debit and R.alg ~= 3 then fast = false end
       end
       RULES[i], COSTS[i], TTLS[i], DEBITS[i] = R, cost, R.ttl, debit
       a = a + 2
@@ -365,7 +369,12 @@ local function windows()
   local k, kb = 2, 0
   for _ = 1, m do
     local h = ARGV[a]
-    local nc = NUMS[h] or tonumber(h)
+    local nc, dm0 = NUMS[h] or tonumber(h), 0
+    if not nc then
+      local c, d = smatch(h, '^(%d+):%a*:(%d*):')
+      nc, dm0 = tonumber(c), tonumber(d) or 0
+    end
+    local dm = dm0
     local a0 = a + 1
     a = a0 + 2 * nc
     local k0 = k
@@ -376,7 +385,7 @@ local function windows()
       local x = a0 + 2 * i - 2
       local R, cs = rs[NUMS[ARGV[x]] or tonumber(ARGV[x])], ARGV[x + 1]
       local c, debit = NUMS[cs] or tonumber(cs), false
-      if not c then c, debit = tonumber(ssub(cs, 2)), true end
+      if dm > 0 then debit, dm = dm % 2 == 1, floor(dm / 2) end
       local wu, limit = R[6], R[5]
       local endu = nu - fmod(nu, wu) + wu
       local ck, cnt, made = nil, false, false
@@ -398,11 +407,12 @@ local function windows()
     end
     if refused then
       n, DRY, REFUSED, LEASE, REC, KEYBASE = nc, false, false, '', nil, kb
+      dm = dm0
       for j = 1, nc do
         local x = a0 + 2 * j - 2
         local R, cs = rs[NUMS[ARGV[x]] or tonumber(ARGV[x])], ARGV[x + 1]
         local c, debit = NUMS[cs] or tonumber(cs), false
-        if not c then c, debit = tonumber(ssub(cs, 2)), true end
+        if dm > 0 then debit, dm = dm % 2 == 1, floor(dm / 2) end
         RULES[j], COSTS[j], TTLS[j], DEBITS[j], SHARES[j] = R, c, R.ttl, debit, false
       end
       out[k0 + 1] = -2
@@ -536,4 +546,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v10', run)
+redis.register_function('admit_v11', run)
