@@ -118,8 +118,9 @@ func (s *Store) Decide(ctx context.Context, charges []admit.Charge, d *admit.Dec
 	}
 
 	d.Results = slices.Grow(d.Results, len(charges))[:len(charges)]
-	s.lock(&locks)
 	now := s.now()
+	s.lock(&locks)
+	now = s.at(&locks, now)
 	allowed := true
 	for i := range charges {
 		res := &d.Results[i]
@@ -155,8 +156,9 @@ func (s *Store) decideOne(c *admit.Charge, p *engine.PreparedRule, d *admit.Deci
 	sh := &s.shards[s.shardOf(h)]
 	d.Results = slices.Grow(d.Results, 1)[:1]
 	res := &d.Results[0]
-	sh.mu.Lock()
 	now := s.now()
+	sh.mu.Lock()
+	now = sh.at(now)
 	var st engine.State
 	i := sh.t.find(h)
 	if i >= 0 {
@@ -383,7 +385,7 @@ func (s *Store) Refund(ctx context.Context, charges []admit.Charge, at time.Time
 		sh.mu.Lock()
 		if j := sh.t.find(h); j >= 0 {
 			st := sh.t.slots[j].st
-			if next := engine.StepRefund(c.Rule, st, s.now(), at.UnixNano(), c.Cost); next != st {
+			if next := engine.StepRefund(c.Rule, st, sh.at(s.now()), at.UnixNano(), c.Cost); next != st {
 				s.put(sh, h, next, []uint64{h})
 			}
 		}

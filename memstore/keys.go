@@ -56,6 +56,18 @@ func (s *Store) lock(l *lockSet) {
 	}
 }
 
+// at is shard.at for the shards of l, locked: the latest of now and
+// their last decisions' times, which each of them keeps.
+func (s *Store) at(l *lockSet, now int64) int64 {
+	for _, i := range l.idx[:l.n] {
+		now = max(now, s.shards[i].last)
+	}
+	for _, i := range l.idx[:l.n] {
+		s.shards[i].last = now
+	}
+	return now
+}
+
 func (s *Store) unlock(l *lockSet) {
 	for _, i := range l.idx[:l.n] {
 		s.shards[i].mu.Unlock()
@@ -159,7 +171,7 @@ func (s *Store) Sweep() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		now := s.now()
+		now := sh.at(s.now())
 		for j := 0; j < len(sh.t.slots); {
 			if sl := &sh.t.slots[j]; sl.h != 0 && sl.st.Expiry <= now {
 				s.remove(sh, j)

@@ -71,7 +71,8 @@ func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) 
 		sh.mu.Lock()
 		yield := false
 		if set := sh.leases[ref.h]; set != nil {
-			yield = ref.fair.p.ShareYields(s.shareRecord(sh, ref.fair.pool, now), s.shareRecord(sh, ref.fair.class, now), set.Live(now), now)
+			when := sh.at(now)
+			yield = ref.fair.p.ShareYields(s.shareRecord(sh, ref.fair.pool, when), s.shareRecord(sh, ref.fair.class, when), set.Live(when), when)
 		}
 		sh.mu.Unlock()
 		if yield {
@@ -83,9 +84,10 @@ func (s *Store) RenewLease(ctx context.Context, id string) (admit.Lease, error) 
 	for _, ref := range l.refs {
 		sh := &s.shards[s.shardOf(ref.h)]
 		sh.mu.Lock()
-		if set := sh.leases[ref.h]; set != nil && set.Renew(now, l.num, now+ref.ttl) {
+		when := sh.at(now)
+		if set := sh.leases[ref.h]; set != nil && set.Renew(when, l.num, when+ref.ttl) {
 			held = true
-			expiry = max(expiry, now+ref.ttl)
+			expiry = max(expiry, when+ref.ttl)
 			s.put(sh, ref.h, engine.State{Expiry: set.Expiry()}, nil)
 		}
 		sh.mu.Unlock()
@@ -112,10 +114,11 @@ func (s *Store) ReleaseLease(ctx context.Context, id string) error {
 	for _, ref := range l.refs {
 		sh := &s.shards[s.shardOf(ref.h)]
 		sh.mu.Lock()
+		when := sh.at(now)
 		if set := sh.leases[ref.h]; set != nil {
-			held = set.Release(now, l.num) || held
+			held = set.Release(when, l.num) || held
 			if i := sh.t.find(ref.h); i >= 0 {
-				if e := set.Expiry(); e > now {
+				if e := set.Expiry(); e > when {
 					sh.t.slots[i].st.Expiry = e
 				} else {
 					s.remove(sh, i)
@@ -158,8 +161,9 @@ func (s *Store) Reserve(ctx context.Context, charges []admit.Charge, maxWait tim
 		rec.rules[i], rec.costs[i] = charges[i].Rule, charges[i].Cost
 		locks.add(s.shardOf(rec.hashes[i]))
 	}
-	s.lock(&locks)
 	now := s.now()
+	s.lock(&locks)
+	now = s.at(&locks, now)
 	wait := int64(0)
 	for i := range charges {
 		h := rec.hashes[i]
@@ -213,7 +217,7 @@ func (s *Store) CancelReservation(ctx context.Context, id string) error {
 	}
 	s.lock(&locks)
 	defer s.unlock(&locks)
-	now := s.now()
+	now := s.at(&locks, s.now())
 	if now >= rec.at {
 		return nil
 	}

@@ -72,7 +72,10 @@ type Options struct {
 	SweepInterval time.Duration
 	// Clock returns the current time. By default the store reads the
 	// monotonic clock, anchored to the wall clock when the process
-	// started; tests pass a manual clock.
+	// started; tests pass a manual clock. A clock set back is not
+	// followed back by the keys decided at a later time, nor by others
+	// that share their shards: they are decided at that later time until
+	// the clock passes it.
 	Clock func() time.Time
 }
 
@@ -98,14 +101,38 @@ type Store struct {
 	sweeper   sync.WaitGroup
 }
 
+// shard is 128 bytes, two cache lines, and the shards' array starts on
+// one (a large allocation starts on a page): so a shard's mutex and its
+// table's header, which every decision reads, share one line, and no
+// other shard's. (At 136 bytes, three shards in eight had the two on two
+// lines.)
 type shard struct {
-	mu     sync.Mutex
+	mu sync.Mutex
+	// last is the latest time a decision in the shard was made at (see
+	// at).
+	last   int64
 	t      table
 	logs   map[uint64]*engine.Log
 	leases map[uint64]*engine.LeaseSet
 	shares map[uint64]*engine.ShareState
 	rnd    uint64
-	_      [64]byte // keep hot shard headers on separate cache lines
+	_      [128 - 80]byte
+}
+
+// at returns the time to decide at in sh, under its lock, for a clock
+// reading now: now, or the time of a decision before it in sh when that
+// was later. Decisions read the clock before they take the lock, so that
+// the read overlaps the lock's (3.5 ns of 58 on a hot key); a decision
+// that waited for the lock longer than another took to read the clock
+// and decide would otherwise be made at an earlier time than one it
+// follows. So time never runs backwards for a key: a decision is made as
+// if it had arrived when it got the lock, or a little before.
+func (sh *shard) at(now int64) int64 {
+	if now < sh.last {
+		return sh.last
+	}
+	sh.last = now
+	return now
 }
 
 var _ admit.Store = (*Store)(nil)

@@ -45,3 +45,43 @@ func TestFixedWindowClockBack(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeNeverRunsBackInAShard: a decision reads the clock before it
+// takes its shard's lock, so one that waited for the lock may hold an
+// earlier reading than a decision it follows; it is made at the later
+// time, on a key's own path and on the multi-key one. A clock set back
+// shows the same.
+func TestTimeNeverRunsBackInAShard(t *testing.T) {
+	clock := storetest.NewClock()
+	s := memstore.New(&memstore.Options{Clock: clock.Now, Shards: 1})
+	t.Cleanup(func() { s.Close() })
+	bucket := &admit.Rule{Name: "b", Algorithm: admit.TokenBucket, Rate: admit.PerSecond(1), Burst: 1}
+	one := []admit.Charge{{Key: "a", Rule: bucket, Cost: 1}}
+	two := []admit.Charge{{Key: "b", Rule: bucket, Cost: 1}, {Key: "c", Rule: bucket, Cost: 1}}
+	var d admit.Decision
+	decide := func(c []admit.Charge) time.Time {
+		t.Helper()
+		if err := s.Decide(t.Context(), c, &d); err != nil {
+			t.Fatal(err)
+		}
+		return d.At
+	}
+	clock.Set(10 * time.Second)
+	latest := decide(one)
+	if !d.Allowed {
+		t.Fatal("a full bucket refused")
+	}
+	for i, c := range [][]admit.Charge{one, two, one} {
+		clock.Set(time.Duration(9-i) * time.Second)
+		if at := decide(c); at.Before(latest) {
+			t.Fatalf("decision %d at %v, after one at %v", i+1, at, latest)
+		}
+	}
+	// Key a, drained at 10 s, has refilled nothing: its retry is a whole
+	// second from 10 s, not from the clock's 7 s.
+	clock.Set(7 * time.Second)
+	decide(one)
+	if d.Allowed || d.RetryAfter != time.Second {
+		t.Errorf("at 10 s again, drained at 10 s: allowed %v, retry %v; want refused, retry 1s", d.Allowed, d.RetryAfter)
+	}
+}

@@ -51,7 +51,7 @@ func (l *Log) Eval(r *admit.Rule, now, cost, pending int64) (res admit.Result) {
 
 // EvalTo is Eval writing into *res.
 func (l *Log) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending int64) {
-	resetResult(res, r, false) // its capacity is its limit
+	resetResult(res, r, false, r.Limit)
 	first := l.firstLive(now, r.Window)
 	live := int64(l.size-first) + pending
 	if live+cost <= r.Limit {
@@ -145,7 +145,7 @@ func (s *LeaseSet) Eval(r *admit.Rule, now, cost, pending int64) (res admit.Resu
 
 // EvalTo is Eval writing into *res.
 func (s *LeaseSet) EvalTo(res *admit.Result, r *admit.Rule, now, cost, pending int64) {
-	resetResult(res, r, false) // its capacity is its max
+	resetResult(res, r, false, r.Max)
 	live := s.Live(now) + pending
 	res.ResetAfter = durNs(s.Expiry() - now)
 	if live+cost <= r.Max {

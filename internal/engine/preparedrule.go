@@ -27,6 +27,7 @@ type PreparedRule struct {
 type buckets struct {
 	main, floor bucket
 	period      *periods // quota: the period in progress
+	capacity    int64    // the rule's Capacity, which every result reports
 }
 
 // ruleParams are the parameters of a rule that Validate reads: while they
@@ -77,7 +78,7 @@ func (p *PreparedRule) holds(r *admit.Rule) bool {
 }
 
 func bucketsOf(r *admit.Rule) buckets {
-	var b buckets
+	b := buckets{capacity: r.Capacity()}
 	switch r.Algorithm {
 	case admit.TokenBucket, admit.GCRA:
 		b.main = mainBucket(r)

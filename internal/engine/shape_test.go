@@ -149,7 +149,7 @@ func TestResetResultClearsEveryField(t *testing.T) {
 			t.Fatalf("field %s of kind %v: teach this test to fill it", v.Type().Field(i).Name, f.Kind())
 		}
 	}
-	resetResult(&res, r, false)
+	resetResult(&res, r, false, r.Capacity())
 	if want := (admit.Result{Rule: "r", Shadow: true, Limit: 7}); res != want {
 		t.Errorf("reset to %+v, want %+v", res, want)
 	}

@@ -46,7 +46,7 @@ func StepTo(res *admit.Result, r *admit.Rule, st [2]State, now, cost int64) (nex
 // stepTo is StepTo with r's buckets, for a charge or a debit.
 func stepTo(res *admit.Result, r *admit.Rule, b *buckets, st [2]State, now, cost int64, debit bool) (next [2]State) {
 	if r.Algorithm == admit.Combination {
-		resetResult(res, r, false)
+		resetResult(res, r, false, b.capacity)
 		return stepCombination(b, st, now, cost, res)
 	}
 	next = st
@@ -58,7 +58,7 @@ func stepTo(res *admit.Result, r *admit.Rule, b *buckets, st [2]State, now, cost
 // whether it fits or not; res says whether it fitted and, when it did
 // not, what a request of cost 1 meets after it.
 func stepOne(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost int64, debit bool) State {
-	resetResult(res, r, debit)
+	resetResult(res, r, debit, b.capacity)
 	next := stepOneAs(res, r, b, s, now, cost, debit)
 	if debit && !res.Allowed {
 		var after admit.Result
@@ -105,8 +105,8 @@ func Slots(a admit.Algorithm) int {
 // a composite literal stored through a pointer into a Decision's Results
 // (heap memory, a string among its fields) is copied whole with a write
 // barrier check, which a decision's hot path notices.
-func resetResult(res *admit.Result, r *admit.Rule, debit bool) {
-	res.Rule, res.Shadow, res.Debit, res.Limit = r.Name, r.Shadow, debit, r.Capacity()
+func resetResult(res *admit.Result, r *admit.Rule, debit bool, capacity int64) {
+	res.Rule, res.Shadow, res.Debit, res.Limit = r.Name, r.Shadow, debit, capacity
 	res.Allowed, res.Remaining, res.ResetAfter, res.RetryAfter, res.Over = false, 0, 0, 0, 0
 	res.Share, res.Shared, res.ShareWhole = admit.ShareNone, 0, false
 }
