@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/engine"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -342,8 +343,7 @@ func quota(r *admit.Rule) (uint32, Unit, uint32) {
 	switch r.Algorithm {
 	case admit.TokenBucket, admit.GCRA, admit.Combination:
 		n = r.Capacity()
-		// Burst × Per / N, in floating point: the product may pass 2^63.
-		per = time.Duration(float64(r.Burst) * float64(r.Rate.Per) / float64(r.Rate.N))
+		per = engine.SpanOf(r.Rate, r.Burst)
 	default: // windows; concurrency rules never decide requests
 		n, per = r.Limit, r.Window
 	}

@@ -298,3 +298,17 @@ func (b *bucket) giveInto(o bucket, s State, now, c int64) State {
 	}
 	return next
 }
+
+// SpanOf returns how long n >= 0 tokens of rate r take to refill, rounded
+// up (saturated at math.MaxInt64): a bucket's span, for what paces a
+// bucket's tokens outside the bucket (a leased allowance's booked refill,
+// a region's hold).
+func SpanOf(r admit.Rate, n int64) time.Duration {
+	return time.Duration(wide.MulDivUp(uint64(n), uint64(r.Per), uint64(r.N)))
+}
+
+// TokensIn returns how many whole tokens of rate r refill in d >= 0,
+// rounded down (saturated at math.MaxInt64): SpanOf's inverse.
+func TokensIn(r admit.Rate, d time.Duration) int64 {
+	return wide.MulDiv(uint64(d), uint64(r.N), uint64(r.Per))
+}

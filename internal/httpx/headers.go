@@ -5,7 +5,6 @@
 package httpx
 
 import (
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -110,9 +109,7 @@ func window(r *admit.Rule) int64 {
 		start, end := engine.PeriodAt(r, time.Now())
 		return CeilDiv(end.Sub(start), time.Second)
 	case admit.TokenBucket, admit.GCRA, admit.Combination:
-		// burst × Per / N in floating point: the product can pass 2^63,
-		// and a header needs whole seconds only.
-		return int64(math.Ceil(float64(r.Burst) * r.Rate.Per.Seconds() / float64(r.Rate.N)))
+		return CeilDiv(engine.SpanOf(r.Rate, r.Burst), time.Second)
 	case admit.Concurrency:
 		return 0
 	}
@@ -130,5 +127,9 @@ func CeilDiv(d, unit time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
-	return int64((d + unit - 1) / unit)
+	q := d / unit // not (d + unit - 1) / unit, which overflows near the largest d
+	if d%unit != 0 {
+		q++
+	}
+	return int64(q)
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
-	"github.com/admitdev/admit/internal/wide"
 	"github.com/admitdev/admit/redisstore/internal/exact"
 	"github.com/admitdev/admit/redisstore/internal/link"
 )
@@ -663,7 +662,7 @@ func (p *allowance) book(n int64, first, sent time.Time) {
 		return
 	}
 	if p.future > 0 {
-		first = maxTime(p.due, first.Add(-spanOf(p.rule.Rate, p.future)))
+		first = maxTime(p.due, first.Add(-engine.SpanOf(p.rule.Rate, p.future)))
 	}
 	p.future += n
 	p.due = first
@@ -675,10 +674,10 @@ func (p *allowance) release(now time.Time) {
 	if p.future == 0 || now.Before(p.due) {
 		return
 	}
-	k := min(tokensIn(p.rule.Rate, now.Sub(p.due))+1, p.future)
+	k := min(engine.TokensIn(p.rule.Rate, now.Sub(p.due))+1, p.future)
 	p.avail += k
 	p.future -= k
-	p.due = p.due.Add(spanOf(p.rule.Rate, k))
+	p.due = p.due.Add(engine.SpanOf(p.rule.Rate, k))
 }
 
 // dueIn returns how long from now until n more booked units are due.
@@ -687,19 +686,7 @@ func (p *allowance) dueIn(n int64, now time.Time) time.Duration {
 	if n <= 0 {
 		return 0
 	}
-	return max(p.due.Add(spanOf(p.rule.Rate, n-1)).Sub(now), 0)
-}
-
-// tokensIn returns how many tokens of rate r refill in d >= 0, rounded
-// down (saturated at math.MaxInt64).
-func tokensIn(r admit.Rate, d time.Duration) int64 {
-	return wide.MulDiv(uint64(d), uint64(r.N), uint64(r.Per))
-}
-
-// spanOf returns how long n >= 0 tokens of rate r take to refill,
-// rounded up (saturated at math.MaxInt64).
-func spanOf(r admit.Rate, n int64) time.Duration {
-	return time.Duration(wide.MulDivUp(uint64(n), uint64(r.Per), uint64(r.N)))
+	return max(p.due.Add(engine.SpanOf(p.rule.Rate, n-1)).Sub(now), 0)
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -767,7 +754,7 @@ func (p *allowance) learn(c *admit.Charge, res *admit.Result, now time.Time, ref
 		p.refusalEnds, p.refusedCost, p.refusal = now.Add(res.RetryAfter), c.Cost, *res
 		// When the refusal ends the bucket has refilled: room to book
 		// again, if the rule's bucket is big enough to be booked at all.
-		if p.books() && p.rule.Burst+tokensIn(p.rule.Rate, bookAhead) >= 2*shareOf {
+		if p.books() && p.rule.Burst+engine.TokensIn(p.rule.Rate, bookAhead) >= 2*shareOf {
 			p.exact = false
 		}
 	}

@@ -199,7 +199,7 @@ func holdOf(r *admit.Rule) time.Duration {
 	if !isBucket(r) {
 		return regionHold
 	}
-	return min(max(regionHold, spanOf(r.Rate, r.Burst)), maxHold)
+	return min(max(regionHold, engine.SpanOf(r.Rate, r.Burst)), maxHold)
 }
 
 // maxHold bounds holdOf.
@@ -431,7 +431,7 @@ func (p *allowance) repayIn(owe int64, now time.Time) time.Duration {
 	if !isBucket(p.rule) {
 		return max(periodEnd(p.rule, now).Sub(now), time.Millisecond)
 	}
-	return max(spanOf(p.rule.Rate, owe), time.Millisecond)
+	return max(engine.SpanOf(p.rule.Rate, owe), time.Millisecond)
 }
 
 // owe records in p's pool that its region owes home n units of p's limit,
@@ -489,7 +489,7 @@ func (p *allowance) retryIn(cost int64, now time.Time) time.Duration {
 	}
 	// Short of units, or holding expired ones: as long as the units
 	// missing take to refill.
-	return max(spanOf(p.rule.Rate, max(cost-p.avail-p.future, 1)), time.Millisecond)
+	return max(engine.SpanOf(p.rule.Rate, max(cost-p.avail-p.future, 1)), time.Millisecond)
 }
 
 func isBucket(r *admit.Rule) bool {
@@ -679,7 +679,7 @@ func (s *Room) takePool(p *allowance, f *fetch, want int64) {
 			// Nothing held, the refill not in yet: ask again in a moment.
 			wait = 100 * time.Millisecond
 			if isBucket(p.rule) {
-				wait = min(max(spanOf(p.rule.Rate, 1), time.Millisecond), wait)
+				wait = min(max(engine.SpanOf(p.rule.Rate, 1), time.Millisecond), wait)
 			}
 		}
 		p.refusedUntil, p.refusedCost = recv.Add(wait), 1
@@ -734,7 +734,7 @@ func (p *allowance) regionReset(now time.Time) time.Duration {
 	if !isBucket(p.rule) {
 		return max(periodEnd(p.rule, now).Sub(now), 0)
 	}
-	return spanOf(p.rule.Rate, max(p.rule.Burst-p.avail-p.shared, 0))
+	return engine.SpanOf(p.rule.Rate, max(p.rule.Burst-p.avail-p.shared, 0))
 }
 
 // ResetRegion gives the keys of charges a fresh limit: their state at
