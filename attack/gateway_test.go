@@ -124,13 +124,7 @@ func (w *wsClient) ping() error {
 // frames once ran at 175,000 a second on one connection).
 func TestGatewayRefusalsCostRedisNothing(t *testing.T) {
 	srv := redistest.Start(t)
-	// A timeout far above the default 50 ms: a call timed out on a loaded
-	// machine (once, at start, under make test with other work running)
-	// is decided by on_error and reconciled with Redis later, in the middle
-	// of the counts below. What is measured is which frames reach Redis,
-	// not how fast it answers.
-	cfg := gatewayConfig + "store:\n  backend: redis\n  redis:\n    addrs: [\"" + srv.Addr + "\"]\n    timeout: 5s\n"
-	s := serve(t, cfg, false)
+	s := serve(t, patientStore(gatewayConfig), false, "--store", "redis://"+srv.Addr)
 	var conns []*wsClient
 	var sessions []string
 	for range 2 {
@@ -347,7 +341,7 @@ func waitMetric(t *testing.T, s *server, name string, want float64) bool {
 // not exist still costs its lookup.
 func TestGatewayRefusedUpgradesCostRedisOnce(t *testing.T) {
 	srv := redistest.Start(t)
-	s := serve(t, gatewayConfig, false, "--store", "redis://"+srv.Addr)
+	s := serve(t, patientStore(gatewayConfig), false, "--store", "redis://"+srv.Addr)
 	a := s.do("PUT", "/v1/sessions", `{"tenant":"keyless"}`)
 	if a.status != 201 {
 		t.Fatalf("a session: %d %s", a.status, a.raw)

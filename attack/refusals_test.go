@@ -45,7 +45,7 @@ tenants:
 func TestHTTPRefusalsCostRedisNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	store := "redis://" + srv.Addr
-	s := serve(t, refusalsConfig, false, "--store", store)
+	s := serve(t, patientStore(refusalsConfig), false, "--store", store)
 	var reached atomic.Int64
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached.Add(1) }))
 	defer up.Close()
