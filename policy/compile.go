@@ -24,11 +24,13 @@ type FieldError struct {
 	Msg  string
 }
 
+// Error returns the path and the problem, "path: message".
 func (e FieldError) Error() string { return e.Path + ": " + e.Msg }
 
 // Errors lists every problem Compile found, in a stable order.
 type Errors []FieldError
 
+// Error returns every problem, joined by "; ".
 func (e Errors) Error() string {
 	parts := make([]string, len(e))
 	for i, fe := range e {
