@@ -4,6 +4,8 @@
 package redisidem
 
 import (
+	_ "embed"
+
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -53,41 +55,15 @@ func (i *Store) keys(scope, k string) []string {
 // ARGV[3] live keys, the milliseconds until the first expires, as a
 // number; or claims the key and returns nil. ARGV[4] names the key in the
 // set.
-var beginScript = rueidis.NewLuaScript(`
-local v = redis.call('GET', KEYS[1])
-if v then return v end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  return math.max(tonumber(first[2]) - now, 1)
-end
-local expiry = now + tonumber(ARGV[2])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], expiry, ARGV[4])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-return false`)
+var beginScript = rueidis.NewLuaScript(beginSource)
 
 // finishScript stores the answer ARGV[1] for ARGV[2] ms, and its expiry
 // in the scope's set.
-var finishScript = rueidis.NewLuaScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-return 1`)
+var finishScript = rueidis.NewLuaScript(finishSource)
 
 // abandonScript deletes the key, and its place in the scope's set, if the
 // claim named by ARGV[1] holds it pending.
-var abandonScript = rueidis.NewLuaScript(`
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 1) == 'p' and string.sub(v, 34) == ARGV[1] then
-  redis.call('ZREM', KEYS[2], ARGV[2])
-  return redis.call('DEL', KEYS[1])
-end
-return 0`)
+var abandonScript = rueidis.NewLuaScript(abandonSource)
 
 func pendingValue(fp [32]byte, token string) string { return "p" + string(fp[:]) + token }
 
@@ -159,3 +135,12 @@ func (i *Store) Abandon(ctx context.Context, scope, key, token string) error {
 		return abandonScript.Exec(ctx, c, ks, []string{token, ks[0][len(ks[1]):]}).Error()
 	})
 }
+
+//go:embed lua/begin.lua
+var beginSource string
+
+//go:embed lua/finish.lua
+var finishSource string
+
+//go:embed lua/abandon.lua
+var abandonSource string

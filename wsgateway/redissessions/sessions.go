@@ -4,6 +4,8 @@
 package redissessions
 
 import (
+	_ "embed"
+
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -95,56 +97,16 @@ func (ss *Sessions) keys(id string) []string {
 // Times are Redis's (TIME), in milliseconds; every script that finds no
 // session answers nil.
 var (
-	sessCreate = rueidis.NewLuaScript(`
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'tenant', ARGV[1], 'seq', 0, 'lease', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])`)
-
-	sessGet = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'tenant', 'lease')
-if not s[1] then return false end
-local t = redis.call('TIME')
-return {s[1], t[1] * 1000 + math.floor(t[2] / 1000) + redis.call('PTTL', KEYS[1]), s[2] or ''}`)
-
-	sessTouch = rueidis.NewLuaScript(`
-local s = redis.call('HMGET', KEYS[1], 'tenant', 'lease')
-if not s[1] then return false end
-local t = redis.call('TIME')
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return {s[1], t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[1]), s[2] or ''}`)
-
-	sessSubscribe = rueidis.NewLuaScript(`
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl < 0 then return false end
-redis.call('SADD', KEYS[2], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ttl)
-return 1`)
+	sessCreate    = rueidis.NewLuaScript(sessCreateSource)
+	sessGet       = rueidis.NewLuaScript(sessGetSource)
+	sessTouch     = rueidis.NewLuaScript(sessTouchSource)
+	sessSubscribe = rueidis.NewLuaScript(sessSubscribeSource)
 
 	// ARGV: id, ttl ms, channel prefix, frame.
-	sessPublish = rueidis.NewLuaScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
-local t = redis.call('TIME')
-local exp = t[1] * 1000 + math.floor(t[2] / 1000) + tonumber(ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[2], ARGV[2])
-local msg = ARGV[1] .. ' ' .. seq .. ' ' .. exp .. ' ' .. ARGV[4]
-for _, node in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  redis.call('PUBLISH', ARGV[3] .. node, msg)
-end
-return seq`)
+	sessPublish = rueidis.NewLuaScript(sessPublishSource)
 
 	// ARGV: id, channel prefix.
-	sessDelete = rueidis.NewLuaScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
-for _, node in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  redis.call('PUBLISH', ARGV[2] .. node, ARGV[1] .. ' closed')
-end
-redis.call('DEL', KEYS[1], KEYS[2])
-return 1`)
+	sessDelete = rueidis.NewLuaScript(sessDeleteSource)
 )
 
 // exec runs a session script through the store (see redisstore.Store.Call):
@@ -352,3 +314,21 @@ func (ss *Sessions) dispatch(msg []byte) {
 		(*fn)(ev)
 	}
 }
+
+//go:embed lua/create.lua
+var sessCreateSource string
+
+//go:embed lua/get.lua
+var sessGetSource string
+
+//go:embed lua/touch.lua
+var sessTouchSource string
+
+//go:embed lua/subscribe.lua
+var sessSubscribeSource string
+
+//go:embed lua/publish.lua
+var sessPublishSource string
+
+//go:embed lua/delete.lua
+var sessDeleteSource string

@@ -4,6 +4,8 @@
 package redischanges
 
 import (
+	_ "embed"
+
 	"context"
 	"encoding/json"
 	"fmt"
@@ -80,15 +82,7 @@ func (c *Store) Load(ctx context.Context) (*catalog.Changes, error) {
 
 // saveScript replaces the catalog only if it holds the revision the new
 // one was made on, keeps its revision apart, and tells the other servers.
-var saveScript = rueidis.NewLuaScript(`
-local cur = redis.call('GET', KEYS[1])
-local rev = 0
-if cur then rev = cjson.decode(cur).revision or 0 end
-if rev ~= tonumber(ARGV[2]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1])
-redis.call('SET', KEYS[2], ARGV[4])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
-return 1`)
+var saveScript = rueidis.NewLuaScript(saveSource)
 
 // Save implements catalog.Store.
 func (c *Store) Save(ctx context.Context, ch *catalog.Changes) error {
@@ -226,3 +220,6 @@ func (c *Store) client() (rueidis.Client, error) {
 	}
 	return nil, admit.Errorf(admit.CodeUnavailable, "redischanges: no connection to Redis yet")
 }
+
+//go:embed lua/save.lua
+var saveSource string
