@@ -46,7 +46,7 @@ func Compile(spec *Spec) (*Policy, error) {
 	c := compiler{p: &Policy{
 		tiers: map[string]*Tier{}, tenants: map[string]*Tenant{}, byKey: map[string]*Tenant{},
 		spec: *spec,
-	}}
+	}, check: spec.CheckRule}
 	c.compile(spec)
 	if len(c.errs) > 0 {
 		return nil, &admit.Error{Code: admit.CodeInvalid, Message: c.errs.Error(), Err: c.errs}
@@ -55,8 +55,9 @@ func Compile(spec *Spec) (*Policy, error) {
 }
 
 type compiler struct {
-	p    *Policy
-	errs Errors
+	p     *Policy
+	errs  Errors
+	check func(*admit.Rule) error // Spec.CheckRule
 }
 
 func (c *compiler) fail(path, format string, args ...any) {
@@ -435,6 +436,16 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		// holds: a debit is never refused, so an unbounded one would let
 		// any caller empty a bucket in one request.
 		r.MaxCost = r.Capacity()
+	}
+	if c.check != nil {
+		if err := c.check(&r.Rule); err != nil {
+			field := admit.ErrorField(err)
+			if field == "" {
+				field = "algorithm"
+			}
+			c.fail(path+"."+field, "%v", err)
+			return nil
+		}
 	}
 	if r.Unit != units.UnitRequests {
 		settle := r.Rule

@@ -1,5 +1,7 @@
 package policy
 
+import "github.com/admitdev/admit"
+
 // The types in this file are policy as people write it: in the YAML
 // configuration (decoded by cmd/admit) and in the admin API's JSON bodies.
 // Both use the JSON field names. Compile turns them into a Policy.
@@ -26,6 +28,14 @@ type Spec struct {
 	Global  []RuleSpec            `json:"global,omitempty"`
 	Tiers   map[string]TierSpec   `json:"tiers,omitempty"`
 	Tenants map[string]TenantSpec `json:"tenants,omitempty"`
+
+	// CheckRule, if set, reports whether the store that decides the
+	// policy can decide a rule: a rule it refuses is an error of the
+	// policy, at the rule's field the error names (or its algorithm),
+	// whether it comes from the configuration, a reload or a change made
+	// through the admin API. The Redis store refuses what it cannot
+	// decide exactly, and a region what it cannot hold across regions.
+	CheckRule func(*admit.Rule) error `json:"-"`
 }
 
 // RuleSpec is a rule as written: its name, which requests it applies to, its

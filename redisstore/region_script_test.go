@@ -339,3 +339,27 @@ func TestRegionRuleWholeMicroseconds(t *testing.T) {
 		}
 	}
 }
+
+// TestHomeDebtCountsFromTheLookahead: a debt a region sends home moves
+// the bucket's timeline on, by at most the rule's debt past what the home
+// has handed out ahead (the lookahead): counted from now, the cap of
+// 1000/7s, burst 20 and a debt of 20 (280 ms) lay below a timeline handed
+// out to now + τ + 250 ms, and every debit was dropped (red team: 120
+// debited units, none charged).
+func TestHomeDebtCountsFromTheLookahead(t *testing.T) {
+	srv, s := scriptStore(t)
+	tat0 := time.Now().Add(390 * time.Millisecond).UnixMicro() // τ (140 ms) + the lookahead
+	if _, err := redistest.Command(srv.Addr, "HSET", "debt", "tat", itoa(tat0), "gen", "1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redisstore.HomeCall(s, "debt", "a", "b", "0", "0", "1000", "7000000", "20", "20", "250000", "20", "1", "-20", "1"); err != nil {
+		t.Fatal(err)
+	}
+	v, err := redistest.Command(srv.Addr, "HGET", "debt", "tat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tat, _ := strconv.ParseInt(v, 10, 64); tat-tat0 != 140000 {
+		t.Errorf("a debt of 20 at 7 ms moved the timeline by %d µs; want 140000", tat-tat0)
+	}
+}

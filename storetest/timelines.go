@@ -442,6 +442,25 @@ func Timelines() []Timeline {
 			},
 		},
 		{
+			// A debit past the debt's cap never moves the bucket back: a
+			// reservation of 20 (four of a burst) booked it to 2 s (its last token due at
+			// 1.5 s), beyond a debt's cap of 1 s, so the debit charges
+			// nothing more, and at 1.5 s the bucket is still drained, as
+			// the reservation left it. (The cap once took the bucket
+			// back to 1 s, giving the reservation's tokens out again:
+			// red team, leased buckets admitting 1 % over.)
+			Name:    "debit/after_reservation",
+			Charges: []admit.Charge{key("d1r", "u", tb)},
+			Steps: []Step{
+				{Op: Reserve, Cost: 5, MaxWait: 5 * time.Second, Want: true, Wait: D(0)},
+				{Op: Reserve, Cost: 5, MaxWait: 5 * time.Second, Want: true, Wait: D(500 * ms)},
+				{Op: Reserve, Cost: 5, MaxWait: 5 * time.Second, Want: true, Wait: D(time.Second)},
+				{Op: Reserve, Cost: 5, MaxWait: 5 * time.Second, Want: true, Wait: D(1500 * ms)},
+				debit(ok(0, 1, 0), 0),
+				no(1500*ms, 1, 100*ms, 0),
+			},
+		},
+		{
 			// A rule's MaxDebt bounds the debt instead: 95 owed beyond
 			// the burst of 5 is 9.6 s to repay before a token; a debit
 			// of 5,000 owes at most 1,000.

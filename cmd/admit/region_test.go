@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -28,6 +29,7 @@ func TestRegionFlags(t *testing.T) {
 		{"bad name", plain, "eu west", "redis://h:6379", `--region "eu west": a region's name`},
 		{"bad home", plain, "eu", "http://h", `--home "http://h": want a Redis URL`},
 		{"rule", window, "eu", "redis://h:6379", `c.yaml:7:45: tiers.free.rules[0].algorithm: rule "w": sliding_window limits are not held across regions yet`},
+		{"period", strings.Replace(plain, "rate: 1/s", "rate: 3/1500ns", 1), "eu", "redis://h:6379", `c.yaml:7:57: tiers.free.rules[0].rate: rule "r": rate 3/1.5µs: held across regions`},
 		{"fine", plain, "eu", "redis://h:6379", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -133,4 +135,37 @@ tenants:
 			t.Fatalf("region 0 with its own Redis gone: status %d, want 429 and then 503 (on_error: closed)", resp.StatusCode)
 		}
 	}
+}
+
+// TestRegionAdminRefusesWhatRegionsCannotHold: the admin API refuses a
+// rule the regions cannot hold, as the configuration does, at the rule's
+// field: a rate whose period is not a whole number of µs was accepted and
+// held at 1 µs, 1.5 × its rate (red team: 17.9 M admitted of 12.1 M), and
+// the server could not start again once the catalog held it.
+func TestRegionAdminRefusesWhatRegionsCannotHold(t *testing.T) {
+	home, own := redistest.Start(t), redistest.Start(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "admit.yaml")
+	const file = "version: 1\nstore:\n  backend: redis\ntiers:\n  free:\n    rules:\n      - {name: r, scope: tenant, algorithm: gcra, rate: 1/s, burst: 5}\ntenants:\n  acme: {tier: free}\n"
+	if err := os.WriteFile(cfg, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--config", cfg, "--store", "redis://" + own.Addr, "--region", "eu", "--home", "redis://" + home.Addr}
+	s := startServe(t, args...)
+	bad := `{"rules":[{"name":"r","scope":"tenant","algorithm":"token_bucket","rate":"3/1500ns","burst":100}]}`
+	code, body := call(t, "PUT", s.url+"/v1/admin/tiers/free", bad)
+	if code != 400 || !strings.Contains(body["detail"].(string), "rules[0].rate") || !strings.Contains(body["detail"].(string), "microseconds") {
+		t.Fatalf("a tier of 3/1500ns across regions: %d %v; want 400 naming its rate and microseconds", code, body)
+	}
+	code, body = call(t, "PUT", s.url+"/v1/admin/tenants/acme", `{"tier":"free","overrides":[{"name":"r","rate":"3/1500ns"}]}`)
+	if code != 400 || !strings.Contains(body["detail"].(string), "microseconds") {
+		t.Fatalf("an override of 3/1500ns across regions: %d %v; want 400", code, body)
+	}
+	if code, body = call(t, "GET", s.url+"/v1/admin/tiers/free", ""); code != 200 || !strings.Contains(fmt.Sprint(body), "1/s") {
+		t.Fatalf("the tier after the refusals: %d %v; want it as the file has it", code, body)
+	}
+	// The catalog holds nothing the regions refuse: the server starts
+	// again.
+	s.stop()
+	startServe(t, args...)
 }

@@ -230,21 +230,13 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 	if err != nil {
 		return nil, err
 	}
-	catalog, err := catalog.New(ctx, cfg.Spec(), st.changes)
+	catalog, err := catalog.New(ctx, st.spec(cfg), st.changes)
 	if err != nil {
 		st.close()
 		return nil, err
 	}
 	if catalog.Pending() {
 		log.Warn("the shared tenant catalog could not be loaded at start; serving the configuration's tenants until it can")
-	}
-	if st.check != nil {
-		for _, r := range catalog.Policy().Rules() {
-			if err := st.check(&r.Rule); err != nil {
-				st.close()
-				return nil, fmt.Errorf("store %s: %w", st.name, err)
-			}
-		}
 	}
 	catalog.OnRestore(func(entries int, revision int64) {
 		log.Warn("the shared tenant catalog had lost acknowledged changes (a Redis that came back empty or older); restored them from this server's copy",
@@ -732,7 +724,7 @@ func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan s
 			err = b.check(cfg)
 		}
 		if err == nil {
-			err = catalog.SetBase(cfg.Spec())
+			err = catalog.SetBase(b.st.spec(cfg))
 		}
 		if err != nil {
 			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))

@@ -15,6 +15,7 @@ import (
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/llm/redisllm"
 	"github.com/admitdev/admit/memstore"
+	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/policy/catalog/redischanges"
 	"github.com/admitdev/admit/policy/usage"
@@ -50,6 +51,15 @@ type openedStore struct {
 	close    func()
 	// home says the store is one region of limits held across regions.
 	home bool
+}
+
+// spec returns cfg's policy as the store decides it: a rule the store
+// cannot decide is the policy's error, whether it comes from cfg, a reload
+// or the admin API.
+func (st *openedStore) spec(cfg *Config) *policy.Spec {
+	spec := cfg.Spec()
+	spec.CheckRule = st.check
+	return spec
 }
 
 // openStore opens the store that --store (url) or the config's store

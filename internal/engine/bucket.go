@@ -190,7 +190,14 @@ func (b *bucket) eval(res *admit.Result, s State, now, c int64, debit bool) Stat
 	res.RetryAfter = time.Duration(b.before(next, horizon).ceil())
 	res.ResetAfter = time.Duration(base.ceil() - now)
 	if debit {
-		if most := b.after(fine{ns: now}, b.span(b.burst+b.debt)); most.less(next) {
+		// Into debt by at most b.debt, and never back: a TAT already past
+		// the cap (a reservation's or a withdrawal's booking ahead) stays,
+		// or the debit would give back what the booking holds.
+		most := b.after(fine{ns: now}, b.span(b.burst+b.debt))
+		if most.less(base) {
+			most = base
+		}
+		if most.less(next) {
 			next = most
 		}
 		return b.encode(next)

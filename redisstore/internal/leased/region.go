@@ -185,7 +185,9 @@ func CheckRegionRule(r *admit.Rule) error {
 	// The home keeps its timelines in whole µs (a window's length the
 	// Redis store checks already).
 	if isBucket(r) && r.Rate.Per%time.Microsecond != 0 {
-		return admit.Errorf(admit.CodeInvalid, "rule %q: rate %v: held across regions, a rate's period must be a whole number of microseconds", r.Name, r.Rate)
+		err := admit.Errorf(admit.CodeInvalid, "rule %q: rate %v: held across regions, a rate's period must be a whole number of microseconds", r.Name, r.Rate)
+		err.Field = "rate"
+		return err
 	}
 	return nil
 }

@@ -179,7 +179,9 @@ local function bucketWhole(b, st, c, debit)
     if c > 0 then keep = encode(na, 0, b) end
     return keep, 1, (left - fmod(left, q)) / q, na, 0
   end
-  if debit then return encode(mmin(na, (burst + b.debt) * q), 0, b), 0, 0, 0, 0 end
+  -- A debit goes into debt by at most b.debt, and never back (a TAT
+  -- booked past the cap stays; bucket.eval).
+  if debit then return encode(mmin(na, mmax(ba, (burst + b.debt) * q)), 0, b), 0, 0, 0, 0 end
   local remaining = 0
   if ba < ha then
     local left = ha - ba
@@ -219,6 +221,7 @@ local function bucketEval(b, st, c, res, debit)
   res.remaining = 0
   if debit then
     local ma, mf = span(b, b.burst + b.debt)
+    if less(ma, mf, ba, bf) then ma, mf = ba, bf end
     if less(ma, mf, na, nf) then na, nf = ma, mf end
     return encode(na, nf, b)
   end

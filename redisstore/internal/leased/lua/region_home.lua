@@ -149,11 +149,16 @@ local function giveBack(m)
   end
   if m < 0 then
     -- As one Redis charges a debit: into debt by at most maxDebt (more
-    -- owed than that changes nothing).
+    -- owed than that changes nothing), and never back. The debt counts
+    -- from the lookahead's end, to which the timeline is handed out
+    -- ahead: units granted that unlock later are not a debt, and counted
+    -- from now the cap swallowed every debit of a bucket whose burst
+    -- the lookahead passes (red team: 120 debited units of 1000/7s,
+    -- burst 20, none charged).
     local most = b.burst + maxDebt
     local da, df = span(b, math.min(-m, most))
     local ma, mf = span(b, most)
-    tat = math.min(math.max(now, tat) + ceil(da, df), math.max(tat, now + ceil(ma, mf)))
+    tat = math.min(math.max(now, tat) + ceil(da, df), math.max(tat, now + look + ceil(ma, mf)))
     return
   end
   -- Units given back beyond what the timeline holds ahead of now change
