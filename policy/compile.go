@@ -57,7 +57,7 @@ func Compile(spec *Spec) (*Policy, error) {
 type compiler struct {
 	p     *Policy
 	errs  Errors
-	check func(*admit.Rule) error // Spec.CheckRule
+	check func(*admit.Rule, bool) error // Spec.CheckRule
 }
 
 func (c *compiler) fail(path, format string, args ...any) {
@@ -438,7 +438,7 @@ func (c *compiler) rule(path string, rs *RuleSpec, tier string, shadow bool) *Ru
 		r.MaxCost = r.Capacity()
 	}
 	if c.check != nil {
-		if err := c.check(&r.Rule); err != nil {
+		if err := c.check(&r.Rule, r.Fair); err != nil {
 			field := admit.ErrorField(err)
 			if field == "" {
 				field = "algorithm"

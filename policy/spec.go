@@ -30,12 +30,14 @@ type Spec struct {
 	Tenants map[string]TenantSpec `json:"tenants,omitempty"`
 
 	// CheckRule, if set, reports whether the store that decides the
-	// policy can decide a rule: a rule it refuses is an error of the
-	// policy, at the rule's field the error names (or its algorithm),
-	// whether it comes from the configuration, a reload or a change made
-	// through the admin API. The Redis store refuses what it cannot
-	// decide exactly, and a region what it cannot hold across regions.
-	CheckRule func(*admit.Rule) error `json:"-"`
+	// policy can decide a rule, fair telling whether tenants share it
+	// divided fairly: a rule it refuses is an error of the policy, at the
+	// rule's field the error names (or its algorithm). The Redis store
+	// refuses what it cannot decide exactly, and a region what it cannot
+	// hold across regions. The catalog checks the changes made through it
+	// (the admin API) so, not the ones it loads, which another server
+	// accepted: those a store refuses at their decisions.
+	CheckRule func(r *admit.Rule, fair bool) error `json:"-"`
 }
 
 // RuleSpec is a rule as written: its name, which requests it applies to, its

@@ -58,7 +58,19 @@ type openedStore struct {
 // or the admin API.
 func (st *openedStore) spec(cfg *Config) *policy.Spec {
 	spec := cfg.Spec()
-	spec.CheckRule = st.check
+	spec.CheckRule = func(r *admit.Rule, fair bool) error {
+		if st.check != nil {
+			if err := st.check(r); err != nil {
+				return err
+			}
+		}
+		if st.home && fair {
+			err := admit.Errorf(admit.CodeInvalid, "rule %q: fair shares of a limit tenants share are not held across regions yet; set fair_share: false", r.Name)
+			err.Field = "fair_share"
+			return err
+		}
+		return nil
+	}
 	return spec
 }
 

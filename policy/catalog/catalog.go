@@ -283,7 +283,7 @@ func New(ctx context.Context, base *policy.Spec, store Store) (*Catalog, error) 
 			return nil, err
 		}
 	}
-	p, err := compileWith(&c.base, c.changes)
+	p, err := compileWith(&c.base, c.changes, false)
 	if err != nil {
 		return nil, fmt.Errorf("policy: the configuration with the saved catalog changes: %w", err)
 	}
@@ -300,7 +300,7 @@ func (c *Catalog) Policy() *policy.Policy { return c.cur.Load() }
 func (c *Catalog) SetBase(base *policy.Spec) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p, err := compileWith(base, c.changes)
+	p, err := compileWith(base, c.changes, false)
 	if err != nil {
 		return err
 	}
@@ -310,8 +310,15 @@ func (c *Catalog) SetBase(base *policy.Spec) error {
 }
 
 // compileWith compiles base with changes applied.
-func compileWith(base *policy.Spec, ch *Changes) (*policy.Policy, error) {
+// compileWith compiles base with the changes ch. Only the changes made
+// through the catalog are checked against the store (checked, see
+// policy.Spec.CheckRule): saved changes another server accepted must not
+// keep this one from starting, or from taking the changes after them.
+func compileWith(base *policy.Spec, ch *Changes, checked bool) (*policy.Policy, error) {
 	spec := *base
+	if !checked {
+		spec.CheckRule = nil
+	}
 	spec.Tiers = maps.Clone(base.Tiers)
 	spec.Tenants = maps.Clone(base.Tenants)
 	if spec.Tiers == nil {
@@ -363,7 +370,7 @@ func (c *Catalog) apply(ctx context.Context, edit func(ch *Changes) error) (*pol
 		if err := edit(next); err != nil {
 			return nil, err
 		}
-		p, err := compileWith(&c.base, next)
+		p, err := compileWith(&c.base, next, true)
 		if err != nil {
 			return nil, err
 		}
@@ -428,7 +435,7 @@ func (c *Catalog) syncLocked(ctx context.Context) (int, error) {
 			if saved.Revision == c.changes.Revision {
 				return 0, nil
 			}
-			p, err := compileWith(&c.base, saved)
+			p, err := compileWith(&c.base, saved, false)
 			if err != nil {
 				return 0, fmt.Errorf("policy: the saved catalog changes (revision %d) do not apply to this configuration: %w", saved.Revision, err)
 			}
@@ -440,7 +447,7 @@ func (c *Catalog) syncLocked(ctx context.Context) (int, error) {
 		// them back on top of what it holds now. If another server
 		// saves meanwhile, merge with theirs and try again.
 		merged.Base, merged.Revision = saved.Revision, nextRevision(max(saved.Revision, c.changes.Revision))
-		p, err := compileWith(&c.base, merged)
+		p, err := compileWith(&c.base, merged, false)
 		if err != nil {
 			return 0, fmt.Errorf("policy: the catalog changes to restore (revision %d) do not apply to this configuration: %w", merged.Revision, err)
 		}

@@ -225,6 +225,10 @@ func regionCharge(i int, c *admit.Charge) error {
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": " + c.Rule.Algorithm.String() + " limits are not held across regions yet"
 	case c.Share != nil:
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": shared limits (fair shares) are not decided across regions yet"
+	case isBucket(c.Rule) && c.Rule.Rate.Per%time.Microsecond != 0:
+		// A rule another server accepted into a shared catalog: the
+		// home's timeline is in whole µs, and would hold it faster.
+		msg = "rule " + strconv.Quote(c.Rule.Name) + ": rate " + c.Rule.Rate.String() + ": held across regions, a rate's period must be a whole number of microseconds"
 	default:
 		return nil
 	}
