@@ -143,17 +143,9 @@ tenants:
 // held at 1 µs, 1.5 × its rate (red team: 17.9 M admitted of 12.1 M), and
 // the server could not start again once the catalog held it.
 func TestRegionAdminRefusesWhatRegionsCannotHold(t *testing.T) {
-	home, own := redistest.Start(t), redistest.Start(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "admit.yaml")
-	const file = "version: 1\nstore:\n  backend: redis\ntiers:\n  free:\n    rules:\n      - {name: r, scope: tenant, algorithm: gcra, rate: 1/s, burst: 5}\ntenants:\n  acme: {tier: free}\n"
-	if err := os.WriteFile(cfg, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"--config", cfg, "--store", "redis://" + own.Addr, "--region", "eu", "--home", "redis://" + home.Addr}
+	args, _ := regionServer(t)
 	s := startServe(t, args...)
-	bad := `{"rules":[{"name":"r","scope":"tenant","algorithm":"token_bucket","rate":"3/1500ns","burst":100}]}`
-	code, body := call(t, "PUT", s.url+"/v1/admin/tiers/free", bad)
+	code, body := call(t, "PUT", s.url+"/v1/admin/tiers/free", badRate)
 	if code != 400 || !strings.Contains(body["detail"].(string), "rules[0].rate") || !strings.Contains(body["detail"].(string), "microseconds") {
 		t.Fatalf("a tier of 3/1500ns across regions: %d %v; want 400 naming its rate and microseconds", code, body)
 	}
@@ -185,18 +177,10 @@ func TestRegionAdminRefusesWhatRegionsCannotHold(t *testing.T) {
 // to a change of its own, takes the fix, and starts again. (It once
 // froze on the catalog, taking no change after it, and exited at start.)
 func TestRegionCatalogFromAnotherServer(t *testing.T) {
-	home, own := redistest.Start(t), redistest.Start(t)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "admit.yaml")
-	const file = "version: 1\nstore:\n  backend: redis\ntiers:\n  free:\n    rules:\n      - {name: r, scope: tenant, algorithm: gcra, rate: 1/s, burst: 5}\ntenants:\n  acme: {tier: free}\n"
-	if err := os.WriteFile(cfg, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	regionArgs := []string{"--config", cfg, "--store", "redis://" + own.Addr, "--region", "eu", "--home", "redis://" + home.Addr}
+	regionArgs, plainArgs := regionServer(t)
 	region := startServe(t, regionArgs...)
-	plain := startServe(t, "--config", cfg, "--store", "redis://"+own.Addr)
-	bad := `{"rules":[{"name":"r","scope":"tenant","algorithm":"token_bucket","rate":"3/1500ns","burst":100}]}`
-	if code, body := call(t, "PUT", plain.url+"/v1/admin/tiers/free", bad); code != 200 {
+	plain := startServe(t, plainArgs...)
+	if code, body := call(t, "PUT", plain.url+"/v1/admin/tiers/free", badRate); code != 200 {
 		t.Fatalf("the plain server's change: %d %v", code, body)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -229,4 +213,24 @@ func TestRegionCatalogFromAnotherServer(t *testing.T) {
 	if code, body := call(t, "POST", region.url+"/v1/check", `{"tenant":"acme"}`); code != 200 && (code != 429 || body["denied_by"] != "r") {
 		t.Fatalf("a check after the fix and a restart: %d %v", code, body)
 	}
+}
+
+// badRate is a tier whose rate's period is not a whole number of µs,
+// which regions cannot hold.
+const badRate = `{"rules":[{"name":"r","scope":"tenant","algorithm":"token_bucket","rate":"3/1500ns","burst":100}]}`
+
+// regionServer writes a configuration of tier free (gcra r, 1/s, burst 5)
+// and tenant acme, starts a home and a region's Redis, and returns the
+// arguments of serve for region eu, and for a server without a home on
+// the region's Redis.
+func regionServer(t *testing.T) (region, plain []string) {
+	t.Helper()
+	home, own := redistest.Start(t), redistest.Start(t)
+	cfg := filepath.Join(t.TempDir(), "admit.yaml")
+	const file = "version: 1\nstore:\n  backend: redis\ntiers:\n  free:\n    rules:\n      - {name: r, scope: tenant, algorithm: gcra, rate: 1/s, burst: 5}\ntenants:\n  acme: {tier: free}\n"
+	if err := os.WriteFile(cfg, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plain = []string{"--config", cfg, "--store", "redis://" + own.Addr}
+	return append(plain, "--region", "eu", "--home", "redis://"+home.Addr), plain
 }
