@@ -348,11 +348,14 @@ func TestRegionRuleWholeMicroseconds(t *testing.T) {
 // debited units, none charged).
 func TestHomeDebtCountsFromTheLookahead(t *testing.T) {
 	srv, s := scriptStore(t)
-	tat0 := time.Now().Add(390 * time.Millisecond).UnixMicro() // τ (140 ms) + the lookahead
+	// Handed out 10 s ahead, within a lookahead of 20 s (long, so that
+	// no delay of the call below matters): from now, the cap (280 ms)
+	// lies far below the timeline; from the lookahead's end, far above.
+	tat0 := time.Now().Add(10 * time.Second).UnixMicro()
 	if _, err := redistest.Command(srv.Addr, "HSET", "debt", "tat", itoa(tat0), "gen", "1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := redisstore.HomeCall(s, "debt", "a", "b", "0", "0", "1000", "7000000", "20", "20", "250000", "20", "1", "-20", "1"); err != nil {
+	if _, err := redisstore.HomeCall(s, "debt", "a", "b", "0", "0", "1000", "7000000", "20", "20", "20000000", "20", "1", "-20", "1"); err != nil {
 		t.Fatal(err)
 	}
 	v, err := redistest.Command(srv.Addr, "HGET", "debt", "tat")

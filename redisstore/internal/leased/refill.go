@@ -213,10 +213,8 @@ func (s *Room) refill(p *allowance, need int64) (granted int64) {
 			return admit.Errorf(admit.CodeInternal, "redisstore: the home replied %d values, want 9", len(v))
 		}
 		var x [5]int64
-		for i := range x {
-			if x[i], err = v[i].AsInt64(); err != nil {
-				return err
-			}
+		if err := replyInts(v, x[:]); err != nil {
+			return err
 		}
 		g, first, last, gen, share = x[0], x[1], x[2], x[3], x[4]
 		if spentFor, err = v[7].AsInt64(); err != nil {

@@ -182,12 +182,8 @@ func CheckRegionRule(r *admit.Rule) error {
 	if !regionAlgorithm(r.Algorithm) {
 		return admit.Errorf(admit.CodeInvalid, "rule %q: %s limits are not held across regions yet; with a home store, rules must be token_bucket, gcra, fixed_window or quota", r.Name, r.Algorithm)
 	}
-	// The home keeps its timelines in whole µs (a window's length the
-	// Redis store checks already).
-	if isBucket(r) && r.Rate.Per%time.Microsecond != 0 {
-		err := admit.Errorf(admit.CodeInvalid, "rule %q: rate %v: held across regions, a rate's period must be a whole number of microseconds", r.Name, r.Rate)
-		err.Field = "rate"
-		return err
+	if msg := fractionalPeriod(r); msg != "" {
+		return &admit.Error{Code: admit.CodeInvalid, Field: "rate", Message: msg}
 	}
 	return nil
 }
@@ -217,6 +213,17 @@ func regionAlgorithm(a admit.Algorithm) bool {
 	return false
 }
 
+// fractionalPeriod says why bucket rule r cannot be held across regions
+// when its rate's period is not a whole number of µs, in which the home
+// keeps its timelines (it would hold the rule faster); "" when it is. A
+// window's length the Redis store checks already.
+func fractionalPeriod(r *admit.Rule) string {
+	if !isBucket(r) || r.Rate.Per%time.Microsecond == 0 {
+		return ""
+	}
+	return "rule " + strconv.Quote(r.Name) + ": rate " + r.Rate.String() + ": held across regions, a rate's period must be a whole number of microseconds"
+}
+
 // regionCharge reports whether charge i can be decided across regions.
 func regionCharge(i int, c *admit.Charge) error {
 	var msg string
@@ -225,10 +232,9 @@ func regionCharge(i int, c *admit.Charge) error {
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": " + c.Rule.Algorithm.String() + " limits are not held across regions yet"
 	case c.Share != nil:
 		msg = "rule " + strconv.Quote(c.Rule.Name) + ": shared limits (fair shares) are not decided across regions yet"
-	case isBucket(c.Rule) && c.Rule.Rate.Per%time.Microsecond != 0:
-		// A rule another server accepted into a shared catalog: the
-		// home's timeline is in whole µs, and would hold it faster.
-		msg = "rule " + strconv.Quote(c.Rule.Name) + ": rate " + c.Rule.Rate.String() + ": held across regions, a rate's period must be a whole number of microseconds"
+	case fractionalPeriod(c.Rule) != "":
+		// A rule another server accepted into a shared catalog.
+		msg = fractionalPeriod(c.Rule)
 	default:
 		return nil
 	}
@@ -562,10 +568,8 @@ func (s *Room) take(p *allowance, want, arrivals, need int64) (poolTake, error) 
 			return admit.Errorf(admit.CodeInternal, "redisstore: a pool take replied %d values, want 12", len(v))
 		}
 		var x [10]int64
-		for i := range x {
-			if x[i], err = v[i].AsInt64(); err != nil {
-				return err
-			}
+		if err := replyInts(v, x[:]); err != nil {
+			return err
 		}
 		now, err := v[11].ToString()
 		if err != nil {

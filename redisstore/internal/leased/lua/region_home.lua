@@ -65,7 +65,7 @@ if kind == 'b' then
   look, maxDebt = tonumber(ARGV[9]), tonumber(ARGV[10])
   i = 11
   b = shape(n, per)
-  b.burst, b.debt = burst, maxDebt
+  b.burst = burst
   ta, tf = span(b, burst)
   capacity = n * 1000000 / per
   local sh = ARGV[5] .. '/' .. ARGV[6] .. '/' .. ARGV[7]
