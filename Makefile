@@ -4,7 +4,7 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-ws bench-llm bench-fair bench-regions fuzz image pictures
+.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-rlqs bench-ws bench-llm bench-fair bench-regions fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
@@ -54,6 +54,10 @@ bench-rls: deps ## the Envoy rate limit service vs a do-nothing gRPC server, mem
 
 bench-rls-peer: deps ## envoyproxy/ratelimit, admit ratelimit and admit serve on one Redis, side by side (docs/benchmarks.md)
 	cd bench && $(GO) run ./rlspeer -three -callers 64 -duration 3s -rounds 5 -memory 300000
+
+bench-rlqs: deps ## the Envoy quota service vs the rate limit service on the same limits: server (and redis-server) CPU per decision, memory and Redis (docs/benchmarks.md)
+	cd bench && $(GO) run ./rlqsbench -duration 5s -rounds 3
+	cd bench && $(GO) run ./rlqsbench -store redis -duration 5s -rounds 3
 
 bench-regions: deps ## one limit across three regions 40 ms from their home (Toxiproxy): admitted vs an exact bucket, over-admission, home calls, latency; 30 s a scenario (docs/benchmarks.md)
 	cd e2e && ADMIT_BENCH_REGIONS=1 $(GO) test -count=1 -run TestBenchRegions -v -timeout 30m .

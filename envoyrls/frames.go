@@ -52,6 +52,7 @@ type frameCounter struct {
 	have     int     // bytes of hdr read
 	skip     uint32  // payload bytes of the current frame still to pass
 	control  int64
+	messages int64  // DATA frames of a message after a stream's first
 	lastCall uint32 // the last stream counted a call
 	overflow bool
 }
@@ -93,7 +94,8 @@ func (f *frameCounter) Read(p []byte) (int, error) {
 
 // frame counts a frame of type t and length n on stream id, and reports whether the connection is still within its bounds.
 // A stream's first DATA frame that holds a message (its 5-byte prefix at
-// least) makes the stream a call: the client sent what a call sends,
+// least) makes the stream a call, and its later ones (a stream's further
+// messages) count as calls' work: the client sent what a call sends,
 // whether or not it waited for the answer (a deadline shorter than the
 // server's answer is a client's mistake, not an attack, and costs what a
 // call does). Every other frame that is not HEADERS is a control frame:
@@ -107,11 +109,17 @@ func (f *frameCounter) frame(t byte, n, id uint32) bool {
 		f.lastCall = id
 		f.c.calls.Add(1)
 		return true
+	case t == frameData && n >= 5:
+		// A later message of a streaming call (a quota stream's
+		// reports): work of a call, which earns control frames as a
+		// call does, but not a call of its own.
+		f.messages++
+		return true
 	case t == frameGoAway:
 		return true
 	}
 	f.control++
-	return f.control <= MaxControlFrames+ControlFramesPerCall*f.c.calls.Load()
+	return f.control <= MaxControlFrames+ControlFramesPerCall*(f.c.calls.Load()+f.messages)
 }
 
 // countingCreds are the transport credentials of a Server: its own (TLS,

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -56,6 +57,10 @@ const (
 	MaxConnectionIdle     = 5 * time.Minute
 	MaxConnectionAge      = 30 * time.Minute
 	MaxConnectionAgeGrace = 30 * time.Second
+	// A client that sends nothing for KeepaliveTime is pinged, and its
+	// connection closed if it does not answer within KeepaliveTimeout.
+	KeepaliveTime    = 10 * time.Second
+	KeepaliveTimeout = 5 * time.Second
 	// DefaultMaxConnections bounds the connections served at once, and
 	// MaxConnectionsPerIP those of one client address: past either, a new
 	// connection is closed at once. (An Envoy opens one or a few a worker
@@ -88,6 +93,7 @@ type Server struct {
 	limits    connlimit.Limits
 	ln        atomic.Pointer[connlimit.Listener]
 	uncalled  atomic.Int64 // connections closed for their uncalled streams
+	quota     bool         // the quota service is served too
 }
 
 // ConnStats counts the gRPC port's connections.
@@ -133,6 +139,14 @@ func (s *Server) Connections() ConnStats {
 	return st
 }
 
+// ServeQuota serves q, Envoy's rate limit quota service, beside the rate
+// limit service, with its health (QuotaServiceName) following the same
+// readiness. Call it before Serve.
+func (s *Server) ServeQuota(q *QuotaService) {
+	rlqsv3.RegisterRateLimitQuotaServiceServer(s.grpc, q)
+	s.quota = true
+}
+
 // EnableReflection serves gRPC server reflection, so that tools such as
 // grpcurl need no .proto files. It is off by default: it tells anyone who
 // reaches the port what the server offers. Call it before Serve.
@@ -154,8 +168,13 @@ func ServerOptions() []grpc.ServerOption {
 		// Envoy keeps its connections to the service open; pings keep
 		// them alive through middleboxes without letting clients flood.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// A client silent for KeepaliveTime is pinged, and its connection
+		// closed if it does not answer within KeepaliveTimeout: what was
+		// sent to a client that stopped reading is then never delivered,
+		// which bounds how late a quota assignment can reach its Envoy.
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionIdle: MaxConnectionIdle, MaxConnectionAge: MaxConnectionAge, MaxConnectionAgeGrace: MaxConnectionAgeGrace,
+			Time: KeepaliveTime, Timeout: KeepaliveTimeout,
 		}),
 	}
 }
@@ -227,23 +246,27 @@ func (s textStream) RecvMsg(m any) error {
 	return nil
 }
 
-// streaming are the methods served that stream, which StreamTimeout
-// bounds rather than UnaryTimeout.
-var streaming = map[string]bool{
-	"/grpc.health.v1.Health/Watch":                                   true,
-	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      true,
-	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": true,
+// streaming are the methods served that stream, with how long a stream
+// of each may last: StreamTimeout, but a quota stream, which an Envoy keeps
+// open for as long as it runs, lasts as long as its connection may
+// (MaxConnectionAge): each new stream is a new holder of the limits'
+// shares, its old one counted until its assignments expire.
+var streaming = map[string]time.Duration{
+	"/grpc.health.v1.Health/Watch":                                   StreamTimeout,
+	"/" + QuotaServiceName + "/StreamRateLimitQuotas":                MaxConnectionAge + MaxConnectionAgeGrace,
+	"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      StreamTimeout,
+	"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": StreamTimeout,
 }
 
 // tapStream runs on a connection's reader for each stream it opens. It
-// gives a unary call UnaryTimeout from its headers, a streaming one
-// StreamTimeout: the context it returns is the stream's, which the read
-// of the call's message waits on, so a stream that never sends it is
+// gives a unary call UnaryTimeout from its headers, a streaming one its
+// time in streaming: the context it returns is the stream's, which the
+// read of the call's message waits on, so a stream that never sends it is
 // ended then rather than held.
 func tapStream(ctx context.Context, info *tap.Info) (context.Context, error) {
 	d := UnaryTimeout
-	if streaming[info.FullMethodName] {
-		d = StreamTimeout
+	if sd, ok := streaming[info.FullMethodName]; ok {
+		d = sd
 	}
 	ctx, cancel := context.WithTimeout(ctx, d)
 	_ = cancel // the stream's end cancels its context, and this timer with it
@@ -318,6 +341,9 @@ func (s *Server) setServing(ok bool) {
 	}
 	s.health.SetServingStatus("", st)
 	s.health.SetServingStatus(ServiceName, st)
+	if s.quota {
+		s.health.SetServingStatus(QuotaServiceName, st)
+	}
 }
 
 func (s *Server) pollReady() {

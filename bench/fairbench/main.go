@@ -29,7 +29,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -39,6 +38,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/admitdev/admit/bench/procs"
 )
 
 const config = `version: 1
@@ -68,38 +69,6 @@ func main() {
 	}
 }
 
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-}
-
-func start(name string, bin string, args ...string) (*proc, error) {
-	cmd := exec.Command(bin, args...)
-	log, err := os.CreateTemp("", "fairbench-"+name+"-*.log")
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return &proc{name: name, cmd: cmd}, nil
-}
-
-func (p *proc) stop() {
-	_ = p.cmd.Process.Kill()
-	_ = p.cmd.Wait()
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // client holds enough connections for acquire's waiters: each holds one
 // for up to max_wait_ms (the file limit here is 20,000).
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4000, MaxConnsPerHost: 4000}, Timeout: 10 * time.Second}
@@ -124,25 +93,25 @@ func run(d time.Duration, only string) error {
 	if err := os.WriteFile(cfgFile, []byte(cfg), 0o644); err != nil {
 		return err
 	}
-	rport, err := freePort()
+	rport, err := procs.FreePort()
 	if err != nil {
 		return err
 	}
-	redis, err := start("redis", "redis-server", "--port", strconv.Itoa(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	redis, err := procs.Start("redis", nil, "redis-server", "--port", strconv.Itoa(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err != nil {
 		return err
 	}
-	defer redis.stop()
+	defer redis.Stop()
 	var servers []string
 	for i := range 2 {
-		hp, _ := freePort()
-		gp, _ := freePort()
-		p, err := start(fmt.Sprintf("serve%d", i), bin, "serve", "--config", cfgFile, "--store", fmt.Sprintf("redis://127.0.0.1:%d", rport),
+		hp, _ := procs.FreePort()
+		gp, _ := procs.FreePort()
+		p, err := procs.Start(fmt.Sprintf("serve%d", i), nil, bin, "serve", "--config", cfgFile, "--store", fmt.Sprintf("redis://127.0.0.1:%d", rport),
 			"--http", fmt.Sprintf("127.0.0.1:%d", hp), "--grpc", fmt.Sprintf("127.0.0.1:%d", gp), "--data-dir", filepath.Join(dir, fmt.Sprint("data", i)))
 		if err != nil {
 			return err
 		}
-		defer p.stop()
+		defer p.Stop()
 		url := fmt.Sprintf("http://127.0.0.1:%d", hp)
 		if err := ready(url, p); err != nil {
 			return err
@@ -168,7 +137,7 @@ func run(d time.Duration, only string) error {
 	return nil
 }
 
-func ready(url string, p *proc) error {
+func ready(url string, p *procs.Proc) error {
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if resp, err := client.Get(url + "/readyz"); err == nil {
 			resp.Body.Close()
@@ -177,7 +146,7 @@ func ready(url string, p *proc) error {
 			}
 		}
 	}
-	return fmt.Errorf("%s does not answer at %s (log: %s)", p.name, url, p.cmd.Stdout.(*os.File).Name())
+	return fmt.Errorf("%s does not answer at %s (log: %s)", p.Name, url, p.Log)
 }
 
 // load is one tenant's offered load.

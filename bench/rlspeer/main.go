@@ -47,6 +47,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitdev/admit/bench/procs"
+
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -102,59 +104,6 @@ func admitLimits(conf, distribution string) string {
 	return strings.ReplaceAll(conf, "}", ", distribution: leased}")
 }
 
-// proc is a process this command started.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-}
-
-func start(name string, env []string, bin string, args ...string) (*proc, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	log, err := os.CreateTemp("", "rlspeer-"+name+"-*.log")
-	if err != nil {
-		return nil, err
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return &proc{name: name, cmd: cmd}, nil
-}
-
-func (p *proc) stop() {
-	_ = p.cmd.Process.Kill()
-	_ = p.cmd.Wait()
-}
-
-// cpu returns the CPU time the process has used (user + system).
-func (p *proc) cpu() (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, err
-	}
-	// The fields after the command name, which is in parentheses: utime
-	// and stime are the 14th and 15th of the line, in clock ticks.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	const tick = 10 * time.Millisecond // USER_HZ, 100 on Linux
-	return time.Duration(ut+st) * tick, nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // build makes both servers' programs in dir.
 func build(dir string) (admitBin, peerBin string, err error) {
 	admitBin = filepath.Join(dir, "admit")
@@ -175,7 +124,7 @@ func build(dir string) (admitBin, peerBin string, err error) {
 }
 
 // ready waits until a rate limit service answers at addr.
-func ready(addr string, p *proc) error {
+func ready(addr string, p *procs.Proc) error {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -191,7 +140,7 @@ func ready(addr string, p *proc) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s does not answer at %s: %v (log: %s)", p.name, addr, err, p.cmd.Stdout.(*os.File).Name())
+			return fmt.Errorf("%s does not answer at %s: %v (log: %s)", p.Name, addr, err, p.Log)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -254,16 +203,16 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 
 	var ports [8]int
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = procs.FreePort(); err != nil {
 			return err
 		}
 	}
 	redisAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	redis, err := start("redis", nil, "redis-server", "--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	redis, err := procs.Start("redis", nil, "redis-server", "--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
 	if err != nil {
 		return err
 	}
-	defer redis.stop()
+	defer redis.Stop()
 	// envoyproxy/ratelimit exits when Redis does not answer at start.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		c, err := net.DialTimeout("tcp", redisAddr, time.Second)
@@ -277,7 +226,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	upstream, err := start("envoyproxy-ratelimit", []string{
+	upstream, err := procs.Start("envoyproxy-ratelimit", []string{
 		"USE_STATSD=false", "LOG_LEVEL=error", "BACKEND_TYPE=redis", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redisAddr,
 		"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false",
 		"HOST=127.0.0.1", "PORT=" + strconv.Itoa(ports[1]), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(ports[2]),
@@ -286,16 +235,16 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	if err != nil {
 		return err
 	}
-	defer upstream.stop()
+	defer upstream.Stop()
 	upstreamAddr := "127.0.0.1:" + strconv.Itoa(ports[2])
 
-	admit, err := start("admit", []string{"ADMIT_ADMIN_TOKEN=rlspeer"}, admitBin, "serve",
+	admit, err := procs.Start("admit", []string{"ADMIT_ADMIN_TOKEN=rlspeer"}, admitBin, "serve",
 		"--store", "redis://"+redisAddr, "--envoy-config", admitConf, "--data-dir", filepath.Join(dir, "data"),
 		"--http", "127.0.0.1:"+strconv.Itoa(ports[4]), "--grpc", "127.0.0.1:"+strconv.Itoa(ports[5]))
 	if err != nil {
 		return err
 	}
-	defer admit.stop()
+	defer admit.Stop()
 	admitAddr := "127.0.0.1:" + strconv.Itoa(ports[5])
 	if err := errors.Join(ready(upstreamAddr, upstream), ready(admitAddr, admit)); err != nil {
 		return err
@@ -305,7 +254,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 	if three {
 		// admit ratelimit, run as envoyproxy/ratelimit is run: its
 		// environment, its runtime directory, its defaults.
-		rl, err := start("admit-ratelimit", []string{
+		rl, err := procs.Start("admit-ratelimit", []string{
 			"USE_STATSD=false", "LOG_LEVEL=error", "REDIS_URL=" + redisAddr, "ADMIT_DATA_DIR=" + filepath.Join(dir, "data-rl"),
 			"RUNTIME_ROOT=" + filepath.Join(dir, "runtime"), "RUNTIME_SUBDIRECTORY=ratelimit",
 			"HOST=127.0.0.1", "PORT=" + strconv.Itoa(ports[6]), "GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(ports[7]),
@@ -313,7 +262,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		if err != nil {
 			return err
 		}
-		defer rl.stop()
+		defer rl.Stop()
 		rlAddr := "127.0.0.1:" + strconv.Itoa(ports[7])
 		if err := ready(rlAddr, rl); err != nil {
 			return err
@@ -324,7 +273,7 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 		return measureMemory(redisAddr, "bench", targets, memory, callers)
 	}
 	reqs := load.RLSRequests("bench", false)[:users]
-	measure := func(p *proc, addr string) (row, error) {
+	measure := func(p *procs.Proc, addr string) (row, error) {
 		clients := make([]rlsv3.RateLimitServiceClient, conns)
 		for i := range clients {
 			cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -334,8 +283,8 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 			defer cc.Close()
 			clients[i] = rlsv3.NewRateLimitServiceClient(cc)
 		}
-		s0, err1 := p.cpu()
-		r0, err2 := redis.cpu()
+		s0, err1 := p.CPU()
+		r0, err2 := redis.CPU()
 		cs0, err5 := commandStats(redisAddr)
 		var failed atomic.Int64
 		res := load.Run(callers, d, func(i int) bool {
@@ -346,8 +295,8 @@ func run(callers, conns int, d time.Duration, rounds int, charge, distribution s
 			}
 			return true
 		})
-		s1, err3 := p.cpu()
-		r1, err4 := redis.cpu()
+		s1, err3 := p.CPU()
+		r1, err4 := redis.CPU()
 		cs1, err6 := commandStats(redisAddr)
 		if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
 			return row{}, err
@@ -423,6 +372,6 @@ const memDomain = "benchmem"
 // target is a rate limit service measured.
 type target struct {
 	name string
-	p    *proc
+	p    *procs.Proc
 	addr string
 }

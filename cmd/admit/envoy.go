@@ -33,6 +33,7 @@ import (
 // envoyproxy/ratelimit configuration.
 type envoyService struct {
 	svc   *envoyrls.Service
+	quota *envoyrls.QuotaService
 	srv   *envoyrls.Server
 	ln    net.Listener
 	dir   string
@@ -99,8 +100,14 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 	if err != nil {
 		return nil, err
 	}
-	es.svc, es.ln = svc, ln
+	quota, err := envoyrls.NewQuotaService(envoyrls.QuotaOptions{Service: svc, Ledger: b.st.quota})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	es.svc, es.quota, es.ln = svc, quota, ln
 	es.srv = envoyrls.NewServer(svc, ready, opts...)
+	es.srv.ServeQuota(quota)
 	es.srv.SetMaxConnections(b.cfg.Server.GRPCMaxConnections, b.cfg.Server.GRPCMaxConnectionsPerIP)
 	if reflection {
 		es.srv.EnableReflection()

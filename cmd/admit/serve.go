@@ -434,7 +434,8 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	}
 	defer es.stop(log)
 	srv.SetEnvoyDomains(func() []string { return es.svc.Config().Domains() })
-	if err := srv.RegisterMetrics(es.srv.Collectors()...); err != nil {
+	srv.SetQuotaShares(es.quota.Shares)
+	if err := srv.RegisterMetrics(append(es.srv.Collectors(), es.quota.Collectors()...)...); err != nil {
 		return err
 	}
 	if e.listeningGRPC != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/envoyrls/redisquota"
 	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/idempotency/redisidem"
 	"github.com/admitdev/admit/internal/server"
@@ -48,7 +50,10 @@ type openedStore struct {
 	idem idempotency.Store
 	// anonIdem keeps anonymous callers' keys, per address.
 	anonIdem idempotency.Store
-	close    func()
+	// quota keeps the Envoy quota service's ledgers: in this process with
+	// the memory store, shared in Redis with Redis.
+	quota envoyrls.QuotaLedger
+	close func()
 	// home says the store is one region of limits held across regions.
 	home bool
 }
@@ -211,6 +216,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 			return sh
 		},
 		sessions: sessions,
+		quota:    redisquota.New(r),
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
 		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),

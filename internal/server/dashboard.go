@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"embed"
 	"errors"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/simulate"
 )
@@ -215,7 +217,15 @@ func (s *Server) handleDashboard(w http.ResponseWriter, r *http.Request) {
 		Region  *RegionHealth  `json:"region,omitempty"`
 		Gateway map[string]any `json:"gateway,omitempty"`
 		Config  map[string]any `json:"config"`
+		// Quota is the Envoy quota service's shares of the limits this
+		// server's Envoys hold.
+		Quota []envoyrls.QuotaShares `json:"quota_shares,omitempty"`
 	}{activityView: s.activity.view(time.Now(), r.URL.Query().Get("tenant"))}
+	if f := s.quotaShares.Load(); f != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		ans.Quota = (*f)(ctx)
+		cancel()
+	}
 	ans.Store, _ = s.readiness(r)
 	if s.health != nil {
 		ans.Region = s.health().Region

@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/policy/catalog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -212,6 +213,9 @@ type Server struct {
 	// envoyDomains, once set, names the domains the Envoy rate limit
 	// service decides from envoyproxy/ratelimit files.
 	envoyDomains atomic.Pointer[func() []string]
+	// quotaShares, once set, reads the quota service's shares for the
+	// dashboard.
+	quotaShares atomic.Pointer[func(context.Context) []envoyrls.QuotaShares]
 
 	decider  *policy.Decider
 	ownDec   bool
@@ -406,6 +410,12 @@ type configVersion struct {
 // limits fail as the configuration's store.on_error says, which /readyz
 // weighs with the rules'.
 func (s *Server) SetEnvoyDomains(domains func() []string) { s.envoyDomains.Store(&domains) }
+
+// SetQuotaShares makes the dashboard show the limits the Envoy quota
+// service divides, as shares reads them.
+func (s *Server) SetQuotaShares(shares func(context.Context) []envoyrls.QuotaShares) {
+	s.quotaShares.Store(&shares)
+}
 
 // SetEnvoyConfigError records the outcome of the latest reload of the
 // envoyproxy/ratelimit files, as SetConfigError does for the configuration.
