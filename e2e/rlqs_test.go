@@ -132,7 +132,7 @@ func TestQuotaFleetAcrossReplicas(t *testing.T) {
 			conn = fleetConn(t, b.grpc, a.grpc)
 		}
 		c.f = rlqsenvoy.New(conn, rlqsenvoy.Config{Domain: "web", ReportInterval: interval, NoAssignment: rlqsenvoy.DenyAll,
-			Expired: &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}},
+			Expired:        &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_BlanketRule_{BlanketRule: typev3.RateLimitStrategy_DENY_ALL}},
 			ExpiredTimeout: time.Hour})
 		c.f.Start(ctx)
 		t.Cleanup(c.f.Close)

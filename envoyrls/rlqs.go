@@ -62,6 +62,10 @@ const (
 	// MaxBucketsPerConnection bounds the buckets of the streams of one
 	// connection together (an Envoy opens a stream a domain).
 	MaxBucketsPerConnection = 2 * MaxBucketsPerStream
+	// MaxQuotaStreamsPerConnection bounds a connection's quota streams
+	// (an Envoy opens one a domain): past it one is refused
+	// RESOURCE_EXHAUSTED, as each holds its buffers.
+	MaxQuotaStreamsPerConnection = 8
 	// MinReportInterval is the least time between two shares of one
 	// bucket: a report sooner adds its counts to the next one, so that
 	// a client reporting as fast as it can costs the ledger no more.
@@ -102,9 +106,10 @@ type QuotaService struct {
 
 	// held counts this server's buckets of each limit, by ledger key;
 	// perConn the buckets of each connection, by its peer's address.
-	heldMu  sync.Mutex
-	held    map[string]*heldLimit
-	perConn map[string]int
+	heldMu         sync.Mutex
+	held           map[string]*heldLimit
+	perConn        map[string]int
+	streamsPerConn map[string]int
 }
 
 // heldLimit is a limit this server's buckets hold shares of.
@@ -137,7 +142,7 @@ func NewQuotaService(opts QuotaOptions) (*QuotaService, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	return &QuotaService{opts: opts, id: hex.EncodeToString(b[:]), stats: newQuotaStats(), held: map[string]*heldLimit{},
-		perConn: map[string]int{}}, nil
+		perConn: map[string]int{}, streamsPerConn: map[string]int{}}, nil
 }
 
 // quotaKind says what decides a bucket.
@@ -198,8 +203,10 @@ type quotaBucket struct {
 	sentAt  time.Time
 	expires time.Time // of the last assignment sent
 	waiting bool      // no share could be given yet
-	// failures counts the ledger's failures in a row for it.
-	failures int
+	// failures counts the ledger's failures in a row for it, since
+	// failedSince.
+	failures    int
+	failedSince time.Time
 	// waitUntil is when a window it waits for ends: too late in it for
 	// an assignment, it is given the next one's then.
 	waitUntil time.Time
@@ -233,6 +240,11 @@ func (q *QuotaService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService
 	if pr, ok := peer.FromContext(ctx); ok && pr.Addr != nil {
 		st.conn = pr.Addr.String()
 	}
+	if !q.connStreams(st.conn, 1) {
+		q.stats.abandoned("connection_streams")
+		return status.Errorf(codes.ResourceExhausted, "a connection holds at most %d quota streams", MaxQuotaStreamsPerConnection)
+	}
+	defer q.connStreams(st.conn, -1)
 	if q.stats.streams.Add(1) > MaxQuotaStreams {
 		q.stats.streams.Add(-1)
 		q.stats.abandoned("streams_full")
@@ -715,9 +727,13 @@ func (st *quotaStream) apply(b *quotaBucket, g shareGrant, err error, ttl time.D
 			// rules' on_error decides only when that runs out.
 			st.q.stats.failed.Add(1)
 			return nil
-		case err != nil && b.sent == nil && b.failures < 2:
-			// A new bucket asks once more, a tick later, before on_error
-			// decides it: one slow answer is not an outage.
+		case err != nil && b.sent == nil && (b.failures == 1 || now.Sub(b.failedSince) < MinQuotaTTL):
+			// A new bucket asks again each tick, and on_error decides it
+			// only after a TTL of failures: slow answers (a flood of one
+			// limit) are not an outage.
+			if b.failures == 1 {
+				b.failedSince = now
+			}
 			st.q.stats.failed.Add(1)
 			b.waiting = true
 			return nil
@@ -1112,6 +1128,24 @@ func (st *quotaStream) drop(ctx context.Context, key string, b *quotaBucket) {
 	delete(st.buckets, key)
 	st.q.stats.buckets.Add(-1)
 	st.q.connBuckets(st.conn, -1)
+}
+
+// connStreams counts d streams more for connection conn, and reports
+// whether it is within MaxQuotaStreamsPerConnection (a stream past it is
+// not counted).
+func (q *QuotaService) connStreams(conn string, d int) bool {
+	q.heldMu.Lock()
+	defer q.heldMu.Unlock()
+	n := q.streamsPerConn[conn] + d
+	if d > 0 && n > MaxQuotaStreamsPerConnection {
+		return false
+	}
+	if n <= 0 {
+		delete(q.streamsPerConn, conn)
+	} else {
+		q.streamsPerConn[conn] = n
+	}
+	return true
 }
 
 // connBuckets counts d buckets more for connection conn, and reports

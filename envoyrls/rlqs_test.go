@@ -316,8 +316,9 @@ func TestQuotaLedgerDown(t *testing.T) {
 			e := startQuota(t, p)
 			e.q.opts.Ledger = downLedger{}
 			q := e.open(t)
-			// A new bucket asks twice before on_error decides it: its
-			// first report is not answered.
+			// A new bucket asks until its asks have failed for a TTL
+			// before on_error decides it: its first report is not
+			// answered.
 			if err := q.stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web",
 				BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(1, 0, 0, "tenant", "acme", "action", "read")}}); err != nil {
 				t.Fatal(err)
@@ -327,7 +328,7 @@ func TestQuotaLedgerDown(t *testing.T) {
 					t.Fatal("the first report never reached the ledger")
 				}
 			}
-			e.advance(time.Second)
+			e.advance(MinQuotaTTL + time.Second)
 			r := q.report("web", usage(1, 0, time.Second, "tenant", "acme", "action", "read"))
 			if s := strategyOf(r.BucketAction[0]); !c.check(s) {
 				t.Fatalf("on_error %s: %v", c.onError, s)
@@ -459,5 +460,21 @@ func TestQuotaLedgerSlowOnce(t *testing.T) {
 	e.advance(5 * time.Second)
 	if tb := strategyOf(c.report("web", usage(10, 0, 5*time.Second, bucket...)).BucketAction[0]).GetTokenBucket(); tb == nil {
 		t.Fatal("no share after the ledger came back")
+	}
+}
+
+// TestQuotaStreamsPerConnection: a connection holds
+// MaxQuotaStreamsPerConnection quota streams; the next is refused.
+func TestQuotaStreamsPerConnection(t *testing.T) {
+	e := startQuota(t, quotaPolicy(t))
+	for i := range MaxQuotaStreamsPerConnection {
+		e.open(t).report("web", usage(1, 0, 0, "tenant", "acme", "api_key", "acme-key", "action", "list", "n", fmt.Sprint(i)))
+	}
+	c := e.open(t)
+	if err := c.stream.Send(&rlqsv3.RateLimitQuotaUsageReports{Domain: "web"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.stream.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("stream %d of a connection: %v; want RESOURCE_EXHAUSTED", MaxQuotaStreamsPerConnection+1, err)
 	}
 }

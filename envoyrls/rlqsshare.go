@@ -57,9 +57,10 @@ const (
 	unmeasuredShift = 5
 	// MaxHoldersPerLimit bounds the buckets of all Envoys one limit is
 	// divided among (a limit's ledger, read and written at each of their
-	// reports, holds about 40 bytes of each); a bucket past it waits for
+	// reports, holds about 40 bytes of each, and computes every share
+	// among all of them); a bucket past it waits for
 	// a holder to leave, keeping what it has.
-	MaxHoldersPerLimit = 1024
+	MaxHoldersPerLimit = 256
 )
 
 // shareLimit is a limit as its shares are computed in it: Units tokens
@@ -87,9 +88,9 @@ func shareLimitOf(r *admit.Rule) (shareLimit, bool) {
 }
 
 // tokens is how many tokens the Envoys' buckets and the pool may hold
-// together, with buckets of them holding a share: the burst, or, since an
-// Envoy's bucket holds one token at least, one for each and one for the
-// next to come.
+// together, with buckets of them holding a share or waiting for one: the
+// burst, or, since an Envoy's bucket holds one token at least, one for
+// each and one for the next to come.
 func (st *shareState) tokens(buckets int64) int64 { return max(st.Limit.Burst, buckets+1) }
 
 // reserve is the part of the rate never handed out.
@@ -252,9 +253,7 @@ func (st *shareState) refill(now int64) {
 			if h := &st.Holders[i]; h.Expires > from {
 				rates += h.rate(from)
 				maxes += h.max(from)
-				if h.max(from) > 0 {
-					buckets++
-				}
+				buckets++ // holding a share, or waiting for its first
 			}
 		}
 		if feed := l.Units - rates; feed > 0 {

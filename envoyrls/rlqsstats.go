@@ -122,7 +122,7 @@ var (
 	quotaBucketsDesc  = prometheus.NewDesc("admit_rlqs_buckets", "Envoy buckets this server's quota streams hold.", nil, nil)
 	quotaFailedDesc   = prometheus.NewDesc("admit_rlqs_ledger_failures_total", "Shares the quota ledger could not give (the store failed or was slow).", nil, nil)
 	quotaFailoverDesc = prometheus.NewDesc("admit_rlqs_failovers_total", "Assignments made by the rules' on_error because the quota ledger could not be reached.", nil, nil)
-	quotaFullDesc     = prometheus.NewDesc("admit_rlqs_limit_full_total", "Buckets that waited for a share because their limit was divided among 1,024 buckets already.", nil, nil)
+	quotaFullDesc     = prometheus.NewDesc("admit_rlqs_limit_full_total", "Buckets that waited for a share because their limit was divided among 256 buckets already.", nil, nil)
 	quotaAbandonDesc  = prometheus.NewDesc("admit_rlqs_abandoned_total", "Buckets abandoned: invalid (entries past the bounds), too_many (past the buckets of a stream), idle.", []string{"reason"}, nil)
 	quotaRefusedDesc  = prometheus.NewDesc("admit_rlqs_denied_buckets_total", "Buckets assigned DENY_ALL by what refuses them (an unknown tenant, a key, a limit of 0).", []string{"reason"}, nil)
 	quotaRStreamsDesc = prometheus.NewDesc("admit_rlqs_rule_streams", "Quota streams with a bucket the rule limits.", []string{"rule"}, nil)

@@ -229,17 +229,27 @@ type fleet struct {
 }
 
 func startFleet(addr string, envoys int, every time.Duration) (*fleet, error) {
-	c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
+	// A connection holds 8 quota streams at most.
+	var conns []*grpc.ClientConn
+	for range (envoys + 7) / 8 {
+		c, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		conns = append(conns, c)
 	}
-	client := rlqsv3.NewRateLimitQuotaServiceClient(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fleet{}
 	var wg sync.WaitGroup
-	f.stop = func() { cancel(); wg.Wait(); c.Close() }
+	f.stop = func() {
+		cancel()
+		wg.Wait()
+		for _, c := range conns {
+			c.Close()
+		}
+	}
 	for e := range envoys {
-		s, err := client.StreamRateLimitQuotas(ctx)
+		s, err := rlqsv3.NewRateLimitQuotaServiceClient(conns[e/8]).StreamRateLimitQuotas(ctx)
 		if err != nil {
 			f.stop()
 			return nil, err
