@@ -57,10 +57,14 @@ func (s *Store) lock(l *lockSet) {
 }
 
 // at is shard.at for the shards of l, locked: the latest of now and
-// their last decisions' times, which each of them keeps.
+// their last decisions' times within maxLockWait of it, which each of
+// them keeps.
 func (s *Store) at(l *lockSet, now int64) int64 {
+	read := now
 	for _, i := range l.idx[:l.n] {
-		now = max(now, s.shards[i].last)
+		if last := s.shards[i].last; last > now && last-read <= maxLockWait {
+			now = last
+		}
 	}
 	for _, i := range l.idx[:l.n] {
 		s.shards[i].last = now

@@ -126,14 +126,22 @@ type shard struct {
 // that waited for the lock longer than another took to read the clock
 // and decide would otherwise be made at an earlier time than one it
 // follows. So time never runs backwards for a key: a decision is made as
-// if it had arrived when it got the lock, or a little before.
+// if it had arrived when it got the lock, or a little before. A reading
+// more than maxLockWait before the last is the clock set back, not a
+// decision that waited: it stands, and each key's state takes it as the
+// engine takes a clock that went back (another key of the shard, decided
+// at the later time, must not move this one's time).
 func (sh *shard) at(now int64) int64 {
-	if now < sh.last {
+	if now < sh.last && sh.last-now <= maxLockWait {
 		return sh.last
 	}
 	sh.last = now
 	return now
 }
+
+// maxLockWait is the longest a decision is taken to have waited for its
+// shard's lock between reading the clock and deciding.
+const maxLockWait = int64(100 * time.Millisecond)
 
 var _ admit.Store = (*Store)(nil)
 
