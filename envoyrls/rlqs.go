@@ -685,7 +685,7 @@ func (st *quotaStream) shareAll(ctx context.Context, bs []*quotaBucket, reported
 		for i, b := range group {
 			asks[i] = st.ask(b, group[i].limits[0], reported, b.ttl())
 		}
-		gs, err := st.askMany(ctx, group[0].limits[0], asks)
+		gs, err := st.update(ctx, group[0].limits[0], asks, false)
 		for i, b := range group {
 			var g shareGrant
 			if err == nil {
@@ -738,7 +738,7 @@ func (st *quotaStream) apply(b *quotaBucket, g shareGrant, err error, ttl time.D
 			b.waiting = true
 			return nil
 		case err != nil:
-			strategy = st.failover(b, err)
+			strategy = st.failover(b)
 		case g.Deny:
 			strategy = blanket(typev3.RateLimitStrategy_DENY_ALL)
 			st.setRate(b, 0)
@@ -900,7 +900,7 @@ func (st *quotaStream) allow(ctx context.Context, b *quotaBucket, l *quotaLimit,
 	var dec admit.Decision
 	out, err := d.Decide(ctx, &res, &dec)
 	if err != nil || out != policy.Stored {
-		return shareGrant{}, ttl, cmpErr(err)
+		return shareGrant{}, ttl, undecided(err)
 	}
 	at := now
 	if !dec.At.IsZero() {
@@ -955,7 +955,7 @@ func (st *quotaStream) allow(ctx context.Context, b *quotaBucket, l *quotaLimit,
 	if cost > 0 {
 		res.Charges[0].Cost = min(cost, int64(1e9))
 		if out, err = d.Decide(ctx, &res, &dec); err != nil || out != policy.Stored {
-			return shareGrant{}, ttl, cmpErr(err)
+			return shareGrant{}, ttl, undecided(err)
 		}
 		if !dec.Results[0].Allowed {
 			// Others took it meanwhile: asked again at the next tick.
@@ -978,9 +978,9 @@ func (st *quotaStream) allow(ctx context.Context, b *quotaBucket, l *quotaLimit,
 	return shareGrant{Limit: terms, Rate: units, Max: maxTokens}, ttl, nil
 }
 
-// cmpErr is the error of a store that did not decide: its own, or that it
-// was down (the rules' on_error then decides, as for a bucket's ledger).
-func cmpErr(err error) error {
+// undecided is the error of a store that did not decide: its own, or that
+// it was down (the rules' on_error then decides, as for a bucket's ledger).
+func undecided(err error) error {
 	if err != nil {
 		return err
 	}
@@ -998,13 +998,8 @@ func (st *quotaStream) askLimit(ctx context.Context, l quotaLimit, ask shareAsk,
 	return gs[0], nil
 }
 
-// askMany asks one limit's ledger for several buckets' shares in one
-// update, in order.
-func (st *quotaStream) askMany(ctx context.Context, l quotaLimit, asks []shareAsk) ([]shareGrant, error) {
-	return st.update(ctx, l, asks, false)
-}
-
-// update runs asks against limit l's ledger in one update.
+// update runs asks against limit l's ledger in one update, in order; dry
+// asks without recording.
 func (st *quotaStream) update(ctx context.Context, l quotaLimit, asks []shareAsk, dry bool) ([]shareGrant, error) {
 	gs := make([]shareGrant, len(asks))
 	err := st.q.opts.Ledger.Update(ctx, l.key, ledgerTTL, func(now time.Time, data []byte) ([]byte, bool, error) {
@@ -1046,7 +1041,7 @@ const ledgerTTL = time.Hour + time.Minute
 // failover returns b's assignment while the ledger cannot be reached, as
 // its rules' on_error modes say: closed denies, local divides each limit
 // by the holders it had, open allows.
-func (st *quotaStream) failover(b *quotaBucket, err error) *typev3.RateLimitStrategy {
+func (st *quotaStream) failover(b *quotaBucket) *typev3.RateLimitStrategy {
 	st.q.stats.failed.Add(1)
 	st.q.stats.failovers.Add(1)
 	def := admit.FailOpen
@@ -1083,7 +1078,6 @@ func (st *quotaStream) failover(b *quotaBucket, err error) *typev3.RateLimitStra
 			least = tb
 		}
 	}
-	_ = err
 	return &typev3.RateLimitStrategy{Strategy: &typev3.RateLimitStrategy_TokenBucket{TokenBucket: least}}
 }
 
