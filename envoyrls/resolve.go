@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"time"
 
 	rlext "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -25,6 +26,11 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	c.refs = c.refs[:0]
 	c.never = c.never[:0]
 	c.all = policy.Resolution{Policy: p, Charges: c.all.Charges[:0], Rules: c.all.Rules[:0]}
+	c.ban = nil
+	bans := s.opts.Decider.Bans()
+	if bans != nil && !bans.Any() {
+		bans = nil
+	}
 	var replaced []string
 	for i, d := range req.GetDescriptors() {
 		if err := c.readEntries(d); err != nil {
@@ -47,6 +53,9 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 				return err
 			}
 		default:
+			if bans != nil && c.ban == nil {
+				c.ban = c.bannedAddress(bans)
+			}
 			m := cfg.Lookup(domain, c.entries)
 			if m.Limit != nil {
 				st.limit = m.Limit
@@ -86,6 +95,32 @@ func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64
 		n = 0 // a refund: Admit gives nothing back, and reports the counters
 	}
 	return int64(min(n, bounds.MaxCount)), n > bounds.MaxCost
+}
+
+// bannedAddress returns the ban in force over the client address of an
+// envoyproxy/ratelimit descriptor (its remote_address entry; the peer's
+// own address when the peer is not trusted to name its clients), nil if
+// none.
+func (c *call) bannedAddress(bans *policy.Bans) *policy.Ban {
+	addr := c.peer
+	if addr == "" {
+		for _, e := range c.entries {
+			if e.Key == EntryRemoteAddress {
+				addr = e.Value
+			}
+		}
+	}
+	if addr == "" {
+		return nil
+	}
+	ip, err := policy.CanonicalIP(addr)
+	if err != nil {
+		return nil
+	}
+	if b, ok := bans.MatchIdentity("", "", ip, "", time.Now()); ok {
+		return &b
+	}
+	return nil
 }
 
 // readEntries copies a descriptor's entries into c.entries, bounded.
@@ -246,6 +281,11 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	}
 	if err := p.Resolve(r, &c.one); err != nil {
 		return err
+	}
+	if bans := s.opts.Decider.Bans(); bans != nil && c.ban == nil {
+		if b, ok := bans.Matched(&c.one, s.opts.Now()); ok {
+			c.ban = &b
+		}
 	}
 	if len(c.one.Charges) == 0 {
 		st.kind = kindNone

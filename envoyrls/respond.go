@@ -320,6 +320,19 @@ func (s *Service) status(c *call, st *descState, out policy.Outcome, now time.Ti
 	return ds, over
 }
 
+// banned makes resp the refusal of a request by ban: every descriptor
+// over the limit until the ban ends, its limit named for the ban.
+func banned(resp *rlsv3.RateLimitResponse, ban *policy.Ban, now time.Time) {
+	resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	for i := range resp.Statuses {
+		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:               rlsv3.RateLimitResponse_OVER_LIMIT,
+			CurrentLimit:       &rlsv3.RateLimitResponse_RateLimit{Name: "ban:" + ban.ID, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND},
+			DurationUntilReset: wholeSeconds(ban.Expires.Sub(now)),
+		}
+	}
+}
+
 // wholeSeconds is d rounded up to whole seconds, as envoyproxy/ratelimit
 // sends duration_until_reset (never earlier than the reset).
 func wholeSeconds(d time.Duration) *durationpb.Duration {

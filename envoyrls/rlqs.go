@@ -192,6 +192,7 @@ type quotaBucket struct {
 	tenant   *policy.Tenant
 	resolved resolvedFor // zero until resolved
 
+	banUntil   time.Time // when the ban that denies it ends; zero if none
 	lastReport time.Time
 	interval   time.Duration // between its reports, as observed
 	demand     float64       // requests per second, at its last report
@@ -217,6 +218,7 @@ type quotaBucket struct {
 type resolvedFor struct {
 	policy *policy.Policy
 	config *Config
+	bans   int64 // the bans' version
 }
 
 // quotaStream is one StreamRateLimitQuotas call.
@@ -448,8 +450,25 @@ func (st *quotaStream) measure(b *quotaBucket, u *rlqsv3.RateLimitQuotaUsageRepo
 // ttl is how long a bucket's assignment lives: two of its report
 // intervals, at least MinQuotaTTL, in whole seconds as Envoy counts them.
 func (b *quotaBucket) ttl() time.Duration {
+	if !b.banUntil.IsZero() {
+		// A ban's DENY_ALL lasts until the ban ends, whole seconds up.
+		return min(max(time.Until(b.banUntil), 0).Truncate(time.Second)+time.Second, MaxBanAssignment)
+	}
 	d := max(MinQuotaTTL, 2*b.interval)
 	return min(d.Round(time.Second)+time.Second, time.Hour)
+}
+
+// MaxBanAssignment bounds the TTL of a banned bucket's DENY_ALL: a ban
+// lifted early is replaced at the next tick, but an Envoy that lost its
+// stream meanwhile holds the assignment that long.
+const MaxBanAssignment = time.Hour
+
+// bansVersion returns the version of the bans s's decider enforces.
+func bansVersion(s *Service) int64 {
+	if b := s.opts.Decider.Bans(); b != nil {
+		return b.Version()
+	}
+	return 0
 }
 
 // resolve finds the limits of b's requests.
@@ -460,14 +479,14 @@ func (st *quotaStream) resolve(b *quotaBucket) {
 	if s.opts.Policy != nil {
 		p = s.opts.Policy()
 	}
-	now := resolvedFor{policy: p, config: cfg}
+	now := resolvedFor{policy: p, config: cfg, bans: bansVersion(s)}
 	if b.resolved == now {
 		return
 	}
 	for _, l := range b.limits {
 		st.countRule(l, -1)
 	}
-	b.resolved, b.limits, b.kind, b.why = now, nil, quotaAllow, ""
+	b.resolved, b.limits, b.kind, b.why, b.banUntil = now, nil, quotaAllow, "", time.Time{}
 	configured := cfg.HasDomain(st.domain)
 	if !configured && p == nil {
 		return
@@ -495,6 +514,14 @@ func (st *quotaStream) resolve(b *quotaBucket) {
 	}
 	if err := s.resolve(c, req, cfg, p, !configured); err != nil {
 		b.kind, b.why = quotaDeny, admit.ErrorCode(err).String()
+		st.q.stats.denied(b.why)
+		return
+	}
+	if c.ban != nil {
+		// Refused until the ban ends, with no share asked: its
+		// assignment lives as long as the ban, and a ban lifted
+		// re-resolves the bucket at the next tick.
+		b.kind, b.why, b.banUntil = quotaDeny, "ban", c.ban.Expires
 		st.q.stats.denied(b.why)
 		return
 	}
@@ -1095,7 +1122,7 @@ func (st *quotaStream) tick(ctx context.Context) *rlqsv3.RateLimitQuotaResponse 
 	if s.opts.Policy != nil {
 		p = s.opts.Policy()
 	}
-	current := resolvedFor{policy: p, config: s.cfg.Load()}
+	current := resolvedFor{policy: p, config: s.cfg.Load(), bans: bansVersion(s)}
 	var due []*quotaBucket
 	for key, b := range st.buckets {
 		switch {

@@ -204,9 +204,12 @@ type call struct {
 	// peer is the address of a peer not trusted to name its clients
 	// (Options.TrustedPeers), "" when it is trusted or has none.
 	peer string
-	dec  admit.Decision
-	key  []byte
-	sub  []byte
+	// ban is the ban in force over one of the request's descriptors,
+	// which refuses it whole, nil if none.
+	ban *policy.Ban
+	dec admit.Decision
+	key []byte
+	sub []byte
 }
 
 // ShouldRateLimit decides a request: every descriptor is matched to its
@@ -220,7 +223,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		st.call(time.Since(start))
 		// The store failed, whether or not the rules fail open or decide
 		// locally then.
-		if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable || err == nil && out != policy.Stored {
+		if err != nil && admit.ErrorCode(err) == admit.CodeUnavailable || err == nil && out != policy.Stored && out != policy.Banned {
 			st.Add("ratelimit.service.call.should_rate_limit.redis_error", 1)
 		} else if err != nil {
 			st.Add("ratelimit.service.call.should_rate_limit.service_error", 1)
@@ -270,6 +273,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 	}
 	if err := s.resolve(c, req, cfg, p, catalog); err != nil {
 		return nil, 0, err
+	}
+	if c.ban != nil {
+		banned(resp, c.ban, s.opts.Now())
+		return resp, policy.Banned, nil
 	}
 	quotas := c.prepareCounting(req, s.opts.QuotaAnswers)
 	out, err := s.decideCharges(ctx, c, quotas)

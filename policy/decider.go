@@ -30,6 +30,9 @@ const (
 	// the in-process limiter decided, with each limit divided among the
 	// servers.
 	FailedLocal
+	// Banned: a ban refused the request, and the store was not asked
+	// (see Bans).
+	Banned
 )
 
 // A Decider decides resolved requests against a store and applies the
@@ -58,6 +61,7 @@ type Decider struct {
 	lastFailure atomic.Int64
 	onChange    func(StoreEvent)
 	usage       Observer
+	bans        *Bans
 }
 
 // storeSettle is how long a store must go without a failed call before an
@@ -137,12 +141,37 @@ func NewDecider(store admit.Store, instances int64) *Decider {
 // Decide decides the charges of res into dec. A resolution without charges
 // is admitted. The error is the store's when it is not an outage, or the
 // outage itself when a rule fails closed.
+//
+// With bans enforced (EnforceBans), a request a ban refuses is decided by
+// the ban alone, with no store call: res then holds the ban's rule (named
+// "ban:" and the ban's id) and dec its one result, refusing until the ban
+// ends, with outcome Banned.
 func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
+	if b := d.bans; b != nil && b.refuse(res, dec) {
+		return Banned, nil
+	}
 	out, err := d.decide(ctx, res, dec)
-	if err == nil && d.usage != nil {
-		d.usage.Observe(res, dec, out)
+	if err == nil {
+		if d.usage != nil {
+			d.usage.Observe(res, dec, out)
+		}
+		if b := d.bans; b != nil && !dec.Allowed && out == Stored {
+			b.observe(res, dec)
+		}
 	}
 	return out, err
+}
+
+// EnforceBans makes d refuse the requests b's bans name, and count the
+// refusals b's escalation rules count. Call it before the first decision.
+func (d *Decider) EnforceBans(b *Bans) { d.bans = b }
+
+// Bans returns the bans d enforces, nil if none.
+func (d *Decider) Bans() *Bans {
+	if d == nil {
+		return nil
+	}
+	return d.bans
 }
 
 // An Observer is told of every decision a Decider makes, with its

@@ -93,6 +93,7 @@ type Resolution struct {
 
 	keyHash string
 	auth    *authenticated // the request's, if it holds
+	who     identity       // what bans are matched against
 	buf     []byte
 	// share is the request's class in shared limits, which its fair
 	// charges point to; shareWhole the same without its sub, for rules
@@ -240,6 +241,17 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	}
 	if len(res.Charges) > bounds.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), bounds.MaxCharges)
+	}
+	res.who = identity{tenant: req.Tenant, user: req.User, ip: req.IP, apiKey: req.APIKey, keyHash: res.keyHash, auth: res.auth,
+		untrusted: req.Untrusted, unvouched: req.Unvouched || req.Untrusted}
+	if res.Tenant != nil {
+		res.who.tenant = res.Tenant.ID
+		if res.auth != nil {
+			res.who.unvouched = false // the key is the tenant's
+		}
+	}
+	if res.who.tenant == "" {
+		res.who.user = "" // a user is a tenant's
 	}
 	return nil
 }

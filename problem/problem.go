@@ -76,3 +76,8 @@ func Status(err error) int {
 	}
 	return http.StatusInternalServerError
 }
+
+// TypeAbnormalUsage is the problem type of a refusal by a ban: the
+// caller's usage was judged abusive, by an operator or an escalation rule
+// (draft-ietf-httpapi-ratelimit-headers).
+const TypeAbnormalUsage = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"

@@ -28,6 +28,7 @@ type conn struct {
 	// (client.refusalKey of msgKey).
 	refusalKey string
 	client     client
+	keyHash    string // of the API key it connected with, "" if none
 	// msg are the charges of a message, under the policy of the last one;
 	// only the reading goroutine touches them.
 	msg *msgCharges

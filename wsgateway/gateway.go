@@ -66,6 +66,9 @@ const (
 	// lease expired, say after the store was unreachable for longer than
 	// the lease TTL); the client may connect again.
 	CloseSlotLost websocket.StatusCode = 4002
+	// CloseBanned: a ban of the connection's tenant, client address or
+	// API key came in force (POST /v1/admin/bans, or an escalation rule).
+	CloseBanned websocket.StatusCode = 4003
 )
 
 // The limit names a refusal reports (problem+json denied_by, metrics).
@@ -251,7 +254,7 @@ type Gateway struct {
 	done   chan struct{}
 
 	stats struct {
-		connections, admitted, rejected, messages, throttled, slow, expired atomic.Int64
+		connections, admitted, rejected, messages, throttled, slow, expired, banned atomic.Int64
 		throttledLocally, malformed, control, overBudget, refusedGlobal     atomic.Int64
 		messageClosed                                                       atomic.Int64
 		refused                                                             [4]atomic.Int64
@@ -280,6 +283,9 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.decider == nil {
 		g.decider = policy.NewDecider(g.store, 1)
+	}
+	if bans := g.decider.Bans(); bans != nil {
+		bans.OnChange(g.closeBanned)
 	}
 	if g.sessions == nil {
 		g.sessions = NewMemorySessions(nil)
@@ -570,6 +576,7 @@ type admission struct {
 	limits          *limits
 	lease           string
 	client          client
+	keyHash         string // of the API key presented, "" if none
 }
 
 // admit runs the authorizer and decides the connection limits, with the
@@ -614,6 +621,19 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 	// it, and it was there) nor for the limits (refusals.go).
 	now := g.now()
 	cl := g.clientOf(r, t)
+	var keyHash string
+	if bans := g.decider.Bans(); bans != nil && bans.Any() {
+		if k := presentedKey(r); k != "" {
+			keyHash = policy.HashKey(k)
+		}
+		if ban, ok := bans.MatchIdentity(tenant, "", canonicalAddr(cl.addr), keyHash, now); ok {
+			// Refused with no store call, as every front end refuses a
+			// banned caller.
+			g.stats.refusedGlobal.Add(1)
+			g.refuseBanned(w, ban, now)
+			return a, false
+		}
+	}
 	rkey := cl.refusalKey(sid)
 	shared := g.sharedOf(p)
 	var dec admit.Decision
@@ -654,7 +674,44 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		g.refuse(w, l, &dec, !dryRun, sr)
 		return a, false
 	}
-	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID, client: cl}, true
+	return admission{tenant: tenant, session: sid, limits: l, lease: dec.Lease.ID, client: cl, keyHash: keyHash}, true
+}
+
+// canonicalAddr returns a client address as bans name it, "" if it is no
+// address.
+func canonicalAddr(addr string) string {
+	ip, err := policy.CanonicalIP(addr)
+	if err != nil {
+		return ""
+	}
+	return ip
+}
+
+// refuseBanned answers a connection a ban refuses: 429 until the ban ends.
+func (g *Gateway) refuseBanned(w http.ResponseWriter, ban policy.Ban, now time.Time) {
+	left := ban.Expires.Sub(now)
+	ms := left.Milliseconds()
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((left+time.Second-1)/time.Second)), 10))
+	problem.WriteDetails(w, problem.Details{
+		Type:   problem.TypeAbnormalUsage,
+		Status: http.StatusTooManyRequests, DeniedBy: "ban:" + ban.ID, RetryAfterMS: &ms,
+		Detail: "connection refused by ban:" + ban.ID + ": the caller is banned until " + ban.Expires.UTC().Format(time.RFC3339),
+	})
+}
+
+// closeBanned closes the open connections a ban now in force refuses.
+func (g *Gateway) closeBanned() {
+	bans := g.decider.Bans()
+	if !bans.Any() {
+		return
+	}
+	now := g.now()
+	for _, c := range g.snapshot() {
+		if ban, ok := bans.MatchIdentity(c.tenant, "", canonicalAddr(c.client.addr), c.keyHash, now); ok {
+			g.stats.banned.Add(1)
+			c.close(CloseBanned, "banned by ban:"+ban.ID)
+		}
+	}
 }
 
 // resolveConnect resolves the global rules naming ws:connect for a
@@ -701,7 +758,7 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, a admission) {
 	var err error
 	msgKey := key(l.messages[0], tenant, "", ActionMessage)
 	c := &conn{g: g, tenant: tenant, session: sid, lease: a.lease, id: newID(12),
-		msgKey: msgKey, refusalKey: a.client.refusalKey(msgKey), client: a.client}
+		msgKey: msgKey, refusalKey: a.client.refusalKey(msgKey), client: a.client, keyHash: a.keyHash}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	admitted := false
 	defer func() {

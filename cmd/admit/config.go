@@ -47,10 +47,104 @@ type Config struct {
 	Usage    UsageConfig                  `json:"usage"`
 	Shedding []ShedGroupConfig            `json:"shedding"`
 	LLM      LLMConfig                    `json:"llm"`
+	Bans     []BanRuleConfig              `json:"bans"`
 
 	// src keeps the positions of the decoded fields, for checks made
 	// after parsing (CheckProxyActions).
 	src *decoder
+}
+
+// BanRuleConfig is one escalation rule of the bans section: refusals
+// refusals by rule within the window ban the refused request's identifier
+// of scope for ban, each next ban of it twice as long, at most max; its
+// bans are forgotten forget after the last one ended (default 24h).
+type BanRuleConfig struct {
+	Name     string `json:"name"`
+	Rule     string `json:"rule"`
+	Refusals int64  `json:"refusals"`
+	Within   string `json:"within"`
+	Ban      string `json:"ban"`
+	Max      string `json:"max"`
+	Forget   string `json:"forget"`
+	Scope    string `json:"scope"`
+}
+
+// Escalations returns the bans section's rules; the configuration was
+// checked, so every duration parses.
+func (c *Config) Escalations() []policy.Escalation {
+	out := make([]policy.Escalation, 0, len(c.Bans))
+	for _, b := range c.Bans {
+		e, _ := b.escalation()
+		out = append(out, e)
+	}
+	return out
+}
+
+// escalation parses b, naming the field that does not parse.
+func (b *BanRuleConfig) escalation() (policy.Escalation, string) {
+	e := policy.Escalation{Name: b.Name, Rule: b.Rule, Refusals: b.Refusals, Scope: b.Scope}
+	for _, f := range []struct {
+		name, v string
+		d       *time.Duration
+	}{{"within", b.Within, &e.Within}, {"ban", b.Ban, &e.Ban}, {"max", b.Max, &e.Max}, {"forget", b.Forget, &e.Forget}} {
+		if f.v == "" {
+			continue
+		}
+		d, err := time.ParseDuration(f.v)
+		if err != nil {
+			return e, f.name
+		}
+		*f.d = d
+	}
+	return e, ""
+}
+
+// checkBans checks the bans section: durations, bounds, and that each
+// rule it counts is one of the configuration's.
+func (d *decoder) checkBans(c *Config) {
+	names := map[string]bool{}
+	rules := map[string]bool{}
+	for _, r := range c.Global {
+		rules[r.Name] = true
+	}
+	for _, t := range c.Tiers {
+		for _, r := range t.Rules {
+			rules[r.Name] = true
+		}
+	}
+	for _, t := range c.Tenants {
+		for _, r := range t.Overrides {
+			rules[r.Name] = true
+		}
+	}
+	for i, b := range c.Bans {
+		at := func(f string) string { return fmt.Sprintf("bans[%d].%s", i, f) }
+		e, bad := b.escalation()
+		if bad != "" {
+			d.failAt(at(bad), "%q is not a duration like 10m", map[string]string{"within": b.Within, "ban": b.Ban, "max": b.Max, "forget": b.Forget}[bad])
+			continue
+		}
+		if err := policy.CheckEscalation(&e); err != nil {
+			var ae *admit.Error
+			field := "name"
+			if errors.As(err, &ae) && ae.Field != "" {
+				field = ae.Field
+			}
+			d.failAt(at(field), "%s", strings.TrimPrefix(err.Error(), "invalid: "))
+			continue
+		}
+		if names[b.Name] {
+			d.failAt(at("name"), "%q names two escalation rules", b.Name)
+		}
+		names[b.Name] = true
+		if !rules[b.Rule] {
+			hint := ""
+			if s := policy.Suggest(b.Rule, slices.Sorted(maps.Keys(rules))); s != "" {
+				hint = "; did you mean " + strconv.Quote(s) + "?"
+			}
+			d.failAt(at("rule"), "%q is no rule of the configuration%s", b.Rule, hint)
+		}
+	}
 }
 
 // UsageConfig is the usage section: the usage records of quotas, what a
@@ -672,6 +766,7 @@ func (d *decoder) check(c *Config) {
 	}
 	d.checkGateway(&c.Gateway)
 	d.checkLLM(&c.LLM)
+	d.checkBans(c)
 	switch c.Store.Backend {
 	case "", "memory", "redis":
 	default:

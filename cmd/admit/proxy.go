@@ -128,6 +128,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return err // validated with the configuration
 	}
 	decider := policy.NewDecider(b.st.store, b.cfg.Store.Instances)
+	decider.EnforceBans(b.bans)
 	defer decider.Close()
 	opts.Decider, opts.Instances, opts.Policy, opts.Logger = decider, b.cfg.Store.Instances, b.catalog.Policy, log
 	opts.RequireKey = !f.keysOptional

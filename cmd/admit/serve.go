@@ -197,7 +197,10 @@ type backend struct {
 	data    []byte // the configuration file as loaded
 	st      *openedStore
 	catalog *catalog.Catalog
-	stop    context.CancelFunc // ends the catalog watch
+	// bans are the bans every front end of this process enforces,
+	// followed in the store (each server's Decider enforces them).
+	bans *policy.Bans
+	stop context.CancelFunc // ends the catalog watch
 	// check, if set, is what a reloaded configuration must also pass
 	// (admit proxy's actions).
 	check func(*Config) error
@@ -255,7 +258,16 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 			return err
 		})
 	}
-	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop}, nil
+	bans := policy.NewBans(st.bans)
+	if err := bans.SetEscalations(cfg.Escalations()); err != nil {
+		stop()
+		st.close()
+		return nil, err // checked with the configuration
+	}
+	if err := bans.Start(ctx, st.store); err != nil {
+		log.Warn("the bans could not be loaded at start; enforcing none until they can", "err", err)
+	}
+	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop, bans: bans}, nil
 }
 
 // regionFlags applies --region and --home over the file's store section,
@@ -364,6 +376,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	// One decider for HTTP and gRPC: a rule that fails local shares one
 	// in-process limiter whichever way it is asked.
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)
+	dec.EnforceBans(b.bans)
 	defer dec.Close()
 	meter := usage.NewMeter(st.usage, time.Second)
 	dec.MeterUsage(meter)
@@ -726,6 +739,9 @@ func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan s
 		}
 		if err == nil {
 			err = catalog.SetBase(b.st.spec(cfg))
+		}
+		if err == nil {
+			err = b.bans.SetEscalations(cfg.Escalations())
 		}
 		if err != nil {
 			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))

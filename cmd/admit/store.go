@@ -20,6 +20,7 @@ import (
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/policy/catalog/redischanges"
+	"github.com/admitdev/admit/policy/redisbans"
 	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/policy/usage/redisusage"
 	"github.com/admitdev/admit/redisstore"
@@ -53,6 +54,9 @@ type openedStore struct {
 	// quota keeps the Envoy quota service's ledgers: in this process with
 	// the memory store, shared in Redis with Redis.
 	quota envoyrls.QuotaLedger
+	// bans keeps the bans: in this process (and dataDir) with the memory
+	// store, shared in Redis with Redis.
+	bans  policy.BanStore
 	close func()
 	// home says the store is one region of limits held across regions.
 	home bool
@@ -84,6 +88,15 @@ func (st *openedStore) spec(cfg *Config) *policy.Spec {
 // usage records in files under dataDir (which it locks, if it owns it:
 // otherwise it only reads the catalog there), or Redis, which then also
 // holds the catalog and the records.
+// memoryBans returns the memory store's bans: journaled in dataDir when
+// the server owns it, so that they and their history survive a restart.
+func memoryBans(dataDir string, owns bool) *policy.MemoryBans {
+	if !owns {
+		return &policy.MemoryBans{}
+	}
+	return &policy.MemoryBans{Path: filepath.Join(dataDir, "bans.jsonl")}
+}
+
 // anonymousKeys is the bound of an anonymous address's idempotency keys:
 // a tenth of a tenant's (server.idempotency_keys_per_tenant), at least 1.
 func anonymousKeys(cfg *Config) int {
@@ -125,6 +138,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		return &openedStore{
 			name: "memory", store: m,
 			changes: &catalog.FileStore{Path: filepath.Join(dataDir, "catalog.json")},
+			bans:    memoryBans(dataDir, ownsDataDir),
 			stats: func() server.StoreStats {
 				st := m.Stats()
 				return server.StoreStats{Keys: st.Keys, Evictions: st.Evictions, Expirations: st.Expirations, Leases: st.Leases}
@@ -217,6 +231,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		},
 		sessions: sessions,
 		quota:    redisquota.New(r),
+		bans:     redisbans.New(r),
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
 		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),

@@ -491,6 +491,10 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	handle("GET", "/v1/admin/usage", s.admin(s.handleUsageRecords))
 	handle("GET", "/v1/admin/dashboard", s.admin(s.handleDashboard))
 	handle("POST", "/v1/admin/simulate", s.admin(s.handleSimulate))
+	handle("GET", "/v1/admin/bans", s.admin(s.handleBans))
+	handle("POST", "/v1/admin/bans", s.admin(s.handleBanCreate))
+	handle("GET", "/v1/admin/bans/{id}", s.admin(s.handleBanGet))
+	handle("DELETE", "/v1/admin/bans/{id}", s.admin(s.handleBanDelete))
 
 	if s.gateway != nil {
 		handle("PUT", "/v1/sessions", credentials(s.handleSessionCreate))

@@ -1,0 +1,315 @@
+package policy
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/memstore"
+)
+
+// countingStore counts the decisions its store is asked.
+type countingStore struct {
+	admit.Store
+	calls atomic.Int64
+}
+
+func (c *countingStore) Decide(ctx context.Context, charges []admit.Charge, d *admit.Decision) error {
+	c.calls.Add(1)
+	return c.Store.Decide(ctx, charges, d)
+}
+
+func banPolicy(t *testing.T) *Policy {
+	t.Helper()
+	p, err := Compile(&Spec{
+		Global: []RuleSpec{{Name: "per-ip", Scope: "ip", Algorithm: "token_bucket", Rate: "100/s", Burst: n(100)}},
+		Tiers: map[string]TierSpec{"free": {Rules: []RuleSpec{
+			{Name: "api", Scope: "user", Algorithm: "fixed_window", Limit: n(1), Window: "1h"},
+		}}},
+		Tenants: map[string]TenantSpec{"acme": {Tier: "free"}, "beta": {Tier: "free"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func startBans(t *testing.T, store admit.Store) *Bans {
+	t.Helper()
+	b := NewBans(&MemoryBans{})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := b.Start(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestBansRefuseWithoutTheStore bans each kind of identifier and checks
+// that its requests, and only its, are refused by the ban, naming it,
+// until it ends, with no store call.
+func TestBansRefuseWithoutTheStore(t *testing.T) {
+	ctx := context.Background()
+	p := banPolicy(t)
+	st := &countingStore{Store: memstore.New(nil)}
+	d := NewDecider(st, 1)
+	b := startBans(t, st)
+	d.EnforceBans(b)
+	decide := func(req Request) (admit.Decision, Outcome) {
+		t.Helper()
+		var res Resolution
+		req.Cost = 1
+		if err := p.Resolve(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		var dec admit.Decision
+		out, err := d.Decide(ctx, &res, &dec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return dec, out
+	}
+	for _, tc := range []struct {
+		ban         Ban
+		hit, missed Request
+	}{
+		{Ban{Scope: BanIP, Value: "198.51.100.7"}, Request{IP: "198.51.100.7"}, Request{IP: "198.51.100.8"}},
+		{Ban{Scope: BanIP, Value: "::ffff:198.51.100.9"}, Request{IP: "198.51.100.9:4431"}, Request{IP: "198.51.100.10"}},
+		{Ban{Scope: BanIP, Value: "203.0.113.77/24"}, Request{IP: "203.0.113.200"}, Request{IP: "203.0.114.1"}},
+		{Ban{Scope: BanIP, Value: "2001:db8:1:2::1"}, Request{IP: "2001:db8:1:2:ffff::9"}, Request{IP: "2001:db8:1:3::1"}},
+		{Ban{Scope: BanIP, Value: "2001:db8:a000::/36"}, Request{IP: "2001:db8:a0ff:1::1"}, Request{IP: "2001:db8:b000::1"}},
+		{Ban{Scope: BanAPIKey, Value: "k-live-123"}, Request{Tenant: "acme", User: "u", APIKey: "k-live-123"}, Request{Tenant: "acme", User: "u", APIKey: "k-live-124"}},
+		{Ban{Scope: BanUser, Tenant: "acme", Value: "mallory"}, Request{Tenant: "acme", User: "mallory"}, Request{Tenant: "beta", User: "mallory"}},
+		{Ban{Scope: BanTenant, Value: "beta"}, Request{Tenant: "beta", User: "x"}, Request{Tenant: "acme", User: "x"}},
+	} {
+		ban, err := b.Add(ctx, tc.ban, 10*time.Minute)
+		if err != nil {
+			t.Fatalf("ban %+v: %v", tc.ban, err)
+		}
+		before := st.calls.Load()
+		dec, out := decide(tc.hit)
+		if dec.Allowed || out != Banned || dec.DeniedBy != "ban:"+ban.ID || len(dec.Results) != 1 ||
+			dec.RetryAfter < 9*time.Minute || dec.RetryAfter > 10*time.Minute {
+			t.Errorf("%+v under ban %+v: %+v, %v; want refused by ban:%s for 10m", tc.hit, ban, dec, out, ban.ID)
+		}
+		if n := st.calls.Load() - before; n != 0 {
+			t.Errorf("a banned request cost the store %d calls", n)
+		}
+		if dec, out := decide(tc.missed); out == Banned || dec.DeniedBy == "ban:"+ban.ID {
+			t.Errorf("%+v refused by ban %+v", tc.missed, ban)
+		}
+		if ok, err := b.Remove(ctx, ban.ID); err != nil || !ok {
+			t.Fatalf("lifting %s: %v, %v", ban.ID, ok, err)
+		}
+		if _, out := decide(tc.hit); out == Banned {
+			t.Errorf("%+v still banned once the ban was lifted", tc.hit)
+		}
+	}
+}
+
+// TestBanExpires checks a ban refuses no more once it ends.
+func TestBanExpires(t *testing.T) {
+	b := NewBans(&MemoryBans{})
+	now := time.Now()
+	b.set.Store(newBanSet([]Ban{{ID: "x", Scope: BanTenant, Value: "acme", Created: now, Expires: now.Add(time.Minute)}}, now))
+	res := Resolution{who: identity{tenant: "acme"}}
+	if _, ok := b.Matched(&res, now.Add(59*time.Second)); !ok {
+		t.Fatal("not banned before the end")
+	}
+	if _, ok := b.Matched(&res, now.Add(time.Minute)); ok {
+		t.Fatal("banned at the end")
+	}
+}
+
+func TestNormalizeBanRefuses(t *testing.T) {
+	for _, b := range []Ban{
+		{Scope: "ip", Value: "example.com"},
+		{Scope: "ip", Value: "10.0.0.0/7"},
+		{Scope: "ip", Value: "2001::/15"},
+		{Scope: "user", Value: "bob"},
+		{Scope: "tenant", Value: "acme", Tenant: "x"},
+		{Scope: "api_key", Value: "sha256:abc"},
+		{Scope: "session", Value: "s"},
+		{Scope: "tenant"},
+	} {
+		if err := NormalizeBan(&b); admit.ErrorCode(err) != admit.CodeInvalid {
+			t.Errorf("%+v: %v; want invalid", b, err)
+		}
+	}
+}
+
+// waitFor waits for cond, which the escalation goroutine makes true, for
+// at most 10 s (a deadline, not a pace: it returns as soon as cond holds).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestEscalationBansAndDoubles refuses a user until the escalation bans
+// it, lifts the ban, and checks that the next ban lasts twice as long and
+// that a caller the escalation does not trust to name an address gets no
+// one banned.
+func TestEscalationBansAndDoubles(t *testing.T) {
+	ctx := context.Background()
+	p := banPolicy(t)
+	st := memstore.New(nil)
+	d := NewDecider(st, 1)
+	b := startBans(t, st)
+	d.EnforceBans(b)
+	if err := b.SetEscalations([]Escalation{
+		{Name: "abuse", Rule: "api", Scope: BanUser, Refusals: 3, Within: time.Minute, Ban: time.Minute, Max: 3 * time.Minute},
+		{Name: "addr", Rule: "api", Scope: BanIP, Refusals: 1, Within: time.Minute, Ban: time.Hour},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	decide := func(req Request) Outcome {
+		t.Helper()
+		var res Resolution
+		req.Cost = 1
+		if err := p.Resolve(&req, &res); err != nil {
+			t.Fatal(err)
+		}
+		var dec admit.Decision
+		out, err := d.Decide(ctx, &res, &dec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	mallory := Request{Tenant: "acme", User: "mallory"}
+	decide(mallory) // admitted: the limit is 1
+	for range 3 {
+		if out := decide(mallory); out == Banned {
+			t.Fatal("banned before the third refusal was counted")
+		}
+	}
+	var first Ban
+	waitFor(t, "the escalation's ban", func() bool {
+		for _, x := range b.List() {
+			if x.Scope == BanUser {
+				first = x
+				return true
+			}
+		}
+		return false
+	})
+	if first.Value != "mallory" || first.Tenant != "acme" || first.Strike != 1 || first.Source != "escalation:abuse" ||
+		first.Expires.Sub(first.Created) != time.Minute {
+		t.Fatalf("first ban %+v; want mallory of acme for 1m", first)
+	}
+	if out := decide(mallory); out != Banned {
+		t.Fatalf("mallory's next request: %v; want Banned", out)
+	}
+	// Lifted by hand; three refusals more ban again, for twice as long.
+	if _, err := b.Remove(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		decide(mallory)
+	}
+	waitFor(t, "the second ban", func() bool {
+		x, ok := b.Get(first.ID)
+		return ok && x.Strike == 2
+	})
+	second, _ := b.Get(first.ID)
+	if got := second.Expires.Sub(second.Created); got != 2*time.Minute {
+		t.Fatalf("second ban lasts %s; want 2m", got)
+	}
+	// An address an untrusted caller names is not the client's: never
+	// banned (nor its user, whom no credential vouches for).
+	trent := Request{Tenant: "acme", User: "trent", IP: "192.0.2.50", Untrusted: true}
+	for range 5 {
+		decide(trent)
+	}
+	// A trusted caller's address is the client's: one refusal bans it.
+	decide(Request{Tenant: "acme", User: "eve", IP: "192.0.2.60"})
+	decide(Request{Tenant: "acme", User: "eve", IP: "192.0.2.60"})
+	waitFor(t, "the address's ban", func() bool {
+		for _, x := range b.List() {
+			if x.Scope == BanIP && x.Value == "192.0.2.60" {
+				return true
+			}
+		}
+		return false
+	})
+	// The queue is one goroutine's, in order: trent's refusals were
+	// counted before eve's.
+	for _, x := range b.List() {
+		if x.Value == "192.0.2.50" || x.Value == "trent" {
+			t.Fatalf("an untrusted caller's values were banned: %+v", x)
+		}
+	}
+}
+
+func TestEscalatedLength(t *testing.T) {
+	for _, tc := range []struct {
+		strikes int
+		want    time.Duration
+	}{{0, time.Minute}, {1, 2 * time.Minute}, {2, 4 * time.Minute}, {3, 5 * time.Minute}, {60, 5 * time.Minute}} {
+		if got := EscalatedLength(time.Minute, 5*time.Minute, tc.strikes); got != tc.want {
+			t.Errorf("strikes %d: %s; want %s", tc.strikes, got, tc.want)
+		}
+	}
+}
+
+// BenchmarkDecideBansIdle is a decision with bans enforced and none in
+// force: what every decision pays for bans.
+func BenchmarkDecideBansIdle(b *testing.B) {
+	benchBans(b, 0)
+}
+
+// BenchmarkDecideBans1000 is a decision with 1,000 bans in force, none of
+// them the request's.
+func BenchmarkDecideBans1000(b *testing.B) {
+	benchBans(b, 1000)
+}
+
+func benchBans(b *testing.B, n int) {
+	p, err := Compile(&Spec{Tiers: map[string]TierSpec{"free": {Rules: []RuleSpec{
+		{Name: "api", Scope: "user", Algorithm: "token_bucket", Rate: "1000000/s", Burst: n64(1000000)},
+	}}}, Tenants: map[string]TenantSpec{"acme": {Tier: "free"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := memstore.New(nil)
+	d := NewDecider(st, 1)
+	bans := NewBans(&MemoryBans{})
+	now := time.Now()
+	var list []Ban
+	for i := range n {
+		list = append(list, Ban{ID: string(rune('a' + i%26)), Scope: BanIP, Value: "10.1." + itoa(i/256) + "." + itoa(i%256), Expires: now.Add(time.Hour)})
+	}
+	bans.set.Store(newBanSet(list, now))
+	d.EnforceBans(bans)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		var res Resolution
+		var dec admit.Decision
+		req := Request{Tenant: "acme", User: "u", IP: "192.0.2.1", Cost: 1}
+		for pb.Next() {
+			r := req
+			if err := p.Resolve(&r, &res); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := d.Decide(context.Background(), &res, &dec); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+func n64(v int64) *int64 { return &v }
+
+func itoa(i int) string {
+	if i < 10 {
+		return string(rune('0' + i))
+	}
+	return itoa(i/10) + string(rune('0'+i%10))
+}

@@ -1,0 +1,67 @@
+-- KEYS: bans (hash id -> ban), expiry (zset id by expires_ms), history
+-- (hash key -> "strikes:until_ms:forget_ms"), history expiry (zset key by
+-- forget_ms), revision.
+-- ARGV: op ("add", "esc" or "del"), now_ms, id, ban JSON, max bans, channel,
+-- then for esc: history key, base_ms, max_ms, forget_ms, max history.
+-- Returns {code, ban JSON}: 1 saved (or deleted), 0 one in force already
+-- (add, esc) or none (del), -1 full.
+local now = tonumber(ARGV[2])
+local id = ARGV[3]
+-- Expired bans and forgotten history leave as changes are made.
+local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
+for _, g in ipairs(gone) do
+  redis.call('HDEL', KEYS[1], g)
+  redis.call('ZREM', KEYS[2], g)
+end
+local forgot = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
+for _, g in ipairs(forgot) do
+  redis.call('HDEL', KEYS[3], g)
+  redis.call('ZREM', KEYS[4], g)
+end
+local function changed()
+  local rev = redis.call('INCR', KEYS[5])
+  redis.call('PUBLISH', ARGV[6], rev)
+end
+local op = ARGV[1]
+local cur = redis.call('HGET', KEYS[1], id)
+if op == 'del' then
+  if not cur then return {0, ''} end
+  redis.call('HDEL', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  changed()
+  return {1, cur}
+end
+if cur then return {0, cur} end
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then return {-1, ''} end
+local ban = cjson.decode(ARGV[4])
+if op == 'esc' then
+  local hkey = ARGV[7]
+  local base, most, forget = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local strikes = 0
+  local h = redis.call('HGET', KEYS[3], hkey)
+  if h then
+    local s, _, f = string.match(h, '^(%d+):(%d+):(%d+)$')
+    if s and tonumber(f) >= now then strikes = tonumber(s) end
+  end
+  local d = base
+  for _ = 1, strikes do
+    if d >= most / 2 then d = most break end
+    d = d * 2
+  end
+  if d > most then d = most end
+  ban.strike = strikes + 1
+  ban.created_ms = now
+  ban.expires_ms = now + d
+  if not h and redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[11]) then
+    local oldest = redis.call('ZPOPMIN', KEYS[4])
+    if oldest[1] then redis.call('HDEL', KEYS[3], oldest[1]) end
+  end
+  local until_ms = ban.expires_ms
+  redis.call('HSET', KEYS[3], hkey, string.format('%d:%d:%d', ban.strike, until_ms, until_ms + forget))
+  redis.call('ZADD', KEYS[4], until_ms + forget, hkey)
+end
+local out = cjson.encode(ban)
+redis.call('HSET', KEYS[1], id, out)
+redis.call('ZADD', KEYS[2], ban.expires_ms, id)
+changed()
+return {1, out}
