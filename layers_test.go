@@ -24,7 +24,7 @@ var layers = []struct {
 	{"the Redis store's exact path", []string{"redisstore/internal/exact"}},
 	{"the Redis store's rooms on the exact path", []string{"redisstore/internal/counted", "redisstore/internal/leased"}},
 	{"stores", []string{"memstore", "redisstore"}},
-	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "policy/redisbans", "policy/banstest", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
+	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "policy/redisbans", "policy/banstest", "policy/top", "policy/top/redistop", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
 	{"adapter helpers", []string{"internal/httpx", "internal/connlimit"}},
 	{"adapters", []string{"httplimit", "envoyrls", "envoyrls/redisquota", "envoyrls/quotaledgertest", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},

@@ -61,6 +61,7 @@ type Decider struct {
 	lastFailure atomic.Int64
 	onChange    func(StoreEvent)
 	usage       Observer
+	observers   []Observer
 	bans        *Bans
 }
 
@@ -155,6 +156,9 @@ func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 		if d.usage != nil {
 			d.usage.Observe(res, dec, out)
 		}
+		for _, o := range d.observers {
+			o.Observe(res, dec, out)
+		}
 		if b := d.bans; b != nil && !dec.Allowed && out == Stored {
 			b.observe(res, dec)
 		}
@@ -183,6 +187,10 @@ type Observer interface {
 // MeterUsage makes d tell o of every decision it makes. Call it before
 // the first decision.
 func (d *Decider) MeterUsage(o Observer) { d.usage = o }
+
+// Observe makes d tell o of every decision it makes, as well as the
+// usage meter and those before. Call it before the first decision.
+func (d *Decider) Observe(o Observer) { d.observers = append(d.observers, o) }
 
 func (d *Decider) decide(ctx context.Context, res *Resolution, dec *admit.Decision) (Outcome, error) {
 	if len(res.Charges) == 0 {

@@ -142,7 +142,7 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		handler = lim.Handler(httplimit.ReverseProxy(upstream, opts.TrustedProxies, opts.ForwardedHeader, log))
 	}
 	metrics, metricsReg := http.NewServeMux(), prometheus.NewRegistry()
-	metricsReg.MustRegister(lim.ShedCollector())
+	metricsReg.MustRegister(lim.ShedCollector(), b.bans.Collector())
 	metrics.Handle("GET /metrics", promhttp.HandlerFor(metricsReg, promhttp.HandlerOpts{}))
 	if llmOn {
 		h, meter, closeRecords, err := llmHandler(&b.cfg.LLM, f.llmRecords, decider, b.catalog.Policy, lim, handler, b.st.llmUsage, log)

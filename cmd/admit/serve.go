@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,6 +32,7 @@ import (
 	"github.com/admitdev/admit/internal/server"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/catalog"
+	"github.com/admitdev/admit/policy/top"
 	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/wsgateway"
@@ -209,6 +212,19 @@ type backend struct {
 	loadedAs func([]byte)
 }
 
+// topPublishEvery is how often a server publishes its sketches of the
+// heaviest callers for the others to merge.
+const topPublishEvery = 10 * time.Second
+
+// serverName names this server among those of one store: its host, its
+// process and a random part (a restarted process is another).
+func serverName() string {
+	host, _ := os.Hostname()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
+}
+
 // configVersion names a configuration by its content.
 func configVersion(data []byte) string {
 	sum := sha256.Sum256(data)
@@ -378,6 +394,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	dec := policy.NewDecider(st.store, cfg.Store.Instances)
 	dec.EnforceBans(b.bans)
 	defer dec.Close()
+	callers := top.New(serverName(), st.top)
+	dec.Observe(callers)
+	go callers.Publish(ctx, topPublishEvery)
 	meter := usage.NewMeter(st.usage, time.Second)
 	dec.MeterUsage(meter)
 	defer func() {
@@ -417,7 +436,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		Instances: cfg.Store.Instances, Stats: st.stats, Ready: st.ready, Waiting: waiting, Health: st.health,
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
-		Idempotency: st.idem, AnonymousIdempotency: st.anonIdem, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
+		Idempotency: st.idem, AnonymousIdempotency: st.anonIdem, Callers: callers, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
 	})
 	if err != nil {
 		return err
@@ -448,7 +467,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	defer es.stop(log)
 	srv.SetEnvoyDomains(func() []string { return es.svc.Config().Domains() })
 	srv.SetQuotaShares(es.quota.Shares)
-	if err := srv.RegisterMetrics(append(es.srv.Collectors(), es.quota.Collectors()...)...); err != nil {
+	if err := srv.RegisterMetrics(append(es.srv.Collectors(), append(es.quota.Collectors(), b.bans.Collector())...)...); err != nil {
 		return err
 	}
 	if e.listeningGRPC != nil {

@@ -21,6 +21,8 @@ import (
 	"github.com/admitdev/admit/policy/catalog"
 	"github.com/admitdev/admit/policy/catalog/redischanges"
 	"github.com/admitdev/admit/policy/redisbans"
+	"github.com/admitdev/admit/policy/top"
+	"github.com/admitdev/admit/policy/top/redistop"
 	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/policy/usage/redisusage"
 	"github.com/admitdev/admit/redisstore"
@@ -56,7 +58,10 @@ type openedStore struct {
 	quota envoyrls.QuotaLedger
 	// bans keeps the bans: in this process (and dataDir) with the memory
 	// store, shared in Redis with Redis.
-	bans  policy.BanStore
+	bans policy.BanStore
+	// top keeps every server's sketches of the heaviest callers: nil
+	// (this server's alone) with the memory store, Redis with Redis.
+	top   top.Shared
 	close func()
 	// home says the store is one region of limits held across regions.
 	home bool
@@ -232,6 +237,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		sessions: sessions,
 		quota:    redisquota.New(r),
 		bans:     redisbans.New(r),
+		top:      redistop.New(r),
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
 		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),

@@ -1,11 +1,17 @@
 package server
 
 import (
+	"context"
+	"fmt"
+	"maps"
 	"net/http"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/top"
 )
 
 // banRequest is the body of POST /v1/admin/bans.
@@ -112,4 +118,95 @@ func (s *Server) handleBanDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("ban lifted", "id", r.PathValue("id"))
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// handleTop serves GET /v1/admin/top?rule=NAME[&window=5m][&n=10]: the
+// rule's heaviest refused and admitted callers over the window, every
+// server's of the store.
+func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
+	if s.callers == nil {
+		writeProblem(w, http.StatusNotFound, "this server counts no callers")
+		return
+	}
+	q := r.URL.Query()
+	rule := q.Get("rule")
+	if rule == "" {
+		s.writeError(w, r, invalidParam("rule", "name the rule: ?rule=NAME"))
+		return
+	}
+	if !s.knowsRule(rule) {
+		names := s.ruleNames()
+		detail := "no rule " + strconv.Quote(rule)
+		if sg := policy.Suggest(rule, names); sg != "" {
+			detail += "; did you mean " + strconv.Quote(sg) + "?"
+		}
+		writeProblem(w, http.StatusNotFound, detail)
+		return
+	}
+	window := 5 * time.Minute
+	if v := q.Get("window"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Minute || d > top.Minutes*time.Minute {
+			s.writeError(w, r, invalidParam("window", fmt.Sprintf("window %.32q: want a duration from 1m to %dm", v, top.Minutes)))
+			return
+		}
+		window = d
+	}
+	n := 10
+	if v := q.Get("n"); v != "" {
+		k, err := strconv.Atoi(v)
+		if err != nil || k < 1 || k > top.MaxListed {
+			s.writeError(w, r, invalidParam("n", fmt.Sprintf("n %.16q: want 1 to %d", v, top.MaxListed)))
+			return
+		}
+		n = k
+	}
+	t, err := s.callers.Top(r.Context(), rule, window, n)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, t)
+}
+
+func invalidParam(field, msg string) error {
+	e := admit.Errorf(admit.CodeInvalid, "%s", msg)
+	e.Field = field
+	return e
+}
+
+// ruleNames returns the names of the rules of the current policy.
+func (s *Server) ruleNames() []string {
+	seen := map[string]bool{}
+	for _, r := range s.catalog.Policy().Rules() {
+		seen[r.Name] = true
+	}
+	for _, name := range s.callers.Rules() { // an Envoy domain's limits too
+		seen[name] = true
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+func (s *Server) knowsRule(name string) bool { return slices.Contains(s.ruleNames(), name) }
+
+// topCallers returns each counted rule's heaviest refused callers over the
+// last 5 minutes (the rules with refusals, five callers each), kept for 5
+// seconds: the dashboard asks every few seconds, and each answer reads
+// every server's sketches of every rule.
+func (s *Server) topCallers(ctx context.Context) []top.Top {
+	s.topMu.Lock()
+	defer s.topMu.Unlock()
+	if time.Since(s.topAt) < 5*time.Second && s.topLast != nil {
+		return s.topLast
+	}
+	out := []top.Top{}
+	for _, rule := range s.callers.Rules() {
+		t, err := s.callers.Top(ctx, rule, 5*time.Minute, 5)
+		if err == nil && len(t.Refused) > 0 {
+			t.Admitted = nil
+			out = append(out, t)
+		}
+	}
+	s.topLast, s.topAt = out, time.Now()
+	return out
 }

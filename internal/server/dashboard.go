@@ -13,6 +13,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/policy/top"
 	"github.com/admitdev/admit/simulate"
 )
 
@@ -220,7 +221,22 @@ func (s *Server) handleDashboard(w http.ResponseWriter, r *http.Request) {
 		// Quota is the Envoy quota service's shares of the limits this
 		// server's Envoys hold.
 		Quota []envoyrls.QuotaShares `json:"quota_shares,omitempty"`
-	}{activityView: s.activity.view(time.Now(), r.URL.Query().Get("tenant"))}
+		// TopCallers are each rule's heaviest refused callers over the
+		// last 5 minutes, every server's; Bans the bans in force.
+		TopCallers []top.Top `json:"top_callers"`
+		Bans       []banView `json:"bans"`
+	}{activityView: s.activity.view(time.Now(), r.URL.Query().Get("tenant")), TopCallers: []top.Top{}, Bans: []banView{}}
+	if s.callers != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		ans.TopCallers = s.topCallers(ctx)
+		cancel()
+	}
+	if b := s.decider.Bans(); b != nil {
+		now := time.Now()
+		for _, x := range b.List() {
+			ans.Bans = append(ans.Bans, viewBan(x, now))
+		}
+	}
 	if f := s.quotaShares.Load(); f != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		ans.Quota = (*f)(ctx)

@@ -20,11 +20,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/policy/catalog"
+	"github.com/admitdev/admit/policy/top"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -148,6 +150,10 @@ type Options struct {
 	// default a new one over Store and Instances. Share one with other
 	// front ends of the same process.
 	Decider *policy.Decider
+	// Callers, if set, counts the heaviest callers of each rule
+	// (GET /v1/admin/top, the dashboard); the Decider tells it of every
+	// decision.
+	Callers *top.Callers
 	// Usage, if set, answers GET /v1/admin/usage with the quotas' usage
 	// records (the Decider's meter writes them).
 	Usage usage.Store
@@ -218,6 +224,10 @@ type Server struct {
 	quotaShares atomic.Pointer[func(context.Context) []envoyrls.QuotaShares]
 
 	decider  *policy.Decider
+	callers  *top.Callers
+	topMu    sync.Mutex
+	topAt    time.Time
+	topLast  []top.Top
 	ownDec   bool
 	waiters  waitQueues      // acquire's waiters on shared limits
 	bookings bookingRefusals // acquire's refused bookings
@@ -236,7 +246,7 @@ func New(opts Options) (*Server, error) {
 		trustedProxies: opts.HTTP.TrustedProxies, forwarded: opts.HTTP.ForwardedHeader,
 		log: opts.Logger, ready: opts.Ready, waiting: opts.Waiting, health: opts.Health, maxWait: opts.MaxWait,
 		idem: opts.Idempotency, idemWindow: cmp.Or(opts.IdempotencyWindow, DefaultIdempotencyWindow),
-		decider: opts.Decider, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
+		decider: opts.Decider, callers: opts.Callers, gateway: opts.Gateway, usage: opts.Usage, activity: newActivity(),
 	}
 	if s.log == nil {
 		s.log = slog.Default()
@@ -491,6 +501,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	handle("GET", "/v1/admin/usage", s.admin(s.handleUsageRecords))
 	handle("GET", "/v1/admin/dashboard", s.admin(s.handleDashboard))
 	handle("POST", "/v1/admin/simulate", s.admin(s.handleSimulate))
+	handle("GET", "/v1/admin/top", s.admin(s.handleTop))
 	handle("GET", "/v1/admin/bans", s.admin(s.handleBans))
 	handle("POST", "/v1/admin/bans", s.admin(s.handleBanCreate))
 	handle("GET", "/v1/admin/bans/{id}", s.admin(s.handleBanGet))

@@ -1,0 +1,49 @@
+package policy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// banCollector reports the bans in force and what Bans did.
+type banCollector struct {
+	b                                                  *Bans
+	inForce, refused, escalated, dropped, full, failed *prometheus.Desc
+}
+
+// Collector returns the Prometheus collector of b: the bans in force by
+// scope (admit_bans_in_force), the requests they refused, the bans
+// escalation rules made, and the refusals and bans lost to the bounds or
+// to store failures. No series is labelled by identifier.
+func (b *Bans) Collector() prometheus.Collector {
+	return &banCollector{b: b,
+		inForce:   prometheus.NewDesc("admit_bans_in_force", "Bans in force, by scope.", []string{"scope"}, nil),
+		refused:   prometheus.NewDesc("admit_ban_refusals_total", "Requests a ban refused (no store call).", nil, nil),
+		escalated: prometheus.NewDesc("admit_bans_escalated_total", "Bans escalation rules made on this server.", nil, nil),
+		dropped:   prometheus.NewDesc("admit_ban_refusals_uncounted_total", "Refusals escalation rules did not count: the queue was full.", nil, nil),
+		full:      prometheus.NewDesc("admit_bans_full_total", "Bans escalation rules did not make: the most bans there may be were in force.", nil, nil),
+		failed:    prometheus.NewDesc("admit_ban_store_failures_total", "Calls to the store of bans or of escalation counts that failed.", nil, nil),
+	}
+}
+
+func (c *banCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.inForce, c.refused, c.escalated, c.dropped, c.full, c.failed} {
+		ch <- d
+	}
+}
+
+func (c *banCollector) Collect(ch chan<- prometheus.Metric) {
+	by := map[string]int{BanIP: 0, BanAPIKey: 0, BanUser: 0, BanTenant: 0}
+	for _, b := range c.b.List() {
+		by[b.Scope]++
+	}
+	for scope, n := range by {
+		ch <- prometheus.MustNewConstMetric(c.inForce, prometheus.GaugeValue, float64(n), scope)
+	}
+	st := &c.b.stats
+	for _, m := range []struct {
+		d *prometheus.Desc
+		v int64
+	}{{c.refused, st.Refused.Load()}, {c.escalated, st.Escalated.Load()}, {c.dropped, st.Dropped.Load()}, {c.full, st.Full.Load()}, {c.failed, st.Failures.Load()}} {
+		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, float64(m.v))
+	}
+}
