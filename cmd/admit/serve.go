@@ -98,6 +98,9 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 type serveFlags struct {
 	backendFlags
 	http, grpc, decisionLog, envoyConfig string
+	// topEvery is how often the heaviest callers' sketches are published
+	// for the other servers of the store.
+	topEvery time.Duration
 	// envoyCharge is how envoyproxy/ratelimit domains whose file does not
 	// say count their hits: all (all or nothing) or each (as upstream).
 	envoyCharge string
@@ -163,6 +166,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.metrics, "metrics", "", "serve /metrics on this `address` (one only the operator's scrapers reach) rather than on the HTTP address: every series, server.tenant_metrics's too; the HTTP address then serves none")
 	fs.BoolVar(&f.adminLoopback, "admin-loopback", false, "open the admin API without a token to clients on this host that reach it directly (not through a proxy, TLS terminator or sidecar on the host, nor from a web page)")
 	fs.BoolVar(&f.grpcReflection, "grpc-reflection", false, "serve gRPC server reflection (grpcurl without .proto files); it lists the services to anyone who reaches the port (default: on for the built-in demo, off with --config or --empty)")
+	fs.DurationVar(&f.topEvery, "top-publish-interval", 10*time.Second, "how often this server publishes its counts of each rule's heaviest callers for the other servers of the store (GET /v1/admin/top merges them)")
 	fs.StringVar(&f.decisionLog, "decision-log", "", "append one JSON line per decision to `file` (\"-\" for standard output; default server.decision_log)")
 	if code, done := parseFlags(fs, serveUsage, args, e); done {
 		return code
@@ -211,10 +215,6 @@ type backend struct {
 	// after the first.
 	loadedAs func([]byte)
 }
-
-// topPublishEvery is how often a server publishes its sketches of the
-// heaviest callers for the others to merge.
-const topPublishEvery = 10 * time.Second
 
 // serverName names this server among those of one store: its host, its
 // process and a random part (a restarted process is another).
@@ -396,7 +396,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	defer dec.Close()
 	callers := top.New(serverName(), st.top)
 	dec.Observe(callers)
-	go callers.Publish(ctx, topPublishEvery)
+	go callers.Publish(ctx, max(f.topEvery, 100*time.Millisecond))
 	meter := usage.NewMeter(st.usage, time.Second)
 	dec.MeterUsage(meter)
 	defer func() {
