@@ -216,8 +216,8 @@ tiers:
       - name: calls
         scope: tenant
         algorithm: token_bucket
-        rate: 10/min
-        burst: 10
+        rate: 1/min
+        burst: 2
       - name: tokens-per-minute
         scope: tenant
         unit: tokens
@@ -252,7 +252,7 @@ tenants:
 		t.Fatalf("call: %d %s", resp.StatusCode, body)
 	}
 	policies, limits := ratelimitFields(t, resp.Header)
-	wantParams(t, "calls policy", policies["calls"], map[string]any{"q": int64(10), "w": int64(60), "pk": nil})
+	wantParams(t, "calls policy", policies["calls"], map[string]any{"q": int64(2), "w": int64(120), "pk": nil})
 	wantParams(t, "tokens policy", policies["tokens-per-minute"], map[string]any{"q": int64(100000), "qu": "admit-tokens", "w": int64(60), "pk": nil})
 	wantParams(t, "spend policy", policies["daily-spend"], map[string]any{"q": int64(5_000_000), "qu": "admit-money", "w": int64(86400), "pk": nil})
 	for name, l := range limits {
@@ -265,4 +265,16 @@ tenants:
 	if resp.Header.Get("X-Ratelimit-Limit-Tokens") == "" || resp.Header.Get("X-Ratelimit-Remaining-Requests") == "" {
 		t.Errorf("OpenAI's x-ratelimit fields are gone: %v", resp.Header)
 	}
+	// A refusal is in the provider's format, for its SDKs, with the fields
+	// of the decision that refused it.
+	llmCall(t, "POST", p.url+"/v1/chat/completions", map[string]string{"Authorization": "Bearer acme-key"}, chat)
+	resp, body = llmCall(t, "POST", p.url+"/v1/chat/completions", map[string]string{"Authorization": "Bearer acme-key"}, chat)
+	if resp.StatusCode != 429 || !strings.Contains(body, `"rate_limit_exceeded"`) {
+		t.Fatalf("third call: %d %s, want OpenAI's 429", resp.StatusCode, body)
+	}
+	policies, limits = ratelimitFields(t, resp.Header)
+	if len(policies) != 3 {
+		t.Errorf("refused: policies %v, want all three", policies)
+	}
+	wantParams(t, "refused calls limit", limits["calls"], map[string]any{"r": int64(0), "t": nil, "pk": nil})
 }
