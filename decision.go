@@ -111,9 +111,12 @@ type Decision struct {
 	FailedOpen bool
 
 	// A Limiter's charges and key bytes, kept for the next decision into
-	// this Decision (see Limiter.Decide).
+	// this Decision (see Limiter.Decide); keyed is how many of the charges
+	// its last decision into d made, index by index with Results, 0 once d
+	// is reset.
 	charges []Charge
 	key     []byte
+	keyed   int
 }
 
 // Result returns the result of the charge of rule, false when d has none:
@@ -127,10 +130,23 @@ func (d *Decision) Result(rule string) (Result, bool) {
 	return Result{}, false
 }
 
+// Key returns the key of the charge whose result is d.Results[i] when
+// Limiter.Decide made d, and "" otherwise:
+// the bucket a request was counted in, which a front end may report
+// hashed (as the partition of the RateLimit header fields) to tell one
+// caller's buckets apart.
+func (d *Decision) Key(i int) string {
+	if i < 0 || i >= d.keyed || i >= len(d.Results) {
+		return ""
+	}
+	return d.charges[i].Key
+}
+
 // Reset clears d for reuse, keeping the backing array of d.Results.
 func (d *Decision) Reset() {
 	// Field by field: the Limiter's buffers stay, untouched.
 	d.Allowed, d.Limit, d.Remaining, d.ResetAfter, d.RetryAfter, d.DeniedBy = false, 0, 0, 0, 0, ""
+	d.keyed = 0
 	d.Results = d.Results[:0]
 	d.Lease = Lease{}
 	d.At = time.Time{}

@@ -17,7 +17,7 @@ var layers = []struct {
 }{
 	{"the slots of rules and charges, 128-bit arithmetic, files saved whole", []string{"internal/slots", "internal/wide", "internal/syncfile", "internal/portset"}},
 	{"the bounds", []string{"internal/bounds"}},
-	{"vocabulary and basement", []string{"", "units", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines"}},
+	{"vocabulary and basement", []string{"", "units", "redistest", "proctest", "configtest", "yamlconf", "api", "internal/readmetest", "internal/testlines", "internal/sftest"}},
 	{"the engine", []string{"internal/engine", "internal/redishook", "internal/ruletext"}},
 	{"helpers on the vocabulary", []string{"problem", "storetest", "shed"}},
 	{"the Redis store's connection", []string{"redisstore/internal/link"}},

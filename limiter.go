@@ -540,6 +540,9 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, how chargeHow, 
 		n++
 	}
 	err := l.store.Decide(ctx, charges[:n], d)
+	if err == nil {
+		d.keyed = n
+	}
 	if err != nil && ErrorCode(err) == CodeUnavailable && failsOpen(charges[:n]) {
 		// Admitted without the store: each limit reports its whole
 		// capacity, since nothing is known of its level, and the decision
@@ -557,6 +560,7 @@ func (l *Limiter) decide(ctx context.Context, w Who, cost int64, how chargeHow, 
 		if best >= 0 {
 			d.Limit, d.Remaining = d.Results[best].Limit, d.Results[best].Remaining
 		}
+		d.keyed = n
 		return nil
 	}
 	return err

@@ -44,9 +44,9 @@ func Example() {
 		fmt.Println(w.Code, w.Header().Get("RateLimit"))
 	}
 	// Output:
-	// 200 "per-ip";r=1;t=30
-	// 200 "per-ip";r=0;t=60
-	// 429 "per-ip";r=0;t=60
+	// 200 "per-ip";r=1;t=30;pk=:QwMxogcvtWV8:
+	// 200 "per-ip";r=0;t=60;pk=:QwMxogcvtWV8:
+	// 429 "per-ip";r=0;t=60;pk=:QwMxogcvtWV8:
 }
 
 // A handler debits the tokens an LLM call took; a client that lost the

@@ -299,7 +299,7 @@ func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
 	if l.opts.Observe != nil {
 		l.opts.Observe(&c.res, &c.d, out, time.Since(start))
 	}
-	c.buf = httpx.SetHeaders(w.Header(), c.buf, c.res.Rules, c.d.Results)
+	c.buf = httpx.SetHeaders(w.Header(), c.buf, c.res.Rules, c.res.Charges, c.d.Results)
 	if c.d.Allowed {
 		return true
 	}

@@ -85,7 +85,7 @@ func Middleware(l *admit.Limiter, who func(*http.Request) (admit.Who, error), op
 				writeError(w, r, decideError(err), 1, slog.Default())
 				return
 			}
-			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), st.d.Results)
+			st.buf = httpx.SetLimiterHeaders(w.Header(), st.buf, l.Rules(), &st.d)
 			if !st.d.Allowed {
 				writeRefusal(w, r, &st.d, httpx.RetrySeconds(st.d.RetryAfter))
 				return
@@ -216,16 +216,14 @@ func decideError(err error) error {
 }
 
 // writeRefusal answers a refused decision: 429, Retry-After (seconds, as
-// retryAfter says) and a problem naming the limit that refused and when to
-// come back, in milliseconds.
+// retryAfter says) and a problem of type quota-exceeded naming the limits
+// that refused (violated-policies), the one that asks for the longest
+// wait (denied_by) and when to come back, in milliseconds.
 func writeRefusal(w http.ResponseWriter, r *http.Request, d *admit.Decision, retryAfter int64) {
 	endUnreadBody(w, r)
 	w.Header().Set("Retry-After", strconv.FormatInt(retryAfter, 10))
 	retry := httpx.CeilDiv(d.RetryAfter, time.Millisecond)
-	problem.WriteDetails(w, problem.Details{
-		Status: http.StatusTooManyRequests, RetryAfterMS: &retry, DeniedBy: d.DeniedBy,
-		Detail: "rate limited by " + strconv.Quote(d.DeniedBy) + "; retry after " + strconv.FormatInt(retry, 10) + " ms",
-	})
+	problem.WriteDetails(w, problem.Refusal(d, "rate limited by "+strconv.Quote(d.DeniedBy)+"; retry after "+strconv.FormatInt(retry, 10)+" ms"))
 }
 
 // writeError answers a request that could not be decided, as problem+json

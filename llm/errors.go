@@ -5,6 +5,10 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/httpx"
+	"github.com/admitdev/admit/policy"
 )
 
 // Problem is an answer a Gate gives instead of the provider: a refusal
@@ -30,6 +34,12 @@ type Problem struct {
 	// spent says the refusing budget holds nothing: any call of the
 	// tenant is refused alike for now.
 	spent bool
+	// rules, charges and results are those of the refusing decision,
+	// when one refused the call: its RateLimit fields go with the
+	// refusal, as with an admitted call's answer.
+	rules   []*policy.Rule
+	charges []admit.Charge
+	results []admit.Result
 }
 
 func (p *Problem) Error() string { return p.Message }
@@ -57,6 +67,7 @@ func (p *Problem) Write(w http.ResponseWriter, provider Provider) {
 	if !p.FromProvider {
 		h.Set("X-Admit-Error", "true")
 	}
+	httpx.SetHeaders(h, nil, p.rules, p.charges, p.results)
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(p.body(provider))
 }

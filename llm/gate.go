@@ -569,13 +569,16 @@ func (g *Gate) reserve(ctx context.Context, t *Ticket) error {
 	}
 	t.out = out
 	if !t.dec.Allowed {
+		p := &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: "rate limited by " + t.dec.DeniedBy, RetryAfter: t.dec.RetryAfter}
 		for i, r := range t.res.Rules {
 			if res := &t.dec.Results[i]; res.Rule == t.dec.DeniedBy && !res.Allowed {
-				return g.refusal(r, res, fmt.Sprintf("rate limited by %q: this request needs %s and %s remain; retry after %d ms",
+				p = g.refusal(r, res, fmt.Sprintf("rate limited by %q: this request needs %s and %s remain; retry after %d ms",
 					r.Name, amount(r, t.costs[i]), amount(r, res.Remaining), max(res.RetryAfter, 0).Milliseconds()))
+				break
 			}
 		}
-		return &Problem{Status: http.StatusTooManyRequests, Kind: "rate_limit_exceeded", Message: "rate limited by " + t.dec.DeniedBy, RetryAfter: t.dec.RetryAfter}
+		p.rules, p.charges, p.results = t.res.Rules, t.res.Charges, t.dec.Results
+		return p
 	}
 	return nil
 }

@@ -317,7 +317,7 @@ func problemOf(err error) *Problem {
 // each from the rule of its unit with the fewest remaining.
 func setHeaders(h http.Header, t *Ticket) {
 	d, rules := t.Decision()
-	httpx.SetHeaders(h, nil, rules, d.Results)
+	httpx.SetHeaders(h, nil, rules, t.res.Charges, d.Results)
 	for _, u := range [...]struct {
 		unit units.Unit
 		name string

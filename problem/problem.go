@@ -8,9 +8,41 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/admitdev/admit"
 )
+
+// The problem types of draft-ietf-httpapi-ratelimit-headers, which
+// registers them with IANA. Their problems name the policies (the rules,
+// as the RateLimit-Policy field names them) that the request went past in
+// the extension member "violated-policies".
+const (
+	// QuotaExceeded is the type of a request refused by one or more
+	// limits: what a 429 of Admit's says.
+	QuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	// AbnormalUsageDetected is the type of a request refused for a
+	// pattern of requests that looks unintended or malicious: a ban
+	// after repeated refusals, say.
+	AbnormalUsageDetected = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"
+)
+
+// titles are the titles of the problem types Admit writes: a type's title
+// is the same for every problem of the type (RFC 9457, section 3.1.3).
+var titles = map[string]string{
+	QuotaExceeded:         "Quota exceeded",
+	AbnormalUsageDetected: "Abnormal usage detected",
+}
+
+// Title returns the title of a problem of type typ and status: the
+// type's own for a type Admit defines (QuotaExceeded's "Quota exceeded"),
+// else the status text.
+func Title(typ string, status int) string {
+	if t, ok := titles[typ]; ok {
+		return t
+	}
+	return http.StatusText(status)
+}
 
 // Details is a problem details object (RFC 9457) with Admit's extension
 // members.
@@ -19,9 +51,56 @@ type Details struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
-	// RetryAfterMS and DeniedBy describe a refusal (429).
+	// ViolatedPolicies names the policies a refused request went past
+	// (the problem types QuotaExceeded and AbnormalUsageDetected).
+	ViolatedPolicies []string `json:"violated-policies,omitempty"`
+	// RetryAfterMS and DeniedBy describe a refusal (429): when to come
+	// back, and the one limit that decided it (the one that asks for the
+	// longest wait).
 	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
 	DeniedBy     string `json:"denied_by,omitempty"`
+}
+
+// Refusal returns the problem of d, a refused decision: status 429, type
+// QuotaExceeded, the limits that refused it as its violated policies
+// (Violated), DeniedBy and RetryAfterMS from d, and detail.
+func Refusal(d *admit.Decision, detail string) Details {
+	return RefusalBy(d.DeniedBy, Violated(d), d.RetryAfter, detail)
+}
+
+// RefusalBy is Refusal for a refusal that is not an admit.Decision: by the
+// limits violated, of which deniedBy asks for the longest wait, retryAfter.
+// violated nil names deniedBy alone.
+func RefusalBy(deniedBy string, violated []string, retryAfter time.Duration, detail string) Details {
+	if violated == nil && deniedBy != "" {
+		violated = []string{deniedBy}
+	}
+	retry := int64(0)
+	if retryAfter > 0 {
+		retry = int64((retryAfter + time.Millisecond - 1) / time.Millisecond)
+	}
+	return Details{
+		Type: QuotaExceeded, Status: http.StatusTooManyRequests, Detail: detail,
+		ViolatedPolicies: violated, DeniedBy: deniedBy, RetryAfterMS: &retry,
+	}
+}
+
+// Violated returns the names of the limits that refused d: its
+// non-shadow results that did not fit, debits excepted (a debit is
+// charged whether it fits or not, and refuses nothing). A decision whose
+// Results are not kept (admit.Limiter.AllowN's) names DeniedBy alone; an
+// admitted one, none.
+func Violated(d *admit.Decision) []string {
+	var names []string
+	for i := range d.Results {
+		if r := &d.Results[i]; !r.Allowed && !r.Shadow && !r.Debit {
+			names = append(names, r.Rule)
+		}
+	}
+	if names == nil && !d.Allowed && d.DeniedBy != "" {
+		names = []string{d.DeniedBy}
+	}
+	return names
 }
 
 // Write answers with a problem+json body of the given status and detail.
@@ -30,13 +109,14 @@ func Write(w http.ResponseWriter, status int, detail string) {
 }
 
 // WriteDetails answers with p; an empty Type is "about:blank" and an empty
-// Title the status text.
+// Title the type's (QuotaExceeded's "Quota exceeded"), or for a type
+// without one the status text.
 func WriteDetails(w http.ResponseWriter, p Details) {
 	if p.Type == "" {
 		p.Type = "about:blank"
 	}
 	if p.Title == "" {
-		p.Title = http.StatusText(p.Status)
+		p.Title = Title(p.Type, p.Status)
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/problem+json")

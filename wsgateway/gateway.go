@@ -850,11 +850,8 @@ func (g *Gateway) refuse(w http.ResponseWriter, l *limits, dec *admit.Decision, 
 		}
 	}
 	secs := max(1, int64((dec.RetryAfter+time.Second-1)/time.Second))
-	ms := dec.RetryAfter.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-	problem.WriteDetails(w, problem.Details{
-		Status: http.StatusTooManyRequests, DeniedBy: dec.DeniedBy, RetryAfterMS: &ms, Detail: detail,
-	})
+	problem.WriteDetails(w, problem.Refusal(dec, detail))
 }
 
 // refusalDetails explain each connection limit, in the order of

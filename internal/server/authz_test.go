@@ -3,6 +3,7 @@ package server
 import (
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -68,7 +69,7 @@ func TestAuthzTraefik(t *testing.T) {
 	}
 	for i := range 2 {
 		code, hdr, body := authz(t, h.url+"/v1/authz", client("198.51.100.7")...)
-		if code != 200 || hdr.Get("RateLimit") == "" || hdr.Get("RateLimit-Policy") != `"per-ip";q=2;w=120` {
+		if code != 200 || hdr.Get("RateLimit") == "" || !regexp.MustCompile(`^"per-ip";q=2;w=120;pk=:[A-Za-z0-9+/]{12}:$`).MatchString(hdr.Get("RateLimit-Policy")) {
 			t.Fatalf("request %d: %d %v %s", i, code, hdr, body)
 		}
 	}

@@ -238,7 +238,7 @@ func debt(results []admit.Result) (time.Duration, bool) {
 // for none.
 func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) int {
 	h := w.Header()
-	c.buf = httpx.SetHeaders(h, c.buf, c.res.Rules, c.d.Results)
+	c.buf = httpx.SetHeaders(h, c.buf, c.res.Rules, c.res.Charges, c.d.Results)
 	status := http.StatusOK
 	overLimit := false
 	if !c.d.Allowed {
@@ -249,6 +249,10 @@ func (s *Server) answer(w http.ResponseWriter, c *call, waited time.Duration) in
 	}
 	c.claim = s.claimBase + strconv.FormatUint(s.claimSeq.Add(1), 10)
 	c.buf = appendDecision(c.buf[:0], c, c.claim, waited, overLimit)
+	if status == http.StatusTooManyRequests {
+		// A refusal is a problem too (appendDecision).
+		h.Set("Content-Type", "application/problem+json")
+	}
 	writeBody(w, status, c.buf)
 	return status
 }

@@ -2,12 +2,14 @@ package server
 
 import (
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/problem"
 )
 
 // The answers of the decision endpoints are written with append functions
@@ -16,11 +18,18 @@ import (
 
 func ms(d time.Duration) int64 { return httpx.CeilDiv(d, time.Millisecond) }
 
-// appendDecision appends the JSON answer of a decision.
+// appendDecision appends the JSON answer of a decision. A refusal's is a
+// problem (RFC 9457) of type quota-exceeded as well, whose extension
+// members are the decision's: its type, title, status, detail and
+// violated-policies come first.
 func appendDecision(b []byte, c *call, claim string, waited time.Duration, overLimit bool) []byte {
 	d := &c.d
-	b = append(b, `{"allowed":`...)
-	b = strconv.AppendBool(b, d.Allowed)
+	if d.Allowed {
+		b = append(b, `{"allowed":true`...)
+	} else {
+		b = appendRefusal(b, d)
+		b = append(b, `,"allowed":false`...)
+	}
 	if overLimit {
 		b = append(b, `,"over_limit":true`...)
 	}
@@ -56,6 +65,23 @@ func appendDecision(b []byte, c *call, claim string, waited time.Duration, overL
 		b = appendRule(b, r, res, !c.req.Untrusted)
 	}
 	return append(b, "]}\n"...)
+}
+
+// appendRefusal opens the problem of a refused decision with its
+// standard members and violated-policies.
+func appendRefusal(b []byte, d *admit.Decision) []byte {
+	b = append(b, `{"type":"`+problem.QuotaExceeded+`","title":`...)
+	b = appendString(b, problem.Title(problem.QuotaExceeded, http.StatusTooManyRequests))
+	b = append(b, `,"status":429,"detail":`...)
+	b = appendString(b, "rate limited by "+strconv.Quote(d.DeniedBy)+"; retry after "+strconv.FormatInt(ms(d.RetryAfter), 10)+" ms")
+	b = append(b, `,"violated-policies":[`...)
+	for i, name := range problem.Violated(d) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, name)
+	}
+	return append(b, ']')
 }
 
 // appendRule appends one rule's entry. What a limit tenants share holds

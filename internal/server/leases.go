@@ -11,6 +11,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -79,6 +80,7 @@ func (s *Server) handleLeaseAcquire(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := s.leaseOwner(r) + "." + c.d.Lease.ID
+	c.buf = httpx.SetHeaders(w.Header(), c.buf, c.res.Rules, c.res.Charges, c.d.Results)
 	w.Header().Set("Location", "/v1/leases/"+id)
 	writeJSON(w, http.StatusCreated, leaseAnswer{LeaseID: id, ExpiresAt: c.d.Lease.ExpiresAt.UTC(), Failover: failoverName(c.out)})
 }

@@ -135,9 +135,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	writeBody(w, status, append(b, '\n'))
 }
 
+// writeBody answers with b, of type application/json unless a Content-Type
+// is set already.
 func writeBody(w http.ResponseWriter, status int, b []byte) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
+	if h.Get("Content-Type") == "" {
+		h.Set("Content-Type", "application/json")
+	}
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	w.WriteHeader(status)
 	_, _ = w.Write(b)

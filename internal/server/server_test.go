@@ -175,11 +175,19 @@ func TestCheckAdmitsThenRefuses(t *testing.T) {
 	if got := a.header.Get("Retry-After"); got != "60" {
 		t.Errorf("Retry-After = %q, want 60", got)
 	}
-	if got, want := a.header.Get("RateLimit-Policy"), `"global";q=100;w=1, "user-req";q=2;w=120`; got != want {
-		t.Errorf("RateLimit-Policy = %q, want %q", got, want)
+	if got := a.header.Get("RateLimit-Policy"); !regexp.MustCompile(`^"global";q=100;w=1;pk=:[A-Za-z0-9+/]{12}:, "user-req";q=2;w=120;pk=:[A-Za-z0-9+/]{12}:$`).MatchString(got) {
+		t.Errorf("RateLimit-Policy = %q", got)
 	}
-	if !regexp.MustCompile(`^"global";r=\d+;t=\d+, "user-req";r=0;t=120$`).MatchString(a.header.Get("RateLimit")) {
+	if !regexp.MustCompile(`^"global";r=\d+;t=\d+;pk=:[A-Za-z0-9+/]{12}:, "user-req";r=0;t=120;pk=:[A-Za-z0-9+/]{12}:$`).MatchString(a.header.Get("RateLimit")) {
 		t.Errorf("RateLimit = %q", a.header.Get("RateLimit"))
+	}
+	// The refusal is a problem of the quota-exceeded type as well.
+	if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type = %q, want application/problem+json", ct)
+	}
+	if v, _ := a.body["violated-policies"].([]any); a.body["type"] != "https://iana.org/assignments/http-problem-types#quota-exceeded" ||
+		a.body["status"] != float64(429) || len(v) != 1 || v[0] != "user-req" {
+		t.Errorf("refusal: not a quota-exceeded problem naming user-req: %s", a.raw)
 	}
 	rules := a.body["rules"].([]any)
 	if len(rules) != 2 || rules[1].(map[string]any)["scope"] != "user" || rules[0].(map[string]any)["allowed"] != true {

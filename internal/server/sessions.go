@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -50,9 +49,8 @@ func (s *Server) handleSessionCreate(w http.ResponseWriter, r *http.Request) {
 	sess, err := s.gateway.CreateSessionFor(r.Context(), body.Tenant, holder)
 	var limit *wsgateway.LimitError
 	if errors.As(err, &limit) {
-		retry := httpx.CeilDiv(limit.RetryAfter, time.Millisecond)
 		w.Header().Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(limit.RetryAfter), 10))
-		problem.WriteDetails(w, problem.Details{Status: http.StatusTooManyRequests, DeniedBy: limit.Limit, RetryAfterMS: &retry, Detail: err.Error()})
+		problem.WriteDetails(w, problem.RefusalBy(limit.Limit, nil, limit.RetryAfter, err.Error()))
 		return
 	}
 	if err != nil {
