@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -80,9 +81,19 @@ func RefusalBy(deniedBy string, violated []string, retryAfter time.Duration, det
 		retry = int64((retryAfter + time.Millisecond - 1) / time.Millisecond)
 	}
 	return Details{
-		Type: QuotaExceeded, Status: http.StatusTooManyRequests, Detail: detail,
+		Type: RefusalType(deniedBy), Status: http.StatusTooManyRequests, Detail: detail,
 		ViolatedPolicies: violated, DeniedBy: deniedBy, RetryAfterMS: &retry,
 	}
+}
+
+// RefusalType returns the problem type of a refusal by deniedBy:
+// AbnormalUsageDetected for a ban's (package policy names a ban's rule
+// "ban:" and the ban's id), QuotaExceeded for a limit's.
+func RefusalType(deniedBy string) string {
+	if strings.HasPrefix(deniedBy, "ban:") {
+		return AbnormalUsageDetected
+	}
+	return QuotaExceeded
 }
 
 // Violated returns the names of the limits that refused d: its
@@ -156,8 +167,3 @@ func Status(err error) int {
 	}
 	return http.StatusInternalServerError
 }
-
-// TypeAbnormalUsage is the problem type of a refusal by a ban: the
-// caller's usage was judged abusive, by an operator or an escalation rule
-// (draft-ietf-httpapi-ratelimit-headers).
-const TypeAbnormalUsage = "https://iana.org/assignments/http-problem-types#abnormal-usage-detected"

@@ -255,9 +255,9 @@ type Gateway struct {
 
 	stats struct {
 		connections, admitted, rejected, messages, throttled, slow, expired, banned atomic.Int64
-		throttledLocally, malformed, control, overBudget, refusedGlobal     atomic.Int64
-		messageClosed                                                       atomic.Int64
-		refused                                                             [4]atomic.Int64
+		throttledLocally, malformed, control, overBudget, refusedGlobal             atomic.Int64
+		messageClosed                                                               atomic.Int64
+		refused                                                                     [4]atomic.Int64
 	}
 }
 
@@ -690,13 +690,9 @@ func canonicalAddr(addr string) string {
 // refuseBanned answers a connection a ban refuses: 429 until the ban ends.
 func (g *Gateway) refuseBanned(w http.ResponseWriter, ban policy.Ban, now time.Time) {
 	left := ban.Expires.Sub(now)
-	ms := left.Milliseconds()
 	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64((left+time.Second-1)/time.Second)), 10))
-	problem.WriteDetails(w, problem.Details{
-		Type:   problem.TypeAbnormalUsage,
-		Status: http.StatusTooManyRequests, DeniedBy: "ban:" + ban.ID, RetryAfterMS: &ms,
-		Detail: "connection refused by ban:" + ban.ID + ": the caller is banned until " + ban.Expires.UTC().Format(time.RFC3339),
-	})
+	problem.WriteDetails(w, problem.RefusalBy("ban:"+ban.ID, nil, left,
+		"connection refused by ban:"+ban.ID+": the caller is banned until "+ban.Expires.UTC().Format(time.RFC3339)))
 }
 
 // closeBanned closes the open connections a ban now in force refuses.

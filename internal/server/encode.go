@@ -70,8 +70,11 @@ func appendDecision(b []byte, c *call, claim string, waited time.Duration, overL
 // appendRefusal opens the problem of a refused decision with its
 // standard members and violated-policies.
 func appendRefusal(b []byte, d *admit.Decision) []byte {
-	b = append(b, `{"type":"`+problem.QuotaExceeded+`","title":`...)
-	b = appendString(b, problem.Title(problem.QuotaExceeded, http.StatusTooManyRequests))
+	typ := problem.RefusalType(d.DeniedBy)
+	b = append(b, `{"type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","title":`...)
+	b = appendString(b, problem.Title(typ, http.StatusTooManyRequests))
 	b = append(b, `,"status":429,"detail":`...)
 	b = appendString(b, "rate limited by "+strconv.Quote(d.DeniedBy)+"; retry after "+strconv.FormatInt(ms(d.RetryAfter), 10)+" ms")
 	b = append(b, `,"violated-policies":[`...)
