@@ -10,6 +10,7 @@ import (
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -476,5 +477,48 @@ func TestQuotaStreamsPerConnection(t *testing.T) {
 	}
 	if _, err := c.stream.Recv(); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("stream %d of a connection: %v; want RESOURCE_EXHAUSTED", MaxQuotaStreamsPerConnection+1, err)
+	}
+}
+
+// TestQuotaBannedBucket: a bucket whose tenant a ban names is DENY_ALL for
+// as long as the ban lasts, with no share asked, and shares again once the
+// ban is lifted; the RLS refuses it too, naming the ban.
+func TestQuotaBannedBucket(t *testing.T) {
+	e := startQuota(t, quotaPolicy(t))
+	bans := policy.NewBans(&policy.MemoryBans{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := bans.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.svc.opts.Decider.EnforceBans(bans)
+	c := e.open(t)
+	bucket := []string{"tenant", "acme", "api_key", "acme-key", "action", "read"}
+	if r := c.report("web", usage(1, 0, 0, bucket...)); strategyOf(r.BucketAction[0]).GetTokenBucket() == nil {
+		t.Fatalf("before the ban: %v", r)
+	}
+	ban, err := bans.Add(ctx, policy.Ban{Scope: policy.BanTenant, Value: "acme"}, 20*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.advance(time.Second)
+	r := c.report("web", usage(1, 0, time.Second, bucket...))
+	a := r.BucketAction[0].GetQuotaAssignmentAction()
+	if a.GetRateLimitStrategy().GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+		t.Fatalf("under the ban: %v", r)
+	}
+	if ttl := a.GetAssignmentTimeToLive().AsDuration(); ttl < 19*time.Minute || ttl > 21*time.Minute {
+		t.Fatalf("DENY_ALL for %v; want the ban's 20m", ttl)
+	}
+	resp := e.ask(t, "admit", 1, desc(bucket...))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.GetName() != "ban:"+ban.ID {
+		t.Fatalf("RLS under the ban: %v", resp)
+	}
+	if _, err := bans.Remove(ctx, ban.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.advance(time.Second)
+	if r := c.report("web", usage(1, 0, time.Second, bucket...)); strategyOf(r.BucketAction[0]).GetTokenBucket() == nil {
+		t.Fatalf("after the ban: %v", r)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/admitdev/admit/configtest"
 	"github.com/admitdev/admit/yamlconf"
@@ -172,5 +173,66 @@ func TestConfigStoreBoundsValidated(t *testing.T) {
 	}
 	if want := "2:server.grpc 7:tiers.free.rules[0].algorithm 9:tiers.free.rules[2].algorithm"; strings.Join(got, " ") != want {
 		t.Errorf("errors at %v, want %s\n%v", got, want, err)
+	}
+}
+
+// TestConfigBansErrors: each bad escalation rule is refused at its field's
+// line: a duration that is none, a bound past its range, a rule the
+// configuration lacks (with the name it likely meant), a scope, a name
+// given twice.
+func TestConfigBansErrors(t *testing.T) {
+	data := "version: 1\n" + // 1
+		"global:\n" + // 2
+		"  - {name: per-ip, scope: ip, algorithm: token_bucket, rate: 10/s, burst: 10}\n" + // 3
+		"bans:\n" + // 4
+		"  - name: a\n" + // 5
+		"    rule: per-ip\n" + // 6
+		"    refusals: 5\n" + // 7
+		"    within: soon\n" + // 8
+		"    ban: 10m\n" + // 9
+		"    scope: ip\n" + // 10
+		"  - name: b\n" + // 11
+		"    rule: per-iq\n" + // 12
+		"    refusals: 5\n" + // 13
+		"    within: 1m\n" + // 14
+		"    ban: 10m\n" + // 15
+		"    scope: ip\n" + // 16
+		"  - name: c\n" + // 17
+		"    rule: per-ip\n" + // 18
+		"    refusals: 0\n" + // 19
+		"    within: 1m\n" + // 20
+		"    ban: 10m\n" + // 21
+		"    scope: ip\n" + // 22
+		"  - name: d\n" + // 23
+		"    rule: per-ip\n" + // 24
+		"    refusals: 2\n" + // 25
+		"    within: 1m\n" + // 26
+		"    ban: 10m\n" + // 27
+		"    max: 1m\n" + // 28
+		"    scope: session\n" // 29
+	_, err := ParseConfig("c.yaml", []byte(data))
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
+	}
+	want := []string{"8:bans[0].within", "12:bans[1].rule", "19:bans[2].refusals", "29:bans[3].scope"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
+	}
+	if !strings.Contains(err.Error(), `did you mean "per-ip"?`) {
+		t.Errorf("no suggestion for per-iq: %v", err)
+	}
+	good := "version: 1\nglobal:\n  - {name: per-ip, scope: ip, algorithm: token_bucket, rate: 10/s, burst: 10}\n" +
+		"bans:\n  - {name: a, rule: per-ip, refusals: 5, within: 1m, ban: 10m, max: 1h, scope: ip}\n"
+	cfg, err := ParseConfig("c.yaml", []byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := cfg.Escalations(); len(e) != 1 || e[0].Max != time.Hour || e[0].Refusals != 5 {
+		t.Fatalf("escalations %+v", e)
 	}
 }
