@@ -36,6 +36,22 @@ func banPolicy(t *testing.T) *Policy {
 	return p
 }
 
+// decideOne resolves req at cost 1 against p and decides it with d.
+func decideOne(t *testing.T, p *Policy, d *Decider, req Request) (admit.Decision, Outcome) {
+	t.Helper()
+	var res Resolution
+	req.Cost = 1
+	if err := p.Resolve(&req, &res); err != nil {
+		t.Fatal(err)
+	}
+	var dec admit.Decision
+	out, err := d.Decide(context.Background(), &res, &dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dec, out
+}
+
 func startBans(t *testing.T, store admit.Store) *Bans {
 	t.Helper()
 	b := NewBans(&MemoryBans{})
@@ -57,20 +73,7 @@ func TestBansRefuseWithoutTheStore(t *testing.T) {
 	d := NewDecider(st, 1)
 	b := startBans(t, st)
 	d.EnforceBans(b)
-	decide := func(req Request) (admit.Decision, Outcome) {
-		t.Helper()
-		var res Resolution
-		req.Cost = 1
-		if err := p.Resolve(&req, &res); err != nil {
-			t.Fatal(err)
-		}
-		var dec admit.Decision
-		out, err := d.Decide(ctx, &res, &dec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return dec, out
-	}
+	decide := func(req Request) (admit.Decision, Outcome) { return decideOne(t, p, d, req) }
 	for _, tc := range []struct {
 		ban         Ban
 		hit, missed Request
@@ -170,17 +173,7 @@ func TestEscalationBansAndDoubles(t *testing.T) {
 		t.Fatal(err)
 	}
 	decide := func(req Request) Outcome {
-		t.Helper()
-		var res Resolution
-		req.Cost = 1
-		if err := p.Resolve(&req, &res); err != nil {
-			t.Fatal(err)
-		}
-		var dec admit.Decision
-		out, err := d.Decide(ctx, &res, &dec)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, out := decideOne(t, p, d, req)
 		return out
 	}
 	mallory := Request{Tenant: "acme", User: "mallory"}
