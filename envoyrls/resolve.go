@@ -25,6 +25,7 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	c.refs = c.refs[:0]
 	c.never = c.never[:0]
 	c.all = policy.Resolution{Policy: p, Charges: c.all.Charges[:0], Rules: c.all.Rules[:0]}
+	c.tenant, c.tenants = nil, 0
 	var replaced []string
 	for i, d := range req.GetDescriptors() {
 		if err := c.readEntries(d); err != nil {
@@ -246,6 +247,9 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 	}
 	if err := p.Resolve(r, &c.one); err != nil {
 		return err
+	}
+	if t := c.one.Tenant; t != nil && t != c.tenant {
+		c.tenant, c.tenants = t, c.tenants+1
 	}
 	if len(c.one.Charges) == 0 {
 		st.kind = kindNone
