@@ -25,7 +25,7 @@ var layers = []struct {
 	{"the Redis store's rooms on the exact path", []string{"redisstore/internal/counted", "redisstore/internal/leased"}},
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "policy/redisbans", "policy/banstest", "policy/top", "policy/top/redistop", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
-	{"adapter helpers", []string{"internal/httpx", "internal/connlimit"}},
+	{"adapter helpers", []string{"internal/httpx", "internal/connlimit", "internal/tracing"}},
 	{"adapters", []string{"httplimit", "envoyrls", "envoyrls/redisquota", "envoyrls/quotaledgertest", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},

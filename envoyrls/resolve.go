@@ -31,6 +31,7 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 	if bans != nil && !bans.Any() {
 		bans = nil
 	}
+	c.tenant, c.tenants = nil, 0
 	var replaced []string
 	for i, d := range req.GetDescriptors() {
 		if err := c.readEntries(d); err != nil {
@@ -286,6 +287,9 @@ func (s *Service) addCatalog(c *call, p *policy.Policy, st *descState, cost int6
 		if b, ok := bans.Matched(&c.one, s.opts.Now()); ok {
 			c.ban = &b
 		}
+	}
+	if t := c.one.Tenant; t != nil && t != c.tenant {
+		c.tenant, c.tenants = t, c.tenants+1
 	}
 	if len(c.one.Charges) == 0 {
 		st.kind = kindNone

@@ -20,6 +20,7 @@ import (
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/internal/wide"
 	"github.com/admitdev/admit/policy"
 )
@@ -281,7 +283,9 @@ func (q *QuotaService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService
 		var resp *rlqsv3.RateLimitQuotaResponse
 		select {
 		case m := <-msgs:
-			r, err := st.report(ctx, m)
+			rctx, span := startSpan(ctx, q.opts.Service.quotaTracer)
+			r, err := st.report(rctx, m, span)
+			span.End(err)
 			if err != nil {
 				return err
 			}
@@ -308,8 +312,9 @@ func (q *QuotaService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService
 	}
 }
 
-// report takes one message of usage reports and returns the answer.
-func (st *quotaStream) report(ctx context.Context, m *rlqsv3.RateLimitQuotaUsageReports) (*rlqsv3.RateLimitQuotaResponse, error) {
+// report takes one message of usage reports and returns the answer;
+// span is the report's.
+func (st *quotaStream) report(ctx context.Context, m *rlqsv3.RateLimitQuotaUsageReports, span tracing.Span) (*rlqsv3.RateLimitQuotaResponse, error) {
 	switch d := m.GetDomain(); {
 	case st.domain == "" && d == "":
 		return nil, status.Error(codes.InvalidArgument, "the first usage report of a stream names its domain")
@@ -341,7 +346,39 @@ func (st *quotaStream) report(ctx context.Context, m *rlqsv3.RateLimitQuotaUsage
 		due = append(due, b)
 	}
 	resp.BucketAction = append(resp.BucketAction, st.shareAll(ctx, due, true, now)...)
+	if span.Recording() {
+		traceReport(span, st.domain, len(m.GetBucketQuotaUsages()), due, resp)
+	}
 	return resp, nil
+}
+
+// traceReport records in span what a usage report of reported buckets of
+// domain was answered: the rules of the buckets shared now (due), their
+// tenant when they have one, and how many assignments were sent.
+func traceReport(span tracing.Span, domain string, reported int, due []*quotaBucket, resp *rlqsv3.RateLimitQuotaResponse) {
+	var rules []string
+	seen := map[string]bool{}
+	var tenant *policy.Tenant
+	tenants := 0
+	for _, b := range due {
+		if b.tenant != nil && b.tenant != tenant {
+			tenant, tenants = b.tenant, tenants+1
+		}
+		for _, l := range b.limits {
+			if name := l.rule.Name; !seen[name] && len(rules) < tracing.MaxRules {
+				seen[name] = true
+				rules = append(rules, name)
+			}
+		}
+	}
+	attrs := []attribute.KeyValue{Domain.String(domain), ReportedBuckets.Int(reported), Assignments.Int(len(resp.BucketAction))}
+	if len(rules) > 0 {
+		attrs = append(attrs, tracing.Rules.StringSlice(rules))
+	}
+	if tenants == 1 {
+		attrs = append(attrs, tracing.Tenant.String(tenant.ID))
+	}
+	span.SetAttributes(attrs...)
 }
 
 // bucket returns the stream's bucket of id, new if it has none, or the

@@ -12,6 +12,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
@@ -19,6 +20,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -110,6 +112,12 @@ type Options struct {
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
+	// TracerProvider, if set, traces every decision of ShouldRateLimit,
+	// and every usage report of a QuotaService over the Service, in an
+	// OpenTelemetry span (docs/traces.md): a child of the trace the call's
+	// traceparent metadata continues. The store calls are the Decider's
+	// spans (policy.Decider.Trace). Nil traces nothing, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // LimitHeaderNames are the names of envoyproxy/ratelimit's response
@@ -137,6 +145,9 @@ type Service struct {
 	opts  Options
 	cfg   atomic.Pointer[Config]
 	calls sync.Pool
+	// tracer and quotaTracer trace ShouldRateLimit and the quota
+	// service's reports; nil when traces are off.
+	tracer, quotaTracer *tracing.Tracer
 
 	overMu    sync.Mutex
 	overrides map[overrideKey]*Limit
@@ -155,7 +166,8 @@ func New(opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Service{opts: opts, overrides: map[overrideKey]*Limit{}}
+	s := &Service{opts: opts, overrides: map[overrideKey]*Limit{},
+		tracer: tracing.New(opts.TracerProvider, "envoy_rls"), quotaTracer: tracing.New(opts.TracerProvider, "rlqs")}
 	s.cfg.Store(opts.Config)
 	s.calls.New = func() any { return new(call) }
 	return s, nil
@@ -210,6 +222,13 @@ type call struct {
 	dec admit.Decision
 	key []byte
 	sub []byte
+	// span is the decision's, while it is decided.
+	span tracing.Span
+	// tenant is the tenant of the catalog's descriptors, for the span,
+	// when tenants counts one: the descriptors of a request may name
+	// several.
+	tenant  *policy.Tenant
+	tenants int
 }
 
 // ShouldRateLimit decides a request: every descriptor is matched to its
@@ -217,7 +236,10 @@ type call struct {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
 	c := s.calls.Get().(*call)
+	ctx, c.span = startSpan(ctx, s.tracer)
 	resp, out, err := s.decide(ctx, req, c)
+	c.span.End(err)
+	c.span = tracing.Span{}
 	s.calls.Put(c)
 	if st := s.opts.Stats; st != nil {
 		st.call(time.Since(start))
@@ -248,6 +270,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 		return nil, 0, err
 	}
 	domain, ds := req.GetDomain(), req.GetDescriptors()
+	if c.span.Recording() {
+		c.span.SetAttributes(Domain.String(domain))
+	}
 	c.peer = s.untrustedPeer(ctx)
 	cfg := s.cfg.Load()
 	var p *policy.Policy
@@ -284,6 +309,16 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest, c *ca
 		return nil, out, err
 	}
 	s.respond(resp, req, c, out, quotas)
+	if c.span.Recording() {
+		// Allowed as the answer says, which quota groups and the global
+		// shadow mode may make OK though a charge refused.
+		res := c.all
+		if c.tenants == 1 {
+			res.Tenant = c.tenant
+		}
+		c.span.Decided(&res, &c.dec, out)
+		c.span.SetAttributes(tracing.Allowed.Bool(resp.OverallCode == rlsv3.RateLimitResponse_OK))
+	}
 	return resp, out, nil
 }
 

@@ -1,11 +1,15 @@
 package httplimit
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
@@ -14,7 +18,24 @@ import (
 // BenchmarkCheck is the middleware's hot path: identify by API key, user
 // header and X-Forwarded-For from a trusted peer, resolve three rules,
 // decide in the memory store, set the RateLimit headers.
-func BenchmarkCheck(b *testing.B) {
+func BenchmarkCheck(b *testing.B) { benchmarkCheck(b, nil) }
+
+// BenchmarkCheckTraced is BenchmarkCheck with traces on, every decision
+// sampled: the span of the decision and of its store call, batched to an
+// exporter that drops them.
+func BenchmarkCheckTraced(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}))
+	defer tp.Shutdown(context.Background())
+	benchmarkCheck(b, tp)
+}
+
+// discard is a span exporter that sends nothing.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+func benchmarkCheck(b *testing.B, tp trace.TracerProvider) {
 	const tenants, users = 100, 10000
 	spec := &policy.Spec{
 		Global: []policy.RuleSpec{tb("global", "global", nil, "100000000/s", 100000000)},
@@ -34,7 +55,7 @@ func BenchmarkCheck(b *testing.B) {
 	st := memstore.New(nil)
 	defer st.Close()
 	lim, err := New(Options{Store: st, Policy: func() *policy.Policy { return p }, UserHeader: "X-User-Id",
-		TrustedProxies: Proxies{mustProxies(b, "10.0.0.0/8")[0]}})
+		TrustedProxies: Proxies{mustProxies(b, "10.0.0.0/8")[0]}, TracerProvider: tp})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -25,6 +25,8 @@
 package httplimit
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,8 +36,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/httpx"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -116,6 +122,16 @@ type Options struct {
 	Shedding []ShedGroup
 	// Logger receives internal errors; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, if set, traces every decision in an OpenTelemetry
+	// span (docs/traces.md): a child of the span of the request's context
+	// if it has one, else of the trace its traceparent header continues.
+	// The store calls are the Decider's spans, as policy.Decider.Trace
+	// makes them: New traces a Decider of its own with tp, and leaves a
+	// given one as it is. Nil traces nothing, at no cost.
+	TracerProvider trace.TracerProvider
+	// FrontEnd names the limiter in its spans' admit.front_end attribute;
+	// default "http".
+	FrontEnd string
 }
 
 // A Limiter is the rate limiting middleware. Create it with New; it is safe
@@ -123,6 +139,7 @@ type Options struct {
 type Limiter struct {
 	opts     Options
 	decider  *policy.Decider
+	tracer   *tracing.Tracer // nil: traces are off
 	jwt      *verifier
 	actions  *http.ServeMux
 	patterns map[string]actionPattern // by the pattern as registered
@@ -154,7 +171,9 @@ func New(opts Options) (*Limiter, error) {
 	}
 	if l.decider == nil {
 		l.decider = policy.NewDecider(opts.Store, opts.Instances)
+		l.decider.Trace(opts.TracerProvider, "")
 	}
+	l.tracer = tracing.New(opts.TracerProvider, cmp.Or(opts.FrontEnd, "http"))
 	if l.opts.RetryJitter == 0 {
 		l.opts.RetryJitter = time.Second
 	}
@@ -276,35 +295,45 @@ func (l *Limiter) Check(w http.ResponseWriter, r *http.Request) bool {
 }
 
 func (l *Limiter) check(w http.ResponseWriter, r *http.Request, c *call) bool {
+	ctx, span := l.tracer.Start(r.Context(), propagation.HeaderCarrier(r.Header))
+	admitted, err := l.decide(ctx, w, r, c, span)
+	span.End(err)
+	return admitted
+}
+
+// decide is check in ctx, which holds the decision's span: it reports
+// whether r was admitted, and the error it was answered with, if any.
+func (l *Limiter) decide(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, span tracing.Span) (bool, error) {
 	start := time.Now()
 	p := l.opts.Policy() // one policy for identification and resolution
 	if err := l.identify(r, &c.req, p); err != nil {
 		l.fail(w, r, err)
-		return false
+		return false, err
 	}
 	if err := p.Resolve(&c.req, &c.res); err != nil {
 		l.fail(w, r, err)
-		return false
+		return false, err
 	}
 	if len(c.res.Charges) == 0 && c.req.Tenant == "" && !l.opts.PassUnlimited {
 		// Unidentified, and no global rule applies: never unlimited.
 		l.fail(w, r, errUnlimited)
-		return false
+		return false, errUnlimited
 	}
-	out, err := l.decider.Decide(r.Context(), &c.res, &c.d)
+	out, err := l.decider.Decide(ctx, &c.res, &c.d)
 	if err != nil {
 		l.fail(w, r, err)
-		return false
+		return false, err
 	}
+	span.Decided(&c.res, &c.d, out)
 	if l.opts.Observe != nil {
 		l.opts.Observe(&c.res, &c.d, out, time.Since(start))
 	}
 	c.buf = httpx.SetHeaders(w.Header(), c.buf, c.res.Rules, c.res.Charges, c.d.Results)
 	if c.d.Allowed {
-		return true
+		return true, nil
 	}
 	writeRefusal(w, r, &c.d, l.retryAfter(c.d.RetryAfter))
-	return false
+	return false, nil
 }
 
 func (l *Limiter) put(c *call) {

@@ -11,6 +11,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/engine"
@@ -34,6 +38,22 @@ const (
 	// (see Bans).
 	Banned
 )
+
+// String returns "stored", "failed_open", "failed_local" or "banned", as
+// logs and traces name the outcome.
+func (o Outcome) String() string {
+	switch o {
+	case Stored:
+		return "stored"
+	case FailedOpen:
+		return "failed_open"
+	case FailedLocal:
+		return "failed_local"
+	case Banned:
+		return "banned"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
 
 // A Decider decides resolved requests against a store and applies the
 // rules' failure modes (on_error) when the store cannot answer: a rule that
@@ -63,6 +83,12 @@ type Decider struct {
 	usage       Observer
 	observers   []Observer
 	bans        *Bans
+
+	// tracer, when set, spans the store's calls (see Trace); storeAttrs
+	// are their attributes.
+	tracer     trace.Tracer
+	storeAttrs []attribute.KeyValue
+	storeKind  trace.SpanKind
 }
 
 // storeSettle is how long a store must go without a failed call before an
@@ -198,7 +224,12 @@ func (d *Decider) decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 		dec.Allowed = true
 		return Stored, nil
 	}
-	err := d.store.Decide(ctx, res.Charges, dec)
+	var err error
+	if d.tracer == nil {
+		err = d.store.Decide(ctx, res.Charges, dec)
+	} else {
+		err = d.tracedDecide(ctx, res.Charges, dec)
+	}
 	if err == nil {
 		d.storeAnswered()
 		return Stored, checkResults(res, dec)
@@ -336,7 +367,10 @@ func (d *Decider) RenewLease(ctx context.Context, id string) (admit.Lease, error
 		}
 		return lease, err
 	}
-	return d.store.RenewLease(ctx, id)
+	ctx, span := d.startStore(ctx, "admit.store.renew_lease")
+	lease, err := d.store.RenewLease(ctx, id)
+	endStore(span, err)
+	return lease, err
 }
 
 // ReleaseLease releases a lease that a decision of d took (see RenewLease).
@@ -351,7 +385,10 @@ func (d *Decider) ReleaseLease(ctx context.Context, id string) error {
 		}
 		return l.ReleaseLease(ctx, id[len(localLease):])
 	}
-	return d.store.ReleaseLease(ctx, id)
+	ctx, span := d.startStore(ctx, "admit.store.release_lease")
+	err := d.store.ReleaseLease(ctx, id)
+	endStore(span, err)
+	return err
 }
 
 // startLocal returns the local limiter, started on first use; nil once d
@@ -433,7 +470,9 @@ func (d *Decider) Refund(ctx context.Context, charges []admit.Charge, at time.Ti
 		if !ok {
 			return admit.Errorf(admit.CodeInvalid, "the store (%T) takes no refunds", d.store)
 		}
+		ctx, span := d.startStore(ctx, "admit.store.refund")
 		err := f.Refund(ctx, charges, at)
+		endStore(span, err)
 		if admit.ErrorCode(err) == admit.CodeUnavailable {
 			d.storeFailed(err)
 		}
@@ -452,4 +491,63 @@ func (d *Decider) Refund(ctx context.Context, charges []admit.Charge, at time.Ti
 		return l.Refund(ctx, local, at)
 	}
 	return nil
+}
+
+// Trace makes d span the calls it makes to its store (decisions, refunds,
+// leases renewed and released) with tp's tracer, each a child of the
+// span of the decision in its context: "admit.store.decide" and so on,
+// with the store's kind ("memory", "redis") as admit.store, the charges
+// as admit.charges and a failure's admit.Code as error.type. A call
+// whose context holds no recording span (the caller traces nothing, or
+// its sampler dropped the trace) makes none. A nil tp makes none at all,
+// at the cost of a nil check. Call Trace before the first decision.
+func (d *Decider) Trace(tp trace.TracerProvider, store string) {
+	if tp == nil {
+		d.tracer, d.storeAttrs = nil, nil
+		return
+	}
+	d.tracer = tp.Tracer("github.com/admitdev/admit")
+	d.storeAttrs, d.storeKind = nil, trace.SpanKindClient
+	if store != "" {
+		d.storeAttrs = append(d.storeAttrs, attribute.String("admit.store", store))
+	}
+	switch store {
+	case "memory":
+		// In this process: not a call to another.
+		d.storeKind = trace.SpanKindInternal
+	case "redis":
+		d.storeAttrs = append(d.storeAttrs, attribute.String("db.system.name", "redis"))
+	}
+}
+
+// tracedDecide is d.store.Decide in a span of its own.
+func (d *Decider) tracedDecide(ctx context.Context, charges []admit.Charge, dec *admit.Decision) error {
+	ctx, span := d.startStore(ctx, "admit.store.decide")
+	if span != nil {
+		span.SetAttributes(attribute.Int("admit.charges", len(charges)))
+	}
+	err := d.store.Decide(ctx, charges, dec)
+	endStore(span, err)
+	return err
+}
+
+// startStore starts the span of a store call named name, or returns ctx
+// and nil when d traces nothing or ctx holds no recording span.
+func (d *Decider) startStore(ctx context.Context, name string) (context.Context, trace.Span) {
+	if d.tracer == nil || !trace.SpanFromContext(ctx).IsRecording() {
+		return ctx, nil
+	}
+	return d.tracer.Start(ctx, name, trace.WithSpanKind(d.storeKind), trace.WithAttributes(d.storeAttrs...))
+}
+
+// endStore ends a span startStore started, if it started one.
+func endStore(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.SetAttributes(attribute.String("error.type", admit.ErrorCode(err).String()))
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }

@@ -46,10 +46,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/bounds"
 	"github.com/admitdev/admit/internal/httpx"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/problem"
 )
@@ -173,6 +177,13 @@ type Options struct {
 	ClientAddr func(*http.Request) string
 	// Logger receives the gateway's logs; default slog.Default().
 	Logger *slog.Logger
+	// TracerProvider, if set, traces the admission of every connection
+	// (an upgrade or a preflight) in an OpenTelemetry span
+	// (docs/traces.md): a child of the trace the request's traceparent
+	// header continues. The store calls are the Decider's spans
+	// (policy.Decider.Trace): New traces a Decider of its own with tp.
+	// Nil traces nothing, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // Stats counts what a Gateway did. Counters only grow, but Connections.
@@ -213,6 +224,7 @@ type Gateway struct {
 	store    admit.Store
 	policy   func() *policy.Policy
 	decider  *policy.Decider
+	tracer   *tracing.Tracer // nil: traces are off
 	sessions Sessions
 	handler  Handler
 	origins  []string
@@ -273,7 +285,8 @@ func New(opts Options) (*Gateway, error) {
 		}
 	}
 	g := &Gateway{
-		store: opts.Store, policy: opts.Policy, decider: opts.Decider, sessions: opts.Sessions,
+		tracer: tracing.New(opts.TracerProvider, "gateway"),
+		store:  opts.Store, policy: opts.Policy, decider: opts.Decider, sessions: opts.Sessions,
 		handler: opts.Handler, origins: opts.OriginPatterns, log: opts.Logger,
 		leaseTTL: opts.LeaseTTL, sendFrames: opts.SendFrames, sendBytes: opts.SendBytes,
 		maxMessage: opts.MaxMessageBytes, writeTimeout: opts.WriteTimeout, pingInterval: opts.PingInterval,
@@ -283,6 +296,7 @@ func New(opts Options) (*Gateway, error) {
 	}
 	if g.decider == nil {
 		g.decider = policy.NewDecider(g.store, 1)
+		g.decider.Trace(opts.TracerProvider, "")
 	}
 	if bans := g.decider.Bans(); bans != nil {
 		bans.OnChange(g.closeBanned)
@@ -551,7 +565,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.reject(w, http.StatusUpgradeRequired, "GET /v1/ws is a WebSocket endpoint: send an upgrade request (GET /v1/ws/preflight asks whether one would be admitted)")
 		return
 	}
-	a, ok := g.admit(w, r, false)
+	a, ok := g.admitTraced(w, r, false)
 	if !ok {
 		return
 	}
@@ -563,7 +577,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // nothing: 200 {"allowed":true}, or the upgrade's 4xx problem. A browser,
 // which sees only that a WebSocket failed to open, learns why from it.
 func (g *Gateway) Preflight(w http.ResponseWriter, r *http.Request) {
-	if _, ok := g.admit(w, r, true); ok {
+	if _, ok := g.admitTraced(w, r, true); ok {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write([]byte("{\"allowed\":true}\n"))
@@ -579,10 +593,47 @@ type admission struct {
 	keyHash         string // of the API key presented, "" if none
 }
 
+// admitTraced is admit in the span of the decision, when traces are on:
+// the span ends with the admission decided, before the upgrade, and
+// tells the status of an attempt answered without one.
+func (g *Gateway) admitTraced(w http.ResponseWriter, r *http.Request, dryRun bool) (admission, bool) {
+	if !g.tracer.Enabled() {
+		return g.admit(w, r, dryRun, tracing.Span{})
+	}
+	ctx, span := g.tracer.Start(r.Context(), propagation.HeaderCarrier(r.Header))
+	sw := &statusWriter{ResponseWriter: w}
+	a, ok := g.admit(sw, r.WithContext(ctx), dryRun, span)
+	if sw.status != 0 && span.Recording() {
+		span.SetAttributes(attribute.Int("http.response.status_code", sw.status))
+	}
+	span.End(nil)
+	return a, ok
+}
+
+// statusWriter remembers the status a response was written with.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
 // admit runs the authorizer and decides the connection limits, with the
-// global rules naming ws:connect (as a dry run if asked). A refusal is
-// answered on w and ok is false.
-func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a admission, ok bool) {
+// global rules naming ws:connect (as a dry run if asked), recording the
+// decision in span. A refusal is answered on w and ok is false.
+func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool, span tracing.Span) (a admission, ok bool) {
 	g.mu.Lock()
 	closing := g.closing
 	g.mu.Unlock()
@@ -664,10 +715,12 @@ func (g *Gateway) admit(w http.ResponseWriter, r *http.Request, dryRun bool) (a 
 		res.Rules = append(append(append(make([]*policy.Rule, 0, len(res.Charges)), l.connect[:]...), reqs.Rules...), leases.Rules...)
 	}
 	freed := g.freedSlots()
-	if _, err := g.decider.Decide(ctx, &res, &dec); err != nil {
+	out, err := g.decider.Decide(ctx, &res, &dec)
+	if err != nil {
 		g.reject(w, problem.Status(err), "the connection could not be decided: "+err.Error())
 		return a, false
 	}
+	span.Decided(&res, &dec, out)
 	if !dec.Allowed {
 		sr := sharedRefusalOf(&dec, res.Rules, len(l.connect))
 		g.learnConnectRefusal(tenant, rkey, l, shared, now, freed, &dec, sr)

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -70,6 +71,8 @@ type envoyServing struct {
 	// trustedPeers are server.trusted_proxies: the peers whose
 	// remote_address entries name their clients.
 	trustedPeers []netip.Prefix
+	// tracer traces the decisions; nil for none.
+	tracer trace.TracerProvider
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
@@ -92,6 +95,7 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata || sv.dynamicMetadata, Charge: sv.charge,
 		LimitHeaders: sv.limitHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
 		Stats: sv.stats, TrustedPeers: sv.trustedPeers, QuotaAnswers: sv.quota, QuotaAll: sv.quotaAll, GlobalShadow: sv.globalShadow,
+		TracerProvider: sv.tracer,
 	})
 	if err != nil {
 		return nil, err

@@ -48,6 +48,8 @@ An API key (X-API-Key or Authorization: Bearer) is required unless
 --keys-optional is given; then requests without one are anonymous and are
 charged the global rules only. The configuration is reloaded like admit
 serve's (the http and server sections take effect at the next start).
+Decisions are traced over OTLP as admit serve's are (OTEL_* variables,
+docs/traces.md).
 
 Flags:
 `
@@ -103,6 +105,11 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 		return fmt.Errorf("--body-timeout, --body-deadline and --write-timeout must not be negative (0: no bound)")
 	}
 	f.readsDataDir = true
+	tp, stopTracing, err := startTracing(ctx, e, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing() // last, after the server drained
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		return err
@@ -130,7 +137,9 @@ func runProxy(ctx context.Context, f *proxyFlags, e *env, log *slog.Logger) erro
 	decider := policy.NewDecider(b.st.store, b.cfg.Store.Instances)
 	decider.EnforceBans(b.bans)
 	defer decider.Close()
+	decider.Trace(tp, b.st.kind())
 	opts.Decider, opts.Instances, opts.Policy, opts.Logger = decider, b.cfg.Store.Instances, b.catalog.Policy, log
+	opts.TracerProvider, opts.FrontEnd = tp, "proxy"
 	opts.RequireKey = !f.keysOptional
 	lim, err := httplimit.New(opts)
 	if err != nil {

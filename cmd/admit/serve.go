@@ -62,6 +62,11 @@ error logged and shown by /readyz. Write the file by renaming a complete
 one over it (as Kubernetes updates a ConfigMap), so that no reader sees it
 half-written.
 
+Every decision is traced as an OpenTelemetry span, with its store call,
+when OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_TRACES_EXPORTER) says where to
+send them over OTLP; the other OTEL_* variables are read as the
+specification says. Unset, nothing is traced. See docs/traces.md.
+
 Flags:
 `
 
@@ -360,6 +365,12 @@ func (b *backend) close() {
 // configuration as it changes. Everything it starts is stopped, in
 // reverse order, before it returns.
 func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) error {
+	tp, stopTracing, err := startTracing(ctx, e, log)
+	if err != nil {
+		return err
+	}
+	// Last, after the servers drained: their last spans are sent.
+	defer stopTracing()
 	b, err := openBackend(ctx, &f.backendFlags, log)
 	if err != nil {
 		if dir := f.envoyConfig; dir != "" {
@@ -397,6 +408,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	callers := top.New(serverName(), st.top)
 	dec.Observe(callers)
 	go callers.Publish(ctx, max(f.topEvery, 100*time.Millisecond))
+	dec.Trace(tp, st.kind())
 	meter := usage.NewMeter(st.usage, time.Second)
 	dec.MeterUsage(meter)
 	defer func() {
@@ -408,7 +420,9 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 			log.Warn("shutdown: the last usage records were not written", "err", err)
 		}
 	}()
-	gw, err := wsgateway.New(gatewayOptions(&cfg.Gateway, &hopts, st, catalog, dec, log))
+	gwOpts := gatewayOptions(&cfg.Gateway, &hopts, st, catalog, dec, log)
+	gwOpts.TracerProvider = tp
+	gw, err := wsgateway.New(gwOpts)
 	if err != nil {
 		return err // validated with the configuration
 	}
@@ -437,6 +451,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
 		Idempotency: st.idem, AnonymousIdempotency: st.anonIdem, Callers: callers, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
+		TracerProvider: tp,
 	})
 	if err != nil {
 		return err
@@ -460,7 +475,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	}
 	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.reflection(), opts: grpcOpts, stats: upstreamStats,
 		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies,
-		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow}, b, dec, srv)
+		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow, tracer: tp}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}

@@ -67,6 +67,14 @@ type openedStore struct {
 	home bool
 }
 
+// kind names the store in traces: "memory" or "redis".
+func (st *openedStore) kind() string {
+	if st.name == "memory" {
+		return "memory"
+	}
+	return "redis"
+}
+
 // spec returns cfg's policy as the store decides it: a rule the store
 // cannot decide is the policy's error, whether it comes from cfg, a reload
 // or the admin API.

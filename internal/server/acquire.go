@@ -7,8 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/engine"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -23,25 +27,35 @@ import (
 // an answer of 200 is a request admitted and charged, a 429 one charged
 // nothing.
 func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
 	c := getCall()
 	defer putCall(c)
+	ctx, span := s.tracer.Start(r.Context(), propagation.HeaderCarrier(r.Header))
+	if span.Recording() {
+		span.SetAttributes(attribute.String("http.route", "/v1/acquire"))
+	}
+	span.End(s.acquire(ctx, w, r, c, span))
+}
+
+// acquire is handleAcquire in ctx, which holds the decision's span: it
+// returns the error it answered with, or that the client went away.
+func (s *Server) acquire(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, span tracing.Span) error {
+	start := time.Now()
 	var body acquireRequest
 	if err := decodeJSON(w, r, &body); err != nil {
 		s.fail(w, r, "acquire", err)
-		return
+		return err
 	}
 	if body.MaxWaitMS < 0 || body.MaxWaitMS > s.maxWait.Milliseconds() {
-		s.fail(w, r, "acquire", admit.Errorf(admit.CodeInvalid, "max_wait_ms %d: must be from 0 to %d", body.MaxWaitMS, s.maxWait.Milliseconds()))
-		return
+		err := admit.Errorf(admit.CodeInvalid, "max_wait_ms %d: must be from 0 to %d", body.MaxWaitMS, s.maxWait.Milliseconds())
+		s.fail(w, r, "acquire", err)
+		return err
 	}
 	maxWait := time.Duration(body.MaxWaitMS) * time.Millisecond
 	p := s.catalog.Policy()
 	if err := s.request(r, c, &body.checkRequest, p, policy.Requests, 0); err != nil {
 		s.fail(w, r, "acquire", err)
-		return
+		return err
 	}
-	ctx := r.Context()
 	var err error
 	switch key := queueKey(c.res.Charges); {
 	case key != "" && !c.req.DryRun:
@@ -52,18 +66,20 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request) {
 		err = s.acquirePolling(ctx, c, maxWait)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return // the client went away; nothing to answer
+		if cerr := ctx.Err(); cerr != nil {
+			return cerr // the client went away; nothing to answer
 		}
 		s.fail(w, r, "acquire", err)
-		return
+		return err
 	}
+	span.Decided(&c.res, &c.d, c.out)
 	waited := time.Since(start)
 	if !c.d.Allowed {
 		waited = 0
 	}
 	s.answer(w, c, waited)
 	s.record(c, "acquire", start)
+	return nil
 }
 
 func reservable(charges []admit.Charge) bool {

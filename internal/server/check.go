@@ -7,9 +7,13 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/httpx"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 )
 
@@ -112,50 +116,62 @@ func (s *Server) handleReport(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) check(w http.ResponseWriter, r *http.Request, endpoint string, debit bool) {
-	start := time.Now()
 	c := getCall()
 	defer putCall(c)
+	ctx, span := s.tracer.Start(r.Context(), propagation.HeaderCarrier(r.Header))
+	if span.Recording() {
+		span.SetAttributes(attribute.String("http.route", "/v1/"+endpoint))
+	}
+	span.End(s.checkIn(ctx, w, r, c, endpoint, debit, span))
+}
+
+// checkIn is check in ctx, which holds the decision's span: it returns
+// the error it answered with, if any.
+func (s *Server) checkIn(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call, endpoint string, debit bool, span tracing.Span) error {
+	start := time.Now()
 	var body checkRequest
 	if err := decodeJSON(w, r, &body); err != nil {
 		s.fail(w, r, endpoint, err)
-		return
+		return err
 	}
 	if debit && body.Cost == nil {
 		e := admit.Errorf(admit.CodeInvalid, "cost is required: a report says what the work cost")
 		e.Field = "cost"
 		s.fail(w, r, endpoint, e)
-		return
+		return e
 	}
 	body.Debit = body.Debit || debit
 	key, err := httpx.IdempotencyKey(r)
 	if err != nil {
 		s.fail(w, r, endpoint, err)
-		return
+		return err
 	}
 	p := s.catalog.Policy()
 	if err := s.request(r, c, &body, p, policy.Requests, 0); err != nil {
 		s.fail(w, r, endpoint, err)
-		return
+		return err
 	}
 	var claim *idemClaim
 	if key != "" {
 		var answered bool
 		if claim, answered = s.claimIdempotency(w, r, endpoint, key, c, &body); answered {
-			return
+			return nil
 		}
 	}
 	decide := s.decide
 	if claim != nil && claim.down {
 		decide = func(ctx context.Context, c *call) error { return s.failover(ctx, c, claim.cause) }
 	}
-	if err := decide(r.Context(), c); err != nil {
+	if err := decide(ctx, c); err != nil {
 		claim.finish(r.Context(), false, 0, nil)
 		s.fail(w, r, endpoint, err)
-		return
+		return err
 	}
+	span.Decided(&c.res, &c.d, c.out)
 	status := s.answer(w, c, -1)
 	claim.finish(r.Context(), charged(c), status, c.buf)
 	s.record(c, endpoint, start)
+	return nil
 }
 
 // charged reports whether c's decision charged something, or may have:

@@ -29,12 +29,14 @@ import (
 	"github.com/admitdev/admit/policy/top"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/api"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/internal/httpx"
+	"github.com/admitdev/admit/internal/tracing"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/usage"
 	"github.com/admitdev/admit/problem"
@@ -174,8 +176,15 @@ type Options struct {
 	ForwardAuth string
 	// HTTP configures how /v1/authz identifies the original request:
 	// trusted proxies, user header, JWT, actions, Retry-After jitter. Its
-	// Store, Decider, Policy, Observe and Logger are the server's.
+	// Store, Decider, Policy, Observe, Logger and tracing are the server's.
 	HTTP httplimit.Options
+	// TracerProvider, if set, traces the decisions of /v1/check,
+	// /v1/report, /v1/acquire and /v1/authz in OpenTelemetry spans
+	// (docs/traces.md), children of the traces their callers'
+	// traceparent headers continue. A Decider of the server's own traces
+	// its store calls with it too; a given one is traced by its maker
+	// (policy.Decider.Trace). Nil traces nothing, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 // Server serves the HTTP API. Create it with New; it is safe for concurrent
@@ -229,6 +238,7 @@ type Server struct {
 	topAt    time.Time
 	topLast  []top.Top
 	ownDec   bool
+	tracer   *tracing.Tracer // the decision API's; nil: traces are off
 	waiters  waitQueues      // acquire's waiters on shared limits
 	bookings bookingRefusals // acquire's refused bookings
 	authz    *httplimit.Limiter
@@ -277,7 +287,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.decider == nil {
 		s.decider, s.ownDec = policy.NewDecider(opts.Store, opts.Instances), true
+		s.decider.Trace(opts.TracerProvider, "")
 	}
+	s.tracer = tracing.New(opts.TracerProvider, "api")
 	reg, private := prometheus.NewRegistry(), prometheus.NewRegistry()
 	s.public, s.all = reg, prometheus.Gatherers{reg, private}
 	if opts.Registry != nil {
@@ -304,6 +316,7 @@ func New(opts Options) (*Server, error) {
 	s.claimBase = hex.EncodeToString(b[:]) + "-"
 	hopts := opts.HTTP
 	hopts.Store, hopts.Decider, hopts.Policy, hopts.Logger = opts.Store, s.decider, s.catalog.Policy, s.log
+	hopts.TracerProvider, hopts.FrontEnd = opts.TracerProvider, "forward_auth"
 	hopts.PassUnlimited = true // forward-auth admits anonymous requests (docs/api.md)
 	if opts.ForwardAuth == "" {
 		// No proxy named: none is known to set or clear the user header
