@@ -122,7 +122,7 @@ func (b *Bans) observe(res *Resolution, dec *admit.Decision) {
 				}
 				f.value = who.ip
 			case BanAPIKey:
-				if res.auth == nil {
+				if !who.keyed {
 					continue // a key no tenant holds: banning it bans no one
 				}
 				f.value = "sha256:" + who.keyHex()
@@ -173,6 +173,10 @@ func (b *Bans) escalate(ctx context.Context) {
 		if b.counter == nil || b.banned(f) || slices.ContainsFunc(made, func(x Ban) bool { return x.ID == f.id() }) {
 			continue
 		}
+		if f.tenant != "" && b.escalatedOf(f.tenant)+countTenant(made, f.tenant) >= MaxEscalatedPerTenant {
+			b.stats.Full.Add(1) // one tenant's users hold their part
+			continue
+		}
 		if f.e.Refusals > 1 {
 			ch := admit.Charge{Rule: &f.e.counter, Cost: 1}
 			ch.Key = admit.Key{Scope: "escalation", Tenant: f.tenant, Subject: f.e.Scope + ":" + f.value, Rule: f.e.Name}.String()
@@ -192,6 +196,20 @@ func (b *Bans) escalate(ctx context.Context) {
 			made = append(made, ban)
 		}
 	}
+}
+
+// escalatedOf returns how many of the escalations' bans in force are of
+// tenant's users, as this server knows them.
+func (b *Bans) escalatedOf(tenant string) int { return b.set.Load().escalated[tenant] }
+
+func countTenant(bans []Ban, tenant string) int {
+	n := 0
+	for _, x := range bans {
+		if x.Tenant == tenant {
+			n++
+		}
+	}
+	return n
 }
 
 // id is the id of the ban f's escalation makes of f's identifier.

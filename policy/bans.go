@@ -32,6 +32,16 @@ const (
 	MaxBanHistory = 10_000
 )
 
+// MaxEscalatedBans bounds the bans escalation rules may have in force: the
+// rest of MaxBans is the operators', so that a flood of escalated
+// identifiers never leaves an operator unable to ban. MaxEscalatedPerTenant
+// bounds those of one tenant's users, so that one tenant inventing users
+// cannot take them all.
+const (
+	MaxEscalatedBans      = MaxBans - 1_000
+	MaxEscalatedPerTenant = 1_000
+)
+
 // MaxBanTTL bounds how long one ban lasts.
 const MaxBanTTL = 365 * 24 * time.Hour
 
@@ -135,11 +145,17 @@ func NormalizeBan(b *Ban) error {
 // request's tenant, user, client address and API key.
 type identity struct {
 	tenant, user, ip, apiKey string
-	keyHash                  string // the key's hash, once made
-	auth                     *authenticated
+	// client is the address the request came from as the front end saw
+	// it (Request.Client), which a ban of its address refuses too: a
+	// caller that names no ip, or another one, is still the client.
+	client  string
+	keyHash string // the key's hash, once made
+	auth    *authenticated
 	// untrusted says a caller Admit does not trust named the values
-	// (Request.Untrusted); unvouched that nothing vouches for the tenant.
-	untrusted, unvouched bool
+	// (Request.Untrusted); unvouched that nothing vouches for the tenant
+	// (neither a trusted caller nor one of its keys); keyed that the
+	// request presented a key a tenant holds.
+	untrusted, unvouched, keyed bool
 }
 
 // keyHex returns the hash of id's API key, "" without one.
@@ -169,10 +185,15 @@ type banSet struct {
 	ips      map[string]*banEntry
 	nets     []netBans // longest first
 	keys     map[string]*banEntry
-	users    map[string]*banEntry // tenant, NUL, user
+	users    map[userKey]*banEntry
 	tenants  map[string]*banEntry
 	earliest time.Time // the first expiry
+	// escalated counts, per tenant, the escalations' bans of its users.
+	escalated map[string]int
 }
+
+// userKey names a user of a tenant.
+type userKey struct{ tenant, user string }
 
 type netBans struct {
 	bits int
@@ -181,18 +202,20 @@ type netBans struct {
 }
 
 func newBanSet(bans []Ban, now time.Time) *banSet {
-	s := &banSet{ips: map[string]*banEntry{}, keys: map[string]*banEntry{}, users: map[string]*banEntry{}, tenants: map[string]*banEntry{}}
-	put := func(m map[string]*banEntry, k string, e *banEntry) {
-		if old := m[k]; old == nil || old.Expires.Before(e.Expires) {
-			m[k] = e // overlapping bans: the one that lasts longest
-		}
-	}
+	s := &banSet{ips: map[string]*banEntry{}, keys: map[string]*banEntry{}, users: map[userKey]*banEntry{}, tenants: map[string]*banEntry{}}
+	put := func(m map[string]*banEntry, k string, e *banEntry) { putLongest(m, k, e) }
 	for _, b := range bans {
 		if !b.Expires.After(now) {
 			continue
 		}
 		e := &banEntry{Ban: b, rule: banRule(b)}
 		s.all = append(s.all, e)
+		if b.Tenant != "" && strings.HasPrefix(b.Source, "escalation:") {
+			if s.escalated == nil {
+				s.escalated = map[string]int{}
+			}
+			s.escalated[b.Tenant]++
+		}
 		if s.earliest.IsZero() || b.Expires.Before(s.earliest) {
 			s.earliest = b.Expires
 		}
@@ -217,7 +240,7 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 		case BanAPIKey:
 			put(s.keys, strings.TrimPrefix(b.Value, "sha256:"), e)
 		case BanUser:
-			put(s.users, b.Tenant+"\x00"+b.Value, e)
+			putLongest(s.users, userKey{b.Tenant, b.Value}, e)
 		case BanTenant:
 			put(s.tenants, b.Value, e)
 		}
@@ -225,6 +248,14 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 	slices.SortFunc(s.all, func(a, b *banEntry) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(s.nets, func(a, b netBans) int { return b.bits - a.bits })
 	return s
+}
+
+// putLongest indexes e under k, unless a ban that lasts longer is there:
+// of overlapping bans, the longest decides.
+func putLongest[K comparable](m map[K]*banEntry, k K, e *banEntry) {
+	if old := m[k]; old == nil || old.Expires.Before(e.Expires) {
+		m[k] = e
+	}
 }
 
 // banRule is the rule a ban's refusals are reported under.
@@ -245,7 +276,7 @@ func (s *banSet) match(id *identity, now time.Time) *banEntry {
 		}
 	}
 	if id.user != "" && id.tenant != "" && len(s.users) > 0 {
-		if e := s.users[id.tenant+"\x00"+id.user]; found(e) {
+		if e := s.users[userKey{id.tenant, id.user}]; found(e) {
 			return e
 		}
 	}
@@ -254,16 +285,34 @@ func (s *banSet) match(id *identity, now time.Time) *banEntry {
 			return e
 		}
 	}
-	if id.ip == "" || len(s.ips) == 0 && len(s.nets) == 0 {
+	if len(s.ips) == 0 && len(s.nets) == 0 {
 		return nil
 	}
-	if e := s.ips[id.ip]; found(e) {
+	if e := s.matchAddr(id.ip, now); e != nil {
+		return e
+	}
+	if id.client != "" && id.client != id.ip {
+		if c, err := CanonicalIP(id.client); err == nil && c != id.ip {
+			return s.matchAddr(c, now)
+		}
+	}
+	return nil
+}
+
+// matchAddr returns the ban in force over a canonical address, nil if
+// none.
+func (s *banSet) matchAddr(ip string, now time.Time) *banEntry {
+	found := func(e *banEntry) bool { return e != nil && e.Expires.After(now) }
+	if ip == "" {
+		return nil
+	}
+	if e := s.ips[ip]; found(e) {
 		return e
 	}
 	if len(s.nets) == 0 {
 		return nil
 	}
-	a, err := netip.ParseAddr(strings.TrimSuffix(id.ip, "/64"))
+	a, err := netip.ParseAddr(strings.TrimSuffix(ip, "/64"))
 	if err != nil {
 		return nil
 	}
@@ -321,7 +370,9 @@ type BanStore interface {
 	// error wrapping ErrBansFull.
 	Add(ctx context.Context, b Ban, now time.Time) (Ban, bool, error)
 	// Escalate saves e's ban at now, unless a ban of its id is in force
-	// (returned, with false), and counts it in e.Key's history.
+	// (returned, with false), and counts it in e.Key's history. Past
+	// MaxEscalatedBans escalations' bans in force it fails with an error
+	// wrapping ErrBansFull.
 	Escalate(ctx context.Context, e Escalated, now time.Time) (Ban, bool, error)
 	// Remove deletes the ban of id, reporting whether one was in force.
 	Remove(ctx context.Context, id string, now time.Time) (bool, error)
@@ -349,8 +400,10 @@ type Bans struct {
 	listenMu  sync.Mutex
 	listeners []func()
 
-	// version counts the changes of the bans in force.
+	// version counts the changes of the bans in force; loaded says the
+	// last load succeeded.
 	version atomic.Int64
+	loaded  atomic.Bool
 
 	esc   atomic.Pointer[escalations]
 	queue chan refusal
@@ -447,6 +500,7 @@ func (b *Bans) Reload(ctx context.Context) error {
 	defer b.reloadMu.Unlock()
 	now := time.Now()
 	st, err := b.store.Load(ctx, now)
+	b.loaded.Store(err == nil)
 	if err != nil {
 		return err
 	}
@@ -503,6 +557,11 @@ func (b *Bans) swap(s *banSet) {
 func sameBans(a, b *banSet) bool {
 	return slices.EqualFunc(a.all, b.all, func(x, y *banEntry) bool { return x.Ban == y.Ban })
 }
+
+// Loaded reports whether the last load of the bans from the store
+// succeeded: while it has not, the bans in force are the last loaded (none
+// for a server that never loaded them).
+func (b *Bans) Loaded() bool { return b.loaded.Load() }
 
 // Any reports whether any ban is in force.
 func (b *Bans) Any() bool { return !b.set.Load().empty() }

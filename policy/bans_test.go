@@ -28,7 +28,10 @@ func banPolicy(t *testing.T) *Policy {
 		Tiers: map[string]TierSpec{"free": {Rules: []RuleSpec{
 			{Name: "api", Scope: "user", Algorithm: "fixed_window", Limit: n(1), Window: "1h"},
 		}}},
-		Tenants: map[string]TenantSpec{"acme": {Tier: "free"}, "beta": {Tier: "free"}},
+		Tenants: map[string]TenantSpec{
+			"acme": {Tier: "free", APIKeysSHA256: []string{HashKey("k-live-123"), HashKey("k-live-124")}},
+			"beta": {Tier: "free"}, "open": {Tier: "free"},
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -36,11 +39,15 @@ func banPolicy(t *testing.T) *Policy {
 	return p
 }
 
-// decideOne resolves req at cost 1 against p and decides it with d.
+// decideOne authenticates req as the front ends do (trusted unless
+// Untrusted), resolves it at cost 1 against p and decides it with d.
 func decideOne(t *testing.T, p *Policy, d *Decider, req Request) (admit.Decision, Outcome) {
 	t.Helper()
 	var res Resolution
 	req.Cost = 1
+	if err := p.AuthenticateRequest(&req, !req.Untrusted); err != nil {
+		t.Fatal(err)
+	}
 	if err := p.Resolve(&req, &res); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +90,8 @@ func TestBansRefuseWithoutTheStore(t *testing.T) {
 		{Ban{Scope: BanIP, Value: "203.0.113.77/24"}, Request{IP: "203.0.113.200"}, Request{IP: "203.0.114.1"}},
 		{Ban{Scope: BanIP, Value: "2001:db8:1:2::1"}, Request{IP: "2001:db8:1:2:ffff::9"}, Request{IP: "2001:db8:1:3::1"}},
 		{Ban{Scope: BanIP, Value: "2001:db8:a000::/36"}, Request{IP: "2001:db8:a0ff:1::1"}, Request{IP: "2001:db8:b000::1"}},
+		// The address the request came from, which it does not name.
+		{Ban{Scope: BanIP, Value: "192.0.2.80"}, Request{Tenant: "beta", User: "x", Client: "192.0.2.80:5555", Untrusted: true}, Request{Tenant: "beta", User: "x", Client: "192.0.2.81", Untrusted: true}},
 		{Ban{Scope: BanAPIKey, Value: "k-live-123"}, Request{Tenant: "acme", User: "u", APIKey: "k-live-123"}, Request{Tenant: "acme", User: "u", APIKey: "k-live-124"}},
 		{Ban{Scope: BanUser, Tenant: "acme", Value: "mallory"}, Request{Tenant: "acme", User: "mallory"}, Request{Tenant: "beta", User: "mallory"}},
 		{Ban{Scope: BanTenant, Value: "beta"}, Request{Tenant: "beta", User: "x"}, Request{Tenant: "acme", User: "x"}},
@@ -217,9 +226,22 @@ func TestEscalationBansAndDoubles(t *testing.T) {
 	}
 	// An address an untrusted caller names is not the client's: never
 	// banned (nor its user, whom no credential vouches for).
-	trent := Request{Tenant: "acme", User: "trent", IP: "192.0.2.50", Untrusted: true}
+	trent := Request{Tenant: "open", User: "trent", IP: "192.0.2.50", Untrusted: true}
 	for range 5 {
 		decide(trent)
+	}
+	// Nor a keyless tenant's user, or the tenant, an anonymous caller
+	// names: anyone may name them (the tenant scope's escalation would
+	// ban the tenant for everyone).
+	if err := b.SetEscalations([]Escalation{
+		{Name: "abuse", Rule: "api", Scope: BanUser, Refusals: 3, Within: time.Minute, Ban: time.Minute, Max: 3 * time.Minute},
+		{Name: "tenants", Rule: "api", Scope: BanTenant, Refusals: 1, Within: time.Minute, Ban: time.Minute},
+		{Name: "addr", Rule: "api", Scope: BanIP, Refusals: 1, Within: time.Minute, Ban: time.Hour},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		decide(Request{Tenant: "open", User: "victim", Untrusted: true, Client: "192.0.2.70"})
 	}
 	// A trusted caller's address is the client's: one refusal bans it.
 	decide(Request{Tenant: "acme", User: "eve", IP: "192.0.2.60"})
@@ -235,7 +257,7 @@ func TestEscalationBansAndDoubles(t *testing.T) {
 	// The queue is one goroutine's, in order: trent's refusals were
 	// counted before eve's.
 	for _, x := range b.List() {
-		if x.Value == "192.0.2.50" || x.Value == "trent" {
+		if x.Value == "192.0.2.50" || x.Value == "trent" || x.Value == "victim" || x.Value == "open" {
 			t.Fatalf("an untrusted caller's values were banned: %+v", x)
 		}
 	}

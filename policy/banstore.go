@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -59,18 +59,31 @@ func (m *MemoryBans) load() error {
 		if err != nil {
 			return admit.Errorf(admit.CodeUnavailable, "bans: %v", err)
 		}
-		dec := json.NewDecoder(f)
-		n := 0
-		for {
-			var l journalLine
-			if err := dec.Decode(&l); errors.Is(err, io.EOF) {
+		data, err := io.ReadAll(f)
+		if err != nil {
+			f.Close()
+			return admit.Errorf(admit.CodeUnavailable, "bans: %v", err)
+		}
+		n, good := 0, 0
+		for rest := data; len(rest) > 0; n++ {
+			line, next, whole := bytes.Cut(rest, []byte("\n"))
+			if !whole {
+				// A change cut short by a crash (its write, or the
+				// machine): never acknowledged, so dropped.
+				if err := f.Truncate(int64(good)); err != nil {
+					f.Close()
+					return admit.Errorf(admit.CodeUnavailable, "bans: %s: dropping a torn last line: %v", m.Path, err)
+				}
 				break
-			} else if err != nil {
+			}
+			var l journalLine
+			if err := json.Unmarshal(line, &l); err != nil {
 				f.Close()
 				return fmt.Errorf("bans: %s, line %d: %w", m.Path, n+1, err)
 			}
 			m.apply(l)
-			n++
+			good += len(line) + 1
+			rest = next
 		}
 		m.f, m.lines = f, n
 	}
@@ -120,19 +133,31 @@ func (m *MemoryBans) inForce(id string, now time.Time) (Ban, bool) {
 }
 
 // room returns the lines that make room for one more ban at now (the
-// expired ones removed), or ErrBansFull; the caller holds m.mu.
-func (m *MemoryBans) room(now time.Time) ([]journalLine, error) {
-	if len(m.bans) < MaxBans {
-		return nil, nil
+// expired ones removed), or ErrBansFull when MaxBans are in force, or, for
+// an escalation's ban (escalated), MaxEscalatedBans escalations' bans; the
+// caller holds m.mu.
+func (m *MemoryBans) room(now time.Time, escalated bool) ([]journalLine, error) {
+	if len(m.bans) < MaxEscalatedBans {
+		return nil, nil // within both bounds, expired bans or not
 	}
 	var lines []journalLine
+	live, esc := 0, 0
 	for id, b := range m.bans {
-		if !b.Expires.After(now) {
+		switch {
+		case !b.Expires.After(now):
 			lines = append(lines, journalLine{Remove: id})
+		default:
+			live++
+			if strings.HasPrefix(b.Source, "escalation:") {
+				esc++
+			}
 		}
 	}
-	if len(m.bans)-len(lines) >= MaxBans {
+	switch {
+	case live >= MaxBans:
 		return nil, fmt.Errorf("bans: %w (%d)", ErrBansFull, MaxBans)
+	case escalated && esc >= MaxEscalatedBans:
+		return nil, fmt.Errorf("bans: %w (%d of escalation rules)", ErrBansFull, MaxEscalatedBans)
 	}
 	return lines, nil
 }
@@ -236,7 +261,7 @@ func (m *MemoryBans) Add(_ context.Context, b Ban, now time.Time) (Ban, bool, er
 			saved = in
 			return nil, nil
 		}
-		lines, err := m.room(now)
+		lines, err := m.room(now, false)
 		if err != nil {
 			return nil, err
 		}
@@ -256,7 +281,7 @@ func (m *MemoryBans) Escalate(_ context.Context, e Escalated, now time.Time) (Ba
 			saved = in
 			return nil, nil
 		}
-		lines, err := m.room(now)
+		lines, err := m.room(now, true)
 		if err != nil {
 			return nil, err
 		}
@@ -285,13 +310,15 @@ func escalated(e Escalated, h BanStrikes, now time.Time) Ban {
 	return b
 }
 
-// oldest returns the history entry whose last ban ended first.
+// oldest returns the history entry a full history forgets first: of the
+// fewest strikes, the one forgotten soonest, so that a flood of
+// identifiers banned once does not wipe a repeat offender's.
 func oldest(h map[string]BanStrikes) string {
 	var key string
-	var at time.Time
+	var least BanStrikes
 	for k, v := range h {
-		if key == "" || v.Until.Before(at) {
-			key, at = k, v.Until
+		if key == "" || v.Strikes < least.Strikes || v.Strikes == least.Strikes && v.Forget.Before(least.Forget) {
+			key, least = k, v
 		}
 	}
 	return key

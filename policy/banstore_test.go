@@ -91,3 +91,34 @@ func TestMemoryBansRefuseABrokenJournal(t *testing.T) {
 		t.Fatalf("Load = %v; want the file and line 2", err)
 	}
 }
+
+// TestMemoryBansDropATornLine: a crash in the middle of a change leaves
+// its line cut short; the bans before it load, and the next change is
+// journaled after them.
+func TestMemoryBansDropATornLine(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "bans.jsonl")
+	at := time.Now().Truncate(time.Millisecond)
+	m := &policy.MemoryBans{Path: path}
+	if _, _, err := m.Add(ctx, policy.Ban{ID: "a", Scope: policy.BanTenant, Value: "acme", Source: "admin", Created: at, Expires: at.Add(time.Hour)}, at); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.WriteString(`{"ban":{"id":"b","scope":"ip","val`)
+	f.Close()
+	again := &policy.MemoryBans{Path: path}
+	st, err := again.Load(ctx, at)
+	if err != nil || len(st.Bans) != 1 || st.Bans[0].ID != "a" {
+		t.Fatalf("after a torn line: %+v, %v", st, err)
+	}
+	if _, _, err := again.Add(ctx, policy.Ban{ID: "c", Scope: policy.BanTenant, Value: "beta", Source: "admin", Created: at, Expires: at.Add(time.Hour)}, at); err != nil {
+		t.Fatal(err)
+	}
+	st, err = (&policy.MemoryBans{Path: path}).Load(ctx, at)
+	if err != nil || len(st.Bans) != 2 {
+		t.Fatalf("after the next change: %+v, %v", st, err)
+	}
+}

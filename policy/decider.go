@@ -192,6 +192,14 @@ func (d *Decider) Decide(ctx context.Context, res *Resolution, dec *admit.Decisi
 	return out, err
 }
 
+// RefuseBanned makes dec the refusal of res by the ban in force over its
+// request, as Decide does, and reports whether there is one: for a front
+// end that asks the store by other means (a reservation's booking) than
+// Decide.
+func (d *Decider) RefuseBanned(res *Resolution, dec *admit.Decision) bool {
+	return d.bans != nil && d.bans.refuse(res, dec)
+}
+
 // EnforceBans makes d refuse the requests b's bans name, and count the
 // refusals b's escalation rules count. Call it before the first decision.
 func (d *Decider) EnforceBans(b *Bans) { d.bans = b }

@@ -242,13 +242,14 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	if len(res.Charges) > bounds.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), bounds.MaxCharges)
 	}
-	res.who = identity{tenant: req.Tenant, user: req.User, ip: req.IP, apiKey: req.APIKey, keyHash: res.keyHash, auth: res.auth,
+	res.who = identity{tenant: req.Tenant, user: req.User, ip: req.IP, client: req.Client, apiKey: req.APIKey, keyHash: res.keyHash, auth: res.auth,
 		untrusted: req.Untrusted, unvouched: req.Unvouched || req.Untrusted}
+	res.who.keyed = res.auth != nil && res.auth.hashed && res.auth.found != nil
 	if res.Tenant != nil {
 		res.who.tenant = res.Tenant.ID
-		if res.auth != nil {
-			res.who.unvouched = false // the key is the tenant's
-		}
+	}
+	if res.who.keyed {
+		res.who.unvouched = false // a key of the tenant's vouches for it
 	}
 	if res.who.tenant == "" {
 		res.who.user = "" // a user is a tenant's

@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
 	"github.com/admitdev/admit/internal/server"
@@ -286,7 +287,15 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 		return nil, err // checked with the configuration
 	}
 	if err := bans.Start(ctx, st.store); err != nil {
-		log.Warn("the bans could not be loaded at start; enforcing none until they can", "err", err)
+		if admit.ErrorCode(err) != admit.CodeUnavailable {
+			// A journal or a Redis hash that is not one: serving
+			// without the bans it holds would admit every banned
+			// caller, silently.
+			stop()
+			st.close()
+			return nil, fmt.Errorf("the bans cannot be read, not starting: %w", err)
+		}
+		log.Warn("the bans could not be loaded at start; enforcing none until they can (retried each second)", "err", err)
 	}
 	return &backend{cfg: cfg, data: data, st: st, catalog: catalog, stop: stop, bans: bans}, nil
 }

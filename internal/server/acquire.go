@@ -58,6 +58,8 @@ func (s *Server) acquire(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	var err error
 	switch key := queueKey(c.res.Charges); {
+	case s.decider.RefuseBanned(&c.res, &c.d):
+		c.out = policy.Banned // refused at once: no booking, no wait
 	case key != "" && !c.req.DryRun:
 		err = s.acquireShared(ctx, c, key, maxWait)
 	case reservable(c.res.Charges) && !c.req.DryRun:

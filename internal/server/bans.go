@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/internal/httpx"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/policy/top"
+	"github.com/admitdev/admit/problem"
 )
 
 // banRequest is the body of POST /v1/admin/bans.
@@ -209,4 +212,33 @@ func (s *Server) topCallers(ctx context.Context) []top.Top {
 	}
 	s.topLast, s.topAt = out, time.Now()
 	return out
+}
+
+// refuseBanned answers 429 to a caller a ban refuses — its tenant, user or
+// API key, or the address the request comes from — with no store call,
+// and reports whether it did: for the endpoints that read or write the
+// store other than through a decision (sessions, usage).
+func (s *Server) refuseBanned(w http.ResponseWriter, r *http.Request, tenant, user, apiKey string) bool {
+	bans := s.decider.Bans()
+	if bans == nil || !bans.Any() {
+		return false
+	}
+	ip := ""
+	if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
+		ip, _ = policy.CanonicalIP(a.String())
+	}
+	keyHash := ""
+	if apiKey != "" {
+		keyHash = policy.HashKey(apiKey)
+	}
+	now := time.Now()
+	ban, ok := bans.MatchIdentity(tenant, user, ip, keyHash, now)
+	if !ok {
+		return false
+	}
+	left := ban.Expires.Sub(now)
+	w.Header().Set("Retry-After", strconv.FormatInt(httpx.RetrySeconds(left), 10))
+	problem.WriteDetails(w, problem.RefusalBy("ban:"+ban.ID, nil, left,
+		"refused by ban:"+ban.ID+" until "+ban.Expires.UTC().Format(time.RFC3339)))
+	return true
 }

@@ -36,6 +36,9 @@ func (s *Server) handleSessionCreate(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "session", err)
 		return
 	}
+	if s.refuseBanned(w, r, body.Tenant, "", s.presentedKey(r, s.callerOf(r).trusted())) {
+		return
+	}
 	holder := body.Tenant
 	if s.catalog.Policy().Tenant(body.Tenant) == nil && !s.callerOf(r).trusted() {
 		// A tenant only the default tier knows, named by a caller no

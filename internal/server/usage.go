@@ -63,6 +63,9 @@ func (s *Server) handleUsage(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if s.refuseBanned(w, r, req.Tenant, req.User, req.APIKey) {
+		return
+	}
 	var all, leases policy.Resolution
 	err := p.Resolve(&req, &all)
 	if err == nil {

@@ -131,22 +131,66 @@ func Run(t *testing.T, open func(t *testing.T) (first func() policy.BanStore)) {
 			t.Skip("adds policy.MaxBans bans")
 		}
 		s := open(t)()
-		for i := range policy.MaxBans {
-			if _, _, err := s.Add(ctx, ban(fmt.Sprint("b", i), fmt.Sprintf("10.%d.%d.1", i/256, i%256), time.Hour), at); err != nil {
-				t.Fatalf("ban %d: %v", i, err)
+		// The escalations' bans fill their part…
+		for i := range policy.MaxEscalatedBans {
+			e := policy.Escalated{Key: fmt.Sprint("k", i), Ban: ban(fmt.Sprint("e", i), fmt.Sprintf("10.%d.%d.1", i/256, i%256), 0),
+				Base: time.Hour, Max: time.Hour, Forget: time.Hour}
+			e.Ban.Source = "escalation:flood"
+			if _, _, err := s.Escalate(ctx, e, at); err != nil {
+				t.Fatalf("escalation %d: %v", i, err)
 			}
 		}
-		_, _, err := s.Add(ctx, ban("over", "192.0.2.1", time.Hour), at)
-		if !errors.Is(err, policy.ErrBansFull) {
-			t.Fatalf("ban %d: %v; want ErrBansFull", policy.MaxBans+1, err)
+		over := policy.Escalated{Key: "o", Ban: ban("over", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour}
+		over.Ban.Source = "escalation:flood"
+		if _, _, err := s.Escalate(ctx, over, at); !errors.Is(err, policy.ErrBansFull) {
+			t.Fatalf("escalation past its part: %v; want ErrBansFull", err)
 		}
-		e := policy.Escalated{Key: "o", Ban: ban("over2", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour}
-		if _, _, err := s.Escalate(ctx, e, at); !errors.Is(err, policy.ErrBansFull) {
-			t.Fatalf("escalation past the bound: %v; want ErrBansFull", err)
+		// …and an operator still bans, up to the whole bound.
+		for i := range policy.MaxBans - policy.MaxEscalatedBans {
+			if _, _, err := s.Add(ctx, ban(fmt.Sprint("a", i), fmt.Sprintf("11.%d.%d.1", i/256, i%256), time.Hour), at); err != nil {
+				t.Fatalf("operator's ban %d: %v", i, err)
+			}
+		}
+		if _, _, err := s.Add(ctx, ban("full", "192.0.2.1", time.Hour), at); !errors.Is(err, policy.ErrBansFull) {
+			t.Fatalf("ban %d: %v; want ErrBansFull", policy.MaxBans+1, err)
 		}
 		// Once some expire there is room again.
 		if _, made, err := s.Add(ctx, ban("later", "192.0.2.3", time.Hour), at.Add(time.Hour)); err != nil || !made {
 			t.Fatalf("after expiry: %v, %v", made, err)
+		}
+	})
+
+	t.Run("HistoryKeepsRepeatOffenders", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("fills the history")
+		}
+		s := open(t)()
+		e := policy.Escalated{Key: "repeat", Ban: ban("r", "192.0.2.9", 0), Base: time.Second, Max: time.Hour, Forget: 24 * time.Hour}
+		now := at
+		for range 3 {
+			b, _, err := s.Escalate(ctx, e, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now = b.Expires.Add(time.Second)
+		}
+		// A flood of identifiers banned once fills the history.
+		for i := range policy.MaxBanHistory + 10 {
+			f := policy.Escalated{Key: fmt.Sprint("f", i), Ban: ban(fmt.Sprint("f", i), fmt.Sprintf("12.%d.%d.1", i/256, i%256), 0),
+				Base: time.Second, Max: time.Second, Forget: 24 * time.Hour}
+			if _, _, err := s.Escalate(ctx, f, now); err != nil && !errors.Is(err, policy.ErrBansFull) {
+				t.Fatal(err)
+			}
+			if i%1000 == 999 {
+				now = now.Add(2 * time.Second) // the flood's bans end, its history stays
+			}
+		}
+		st, err := s.Load(ctx, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.History["repeat"].Strikes != 3 || len(st.History) > policy.MaxBanHistory {
+			t.Fatalf("the repeat offender's history: %+v of %d; want its 3 strikes kept", st.History["repeat"], len(st.History))
 		}
 	})
 }

@@ -21,9 +21,10 @@ import (
 )
 
 // Store keeps bans in Redis: each ban a field of the hash Prefix +
-// "{bans}list" (its JSON), its expiry in the sorted set "{bans}expiry",
-// the escalation history in "{bans}history" (and "{bans}forget", by when
-// each entry is forgotten), and a revision in "{bans}revision" that every
+// "{bans}list" (its JSON), its expiry in the sorted set "{bans}expiry"
+// (and an escalation's in "{bans}escalated" too), the escalation history
+// in "{bans}history" (with "{bans}forget", by when each entry is
+// forgotten, and "{bans}rank", by strikes), and a revision in "{bans}revision" that every
 // change increments and publishes on the Prefix + "bans" channel, on which
 // the other servers load the bans again. Each change is one script: the
 // bound (policy.MaxBans) and an escalation's doubling hold however many
@@ -43,7 +44,8 @@ func New(s *redisstore.Store) *Store {
 	p := s.Prefix()
 	return &Store{
 		store: s, channel: p + "bans",
-		keys: []string{p + "{bans}list", p + "{bans}expiry", p + "{bans}history", p + "{bans}forget", p + "{bans}revision"},
+		keys: []string{p + "{bans}list", p + "{bans}expiry", p + "{bans}history", p + "{bans}forget", p + "{bans}revision",
+			p + "{bans}escalated", p + "{bans}rank"},
 		// Bans are rare and matter more than they are urgent.
 		timeout: max(s.Timeout(), 2*time.Second),
 	}
@@ -178,7 +180,7 @@ func (s *Store) saved(ctx context.Context, args []string) (policy.Ban, bool, err
 	case err != nil:
 		return policy.Ban{}, false, err
 	case code < 0:
-		return policy.Ban{}, false, fmt.Errorf("redisbans: %w (%d)", policy.ErrBansFull, policy.MaxBans)
+		return policy.Ban{}, false, fmt.Errorf("redisbans: %w", policy.ErrBansFull)
 	}
 	return saved, code == 1, nil
 }
@@ -190,7 +192,7 @@ func (s *Store) Escalate(ctx context.Context, e policy.Escalated, now time.Time)
 		return policy.Ban{}, false, err
 	}
 	args = append(args, e.Key, strconv.FormatInt(e.Base.Milliseconds(), 10), strconv.FormatInt(e.Max.Milliseconds(), 10),
-		strconv.FormatInt(e.Forget.Milliseconds(), 10), strconv.Itoa(policy.MaxBanHistory))
+		strconv.FormatInt(e.Forget.Milliseconds(), 10), strconv.Itoa(policy.MaxBanHistory), strconv.Itoa(policy.MaxEscalatedBans))
 	return s.saved(ctx, args)
 }
 

@@ -1,8 +1,11 @@
 -- KEYS: bans (hash id -> ban), expiry (zset id by expires_ms), history
 -- (hash key -> "strikes:until_ms:forget_ms"), history expiry (zset key by
--- forget_ms), revision.
--- ARGV: op ("add", "esc" or "del"), now_ms, id, ban JSON, max bans, channel,
--- then for esc: history key, base_ms, max_ms, forget_ms, max history.
+-- forget_ms), revision, escalated (zset of the escalations' ban ids by
+-- expires_ms), history rank (zset key by strikes, then forget_ms: the
+-- entry a full history forgets first).
+-- ARGV: op ("add", "esc" or "del"), now_ms, id, ban JSON, max bans,
+-- channel, then for esc: history key, base_ms, max_ms, forget_ms, max
+-- history, max bans of the escalations.
 -- Returns {code, ban JSON}: 1 saved (or deleted), 0 one in force already
 -- (add, esc) or none (del), -1 full.
 local now = tonumber(ARGV[2])
@@ -12,11 +15,13 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1000)
 for _, g in ipairs(gone) do
   redis.call('HDEL', KEYS[1], g)
   redis.call('ZREM', KEYS[2], g)
+  redis.call('ZREM', KEYS[6], g)
 end
 local forgot = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
 for _, g in ipairs(forgot) do
   redis.call('HDEL', KEYS[3], g)
   redis.call('ZREM', KEYS[4], g)
+  redis.call('ZREM', KEYS[7], g)
 end
 local function changed()
   local rev = redis.call('INCR', KEYS[5])
@@ -28,11 +33,13 @@ if op == 'del' then
   if not cur then return {0, ''} end
   redis.call('HDEL', KEYS[1], id)
   redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[6], id)
   changed()
   return {1, cur}
 end
 if cur then return {0, cur} end
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then return {-1, ''} end
+if op == 'esc' and redis.call('ZCARD', KEYS[6]) >= tonumber(ARGV[12]) then return {-1, ''} end
 local ban = cjson.decode(ARGV[4])
 if op == 'esc' then
   local hkey = ARGV[7]
@@ -53,15 +60,25 @@ if op == 'esc' then
   ban.created_ms = now
   ban.expires_ms = now + d
   if not h and redis.call('HLEN', KEYS[3]) >= tonumber(ARGV[11]) then
-    local oldest = redis.call('ZPOPMIN', KEYS[4])
-    if oldest[1] then redis.call('HDEL', KEYS[3], oldest[1]) end
+    -- A full history forgets the fewest strikes first, so that a flood
+    -- of identifiers banned once does not wipe a repeat offender's.
+    local least = redis.call('ZPOPMIN', KEYS[7])
+    if least[1] then
+      redis.call('HDEL', KEYS[3], least[1])
+      redis.call('ZREM', KEYS[4], least[1])
+    end
   end
   local until_ms = ban.expires_ms
   redis.call('HSET', KEYS[3], hkey, string.format('%d:%d:%d', ban.strike, until_ms, until_ms + forget))
   redis.call('ZADD', KEYS[4], until_ms + forget, hkey)
+  -- Ranked by strikes, then by when forgotten (both in one score: a
+  -- strike counts for more than any time, 2^43 ms being past year 2248;
+  -- at most 1,000 strikes counted, within a double's exact integers).
+  redis.call('ZADD', KEYS[7], math.min(ban.strike, 1000) * 8796093022208 + until_ms + forget, hkey)
 end
 local out = cjson.encode(ban)
 redis.call('HSET', KEYS[1], id, out)
 redis.call('ZADD', KEYS[2], ban.expires_ms, id)
+if op == 'esc' then redis.call('ZADD', KEYS[6], ban.expires_ms, id) end
 changed()
 return {1, out}
