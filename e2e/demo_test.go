@@ -220,7 +220,7 @@ func TestDemoPage(t *testing.T) {
 		click("connect"),
 		waitLog("connection 2 open"),
 		click("connect"),
-		waitLog("connection refused: 429 Too Many Requests: connection refused by connections_per_session"),
+		waitLog("connection refused: 429 Quota exceeded: connection refused by connections_per_session"),
 	)
 	shot, shotErr := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err == nil {

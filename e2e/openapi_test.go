@@ -230,6 +230,22 @@ func TestOpenAPI(t *testing.T) {
 	do(apiCall{method: "DELETE", path: "/v1/admin/tenants/tenant-3/api-keys/" + first, header: admin, status: 204})
 	do(apiCall{method: "DELETE", path: "/v1/admin/tenants/tenant-3/api-keys/" + second, header: admin, status: 409})
 
+	// Bans and the heaviest callers.
+	banID := field(do(apiCall{method: "POST", path: "/v1/admin/bans", header: admin, body: `{"scope":"ip","value":"192.0.2.200","ttl":"10m","reason":"openapi"}`, status: 201}), "id")
+	do(apiCall{method: "POST", path: "/v1/admin/bans", header: admin, body: `{"scope":"session","value":"x","ttl":"10m"}`, status: 400, malformed: true})
+	do(apiCall{method: "GET", path: "/v1/admin/bans", header: admin, status: 200})
+	do(apiCall{method: "GET", path: "/v1/admin/bans", status: 401})
+	do(apiCall{method: "GET", path: "/v1/admin/bans/" + banID, header: admin, status: 200})
+	do(apiCall{method: "GET", path: "/v1/admin/bans/nope", header: admin, status: 404})
+	do(apiCall{method: "POST", path: "/v1/check", body: `{"tenant":"t1234","ip":"192.0.2.200"}`, status: 429})
+	do(apiCall{method: "DELETE", path: "/v1/admin/bans/" + banID, header: admin, status: 204})
+	do(apiCall{method: "DELETE", path: "/v1/admin/bans/" + banID, header: admin, status: 404})
+	do(apiCall{method: "DELETE", path: "/v1/admin/bans?source=admin", header: admin, status: 200})
+	do(apiCall{method: "DELETE", path: "/v1/admin/bans", header: admin, status: 400})
+	do(apiCall{method: "GET", path: "/v1/admin/top?rule=global-requests&window=5m", header: admin, status: 200})
+	do(apiCall{method: "GET", path: "/v1/admin/top?rule=no-such-rule", header: admin, status: 404})
+	do(apiCall{method: "GET", path: "/v1/admin/top?rule=global-requests&window=1h", header: admin, status: 400})
+
 	// Sessions and the WebSocket upgrade.
 	session := field(do(apiCall{method: "PUT", path: "/v1/sessions", body: `{"tenant":"t1234"}`, status: 201}), "session_id")
 	q := "?tenant=t1234&session=" + url.QueryEscape(session)

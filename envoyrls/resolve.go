@@ -99,21 +99,24 @@ func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64
 }
 
 // bannedAddress returns the ban in force over the client address of an
-// envoyproxy/ratelimit descriptor (its remote_address entry; the peer's
-// own address when the peer is not trusted to name its clients), nil if
-// none.
+// envoyproxy/ratelimit descriptor — its remote_address entry, as its
+// limits are keyed, or the peer's own address when the peer is not
+// trusted to name its clients — nil if none.
 func (c *call) bannedAddress(bans *policy.Bans) *policy.Ban {
-	addr := c.peer
-	if addr == "" {
-		for _, e := range c.entries {
-			if e.Key == EntryRemoteAddress {
-				addr = e.Value
+	for _, e := range c.entries {
+		if e.Key == EntryRemoteAddress {
+			if b := bannedIP(bans, e.Value); b != nil {
+				return b
 			}
 		}
 	}
-	if addr == "" {
-		return nil
+	if c.peer != "" {
+		return bannedIP(bans, c.peer)
 	}
+	return nil
+}
+
+func bannedIP(bans *policy.Bans, addr string) *policy.Ban {
 	ip, err := policy.CanonicalIP(addr)
 	if err != nil {
 		return nil

@@ -522,3 +522,29 @@ func TestQuotaBannedBucket(t *testing.T) {
 		t.Fatalf("after the ban: %v", r)
 	}
 }
+
+// TestBannedAddressInAConfiguredDomain: an envoyproxy/ratelimit domain's
+// descriptors are refused, OVER_LIMIT and naming the ban, when their
+// remote_address is banned, whatever the peer (not trusted to name its
+// clients here) is.
+func TestBannedAddressInAConfiguredDomain(t *testing.T) {
+	e := start(t, Options{}, nil)
+	bans := policy.NewBans(&policy.MemoryBans{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := bans.Start(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.svc.opts.Decider.EnforceBans(bans)
+	ban, err := bans.Add(ctx, policy.Ban{Scope: policy.BanIP, Value: "203.0.113.0/24"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := e.ask(t, "messaging", 1, desc("to_number", "555", "remote_address", "203.0.113.7"))
+	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].CurrentLimit.GetName() != "ban:"+ban.ID {
+		t.Fatalf("a banned remote_address: %v", resp)
+	}
+	if resp := e.ask(t, "messaging", 1, desc("to_number", "555", "remote_address", "203.0.114.7")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("another address: %v", resp)
+	}
+}

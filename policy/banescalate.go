@@ -177,10 +177,10 @@ func (b *Bans) escalate(ctx context.Context) {
 			b.stats.Full.Add(1) // one tenant's users hold their part
 			continue
 		}
+		ch := admit.Charge{Rule: &f.e.counter, Cost: 1}
+		ch.Key = admit.Key{Scope: "escalation", Tenant: f.tenant, Subject: f.e.Scope + ":" + f.value, Rule: f.e.Name}.String()
+		engine.PrepareChargeOf(&ch, f.tenant)
 		if f.e.Refusals > 1 {
-			ch := admit.Charge{Rule: &f.e.counter, Cost: 1}
-			ch.Key = admit.Key{Scope: "escalation", Tenant: f.tenant, Subject: f.e.Scope + ":" + f.value, Rule: f.e.Name}.String()
-			engine.PrepareChargeOf(&ch, f.tenant)
 			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err := b.counter.Decide(cctx, []admit.Charge{ch}, &dec)
 			cancel()
@@ -192,8 +192,20 @@ func (b *Bans) escalate(ctx context.Context) {
 				continue
 			}
 		}
-		if ban, ok := b.ban(ctx, f); ok {
-			made = append(made, ban)
+		ban, ok := b.ban(ctx, f)
+		if !ok {
+			continue
+		}
+		made = append(made, ban)
+		if f.e.Refusals > 1 {
+			// The count starts over with the ban: once it ends (or is
+			// lifted), the caller must be refused Refusals times again,
+			// however long Within is.
+			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			if err := b.counter.Reset(cctx, []admit.Charge{ch}); err != nil {
+				b.stats.Failures.Add(1)
+			}
+			cancel()
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/netip"
 	"slices"
 	"strings"
@@ -583,7 +584,7 @@ func (b *Bans) OnChange(f func()) {
 // identifier (so that one identifier's ban is replaced by the next one the
 // operator sets), saved in the store and in force here before Add returns.
 func (b *Bans) Add(ctx context.Context, ban Ban, ttl time.Duration) (Ban, error) {
-	if ttl <= 0 || ttl > MaxBanTTL {
+	if ttl < time.Second || ttl > MaxBanTTL {
 		e := admit.Errorf(admit.CodeInvalid, "ttl %s: want from 1s to %s", ttl, MaxBanTTL)
 		e.Field = "ttl"
 		return Ban{}, e
@@ -618,6 +619,27 @@ func (b *Bans) Remove(ctx context.Context, id string) (bool, error) {
 	}
 	b.drop(id)
 	return ok, nil
+}
+
+// RemoveWhere lifts every ban in force that match reports true of, and
+// returns how many it lifted: an operator's way out of a flood of bans
+// (every ban of one escalation rule, say). It stops at the first store
+// error, having lifted those before it.
+func (b *Bans) RemoveWhere(ctx context.Context, match func(Ban) bool) (int, error) {
+	n := 0
+	for _, x := range b.List() {
+		if !match(x) {
+			continue
+		}
+		ok, err := b.store.Remove(ctx, x.ID, time.Now())
+		if err != nil {
+			return n, errors.Join(err, b.Reload(ctx))
+		}
+		if ok {
+			n++
+		}
+	}
+	return n, b.Reload(ctx)
 }
 
 // List returns the bans in force, by id.

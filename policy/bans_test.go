@@ -209,11 +209,29 @@ func TestEscalationBansAndDoubles(t *testing.T) {
 	if out := decide(mallory); out != Banned {
 		t.Fatalf("mallory's next request: %v; want Banned", out)
 	}
-	// Lifted by hand; three refusals more ban again, for twice as long.
+	// Lifted by hand; the count started over with the ban, so one refusal
+	// does not ban again (within is as long as the ban)…
 	if _, err := b.Remove(ctx, first.ID); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
+	decide(mallory)
+	// (the queue is counted in order: once a later refusal's ban is made,
+	// mallory's refusal was counted)
+	decide(Request{Tenant: "acme", User: "marker", IP: "192.0.2.99"})
+	decide(Request{Tenant: "acme", User: "marker", IP: "192.0.2.99"})
+	waitFor(t, "the marker's ban", func() bool {
+		for _, x := range b.List() {
+			if x.Value == "192.0.2.99" {
+				return true
+			}
+		}
+		return false
+	})
+	if x, ok := b.Get(first.ID); ok {
+		t.Fatalf("one refusal after the ban was lifted banned again: %+v", x)
+	}
+	// …three do, for twice as long.
+	for range 2 {
 		decide(mallory)
 	}
 	waitFor(t, "the second ban", func() bool {

@@ -236,3 +236,26 @@ func TestConfigBansErrors(t *testing.T) {
 		t.Fatalf("escalations %+v", e)
 	}
 }
+
+// TestConfigurationDocBans parses the escalation rule docs/configuration.md
+// shows, beside the rule it names.
+func TestConfigurationDocBans(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := strings.Cut(string(doc), "## Bans")
+	_, block, ok := strings.Cut(after, "```yaml\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/configuration.md has no yaml block under ## Bans")
+	}
+	data := "version: 1\nglobal:\n  - {name: login, scope: ip, algorithm: fixed_window, limit: 5, window: 1m}\n" + block
+	cfg, err := ParseConfig("configuration.md", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := cfg.Escalations(); len(e) != 1 || e[0].Forget != 168*time.Hour || e[0].Max != 24*time.Hour {
+		t.Fatalf("escalations %+v", e)
+	}
+}

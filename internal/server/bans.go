@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -123,6 +125,35 @@ func (s *Server) handleBanDelete(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// handleBansDelete serves DELETE /v1/admin/bans?source=&scope=&tenant=
+// (or ?all=true): every ban in force that matches each filter given is
+// lifted, on every server.
+func (s *Server) handleBansDelete(w http.ResponseWriter, r *http.Request) {
+	bans := s.bans(w)
+	if bans == nil {
+		return
+	}
+	q, err := strictQuery(r, "source", "scope", "tenant", "all")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	source, scope, tenant := q.Get("source"), q.Get("scope"), q.Get("tenant")
+	if source == "" && scope == "" && tenant == "" && q.Get("all") != "true" {
+		s.writeError(w, r, invalidParam("all", "name what to lift: source, scope or tenant, or all=true for every ban"))
+		return
+	}
+	n, err := bans.RemoveWhere(r.Context(), func(b policy.Ban) bool {
+		return (source == "" || b.Source == source) && (scope == "" || b.Scope == scope) && (tenant == "" || b.Tenant == tenant || b.Scope == policy.BanTenant && b.Value == tenant)
+	})
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.log.Info("bans lifted", "count", n, "source", source, "scope", scope, "tenant", tenant)
+	writeJSON(w, http.StatusOK, map[string]int{"lifted": n})
+}
+
 // handleTop serves GET /v1/admin/top?rule=NAME[&window=5m][&n=10]: the
 // rule's heaviest refused and admitted callers over the window, every
 // server's of the store.
@@ -131,7 +162,11 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "this server counts no callers")
 		return
 	}
-	q := r.URL.Query()
+	q, err := strictQuery(r, "rule", "window", "n")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	rule := q.Get("rule")
 	if rule == "" {
 		s.writeError(w, r, invalidParam("rule", "name the rule: ?rule=NAME"))
@@ -170,6 +205,24 @@ func (s *Server) handleTop(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, t)
+}
+
+// strictQuery parses r's query: a parameter not among allowed, one given
+// twice, or a query that does not parse is an admit.CodeInvalid error.
+func strictQuery(r *http.Request, allowed ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, admit.Errorf(admit.CodeInvalid, "the query does not parse: %v", err)
+	}
+	for k, v := range q {
+		if !slices.Contains(allowed, k) {
+			return nil, invalidParam(k, fmt.Sprintf("unknown parameter %.32q: this endpoint takes %s", k, strings.Join(allowed, ", ")))
+		}
+		if len(v) > 1 {
+			return nil, invalidParam(k, k+" is given twice")
+		}
+	}
+	return q, nil
 }
 
 func invalidParam(field, msg string) error {

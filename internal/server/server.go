@@ -517,6 +517,7 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 	handle("GET", "/v1/admin/top", s.admin(s.handleTop))
 	handle("GET", "/v1/admin/bans", s.admin(s.handleBans))
 	handle("POST", "/v1/admin/bans", s.admin(s.handleBanCreate))
+	handle("DELETE", "/v1/admin/bans", s.admin(s.handleBansDelete))
 	handle("GET", "/v1/admin/bans/{id}", s.admin(s.handleBanGet))
 	handle("DELETE", "/v1/admin/bans/{id}", s.admin(s.handleBanDelete))
 

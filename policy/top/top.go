@@ -11,6 +11,7 @@
 package top
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -216,8 +217,9 @@ type Top struct {
 	Partial bool `json:"partial,omitempty"`
 }
 
-// MaxListed is the most callers a Top lists of each kind.
-const MaxListed = 20
+// MaxListed is the most callers a Top lists of each kind: as many as a
+// sketch holds, so that every caller over a sketch's bound can be listed.
+const MaxListed = Capacity
 
 // Top returns rule's heaviest callers over the window (whole minutes, at
 // most Minutes), this server's merged with the others' last published.
@@ -265,33 +267,45 @@ func (s *sketch) clone() *sketch {
 	return &sketch{entries: slices.Clone(s.entries), hits: s.hits}
 }
 
-// merge sums sketches: an identifier's count is the sum of its counts,
-// and its error the sum of its errors plus, for each sketch that does not
-// hold it, that sketch's least count (what it may have had there).
+// merge sums sketches. A sketch that does not hold an identifier may have
+// counted it up to its least count (space-saving evicts the least), so an
+// identifier's merged count is the sum of its counts where held and of
+// those least counts where not, and its error the sum of its errors where
+// held and of the same least counts: its true count is from Count-Error to
+// Count. Callers are listed by that lower bound, heaviest first, so that
+// an identifier that took a counter over a moment ago (a count of the
+// least count, all of it error) never pushes out one surely heavy.
 func merge(sketches []*sketch, listed int) ([]Caller, int64) {
 	counts := map[string]*entry{}
 	var hits, mins int64
 	for _, s := range sketches {
 		hits += s.hits
-		mins += s.min()
+		low := s.min()
+		mins += low
 		for _, e := range s.entries {
 			t := counts[e.key]
 			if t == nil {
 				t = &entry{key: e.key}
 				counts[e.key] = t
 			}
-			t.count += e.count
-			t.error += e.error - s.min() // its min is added back below with all the others
+			// Held here: its own count and error, less the least count
+			// added below for every sketch.
+			t.count += e.count - low
+			t.error += e.error - low
 		}
 	}
 	all := make([]*entry, 0, len(counts))
 	for _, e := range counts {
+		e.count += mins
 		e.error += mins
 		all = append(all, e)
 	}
 	slices.SortFunc(all, func(a, b *entry) int {
+		if la, lb := a.count-a.error, b.count-b.error; la != lb {
+			return cmp.Compare(lb, la)
+		}
 		if a.count != b.count {
-			return int(b.count - a.count)
+			return cmp.Compare(b.count, a.count)
 		}
 		return strings.Compare(a.key, b.key)
 	})

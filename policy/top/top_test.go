@@ -198,3 +198,30 @@ func BenchmarkObserve(b *testing.B) {
 		}
 	})
 }
+
+// TestMergeHoldsTheTruth: a caller one server's sketch evicted (a flood
+// of one-off callers after it) and another's holds is merged to a range
+// that holds its true count, and one surely heavy caller is listed before
+// the one-off callers that took counters over.
+func TestMergeHoldsTheTruth(t *testing.T) {
+	s1, s2 := newSketch(), newSketch()
+	s1.add("ey", 60)
+	for i := range 5000 {
+		s1.add(fmt.Sprint("one-", i), 1)
+	}
+	s1.add("fx", 160)
+	s2.add("ey", 300)
+	got, _ := merge([]*sketch{s1, s2}, Capacity)
+	var ey *Caller
+	for i := range got {
+		if got[i].Key == "ey" {
+			ey = &got[i]
+		}
+	}
+	if ey == nil || ey.Count < 360 || ey.Count-ey.Error > 360 {
+		t.Fatalf("ey: %+v; its true count 360 must be within [count-error, count]", ey)
+	}
+	if got[0].Key != "ey" || got[1].Key != "fx" {
+		t.Fatalf("listed first: %+v, %+v; want ey, then fx", got[0], got[1])
+	}
+}
