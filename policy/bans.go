@@ -338,6 +338,10 @@ func (s *banSet) empty() bool { return len(s.all) == 0 }
 type BanState struct {
 	Bans    []Ban                 `json:"bans"`
 	History map[string]BanStrikes `json:"history,omitempty"`
+	// Lost says a shared store lost what it held since it was last
+	// changed (a Redis that came back empty): the servers put back the
+	// bans they hold.
+	Lost bool `json:"-"`
 }
 
 // BanStrikes is an identifier's past bans by one escalation rule.
@@ -420,6 +424,7 @@ type BanStats struct {
 	Dropped   atomic.Int64 // refusals not counted: the queue was full
 	Full      atomic.Int64 // escalations not made: MaxBans in force
 	Failures  atomic.Int64 // store calls that failed
+	Restored  atomic.Int64 // bans saved back into a store that lost them
 }
 
 // NewBans returns the bans of store.
@@ -505,10 +510,34 @@ func (b *Bans) Reload(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if st.Lost {
+		b.restore(ctx, now)
+		if st, err = b.store.Load(ctx, now); err != nil {
+			return err
+		}
+	}
 	h := st.History
 	b.history.Store(&h)
 	b.swap(newBanSet(st.Bans, now))
 	return nil
+}
+
+// restore saves back into a store that lost them the bans this server
+// holds (their history is lost with the store's); the caller holds
+// reloadMu.
+func (b *Bans) restore(ctx context.Context, now time.Time) {
+	n := 0
+	for _, e := range b.set.Load().all {
+		if !e.Expires.After(now) {
+			continue
+		}
+		if _, made, err := b.store.Add(ctx, e.Ban, now); err != nil {
+			b.stats.Failures.Add(1)
+		} else if made {
+			n++
+		}
+	}
+	b.stats.Restored.Add(int64(n))
 }
 
 // put puts bans saved in the store in force here, without loading the

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/rueidis"
@@ -35,6 +36,9 @@ type Store struct {
 	keys    []string
 	channel string
 	timeout time.Duration
+	// seen is the highest revision a load found: one lower, or none,
+	// means Redis lost the bans.
+	seen atomic.Int64
 }
 
 var _ policy.BanStore = (*Store)(nil)
@@ -95,19 +99,38 @@ func (s *Store) call(ctx context.Context, f func(ctx context.Context, c rueidis.
 // Load implements policy.BanStore.
 func (s *Store) Load(ctx context.Context, now time.Time) (*policy.BanState, error) {
 	var bans, hist map[string]string
+	rev := int64(-1) // absent
 	err := s.call(ctx, func(ctx context.Context, c rueidis.Client) error {
-		rs := c.DoMulti(ctx, c.B().Hgetall().Key(s.keys[0]).Build(), c.B().Hgetall().Key(s.keys[2]).Build())
+		rs := c.DoMulti(ctx, c.B().Hgetall().Key(s.keys[0]).Build(), c.B().Hgetall().Key(s.keys[2]).Build(), c.B().Get().Key(s.keys[4]).Build())
 		var err error
 		if bans, err = rs[0].AsStrMap(); err != nil {
 			return err
 		}
-		hist, err = rs[1].AsStrMap()
-		return err
+		if hist, err = rs[1].AsStrMap(); err != nil {
+			return err
+		}
+		switch v, err := rs[2].AsInt64(); {
+		case err == nil:
+			rev = v
+		case !rueidis.IsRedisNil(err):
+			return err
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	st := &policy.BanState{History: make(map[string]policy.BanStrikes, len(hist))}
+	// A revision this store saw that Redis no longer has: Redis lost
+	// what it held (it came back empty, or older).
+	seen := s.seen.Load()
+	lost := seen > 0 && rev < seen
+	switch {
+	case lost:
+		s.seen.Store(max(rev, 0)) // what the servers save back counts from here
+	case rev > seen:
+		s.seen.CompareAndSwap(seen, rev)
+	}
+	st := &policy.BanState{History: make(map[string]policy.BanStrikes, len(hist)), Lost: lost}
 	for id, v := range bans {
 		var b stored
 		if err := json.Unmarshal([]byte(v), &b); err != nil {

@@ -35,3 +35,47 @@ func TestConformance(t *testing.T) {
 		})
 	}
 }
+
+// TestBansRestoredToAnEmptyRedis: Redis comes back empty; the next load
+// finds it lost the bans and the server saves back the ones it holds.
+func TestBansRestoredToAnEmptyRedis(t *testing.T) {
+	ctx := context.Background()
+	r := redistest.Start(t)
+	open := func() *redisbans.Store {
+		s, err := redisstore.Open(ctx, "redis://"+r.Addr, &redisstore.Options{Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return redisbans.New(s)
+	}
+	bans := policy.NewBans(open())
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := bans.Start(cctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	ban, err := bans.Add(ctx, policy.Ban{Scope: policy.BanIP, Value: "192.0.2.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bans.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := redistest.Command(r.Addr, "FLUSHALL"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bans.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := bans.Get(ban.ID); !ok {
+		t.Fatal("the ban is gone from the server after Redis lost it")
+	}
+	st, err := open().Load(ctx, time.Now())
+	if err != nil || len(st.Bans) != 1 || st.Bans[0].ID != ban.ID {
+		t.Fatalf("Redis after the restore: %+v, %v", st, err)
+	}
+	if n := bans.Stats().Restored.Load(); n != 1 {
+		t.Fatalf("restored %d; want 1", n)
+	}
+}
