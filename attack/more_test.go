@@ -133,7 +133,9 @@ func TestConfigFIFOs(t *testing.T) {
 		t.Fatalf("the reloads of two pipes were not refused: %s", s.do("GET", "/readyz", "", "Authorization", "Bearer "+adminToken).raw)
 	}
 	for _, logged := range []string{"envoy configuration reload refused", "configuration reload refused; keeping the running configuration"} {
-		if !strings.Contains(p.Output.String(), logged) {
+		// /readyz may tell of a refusal before the process's log line
+		// has been read from its pipe.
+		if !proctest.WaitFor(10*time.Second, func() bool { return strings.Contains(p.Output.String(), logged) }) {
 			t.Errorf("not logged: %q", logged)
 		}
 	}
