@@ -67,6 +67,11 @@ func (s *Service) resolve(c *call, req *rlsv3.RateLimitRequest, cfg *Config, p *
 		st.to = len(c.refs)
 		c.descs = append(c.descs, st)
 	}
+	if c.tenants == 1 {
+		// The request is one tenant's: its quotas' usage is the
+		// tenant's, as the usage meter and the quota service count it.
+		c.all.Tenant = c.tenant
+	}
 	if len(replaced) > 0 {
 		c.replace(replaced)
 	}
@@ -99,9 +104,9 @@ func hits(req *rlsv3.RateLimitRequest, d *rlext.RateLimitDescriptor) (cost int64
 }
 
 // bannedAddress returns the ban in force over the client address of an
-// envoyproxy/ratelimit descriptor — its remote_address entry, as its
-// limits are keyed, or the peer's own address when the peer is not
-// trusted to name its clients — nil if none.
+// envoyproxy/ratelimit descriptor, its remote_address entry (as its limits
+// are keyed), nil if none. The peer's own address is not the client's:
+// banning an Envoy's address refuses what it names, not all it forwards.
 func (c *call) bannedAddress(bans *policy.Bans) *policy.Ban {
 	for _, e := range c.entries {
 		if e.Key == EntryRemoteAddress {
@@ -109,9 +114,6 @@ func (c *call) bannedAddress(bans *policy.Bans) *policy.Ban {
 				return b
 			}
 		}
-	}
-	if c.peer != "" {
-		return bannedIP(bans, c.peer)
 	}
 	return nil
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/storetest"
 )
@@ -546,5 +549,38 @@ func TestBannedAddressInAConfiguredDomain(t *testing.T) {
 	}
 	if resp := e.ask(t, "messaging", 1, desc("to_number", "555", "remote_address", "203.0.114.7")); resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("another address: %v", resp)
+	}
+}
+
+// tenantSeen records the tenants of the decisions it is told of.
+type tenantSeen struct {
+	mu      sync.Mutex
+	tenants []string
+}
+
+func (o *tenantSeen) Observe(res *policy.Resolution, _ *admit.Decision, _ policy.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if res.Tenant != nil {
+		o.tenants = append(o.tenants, res.Tenant.ID)
+	} else {
+		o.tenants = append(o.tenants, "")
+	}
+}
+
+// TestDecisionsAreTheTenants: a catalog request of one tenant is decided
+// as that tenant's, so that its quotas' usage is metered to it, through
+// the RLS and through the quota service's window allowances alike.
+func TestDecisionsAreTheTenants(t *testing.T) {
+	e := startQuota(t, quotaPolicy(t))
+	seen := &tenantSeen{}
+	e.svc.opts.Decider.Observe(seen)
+	e.ask(t, "admit", 1, desc("tenant", "acme", "api_key", "acme-key", "action", "export"))
+	c := e.open(t)
+	c.report("web", usage(1, 0, 0, "tenant", "acme", "api_key", "acme-key", "action", "export"))
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	if len(seen.tenants) < 2 || slices.Contains(seen.tenants, "") {
+		t.Fatalf("decisions of tenants %q; want acme's", seen.tenants)
 	}
 }

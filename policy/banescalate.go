@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/admitdev/admit"
@@ -117,7 +118,7 @@ func (b *Bans) observe(res *Resolution, dec *admit.Decision) {
 			who := &res.who
 			switch e.Scope {
 			case BanIP:
-				if who.untrusted {
+				if who.untrusted || who.ip == "" || b.isProtected(who.ip) {
 					continue
 				}
 				f.value = who.ip
@@ -173,8 +174,8 @@ func (b *Bans) escalate(ctx context.Context) {
 		if b.counter == nil || b.banned(f) || slices.ContainsFunc(made, func(x Ban) bool { return x.ID == f.id() }) {
 			continue
 		}
-		if f.tenant != "" && b.escalatedOf(f.tenant)+countTenant(made, f.tenant) >= MaxEscalatedPerTenant {
-			b.stats.Full.Add(1) // one tenant's users hold their part
+		if g := f.group(); g != "" && b.escalatedOf(g)+countGroup(made, g) >= groupLimit(g) {
+			b.stats.Full.Add(1) // one tenant's users, or one network, hold their part
 			continue
 		}
 		ch := admit.Charge{Rule: &f.e.counter, Cost: 1}
@@ -211,17 +212,30 @@ func (b *Bans) escalate(ctx context.Context) {
 }
 
 // escalatedOf returns how many of the escalations' bans in force are of
-// tenant's users, as this server knows them.
-func (b *Bans) escalatedOf(tenant string) int { return b.set.Load().escalated[tenant] }
+// group (escalationGroup), as this server knows them.
+func (b *Bans) escalatedOf(group string) int { return b.set.Load().escalated[group] }
 
-func countTenant(bans []Ban, tenant string) int {
+func countGroup(bans []Ban, group string) int {
 	n := 0
 	for _, x := range bans {
-		if x.Tenant == tenant {
+		if escalationGroup(x) == group {
 			n++
 		}
 	}
 	return n
+}
+
+// groupLimit is the bound of an escalation group's bans.
+func groupLimit(group string) int {
+	if strings.HasPrefix(group, "net ") {
+		return MaxEscalatedPerNetwork
+	}
+	return MaxEscalatedPerTenant
+}
+
+// group is the group the ban of f would count in (escalationGroup).
+func (f refusal) group() string {
+	return escalationGroup(Ban{Source: "escalation:" + f.e.Name, Scope: f.e.Scope, Tenant: f.tenant, Value: f.value})
 }
 
 // id is the id of the ban f's escalation makes of f's identifier.
@@ -243,7 +257,7 @@ func (b *Bans) ban(ctx context.Context, f refusal) (Ban, bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	saved, made, err := b.store.Escalate(ctx, Escalated{Key: ban.ID, Ban: ban, Base: e.Ban, Max: e.Max, Forget: e.Forget}, time.Now())
+	saved, made, err := b.store.Escalate(ctx, Escalated{Key: ban.ID, Ban: ban, Base: e.Ban, Max: e.Max, Forget: e.Forget, Evicted: &b.stats.Evicted}, time.Now())
 	switch {
 	case errors.Is(err, ErrBansFull):
 		b.stats.Full.Add(1)

@@ -6,8 +6,8 @@ import (
 
 // banCollector reports the bans in force and what Bans did.
 type banCollector struct {
-	b                                                                    *Bans
-	inForce, refused, escalated, dropped, full, failed, loaded, restored *prometheus.Desc
+	b                                                                             *Bans
+	inForce, refused, escalated, dropped, full, failed, loaded, restored, evicted *prometheus.Desc
 }
 
 // Collector returns the Prometheus collector of b: the bans in force by
@@ -20,15 +20,16 @@ func (b *Bans) Collector() prometheus.Collector {
 		refused:   prometheus.NewDesc("admit_ban_refusals_total", "Requests a ban refused (no store call).", nil, nil),
 		escalated: prometheus.NewDesc("admit_bans_escalated_total", "Bans escalation rules made on this server.", nil, nil),
 		dropped:   prometheus.NewDesc("admit_ban_refusals_uncounted_total", "Refusals escalation rules did not count: the queue was full.", nil, nil),
-		full:      prometheus.NewDesc("admit_bans_full_total", "Bans escalation rules did not make: the most bans there may be were in force.", nil, nil),
+		full:      prometheus.NewDesc("admit_bans_full_total", "Bans escalation rules did not make: a tenant's users or a network held their part, or the most bans there may be were in force.", nil, nil),
 		failed:    prometheus.NewDesc("admit_ban_store_failures_total", "Calls to the store of bans or of escalation counts that failed.", nil, nil),
+		evicted:   prometheus.NewDesc("admit_bans_evicted_total", "Escalations' bans replaced by newer ones, past the escalations' part of the bans.", nil, nil),
 		restored:  prometheus.NewDesc("admit_bans_restored_total", "Bans this server saved back into a store that had lost them (a Redis that came back empty).", nil, nil),
 		loaded:    prometheus.NewDesc("admit_bans_loaded", "1 when the last load of the bans from the store succeeded; 0 while this server enforces what it loaded last (none, if it never loaded them).", nil, nil),
 	}
 }
 
 func (c *banCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inForce, c.refused, c.escalated, c.dropped, c.full, c.failed, c.loaded, c.restored} {
+	for _, d := range []*prometheus.Desc{c.inForce, c.refused, c.escalated, c.dropped, c.full, c.failed, c.loaded, c.restored, c.evicted} {
 		ch <- d
 	}
 }
@@ -50,7 +51,7 @@ func (c *banCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, m := range []struct {
 		d *prometheus.Desc
 		v int64
-	}{{c.refused, st.Refused.Load()}, {c.escalated, st.Escalated.Load()}, {c.dropped, st.Dropped.Load()}, {c.full, st.Full.Load()}, {c.failed, st.Failures.Load()}, {c.restored, st.Restored.Load()}} {
+	}{{c.refused, st.Refused.Load()}, {c.escalated, st.Escalated.Load()}, {c.dropped, st.Dropped.Load()}, {c.full, st.Full.Load()}, {c.failed, st.Failures.Load()}, {c.restored, st.Restored.Load()}, {c.evicted, st.Evicted.Load()}} {
 		ch <- prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, float64(m.v))
 	}
 }

@@ -38,9 +38,15 @@ const (
 // identifiers never leaves an operator unable to ban. MaxEscalatedPerTenant
 // bounds those of one tenant's users, so that one tenant inventing users
 // cannot take them all.
+// Past MaxEscalatedBans, an escalation's new ban replaces the one of
+// theirs that would end soonest, so that a flood of identifiers cannot
+// stop escalation for everyone. MaxEscalatedPerNetwork bounds those of
+// one network's addresses (an IPv4 /16, an IPv6 /48), so that one network
+// cannot take them all either.
 const (
-	MaxEscalatedBans      = MaxBans - 1_000
-	MaxEscalatedPerTenant = 1_000
+	MaxEscalatedBans       = MaxBans - 1_000
+	MaxEscalatedPerTenant  = 1_000
+	MaxEscalatedPerNetwork = 1_000
 )
 
 // MaxBanTTL bounds how long one ban lasts.
@@ -135,7 +141,13 @@ func NormalizeBan(b *Ban) error {
 		if b.Tenant == "" {
 			return bad("tenant", "a user's ban names the user's tenant")
 		}
+		if err := CheckName(b.Tenant); err != nil {
+			return bad("tenant", "%.64q: %v", b.Tenant, err)
+		}
 	case BanTenant:
+		if err := CheckName(b.Value); err != nil {
+			return bad("value", "%.64q is no tenant id: %v", b.Value, err)
+		}
 	default:
 		return bad("scope", "%.32q: want ip, api_key, user or tenant", b.Scope)
 	}
@@ -189,7 +201,8 @@ type banSet struct {
 	users    map[userKey]*banEntry
 	tenants  map[string]*banEntry
 	earliest time.Time // the first expiry
-	// escalated counts, per tenant, the escalations' bans of its users.
+	// escalated counts the escalations' bans per group: a tenant's users
+	// (by the tenant's id), a network's addresses (networkOf).
 	escalated map[string]int
 }
 
@@ -211,11 +224,11 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 		}
 		e := &banEntry{Ban: b, rule: banRule(b)}
 		s.all = append(s.all, e)
-		if b.Tenant != "" && strings.HasPrefix(b.Source, "escalation:") {
+		if g := escalationGroup(b); g != "" {
 			if s.escalated == nil {
 				s.escalated = map[string]int{}
 			}
-			s.escalated[b.Tenant]++
+			s.escalated[g]++
 		}
 		if s.earliest.IsZero() || b.Expires.Before(s.earliest) {
 			s.earliest = b.Expires
@@ -249,6 +262,37 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 	slices.SortFunc(s.all, func(a, b *banEntry) int { return strings.Compare(a.ID, b.ID) })
 	slices.SortFunc(s.nets, func(a, b netBans) int { return b.bits - a.bits })
 	return s
+}
+
+// escalationGroup names the group an escalation's ban counts in against
+// its bound: its tenant's users, or its address's network; "" for an
+// operator's ban, or one of no group (a tenant's own, an API key's).
+func escalationGroup(b Ban) string {
+	if !strings.HasPrefix(b.Source, "escalation:") {
+		return ""
+	}
+	switch {
+	case b.Scope == BanUser:
+		return "tenant " + b.Tenant
+	case b.Scope == BanIP:
+		return networkOf(b.Value)
+	}
+	return ""
+}
+
+// networkOf names the network of a canonical address for the escalations'
+// bound: its IPv4 /16, its IPv6 /48.
+func networkOf(ip string) string {
+	a, err := netip.ParseAddr(strings.TrimSuffix(ip, "/64"))
+	if err != nil {
+		return ""
+	}
+	bits := 16
+	if a.Is6() {
+		bits = 48
+	}
+	p, _ := a.Prefix(bits)
+	return "net " + p.String()
 }
 
 // putLongest indexes e under k, unless a ban that lasts longer is there:
@@ -363,6 +407,9 @@ type Escalated struct {
 	Key               string
 	Ban               Ban // without Strike and Expires
 	Base, Max, Forget time.Duration
+	// Evicted, if set, counts the escalations' bans the new one replaced
+	// (past MaxEscalatedBans).
+	Evicted *atomic.Int64
 }
 
 // BanStore keeps bans and their history across restarts, shared by every
@@ -376,8 +423,9 @@ type BanStore interface {
 	Add(ctx context.Context, b Ban, now time.Time) (Ban, bool, error)
 	// Escalate saves e's ban at now, unless a ban of its id is in force
 	// (returned, with false), and counts it in e.Key's history. Past
-	// MaxEscalatedBans escalations' bans in force it fails with an error
-	// wrapping ErrBansFull.
+	// MaxEscalatedBans escalations' bans in force the new ban replaces
+	// the one of theirs that would end soonest; past MaxBans bans in all
+	// it fails with an error wrapping ErrBansFull.
 	Escalate(ctx context.Context, e Escalated, now time.Time) (Ban, bool, error)
 	// Remove deletes the ban of id, reporting whether one was in force.
 	Remove(ctx context.Context, id string, now time.Time) (bool, error)
@@ -410,8 +458,12 @@ type Bans struct {
 	version atomic.Int64
 	loaded  atomic.Bool
 
-	esc   atomic.Pointer[escalations]
-	queue chan refusal
+	esc atomic.Pointer[escalations]
+	// protected are the addresses no escalation bans: the trusted
+	// proxies', whose own address a request without a forwarding header
+	// carries.
+	protected atomic.Pointer[[]netip.Prefix]
+	queue     chan refusal
 	// counter decides the escalation rules' refusal counts.
 	counter admit.Store
 	stats   BanStats
@@ -425,6 +477,7 @@ type BanStats struct {
 	Full      atomic.Int64 // escalations not made: MaxBans in force
 	Failures  atomic.Int64 // store calls that failed
 	Restored  atomic.Int64 // bans saved back into a store that lost them
+	Evicted   atomic.Int64 // escalations' bans replaced by newer ones past MaxEscalatedBans
 }
 
 // NewBans returns the bans of store.
@@ -593,6 +646,27 @@ func sameBans(a, b *banSet) bool {
 // for a server that never loaded them).
 func (b *Bans) Loaded() bool { return b.loaded.Load() }
 
+// SetProtected sets the networks no escalation rule bans an address of
+// (the trusted proxies: a request that one forwards without naming its
+// client comes from its address). An operator may still ban them.
+func (b *Bans) SetProtected(prefixes []netip.Prefix) {
+	p := slices.Clone(prefixes)
+	b.protected.Store(&p)
+}
+
+// isProtected reports whether an escalation may not ban ip.
+func (b *Bans) isProtected(ip string) bool {
+	p := b.protected.Load()
+	if p == nil || len(*p) == 0 {
+		return false
+	}
+	a, err := netip.ParseAddr(strings.TrimSuffix(ip, "/64"))
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(*p, func(n netip.Prefix) bool { return n.Contains(a) })
+}
+
 // Any reports whether any ban is in force.
 func (b *Bans) Any() bool { return !b.set.Load().empty() }
 
@@ -707,7 +781,9 @@ func (b *Bans) History() map[string]BanStrikes {
 // identifier banned twice is one ban, replaced.
 func banID(source, scope, tenant, value string) string {
 	sum := sha256.Sum256([]byte(source + "\x00" + scope + "\x00" + tenant + "\x00" + value))
-	return hex.EncodeToString(sum[:6])
+	// 96 bits: no caller can choose values (invented users, addresses)
+	// whose ban takes the id of another's.
+	return hex.EncodeToString(sum[:12])
 }
 
 // Matched returns the ban in force at now over the request res was

@@ -2,6 +2,9 @@ package policy
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -345,4 +348,50 @@ func itoa(i int) string {
 		return string(rune('0' + i))
 	}
 	return itoa(i/10) + string(rune('0'+i%10))
+}
+
+// TestEscalationBounds: one network's addresses take at most
+// MaxEscalatedPerNetwork of the escalations' bans, and other networks are
+// banned still; no escalation bans a protected address (a trusted
+// proxy's); a trusted caller is not refused by its own address's ban.
+func TestEscalationBounds(t *testing.T) {
+	ctx := context.Background()
+	p := banPolicy(t)
+	st := memstore.New(nil)
+	d := NewDecider(st, 1)
+	b := startBans(t, st)
+	d.EnforceBans(b)
+	b.SetProtected([]netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")})
+	if err := b.SetEscalations([]Escalation{{Name: "addr", Rule: "api", Scope: BanIP, Refusals: 1, Within: time.Minute, Ban: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u"}) // the limit is 1: every next one is refused
+	for i := range MaxEscalatedPerNetwork + 50 {
+		decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: fmt.Sprintf("2001:db8:1:%x::1", i)})
+	}
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "10.1.2.3"})
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "2001:db8:2::1"})
+	waitFor(t, "the other network's ban", func() bool {
+		_, ok := b.MatchIdentity("", "", "2001:db8:2::/64", "", time.Now())
+		return ok
+	})
+	n := 0
+	for _, x := range b.List() {
+		switch {
+		case strings.HasPrefix(x.Value, "2001:db8:1:"):
+			n++
+		case x.Value == "10.1.2.3":
+			t.Fatalf("a protected address was banned: %+v", x)
+		}
+	}
+	if n != MaxEscalatedPerNetwork {
+		t.Fatalf("one /48 holds %d bans; want %d", n, MaxEscalatedPerNetwork)
+	}
+	// The platform's backend, trusted, from a banned address, naming none.
+	if _, err := b.Add(ctx, Ban{Scope: BanIP, Value: "192.0.2.44"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, out := decideOne(t, p, d, Request{Tenant: "beta", User: "v", Client: "192.0.2.44"}); out == Banned {
+		t.Fatal("a trusted caller was refused by its own address's ban")
+	}
 }

@@ -132,16 +132,17 @@ func (m *MemoryBans) inForce(id string, now time.Time) (Ban, bool) {
 	return b, ok && b.Expires.After(now)
 }
 
-// room returns the lines that make room for one more ban at now (the
-// expired ones removed), or ErrBansFull when MaxBans are in force, or, for
-// an escalation's ban (escalated), MaxEscalatedBans escalations' bans; the
-// caller holds m.mu.
-func (m *MemoryBans) room(now time.Time, escalated bool) ([]journalLine, error) {
+// room returns the lines that make room for one more ban at now: the
+// expired ones removed, and for an escalation's ban (escalated) past
+// MaxEscalatedBans of theirs, the one of theirs that would end soonest
+// (evicted reports it). Past MaxBans bans in force it fails with
+// ErrBansFull. The caller holds m.mu.
+func (m *MemoryBans) room(now time.Time, escalated bool) (lines []journalLine, evicted bool, err error) {
 	if len(m.bans) < MaxEscalatedBans {
-		return nil, nil // within both bounds, expired bans or not
+		return nil, false, nil // within both bounds, expired bans or not
 	}
-	var lines []journalLine
 	live, esc := 0, 0
+	var soonest *Ban
 	for id, b := range m.bans {
 		switch {
 		case !b.Expires.After(now):
@@ -150,16 +151,20 @@ func (m *MemoryBans) room(now time.Time, escalated bool) ([]journalLine, error) 
 			live++
 			if strings.HasPrefix(b.Source, "escalation:") {
 				esc++
+				if soonest == nil || b.Expires.Before(soonest.Expires) {
+					soonest = &b
+				}
 			}
 		}
 	}
 	switch {
-	case live >= MaxBans:
-		return nil, fmt.Errorf("bans: %w (%d)", ErrBansFull, MaxBans)
 	case escalated && esc >= MaxEscalatedBans:
-		return nil, fmt.Errorf("bans: %w (%d of escalation rules)", ErrBansFull, MaxEscalatedBans)
+		lines = append(lines, journalLine{Remove: soonest.ID})
+		return lines, true, nil
+	case live >= MaxBans:
+		return nil, false, fmt.Errorf("bans: %w (%d)", ErrBansFull, MaxBans)
 	}
-	return lines, nil
+	return lines, false, nil
 }
 
 // journal appends lines, or rewrites the journal whole, with lines
@@ -261,7 +266,7 @@ func (m *MemoryBans) Add(_ context.Context, b Ban, now time.Time) (Ban, bool, er
 			saved = in
 			return nil, nil
 		}
-		lines, err := m.room(now, false)
+		lines, _, err := m.room(now, false)
 		if err != nil {
 			return nil, err
 		}
@@ -281,9 +286,12 @@ func (m *MemoryBans) Escalate(_ context.Context, e Escalated, now time.Time) (Ba
 			saved = in
 			return nil, nil
 		}
-		lines, err := m.room(now, true)
+		lines, evicted, err := m.room(now, true)
 		if err != nil {
 			return nil, err
+		}
+		if evicted && e.Evicted != nil {
+			e.Evicted.Add(1)
 		}
 		saved = escalated(e, m.history[e.Key], now)
 		if _, ok := m.history[e.Key]; !ok && len(m.history) >= MaxBanHistory {

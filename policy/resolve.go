@@ -242,9 +242,16 @@ func (p *Policy) Resolve(req *Request, res *Resolution) error {
 	if len(res.Charges) > bounds.MaxCharges {
 		return admit.Errorf(admit.CodeInvalid, "the request resolves to %d charges; at most %d", len(res.Charges), bounds.MaxCharges)
 	}
-	res.who = identity{tenant: req.Tenant, user: req.User, ip: req.IP, client: req.Client, apiKey: req.APIKey, keyHash: res.keyHash, auth: res.auth,
+	res.who = identity{tenant: req.Tenant, user: req.User, ip: req.IP, apiKey: req.APIKey, keyHash: res.keyHash, auth: res.auth,
 		untrusted: req.Untrusted, unvouched: req.Unvouched || req.Untrusted}
 	res.who.keyed = res.auth != nil && res.auth.hashed && res.auth.found != nil
+	if req.Untrusted {
+		// A caller Admit does not trust is refused by its own address's
+		// ban as well as by the one it names; a trusted one (the
+		// platform's backend) is not its clients, and answers for the
+		// address it names alone.
+		res.who.client = req.Client
+	}
 	if res.Tenant != nil {
 		res.who.tenant = res.Tenant.ID
 	}

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"slices"
@@ -231,6 +232,14 @@ func serverName() string {
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:])
 }
 
+// protectedFromBans returns the networks no escalation rule bans: the
+// trusted proxies, whose own address a request they forward without
+// naming its client comes from.
+func protectedFromBans(cfg *Config) []netip.Prefix {
+	p, _ := httplimit.ParseProxies(cfg.Server.TrustedProxies) // checked with the configuration
+	return p
+}
+
 // configVersion names a configuration by its content.
 func configVersion(data []byte) string {
 	sum := sha256.Sum256(data)
@@ -281,6 +290,7 @@ func openBackend(ctx context.Context, f *backendFlags, log *slog.Logger) (*backe
 		})
 	}
 	bans := policy.NewBans(st.bans)
+	bans.SetProtected(protectedFromBans(cfg))
 	if err := bans.SetEscalations(cfg.Escalations()); err != nil {
 		stop()
 		st.close()
@@ -785,6 +795,7 @@ func (b *backend) watchConfig(ctx context.Context, rl reloading, reload <-chan s
 		}
 		if err == nil {
 			err = b.bans.SetEscalations(cfg.Escalations())
+			b.bans.SetProtected(protectedFromBans(cfg))
 		}
 		if err != nil {
 			log.Error("configuration reload refused; keeping the running configuration", "err", strings.ReplaceAll(err.Error(), "\n", "; "))

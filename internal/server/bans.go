@@ -83,6 +83,10 @@ func (s *Server) handleBans(w http.ResponseWriter, r *http.Request) {
 	if bans == nil {
 		return
 	}
+	if _, err := strictQuery(r); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	now := time.Now()
 	list := bans.List()
 	out := make([]banView, len(list))
@@ -139,6 +143,14 @@ func (s *Server) handleBansDelete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	source, scope, tenant := q.Get("source"), q.Get("scope"), q.Get("tenant")
+	if scope != "" && !slices.Contains([]string{policy.BanIP, policy.BanAPIKey, policy.BanUser, policy.BanTenant}, scope) {
+		s.writeError(w, r, invalidParam("scope", fmt.Sprintf("scope %.32q: want ip, api_key, user or tenant", scope)))
+		return
+	}
+	if v, ok := q["all"]; ok && v[0] != "true" {
+		s.writeError(w, r, invalidParam("all", "all takes true"))
+		return
+	}
 	if source == "" && scope == "" && tenant == "" && q.Get("all") != "true" {
 		s.writeError(w, r, invalidParam("all", "name what to lift: source, scope or tenant, or all=true for every ban"))
 		return
@@ -216,7 +228,11 @@ func strictQuery(r *http.Request, allowed ...string) (url.Values, error) {
 	}
 	for k, v := range q {
 		if !slices.Contains(allowed, k) {
-			return nil, invalidParam(k, fmt.Sprintf("unknown parameter %.32q: this endpoint takes %s", k, strings.Join(allowed, ", ")))
+			takes := "no parameter"
+			if len(allowed) > 0 {
+				takes = strings.Join(allowed, ", ")
+			}
+			return nil, invalidParam(k, fmt.Sprintf("unknown parameter %.32q: this endpoint takes %s", k, takes))
 		}
 		if len(v) > 1 {
 			return nil, invalidParam(k, k+" is given twice")

@@ -153,15 +153,17 @@ func (s Span) SetAttributes(kv ...attribute.KeyValue) {
 }
 
 // End ends s, failed with err if it is not nil: the error's code as
-// ErrorType and its message as the status (an admit error's message names
-// fields and limits, never a credential).
+// ErrorType and as the status's description. Not its message, which may
+// quote what the caller sent (an address that is none, a tenant that
+// does not exist).
 func (s Span) End(err error) {
 	if s.span == nil {
 		return
 	}
 	if err != nil && s.span.IsRecording() {
-		s.span.SetAttributes(ErrorType.String(admit.ErrorCode(err).String()))
-		s.span.SetStatus(codes.Error, err.Error())
+		code := admit.ErrorCode(err).String()
+		s.span.SetAttributes(ErrorType.String(code))
+		s.span.SetStatus(codes.Error, code)
 	}
 	s.span.End()
 }

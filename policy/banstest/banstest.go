@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -131,19 +133,34 @@ func Run(t *testing.T, open func(t *testing.T) (first func() policy.BanStore)) {
 			t.Skip("adds policy.MaxBans bans")
 		}
 		s := open(t)()
-		// The escalations' bans fill their part…
+		// The escalations' bans fill their part (the first the one to
+		// end soonest)…
 		for i := range policy.MaxEscalatedBans {
+			base := time.Hour
+			if i == 0 {
+				base = 30 * time.Minute
+			}
 			e := policy.Escalated{Key: fmt.Sprint("k", i), Ban: ban(fmt.Sprint("e", i), fmt.Sprintf("10.%d.%d.1", i/256, i%256), 0),
-				Base: time.Hour, Max: time.Hour, Forget: time.Hour}
+				Base: base, Max: base, Forget: time.Hour}
 			e.Ban.Source = "escalation:flood"
 			if _, _, err := s.Escalate(ctx, e, at); err != nil {
 				t.Fatalf("escalation %d: %v", i, err)
 			}
 		}
-		over := policy.Escalated{Key: "o", Ban: ban("over", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour}
+		// …and a new one replaces that one, rather than being refused.
+		var evicted atomic.Int64
+		over := policy.Escalated{Key: "o", Ban: ban("over", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour, Evicted: &evicted}
 		over.Ban.Source = "escalation:flood"
-		if _, _, err := s.Escalate(ctx, over, at); !errors.Is(err, policy.ErrBansFull) {
-			t.Fatalf("escalation past its part: %v; want ErrBansFull", err)
+		if _, made, err := s.Escalate(ctx, over, at); err != nil || !made || evicted.Load() != 1 {
+			t.Fatalf("escalation past its part: %v, %v, %d evicted; want made, replacing one", made, err, evicted.Load())
+		}
+		st, err := s.Load(ctx, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(st.Bans); n != policy.MaxEscalatedBans || slices.ContainsFunc(st.Bans, func(b policy.Ban) bool { return b.ID == "e0" }) {
+			t.Fatalf("%d bans after the replacement (e0 among them: %v); want %d without e0", n,
+				slices.ContainsFunc(st.Bans, func(b policy.Ban) bool { return b.ID == "e0" }), policy.MaxEscalatedBans)
 		}
 		// …and an operator still bans, up to the whole bound.
 		for i := range policy.MaxBans - policy.MaxEscalatedBans {

@@ -152,32 +152,38 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*policy.BanState, erro
 
 var changeScript = rueidis.NewLuaScript(changeSource)
 
-// change runs the change script, returning its code and ban.
-func (s *Store) change(ctx context.Context, args []string) (int64, policy.Ban, error) {
+// change runs the change script, returning its code and ban, and
+// whether the ban replaced another.
+func (s *Store) change(ctx context.Context, args []string) (int64, policy.Ban, bool, error) {
 	var code int64
-	var out string
+	var out, evicted string
 	err := s.call(ctx, func(ctx context.Context, c rueidis.Client) error {
 		v, err := changeScript.Exec(ctx, c, s.keys, args).ToArray()
 		if err != nil {
 			return err
 		}
-		if len(v) != 2 {
+		if len(v) != 2 && len(v) != 3 {
 			return fmt.Errorf("the script answered %d values", len(v))
 		}
 		if code, err = v[0].AsInt64(); err != nil {
 			return err
 		}
+		if len(v) == 3 {
+			if evicted, err = v[2].ToString(); err != nil {
+				return err
+			}
+		}
 		out, err = v[1].ToString()
 		return err
 	})
 	if err != nil || out == "" {
-		return code, policy.Ban{}, err
+		return code, policy.Ban{}, false, err
 	}
 	var b stored
 	if err := json.Unmarshal([]byte(out), &b); err != nil {
-		return 0, policy.Ban{}, fmt.Errorf("redisbans: the script answered no ban: %w", err)
+		return 0, policy.Ban{}, false, fmt.Errorf("redisbans: the script answered no ban: %w", err)
 	}
-	return code, b.ban(), nil
+	return code, b.ban(), evicted != "", nil
 }
 
 func (s *Store) args(op string, b policy.Ban, now time.Time) ([]string, error) {
@@ -194,11 +200,14 @@ func (s *Store) Add(ctx context.Context, b policy.Ban, now time.Time) (policy.Ba
 	if err != nil {
 		return policy.Ban{}, false, err
 	}
-	return s.saved(ctx, args)
+	return s.saved(ctx, args, nil)
 }
 
-func (s *Store) saved(ctx context.Context, args []string) (policy.Ban, bool, error) {
-	code, saved, err := s.change(ctx, args)
+func (s *Store) saved(ctx context.Context, args []string, evictions *atomic.Int64) (policy.Ban, bool, error) {
+	code, saved, evicted, err := s.change(ctx, args)
+	if evicted && evictions != nil {
+		evictions.Add(1)
+	}
 	switch {
 	case err != nil:
 		return policy.Ban{}, false, err
@@ -216,12 +225,12 @@ func (s *Store) Escalate(ctx context.Context, e policy.Escalated, now time.Time)
 	}
 	args = append(args, e.Key, strconv.FormatInt(e.Base.Milliseconds(), 10), strconv.FormatInt(e.Max.Milliseconds(), 10),
 		strconv.FormatInt(e.Forget.Milliseconds(), 10), strconv.Itoa(policy.MaxBanHistory), strconv.Itoa(policy.MaxEscalatedBans))
-	return s.saved(ctx, args)
+	return s.saved(ctx, args, e.Evicted)
 }
 
 // Remove implements policy.BanStore.
 func (s *Store) Remove(ctx context.Context, id string, now time.Time) (bool, error) {
-	code, b, err := s.change(ctx, []string{"del", strconv.FormatInt(now.UnixMilli(), 10), id, "", "0", s.channel})
+	code, b, _, err := s.change(ctx, []string{"del", strconv.FormatInt(now.UnixMilli(), 10), id, "", "0", s.channel})
 	return code == 1 && b.Expires.After(now), err
 }
 

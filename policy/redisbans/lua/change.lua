@@ -6,8 +6,9 @@
 -- ARGV: op ("add", "esc" or "del"), now_ms, id, ban JSON, max bans,
 -- channel, then for esc: history key, base_ms, max_ms, forget_ms, max
 -- history, max bans of the escalations.
--- Returns {code, ban JSON}: 1 saved (or deleted), 0 one in force already
--- (add, esc) or none (del), -1 full.
+-- Returns {code, ban JSON[, evicted id]}: 1 saved (or deleted), 0 one in
+-- force already (add, esc) or none (del), -1 full; an escalation's ban
+-- that replaced another's names it.
 local now = tonumber(ARGV[2])
 local id = ARGV[3]
 -- Expired bans and forgotten history leave as changes are made.
@@ -38,8 +39,18 @@ if op == 'del' then
   return {1, cur}
 end
 if cur then return {0, cur} end
+local evicted = ''
+if op == 'esc' and redis.call('ZCARD', KEYS[6]) >= tonumber(ARGV[12]) then
+  -- The escalations hold their part: the new ban replaces the one of
+  -- theirs that would end soonest.
+  local soonest = redis.call('ZPOPMIN', KEYS[6])
+  if soonest[1] then
+    evicted = soonest[1]
+    redis.call('HDEL', KEYS[1], evicted)
+    redis.call('ZREM', KEYS[2], evicted)
+  end
+end
 if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[5]) then return {-1, ''} end
-if op == 'esc' and redis.call('ZCARD', KEYS[6]) >= tonumber(ARGV[12]) then return {-1, ''} end
 local ban = cjson.decode(ARGV[4])
 if op == 'esc' then
   local hkey = ARGV[7]
@@ -81,4 +92,4 @@ redis.call('HSET', KEYS[1], id, out)
 redis.call('ZADD', KEYS[2], ban.expires_ms, id)
 if op == 'esc' then redis.call('ZADD', KEYS[6], ban.expires_ms, id) end
 changed()
-return {1, out}
+return {1, out, evicted}
