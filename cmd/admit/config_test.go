@@ -100,14 +100,7 @@ func TestConfigErrorsInOneRun(t *testing.T) {
 		"  acme: {tier: free}\n" + // 19
 		"  acme: {tier: fre}\n" // 20
 	_, err := ParseConfig("c.yaml", []byte(data))
-	var errs yamlconf.Errors
-	if !errors.As(err, &errs) {
-		t.Fatalf("want errors, got %v", err)
-	}
-	var got []string
-	for _, e := range errs {
-		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
-	}
+	got := errorPlaces(t, err)
 	want := []string{"2:bogus", "11:", "12:tiers.free.rules[0].initial", "13:tiers.free.rules[1].name", "16:tiers.free.rules[1].limit", "20:", "20:tenants.acme.tier"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
@@ -134,14 +127,7 @@ func TestConfigHTTPErrorsInOneRun(t *testing.T) {
 		"    - match: \"POST /a/{\"\n" + // 13
 		"      action: a\n"
 	_, err := ParseConfig("c.yaml", []byte(data))
-	var errs yamlconf.Errors
-	if !errors.As(err, &errs) {
-		t.Fatalf("want errors, got %v", err)
-	}
-	var got []string
-	for _, e := range errs {
-		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
-	}
+	got := errorPlaces(t, err)
 	want := []string{"3:server.http", "4:server.grpc", "5:server.trusted_proxies[0]", "9:store.redis.tls.ca_file", "11:http.forwarded_header", "13:http.actions[0]"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
@@ -163,14 +149,7 @@ func TestConfigStoreBoundsValidated(t *testing.T) {
 		"      - {name: b, scope: tenant, algorithm: token_bucket, rate: 10/s, burst: 10}\n" +
 		"      - {name: c, scope: tenant, algorithm: token_bucket, rate: 1/h, burst: 200000}\n" // 9
 	_, err := ParseConfig("c.yaml", []byte(data))
-	var errs yamlconf.Errors
-	if !errors.As(err, &errs) {
-		t.Fatalf("want errors, got %v", err)
-	}
-	var got []string
-	for _, e := range errs {
-		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
-	}
+	got := errorPlaces(t, err)
 	if want := "2:server.grpc 7:tiers.free.rules[0].algorithm 9:tiers.free.rules[2].algorithm"; strings.Join(got, " ") != want {
 		t.Errorf("errors at %v, want %s\n%v", got, want, err)
 	}
@@ -211,14 +190,7 @@ func TestConfigBansErrors(t *testing.T) {
 		"    max: 1m\n" + // 28
 		"    scope: session\n" // 29
 	_, err := ParseConfig("c.yaml", []byte(data))
-	var errs yamlconf.Errors
-	if !errors.As(err, &errs) {
-		t.Fatalf("want errors, got %v", err)
-	}
-	var got []string
-	for _, e := range errs {
-		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
-	}
+	got := errorPlaces(t, err)
 	want := []string{"8:bans[0].within", "12:bans[1].rule", "19:bans[2].refusals", "29:bans[3].scope"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("errors at\n %v\nwant\n %v\n%v", got, want, err)
@@ -258,4 +230,19 @@ func TestConfigurationDocBans(t *testing.T) {
 	if e := cfg.Escalations(); len(e) != 1 || e[0].Forget != 168*time.Hour || e[0].Max != 24*time.Hour {
 		t.Fatalf("escalations %+v", e)
 	}
+}
+
+// errorPlaces returns the line and path of each error of a configuration
+// that did not parse, as "line:path".
+func errorPlaces(t *testing.T, err error) []string {
+	t.Helper()
+	var errs yamlconf.Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want errors, got %v", err)
+	}
+	var got []string
+	for _, e := range errs {
+		got = append(got, fmt.Sprintf("%d:%s", e.Line, e.Path))
+	}
+	return got
 }

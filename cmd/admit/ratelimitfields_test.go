@@ -15,36 +15,6 @@ import (
 	"github.com/admitdev/admit/llm/llmtest"
 )
 
-// ratelimitFields parses a response's RateLimit-Policy and RateLimit
-// fields with a strict RFC 9651 parser: by policy name, each field's
-// parameters, both fields naming the same policies in the same order.
-func ratelimitFields(t *testing.T, h http.Header) (policies, limits map[string]sftest.Params) {
-	t.Helper()
-	parse := func(field string) (map[string]sftest.Params, []string) {
-		list, err := sftest.ParseList(strings.Join(h.Values(field), ", "))
-		if err != nil {
-			t.Fatalf("%s: %v", field, err)
-		}
-		byName := map[string]sftest.Params{}
-		var names []string
-		for _, m := range list {
-			name, ok := m.Value.(string)
-			if !ok || m.IsInner() {
-				t.Fatalf("%s: a member %#v that is not a String", field, m)
-			}
-			byName[name] = m.Params
-			names = append(names, name)
-		}
-		return byName, names
-	}
-	policies, pn := parse("RateLimit-Policy")
-	limits, ln := parse("RateLimit")
-	if !reflect.DeepEqual(pn, ln) {
-		t.Fatalf("RateLimit-Policy names %q, RateLimit %q", pn, ln)
-	}
-	return policies, limits
-}
-
 // wantParams checks that p has the parameters of want, with these
 // values (nil: present, of any value), and no other but those of also.
 func wantParams(t *testing.T, what string, p sftest.Params, want map[string]any, also ...string) {
@@ -148,7 +118,7 @@ tenants:
 		if resp.StatusCode != 200 {
 			t.Fatalf("check %d: %d %s", i+1, resp.StatusCode, body)
 		}
-		policies, limits := ratelimitFields(t, resp.Header)
+		policies, limits := sftest.RateLimitFields(t, resp.Header)
 		if len(policies) != 2 {
 			t.Fatalf("check %d: policies %v, want burst and hourly (not the shadow rule)", i+1, policies)
 		}
@@ -168,7 +138,7 @@ tenants:
 	}
 	// Another user: another bucket of burst, the same of hourly.
 	resp, _ := post(t, srv.url+"/v1/check", `{"tenant":"acme","user":"bob","action":"read"}`)
-	policies, _ := ratelimitFields(t, resp.Header)
+	policies, _ := sftest.RateLimitFields(t, resp.Header)
 	if pk, _ := policies["burst"].Get("pk"); reflect.DeepEqual(pk, firstPK) {
 		t.Errorf("alice's and bob's buckets: one partition %v", pk)
 	}
@@ -176,7 +146,7 @@ tenants:
 	if v := quotaExceeded(t, "third check", resp, body); !reflect.DeepEqual(v, []string{"burst"}) {
 		t.Errorf("violated-policies %q, want [burst]", v)
 	}
-	if _, limits := ratelimitFields(t, resp.Header); limits["burst"] == nil {
+	if _, limits := sftest.RateLimitFields(t, resp.Header); limits["burst"] == nil {
 		t.Errorf("a refusal without its RateLimit field: %v", resp.Header)
 	} else if r, _ := limits["burst"].Get("r"); r != int64(0) {
 		t.Errorf("refused: burst r=%v, want 0", r)
@@ -188,7 +158,7 @@ tenants:
 	if resp.StatusCode != 201 {
 		t.Fatalf("lease: %d %s", resp.StatusCode, body)
 	}
-	policies, limits := ratelimitFields(t, resp.Header)
+	policies, limits := sftest.RateLimitFields(t, resp.Header)
 	wantParams(t, "exports policy", policies["exports"], map[string]any{"q": int64(1), "qu": "concurrent-requests", "pk": nil})
 	wantParams(t, "exports limit", limits["exports"], map[string]any{"r": int64(0), "pk": nil}, "t")
 	resp, body = post(t, srv.url+"/v1/leases", lease)
@@ -251,7 +221,7 @@ tenants:
 	if resp.StatusCode != 200 {
 		t.Fatalf("call: %d %s", resp.StatusCode, body)
 	}
-	policies, limits := ratelimitFields(t, resp.Header)
+	policies, limits := sftest.RateLimitFields(t, resp.Header)
 	wantParams(t, "calls policy", policies["calls"], map[string]any{"q": int64(2), "w": int64(120), "pk": nil})
 	wantParams(t, "tokens policy", policies["tokens-per-minute"], map[string]any{"q": int64(100000), "qu": "admit-tokens", "w": int64(60), "pk": nil})
 	wantParams(t, "spend policy", policies["daily-spend"], map[string]any{"q": int64(5_000_000), "qu": "admit-money", "w": int64(86400), "pk": nil})
@@ -272,7 +242,7 @@ tenants:
 	if resp.StatusCode != 429 || !strings.Contains(body, `"rate_limit_exceeded"`) {
 		t.Fatalf("third call: %d %s, want OpenAI's 429", resp.StatusCode, body)
 	}
-	policies, limits = ratelimitFields(t, resp.Header)
+	policies, limits = sftest.RateLimitFields(t, resp.Header)
 	if len(policies) != 3 {
 		t.Errorf("refused: policies %v, want all three", policies)
 	}

@@ -15,39 +15,6 @@ import (
 	"github.com/admitdev/admit/units"
 )
 
-// fields parses the RateLimit-Policy and RateLimit fields of h with a
-// strict RFC 9651 parser, by policy name, failing t on any syntax error
-// or on a name the two fields do not both list once.
-func fields(t *testing.T, h http.Header) (policies, limits map[string]sftest.Params) {
-	t.Helper()
-	parse := func(field string) (map[string]sftest.Params, []string) {
-		list, err := sftest.ParseList(h.Get(field))
-		if err != nil {
-			t.Fatalf("%s: %v", field, err)
-		}
-		byName := map[string]sftest.Params{}
-		var names []string
-		for _, m := range list {
-			name, ok := m.Value.(string)
-			if m.IsInner() || !ok {
-				t.Fatalf("%s: a member %#v that is not a String item", field, m)
-			}
-			if _, dup := byName[name]; dup {
-				t.Fatalf("%s: %q twice", field, name)
-			}
-			byName[name] = m.Params
-			names = append(names, name)
-		}
-		return byName, names
-	}
-	policies, pn := parse("RateLimit-Policy")
-	limits, ln := parse("RateLimit")
-	if !reflect.DeepEqual(pn, ln) {
-		t.Fatalf("RateLimit-Policy names %q, RateLimit %q", pn, ln)
-	}
-	return policies, limits
-}
-
 // params builds Params of key, value pairs.
 func params(kv ...any) sftest.Params {
 	var p sftest.Params
@@ -85,7 +52,7 @@ func TestSetHeaders(t *testing.T) {
 	}
 	h := http.Header{}
 	SetHeaders(h, nil, rules, charges, results)
-	policies, limits := fields(t, h)
+	policies, limits := sftest.RateLimitFields(t, h)
 	want := map[string]sftest.Params{
 		"burst":      params("q", int64(100), "w", int64(50), "pk", pk("b\x00t1")),
 		"slots":      params("q", int64(5), "qu", "concurrent-requests", "pk", pk("s\x00t1\x00u1")),
@@ -145,7 +112,7 @@ func TestSetLimiterHeaders(t *testing.T) {
 		defer l.Release(ctx, &d)
 		h := http.Header{}
 		SetLimiterHeaders(h, nil, l.Rules(), &d)
-		policies, _ := fields(t, h)
+		policies, _ := sftest.RateLimitFields(t, h)
 		if d.Key(0) == "" || d.Key(1) == "" {
 			t.Fatalf("Decision.Key: %q, %q", d.Key(0), d.Key(1))
 		}

@@ -15,8 +15,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
+	"testing"
 	"unicode/utf8"
 )
 
@@ -417,4 +420,37 @@ func isAlpha(c byte) bool   { return isLCAlpha(c) || 'A' <= c && c <= 'Z' }
 // isTchar reports whether c is a tchar of RFC 9110.
 func isTchar(c byte) bool {
 	return isAlpha(c) || isDigit(c) || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+// RateLimitFields parses the RateLimit-Policy and RateLimit fields of h with a
+// strict RFC 9651 parser, by policy name, failing t on any syntax error
+// or on a name the two fields do not both list once.
+func RateLimitFields(t testing.TB, h http.Header) (policies, limits map[string]Params) {
+	t.Helper()
+	parse := func(field string) (map[string]Params, []string) {
+		list, err := ParseList(h.Get(field))
+		if err != nil {
+			t.Fatalf("%s: %v", field, err)
+		}
+		byName := map[string]Params{}
+		var names []string
+		for _, m := range list {
+			name, ok := m.Value.(string)
+			if m.IsInner() || !ok {
+				t.Fatalf("%s: a member %#v that is not a String item", field, m)
+			}
+			if _, dup := byName[name]; dup {
+				t.Fatalf("%s: %q twice", field, name)
+			}
+			byName[name] = m.Params
+			names = append(names, name)
+		}
+		return byName, names
+	}
+	policies, pn := parse("RateLimit-Policy")
+	limits, ln := parse("RateLimit")
+	if !reflect.DeepEqual(pn, ln) {
+		t.Fatalf("RateLimit-Policy names %q, RateLimit %q", pn, ln)
+	}
+	return policies, limits
 }
