@@ -449,6 +449,11 @@ type Bans struct {
 	// admin API read it, escalation asks the store.
 	history  atomic.Pointer[map[string]BanStrikes]
 	reloadMu sync.Mutex
+	// lifted remembers the bans this server lifted, by id, with when,
+	// until they would have ended (under reloadMu): a ban another server
+	// saved back into a store that lost it, made before its lift, is
+	// lifted again.
+	lifted map[string]liftedBan
 
 	listenMu  sync.Mutex
 	listeners []func()
@@ -487,6 +492,9 @@ func NewBans(store BanStore) *Bans {
 	b.esc.Store(&escalations{})
 	return b
 }
+
+// liftedBan is a ban lifted: when, and when it would have ended.
+type liftedBan struct{ at, expires time.Time }
 
 // Stats returns b's counters.
 func (b *Bans) Stats() *BanStats { return &b.stats }
@@ -569,10 +577,38 @@ func (b *Bans) Reload(ctx context.Context) error {
 			return err
 		}
 	}
+	st.Bans = b.liftAgain(ctx, st.Bans, now)
 	h := st.History
 	b.history.Store(&h)
 	b.swap(newBanSet(st.Bans, now))
 	return nil
+}
+
+// liftAgain returns bans less those this server lifted after they were
+// made, which it lifts from the store again: another server, which missed
+// the lift, saved them back into a store that had lost them. The caller
+// holds reloadMu.
+func (b *Bans) liftAgain(ctx context.Context, bans []Ban, now time.Time) []Ban {
+	if len(b.lifted) == 0 {
+		return bans
+	}
+	kept := bans[:0]
+	for _, x := range bans {
+		l, ok := b.lifted[x.ID]
+		if ok && !x.Created.After(l.at) {
+			if _, err := b.store.Remove(ctx, x.ID, now); err != nil {
+				b.stats.Failures.Add(1)
+			}
+			continue
+		}
+		kept = append(kept, x)
+	}
+	for id, l := range b.lifted {
+		if !l.expires.After(now) {
+			delete(b.lifted, id)
+		}
+	}
+	return kept
 }
 
 // restore saves back into a store that lost them the bans this server
@@ -716,12 +752,27 @@ func (b *Bans) Add(ctx context.Context, ban Ban, ttl time.Duration) (Ban, error)
 
 // Remove lifts the ban of id, reporting whether one was in force.
 func (b *Bans) Remove(ctx context.Context, id string) (bool, error) {
-	ok, err := b.store.Remove(ctx, id, time.Now())
+	x, had := b.Get(id)
+	now := time.Now()
+	ok, err := b.store.Remove(ctx, id, now)
 	if err != nil {
 		return false, err
 	}
+	if had {
+		b.remember(x, now)
+	}
 	b.drop(id)
 	return ok, nil
+}
+
+// remember keeps that x was lifted at now, until it would have ended.
+func (b *Bans) remember(x Ban, now time.Time) {
+	b.reloadMu.Lock()
+	defer b.reloadMu.Unlock()
+	if b.lifted == nil {
+		b.lifted = map[string]liftedBan{}
+	}
+	b.lifted[x.ID] = liftedBan{at: now, expires: x.Expires}
 }
 
 // RemoveWhere lifts every ban in force that match reports true of, and
@@ -734,10 +785,12 @@ func (b *Bans) RemoveWhere(ctx context.Context, match func(Ban) bool) (int, erro
 		if !match(x) {
 			continue
 		}
-		ok, err := b.store.Remove(ctx, x.ID, time.Now())
+		now := time.Now()
+		ok, err := b.store.Remove(ctx, x.ID, now)
 		if err != nil {
 			return n, errors.Join(err, b.Reload(ctx))
 		}
+		b.remember(x, now)
 		if ok {
 			n++
 		}

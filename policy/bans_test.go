@@ -395,3 +395,47 @@ func TestEscalationBounds(t *testing.T) {
 		t.Fatal("a trusted caller was refused by its own address's ban")
 	}
 }
+
+// TestLiftedBanStaysLifted: a server that missed a lift saves the ban
+// back into a store that lost its bans; the server that lifted it lifts
+// it again at its next load, and a newer ban of the identifier stays.
+func TestLiftedBanStaysLifted(t *testing.T) {
+	ctx := context.Background()
+	store := &MemoryBans{}
+	a, stale := NewBans(store), NewBans(store)
+	ban, err := a.Add(ctx, Ban{Scope: BanIP, Value: "192.0.2.7"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Remove(ctx, ban.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The stale server puts it back, as its restore would.
+	if _, _, err := store.Add(ctx, ban, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Get(ban.ID); ok {
+		t.Fatal("a ban lifted here came back")
+	}
+	if err := stale.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := stale.Get(ban.ID); ok {
+		t.Fatal("the store still holds the lifted ban")
+	}
+	// Banned again, later: that ban stays.
+	time.Sleep(2 * time.Millisecond) // a later creation time than the lift, at millisecond precision
+	again, err := stale.Add(ctx, Ban{Scope: BanIP, Value: "192.0.2.7"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.Get(again.ID); !ok {
+		t.Fatal("a newer ban of a lifted identifier was lifted")
+	}
+}
