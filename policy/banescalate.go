@@ -159,11 +159,17 @@ func (b *Bans) observe(res *Resolution, dec *admit.Decision) {
 func (b *Bans) escalate(ctx context.Context) {
 	var dec admit.Decision
 	var made []Ban
+	var evicted []string
 	flushed := time.Now()
 	for {
 		if len(made) > 0 && (len(b.queue) == 0 || time.Since(flushed) > 100*time.Millisecond) {
+			if len(evicted) > 0 {
+				// The bans the new ones replaced leave first: the bound
+				// holds here as in the store.
+				b.drop(evicted...)
+			}
 			b.put(made...)
-			made, flushed = made[:0], time.Now()
+			made, evicted, flushed = made[:0], evicted[:0], time.Now()
 		}
 		var f refusal
 		select {
@@ -193,7 +199,10 @@ func (b *Bans) escalate(ctx context.Context) {
 				continue
 			}
 		}
-		ban, ok := b.ban(ctx, f)
+		ban, ok := b.ban(ctx, f, func(id string) {
+			evicted = append(evicted, id)
+			made = slices.DeleteFunc(made, func(x Ban) bool { return x.ID == id })
+		})
 		if !ok {
 			continue
 		}
@@ -248,8 +257,8 @@ func (b *Bans) banned(f refusal) bool {
 }
 
 // ban bans f's identifier as its escalation says, and returns the ban in
-// force.
-func (b *Bans) ban(ctx context.Context, f refusal) (Ban, bool) {
+// force; evicted is told of the ban it replaced, if any.
+func (b *Bans) ban(ctx context.Context, f refusal, evicted func(id string)) (Ban, bool) {
 	e := f.e
 	ban := Ban{
 		ID: f.id(), Scope: e.Scope, Value: f.value, Tenant: f.tenant, Source: "escalation:" + e.Name,
@@ -257,7 +266,10 @@ func (b *Bans) ban(ctx context.Context, f refusal) (Ban, bool) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	saved, made, err := b.store.Escalate(ctx, Escalated{Key: ban.ID, Ban: ban, Base: e.Ban, Max: e.Max, Forget: e.Forget, Evicted: &b.stats.Evicted}, time.Now())
+	saved, made, err := b.store.Escalate(ctx, Escalated{Key: ban.ID, Ban: ban, Base: e.Ban, Max: e.Max, Forget: e.Forget, Evicted: func(id string) {
+		b.stats.Evicted.Add(1)
+		evicted(id)
+	}}, time.Now())
 	switch {
 	case errors.Is(err, ErrBansFull):
 		b.stats.Full.Add(1)

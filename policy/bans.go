@@ -41,7 +41,7 @@ const (
 // Past MaxEscalatedBans, an escalation's new ban replaces the one of
 // theirs that would end soonest, so that a flood of identifiers cannot
 // stop escalation for everyone. MaxEscalatedPerNetwork bounds those of
-// one network's addresses (an IPv4 /16, an IPv6 /48), so that one network
+// one network's addresses (an IPv4 /16, an IPv6 /32), so that one network
 // cannot take them all either.
 const (
 	MaxEscalatedBans       = MaxBans - 1_000
@@ -281,7 +281,8 @@ func escalationGroup(b Ban) string {
 }
 
 // networkOf names the network of a canonical address for the escalations'
-// bound: its IPv4 /16, its IPv6 /48.
+// bound: its IPv4 /16, its IPv6 /32 (an ISP's allocation: a /48 is a
+// site's, of which one holder may have thousands).
 func networkOf(ip string) string {
 	a, err := netip.ParseAddr(strings.TrimSuffix(ip, "/64"))
 	if err != nil {
@@ -289,7 +290,7 @@ func networkOf(ip string) string {
 	}
 	bits := 16
 	if a.Is6() {
-		bits = 48
+		bits = 32
 	}
 	p, _ := a.Prefix(bits)
 	return "net " + p.String()
@@ -407,9 +408,9 @@ type Escalated struct {
 	Key               string
 	Ban               Ban // without Strike and Expires
 	Base, Max, Forget time.Duration
-	// Evicted, if set, counts the escalations' bans the new one replaced
-	// (past MaxEscalatedBans).
-	Evicted *atomic.Int64
+	// Evicted, if set, is told of the escalation's ban the new one
+	// replaced (past MaxEscalatedBans), by id.
+	Evicted func(id string)
 }
 
 // BanStore keeps bans and their history across restarts, shared by every
@@ -644,14 +645,14 @@ func (b *Bans) put(bans ...Ban) {
 	b.swap(newBanSet(append(list, bans...), time.Now()))
 }
 
-// drop lifts the ban of id here, without loading the others again.
-func (b *Bans) drop(id string) {
+// drop lifts the bans of ids here, without loading the others again.
+func (b *Bans) drop(ids ...string) {
 	b.reloadMu.Lock()
 	defer b.reloadMu.Unlock()
 	s := b.set.Load()
 	list := make([]Ban, 0, len(s.all))
 	for _, e := range s.all {
-		if e.ID != id {
+		if !slices.Contains(ids, e.ID) {
 			list = append(list, e.Ban)
 		}
 	}
@@ -696,11 +697,23 @@ func (b *Bans) isProtected(ip string) bool {
 	if p == nil || len(*p) == 0 {
 		return false
 	}
-	a, err := netip.ParseAddr(strings.TrimSuffix(ip, "/64"))
-	if err != nil {
-		return true
+	// An IPv6 address is banned as its /64: protected when that network
+	// holds a protected address, not only when it is one.
+	var q netip.Prefix
+	if v, ok := strings.CutSuffix(ip, "/64"); ok {
+		a, err := netip.ParseAddr(v)
+		if err != nil {
+			return true
+		}
+		q = netip.PrefixFrom(a, 64)
+	} else {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return true
+		}
+		q = netip.PrefixFrom(a, a.BitLen())
 	}
-	return slices.ContainsFunc(*p, func(n netip.Prefix) bool { return n.Contains(a) })
+	return slices.ContainsFunc(*p, func(n netip.Prefix) bool { return n.Overlaps(q) })
 }
 
 // Any reports whether any ban is in force.

@@ -370,9 +370,9 @@ func TestEscalationBounds(t *testing.T) {
 		decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: fmt.Sprintf("2001:db8:1:%x::1", i)})
 	}
 	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "10.1.2.3"})
-	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "2001:db8:2::1"})
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "2a00:1::1"})
 	waitFor(t, "the other network's ban", func() bool {
-		_, ok := b.MatchIdentity("", "", "2001:db8:2::/64", "", time.Now())
+		_, ok := b.MatchIdentity("", "", "2a00:1::/64", "", time.Now())
 		return ok
 	})
 	n := 0
@@ -385,7 +385,18 @@ func TestEscalationBounds(t *testing.T) {
 		}
 	}
 	if n != MaxEscalatedPerNetwork {
-		t.Fatalf("one /48 holds %d bans; want %d", n, MaxEscalatedPerNetwork)
+		t.Fatalf("one /32 holds %d bans; want %d", n, MaxEscalatedPerNetwork)
+	}
+	// Nor the /64 around a protected address.
+	b.SetProtected([]netip.Prefix{netip.MustParsePrefix("2a00:2::1/128")})
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "2a00:2::2"})
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: "2a00:3::1"})
+	waitFor(t, "a third network's ban", func() bool {
+		_, ok := b.MatchIdentity("", "", "2a00:3::/64", "", time.Now())
+		return ok
+	})
+	if x, ok := b.MatchIdentity("", "", "2a00:2::/64", "", time.Now()); ok {
+		t.Fatalf("the /64 of a protected address was banned: %+v", x)
 	}
 	// The platform's backend, trusted, from a banned address, naming none.
 	if _, err := b.Add(ctx, Ban{Scope: BanIP, Value: "192.0.2.44"}, time.Hour); err != nil {
@@ -437,5 +448,40 @@ func TestLiftedBanStaysLifted(t *testing.T) {
 	}
 	if _, ok := a.Get(again.ID); !ok {
 		t.Fatal("a newer ban of a lifted identifier was lifted")
+	}
+}
+
+// TestEscalationsHoldTheirPartHere: past MaxEscalatedBans, the bans the
+// new ones replace leave the bans in force here too, at once, not at the
+// next load.
+func TestEscalationsHoldTheirPartHere(t *testing.T) {
+	p := banPolicy(t)
+	st := memstore.New(nil)
+	d := NewDecider(st, 1)
+	b := startBans(t, st)
+	d.EnforceBans(b)
+	if err := b.SetEscalations([]Escalation{{Name: "addr", Rule: "api", Scope: BanIP, Refusals: 1, Within: time.Minute, Ban: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	decideOne(t, p, d, Request{Tenant: "beta", User: "u"})
+	n := MaxEscalatedBans + 300
+	addr := func(i int) string { // 200 networks (/16s), at most 47 addresses each
+		return fmt.Sprintf("10.%d.%d.%d", i%200, i/200/250, i/200%250+1)
+	}
+	for i := range n {
+		decideOne(t, p, d, Request{Tenant: "beta", User: "u", IP: addr(i)})
+		if i%1000 == 999 || i == n-1 {
+			// Within the queue's bound: each refusal is counted.
+			waitFor(t, "the ban of "+addr(i), func() bool {
+				_, ok := b.MatchIdentity("", "", addr(i), "", time.Now())
+				return ok
+			})
+		}
+	}
+	if got := len(b.List()); got > MaxEscalatedBans {
+		t.Fatalf("%d bans in force here; the escalations hold at most %d", got, MaxEscalatedBans)
+	}
+	if got := b.Stats().Evicted.Load(); got != 300 {
+		t.Fatalf("%d evicted; want 300", got)
 	}
 }

@@ -291,7 +291,7 @@ func (m *MemoryBans) Escalate(_ context.Context, e Escalated, now time.Time) (Ba
 			return nil, err
 		}
 		if evicted && e.Evicted != nil {
-			e.Evicted.Add(1)
+			e.Evicted(lines[len(lines)-1].Remove)
 		}
 		saved = escalated(e, m.history[e.Key], now)
 		if _, ok := m.history[e.Key]; !ok && len(m.history) >= MaxBanHistory {

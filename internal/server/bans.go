@@ -147,6 +147,10 @@ func (s *Server) handleBansDelete(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalidParam("scope", fmt.Sprintf("scope %.32q: want ip, api_key, user or tenant", scope)))
 		return
 	}
+	if name, ok := strings.CutPrefix(source, "escalation:"); source != "" && source != "admin" && (!ok || policy.CheckName(name) != nil) {
+		s.writeError(w, r, invalidParam("source", fmt.Sprintf("source %.64q: want admin or escalation: and a rule's name", source)))
+		return
+	}
 	if v, ok := q["all"]; ok && v[0] != "true" {
 		s.writeError(w, r, invalidParam("all", "all takes true"))
 		return
@@ -284,7 +288,8 @@ func (s *Server) topCallers(ctx context.Context) []top.Top {
 }
 
 // refuseBanned answers 429 to a caller a ban refuses — its tenant, user or
-// API key, or the address the request comes from — with no store call,
+// API key, or, for an untrusted caller, the address the request comes
+// from — with no store call,
 // and reports whether it did: for the endpoints that read or write the
 // store other than through a decision (sessions, usage).
 func (s *Server) refuseBanned(w http.ResponseWriter, r *http.Request, tenant, user, apiKey string) bool {
@@ -293,8 +298,12 @@ func (s *Server) refuseBanned(w http.ResponseWriter, r *http.Request, tenant, us
 		return false
 	}
 	ip := ""
-	if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
-		ip, _ = policy.CanonicalIP(a.String())
+	if !s.callerOf(r).trusted() {
+		// The platform's backend is not its clients: its own address's
+		// ban does not refuse it (as on the decision API).
+		if a := httplimit.ClientIP(r, s.trustedProxies, s.forwarded); a.IsValid() {
+			ip, _ = policy.CanonicalIP(a.String())
+		}
 	}
 	keyHash := ""
 	if apiKey != "" {

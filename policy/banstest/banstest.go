@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,11 +147,12 @@ func Run(t *testing.T, open func(t *testing.T) (first func() policy.BanStore)) {
 			}
 		}
 		// …and a new one replaces that one, rather than being refused.
-		var evicted atomic.Int64
-		over := policy.Escalated{Key: "o", Ban: ban("over", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour, Evicted: &evicted}
+		var evicted []string
+		over := policy.Escalated{Key: "o", Ban: ban("over", "192.0.2.2", 0), Base: time.Minute, Max: time.Minute, Forget: time.Hour,
+			Evicted: func(id string) { evicted = append(evicted, id) }}
 		over.Ban.Source = "escalation:flood"
-		if _, made, err := s.Escalate(ctx, over, at); err != nil || !made || evicted.Load() != 1 {
-			t.Fatalf("escalation past its part: %v, %v, %d evicted; want made, replacing one", made, err, evicted.Load())
+		if _, made, err := s.Escalate(ctx, over, at); err != nil || !made || len(evicted) != 1 || evicted[0] != "e0" {
+			t.Fatalf("escalation past its part: %v, %v, evicted %q; want made, replacing e0", made, err, evicted)
 		}
 		st, err := s.Load(ctx, at)
 		if err != nil {

@@ -152,9 +152,9 @@ func (s *Store) Load(ctx context.Context, now time.Time) (*policy.BanState, erro
 
 var changeScript = rueidis.NewLuaScript(changeSource)
 
-// change runs the change script, returning its code and ban, and
-// whether the ban replaced another.
-func (s *Store) change(ctx context.Context, args []string) (int64, policy.Ban, bool, error) {
+// change runs the change script, returning its code and ban, and the id
+// of the ban it replaced ("" if none).
+func (s *Store) change(ctx context.Context, args []string) (int64, policy.Ban, string, error) {
 	var code int64
 	var out, evicted string
 	err := s.call(ctx, func(ctx context.Context, c rueidis.Client) error {
@@ -177,13 +177,13 @@ func (s *Store) change(ctx context.Context, args []string) (int64, policy.Ban, b
 		return err
 	})
 	if err != nil || out == "" {
-		return code, policy.Ban{}, false, err
+		return code, policy.Ban{}, "", err
 	}
 	var b stored
 	if err := json.Unmarshal([]byte(out), &b); err != nil {
-		return 0, policy.Ban{}, false, fmt.Errorf("redisbans: the script answered no ban: %w", err)
+		return 0, policy.Ban{}, "", fmt.Errorf("redisbans: the script answered no ban: %w", err)
 	}
-	return code, b.ban(), evicted != "", nil
+	return code, b.ban(), evicted, nil
 }
 
 func (s *Store) args(op string, b policy.Ban, now time.Time) ([]string, error) {
@@ -203,10 +203,10 @@ func (s *Store) Add(ctx context.Context, b policy.Ban, now time.Time) (policy.Ba
 	return s.saved(ctx, args, nil)
 }
 
-func (s *Store) saved(ctx context.Context, args []string, evictions *atomic.Int64) (policy.Ban, bool, error) {
+func (s *Store) saved(ctx context.Context, args []string, evictions func(string)) (policy.Ban, bool, error) {
 	code, saved, evicted, err := s.change(ctx, args)
-	if evicted && evictions != nil {
-		evictions.Add(1)
+	if evicted != "" && evictions != nil {
+		evictions(evicted)
 	}
 	switch {
 	case err != nil:
