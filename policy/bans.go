@@ -217,7 +217,6 @@ type netBans struct {
 
 func newBanSet(bans []Ban, now time.Time) *banSet {
 	s := &banSet{ips: map[string]*banEntry{}, keys: map[string]*banEntry{}, users: map[userKey]*banEntry{}, tenants: map[string]*banEntry{}}
-	put := func(m map[string]*banEntry, k string, e *banEntry) { putLongest(m, k, e) }
 	for _, b := range bans {
 		if !b.Expires.After(now) {
 			continue
@@ -236,7 +235,7 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 		switch b.Scope {
 		case BanIP:
 			if !strings.Contains(b.Value, "/") {
-				put(s.ips, b.Value, e)
+				putLongest(s.ips, b.Value, e)
 				continue
 			}
 			p, err := netip.ParsePrefix(b.Value)
@@ -252,11 +251,11 @@ func newBanSet(bans []Ban, now time.Time) *banSet {
 				s.nets[i].bans[p] = e
 			}
 		case BanAPIKey:
-			put(s.keys, strings.TrimPrefix(b.Value, "sha256:"), e)
+			putLongest(s.keys, strings.TrimPrefix(b.Value, "sha256:"), e)
 		case BanUser:
 			putLongest(s.users, userKey{b.Tenant, b.Value}, e)
 		case BanTenant:
-			put(s.tenants, b.Value, e)
+			putLongest(s.tenants, b.Value, e)
 		}
 	}
 	slices.SortFunc(s.all, func(a, b *banEntry) int { return strings.Compare(a.ID, b.ID) })
@@ -898,7 +897,7 @@ func (b *Bans) refuse(res *Resolution, dec *admit.Decision) bool {
 	}
 	b.stats.Refused.Add(1)
 	left := e.Expires.Sub(now)
-	res.Charges = append(res.Charges[:0], admit.Charge{Key: "ban:" + e.ID, Rule: &e.rule.Rule, Cost: 1})
+	res.Charges = append(res.Charges[:0], admit.Charge{Key: e.rule.Name, Rule: &e.rule.Rule, Cost: 1})
 	res.Rules = append(res.Rules[:0], e.rule)
 	dec.Reset()
 	dec.DeniedBy = e.rule.Name
