@@ -24,6 +24,7 @@ const (
 	Combination
 	Concurrency
 	Quota
+	FirstHitWindow
 )
 
 var algorithmNames = [...]string{
@@ -35,6 +36,9 @@ var algorithmNames = [...]string{
 	Combination:   "combination",
 	Concurrency:   "concurrency",
 	Quota:         "quota",
+	// The name says what sets the window's start, as the other names say
+	// their shape.
+	FirstHitWindow: "first_hit_window",
 }
 
 // String returns the configuration name of a, such as "token_bucket".
@@ -122,8 +126,9 @@ func leasable(a Algorithm) bool {
 }
 
 // takesDebits reports whether a rule of algorithm a takes debits: the
-// algorithms that can be leased, whose units may be spent ahead.
-func takesDebits(a Algorithm) bool { return leasable(a) }
+// algorithms that can be leased, whose units may be spent ahead, and the
+// first-hit window, whose count a debit raises as a fixed window's.
+func takesDebits(a Algorithm) bool { return leasable(a) || a == FirstHitWindow }
 
 // Rule is one limit: an algorithm with its parameters, and how a decision
 // treats it. Which requests a rule applies to (scope, actions) is the
@@ -171,6 +176,15 @@ func takesDebits(a Algorithm) bool { return leasable(a) }
 //     (the 31st, the 29th of February) falls on that month's last day. ResetAfter and RetryAfter are
 //     the time to the period's end. A period in progress keeps its end when
 //     the anchor changes: the new anchor applies from the next period.
+//   - FirstHitWindow: Limit, Window. A counter per key whose window starts
+//     at the first charge after the previous window ended, as Limitador's
+//     counters and Redis's INCR-and-EXPIRE counters run: a key first
+//     charged at 12:00:40 under a one-minute window counts until
+//     12:01:40. ResetAfter and RetryAfter are the time to the window's
+//     end. When Limit or Window changes, the window in progress keeps its
+//     count and its end. It cannot be leased or counted, and takes no
+//     refunds in the Redis store (which cannot tell a window from the one
+//     after it).
 //
 // A key keeps what it holds when its rule changes (charges of the key under
 // a rule of other parameters, after a reload or a deploy): a TokenBucket or
@@ -302,7 +316,7 @@ func (r *Rule) Validate() error {
 				add("floor", err)
 			}
 		}
-	case FixedWindow, SlidingWindow, SlidingLog:
+	case FixedWindow, SlidingWindow, SlidingLog, FirstHitWindow:
 		max := int64(bounds.MaxCount)
 		if r.Algorithm == SlidingLog {
 			max = bounds.MaxSlidingLogLimit

@@ -147,6 +147,13 @@ func (s *Server) ServeQuota(q *QuotaService) {
 	s.quota = true
 }
 
+// RegisterService serves another service on the port (Kuadrant's rate
+// limit RPCs, say), with the same connections, bounds and readiness:
+// Server is a grpc.ServiceRegistrar. Call it before Serve.
+func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) { s.grpc.RegisterService(desc, impl) }
+
+var _ grpc.ServiceRegistrar = (*Server)(nil)
+
 // EnableReflection serves gRPC server reflection, so that tools such as
 // grpcurl need no .proto files. It is off by default: it tells anyone who
 // reaches the port what the server offers. Call it before Serve.

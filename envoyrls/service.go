@@ -112,12 +112,24 @@ type Options struct {
 	// Now reads the clock for the resets of limits that refuse everything;
 	// default time.Now.
 	Now func() time.Time
+	// Domains, if set, answers the requests of the domains it owns
+	// (Limitador's namespaces, say) in place of the files and the
+	// catalog.
+	Domains DomainDecider
 	// TracerProvider, if set, traces every decision of ShouldRateLimit,
 	// and every usage report of a QuotaService over the Service, in an
 	// OpenTelemetry span (docs/traces.md): a child of the trace the call's
 	// traceparent metadata continues. The store calls are the Decider's
 	// spans (policy.Decider.Trace). Nil traces nothing, at no cost.
 	TracerProvider trace.TracerProvider
+}
+
+// A DomainDecider answers the rate limit requests of the domains it owns
+// in its own terms, as another rate limit service would: Envoy cannot
+// tell it from this one.
+type DomainDecider interface {
+	Owns(domain string) bool
+	ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
 }
 
 // LimitHeaderNames are the names of envoyproxy/ratelimit's response
@@ -234,6 +246,9 @@ type call struct {
 // ShouldRateLimit decides a request: every descriptor is matched to its
 // limits, and all of them are charged together or none is.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if d := s.opts.Domains; d != nil && d.Owns(req.GetDomain()) {
+		return s.delegate(ctx, d, req)
+	}
 	start := time.Now()
 	c := s.calls.Get().(*call)
 	ctx, c.span = startSpan(ctx, s.tracer)
@@ -260,6 +275,24 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		return nil, grpcError(ctx, err)
 	}
 	return resp, nil
+}
+
+// delegate has d answer req, observed and counted as the Service's own
+// answers are.
+func (s *Service) delegate(ctx context.Context, d DomainDecider, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	resp, err := d.ShouldRateLimit(ctx, req)
+	if s.opts.Observe != nil {
+		ev := Event{Outcome: policy.Stored, Err: err, Took: time.Since(start)}
+		if err != nil && status.Code(err) == codes.Unavailable {
+			ev.Err = admit.Errorf(admit.CodeUnavailable, "%v", err)
+		} else if err != nil {
+			ev.Err = admit.Errorf(admit.CodeInvalid, "%v", err)
+		}
+		ev.Allowed = err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK
+		s.opts.Observe(ev)
+	}
+	return resp, err
 }
 
 // decide answers req in four phases: check the request, resolve its

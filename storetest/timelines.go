@@ -90,6 +90,7 @@ func Timelines() []Timeline {
 	seed003 := bucketRule("seed003", admit.TokenBucket, admit.PerSecond(10), 100)
 	gcraBurst := bucketRule("gcra", admit.GCRA, admit.PerSecond(1), 3)
 	fixed := windowRule("fixed", admit.FixedWindow, 3, time.Second)
+	firstHit := windowRule("first-hit", admit.FirstHitWindow, 3, time.Second)
 	sliding := windowRule("sliding", admit.SlidingWindow, 10, time.Second)
 	slog := windowRule("log", admit.SlidingLog, 3, time.Second)
 	combo := rule("combo", admit.Combination, func(r *admit.Rule) {
@@ -215,6 +216,36 @@ func Timelines() []Timeline {
 				no(1999*ms, 1, ms, 0),
 				ok(5*time.Second, 3, 0),
 				{At: 5 * time.Second, Cost: 4, Err: errInvalid},
+			},
+		},
+		{
+			// A first-hit window starts at the key's first charge, and the
+			// next one at the first charge after it ended, whenever that
+			// is: Limitador's counters.
+			Name:    "first_hit_window/starts_at_first_hit",
+			Charges: []admit.Charge{key("t6f", "u", firstHit)},
+			Steps: []Step{
+				reset(ok(400*ms, 1, 2), time.Second), ok(900*ms, 1, 1), reset(ok(1399*ms, 1, 0), ms),
+				reset(no(1399*ms, 1, ms, 0), ms),
+				reset(ok(1400*ms, 1, 2), time.Second),
+				reset(ok(2399*ms, 1, 1), ms),
+				reset(ok(2400*ms, 2, 1), time.Second),
+				reset(ok(10*time.Second+7*ms, 3, 0), time.Second),
+				no(11*time.Second+6*ms, 1, ms, 0),
+				{At: 12 * time.Second, Cost: 4, Err: errInvalid},
+				dry(reset(ok(20*time.Second, 1, 2), time.Second)), // a dry run starts no window
+				reset(ok(20*time.Second+500*ms, 1, 2), time.Second),
+			},
+		},
+		{
+			// A debit counts past the limit, and the window it started
+			// ends a window after it.
+			Name:    "first_hit_window/debit",
+			Charges: []admit.Charge{key("t6d", "u", firstHit)},
+			Steps: []Step{
+				debit(ok(250*ms, 5, 0), 0),
+				no(1249*ms, 0, ms, 0),
+				reset(ok(1250*ms, 3, 0), time.Second),
 			},
 		},
 		{

@@ -26,6 +26,7 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/envoyrls"
 	"github.com/admitdev/admit/httplimit"
+	"github.com/admitdev/admit/limitador"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/yamlconf"
@@ -48,6 +49,8 @@ type Config struct {
 	Shedding []ShedGroupConfig            `json:"shedding"`
 	LLM      LLMConfig                    `json:"llm"`
 	Bans     []BanRuleConfig              `json:"bans"`
+	// Limitador serves Limitador's limits file: see LimitadorConfig.
+	Limitador LimitadorConfig `json:"limitador"`
 
 	// src keeps the positions of the decoded fields, for checks made
 	// after parsing (CheckProxyActions).
@@ -213,6 +216,28 @@ type EnvoyConfig struct {
 	// descriptors, and what --envoy-quota says of quota descriptors), as
 	// envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA does.
 	DynamicMetadata bool `json:"dynamic_metadata"`
+}
+
+// LimitadorConfig is the limitador section: a Limitador limits file
+// decided as Limitador decides it, for the domains that are its
+// namespaces, over the Envoy rate limit service, Kuadrant's RPCs and
+// Limitador's HTTP API.
+type LimitadorConfig struct {
+	// LimitsFile is the limits file, reloaded when it changes;
+	// --limitador-config overrides it.
+	LimitsFile string `json:"limits_file"`
+	// RateLimitHeaders are the headers ShouldRateLimit's answers carry:
+	// NONE (the default), DRAFT_VERSION_03 (Limitador's
+	// --rate-limit-headers), IETF, or DRAFT_VERSION_03,IETF.
+	RateLimitHeaders string `json:"rate_limit_headers"`
+	// HTTPAPI says who may use Limitador's HTTP API on the HTTP port
+	// besides GET /status: trusted (the default: callers with a service
+	// or the admin token, and loopback clients that reach the server
+	// directly), open (anyone, as Limitador's own port), or off.
+	HTTPAPI string `json:"http_api"`
+	// LimitNameInLabels labels limited_calls with the limit's name, as
+	// Limitador's --limit-name-in-labels.
+	LimitNameInLabels bool `json:"limit_name_in_labels"`
 }
 
 // ServerConfig is the server section.
@@ -767,6 +792,14 @@ func (d *decoder) check(c *Config) {
 	d.checkGateway(&c.Gateway)
 	d.checkLLM(&c.LLM)
 	d.checkBans(c)
+	if _, err := limitador.ParseHeaders(c.Limitador.RateLimitHeaders); err != nil {
+		d.failAt("limitador.rate_limit_headers", "%s", strings.TrimPrefix(err.Error(), "rate limit headers "))
+	}
+	switch c.Limitador.HTTPAPI {
+	case "", "trusted", "open", "off":
+	default:
+		d.failAt("limitador.http_api", "%q: want trusted (the default), open or off", c.Limitador.HTTPAPI)
+	}
 	switch c.Store.Backend {
 	case "", "memory", "redis":
 	default:

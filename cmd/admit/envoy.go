@@ -73,6 +73,9 @@ type envoyServing struct {
 	trustedPeers []netip.Prefix
 	// tracer traces the decisions; nil for none.
 	tracer trace.TracerProvider
+	// limitador, if set, answers its namespaces' requests and serves
+	// Kuadrant's RPCs on the port.
+	limitador *limitadorService
 }
 
 // startEnvoy loads the envoyproxy/ratelimit files of sv.dir (if any), then
@@ -90,7 +93,12 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 		es.loaded(nil)
 		cfg = c
 	}
+	var domains envoyrls.DomainDecider
+	if sv.limitador != nil {
+		domains = sv.limitador.svc
+	}
 	svc, err := envoyrls.New(envoyrls.Options{
+		Domains: domains,
 		Decider: dec, Policy: b.catalog.Policy, CatalogDomain: b.cfg.Envoy.Domain, Config: cfg,
 		ResponseHeaders: b.cfg.Envoy.ResponseHeaders, DynamicMetadata: b.cfg.Envoy.DynamicMetadata || sv.dynamicMetadata, Charge: sv.charge,
 		LimitHeaders: sv.limitHeaders, Observe: func(ev envoyrls.Event) { srv.ObserveGRPC(ev.Allowed, ev.Outcome, ev.Err, ev.Took) },
@@ -112,6 +120,9 @@ func startEnvoy(sv envoyServing, b *backend, dec *policy.Decider, srv *server.Se
 	es.svc, es.quota, es.ln = svc, quota, ln
 	es.srv = envoyrls.NewServer(svc, ready, opts...)
 	es.srv.ServeQuota(quota)
+	if sv.limitador != nil {
+		sv.limitador.registerKuadrant(es.srv)
+	}
 	es.srv.SetMaxConnections(b.cfg.Server.GRPCMaxConnections, b.cfg.Server.GRPCMaxConnectionsPerIP)
 	if reflection {
 		es.srv.EnableReflection()

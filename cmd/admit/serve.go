@@ -105,6 +105,8 @@ func (f *backendFlags) register(fs *flag.FlagSet) {
 type serveFlags struct {
 	backendFlags
 	http, grpc, decisionLog, envoyConfig string
+	// limitadorConfig is a Limitador limits file (limitador.limits_file).
+	limitadorConfig string
 	// topEvery is how often the heaviest callers' sketches are published
 	// for the other servers of the store.
 	topEvery time.Duration
@@ -157,6 +159,7 @@ func serve(ctx context.Context, args []string, e *env) int {
 	fs.StringVar(&f.http, "http", "", "HTTP listen `address` (default :8080, or server.http)")
 	fs.StringVar(&f.grpc, "grpc", "", "gRPC listen `address` for the Envoy rate limit service (default :8081, or server.grpc)")
 	fs.StringVar(&f.envoyConfig, "envoy-config", "", "`directory` of envoyproxy/ratelimit YAML files (*.yaml) for the gRPC service, reloaded when they change (default envoy.config_dir)")
+	fs.StringVar(&f.limitadorConfig, "limitador-config", "", "Limitador limits `file`, decided as Limitador decides it for the domains that are its namespaces (Envoy's rate limit service, Kuadrant's RPCs, Limitador's HTTP API), reloaded when it changes (default limitador.limits_file)")
 	fs.StringVar(&f.grpcTLS.cert, "grpc-tls-cert", "", "serve gRPC over TLS with this certificate `file` (PEM; reloaded when it changes)")
 	fs.StringVar(&f.grpcTLS.key, "grpc-tls-key", "", "the gRPC certificate's key `file` (PEM)")
 	fs.StringVar(&f.grpcTLS.ca, "grpc-tls-ca", "", "CA bundle `file`: gRPC clients must show a certificate it signed (mutual TLS)")
@@ -462,7 +465,17 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	waiting, ready := xdsReadiness(f.envoyXDS != "" && f.waitForXDS, configured, st.ready)
 	upstreamStats, registry, stopStats := startUpstreamStats(ctx, f.upstreamStats, log)
 	defer stopStats()
-	srv, err := server.New(server.Options{
+	var lim *limitadorService
+	var limHTTP http.Handler
+	var srv *server.Server
+	if file := first(f.limitadorConfig, cfg.Limitador.LimitsFile); file != "" {
+		if lim, err = startLimitador(file, cfg.Limitador, dec, st.check); err != nil {
+			return err
+		}
+		// srv is set below, before the first request.
+		limHTTP = lim.handler(func(r *http.Request) bool { return srv.Trusted(r) })
+	}
+	srv, err = server.New(server.Options{
 		Store: st.store, Catalog: catalog, AdminToken: token, AdminLoopback: f.adminLoopback,
 		ServiceTokens: serviceTokens, ForwardAuth: cfg.HTTP.ForwardAuth, Logger: log,
 		DecisionLog: decisionLog, TenantMetrics: cfg.Server.TenantMetrics,
@@ -470,7 +483,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 		HTTP: hopts, Decider: dec, Gateway: gw, Demo: cfg.Gateway.Demo == nil || *cfg.Gateway.Demo,
 		Usage: st.usage, Registry: registry, MetricsElsewhere: f.metrics != "",
 		Idempotency: st.idem, AnonymousIdempotency: st.anonIdem, Callers: callers, IdempotencyWindow: idempotencyWindow(cfg.Server.IdempotencyWindow),
-		TracerProvider: tp,
+		TracerProvider: tp, Limitador: limHTTP,
 	})
 	if err != nil {
 		return err
@@ -494,7 +507,7 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	}
 	es, err := startEnvoy(envoyServing{addr: grpcAddr, dir: envoyDir, charge: charge, ready: ready, reflection: f.reflection(), opts: grpcOpts, stats: upstreamStats,
 		limitHeaders: f.limitHeaders, dynamicMetadata: f.dynamicMetadata, trustedPeers: hopts.TrustedProxies,
-		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow, tracer: tp}, b, dec, srv)
+		quota: quota, quotaAll: f.quotaAll, globalShadow: f.globalShadow, tracer: tp, limitador: lim}, b, dec, srv)
 	if err != nil {
 		return fmt.Errorf("the Envoy rate limit service: %w", err)
 	}
@@ -518,6 +531,15 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 			return fmt.Errorf("xDS: %w", err)
 		}
 		defer stopXDS()
+	}
+	if lim != nil {
+		if err := srv.RegisterMetrics(lim.metrics); err != nil {
+			return err
+		}
+		for _, w := range lim.lim.Limits().Warnings {
+			log.Warn("limitador limits", "warning", w)
+		}
+		go lim.watch(watchCtx, reloading{every: f.reloadEvery, settle: f.reloadSettle, log: log})
 	}
 	var handler http.Handler = srv
 	if f.healthPath != "" {

@@ -67,7 +67,7 @@ func (p *PreparedRule) holds(r *admit.Rule) bool {
 		return r.Rate == q.rate && r.Burst == q.burst && initialOf(r) == q.initial && r.MaxDebt == q.maxDebt
 	case admit.Combination:
 		return r.Rate == q.rate && r.Burst == q.burst && initialOf(r) == q.initial && r.Floor == q.floor
-	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog, admit.FirstHitWindow:
 		return r.Limit == q.limit && r.Window == q.window
 	case admit.Quota:
 		return r.Limit == q.limit && r.Period == q.period && r.Location == q.location && r.Anchor.Equal(q.anchor)

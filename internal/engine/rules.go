@@ -122,13 +122,13 @@ func costError(cost int64, format string, args ...any) error {
 }
 
 // TakesDebits reports whether a rule of algorithm a takes debits (see
-// Charge.Debit): token buckets, GCRA, fixed and sliding windows and
-// quotas do. A combination (which half would owe?), a sliding log (one
+// Charge.Debit): token buckets, GCRA, fixed, first-hit and sliding
+// windows and quotas do. A combination (which half would owe?), a sliding log (one
 // entry per unit, which a debt would grow without bound) and concurrency
 // (a lease is not a cost) do not.
 func TakesDebits(a admit.Algorithm) bool {
 	switch a {
-	case admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.SlidingWindow, admit.Quota:
+	case admit.TokenBucket, admit.GCRA, admit.FixedWindow, admit.SlidingWindow, admit.Quota, admit.FirstHitWindow:
 		return true
 	}
 	return false
@@ -168,8 +168,9 @@ func CheckRefund(r *admit.Rule, cost int64) error {
 // leased in allowances: a count of units that any server may spend where
 // and when it likes within the allowance's life. The sliding log (whose
 // entries are times), combinations (two buckets whose order matters) and
-// concurrency (slots that are held, not spent) cannot.
-func Leasable(a admit.Algorithm) bool { return TakesDebits(a) }
+// concurrency (slots that are held, not spent) cannot, nor a first-hit
+// window, whose end no allowance could know before its first charge.
+func Leasable(a admit.Algorithm) bool { return TakesDebits(a) && a != admit.FirstHitWindow }
 
 // Reservable reports whether a rule of algorithm a can book future
 // capacity: token buckets and GCRA can.

@@ -202,7 +202,7 @@ func shareParamsOf(r *admit.Rule) shareParams {
 		sp.family = shareRefill
 		sp.rate = perNs(r.Rate.N, r.Rate.Per) + perNs(r.Floor.N, r.Floor.Per)
 		sp.burst = float64(r.Burst + r.Floor.N)
-	case admit.FixedWindow:
+	case admit.FixedWindow, admit.FirstHitWindow:
 		sp.family, sp.rate, sp.burst, sp.epoch = shareWindow, perNs(r.Limit, r.Window), float64(r.Limit), int64(r.Window)
 		sp.pace = windowPace(r.Limit)
 	case admit.Quota:

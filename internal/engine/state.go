@@ -64,7 +64,7 @@ func stepOne(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost in
 		var after admit.Result
 		stepOneAs(&after, r, b, next, now, 1, false)
 		res.Remaining, res.ResetAfter, res.RetryAfter = after.Remaining, after.ResetAfter, after.RetryAfter
-		if r.Algorithm == admit.FixedWindow || r.Algorithm == admit.Quota {
+		if r.Algorithm == admit.FixedWindow || r.Algorithm == admit.Quota || r.Algorithm == admit.FirstHitWindow {
 			res.Over = max(int64(next.Count)-r.Limit, 0)
 		}
 	}
@@ -79,6 +79,8 @@ func stepOneAs(res *admit.Result, r *admit.Rule, b *buckets, s State, now, cost 
 		return stepQuota(r, b.period, s, now, cost, res, debit)
 	case admit.FixedWindow:
 		return stepFixed(r, s, now, cost, res, debit)
+	case admit.FirstHitWindow:
+		return stepCount(r.Limit, s, now, now+int64(r.Window), cost, res, debit)
 	case admit.SlidingWindow:
 		return stepSliding(r, s, now, cost, res, debit)
 	}

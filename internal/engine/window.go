@@ -167,6 +167,12 @@ func StepRefund(r *admit.Rule, s State, now, at, cost int64) State {
 		if _, end := PeriodAt(r, time.Unix(0, at)); s.Expiry == end.UnixNano() {
 			s.Count = give(s.Count)
 		}
+	case admit.FirstHitWindow:
+		// The window at fell in is the one running if it ends within a
+		// window of at (a window started after at ends later).
+		if s.Expiry <= at+int64(r.Window) {
+			s.Count = give(s.Count)
+		}
 	case admit.SlidingWindow:
 		w := int64(r.Window)
 		switch end := at - at%w + w; s.Expiry - slideTag(w) - w {

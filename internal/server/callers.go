@@ -67,6 +67,15 @@ func (s *Server) callerOf(r *http.Request) caller {
 	return untrusted
 }
 
+// Trusted reports whether r comes from the platform itself: it carries a
+// service or the admin token, or it is a client on this host that reached
+// the server directly (see loopbackClient). A front end that trusts its
+// callers with every tenant's counters (Limitador's HTTP API) lets only
+// such requests in.
+func (s *Server) Trusted(r *http.Request) bool {
+	return s.callerOf(r).trusted() || s.loopbackClient(r) == ""
+}
+
 // isAdmin reports whether r carries the admin token.
 func (s *Server) isAdmin(r *http.Request) bool { return s.callerOf(r) == admin }
 

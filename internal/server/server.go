@@ -185,6 +185,10 @@ type Options struct {
 	// its store calls with it too; a given one is traced by its maker
 	// (policy.Decider.Trace). Nil traces nothing, at no cost.
 	TracerProvider trace.TracerProvider
+	// Limitador, if set, serves Limitador's HTTP API (GET /status,
+	// /limits/{namespace}, /counters/{namespace}; POST /check, /report,
+	// /check_and_report) beside Admit's own.
+	Limitador http.Handler
 }
 
 // Server serves the HTTP API. Create it with New; it is safe for concurrent
@@ -340,7 +344,7 @@ func New(opts Options) (*Server, error) {
 	if s.gateway != nil {
 		reg.MustRegister(newGatewayCollector(s.gateway))
 	}
-	s.routes(opts.Demo, opts.MetricsElsewhere)
+	s.routes(opts.Demo, opts.MetricsElsewhere, opts.Limitador)
 	return s, nil
 }
 
@@ -478,7 +482,7 @@ func (s *Server) ObserveGRPC(allowed bool, out policy.Outcome, err error, took t
 	}
 }
 
-func (s *Server) routes(demo, metricsElsewhere bool) {
+func (s *Server) routes(demo, metricsElsewhere bool, limitador http.Handler) {
 	m := http.NewServeMux()
 	allowed := map[string][]string{} // path → methods, for 405 answers
 	handle := func(method, path string, h http.Handler) {
@@ -528,6 +532,13 @@ func (s *Server) routes(demo, metricsElsewhere bool) {
 		handle("GET", "/v1/ws/preflight", http.HandlerFunc(s.gateway.Preflight))
 		if demo {
 			handle("GET", "/demo/", s.demoHandler())
+		}
+	}
+
+	if limitador != nil {
+		for _, p := range [...]string{"GET /status", "GET /limits/{namespace}", "GET /counters/{namespace}", "POST /check", "POST /report", "POST /check_and_report"} {
+			method, path, _ := strings.Cut(p, " ")
+			handle(method, path, limitador)
 		}
 	}
 

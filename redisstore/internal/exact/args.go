@@ -54,7 +54,7 @@ func CheckRule(r *admit.Rule) error {
 		if r.Algorithm == admit.Combination && r.Floor.Per > maxSpan {
 			return tooLong("floor period", r.Floor.Per)
 		}
-	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog:
+	case admit.FixedWindow, admit.SlidingWindow, admit.SlidingLog, admit.FirstHitWindow:
 		if r.Window > maxSpan {
 			return tooLong("window", r.Window)
 		}
@@ -104,7 +104,7 @@ func argsOf(r *admit.Rule) *ruleArgs {
 				strconv.FormatFloat(sp.Pace, 'g', -1, 64), strconv.FormatFloat(sp.Once, 'g', -1, 64),
 			}, ",")
 			a.lease = r.Algorithm == admit.Concurrency
-			a.quota = r.Algorithm == admit.Quota
+			a.quota = endsInArgs(r)
 			a.window = r.Algorithm == admit.FixedWindow
 			a.limit, a.widthU = r.Limit, r.Window.Microseconds()
 		}
@@ -117,6 +117,11 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 		a.fixed[i] = "0"
 	}
 	a.fixed[chAlgorithm] = strconv.Itoa(int(r.Algorithm))
+	if r.Algorithm == admit.FirstHitWindow {
+		// The script runs a first-hit window as a quota whose period is
+		// the window from now (quotaEnds): a count and its end.
+		a.fixed[chAlgorithm] = strconv.Itoa(int(admit.Quota))
+	}
 	if r.Shadow {
 		a.fixed[chShadow] = "1"
 	}
@@ -149,6 +154,8 @@ func (a *ruleArgs) fill(r *admit.Rule) {
 		p[0], p[1] = itoa(r.Limit), micros(r.Window)
 	case admit.Quota:
 		p[0] = itoa(r.Limit) // the period's ends come with each charge
+	case admit.FirstHitWindow:
+		p[0], p[1] = itoa(r.Limit), "-"+micros(r.Window)
 	case admit.Concurrency:
 		p[0], p[1] = itoa(r.Max), micros(engine.LeaseTTL(r))
 	}
@@ -172,4 +179,11 @@ func itoa(v int64) string {
 		return small[v]
 	}
 	return strconv.FormatInt(v, 10)
+}
+
+// endsInArgs reports whether charges of r carry their period's ends
+// (quotaEnds) and their replies say the end in µs rather than the reset:
+// a quota's, and a first-hit window's, which the script runs as a quota.
+func endsInArgs(r *admit.Rule) bool {
+	return r.Algorithm == admit.Quota || r.Algorithm == admit.FirstHitWindow
 }

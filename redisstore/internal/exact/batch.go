@@ -148,6 +148,10 @@ func head(n int, flags string, debits uint64, lease string) string {
 // r in progress and of the next: the script, which knows no time zones,
 // takes the first of them after its clock's now.
 func (s *Room) quotaEnds(r *admit.Rule) (string, string) {
+	if r.Algorithm == admit.FirstHitWindow {
+		w := "-" + micros(r.Window) // from the script's now (endAt)
+		return w, w
+	}
 	p, err := engine.Prepare(r)
 	if err != nil {
 		return "0", "0" // validate refused it before any call is made

@@ -152,7 +152,7 @@ func fill(rp Reply, charges []admit.Charge, g group, d *admit.Decision, onlyRema
 		res := &d.Results[i]
 		rule := charges[i].Rule
 		reset, retry := time.Duration(x[2]), time.Duration(x[3])
-		if rule.Algorithm == admit.Quota {
+		if endsInArgs(rule) {
 			// A quota's reply says its period's end in µs (the library,
 			// quotaEval): the time to it is reckoned here, exactly.
 			reset = time.Duration(x[2]*1000 - (rp.NU*1000 + rp.NSub))
@@ -334,7 +334,7 @@ func (s *Room) undoCall(charges []admit.Charge, gd groupDone, leaseID string) li
 		if charges[i].Debit {
 			c.Args[argOf(k, chHow)] = "-1" // a debit stays charged
 		}
-		if charges[i].Rule.Algorithm == admit.Quota {
+		if endsInArgs(charges[i].Rule) {
 			// Where a quota's rule has no other parameter (the library,
 			// strided), its period's ends, for the look after the undo.
 			c.Args[argOf(k, chPeriodStart)], c.Args[argOf(k, chPeriodEnd)] = s.quotaEnds(charges[i].Rule)
@@ -380,7 +380,9 @@ func (s *Room) Refund(ctx context.Context, charges []admit.Charge, at time.Time)
 	now := s.link.Now()
 	keep := make([]admit.Charge, 0, len(charges))
 	for _, c := range charges {
-		if c.Cost == 0 {
+		if c.Cost == 0 || c.Rule.Algorithm == admit.FirstHitWindow {
+			// A first-hit window's refund could reach the window started
+			// after at: the script keeps only the running one's end.
 			continue
 		}
 		if c.Rule.Algorithm == admit.Quota {
@@ -402,7 +404,7 @@ func (s *Room) Refund(ctx context.Context, charges []admit.Charge, at time.Time)
 		c := s.newCall(opUndo, itoa(u), itoa(at.UnixNano()-u*1000), "", keep, g, "")
 		for k, i := range g.idx {
 			c.Args[argOf(k, chHow)] = "0"
-			if keep[i].Rule.Algorithm == admit.Quota {
+			if endsInArgs(keep[i].Rule) {
 				c.Args[argOf(k, chPeriodStart)], c.Args[argOf(k, chPeriodEnd)] = s.quotaEnds(keep[i].Rule)
 			}
 		}
@@ -424,7 +426,7 @@ func (s *Room) Reset(ctx context.Context, charges []admit.Charge) error {
 	for _, g := range s.groups(charges, s.link.Cluster) {
 		c := s.newCall(opReset, "", "", "", charges, g, "")
 		for k, i := range g.idx {
-			if charges[i].Rule.Algorithm == admit.Quota {
+			if endsInArgs(charges[i].Rule) {
 				c.Args[argOf(k, chPeriodStart)], c.Args[argOf(k, chPeriodEnd)] = s.quotaEnds(charges[i].Rule)
 			}
 		}

@@ -24,6 +24,14 @@ local function fixedEval(limit, wu, st, c, res, debit)
   return countEval(limit, nu - fmod(nu, wu) + wu, st, c, res, debit, false)
 end
 
+-- endAt reads a period's end as the Go side sends it (µs): a first-hit
+-- window, run as a quota, sends its length negated, for a window that
+-- starts now if none is running.
+local function endAt(e)
+  if e < 0 then return nu - e end
+  return e
+end
+
 -- quotaEval is fixedEval over the calendar periods the charge brings
 -- (stepQuota): the first of the two ends after now.
 local function quotaEval(limit, st, c, res, debit)

@@ -237,7 +237,7 @@ local function strided()
     local R = ruleOf(ARGV, base)
     RULES[i], COSTS[i], TTLS[i], HALVES[i] = R, tonumber(ARGV[base + 1]), R.ttl, tonumber(ARGV[base + 4])
     DEBITS[i], SHARES[i] = false, false
-    if R.alg == 8 then ENDS1[i], ENDS2[i] = R[6], R[7] end
+    if R.alg == 8 then ENDS1[i], ENDS2[i] = endAt(R[6]), endAt(R[7]) end
   end
   REC, KEYBASE = KEYS[n + 1], 0
 end
@@ -298,7 +298,7 @@ local function batch()
         if t ~= '' then TTLS[i] = tonumber(t) end
         a = a + 1
       elseif R.alg == 8 then
-        ENDS1[i], ENDS2[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+        ENDS1[i], ENDS2[i] = endAt(tonumber(ARGV[a])), endAt(tonumber(ARGV[a + 1]))
         a = a + 2
       end
       SHARES[i] = false

@@ -1,0 +1,264 @@
+package limitador
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/interpreter"
+)
+
+// The names CEL sees.
+const (
+	varDescriptors = "descriptors"
+	varLimit       = "limit"
+)
+
+// MaxExpressionCost bounds what evaluating one condition or variable may
+// cost, in CEL's cost units (about one per value visited): a request's
+// descriptors are the caller's, and a macro over them must not run
+// without end.
+const MaxExpressionCost = 100_000
+
+// celEnv is the environment every expression is compiled in. Expressions
+// are parsed, not type-checked, as Limitador's CEL is dynamic: a
+// comparison of a string with a number is false, not an error at load.
+var celEnv = sync.OnceValues(func() (*cel.Env, error) {
+	return cel.NewEnv(
+		cel.Variable(varDescriptors, cel.ListType(cel.MapType(cel.StringType, cel.StringType))),
+		cel.Variable(varLimit, cel.MapType(cel.StringType, cel.DynType)),
+	)
+})
+
+// expr is one compiled condition or variable.
+type expr struct {
+	source string
+	prg    cel.Program
+	// free are the identifiers it reads from the context (not those a
+	// comprehension binds).
+	free []string
+}
+
+// compile parses source as a CEL expression.
+func compile(source string) (*expr, error) {
+	env, err := celEnv()
+	if err != nil {
+		return nil, err
+	}
+	a, iss := env.Parse(source)
+	if iss != nil && iss.Err() != nil {
+		return nil, errors.New(strings.ReplaceAll(strings.TrimSpace(iss.Err().Error()), "\n", " "))
+	}
+	prg, err := env.Program(a, cel.CostLimit(MaxExpressionCost), cel.EvalOptions(cel.OptOptimize))
+	if err != nil {
+		return nil, err
+	}
+	e := &expr{source: source, prg: prg}
+	freeIdents(a.NativeRep().Expr(), nil, &e.free)
+	return e, nil
+}
+
+// freeIdents appends to out the identifiers e reads that no enclosing
+// comprehension of e binds.
+func freeIdents(e ast.Expr, bound []string, out *[]string) {
+	add := func(name string) {
+		for _, b := range bound {
+			if b == name {
+				return
+			}
+		}
+		for _, o := range *out {
+			if o == name {
+				return
+			}
+		}
+		*out = append(*out, name)
+	}
+	switch e.Kind() {
+	case ast.IdentKind:
+		add(e.AsIdent())
+	case ast.SelectKind:
+		freeIdents(e.AsSelect().Operand(), bound, out)
+	case ast.CallKind:
+		c := e.AsCall()
+		if c.IsMemberFunction() {
+			freeIdents(c.Target(), bound, out)
+		}
+		for _, a := range c.Args() {
+			freeIdents(a, bound, out)
+		}
+	case ast.ListKind:
+		for _, el := range e.AsList().Elements() {
+			freeIdents(el, bound, out)
+		}
+	case ast.MapKind:
+		for _, en := range e.AsMap().Entries() {
+			m := en.AsMapEntry()
+			freeIdents(m.Key(), bound, out)
+			freeIdents(m.Value(), bound, out)
+		}
+	case ast.StructKind:
+		for _, f := range e.AsStruct().Fields() {
+			freeIdents(f.AsStructField().Value(), bound, out)
+		}
+	case ast.ComprehensionKind:
+		c := e.AsComprehension()
+		freeIdents(c.IterRange(), bound, out)
+		freeIdents(c.AccuInit(), bound, out)
+		inner := append(append([]string{}, bound...), c.IterVar(), c.AccuVar())
+		if c.HasIterVar2() {
+			inner = append(inner, c.IterVar2())
+		}
+		freeIdents(c.LoopCondition(), inner, out)
+		freeIdents(c.LoopStep(), inner, out)
+		freeIdents(c.Result(), append(append([]string{}, bound...), c.AccuVar()), out)
+	}
+}
+
+// reads reports whether every identifier e reads is one of names.
+func (e *expr) reads(names ...string) bool {
+	for _, f := range e.free {
+		found := false
+		for _, n := range names {
+			found = found || f == n
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// errMissing is an expression's reading of an entry or a descriptor the
+// request does not have: the limit does not apply.
+var errMissing = errors.New("missing")
+
+// eval evaluates e in act.
+func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
+	v, _, err := e.prg.Eval(act)
+	if err != nil {
+		msg := err.Error()
+		if strings.HasPrefix(msg, "no such key") || strings.Contains(msg, "out of range in list") {
+			return nil, errMissing
+		}
+		return nil, err
+	}
+	return v, nil
+}
+
+// test evaluates e as a condition: a missing entry makes it false, as a
+// result that is not a bool is an error.
+func (e *expr) test(act interpreter.Activation) (bool, error) {
+	if !e.reads(varDescriptors, varLimit) {
+		return false, nil // it reads what the request has not: Limitador's false
+	}
+	v, err := e.eval(act)
+	if err == errMissing {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	b, ok := v.(types.Bool)
+	if !ok {
+		return false, fmt.Errorf("evaluates to %s, not a bool", describe(v))
+	}
+	return bool(b), nil
+}
+
+// value evaluates e as a variable: its value as Limitador writes it, or
+// ok false when it reads a missing entry (the limit does not apply).
+func (e *expr) value(act interpreter.Activation) (s string, ok bool, err error) {
+	v, err := e.eval(act)
+	if err == errMissing {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	switch x := v.(type) {
+	case types.String:
+		return string(x), true, nil
+	case types.Int:
+		return strconv.FormatInt(int64(x), 10), true, nil
+	case types.Uint:
+		return strconv.FormatUint(uint64(x), 10), true, nil
+	case types.Double:
+		return formatFloat(float64(x)), true, nil
+	case types.Bool:
+		return strconv.FormatBool(bool(x)), true, nil
+	case types.Null:
+		return "null", true, nil
+	}
+	return "", false, fmt.Errorf("evaluates to %s; a variable is a string, a number, a bool or null", describe(v))
+}
+
+// formatFloat writes f as Rust's f64 Display does, which is how Limitador
+// writes a variable's double: the shortest digits that read back as f,
+// never an exponent, and no fraction for a whole number ("2", "0.5").
+func formatFloat(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "inf"
+	case math.IsInf(f, -1):
+		return "-inf"
+	}
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
+
+func describe(v ref.Val) string {
+	return "a " + strings.ToLower(v.Type().TypeName())
+}
+
+// request is the CEL context of one request: its descriptors, bound once,
+// and the limit being evaluated, set before each limit's expressions.
+type request struct {
+	descriptors ref.Val
+	limit       ref.Val
+}
+
+var _ interpreter.Activation = (*request)(nil)
+
+// ResolveName implements interpreter.Activation.
+func (r *request) ResolveName(name string) (any, bool) {
+	switch name {
+	case varDescriptors:
+		return r.descriptors, true
+	case varLimit:
+		return r.limit, true
+	}
+	return nil, false
+}
+
+// Parent implements interpreter.Activation.
+func (r *request) Parent() interpreter.Activation { return nil }
+
+// newRequest binds descriptors, each a map of its entries.
+func newRequest(descriptors []map[string]string) *request {
+	elems := make([]ref.Val, len(descriptors))
+	for i, d := range descriptors {
+		elems[i] = types.NewStringStringMap(types.DefaultTypeAdapter, d)
+	}
+	return &request{descriptors: types.NewRefValList(types.DefaultTypeAdapter, elems)}
+}
+
+// limitValue is what CEL sees as limit: its name and id, null when unset.
+func limitValue(name, id string) ref.Val {
+	m := map[ref.Val]ref.Val{types.String("name"): types.NullValue, types.String("id"): types.NullValue}
+	if name != "" {
+		m[types.String("name")] = types.String(name)
+	}
+	if id != "" {
+		m[types.String("id")] = types.String(id)
+	}
+	return types.NewRefValMap(types.DefaultTypeAdapter, m)
+}

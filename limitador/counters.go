@@ -1,0 +1,171 @@
+package limitador
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/policy"
+)
+
+// counterIndex remembers the counters this server charged, by namespace,
+// until their windows end: the stores keep counts by key and cannot list
+// them, and GET /counters lists a namespace's. What a counter holds is
+// read from the store when listed, so it is what every server sharing the
+// store counted.
+type counterIndex struct {
+	mu   sync.Mutex
+	max  int
+	n    int
+	byNS map[string]map[string]*seenCounter
+	// dropped counts counters not remembered because the index was full.
+	dropped uint64
+}
+
+type seenCounter struct {
+	key      string
+	identity string
+	values   []string
+	end      time.Time // when the window last seen ends
+}
+
+func newCounterIndex(max int) *counterIndex {
+	return &counterIndex{max: max, byNS: map[string]map[string]*seenCounter{}}
+}
+
+func (x *counterIndex) add(ns, key, identity string, values []string, now, end time.Time) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	m := x.byNS[ns]
+	if c := m[key]; c != nil {
+		if end.After(c.end) {
+			c.end = end
+		}
+		return
+	}
+	if x.n >= x.max {
+		x.sweep(now)
+		if x.n >= x.max {
+			x.dropped++
+			return
+		}
+	}
+	if m == nil {
+		m = map[string]*seenCounter{}
+		x.byNS[ns] = m
+	}
+	m[key] = &seenCounter{key: key, identity: identity, values: slices.Clone(values), end: end}
+	x.n++
+}
+
+// sweep forgets the counters whose windows ended before now.
+func (x *counterIndex) sweep(now time.Time) {
+	for ns, m := range x.byNS {
+		for k, c := range m {
+			if !c.end.After(now) {
+				delete(m, k)
+				x.n--
+			}
+		}
+		if len(m) == 0 {
+			delete(x.byNS, ns)
+		}
+	}
+}
+
+func (x *counterIndex) list(ns string) []seenCounter {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]seenCounter, 0, len(x.byNS[ns]))
+	for _, c := range x.byNS[ns] {
+		out = append(out, *c)
+	}
+	return out
+}
+
+func (x *counterIndex) forget(ns, key string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.byNS[ns][key]; ok {
+		delete(x.byNS[ns], key)
+		x.n--
+	}
+}
+
+// Counters returns the live counters of namespace ns: those this server
+// charged (or reported to) whose windows have not ended, with what each
+// holds now in the store, sorted by limit and variables. A counter of a
+// limit no longer in force is not listed.
+func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
+	ls := l.limits.Load()
+	byIdentity := map[string]*Limit{}
+	for _, lim := range ls.Namespace(ns) {
+		byIdentity[lim.identity] = lim
+	}
+	seen := l.seen.list(ns)
+	slices.SortFunc(seen, func(a, b seenCounter) int { return strings.Compare(a.key, b.key) })
+	now := l.opts.Now()
+	var out []Counter
+	for len(seen) > 0 {
+		n := min(len(seen), bounds.MaxCharges)
+		batch := seen[:n]
+		seen = seen[n:]
+		res := policy.Resolution{}
+		var lims []*Limit
+		var kept []seenCounter
+		for _, c := range batch {
+			lim := byIdentity[c.identity]
+			if lim == nil {
+				l.seen.forget(ns, c.key)
+				continue
+			}
+			res.Charges = append(res.Charges, admit.Charge{Key: c.key, Rule: &lim.rule.Rule, DryRun: true})
+			res.Rules = append(res.Rules, lim.rule)
+			lims = append(lims, lim)
+			kept = append(kept, c)
+		}
+		if len(res.Charges) == 0 {
+			continue
+		}
+		var dec admit.Decision
+		o, err := l.opts.Decider.Decide(ctx, &res, &dec)
+		if err != nil {
+			return nil, err
+		}
+		if o != policy.Stored {
+			return nil, admit.Errorf(admit.CodeUnavailable, "limitador: the store is not answering; counters are read from it")
+		}
+		for i, r := range dec.Results {
+			c, lim := kept[i], lims[i]
+			// A counter that holds nothing is over, unless its window
+			// still runs by what this server last saw.
+			if r.Remaining >= lim.rule.Capacity() && !c.end.After(now) {
+				l.seen.forget(ns, c.key)
+				continue
+			}
+			out = append(out, Counter{Limit: lim, Variables: variables(lim, c.values), Remaining: max(r.Remaining, 0), ExpiresIn: r.ResetAfter, key: c.key})
+		}
+	}
+	return out, nil
+}
+
+// Status is what GET /status reports: when the server started, when the
+// limits in force were loaded, how many loads succeeded, and how many
+// failed since the last that did.
+type Status struct {
+	StartedAt       time.Time
+	ConfigAppliedAt time.Time
+	ConfigVersion   uint64
+	ConfigErrSince  uint64
+}
+
+// Status returns the limiter's Status.
+func (l *Limiter) Status() Status {
+	l.status.mu.Lock()
+	defer l.status.mu.Unlock()
+	return Status{StartedAt: l.started, ConfigAppliedAt: l.status.appliedAt, ConfigVersion: l.status.version, ConfigErrSince: l.status.errSince}
+}

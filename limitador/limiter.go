@@ -1,0 +1,444 @@
+package limitador
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/admitdev/admit"
+	"github.com/admitdev/admit/internal/bounds"
+	"github.com/admitdev/admit/policy"
+)
+
+// Mode is what a call does with the counters of the limits that apply.
+type Mode uint8
+
+const (
+	// CheckAndReport counts delta on every counter if all of them can
+	// take it, and nothing otherwise: Envoy's ShouldRateLimit, and
+	// Limitador's POST /check_and_report.
+	CheckAndReport Mode = iota
+	// Check answers whether every counter could take delta, counting
+	// nothing: Kuadrant's CheckRateLimit, POST /check.
+	Check
+	// Report counts delta on every counter, within its limit or not:
+	// Kuadrant's Report (the tokens a response used), POST /report.
+	Report
+)
+
+var modeNames = [...]string{CheckAndReport: "check_and_report", Check: "check", Report: "report"}
+
+func (m Mode) String() string { return modeNames[m] }
+
+// Result is what one call found.
+type Result struct {
+	// Limited says a limit refused the request; LimitName is its name
+	// ("" if it has none).
+	Limited   bool
+	LimitName string
+	// Counters are the counters of the limits that applied, as the call
+	// left them, when asked for (Limiter.Decide's withCounters).
+	Counters []Counter
+	// Applied is how many limits applied.
+	Applied int
+	// Outcome is how the store answered (policy.Stored, or a failure
+	// mode's outcome when it did not).
+	Outcome policy.Outcome
+}
+
+// Counter is one counter of a limit: the limit, the values of its
+// variables (by the variable's expression), and what it has left.
+type Counter struct {
+	Limit     *Limit
+	Variables map[string]string
+	// Remaining is what the counter has left after the call, as
+	// Limitador reports it: 0 once it is over.
+	Remaining int64
+	// ExpiresIn is the time until the counter's window ends (for a
+	// bucket, until it is full again).
+	ExpiresIn time.Duration
+
+	key string // its store key
+}
+
+// Options configure a Limiter.
+type Options struct {
+	// Decider decides the counters' charges in the store, applying the
+	// deployment's failure mode. Required.
+	Decider *policy.Decider
+	// Limits are the limits to start with; SetLimits replaces them.
+	Limits *Limits
+	// MaxCounters bounds how many counters the limiter remembers for
+	// Counters (GET /counters/{namespace}); default 100,000.
+	MaxCounters int
+	// Now reads the clock; default time.Now.
+	Now func() time.Time
+	// Metrics, if set, counts the calls as Limitador's metrics do.
+	Metrics *Metrics
+}
+
+// Limiter decides requests against Limitador's limits. It is safe for
+// concurrent use; create it with New.
+type Limiter struct {
+	opts    Options
+	limits  atomic.Pointer[Limits]
+	seen    *counterIndex
+	started time.Time
+	status  loadStatus
+	calls   sync.Pool
+}
+
+// loadStatus is what GET /status reports of the limits' loading.
+type loadStatus struct {
+	mu        sync.Mutex
+	appliedAt time.Time
+	version   uint64
+	errSince  uint64
+}
+
+// New returns a Limiter.
+func New(opts Options) (*Limiter, error) {
+	if opts.Decider == nil {
+		return nil, admit.Errorf(admit.CodeInvalid, "limitador: a Decider is required")
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.MaxCounters <= 0 {
+		opts.MaxCounters = 100_000
+	}
+	l := &Limiter{opts: opts, seen: newCounterIndex(opts.MaxCounters), started: opts.Now()}
+	l.calls.New = func() any { return new(call) }
+	l.status.appliedAt = l.started
+	if opts.Limits != nil {
+		l.limits.Store(opts.Limits)
+	}
+	return l, nil
+}
+
+// Limits returns the limits in force.
+func (l *Limiter) Limits() *Limits { return l.limits.Load() }
+
+// SetLimits puts ls in force. The counters of the limits that stay (the
+// same namespace, seconds, conditions and variables, or the same id) keep
+// their counts, as Limitador keeps them.
+func (l *Limiter) SetLimits(ls *Limits) {
+	l.limits.Store(ls)
+	l.status.mu.Lock()
+	l.status.appliedAt, l.status.version, l.status.errSince = l.opts.Now(), l.status.version+1, 0
+	l.status.mu.Unlock()
+}
+
+// LoadFailed records a reload that was refused: the limits in force
+// stay, and GET /status counts the failures since the last success.
+func (l *Limiter) LoadFailed() {
+	l.status.mu.Lock()
+	l.status.errSince++
+	l.status.mu.Unlock()
+}
+
+// Owns reports whether namespace ns has limits.
+func (l *Limiter) Owns(ns string) bool { return l.limits.Load().Has(ns) }
+
+// call is one decision's working state, pooled.
+type call struct {
+	res     policy.Resolution
+	dec     admit.Decision
+	limits  []*Limit
+	values  [][]string
+	keys    []string
+	charges []admit.Charge
+	rules   []*policy.Rule
+}
+
+// Decide applies mode to the limits of namespace ns that apply to the
+// request's descriptors, at delta. withCounters fills Result.Counters.
+//
+// An expression that fails (other than by reading an entry or a
+// descriptor the request lacks, which makes its limit not apply) is an
+// error of code admit.CodeInvalid naming the limit; the store's failures
+// are the Decider's.
+func (l *Limiter) Decide(ctx context.Context, mode Mode, ns string, descriptors []map[string]string, delta uint64, withCounters bool) (Result, error) {
+	start := l.opts.Now()
+	ls := l.limits.Load()
+	lims := ls.Namespace(ns)
+	c := l.calls.Get().(*call)
+	defer l.calls.Put(c)
+	res, err := l.decide(ctx, c, mode, ns, lims, descriptors, delta, withCounters)
+	if m := l.opts.Metrics; m != nil && res.Applied > 0 {
+		m.datastoreLatency.Observe(l.opts.Now().Sub(start).Seconds())
+	}
+	return res, err
+}
+
+func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lims []*Limit, descriptors []map[string]string, delta uint64, withCounters bool) (Result, error) {
+	if len(lims) == 0 {
+		return Result{Outcome: policy.Stored}, nil
+	}
+	if err := c.applying(lims, descriptors); err != nil {
+		return Result{}, err
+	}
+	out := Result{Applied: len(c.limits), Outcome: policy.Stored}
+	if len(c.limits) == 0 {
+		return out, nil
+	}
+	// A limit no counter can hold refuses without the store: max_value 0,
+	// seconds 0 with more than max_value, or more than max_value at once
+	// (which a store refuses as an invalid cost).
+	first := -1
+	for i, lim := range c.limits {
+		if lim.refusesAtOnce(delta) && first < 0 {
+			first = i
+		}
+	}
+	if mode == Report {
+		return out, l.report(ctx, c, ns, delta)
+	}
+	if first >= 0 && !withCounters {
+		out.Limited, out.LimitName = true, c.limits[first].Name
+		return out, nil
+	}
+	c.charge(ns, delta, mode == Check || first >= 0, first >= 0)
+	if len(c.charges) > 0 {
+		o, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec)
+		if err != nil {
+			return Result{}, err
+		}
+		out.Outcome = o
+	} else {
+		c.dec.Reset()
+		c.dec.Allowed = true
+	}
+	refused := -1
+	for k, i := range c.stored() {
+		if !c.dec.Results[k].Allowed && !c.dec.Results[k].Shadow && refused < 0 {
+			refused = i
+		}
+	}
+	switch {
+	case first >= 0:
+		out.Limited, out.LimitName = true, c.limits[first].Name
+	case !c.dec.Allowed && refused >= 0:
+		out.Limited, out.LimitName = true, c.limits[refused].Name
+	case !c.dec.Allowed:
+		out.Limited = true
+	}
+	if mode == CheckAndReport && !out.Limited {
+		l.remember(c, ns)
+	}
+	if withCounters {
+		out.Counters = c.counters(delta, first >= 0)
+	}
+	return out, nil
+}
+
+// refusesAtOnce reports whether lim refuses delta whatever its counter
+// holds.
+func (lim *Limit) refusesAtOnce(delta uint64) bool {
+	switch {
+	case lim.never:
+		return delta > 0
+	case lim.always:
+		return delta > uint64(lim.MaxValue)
+	}
+	return delta > uint64(lim.rule.Capacity())
+}
+
+// applying finds the limits of lims that apply to descriptors, with their
+// variables' values, in c: first those without variables, then the
+// others, each in file order, as Limitador checks them.
+func (c *call) applying(lims []*Limit, descriptors []map[string]string) error {
+	c.limits, c.values = c.limits[:0], c.values[:0]
+	req := newRequest(descriptors)
+	for pass := 0; pass < 2; pass++ {
+		for _, lim := range lims {
+			if (len(lim.vars) > 0) != (pass == 1) {
+				continue
+			}
+			req.limit = lim.ctxLimit.limit
+			applies := true
+			for _, e := range lim.conds {
+				ok, err := e.test(req)
+				if err != nil {
+					return limitError(lim, "condition", e.source, err)
+				}
+				if !ok {
+					applies = false
+					break
+				}
+			}
+			if !applies {
+				continue
+			}
+			var values []string
+			for _, e := range lim.vars {
+				// A variable reads the descriptors only: Limitador's
+				// limit.name is no variable of the request.
+				if !e.reads(varDescriptors) {
+					applies = false
+					break
+				}
+				v, ok, err := e.value(req)
+				if err != nil {
+					return limitError(lim, "variable", e.source, err)
+				}
+				if !ok {
+					applies = false
+					break
+				}
+				values = append(values, v)
+			}
+			if !applies {
+				continue
+			}
+			c.limits = append(c.limits, lim)
+			c.values = append(c.values, values)
+		}
+	}
+	return nil
+}
+
+func limitError(lim *Limit, what, source string, err error) error {
+	name := lim.Name
+	if name == "" {
+		name = fmt.Sprintf("line %d", lim.Line)
+	}
+	e := admit.Errorf(admit.CodeInvalid, "limit %s of namespace %q: %s %q: %v", name, lim.Namespace, what, source, err)
+	e.Field = "descriptors"
+	return e
+}
+
+// stored returns, by charge, the index in c.limits of the limit charged.
+func (c *call) stored() []int {
+	idx := make([]int, 0, len(c.charges))
+	for i, lim := range c.limits {
+		if !lim.never && !lim.always {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}
+
+// charge sets up c.res with a charge of delta for every counter the store
+// keeps; dry makes them a dry run, peek a dry run at cost 0 (to read the
+// counters of a request refused without the store).
+func (c *call) charge(ns string, delta uint64, dry, peek bool) {
+	c.charges, c.rules = c.charges[:0], c.rules[:0]
+	c.keys = c.keys[:0]
+	for i, lim := range c.limits {
+		if lim.never || lim.always {
+			continue
+		}
+		cost := int64(delta)
+		if peek {
+			cost = 0
+		}
+		key := counterKey(ns, lim, c.values[i])
+		c.keys = append(c.keys, key)
+		c.charges = append(c.charges, admit.Charge{Key: key, Rule: &lim.rule.Rule, Cost: cost, DryRun: dry})
+		c.rules = append(c.rules, lim.rule)
+	}
+	c.res = policy.Resolution{Charges: c.charges, Rules: c.rules}
+}
+
+// report debits delta to every counter the store keeps: a report counts
+// whether the counters can take it or not, and is never refused.
+func (l *Limiter) report(ctx context.Context, c *call, ns string, delta uint64) error {
+	if delta == 0 {
+		return nil
+	}
+	cost := int64(min(delta, uint64(bounds.MaxCost)))
+	c.charges, c.rules, c.keys = c.charges[:0], c.rules[:0], c.keys[:0]
+	for i, lim := range c.limits {
+		if lim.never || lim.always {
+			continue
+		}
+		key := counterKey(ns, lim, c.values[i])
+		c.keys = append(c.keys, key)
+		c.charges = append(c.charges, admit.Charge{Key: key, Rule: &lim.rule.Rule, Cost: cost, Debit: true})
+		c.rules = append(c.rules, lim.rule)
+	}
+	if len(c.charges) == 0 {
+		return nil
+	}
+	c.res = policy.Resolution{Charges: c.charges, Rules: c.rules}
+	if _, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec); err != nil {
+		return err
+	}
+	l.remember(c, ns)
+	return nil
+}
+
+// counters returns the counters of c's decision as Limitador reports
+// them: what is left after delta (0 when delta does not fit), and when
+// the window ends.
+func (c *call) counters(delta uint64, peeked bool) []Counter {
+	out := make([]Counter, 0, len(c.limits))
+	k := 0
+	for i, lim := range c.limits {
+		ct := Counter{Limit: lim, Variables: variables(lim, c.values[i]), key: counterKey(lim.Namespace, lim, c.values[i])}
+		if lim.never || lim.always {
+			ct.Remaining = max(lim.MaxValue-int64(min(delta, uint64(lim.MaxValue))), 0)
+			if lim.refusesAtOnce(delta) {
+				ct.Remaining = 0
+			}
+			out = append(out, ct)
+			continue
+		}
+		if k < len(c.dec.Results) {
+			r := c.dec.Results[k]
+			ct.ExpiresIn = r.ResetAfter
+			switch {
+			case peeked:
+				ct.Remaining = max(r.Remaining-int64(min(delta, uint64(max(r.Remaining, 0)))), 0)
+				if lim.refusesAtOnce(delta) || uint64(max(r.Remaining, 0)) < delta {
+					ct.Remaining = 0
+				}
+			case r.Allowed:
+				ct.Remaining = max(r.Remaining, 0)
+			}
+		}
+		k++
+		out = append(out, ct)
+	}
+	return out
+}
+
+func variables(lim *Limit, values []string) map[string]string {
+	m := make(map[string]string, len(values))
+	for i, v := range values {
+		m[lim.Variables[i]] = v
+	}
+	return m
+}
+
+// counterKey is the store key of lim's counter for values: in namespace
+// ns's slot, so that a request's counters are decided in one Redis
+// Cluster call, as Limitador keeps a namespace's counters together.
+func counterKey(ns string, lim *Limit, values []string) string {
+	b := make([]byte, 0, 64)
+	for _, v := range values {
+		b = strconv.AppendInt(b, int64(len(v)), 10)
+		b = append(b, ':')
+		b = append(b, v...)
+	}
+	return admit.Key{Scope: "limitador", Tenant: ns, Subject: string(b), Rule: lim.identity}.String()
+}
+
+// remember notes the counters c charged, for Counters.
+func (l *Limiter) remember(c *call, ns string) {
+	now := l.opts.Now()
+	k := 0
+	for i, lim := range c.limits {
+		if lim.never || lim.always {
+			continue
+		}
+		if k < len(c.dec.Results) {
+			l.seen.add(ns, c.keys[k], lim.identity, c.values[i], now, now.Add(c.dec.Results[k].ResetAfter))
+		}
+		k++
+	}
+}
