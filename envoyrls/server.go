@@ -150,7 +150,9 @@ func (s *Server) ServeQuota(q *QuotaService) {
 // RegisterService serves another service on the port (Kuadrant's rate
 // limit RPCs, say), with the same connections, bounds and readiness:
 // Server is a grpc.ServiceRegistrar. Call it before Serve.
-func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) { s.grpc.RegisterService(desc, impl) }
+func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
+	s.grpc.RegisterService(desc, impl)
+}
 
 var _ grpc.ServiceRegistrar = (*Server)(nil)
 
