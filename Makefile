@@ -4,12 +4,17 @@ STATICCHECK ?= $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHCOUNT  ?= 3
 FUZZTIME    ?= 30s
 
-.PHONY: help deps test lint tidy-check ci bench bench-redis bench-rls bench-rls-peer bench-rlqs bench-ws bench-llm bench-fair bench-regions fuzz image pictures
+.PHONY: help deps test lint tidy-check ci proto bench bench-redis bench-rls bench-rls-peer bench-rlqs bench-ws bench-llm bench-fair bench-regions fuzz image pictures
 
 IMAGE       ?= localhost/admit:latest
 CONTAINER   ?= podman
 # podman keeps HEALTHCHECK only in the docker image format.
 IMAGEFLAGS  ?= $(if $(filter podman,$(CONTAINER)),--format docker,)
+
+# PROTO_INCLUDE is where protoc finds Envoy's rls.proto and what it
+# imports (envoyproxy/data-plane-api, cncf/xds, protoc-gen-validate and
+# googleapis checkouts, or Limitador's limitador-server/vendor/protobufs/*).
+PROTO_INCLUDE ?=
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -97,6 +102,8 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzForwardingHeaders -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzCheck$$ -fuzztime=$(FUZZTIME) ./httplimit
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./simulate
+	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./limitador
+	$(GO) test -run='^$$' -fuzz=FuzzDecide -fuzztime=$(FUZZTIME) ./limitador
 
 pictures: ## redraw docs/img/seed004.png (README) with admit simulate
 	$(GO) run ./cmd/admit simulate --independent --pattern 'bursts n=2 every=1s' \
@@ -111,3 +118,9 @@ image: ## build the container image (deploy/container/Containerfile) with podman
 	cp deploy/container/passwd deploy/container/group /etc/ssl/certs/ca-certificates.crt "$$ctx/" && \
 	mkdir "$$ctx/bin" && ln -s /admit "$$ctx/bin/ratelimit" && \
 	$(CONTAINER) build -q $(IMAGEFLAGS) -t $(IMAGE) -f deploy/container/Containerfile "$$ctx"
+
+proto: ## regenerate limitador/kuadrantpb from its .proto (protoc, protoc-gen-go, protoc-gen-go-grpc; PROTO_INCLUDE="-I dir …" for Envoy's protos)
+	cd limitador/kuadrantpb && protoc -I . $(PROTO_INCLUDE) \
+		--go_out=. --go_opt=paths=source_relative --go_opt=Menvoy/service/ratelimit/v3/rls.proto=github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3 \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative --go-grpc_opt=Menvoy/service/ratelimit/v3/rls.proto=github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3 \
+		kuadrantrls.proto

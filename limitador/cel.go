@@ -54,7 +54,13 @@ func compile(source string) (*expr, error) {
 	}
 	a, iss := env.Parse(source)
 	if iss != nil && iss.Err() != nil {
-		return nil, errors.New(strings.ReplaceAll(strings.TrimSpace(iss.Err().Error()), "\n", " "))
+		// The first problem, on one line: where it is, and what.
+		errs := iss.Errors()
+		if len(errs) == 0 {
+			return nil, iss.Err()
+		}
+		e := errs[0]
+		return nil, fmt.Errorf("at column %d: %s", e.Location.Column()+1, e.Message)
 	}
 	prg, err := env.Program(a, cel.CostLimit(MaxExpressionCost), cel.EvalOptions(cel.OptOptimize))
 	if err != nil {
@@ -145,7 +151,7 @@ func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 	v, _, err := e.prg.Eval(act)
 	if err != nil {
 		msg := err.Error()
-		if strings.HasPrefix(msg, "no such key") || strings.Contains(msg, "out of range in list") {
+		if strings.HasPrefix(msg, "no such key") || strings.Contains(msg, "out of range") || strings.Contains(msg, "out of bounds") {
 			return nil, errMissing
 		}
 		return nil, err

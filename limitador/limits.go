@@ -159,6 +159,7 @@ func Parse(file string, data []byte) (*Limits, error) {
 		p.ls.ns[l.Namespace] = append(p.ls.ns[l.Namespace], l)
 	}
 	if len(p.errs) > 0 {
+		slices.SortStableFunc(p.errs, func(a, b yamlconf.Error) int { return a.Line - b.Line })
 		return nil, p.errs
 	}
 	return p.ls, nil
@@ -220,7 +221,11 @@ func (p *parser) limit(n *yaml.Node, path string) *Limit {
 			return 0
 		}
 		if x > uint64(max) {
-			p.fail(v, path+"."+name, "%d is more than Admit counts; at most %d", x, max)
+			if name == "seconds" {
+				p.fail(v, path+"."+name, "%d: a window is at most %d seconds (52 days) here; a longer period is a quota (algorithm: quota, period: month)", x, max)
+			} else {
+				p.fail(v, path+"."+name, "%d: Admit counts at most %d", x, max)
+			}
 			return 0
 		}
 		return int64(x)

@@ -28,6 +28,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/admitdev/admit/envoyrls"
+	"github.com/admitdev/admit/limitador"
 	"github.com/admitdev/admit/yamlconf"
 )
 
@@ -113,9 +114,10 @@ const configUsage = `Usage:
   admit config validate FILE...  report every error of each file (file:line:col: field: reason)
   admit config example           print the built-in demo configuration
 
-validate reads each FILE as what it is: an Admit configuration, or an
+validate reads each FILE as what it is: an Admit configuration, an
 envoyproxy/ratelimit file (one with a domain: and descriptors:, as
---envoy-config reads them); a directory is a --envoy-config directory,
+--envoy-config reads them), or a Limitador limits file (a list of limits,
+as --limitador-config reads it); a directory is a --envoy-config directory,
 its *.yaml files checked together. It exits 0 when every file is valid,
 1 when one is not, 2 on usage errors.
 `
@@ -177,8 +179,20 @@ func validate(name string) (kind string, err error) {
 		_, err := envoyrls.Parse(envoyrls.File{Name: name, Data: data})
 		return "envoyproxy/ratelimit file", err
 	}
+	if limitsFile(data) {
+		_, err := limitador.Parse(name, data)
+		return "Limitador limits file", err
+	}
 	_, err = ParseConfig(name, data)
 	return "Admit configuration", err
+}
+
+// limitsFile reports whether data reads as a Limitador limits file: a
+// list (Admit's configuration and envoyproxy/ratelimit's files are
+// mappings).
+func limitsFile(data []byte) bool {
+	var root yaml.Node
+	return yaml.Unmarshal(data, &root) == nil && len(root.Content) == 1 && root.Content[0].Kind == yaml.SequenceNode
 }
 
 // envoyFile reports whether data reads as an envoyproxy/ratelimit file: a
