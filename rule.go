@@ -119,16 +119,15 @@ func (d Distribution) String() string {
 // take debits are the same.
 func leasable(a Algorithm) bool {
 	switch a {
-	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota:
+	case TokenBucket, GCRA, FixedWindow, SlidingWindow, Quota, FirstHitWindow:
 		return true
 	}
 	return false
 }
 
 // takesDebits reports whether a rule of algorithm a takes debits: the
-// algorithms that can be leased, whose units may be spent ahead, and the
-// first-hit window, whose count a debit raises as a fixed window's.
-func takesDebits(a Algorithm) bool { return leasable(a) || a == FirstHitWindow }
+// algorithms that can be leased, whose units may be spent ahead.
+func takesDebits(a Algorithm) bool { return leasable(a) }
 
 // Rule is one limit: an algorithm with its parameters, and how a decision
 // treats it. Which requests a rule applies to (scope, actions) is the
@@ -182,9 +181,9 @@ func takesDebits(a Algorithm) bool { return leasable(a) || a == FirstHitWindow }
 //     charged at 12:00:40 under a one-minute window counts until
 //     12:01:40. ResetAfter and RetryAfter are the time to the window's
 //     end. When Limit or Window changes, the window in progress keeps its
-//     count and its end. It cannot be leased or counted, and takes no
-//     refunds in the Redis store (which cannot tell a window from the one
-//     after it).
+//     count and its end. It cannot be counted, nor held across regions; a
+//     refund, or a leased allowance's units, go back only to the window
+//     they were taken from.
 //
 // A key keeps what it holds when its rule changes (charges of the key under
 // a rule of other parameters, after a reload or a deploy): a TokenBucket or
@@ -276,7 +275,7 @@ func (r *Rule) Validate() error {
 	case r.Distribution == Counted && r.Algorithm != FixedWindow:
 		add("distribution", Errorf(CodeInvalid, "only fixed_window counts every charge on its own, not %v", r.Algorithm))
 	case r.Distribution == Leased && r.Algorithm != 0 && !leasable(r.Algorithm):
-		add("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window and quota can", r.Algorithm))
+		add("distribution", Errorf(CodeInvalid, "%v cannot be leased; token_bucket, gcra, fixed_window, sliding_window, quota and first_hit_window can", r.Algorithm))
 	}
 	if r.MaxCost < 0 || r.MaxCost > bounds.MaxCost {
 		add("max_cost", Errorf(CodeInvalid, "must be from 0 (no bound of its own) to %d", int64(bounds.MaxCost)))

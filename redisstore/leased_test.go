@@ -136,7 +136,7 @@ func hotKey(tenant string) string {
 // back on closing, Redis has exactly the limit less what was admitted.
 func TestLeasedBound(t *testing.T) {
 	srv := redistest.Start(t)
-	for _, a := range []admit.Algorithm{admit.FixedWindow, admit.SlidingWindow, admit.TokenBucket, admit.GCRA, admit.Quota} {
+	for _, a := range []admit.Algorithm{admit.FixedWindow, admit.SlidingWindow, admit.TokenBucket, admit.GCRA, admit.Quota, admit.FirstHitWindow} {
 		t.Run(a.String(), func(t *testing.T) {
 			const limit = 5000
 			clock := storetest.NewClock()

@@ -19,6 +19,7 @@ func RunRefunds(t *testing.T, newStore Factory) {
 		{Name: "fixed", Algorithm: admit.FixedWindow, Limit: 10, Window: minute},
 		{Name: "sliding", Algorithm: admit.SlidingWindow, Limit: 10, Window: minute},
 		{Name: "quota", Algorithm: admit.Quota, Limit: 10, Period: admit.Day, Location: time.UTC},
+		{Name: "first-hit", Algorithm: admit.FirstHitWindow, Limit: 10, Window: minute},
 	}
 	for _, r := range rules {
 		t.Run(r.Name, func(t *testing.T) {

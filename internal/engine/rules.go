@@ -168,9 +168,8 @@ func CheckRefund(r *admit.Rule, cost int64) error {
 // leased in allowances: a count of units that any server may spend where
 // and when it likes within the allowance's life. The sliding log (whose
 // entries are times), combinations (two buckets whose order matters) and
-// concurrency (slots that are held, not spent) cannot, nor a first-hit
-// window, whose end no allowance could know before its first charge.
-func Leasable(a admit.Algorithm) bool { return TakesDebits(a) && a != admit.FirstHitWindow }
+// concurrency (slots that are held, not spent) cannot.
+func Leasable(a admit.Algorithm) bool { return TakesDebits(a) }
 
 // Reservable reports whether a rule of algorithm a can book future
 // capacity: token buckets and GCRA can.

@@ -380,9 +380,7 @@ func (s *Room) Refund(ctx context.Context, charges []admit.Charge, at time.Time)
 	now := s.link.Now()
 	keep := make([]admit.Charge, 0, len(charges))
 	for _, c := range charges {
-		if c.Cost == 0 || c.Rule.Algorithm == admit.FirstHitWindow {
-			// A first-hit window's refund could reach the window started
-			// after at: the script keeps only the running one's end.
+		if c.Cost == 0 {
 			continue
 		}
 		if c.Rule.Algorithm == admit.Quota {

@@ -699,7 +699,7 @@ func maxTime(a, b time.Time) time.Time {
 // replyReset returns the reset time a reply reports for a charge of r,
 // whose reply values x[3] (reset) says.
 func (s *Room) replyReset(r *admit.Rule, v exact.Reply, reset int64) time.Duration {
-	if r.Algorithm == admit.Quota {
+	if r.Algorithm == admit.Quota || r.Algorithm == admit.FirstHitWindow {
 		return time.Duration(reset*1000 - (v.NU*1000 + v.NSub))
 	}
 	return time.Duration(reset)
@@ -713,8 +713,8 @@ func (s *Room) allowanceEnd(r *admit.Rule, v exact.Reply, sent time.Time) (time.
 	switch r.Algorithm {
 	case admit.FixedWindow:
 		endu = v.NU + (v.V[3]+v.NSub)/1000
-	case admit.Quota:
-		endu = v.V[3]
+	case admit.Quota, admit.FirstHitWindow:
+		endu = v.V[3] // the script runs a first-hit window as a quota
 	case admit.SlidingWindow:
 		wu := r.Window.Microseconds()
 		endu = v.NU - v.NU%wu + wu

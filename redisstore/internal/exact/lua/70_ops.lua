@@ -120,7 +120,10 @@ local function undo()
         end
       elseif alg == 8 then
         local st = load(key, alg)
-        if st and st[1] > nu then store(key, R, alg, {st[1], mmax(st[2] - cost, 0)}) end
+        -- A first-hit window (its length sent negated, endAt) gives back
+        -- only to the window that ran at cu: one started later ends more
+        -- than a window after cu.
+        if st and st[1] > nu and (R[6] >= 0 or st[1] <= cu - R[6]) then store(key, R, alg, {st[1], mmax(st[2] - cost, 0)}) end
       elseif alg == 3 then
         -- To the window the decision was committed in, if it has not
         -- ended.
