@@ -280,6 +280,20 @@ func TestImportKuadrantSchema(t *testing.T) {
 			"policies.yaml:24:1: did not find expected node content",
 		},
 	}, {
+		name:     "a policy being deleted",
+		policies: strings.Replace(rlp("shop", "p", "HTTPRoute r", limits("a")), "  namespace: shop\n", "  namespace: shop\n  deletionTimestamp: \"2026-01-01T00:00:00Z\"\n", 1),
+		refused:  []string{"policies.yaml:6:22: metadata.deletionTimestamp: RateLimitPolicy shop/p is being deleted"},
+	}, {
+		name:     "routes given twice, of another version, or not routes",
+		policies: rlp("shop", "p", "HTTPRoute r", limits("a")),
+		routes:   httpRoute("shop", "r", ext) + httpRoute("shop", "r", nil) + strings.Replace(httpRoute("shop", "s", ext), "/v1\n", "/v1alpha2\n", 1) + "kind: Service\n",
+		want:     []string{"shop/r a limit.a 5/60"},
+		refused: []string{
+			"routes.yaml:11:1: HTTPRoute shop/r is given again (first at routes.yaml:1)",
+			`routes.yaml:20:13: apiVersion: is "gateway.networking.k8s.io/v1alpha2"`,
+			"routes.yaml:30:7: kind: Service: a route file holds HTTPRoute and GRPCRoute manifests",
+		},
+	}, {
 		name:     "a List, and aliases",
 		policies: "apiVersion: v1\nkind: List\nitems:\n- apiVersion: kuadrant.io/v1\n  kind: RateLimitPolicy\n  metadata: {name: p, namespace: shop}\n  spec:\n    targetRef: {group: gateway.networking.k8s.io, kind: HTTPRoute, name: r}\n    limits:\n      a:\n        rates: &rates [{limit: 3, window: 3s}]\n      b:\n        rates: *rates\n",
 		want:     []string{"shop/r a limit.a 3/3", "shop/r b limit.b 3/3"},

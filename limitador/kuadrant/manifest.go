@@ -45,6 +45,7 @@ type policy struct {
 	merge           bool // strategy: merge, not atomic
 	limits          map[string]*limit
 	dead            bool // refused as a whole after reading
+	id              int  // its place among the policies read
 }
 
 // target is a policy's targetRef: in the policy's namespace.
@@ -358,6 +359,7 @@ func (in *input) readPolicy(file string, n *yaml.Node, apiVersion, kind string) 
 	for _, l := range p.limits {
 		in.checkLimit(l)
 	}
+	p.id = len(in.policies)
 	in.policies = append(in.policies, p)
 }
 

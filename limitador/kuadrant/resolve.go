@@ -72,6 +72,9 @@ type model struct {
 	// orders are the dimensions choosing the order of policies that
 	// target the same thing, by targetable key and kind.
 	orders map[string]orderDim
+	// merged remembers the effective limits of a path by its policies:
+	// many paths and worlds share them.
+	merged map[string]map[string]*limit
 }
 
 type fixedAttachment struct {
@@ -209,7 +212,7 @@ func (in *input) checkRoute(r *route, key string) {
 
 // modelOf lays out what is known and open about r's paths.
 func (in *input) modelOf(r *route, at map[string][]*policy) (*model, bool) {
-	m := &model{r: r, key: routeKey(r.kind, r.namespace, r.name), attach: -1, otherRule: -1, orders: map[string]orderDim{}}
+	m := &model{r: r, key: routeKey(r.kind, r.namespace, r.name), attach: -1, otherRule: -1, orders: map[string]orderDim{}, merged: map[string]map[string]*limit{}}
 	listeners := map[string][]string{} // Gateway key → the listeners policies target
 	var gateways []string              // Gateways with policies
 	for key := range at {
@@ -414,6 +417,7 @@ type world []int
 // written returns the limits the operator writes for the route in world w.
 func (m *model) written(w world) map[*limit]bool {
 	out := map[*limit]bool{}
+	seen := map[string]bool{}
 	order := func(key, kind string) []*policy {
 		od, ok := m.orders[key+"\x00"+kind]
 		if !ok {
@@ -461,7 +465,20 @@ func (m *model) written(w world) map[*limit]bool {
 				if rule != "" {
 					path = append(path, order(sectionKey(m.key, rule), kind)...)
 				}
-				for _, l := range effective(path) {
+				key := make([]byte, 0, 4*len(path))
+				for _, p := range path {
+					key = fmt.Appendf(key, "%d,", p.id)
+				}
+				if seen[string(key)] {
+					continue // another path with the same policies
+				}
+				seen[string(key)] = true
+				eff, ok := m.merged[string(key)]
+				if !ok {
+					eff = effective(path)
+					m.merged[string(key)] = eff
+				}
+				for _, l := range eff {
 					out[l] = true
 				}
 			}
