@@ -7,6 +7,8 @@
 //	admit ratelimit                run as envoyproxy/ratelimit, configured by its environment variables
 //	admit config validate FILE...  check configuration files
 //	admit config example           print the built-in demo configuration
+//	admit config import kuadrant POLICY.yaml... [--route ROUTE.yaml...]
+//	                               print the Limitador limits of Kuadrant policies
 //	admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
 //	admit version                  print the version, commit and Go version
 //	admit help                     show this help
@@ -71,6 +73,8 @@ Usage:
   admit ratelimit                run as envoyproxy/ratelimit, configured by its environment variables
   admit config validate FILE...  check configuration files
   admit config example           print the built-in demo configuration
+  admit config import kuadrant POLICY.yaml... [--route ROUTE.yaml...]
+                                 print the Limitador limits of Kuadrant policies
   admit healthcheck [--url URL]  exit 0 if a running server answers /healthz
   admit version                  print the version, commit and Go version
   admit help                     show this help
@@ -113,6 +117,9 @@ func run(ctx context.Context, args []string, e *env) int {
 const configUsage = `Usage:
   admit config validate FILE...  report every error of each file (file:line:col: field: reason)
   admit config example           print the built-in demo configuration
+  admit config import kuadrant POLICY.yaml... [--route ROUTE.yaml...]
+                                 print the Limitador limits file of Kuadrant policies
+                                 (see admit config import --help)
 
 validate reads each FILE as what it is: an Admit configuration, an
 envoyproxy/ratelimit file (one with a domain: and descriptors:, as
@@ -156,6 +163,8 @@ func configCmd(args []string, e *env) int {
 		}
 		_, _ = e.stdout.Write(demoConfig)
 		return 0
+	case "import":
+		return configImport(args[1:], e)
 	case "-h", "--help", "-help", "help":
 		fmt.Fprint(e.stdout, configUsage)
 		return 0
