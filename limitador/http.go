@@ -90,6 +90,8 @@ type limitJSON struct {
 	Algorithm  string   `json:"algorithm,omitempty"`
 	Period     string   `json:"period,omitempty"`
 	TimeZone   string   `json:"time_zone,omitempty"`
+	// Distribution is "leased" for a leased limit.
+	Distribution string `json:"distribution,omitempty"`
 }
 
 func limitView(l *Limit) limitJSON {
@@ -100,7 +102,7 @@ func limitView(l *Limit) limitJSON {
 		return &s
 	}
 	v := limitJSON{ID: opt(l.ID), Namespace: l.Namespace, MaxValue: l.MaxValue, Seconds: l.Seconds, Name: opt(l.Name),
-		Conditions: slices.Clone(l.Conditions), Variables: slices.Clone(l.Variables), Algorithm: l.Algorithm, Period: l.Period, TimeZone: l.TimeZone}
+		Conditions: slices.Clone(l.Conditions), Variables: slices.Clone(l.Variables), Algorithm: l.Algorithm, Period: l.Period, TimeZone: l.TimeZone, Distribution: l.Distribution}
 	if v.Conditions == nil {
 		v.Conditions = []string{}
 	}

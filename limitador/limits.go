@@ -57,6 +57,12 @@ type Limit struct {
 	Algorithm string
 	Period    string // day, week, month or year (quota)
 	TimeZone  string // an IANA zone (quota); "" is UTC
+	// Distribution is how servers sharing a Redis store count the limit:
+	// "exact" (every decision in Redis, as Limitador's redis storage) or
+	// "leased" (from allowances each server takes, never over the limit,
+	// where Limitador's redis_cached counts late); "" is the file's
+	// default (ParseOptions).
+	Distribution string
 
 	// Line is where the limit starts in its file.
 	Line int
@@ -121,7 +127,12 @@ func (ls *Limits) All() []*Limit {
 // Parse reads a limits file: data, named file in errors. Every problem is
 // reported, each with its line and column (yamlconf.Errors).
 func Parse(file string, data []byte) (*Limits, error) {
-	p := parser{file: file, ls: &Limits{File: file, ns: map[string][]*Limit{}}}
+	return ParseWith(file, data, ParseOptions{})
+}
+
+// ParseWith is Parse with defaults for the limits.
+func ParseWith(file string, data []byte, opts ParseOptions) (*Limits, error) {
+	p := parser{file: file, opts: opts, ls: &Limits{File: file, ns: map[string][]*Limit{}}}
 	if len(data) > MaxFileSize {
 		return nil, yamlconf.Errors{{File: file, Msg: fmt.Sprintf("the file is %d bytes; a limits file is at most %d", len(data), MaxFileSize)}}
 	}
@@ -167,8 +178,16 @@ func Parse(file string, data []byte) (*Limits, error) {
 
 type parser struct {
 	file string
+	opts ParseOptions
 	ls   *Limits
 	errs yamlconf.Errors
+}
+
+// ParseOptions are the defaults of a limits file's limits.
+type ParseOptions struct {
+	// Distribution is the distribution of the limits that name none:
+	// "exact" (the default) or "leased".
+	Distribution string
 }
 
 func (p *parser) fail(n *yaml.Node, path, format string, args ...any) {
@@ -188,7 +207,7 @@ func (p *parser) limit(n *yaml.Node, path string) *Limit {
 		k, v := n.Content[i], n.Content[i+1]
 		fields[k.Value] = v
 		switch k.Value {
-		case "namespace", "max_value", "seconds", "conditions", "variables", "name", "id", "algorithm", "period", "time_zone":
+		case "namespace", "max_value", "seconds", "conditions", "variables", "name", "id", "algorithm", "period", "time_zone", "distribution":
 		default:
 			p.ls.Warnings = append(p.ls.Warnings, fmt.Sprintf("%s:%d:%d: %s.%s: not a field of a limit; ignored, as Limitador ignores it", p.file, k.Line, k.Column, path, k.Value))
 		}
@@ -246,6 +265,10 @@ func (p *parser) limit(n *yaml.Node, path string) *Limit {
 	l.Algorithm, _ = str("algorithm", fields["algorithm"])
 	l.Period, _ = str("period", fields["period"])
 	l.TimeZone, _ = str("time_zone", fields["time_zone"])
+	l.Distribution, _ = str("distribution", fields["distribution"])
+	if l.Distribution == "" {
+		l.Distribution = p.opts.Distribution
+	}
 	if len(p.errs) > before {
 		return nil
 	}
@@ -364,6 +387,14 @@ func (l *Limit) build() error {
 	}
 	if l.Algorithm != "" && l.Algorithm != Quota && l.Seconds == 0 {
 		return fmt.Errorf("seconds 0 is no window for %s", l.Algorithm)
+	}
+	switch l.Distribution {
+	case "", "exact":
+		l.Distribution = ""
+	case "leased":
+		r.Distribution = admit.Leased
+	default:
+		return fmt.Errorf("distribution %q: want exact (the default) or leased", l.Distribution)
 	}
 	if !l.never && !l.always {
 		if err := r.Validate(); err != nil {

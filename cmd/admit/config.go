@@ -238,6 +238,10 @@ type LimitadorConfig struct {
 	// LimitNameInLabels labels limited_calls with the limit's name, as
 	// Limitador's --limit-name-in-labels.
 	LimitNameInLabels bool `json:"limit_name_in_labels"`
+	// Distribution is how servers on one Redis count the limits that do
+	// not say: exact (the default, as Limitador's redis storage) or
+	// leased (as its redis_cached, but never over the limit).
+	Distribution string `json:"distribution"`
 }
 
 // ServerConfig is the server section.
@@ -794,6 +798,11 @@ func (d *decoder) check(c *Config) {
 	d.checkBans(c)
 	if _, err := limitador.ParseHeaders(c.Limitador.RateLimitHeaders); err != nil {
 		d.failAt("limitador.rate_limit_headers", "%s", strings.TrimPrefix(err.Error(), "rate limit headers "))
+	}
+	switch c.Limitador.Distribution {
+	case "", "exact", "leased":
+	default:
+		d.failAt("limitador.distribution", "%q: want exact (the default) or leased", c.Limitador.Distribution)
 	}
 	switch c.Limitador.HTTPAPI {
 	case "", "trusted", "open", "off":

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/admitdev/admit/limitador"
 )
 
 // runImport runs admit with args and returns the exit code, stdout and
@@ -63,6 +65,11 @@ func TestImportKuadrantDoc(t *testing.T) {
 	}
 	if stdout != yamls[2] {
 		t.Errorf("stdout:\n%s\nthe doc says:\n%s", stdout, yamls[2])
+	}
+	// What it prints is a limits file admit serve --limitador-config
+	// loads.
+	if ls, err := limitador.Parse("imported.yaml", []byte(stdout)); err != nil || len(ls.All()) == 0 {
+		t.Errorf("the imported limits do not load: %v", err)
 	}
 	if stderr != texts[0] {
 		t.Errorf("stderr:\n%s\nthe doc says:\n%s", stderr, texts[0])

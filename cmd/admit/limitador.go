@@ -54,7 +54,7 @@ func (ls *limitadorService) load() (*limitador.Limits, error) {
 	if err != nil {
 		return nil, yamlconf.Errors{{File: ls.file, Msg: err.Error()}}
 	}
-	limits, err := limitador.Parse(ls.file, data)
+	limits, err := limitador.ParseWith(ls.file, data, limitador.ParseOptions{Distribution: ls.cfg.Distribution})
 	if err != nil {
 		return nil, err
 	}
