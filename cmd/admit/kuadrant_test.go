@@ -19,17 +19,17 @@ func runImport(args ...string) (int, string, string) {
 	return code, out.String(), errs.String()
 }
 
-// TestImportKuadrantDoc: the example of docs/limitador-import.md is what
+// TestImportKuadrantDoc: the example of docs/limitador.md is what
 // the command does: its files, run as its command says, print its limits
 // and its refusal, and exit 1.
 func TestImportKuadrantDoc(t *testing.T) {
-	doc, err := os.ReadFile("../../docs/limitador-import.md")
+	doc, err := os.ReadFile("../../docs/limitador.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, example, ok := strings.Cut(string(doc), "### Example\n")
 	if !ok {
-		t.Fatal("docs/limitador-import.md has no Example section")
+		t.Fatal("docs/limitador.md has no Example section")
 	}
 	blocks := func(lang string) []string {
 		var out []string
