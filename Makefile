@@ -104,6 +104,7 @@ fuzz: ## run each fuzz target for 30s (FUZZTIME=10m for the long run)
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./simulate
 	$(GO) test -run='^$$' -fuzz=FuzzParse -fuzztime=$(FUZZTIME) ./limitador
 	$(GO) test -run='^$$' -fuzz=FuzzDecide -fuzztime=$(FUZZTIME) ./limitador
+	$(GO) test -run='^$$' -fuzz=FuzzEntryForms -fuzztime=$(FUZZTIME) ./limitador
 
 pictures: ## redraw docs/img/seed004.png (README) with admit simulate
 	$(GO) run ./cmd/admit simulate --independent --pattern 'bursts n=2 every=1s' \

@@ -10,6 +10,7 @@ import (
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/ast"
+	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/interpreter"
@@ -44,6 +45,95 @@ type expr struct {
 	// free are the identifiers it reads from the context (not those a
 	// comprehension binds).
 	free []string
+	// entry, when set, is the expression read without CEL: it is one of
+	// the forms Kuadrant writes, an entry of a descriptor, compared with a
+	// string or not (see entryForm).
+	entry *entryForm
+}
+
+// entryForm is an expression of the form descriptors[N]['key'], or that
+// compared (== or !=) with a string literal: Kuadrant's conditions and
+// variables. It reads as CEL reads it — a missing descriptor or entry is
+// missing — with no evaluation, no allocation and no error built for the
+// entries a request lacks, which are most of them (each limit of a
+// route's namespace tests an entry of its own).
+type entryForm struct {
+	index int64
+	key   string
+	op    string // "" (the entry's value), "==" or "!="
+	value string
+}
+
+// entryOf recognizes the entry forms in e.
+func entryOf(e ast.Expr) *entryForm {
+	read := func(e ast.Expr) *entryForm {
+		var operand ast.Expr
+		var key string
+		switch e.Kind() {
+		case ast.SelectKind:
+			s := e.AsSelect()
+			if s.IsTestOnly() {
+				return nil
+			}
+			operand, key = s.Operand(), s.FieldName()
+		case ast.CallKind:
+			c := e.AsCall()
+			if c.FunctionName() != operators.Index || len(c.Args()) != 2 || c.Args()[1].Kind() != ast.LiteralKind {
+				return nil
+			}
+			k, ok := c.Args()[1].AsLiteral().(types.String)
+			if !ok {
+				return nil
+			}
+			operand, key = c.Args()[0], string(k)
+		default:
+			return nil
+		}
+		if operand.Kind() != ast.CallKind {
+			return nil
+		}
+		c := operand.AsCall()
+		if c.FunctionName() != operators.Index || len(c.Args()) != 2 || c.Args()[0].Kind() != ast.IdentKind ||
+			c.Args()[0].AsIdent() != varDescriptors || c.Args()[1].Kind() != ast.LiteralKind {
+			return nil
+		}
+		n, ok := c.Args()[1].AsLiteral().(types.Int)
+		if !ok {
+			return nil
+		}
+		return &entryForm{index: int64(n), key: key}
+	}
+	if f := read(e); f != nil {
+		return f
+	}
+	if e.Kind() != ast.CallKind {
+		return nil
+	}
+	c := e.AsCall()
+	op := map[string]string{operators.Equals: "==", operators.NotEquals: "!="}[c.FunctionName()]
+	if op == "" || len(c.Args()) != 2 {
+		return nil
+	}
+	for i := range 2 {
+		f, lit := read(c.Args()[i]), c.Args()[1-i]
+		if f == nil || lit.Kind() != ast.LiteralKind {
+			continue
+		}
+		if v, ok := lit.AsLiteral().(types.String); ok {
+			f.op, f.value = op, string(v)
+			return f
+		}
+	}
+	return nil
+}
+
+// lookup reads f's entry of descriptors.
+func (f *entryForm) lookup(descriptors []map[string]string) (string, bool) {
+	if f.index < 0 || f.index >= int64(len(descriptors)) {
+		return "", false
+	}
+	v, ok := descriptors[f.index][f.key]
+	return v, ok
 }
 
 // compile parses source as a CEL expression.
@@ -62,13 +152,31 @@ func compile(source string) (*expr, error) {
 		e := errs[0]
 		return nil, fmt.Errorf("at column %d: %s", e.Location.Column()+1, e.Message)
 	}
-	prg, err := env.Program(a, cel.CostLimit(MaxExpressionCost), cel.EvalOptions(cel.OptOptimize))
+	root := a.NativeRep().Expr()
+	// Only a comprehension loops; without one an expression's cost is
+	// bounded by its size and its inputs', and tracking it would cost more
+	// than the evaluation.
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	if loops(root) {
+		opts = append(opts, cel.CostLimit(MaxExpressionCost))
+	}
+	prg, err := env.Program(a, opts...)
 	if err != nil {
 		return nil, err
 	}
-	e := &expr{source: source, prg: prg}
-	freeIdents(a.NativeRep().Expr(), nil, &e.free)
+	e := &expr{source: source, prg: prg, entry: entryOf(root)}
+	freeIdents(root, nil, &e.free)
 	return e, nil
+}
+
+// loops reports whether e holds a comprehension (a macro: all, exists,
+// map, filter).
+func loops(e ast.Expr) bool {
+	found := false
+	ast.PostOrderVisit(e, ast.NewExprVisitor(func(x ast.Expr) {
+		found = found || x.Kind() == ast.ComprehensionKind
+	}))
+	return found
 }
 
 // freeIdents appends to out the identifiers e reads that no enclosing
@@ -161,11 +269,15 @@ func (e *expr) eval(act interpreter.Activation) (ref.Val, error) {
 
 // test evaluates e as a condition: a missing entry makes it false, as a
 // result that is not a bool is an error.
-func (e *expr) test(act interpreter.Activation) (bool, error) {
+func (e *expr) test(req *request) (bool, error) {
+	if f := e.entry; f != nil && f.op != "" {
+		v, ok := f.lookup(req.raw)
+		return ok && (v == f.value) == (f.op == "=="), nil
+	}
 	if !e.reads(varDescriptors, varLimit) {
 		return false, nil // it reads what the request has not: Limitador's false
 	}
-	v, err := e.eval(act)
+	v, err := e.eval(req)
 	if err == errMissing {
 		return false, nil
 	}
@@ -181,8 +293,12 @@ func (e *expr) test(act interpreter.Activation) (bool, error) {
 
 // value evaluates e as a variable: its value as Limitador writes it, or
 // ok false when it reads a missing entry (the limit does not apply).
-func (e *expr) value(act interpreter.Activation) (s string, ok bool, err error) {
-	v, err := e.eval(act)
+func (e *expr) value(req *request) (s string, ok bool, err error) {
+	if f := e.entry; f != nil && f.op == "" {
+		s, ok := f.lookup(req.raw)
+		return s, ok, nil
+	}
+	v, err := e.eval(req)
 	if err == errMissing {
 		return "", false, nil
 	}
@@ -225,9 +341,11 @@ func describe(v ref.Val) string {
 	return "a " + strings.ToLower(v.Type().TypeName())
 }
 
-// request is the CEL context of one request: its descriptors, bound once,
-// and the limit being evaluated, set before each limit's expressions.
+// request is the CEL context of one request: its descriptors, bound the
+// first time an expression reads them through CEL, and the limit being
+// evaluated, set before each limit's expressions.
 type request struct {
+	raw         []map[string]string
 	descriptors ref.Val
 	limit       ref.Val
 }
@@ -238,6 +356,13 @@ var _ interpreter.Activation = (*request)(nil)
 func (r *request) ResolveName(name string) (any, bool) {
 	switch name {
 	case varDescriptors:
+		if r.descriptors == nil {
+			elems := make([]ref.Val, len(r.raw))
+			for i, d := range r.raw {
+				elems[i] = types.NewStringStringMap(types.DefaultTypeAdapter, d)
+			}
+			r.descriptors = types.NewRefValList(types.DefaultTypeAdapter, elems)
+		}
 		return r.descriptors, true
 	case varLimit:
 		return r.limit, true
@@ -248,13 +373,9 @@ func (r *request) ResolveName(name string) (any, bool) {
 // Parent implements interpreter.Activation.
 func (r *request) Parent() interpreter.Activation { return nil }
 
-// newRequest binds descriptors, each a map of its entries.
-func newRequest(descriptors []map[string]string) *request {
-	elems := make([]ref.Val, len(descriptors))
-	for i, d := range descriptors {
-		elems[i] = types.NewStringStringMap(types.DefaultTypeAdapter, d)
-	}
-	return &request{descriptors: types.NewRefValList(types.DefaultTypeAdapter, elems)}
+// reset makes r the context of descriptors, each a map of its entries.
+func (r *request) reset(descriptors []map[string]string) {
+	r.raw, r.descriptors, r.limit = descriptors, nil, nil
 }
 
 // limitValue is what CEL sees as limit: its name and id, null when unset.

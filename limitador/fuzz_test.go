@@ -52,3 +52,49 @@ func FuzzDecide(f *testing.F) {
 		}
 	})
 }
+
+// FuzzEntryForms holds the expressions read without CEL to CEL's reading
+// of them, on descriptors of any content.
+func FuzzEntryForms(f *testing.F) {
+	f.Add("GET", "k", "v", uint8(1))
+	f.Add("", "", "", uint8(0))
+	f.Add("x'y", "limit.a__b", "1", uint8(2))
+	sources := []string{
+		"descriptors[0]['k'] == 'GET'", "descriptors[0].k != 'GET'", "'GET' == descriptors[0]['k']",
+		"descriptors[1]['k'] == 'v'", "descriptors[0]['limit.a__b'] == '1'", "descriptors[0]['k']", "descriptors[1].k",
+	}
+	var exprs []*expr
+	for _, s := range sources {
+		e, err := compile(s)
+		if err != nil || e.entry == nil {
+			f.Fatalf("%s: %v, entry %v", s, err, e)
+		}
+		exprs = append(exprs, e)
+	}
+	f.Fuzz(func(t *testing.T, value, key, other string, n uint8) {
+		ds := make([]map[string]string, n%3)
+		for i := range ds {
+			ds[i] = map[string]string{key: value, "k": other, "limit.a__b": value}
+		}
+		for i, e := range exprs {
+			slow := *e
+			slow.entry = nil
+			var fast, full request
+			fast.reset(ds)
+			full.reset(ds)
+			if e.entry.op != "" {
+				a, errA := e.test(&fast)
+				b, errB := slow.test(&full)
+				if a != b || (errA == nil) != (errB == nil) {
+					t.Fatalf("%s on %v: %v %v, CEL %v %v", sources[i], ds, a, errA, b, errB)
+				}
+				continue
+			}
+			a, okA, errA := e.value(&fast)
+			b, okB, errB := slow.value(&full)
+			if a != b || okA != okB || (errA == nil) != (errB == nil) {
+				t.Fatalf("%s on %v: %q %v %v, CEL %q %v %v", sources[i], ds, a, okA, errA, b, okB, errB)
+			}
+		}
+	})
+}

@@ -3,6 +3,7 @@ package limitador
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -447,5 +448,39 @@ func TestConcurrentExactBound(t *testing.T) {
 	wg.Wait()
 	if total != 100 {
 		t.Fatalf("%d admitted of 800, want exactly 100", total)
+	}
+}
+
+// TestExpressionCostBounded: a variable that loops over the request's
+// descriptors cubed is stopped at the cost bound, as the request's error.
+func TestExpressionCostBounded(t *testing.T) {
+	l, _ := newLimiter(t, `
+- {namespace: n, max_value: 1, seconds: 60, conditions: [], variables: ["size(descriptors.map(a, descriptors.map(b, descriptors.map(c, 1))))"]}
+`)
+	ds := make([]map[string]string, MaxDescriptors)
+	for i := range ds {
+		ds[i] = map[string]string{"k": "v"}
+	}
+	start := time.Now()
+	_, err := l.Decide(context.Background(), CheckAndReport, "n", ds, 1, false)
+	if admit.ErrorCode(err) != admit.CodeInvalid || !strings.Contains(err.Error(), "cost") {
+		t.Fatalf("err = %v", err)
+	}
+	t.Logf("stopped after %v", time.Since(start))
+}
+
+// TestCounterKeyIsAKey: the counters' keys are admit.Key's encoding, which
+// is injective, so no two counters share one.
+func TestCounterKeyIsAKey(t *testing.T) {
+	lim := &Limit{identity: "abc"}
+	for _, values := range [][]string{nil, {""}, {"a"}, {"a", "bc"}, {strings.Repeat("x", 1234), "y:z"}} {
+		sub := ""
+		for _, v := range values {
+			sub += strconv.Itoa(len(v)) + ":" + v
+		}
+		want := admit.Key{Scope: "limitador", Tenant: "ns/1", Subject: sub, Rule: "abc"}.String()
+		if got := counterKey("ns/1", lim, values); got != want {
+			t.Errorf("counterKey(%q) = %q, want %q", values, got, want)
+		}
 	}
 }

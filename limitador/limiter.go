@@ -147,8 +147,11 @@ func (l *Limiter) Owns(ns string) bool { return l.limits.Load().Has(ns) }
 type call struct {
 	res     policy.Resolution
 	dec     admit.Decision
+	req     request
 	limits  []*Limit
 	values  [][]string
+	flat    []string // the values' backing
+	idx     []int
 	keys    []string
 	charges []admit.Charge
 	rules   []*policy.Rule
@@ -166,8 +169,9 @@ func (l *Limiter) Decide(ctx context.Context, mode Mode, ns string, descriptors 
 	ls := l.limits.Load()
 	lims := ls.Namespace(ns)
 	c := l.calls.Get().(*call)
-	defer l.calls.Put(c)
 	res, err := l.decide(ctx, c, mode, ns, lims, descriptors, delta, withCounters)
+	c.req.reset(nil) // the caller's descriptors are not kept
+	l.calls.Put(c)
 	if m := l.opts.Metrics; m != nil && res.Applied > 0 {
 		m.datastoreLatency.Observe(l.opts.Now().Sub(start).Seconds())
 	}
@@ -251,8 +255,9 @@ func (lim *Limit) refusesAtOnce(delta uint64) bool {
 // variables' values, in c: first those without variables, then the
 // others, each in file order, as Limitador checks them.
 func (c *call) applying(lims []*Limit, descriptors []map[string]string) error {
-	c.limits, c.values = c.limits[:0], c.values[:0]
-	req := newRequest(descriptors)
+	c.limits, c.values, c.flat = c.limits[:0], c.values[:0], c.flat[:0]
+	req := &c.req
+	req.reset(descriptors)
 	for pass := 0; pass < 2; pass++ {
 		for _, lim := range lims {
 			if (len(lim.vars) > 0) != (pass == 1) {
@@ -273,7 +278,7 @@ func (c *call) applying(lims []*Limit, descriptors []map[string]string) error {
 			if !applies {
 				continue
 			}
-			var values []string
+			start := len(c.flat)
 			for _, e := range lim.vars {
 				// A variable reads the descriptors only: Limitador's
 				// limit.name is no variable of the request.
@@ -289,13 +294,14 @@ func (c *call) applying(lims []*Limit, descriptors []map[string]string) error {
 					applies = false
 					break
 				}
-				values = append(values, v)
+				c.flat = append(c.flat, v)
 			}
 			if !applies {
+				c.flat = c.flat[:start]
 				continue
 			}
 			c.limits = append(c.limits, lim)
-			c.values = append(c.values, values)
+			c.values = append(c.values, c.flat[start:len(c.flat):len(c.flat)])
 		}
 	}
 	return nil
@@ -313,13 +319,13 @@ func limitError(lim *Limit, what, source string, err error) error {
 
 // stored returns, by charge, the index in c.limits of the limit charged.
 func (c *call) stored() []int {
-	idx := make([]int, 0, len(c.charges))
+	c.idx = c.idx[:0]
 	for i, lim := range c.limits {
 		if !lim.never && !lim.always {
-			idx = append(idx, i)
+			c.idx = append(c.idx, i)
 		}
 	}
-	return idx
+	return c.idx
 }
 
 // charge sets up c.res with a charge of delta for every counter the store
@@ -419,13 +425,42 @@ func variables(lim *Limit, values []string) map[string]string {
 // ns's slot, so that a request's counters are decided in one Redis
 // Cluster call, as Limitador keeps a namespace's counters together.
 func counterKey(ns string, lim *Limit, values []string) string {
-	b := make([]byte, 0, 64)
+	// admit.Key's encoding (each field's length, a colon, its bytes),
+	// written in one buffer: Key{Scope: "limitador", Tenant: ns, Subject:
+	// the values, each so encoded, Rule: the identity}.
+	subject := 0
 	for _, v := range values {
-		b = strconv.AppendInt(b, int64(len(v)), 10)
-		b = append(b, ':')
-		b = append(b, v...)
+		subject += decimalLen(len(v)) + 1 + len(v)
 	}
-	return admit.Key{Scope: "limitador", Tenant: ns, Subject: string(b), Rule: lim.identity}.String()
+	b := make([]byte, 0, len(keyScope)+decimalLen(len(ns))+1+len(ns)+decimalLen(subject)+1+subject+2+decimalLen(len(lim.identity))+1+len(lim.identity))
+	b = append(b, keyScope...)
+	b = appendField(b, ns)
+	b = strconv.AppendInt(b, int64(subject), 10)
+	b = append(b, ':')
+	for _, v := range values {
+		b = appendField(b, v)
+	}
+	b = append(b, "0:"...) // no action
+	b = appendField(b, lim.identity)
+	return string(b)
+}
+
+// keyScope is the encoded scope field of the counters' keys.
+const keyScope = "9:limitador"
+
+func appendField(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+func decimalLen(n int) int {
+	d := 1
+	for n >= 10 {
+		n /= 10
+		d++
+	}
+	return d
 }
 
 // remember notes the counters c charged, for Counters.
