@@ -46,6 +46,7 @@ func TestHTTPAPI(t *testing.T) {
 		if resp.StatusCode != want || out != "null" {
 			t.Fatalf("call %d: %d %q, want %d null", i, resp.StatusCode, out, want)
 		}
+		//lint:ignore SA1008 Limitador's name, which Handler writes as it is
 		if got := resp.Header["X-RateLimit-Limit"]; len(got) != 1 || got[0] != `2, 2;w=60;name="per-user"` {
 			t.Fatalf("X-RateLimit-Limit = %q", got)
 		}

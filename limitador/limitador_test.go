@@ -12,30 +12,26 @@ import (
 	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
+	"github.com/admitdev/admit/storetest"
 	"github.com/admitdev/admit/yamlconf"
 )
 
-// clock is a stopped clock the tests move.
+// clock is a stopped clock the tests move forward, from noon of
+// storetest.Epoch.
 type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
+	*storetest.Clock
+	at time.Duration
 }
 
 func (c *clock) add(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
+	c.at += d
+	c.Set(c.at)
 }
 
 func newLimiter(t *testing.T, file string) (*Limiter, *clock) {
 	t.Helper()
-	c := &clock{now: time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)}
+	c := &clock{Clock: storetest.NewClock()}
+	c.add(12 * time.Hour)
 	st := memstore.New(&memstore.Options{Clock: c.Now})
 	t.Cleanup(func() { st.Close() })
 	ls, err := Parse("limits.yaml", []byte(file))
@@ -407,7 +403,7 @@ func TestOtherAlgorithms(t *testing.T) {
 	if n := admitted(t, l, "q", nil, 3, 1); n != 2 {
 		t.Fatalf("quota: %d, want 2", n)
 	}
-	c.add(10 * time.Hour) // 22:00 UTC is midnight in Paris in May
+	c.add(11 * time.Hour) // 23:00 UTC is midnight in Paris in January
 	if n := admitted(t, l, "q", nil, 3, 1); n != 2 {
 		t.Fatalf("quota of the next Paris day: %d, want 2", n)
 	}

@@ -241,14 +241,14 @@ func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lim
 
 // refusesAtOnce reports whether lim refuses delta whatever its counter
 // holds.
-func (lim *Limit) refusesAtOnce(delta uint64) bool {
+func (l *Limit) refusesAtOnce(delta uint64) bool {
 	switch {
-	case lim.never:
+	case l.never:
 		return delta > 0
-	case lim.always:
-		return delta > uint64(lim.MaxValue)
+	case l.always:
+		return delta > uint64(l.MaxValue)
 	}
-	return delta > uint64(lim.rule.Capacity())
+	return delta > uint64(l.rule.Capacity())
 }
 
 // applying finds the limits of lims that apply to descriptors, with their

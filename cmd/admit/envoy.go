@@ -156,10 +156,28 @@ func (es *envoyService) stop(log *slog.Logger) {
 // and the running configuration kept, like Admit's own configuration.
 func (es *envoyService) watch(ctx context.Context, rl reloading, reload <-chan struct{}) {
 	setErr, log := rl.setErr, rl.log
-	last := dirDigest(es.dir)
+	onSettledChange(ctx, rl, reload, func() [sha256.Size]byte { return dirDigest(es.dir) }, func() {
+		c, err := es.load()
+		es.loaded(err)
+		if err != nil {
+			log.Error("envoy configuration reload refused; keeping the running one", "dir", es.dir, "err", strings.ReplaceAll(err.Error(), "\n", "; "))
+			setErr(err)
+			return
+		}
+		es.svc.SetConfig(c)
+		setErr(nil)
+		log.Info("envoy configuration reloaded", "dir", es.dir, "domains", strings.Join(c.Domains(), ","))
+	})
+}
+
+// onSettledChange calls apply when what digest reads changed and has
+// settled (see settling), checked every rl.every, and at once on SIGHUP or
+// when reload says so, until ctx ends.
+func onSettledChange(ctx context.Context, rl reloading, reload <-chan struct{}, digest func() [sha256.Size]byte, apply func()) {
+	last := digest()
 	wait := settling{period: rl.settle}
 	onReloadSignal(ctx, rl.every, reload, func(forced bool) {
-		d := dirDigest(es.dir)
+		d := digest()
 		if !forced && d == last {
 			wait.reset()
 			return
@@ -171,16 +189,7 @@ func (es *envoyService) watch(ctx context.Context, rl reloading, reload <-chan s
 		}
 		wait.reset()
 		last = d
-		c, err := es.load()
-		es.loaded(err)
-		if err != nil {
-			log.Error("envoy configuration reload refused; keeping the running one", "dir", es.dir, "err", strings.ReplaceAll(err.Error(), "\n", "; "))
-			setErr(err)
-			return
-		}
-		es.svc.SetConfig(c)
-		setErr(nil)
-		log.Info("envoy configuration reloaded", "dir", es.dir, "domains", strings.Join(c.Domains(), ","))
+		apply()
 	})
 }
 

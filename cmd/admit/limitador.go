@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"net/http"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 
@@ -101,21 +100,7 @@ func (ls *limitadorService) handler(trusted func(*http.Request) bool) http.Handl
 // in force kept; GET /status counts the refusals since the last load.
 func (ls *limitadorService) watch(ctx context.Context, rl reloading) {
 	log := rl.log
-	last := fileDigest(ls.file)
-	wait := settling{period: rl.settle}
-	onReloadSignal(ctx, rl.every, nil, func(forced bool) {
-		d := fileDigest(ls.file)
-		if !forced && d == last {
-			wait.reset()
-			return
-		}
-		if !forced {
-			if ok, _ := wait.stable(d, time.Now()); !ok {
-				return
-			}
-		}
-		wait.reset()
-		last = d
+	onSettledChange(ctx, rl, nil, func() [sha256.Size]byte { return fileDigest(ls.file) }, func() {
 		limits, err := ls.load()
 		if err != nil {
 			ls.lim.LoadFailed()
