@@ -141,8 +141,10 @@ func runAdmit(t *testing.T, bin string, env []string, args ...string) *admitProc
 	})
 	serving := regexp.MustCompile(`msg="admit serving" http=(http://127\.0\.0\.1:\d+) grpc=(127\.0\.0\.1:\d+)`)
 	found := make(chan []string, 1)
+	closed := make(chan struct{}) // stderr ended: the process exited
 	log := newProcessLog()
 	go func() {
+		defer close(closed)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			log.add(sc.Text())
@@ -154,6 +156,14 @@ func runAdmit(t *testing.T, bin string, env []string, args ...string) *admitProc
 	select {
 	case m := <-found:
 		return &admitProcess{url: m[0], grpc: m[1], cmd: cmd, log: log}
+	case <-closed:
+		select {
+		case m := <-found:
+			return &admitProcess{url: m[0], grpc: m[1], cmd: cmd, log: log}
+		default:
+		}
+		t.Fatalf("admit serve exited before serving:\n%s", log.tail(100))
+		return nil
 	case <-time.After(30 * time.Second):
 		t.Fatalf("admit serve did not start within 30s:\n%s", log.tail(100))
 		return nil
