@@ -234,7 +234,18 @@ func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lim
 		l.remember(c, ns)
 	}
 	if withCounters {
-		out.Counters = c.counters(delta, first >= 0)
+		peeked := first >= 0
+		if out.Limited && !peeked && len(c.charges) > 0 {
+			// A refusal's other counters may be undecided (a store that
+			// refuses from a refusal it remembers does not read them):
+			// read them all, counting nothing.
+			c.charge(ns, delta, true, true)
+			if _, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec); err != nil {
+				return Result{}, err
+			}
+			peeked = true
+		}
+		out.Counters = c.counters(delta, peeked)
 	}
 	return out, nil
 }

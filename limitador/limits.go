@@ -80,6 +80,11 @@ type Limit struct {
 // Rule returns the Admit rule that counts l.
 func (l *Limit) Rule() *admit.Rule { return &l.rule.Rule }
 
+// Stored reports whether l's counters are kept in the store: all but a
+// limit of max_value 0, which refuses every hit, and of seconds 0, which
+// forgets every hit, both decided without the store.
+func (l *Limit) Stored() bool { return !l.never && !l.always }
+
 // Limits are the limits of one file, by namespace. They are immutable
 // once parsed; a reload parses a new set.
 type Limits struct {
@@ -161,11 +166,13 @@ func ParseWith(file string, data []byte, opts ParseOptions) (*Limits, error) {
 		if l == nil {
 			continue
 		}
-		if first, ok := seen[l.identity]; ok {
+		// Limitador keeps each namespace's limits as a set: two namespaces
+		// may each have a limit of one id.
+		if first, ok := seen[l.Namespace+"\x00"+l.identity]; ok {
 			p.ls.Warnings = append(p.ls.Warnings, fmt.Sprintf("%s:%d: this limit counts as the one at line %d does (the same namespace, seconds, conditions and variables, or the same id): the first is kept, as Limitador keeps one", file, l.Line, first.Line))
 			continue
 		}
-		seen[l.identity] = l
+		seen[l.Namespace+"\x00"+l.identity] = l
 		p.ls.all = append(p.ls.all, l)
 		p.ls.ns[l.Namespace] = append(p.ls.ns[l.Namespace], l)
 	}

@@ -82,8 +82,9 @@ func NewService(lim *Limiter, headers Headers) *Service {
 var _ kuadrantpb.RateLimitServiceServer = (*Service)(nil)
 
 // Owns reports whether domain is a namespace of the limits in force: its
-// requests are the Service's.
-func (s *Service) Owns(domain string) bool { return s.lim.Owns(domain) }
+// requests are the Service's. So is a request without a domain, which
+// Limitador answers UNKNOWN (Envoy lets it through).
+func (s *Service) Owns(domain string) bool { return domain == "" || s.lim.Owns(domain) }
 
 // ShouldRateLimit decides req as Limitador does: every limit of its
 // domain that applies is counted hits_addend (1 when it is 0, as Envoy

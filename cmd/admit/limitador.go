@@ -60,6 +60,9 @@ func (ls *limitadorService) load() (*limitador.Limits, error) {
 	if ls.check != nil {
 		var errs yamlconf.Errors
 		for _, l := range limits.All() {
+			if !l.Stored() {
+				continue
+			}
 			if err := ls.check(l.Rule()); err != nil {
 				msg := err.Error()
 				if i := strings.Index(msg, ": "); i >= 0 && strings.HasPrefix(msg, "rule ") {
