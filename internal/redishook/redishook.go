@@ -38,7 +38,10 @@ import (
 // as its own, and writes it back without a shape. admit_v11 names a
 // decision's debits in its head, a mask of its charges, rather than in
 // each debit's cost; the states it reads and writes are admit_v10's.
-const FunctionName = "admit_v11"
+// admit_v12 takes a quota's period end negated, the length of a window
+// that starts at the call (a first-hit window, run as a quota), which an
+// admit_v11 library would take for a period long over.
+const FunctionName = "admit_v12"
 
 var (
 	// Call makes one call to Redis, f, as the store makes its own:

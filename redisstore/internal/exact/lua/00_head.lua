@@ -1,7 +1,7 @@
-#!lua name=admit_v11
+#!lua name=admit_v12
 -- Admit's decision engine inside Redis, a Functions library with one
 -- function: every algorithm, all the charges of a decision — or of a batch
--- of decisions — in one call (FCALL admit_v11 numkeys keys… args…). A
+-- of decisions — in one call (FCALL admit_v12 numkeys keys… args…). A
 -- library, not an EVAL script, so that its helper closures are built once
 -- at FUNCTION LOAD rather than at every call: that halved the Redis CPU a
 -- decision costs. The library is this directory's files, joined in the

@@ -549,4 +549,4 @@ local function run(keys, args)
   return out
 end
 
-redis.register_function('admit_v11', run)
+redis.register_function('admit_v12', run)
