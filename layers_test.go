@@ -26,7 +26,7 @@ var layers = []struct {
 	{"stores", []string{"memstore", "redisstore"}},
 	{"policy", []string{"policy", "policy/catalog", "policy/catalog/changestest", "policy/catalog/redischanges", "policy/usage", "policy/usage/usagetest", "policy/usage/redisusage", "policy/redisbans", "policy/banstest", "policy/top", "policy/top/redistop", "idempotency", "idempotency/redisidem", "idempotency/idemtest"}},
 	{"adapter helpers", []string{"internal/httpx", "internal/connlimit", "internal/tracing", "limitador/kuadrantpb"}},
-	{"adapters", []string{"httplimit", "envoyrls", "envoyrls/redisquota", "envoyrls/quotaledgertest", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm", "limitador", "limitador/kuadrant"}},
+	{"adapters", []string{"httplimit", "envoyrls", "envoyrls/redisquota", "envoyrls/quotaledgertest", "wsgateway", "wsgateway/redissessions", "wsgateway/sessionstest", "simulate", "llm", "llm/llmtest", "llm/usagetest", "llm/redisllm", "limitador", "limitador/kuadrant", "limitador/rediscounters"}},
 	{"server wiring", []string{"internal/server"}},
 	{"command", []string{"cmd/admit"}},
 	{"uses of the whole", []string{"examples/*", "fault", "attack"}},

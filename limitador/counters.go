@@ -37,21 +37,24 @@ func newCounterIndex(max int) *counterIndex {
 	return &counterIndex{max: max, byNS: map[string]map[string]*seenCounter{}}
 }
 
-func (x *counterIndex) add(ns, key, identity string, values []string, now, end time.Time) {
+// add notes a counter until end, and reports whether it is new to the
+// index or in a window the index had not seen (its end was past).
+func (x *counterIndex) add(ns, key, identity string, values []string, now, end time.Time) bool {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	m := x.byNS[ns]
 	if c := m[key]; c != nil {
+		renewed := !c.end.After(now)
 		if end.After(c.end) {
 			c.end = end
 		}
-		return
+		return renewed
 	}
 	if x.n >= x.max {
 		x.sweep(now)
 		if x.n >= x.max {
 			x.dropped++
-			return
+			return false
 		}
 	}
 	if m == nil {
@@ -60,6 +63,7 @@ func (x *counterIndex) add(ns, key, identity string, values []string, now, end t
 	}
 	m[key] = &seenCounter{key: key, identity: identity, values: slices.Clone(values), end: end}
 	x.n++
+	return true
 }
 
 // sweep forgets the counters whose windows ended before now.
@@ -107,8 +111,29 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 		byIdentity[lim.identity] = lim
 	}
 	seen := l.seen.list(ns)
-	slices.SortFunc(seen, func(a, b seenCounter) int { return strings.Compare(a.key, b.key) })
 	now := l.opts.Now()
+	if idx := l.opts.Shared; idx != nil {
+		shared, err := idx.List(ctx, ns, now, l.opts.MaxCounters)
+		if err != nil {
+			return nil, err
+		}
+		known := make(map[string]bool, len(seen))
+		for _, c := range seen {
+			known[c.key] = true
+		}
+		for _, e := range shared {
+			lim := byIdentity[e.Identity]
+			if lim == nil || len(e.Values) != len(lim.Variables) {
+				continue
+			}
+			key := counterKey(ns, lim, e.Values)
+			if !known[key] {
+				known[key] = true
+				seen = append(seen, seenCounter{key: key, identity: e.Identity, values: e.Values, end: e.End})
+			}
+		}
+	}
+	slices.SortFunc(seen, func(a, b seenCounter) int { return strings.Compare(a.key, b.key) })
 	var out []Counter
 	for len(seen) > 0 {
 		n := min(len(seen), bounds.MaxCharges)
@@ -142,10 +167,13 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 		for i, r := range dec.Results {
 			c, lim := kept[i], lims[i]
 			// A counter that holds nothing is over, unless its window
-			// still runs by what this server last saw.
+			// still runs by what was last seen of it.
 			if r.Remaining >= lim.rule.Capacity() && !c.end.After(now) {
 				l.seen.forget(ns, c.key)
 				continue
+			}
+			if len(out) >= l.opts.MaxCounters {
+				break
 			}
 			out = append(out, Counter{Limit: lim, Variables: variables(lim, c.values), Remaining: max(r.Remaining, 0), ExpiresIn: r.ResetAfter, key: c.key})
 		}

@@ -3,6 +3,7 @@ package limitador
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,9 @@ type Options struct {
 	Now func() time.Time
 	// Metrics, if set, counts the calls as Limitador's metrics do.
 	Metrics *Metrics
+	// Shared, if set, keeps the counters every server charged, for
+	// Counters. Close stops writing to it.
+	Shared SharedIndex
 }
 
 // Limiter decides requests against Limitador's limits. It is safe for
@@ -89,6 +93,12 @@ type Limiter struct {
 	started time.Time
 	status  loadStatus
 	calls   sync.Pool
+
+	// shareQ carries new counters to the shared index (see share).
+	shareQ      chan indexed
+	stopShare   context.CancelFunc
+	shareDone   chan struct{}
+	shareFailed atomic.Uint64
 }
 
 // loadStatus is what GET /status reports of the limits' loading.
@@ -115,6 +125,11 @@ func New(opts Options) (*Limiter, error) {
 	l.status.appliedAt = l.started
 	if opts.Limits != nil {
 		l.limits.Store(opts.Limits)
+	}
+	if opts.Shared != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		l.shareQ, l.stopShare, l.shareDone = make(chan indexed, sharedQueue), cancel, make(chan struct{})
+		go l.share(ctx, opts.Shared)
 	}
 	return l, nil
 }
@@ -474,17 +489,28 @@ func decimalLen(n int) int {
 	return d
 }
 
-// remember notes the counters c charged, for Counters.
+// remember notes the counters c charged, for Counters, and sends those
+// this server had not seen in their window to the shared index.
 func (l *Limiter) remember(c *call, ns string) {
 	now := l.opts.Now()
 	k := 0
+	var fresh []IndexEntry
 	for i, lim := range c.limits {
 		if lim.never || lim.always {
 			continue
 		}
 		if k < len(c.dec.Results) {
-			l.seen.add(ns, c.keys[k], lim.identity, c.values[i], now, now.Add(c.dec.Results[k].ResetAfter))
+			end := now.Add(c.dec.Results[k].ResetAfter)
+			if l.seen.add(ns, c.keys[k], lim.identity, c.values[i], now, end) && l.shareQ != nil {
+				fresh = append(fresh, IndexEntry{Identity: lim.identity, Values: slices.Clone(c.values[i]), End: end})
+			}
 		}
 		k++
+	}
+	if len(fresh) > 0 {
+		select {
+		case l.shareQ <- indexed{ns: ns, entries: fresh}:
+		default: // full: a later hit sends them again
+		}
 	}
 }

@@ -28,7 +28,7 @@ type limitadorService struct {
 
 // startLimitador loads the limits file and makes the limiter and the
 // services over dec.
-func startLimitador(file string, cfg LimitadorConfig, dec *policy.Decider, check func(*admit.Rule) error) (*limitadorService, error) {
+func startLimitador(file string, cfg LimitadorConfig, dec *policy.Decider, check func(*admit.Rule) error, shared limitador.SharedIndex) (*limitadorService, error) {
 	ls := &limitadorService{file: file, check: check, cfg: cfg, metrics: limitador.NewMetrics(cfg.LimitNameInLabels)}
 	limits, err := ls.load()
 	if err != nil {
@@ -38,7 +38,7 @@ func startLimitador(file string, cfg LimitadorConfig, dec *policy.Decider, check
 	if err != nil {
 		return nil, err // validated with the configuration
 	}
-	ls.lim, err = limitador.New(limitador.Options{Decider: dec, Limits: limits, Metrics: ls.metrics})
+	ls.lim, err = limitador.New(limitador.Options{Decider: dec, Limits: limits, Metrics: ls.metrics, Shared: shared})
 	if err != nil {
 		return nil, err
 	}

@@ -469,9 +469,10 @@ func runServer(ctx context.Context, f *serveFlags, e *env, log *slog.Logger) err
 	var limHTTP http.Handler
 	var srv *server.Server
 	if file := first(f.limitadorConfig, cfg.Limitador.LimitsFile); file != "" {
-		if lim, err = startLimitador(file, cfg.Limitador, dec, st.check); err != nil {
+		if lim, err = startLimitador(file, cfg.Limitador, dec, st.check, st.counters); err != nil {
 			return err
 		}
+		defer lim.lim.Close()
 		// srv is set below, before the first request.
 		limHTTP = lim.handler(func(r *http.Request) bool { return srv.Trusted(r) })
 	}

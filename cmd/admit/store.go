@@ -14,6 +14,8 @@ import (
 	"github.com/admitdev/admit/idempotency"
 	"github.com/admitdev/admit/idempotency/redisidem"
 	"github.com/admitdev/admit/internal/server"
+	"github.com/admitdev/admit/limitador"
+	"github.com/admitdev/admit/limitador/rediscounters"
 	"github.com/admitdev/admit/llm"
 	"github.com/admitdev/admit/llm/redisllm"
 	"github.com/admitdev/admit/memstore"
@@ -61,8 +63,11 @@ type openedStore struct {
 	bans policy.BanStore
 	// top keeps every server's sketches of the heaviest callers: nil
 	// (this server's alone) with the memory store, Redis with Redis.
-	top   top.Shared
-	close func()
+	top top.Shared
+	// counters lists the Limitador counters every server charged: nil
+	// with the memory store, whose counters are this process's.
+	counters limitador.SharedIndex
+	close    func()
 	// home says the store is one region of limits held across regions.
 	home bool
 }
@@ -246,6 +251,7 @@ func openStore(ctx context.Context, url string, cfg *Config, dataDir string, own
 		quota:    redisquota.New(r),
 		bans:     redisbans.New(r),
 		top:      redistop.New(r),
+		counters: rediscounters.New(r),
 		usage:    redisusage.New(r, cfg.Usage.KeepPeriods),
 		llmUsage: redisllm.New(r, 0),
 		idem:     redisidem.New(r, cfg.Server.IdempotencyKeysPerTenant),
