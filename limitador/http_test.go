@@ -15,9 +15,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/admitdev/admit/memstore"
 	"github.com/admitdev/admit/policy"
 	"github.com/admitdev/admit/redisstore"
 	"github.com/admitdev/admit/redistest"
+	"github.com/admitdev/admit/storetest"
 )
 
 func post(t *testing.T, h http.Handler, path, body string) (*http.Response, string) {
@@ -195,5 +197,48 @@ func testServersShare(t *testing.T, srv *redistest.Server, dist string) {
 	}
 	if err != nil || len(cs) != 1 || cs[0].Remaining != 0 || cs[0].ExpiresIn > time.Minute || cs[0].ExpiresIn <= 0 {
 		t.Fatalf("counters from the other server: %+v %v", cs, err)
+	}
+}
+
+// TestStoreDown: a store that does not answer fails every way in as
+// Limitador's does — UNAVAILABLE over gRPC (Envoy's failure_mode_deny
+// decides), 503 over HTTP — whatever the deployment's failure mode, and
+// the answers come back with the store.
+func TestStoreDown(t *testing.T) {
+	st := &storetest.Faulty{Store: memstore.New(nil)}
+	t.Cleanup(func() { st.Close() })
+	ls, err := Parse("limits.yaml", []byte(perUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := New(Options{Decider: policy.NewDecider(st, 1), Limits: ls})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, h := NewService(l, HeadersNone), Handler(l, HandlerOptions{})
+	req := rlsRequest("app", 1, "req.method", "GET", "user", "u")
+	body := `{"namespace":"app","values":{"req.method":"GET","user":"u"},"delta":1}`
+	st.Down.Store(true)
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"ShouldRateLimit": func() error { _, err := s.ShouldRateLimit(ctx, req); return err },
+		"CheckRateLimit":  func() error { _, err := s.CheckRateLimit(ctx, req); return err },
+		"Report":          func() error { _, err := s.Report(ctx, req); return err },
+	} {
+		if err := call(); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s with the store down: %v, want UNAVAILABLE", name, err)
+		}
+	}
+	for _, path := range []string{"/check", "/report", "/check_and_report"} {
+		if resp, out := post(t, h, path, body); resp.StatusCode != 503 {
+			t.Errorf("%s with the store down: %d %s", path, resp.StatusCode, out)
+		}
+	}
+	if code, _ := get(t, h, "/status"); code != 200 {
+		t.Errorf("status with the store down: %d", code)
+	}
+	st.Down.Store(false)
+	if resp, err := s.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the store is back: %v %v", resp, err)
 	}
 }

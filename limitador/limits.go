@@ -347,7 +347,9 @@ func (l *Limit) build() error {
 	l.identity = identityOf(l)
 	// The rule's name is what headers and decisions name the limit by:
 	// its name, or else its identity.
-	r := admit.Rule{Name: l.Name, Limit: l.MaxValue, Window: window}
+	// A store that does not answer fails the request, as Limitador's
+	// UNAVAILABLE, for Envoy's failure_mode_deny to decide.
+	r := admit.Rule{Name: l.Name, Limit: l.MaxValue, Window: window, OnError: admit.FailClosed}
 	if r.Name == "" {
 		r.Name = l.identity
 	}
