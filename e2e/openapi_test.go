@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,7 +33,37 @@ type apiCall struct {
 	malformed bool
 	// as names the operation whose answers a 405 is checked against.
 	as string
+	// answerHeaders must be in the answer: the document says only which
+	// headers an answer may carry when the request asked for them.
+	answerHeaders []string
 }
+
+// openapiLimits is the Limitador limits file of TestOpenAPI's Limitador
+// servers: two GETs a minute per user of shop, a monthly quota of shop
+// (Admit's fields, which /limits writes), and a limit whose variable fails
+// on a value that is not a number.
+const openapiLimits = `- namespace: shop
+  max_value: 2
+  seconds: 60
+  name: per-user
+  conditions: ["descriptors[0]['method'] == 'GET'"]
+  variables: ["descriptors[0]['user']"]
+- namespace: shop
+  id: shop-monthly
+  max_value: 100000
+  seconds: 0
+  conditions: []
+  variables: []
+  algorithm: quota
+  period: month
+  time_zone: Europe/Paris
+  distribution: leased
+- namespace: shop/tokens
+  max_value: 100
+  seconds: 60
+  conditions: []
+  variables: ["int(descriptors[0]['n'])"]
+`
 
 // TestOpenAPI runs admit serve, reads the OpenAPI document it serves,
 // validates it, and calls every operation in it, admitted and refused and
@@ -50,10 +82,18 @@ func TestOpenAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed := startAdmitEnv(t, []string{"ADMIT_ADMIN_TOKEN=" + token}, "--store", "redis://"+redis.Addr, "--config", closedCfg)
+	// Two that serve Limitador's HTTP API (--limitador-config), on memory
+	// and on the Redis that is stopped.
+	const serviceToken = "e2e-service-token"
+	limits := filepath.Join(t.TempDir(), "limits.yaml")
+	writeTestFile(t, limits, openapiLimits)
+	limEnv := []string{"ADMIT_ADMIN_TOKEN=" + token, "ADMIT_SERVICE_TOKEN=" + serviceToken}
+	lim := startAdmitEnv(t, limEnv, "--limitador-config", limits)
+	limDown := startAdmitEnv(t, limEnv, "--store", "redis://"+redis.Addr, "--limitador-config", limits)
 	redis.Kill()
 	ctx := context.Background()
 
-	doc, router := servedSpec(t, p.url, down.url, closed.url)
+	doc, router := servedSpec(t, p.url, down.url, closed.url, lim.url, limDown.url)
 
 	admin := map[string]string{"Authorization": "Bearer " + token}
 	seen := map[string][]int{} // operation → statuses answered
@@ -87,6 +127,11 @@ func TestOpenAPI(t *testing.T) {
 		if resp.StatusCode != c.status {
 			t.Errorf("%s: %d, want %d: %s", name, resp.StatusCode, c.status, body)
 			return body
+		}
+		for _, h := range c.answerHeaders {
+			if resp.Header.Get(h) == "" {
+				t.Errorf("%s → %d: no %s header", name, resp.StatusCode, h)
+			}
 		}
 		// Route a copy: the router needs the body, the call is done.
 		rreq := req.Clone(ctx)
@@ -262,6 +307,88 @@ func TestOpenAPI(t *testing.T) {
 	doAt(down.url, apiCall{method: "GET", path: "/readyz", status: 200})
 	doAt(closed.url, apiCall{method: "GET", path: "/readyz", status: 503})
 	doAt(down.url, apiCall{method: "GET", path: "/v1/admin/state?tenant=t1234", header: admin, status: 503})
+
+	// Limitador's HTTP API. shop's per-user limit takes two GETs of a user
+	// a minute. A client on loopback that reaches the server directly is
+	// the platform's; one a proxy forwarded (X-Forwarded-For) needs a
+	// service or the admin token, except for /status.
+	forwarded := map[string]string{"X-Forwarded-For": "198.51.100.7"}
+	forwardedService := map[string]string{"X-Forwarded-For": "198.51.100.7", "Authorization": "Bearer " + serviceToken}
+	forwardedAdmin := map[string]string{"X-Forwarded-For": "198.51.100.7", "Authorization": "Bearer " + token}
+	shop := func(user, more string) string {
+		return `{"namespace":"shop","values":{"method":"GET","user":"` + user + `"},"delta":1` + more + `}`
+	}
+	draft03 := []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
+	ietf := []string{"RateLimit", "RateLimit-Policy"}
+	tooMany := map[string]string{}
+	for i := range 33 {
+		tooMany[strconv.Itoa(i)] = "v"
+	}
+	tooManyValues, _ := json.Marshal(map[string]any{"namespace": "shop", "values": tooMany, "delta": 1})
+	for _, c := range []apiCall{
+		{method: "GET", path: "/status", status: 200},
+		{method: "GET", path: "/status", header: forwarded, status: 200},
+		{method: "GET", path: "/limits/shop", status: 200},
+		{method: "GET", path: "/limits/shop%2Ftokens", header: forwardedService, status: 200},
+		{method: "GET", path: "/limits/nothing", status: 200},
+		{method: "GET", path: "/limits/shop", header: forwarded, status: 401},
+
+		{method: "POST", path: "/check", body: shop("alice", ""), status: 200},
+		{method: "POST", path: "/check_and_report", body: shop("alice", `,"response_headers":"DraftVersion03"`), status: 200, answerHeaders: draft03},
+		{method: "POST", path: "/report", body: shop("alice", `,"future_field":true`), status: 200}, // alice: 2 of 2
+		{method: "POST", path: "/check", body: shop("alice", ""), status: 429},
+		{method: "POST", path: "/check_and_report", body: shop("alice", `,"response_headers":"DraftVersion03"`), status: 429, answerHeaders: draft03},
+		{method: "POST", path: "/check_and_report", body: shop("alice", `,"response_headers":"IETF"`), status: 429, answerHeaders: ietf},
+		{method: "POST", path: "/check_and_report", body: shop("bob", `,"response_headers":"IETF"`), header: forwardedService, status: 200, answerHeaders: ietf},
+		{method: "POST", path: "/check_and_report", body: shop("bob", ""), status: 200},
+		{method: "POST", path: "/report", body: shop("bob", ""), header: forwardedAdmin, status: 200}, // bob: 3 of 2, counted all the same
+		{method: "POST", path: "/check_and_report", body: shop("bob", ""), status: 429},
+		{method: "POST", path: "/check", body: `{"namespace":"nothing","values":{},"delta":1}`, status: 200},
+
+		{method: "POST", path: "/check", body: `{"namespace":"shop","values":{}}`, status: 400, malformed: true},
+		{method: "POST", path: "/check", body: `{"namespace":"shop","values":null,"delta":1}`, status: 400, malformed: true},
+		{method: "POST", path: "/check", body: string(tooManyValues), status: 400, malformed: true},
+		{method: "POST", path: "/check", body: shop("alice", ""), header: map[string]string{"Content-Type": "text/plain"}, status: 400, malformed: true},
+		{method: "POST", path: "/report", body: `{"namespace":"shop","values":{"user":1},"delta":1}`, status: 400, malformed: true},
+		{method: "POST", path: "/report", body: `{"namespace":"` + strings.Repeat("x", 70<<10) + `","values":{},"delta":1}`, status: 400, malformed: true},
+		{method: "POST", path: "/check_and_report", body: `{"namespace":"shop","values":{},"delta":-1}`, status: 400, malformed: true},
+		// Well formed, but the limit's variable fails on "abc".
+		{method: "POST", path: "/check_and_report", body: `{"namespace":"shop/tokens","values":{"n":"abc"},"delta":1}`, status: 400},
+
+		{method: "POST", path: "/check", body: shop("carol", ""), header: forwarded, status: 401},
+		{method: "POST", path: "/report", body: shop("carol", ""), header: forwarded, status: 401},
+		{method: "POST", path: "/check_and_report", body: shop("carol", ""), header: forwarded, status: 401},
+		{method: "GET", path: "/counters/shop", header: forwarded, status: 401},
+	} {
+		doAt(lim.url, c)
+	}
+	var counters []struct {
+		SetVariables map[string]string `json:"set_variables"`
+		Remaining    int64             `json:"remaining"`
+	}
+	if err := json.Unmarshal(doAt(lim.url, apiCall{method: "GET", path: "/counters/shop", header: forwardedService, status: 200}), &counters); err != nil {
+		t.Errorf("GET /counters/shop: %v", err)
+	}
+	users := map[string]int64{}
+	for _, c := range counters {
+		if u, ok := c.SetVariables["descriptors[0]['user']"]; ok {
+			users[u] = c.Remaining
+		}
+	}
+	if want := map[string]int64{"alice": 0, "bob": 0}; !maps.Equal(users, want) {
+		t.Errorf("GET /counters/shop: per-user counters %v, want %v", users, want)
+	}
+
+	// Redis is down: the status and the limits need no store, the counters
+	// do. The decisions fail open whatever store.on_error says (Limitador's
+	// limits have no failure mode of their own): 200, as the document says,
+	// so that a change to 503 shows here.
+	doAt(limDown.url, apiCall{method: "GET", path: "/status", status: 200})
+	doAt(limDown.url, apiCall{method: "GET", path: "/limits/shop", status: 200})
+	doAt(limDown.url, apiCall{method: "GET", path: "/counters/shop", status: 503})
+	for _, path := range []string{"/check", "/report", "/check_and_report"} {
+		doAt(limDown.url, apiCall{method: "POST", path: path, body: shop("dave", ""), status: 200})
+	}
 
 	// Every operation was called, and answered with success and with an
 	// error where the document has one.
