@@ -379,15 +379,14 @@ func TestOpenAPI(t *testing.T) {
 		t.Errorf("GET /counters/shop: per-user counters %v, want %v", users, want)
 	}
 
-	// Redis is down: the status and the limits need no store, the counters
-	// do. The decisions fail open whatever store.on_error says (Limitador's
-	// limits have no failure mode of their own): 200, as the document says,
-	// so that a change to 503 shows here.
+	// Redis is down: the status and the limits need no store; the counters
+	// and the decisions do, and fail as Limitador's do, whatever
+	// store.on_error says: 503.
 	doAt(limDown.url, apiCall{method: "GET", path: "/status", status: 200})
 	doAt(limDown.url, apiCall{method: "GET", path: "/limits/shop", status: 200})
 	doAt(limDown.url, apiCall{method: "GET", path: "/counters/shop", status: 503})
 	for _, path := range []string{"/check", "/report", "/check_and_report"} {
-		doAt(limDown.url, apiCall{method: "POST", path: path, body: shop("dave", ""), status: 200})
+		doAt(limDown.url, apiCall{method: "POST", path: path, body: shop("dave", ""), status: 503})
 	}
 
 	// Every operation was called, and answered with success and with an

