@@ -1,6 +1,7 @@
 package limitador
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
+	"cel.dev/cel-go/common/types/traits"
 	"cel.dev/cel-go/interpreter"
 )
 
@@ -35,8 +37,88 @@ var celEnv = sync.OnceValues(func() (*cel.Env, error) {
 	return cel.NewEnv(
 		cel.Variable(varDescriptors, cel.ListType(cel.MapType(cel.StringType, cel.StringType))),
 		cel.Variable(varLimit, cel.MapType(cel.StringType, cel.DynType)),
+		limitadorFunctions(),
 	)
 })
+
+// maxArgs is the most arguments max and min take one by one (a list
+// holds any number).
+const maxArgs = 16
+
+// limitadorFunctions declares the functions Limitador's CEL (the cel
+// crate) has beside the standard ones: contains on a list (an element), a
+// map (a key) and bytes, and max and min of numbers, or of a list.
+func limitadorFunctions() cel.EnvOption {
+	contains := func(c, x ref.Val) ref.Val {
+		if cn, ok := c.(traits.Container); ok {
+			return cn.Contains(x)
+		}
+		return types.MaybeNoSuchOverloadErr(c)
+	}
+	extreme := func(name string, want types.Int) cel.EnvOption {
+		pick := func(args ...ref.Val) ref.Val {
+			if len(args) == 1 {
+				l, ok := args[0].(traits.Lister)
+				if !ok {
+					return args[0]
+				}
+				n := int(l.Size().(types.Int))
+				args = make([]ref.Val, n)
+				for i := range n {
+					args[i] = l.Get(types.Int(i))
+				}
+			}
+			if len(args) == 0 {
+				return types.NewErr("%s of an empty list", name)
+			}
+			best := args[0]
+			for _, a := range args[1:] {
+				cmp, ok := a.(traits.Comparer)
+				if !ok {
+					return types.MaybeNoSuchOverloadErr(a)
+				}
+				c := cmp.Compare(best)
+				if types.IsError(c) {
+					return c
+				}
+				if c == want {
+					best = a
+				}
+			}
+			return best
+		}
+		opts := []cel.FunctionOpt{cel.Overload(name+"_1", []*cel.Type{cel.DynType}, cel.DynType, cel.UnaryBinding(func(v ref.Val) ref.Val { return pick(v) }))}
+		for n := 2; n <= maxArgs; n++ {
+			args := make([]*cel.Type, n)
+			for i := range args {
+				args[i] = cel.DynType
+			}
+			opts = append(opts, cel.Overload(name+"_"+strconv.Itoa(n), args, cel.DynType, cel.FunctionBinding(pick)))
+		}
+		return cel.Function(name, opts...)
+	}
+	return cel.Lib(&extraLib{opts: []cel.EnvOption{
+		cel.Function("contains",
+			cel.MemberOverload("list_contains", []*cel.Type{cel.ListType(cel.DynType), cel.DynType}, cel.BoolType, cel.BinaryBinding(contains)),
+			cel.MemberOverload("map_contains", []*cel.Type{cel.MapType(cel.DynType, cel.DynType), cel.DynType}, cel.BoolType, cel.BinaryBinding(contains)),
+			cel.MemberOverload("bytes_contains", []*cel.Type{cel.BytesType, cel.BytesType}, cel.BoolType, cel.BinaryBinding(func(b, x ref.Val) ref.Val {
+				bb, ok1 := b.(types.Bytes)
+				xb, ok2 := x.(types.Bytes)
+				if !ok1 || !ok2 {
+					return types.MaybeNoSuchOverloadErr(x)
+				}
+				return types.Bool(bytes.Contains(bb, xb))
+			}))),
+		extreme("max", 1),
+		extreme("min", -1),
+	}})
+}
+
+// extraLib is a cel.Library of env options.
+type extraLib struct{ opts []cel.EnvOption }
+
+func (l *extraLib) CompileOptions() []cel.EnvOption     { return l.opts }
+func (l *extraLib) ProgramOptions() []cel.ProgramOption { return nil }
 
 // expr is one compiled condition or variable.
 type expr struct {

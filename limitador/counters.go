@@ -18,9 +18,10 @@ import (
 // read from the store when listed, so it is what every server sharing the
 // store counted.
 type counterIndex struct {
-	mu   sync.Mutex
-	max  int
-	n    int
+	mu    sync.Mutex
+	max   int
+	n     int
+	bytes int // what the counters hold, about: see sizeOf
 	byNS map[string]map[string]*seenCounter
 	// dropped counts counters not remembered because the index was full.
 	dropped uint64
@@ -50,9 +51,10 @@ func (x *counterIndex) add(ns, key, identity string, values []string, now, end t
 		}
 		return renewed
 	}
-	if x.n >= x.max {
+	size := sizeOf(key, values)
+	if x.n >= x.max || x.bytes+size > MaxIndexBytes {
 		x.sweep(now)
-		if x.n >= x.max {
+		if x.n >= x.max || x.bytes+size > MaxIndexBytes {
 			x.dropped++
 			return false
 		}
@@ -63,7 +65,22 @@ func (x *counterIndex) add(ns, key, identity string, values []string, now, end t
 	}
 	m[key] = &seenCounter{key: key, identity: identity, values: slices.Clone(values), end: end}
 	x.n++
+	x.bytes += size
 	return true
+}
+
+// MaxIndexBytes bounds what the counters a server remembers for Counters
+// hold, about: a caller who names long values makes fewer of them.
+const MaxIndexBytes = 64 << 20
+
+// sizeOf is about what a remembered counter costs: its key, its values
+// and the maps' overhead.
+func sizeOf(key string, values []string) int {
+	n := 128 + 2*len(key)
+	for _, v := range values {
+		n += 16 + len(v)
+	}
+	return n
 }
 
 // sweep forgets the counters whose windows ended before now.
@@ -73,6 +90,7 @@ func (x *counterIndex) sweep(now time.Time) {
 			if !c.end.After(now) {
 				delete(m, k)
 				x.n--
+				x.bytes -= sizeOf(c.key, c.values)
 			}
 		}
 		if len(m) == 0 {
@@ -94,17 +112,24 @@ func (x *counterIndex) list(ns string) []seenCounter {
 func (x *counterIndex) forget(ns, key string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if _, ok := x.byNS[ns][key]; ok {
+	if c, ok := x.byNS[ns][key]; ok {
 		delete(x.byNS[ns], key)
 		x.n--
+		x.bytes -= sizeOf(c.key, c.values)
 	}
 }
 
+// MaxCountersListed bounds what Counters returns, in the bytes of its
+// counters' limits and values, about: truncated says when it left some
+// out.
+const MaxCountersListed = 16 << 20
+
 // Counters returns the live counters of namespace ns: those this server
-// charged (or reported to) whose windows have not ended, with what each
-// holds now in the store, sorted by limit and variables. A counter of a
-// limit no longer in force is not listed.
-func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
+// charged (or reported to) whose windows have not ended, and with a
+// shared index every server's, with what each holds now in the store,
+// sorted by limit and variables. A counter of a limit no longer in force
+// is not listed. truncated says the list stopped at MaxCountersListed.
+func (l *Limiter) Counters(ctx context.Context, ns string) (counters []Counter, truncated bool, err error) {
 	ls := l.limits.Load()
 	byIdentity := map[string]*Limit{}
 	for _, lim := range ls.Namespace(ns) {
@@ -115,7 +140,7 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 	if idx := l.opts.Shared; idx != nil {
 		shared, err := idx.List(ctx, ns, now, l.opts.MaxCounters)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		known := make(map[string]bool, len(seen))
 		for _, c := range seen {
@@ -135,6 +160,7 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 	}
 	slices.SortFunc(seen, func(a, b seenCounter) int { return strings.Compare(a.key, b.key) })
 	var out []Counter
+	listed := 0
 	for len(seen) > 0 {
 		n := min(len(seen), bounds.MaxCharges)
 		batch := seen[:n]
@@ -159,10 +185,10 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 		var dec admit.Decision
 		o, err := l.opts.Decider.Decide(ctx, &res, &dec)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if o != policy.Stored {
-			return nil, admit.Errorf(admit.CodeUnavailable, "limitador: the store is not answering; counters are read from it")
+			return nil, false, admit.Errorf(admit.CodeUnavailable, "limitador: the store is not answering; counters are read from it")
 		}
 		for i, r := range dec.Results {
 			c, lim := kept[i], lims[i]
@@ -172,13 +198,21 @@ func (l *Limiter) Counters(ctx context.Context, ns string) ([]Counter, error) {
 				l.seen.forget(ns, c.key)
 				continue
 			}
-			if len(out) >= l.opts.MaxCounters {
-				break
+			size := 256
+			for _, c := range lim.Conditions {
+				size += len(c)
 			}
+			for i, v := range c.values {
+				size += len(lim.Variables[i]) + len(v)
+			}
+			if len(out) >= l.opts.MaxCounters || listed+size > MaxCountersListed {
+				return out, true, nil
+			}
+			listed += size
 			out = append(out, Counter{Limit: lim, Variables: variables(lim, c.values), Remaining: max(r.Remaining, 0), ExpiresIn: r.ResetAfter, key: c.key})
 		}
 	}
-	return out, nil
+	return out, false, nil
 }
 
 // Status is what GET /status reports: when the server started, when the

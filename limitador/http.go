@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,10 +129,13 @@ type counterJSON struct {
 }
 
 func (h *handler) counters(w http.ResponseWriter, r *http.Request) {
-	cs, err := h.lim.Counters(r.Context(), r.PathValue("namespace"))
+	cs, truncated, err := h.lim.Counters(r.Context(), r.PathValue("namespace"))
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if truncated {
+		w.Header().Set("Admit-Truncated", "the counters past "+strconv.Itoa(MaxCountersListed>>20)+" MiB are left out")
 	}
 	out := make([]counterJSON, len(cs))
 	for i, c := range cs {
@@ -211,6 +215,13 @@ func readCheck(w http.ResponseWriter, r *http.Request) (*checkRequest, error) {
 	}
 	if k, dup := httpx.DuplicateKey(body, false); dup {
 		return nil, admit.Errorf(admit.CodeInvalid, "the body gives %q twice", k)
+	}
+	if json.Valid(body) {
+		// Bytes that are not UTF-8 would decode as U+FFFD, making two
+		// callers one counter.
+		if k, bad := httpx.BadText(body); bad {
+			return nil, admit.Errorf(admit.CodeInvalid, "the body's %q is not UTF-8 text", k)
+		}
 	}
 	var req checkRequest
 	if err := json.Unmarshal(body, &req); err != nil {

@@ -191,7 +191,7 @@ func testServersShare(t *testing.T, srv *redistest.Server, dist string) {
 		t.Fatalf("%d admitted across two servers, want 2", n)
 	}
 	// The first hit started the window, in Redis's time, for both.
-	cs, err := lims[1].Counters(context.Background(), "app")
+	cs, _, err := lims[1].Counters(context.Background(), "app")
 	if dist == "leased" {
 		return // a leased counter's units are in the servers' hands, not in Redis
 	}
@@ -240,5 +240,20 @@ func TestStoreDown(t *testing.T) {
 	st.Down.Store(false)
 	if resp, err := s.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("the store is back: %v %v", resp, err)
+	}
+}
+
+// TestHTTPRefusesNonText: a value that is not UTF-8 is refused, not read
+// as U+FFFD and made another caller's counter.
+func TestHTTPRefusesNonText(t *testing.T) {
+	l, _ := newLimiter(t, perUser)
+	h := Handler(l, HandlerOptions{})
+	for _, body := range []string{
+		"{\"namespace\":\"app\",\"values\":{\"req.method\":\"GET\",\"user\":\"u\xff\"},\"delta\":1}",
+		`{"namespace":"app","values":{"req.method":"GET","user":"u\udfff"},"delta":1}`,
+	} {
+		if resp, out := post(t, h, "/check_and_report", body); resp.StatusCode != 400 || !strings.Contains(out, "UTF-8") {
+			t.Errorf("%q: %d %s", body, resp.StatusCode, out)
+		}
 	}
 }

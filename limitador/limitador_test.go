@@ -203,7 +203,7 @@ func TestCheckAndReport(t *testing.T) {
 	if res := decide(t, l, Check, "n", desc("k", "b"), 3); res.Limited {
 		t.Fatal("b's counter is its own")
 	}
-	cs, err := l.Counters(context.Background(), "n")
+	cs, _, err := l.Counters(context.Background(), "n")
 	if err != nil || len(cs) != 1 || cs[0].Variables["descriptors[0].k"] != "a" || cs[0].Remaining != 0 {
 		t.Fatalf("counters %+v %v", cs, err)
 	}
@@ -478,5 +478,78 @@ func TestCounterKeyIsAKey(t *testing.T) {
 		if got := counterKey("ns/1", lim, values); got != want {
 			t.Errorf("counterKey(%q) = %q, want %q", values, got, want)
 		}
+	}
+}
+
+// TestLimitadorFunctions: the functions Limitador's CEL has beyond the
+// standard ones read as it reads them.
+func TestLimitadorFunctions(t *testing.T) {
+	req := &request{}
+	req.reset([]map[string]string{{"method": "GET", "n": "7"}})
+	for src, want := range map[string]bool{
+		"['GET', 'HEAD'].contains(descriptors[0].method)": true,
+		"['PUT'].contains(descriptors[0].method)":         false,
+		"descriptors[0].contains('method')":               true,
+		"descriptors[0].method.contains('E')":             true,
+		"b'abc'.contains(b'bc')":                          true,
+		"max(1, 2) == 2 && min(1, 2) == 1":                true,
+		"max([3, 9, 4]) == 9 && min(5) == 5":              true,
+		"max(int(descriptors[0].n), 3, 5) == 7":           true,
+		"max(1.5, 2.5, 0.5) == 2.5":                       true,
+	} {
+		e, err := compile(src)
+		if err != nil {
+			t.Fatalf("%s: %v", src, err)
+		}
+		got, err := e.test(req)
+		if err != nil || got != want {
+			t.Errorf("%s = %v, %v; want %v", src, got, err, want)
+		}
+	}
+}
+
+// TestRedTeamParse holds what a red team found the parser took: a second
+// YAML document dropped, numbers for strings, one id across namespaces.
+func TestRedTeamParse(t *testing.T) {
+	for _, tc := range []struct{ file, want string }{
+		{"---\n- {namespace: a, max_value: 1, seconds: 1, conditions: [], variables: []}\n---\n- {namespace: b, max_value: 1, seconds: 1, conditions: [], variables: []}\n", "3:1: the file holds more than one YAML document"},
+		{"- {namespace: 123, max_value: 1, seconds: 1, conditions: [], variables: []}", "want a string, not \"123\""},
+		{"- {namespace: n, max_value: 1, seconds: 1, conditions: [true], variables: []}", "want a CEL expression, a string"},
+	} {
+		if _, err := Parse("f.yaml", []byte(tc.file)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%q) = %v, want %q", tc.file, err, tc.want)
+		}
+	}
+	ls, err := Parse("f.yaml", []byte(`
+- {namespace: ida, id: shared, max_value: 5, seconds: 60, conditions: [], variables: []}
+- {namespace: idb, id: shared, max_value: 3, seconds: 10, conditions: [], variables: ["descriptors[0].u"]}
+- {namespace: idb, id: shared, max_value: 9, seconds: 60, conditions: [], variables: ["descriptors[0].u"]}
+`))
+	if err != nil || len(ls.Namespace("ida")) != 1 || len(ls.Namespace("idb")) != 2 || len(ls.Warnings) != 0 {
+		t.Fatalf("limits of one id, %v: %d + %d, warnings %q", err, len(ls.Namespace("ida")), len(ls.Namespace("idb")), ls.Warnings)
+	}
+	if a, b := ls.Namespace("idb")[0].identity, ls.Namespace("idb")[1].identity; a == b {
+		t.Fatalf("two windows of one id share the counters %q", a)
+	}
+}
+
+// TestCounterIndexBounded: long values make fewer counters remembered,
+// within MaxIndexBytes.
+func TestCounterIndexBounded(t *testing.T) {
+	x := newCounterIndex(1_000_000)
+	now := time.Now()
+	long := strings.Repeat("v", 64<<10)
+	n := 0
+	for i := range 2000 {
+		if x.add("n", strconv.Itoa(i), "id", []string{long}, now, now.Add(time.Minute)) {
+			n++
+		}
+	}
+	if x.bytes > MaxIndexBytes || n == 2000 || n < 900 {
+		t.Fatalf("%d remembered, %d bytes", n, x.bytes)
+	}
+	x.sweep(now.Add(time.Hour))
+	if x.bytes != 0 || x.n != 0 {
+		t.Fatalf("after their windows: %d counters, %d bytes", x.n, x.bytes)
 	}
 }

@@ -1,9 +1,11 @@
 package limitador
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,6 +70,7 @@ type Limit struct {
 	Line int
 
 	identity string // the counters' name: see identityOf
+	equality string // what Limitador tells limits apart by: see identityOf
 	rule     *policy.Rule
 	conds    []*expr
 	vars     []*expr
@@ -142,8 +145,21 @@ func ParseWith(file string, data []byte, opts ParseOptions) (*Limits, error) {
 		return nil, yamlconf.Errors{{File: file, Msg: fmt.Sprintf("the file is %d bytes; a limits file is at most %d", len(data), MaxFileSize)}}
 	}
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&root); err != nil && err != io.EOF {
 		return nil, yamlconf.Errors{yamlconf.SyntaxError(file, err)}
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); err != io.EOF {
+		// Limitador reads one document; a second, the rest of a file
+		// joined with ---, would go unread.
+		e := yamlconf.Error{File: file, Msg: "the file holds more than one YAML document; a limits file is one list of limits"}
+		if err == nil {
+			e.Line, e.Col = next.Line, next.Column
+		} else {
+			e = yamlconf.SyntaxError(file, err)
+		}
+		return nil, yamlconf.Errors{e}
 	}
 	if len(root.Content) == 0 {
 		return nil, yamlconf.Errors{{File: file, Msg: "the file is empty; a limits file is a list of limits (write [] for none)"}}
@@ -166,13 +182,13 @@ func ParseWith(file string, data []byte, opts ParseOptions) (*Limits, error) {
 		if l == nil {
 			continue
 		}
-		// Limitador keeps each namespace's limits as a set: two namespaces
-		// may each have a limit of one id.
-		if first, ok := seen[l.Namespace+"\x00"+l.identity]; ok {
+		// Limitador keeps each namespace's limits as a set, of limits equal
+		// by namespace, seconds, conditions and variables (not by id).
+		if first, ok := seen[l.equality]; ok {
 			p.ls.Warnings = append(p.ls.Warnings, fmt.Sprintf("%s:%d: this limit counts as the one at line %d does (the same namespace, seconds, conditions and variables, or the same id): the first is kept, as Limitador keeps one", file, l.Line, first.Line))
 			continue
 		}
-		seen[l.Namespace+"\x00"+l.identity] = l
+		seen[l.equality] = l
 		p.ls.all = append(p.ls.all, l)
 		p.ls.ns[l.Namespace] = append(p.ls.ns[l.Namespace], l)
 	}
@@ -230,8 +246,9 @@ func (p *parser) limit(n *yaml.Node, path string) *Limit {
 		if v == nil || isNull(v) {
 			return "", false
 		}
-		if v.Kind != yaml.ScalarNode {
-			p.fail(v, path+"."+name, "want a string, not %s", yamlconf.KindName(v))
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
+			// Limitador reads these as strings, and refuses a number.
+			p.fail(v, path+"."+name, "want a string, not %s (quote it)", yamlconf.KindName(v))
 			return "", false
 		}
 		return v.Value, true
@@ -311,8 +328,8 @@ func (p *parser) expressions(_ map[string]*yaml.Node, v *yaml.Node, path string)
 	byText := map[string]*expr{}
 	for i, e := range v.Content {
 		at := fmt.Sprintf("%s[%d]", path, i)
-		if e.Kind != yaml.ScalarNode || isNull(e) {
-			p.fail(e, at, "want a CEL expression, not %s", yamlconf.KindName(e))
+		if e.Kind != yaml.ScalarNode || e.Tag != "!!str" {
+			p.fail(e, at, "want a CEL expression, a string, not %s (quote it)", yamlconf.KindName(e))
 			continue
 		}
 		if len(e.Value) > MaxExpressionSize {
@@ -344,7 +361,7 @@ func (l *Limit) build() error {
 		l.Algorithm = "" // the default: one identity, however it is written
 	}
 	window := time.Duration(l.Seconds) * time.Second
-	l.identity = identityOf(l)
+	l.identity, l.equality = identityOf(l)
 	// The rule's name is what headers and decisions name the limit by:
 	// its name, or else its identity.
 	// A store that does not answer fails the request, as Limitador's
@@ -415,16 +432,14 @@ func (l *Limit) build() error {
 	return nil
 }
 
-// identityOf names the counters of l as Limitador tells limits apart: by
-// id when it has one, otherwise by namespace, seconds, conditions and
-// variables, so that a limit whose max_value or name changes keeps its
-// counters, and one whose conditions change starts new ones. The
-// algorithm and its period are part of it too: another algorithm keeps
-// another kind of state.
-func identityOf(l *Limit) string {
-	if l.ID != "" {
-		return "id:" + l.ID
-	}
+// identityOf names the counters of l: by namespace, seconds, conditions
+// and variables, as Limitador tells limits apart (equality), so that a
+// limit whose max_value or name changes keeps its counters, and one whose
+// conditions change starts new ones; a limit with an id by its id, its
+// seconds and algorithm, so that its conditions may change and its
+// counters stay. The algorithm and its period are part of both: another
+// algorithm keeps another kind of state.
+func identityOf(l *Limit) (identity, equality string) {
 	h := sha256.New()
 	field := func(s string) {
 		h.Write([]byte(strconv.Itoa(len(s))))
@@ -444,5 +459,9 @@ func identityOf(l *Limit) string {
 	field(l.Algorithm)
 	field(l.Period)
 	field(l.TimeZone)
-	return hex.EncodeToString(h.Sum(nil)[:12])
+	equality = hex.EncodeToString(h.Sum(nil)[:12])
+	if l.ID == "" {
+		return equality, equality
+	}
+	return "id:" + l.ID + ":" + strconv.FormatInt(l.Seconds, 10) + ":" + l.Algorithm + ":" + l.Period + ":" + l.TimeZone, equality
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -203,6 +204,11 @@ func dirDigest(dir string) [sha256.Size]byte {
 		data, err := yamlconf.ReadFile(n, envoyrls.MaxFileSize)
 		h.Write([]byte(n))
 		h.Write([]byte{0})
+		if fi, err := os.Stat(n); err == nil {
+			// Two writes caught at the same cut read the same: their
+			// times tell them apart (fileDigest).
+			h.Write([]byte(fi.ModTime().Format(time.RFC3339Nano)))
+		}
 		if err != nil {
 			h.Write([]byte(err.Error()))
 		}

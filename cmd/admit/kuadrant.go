@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/admitdev/admit/limitador"
 	"github.com/admitdev/admit/limitador/kuadrant"
 	"github.com/admitdev/admit/yamlconf"
 )
@@ -103,6 +104,15 @@ func configImport(args []string, e *env) int {
 	if len(res.Refused) > 0 {
 		fmt.Fprintf(e.stderr, "admit config import: %d refused; the limits above are the rest\n", len(res.Refused))
 		return 1
+	}
+	// What Kuadrant would write, admit serve may still refuse (a window
+	// past the Redis store's span, an expression past its bounds): say so
+	// now, not at the next reload.
+	if len(res.Limits) > 0 {
+		if _, err := limitador.Parse("(the limits written)", out.Bytes()); err != nil {
+			fmt.Fprintf(e.stderr, "admit config import: admit serve --limitador-config would refuse the limits written:\n%v\n", err)
+			return 1
+		}
 	}
 	return 0
 }

@@ -179,3 +179,18 @@ func TestConfigImportKuadrant(t *testing.T) {
 		}
 	}
 }
+
+// TestImportRefusedByServe: limits Kuadrant would write that admit serve
+// refuses (a window past the Redis store's span) are named, exit 1.
+func TestImportRefusedByServe(t *testing.T) {
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.yaml")
+	long := strings.Replace(strings.Replace(importPolicy, "window: 30s", "window: 99999h", 1), "    sectionName: toys\n", "", 1)
+	if err := os.WriteFile(policy, []byte(long), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runImport("config", "import", "kuadrant", policy, "--namespace", "shop")
+	if code != 1 || !strings.Contains(stdout, "seconds: 359996400") || !strings.Contains(stderr, "would refuse the limits written") || !strings.Contains(stderr, "a window is at most") {
+		t.Errorf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}

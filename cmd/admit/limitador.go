@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -118,11 +120,22 @@ func (ls *limitadorService) watch(ctx context.Context, rl reloading) {
 	})
 }
 
-// fileDigest hashes a file's content, or the error reading it.
+// fileDigest hashes a file's content and its modification time, or the
+// error reading it. The time tells apart two writes caught at the same
+// cut, which read the same: a file rewritten in place, in two writes,
+// more often than the settle period would otherwise look settled on its
+// first half.
 func fileDigest(name string) [sha256.Size]byte {
+	h := sha256.New()
+	if fi, err := os.Stat(name); err == nil {
+		h.Write([]byte(fi.ModTime().Format(time.RFC3339Nano)))
+	}
 	data, err := yamlconf.ReadFile(name, limitador.MaxFileSize)
 	if err != nil {
-		return sha256.Sum256([]byte(err.Error()))
+		h.Write([]byte(err.Error()))
 	}
-	return sha256.Sum256(data)
+	h.Write(data)
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
 }

@@ -39,6 +39,11 @@ func New(s *redisstore.Store) *Index {
 
 func (x *Index) key(ns string) string { return x.prefix + ns }
 
+// MaxMember bounds a counter's member (its identity and values, as JSON)
+// in the index: a counter of longer values is listed by the servers that
+// charged it only, so that a namespace's index holds at most Max × 4 KiB.
+const MaxMember = 4096
+
 // Add implements limitador.SharedIndex: one round trip for the entries.
 func (x *Index) Add(ctx context.Context, ns string, entries []limitador.IndexEntry) error {
 	if len(entries) == 0 {
@@ -48,14 +53,22 @@ func (x *Index) Add(ctx context.Context, ns string, entries []limitador.IndexEnt
 		k := x.key(ns)
 		add := c.B().Zadd().Key(k).Gt().ScoreMember()
 		last := int64(0)
+		n := 0
 		for _, e := range entries {
 			m, err := json.Marshal(append([]string{e.Identity}, e.Values...))
 			if err != nil {
 				return err
 			}
+			if len(m) > MaxMember {
+				continue // listed by the servers that charged it only
+			}
+			n++
 			end := e.End.UnixMilli()
 			last = max(last, end)
 			add = add.ScoreMember(float64(end), string(m))
+		}
+		if n == 0 {
+			return nil
 		}
 		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 		for _, r := range c.DoMulti(ctx,

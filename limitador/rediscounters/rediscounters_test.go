@@ -55,7 +55,7 @@ func TestEveryServerListsEveryCounter(t *testing.T) {
 		// while.
 		var got map[string]int64
 		for deadline := time.Now().Add(10 * time.Second); ; {
-			cs, err := l.Counters(ctx, "app")
+			cs, _, err := l.Counters(ctx, "app")
 			if err != nil {
 				t.Fatal(err)
 			}
