@@ -22,7 +22,7 @@ type counterIndex struct {
 	max   int
 	n     int
 	bytes int // what the counters hold, about: see sizeOf
-	byNS map[string]map[string]*seenCounter
+	byNS  map[string]map[string]*seenCounter
 	// dropped counts counters not remembered because the index was full.
 	dropped uint64
 }

@@ -174,9 +174,13 @@ func (h *handler) post(mode Mode) http.HandlerFunc {
 		}
 		res, err := h.lim.Decide(r.Context(), mode, ns, []map[string]string{*req.Values}, delta, mode == CheckAndReport && req.ResponseHeaders != nil)
 		if err != nil {
+			if admit.ErrorCode(err) == admit.CodeUnavailable {
+				h.lim.opts.Metrics.SetPartitioned(true)
+			}
 			writeError(w, err)
 			return
 		}
+		h.lim.opts.Metrics.SetPartitioned(false)
 		m := h.lim.opts.Metrics
 		if mode == CheckAndReport && h.lim.Owns(ns) {
 			if res.Limited {

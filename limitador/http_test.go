@@ -12,6 +12,7 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -211,7 +212,8 @@ func TestStoreDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := New(Options{Decider: policy.NewDecider(st, 1), Limits: ls})
+	m := NewMetrics(false)
+	l, err := New(Options{Decider: policy.NewDecider(st, 1), Limits: ls, Metrics: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,9 +239,15 @@ func TestStoreDown(t *testing.T) {
 	if code, _ := get(t, h, "/status"); code != 200 {
 		t.Errorf("status with the store down: %d", code)
 	}
+	if v := gauge(t, m); v != 1 {
+		t.Errorf("datastore_partitioned %v with the store down", v)
+	}
 	st.Down.Store(false)
 	if resp, err := s.ShouldRateLimit(ctx, req); err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("the store is back: %v %v", resp, err)
+	}
+	if v := gauge(t, m); v != 0 {
+		t.Errorf("datastore_partitioned %v with the store back", v)
 	}
 }
 
@@ -256,4 +264,13 @@ func TestHTTPRefusesNonText(t *testing.T) {
 			t.Errorf("%q: %d %s", body, resp.StatusCode, out)
 		}
 	}
+}
+
+func gauge(t *testing.T, m *Metrics) float64 {
+	t.Helper()
+	var out dto.Metric
+	if err := m.partitioned.Write(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGauge().GetValue()
 }

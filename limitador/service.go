@@ -127,6 +127,9 @@ func (s *Service) answer(ctx context.Context, mode Mode, req *rlsv3.RateLimitReq
 	headers := mode == CheckAndReport && s.headers != HeadersNone
 	res, err := s.lim.Decide(ctx, mode, ns, ds, delta, headers)
 	if err != nil {
+		if admit.ErrorCode(err) == admit.CodeUnavailable {
+			s.lim.opts.Metrics.SetPartitioned(true)
+		}
 		if admit.ErrorCode(err) == admit.CodeInvalid {
 			return nil, status.Error(codes.InvalidArgument, err.Error())
 		}
