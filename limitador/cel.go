@@ -10,12 +10,14 @@ import (
 	"sync"
 
 	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common"
 	"cel.dev/cel-go/common/ast"
 	"cel.dev/cel-go/common/operators"
 	"cel.dev/cel-go/common/types"
 	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/common/types/traits"
 	"cel.dev/cel-go/interpreter"
+	celparser "cel.dev/cel-go/parser"
 )
 
 // The names CEL sees.
@@ -41,10 +43,6 @@ var celEnv = sync.OnceValues(func() (*cel.Env, error) {
 	)
 })
 
-// maxArgs is the most arguments max and min take one by one (a list
-// holds any number).
-const maxArgs = 16
-
 // limitadorFunctions declares the functions Limitador's CEL (the cel
 // crate) has beside the standard ones: contains on a list (an element), a
 // map (a key) and bytes, and max and min of numbers, or of a list.
@@ -69,7 +67,7 @@ func limitadorFunctions() cel.EnvOption {
 				}
 			}
 			if len(args) == 0 {
-				return types.NewErr("%s of an empty list", name)
+				return types.NullValue // Limitador's max() and max([])
 			}
 			best := args[0]
 			for _, a := range args[1:] {
@@ -87,15 +85,18 @@ func limitadorFunctions() cel.EnvOption {
 			}
 			return best
 		}
-		opts := []cel.FunctionOpt{cel.Overload(name+"_1", []*cel.Type{cel.DynType}, cel.DynType, cel.UnaryBinding(func(v ref.Val) ref.Val { return pick(v) }))}
-		for n := 2; n <= maxArgs; n++ {
-			args := make([]*cel.Type, n)
-			for i := range args {
-				args[i] = cel.DynType
+		// max(a, b, c) of any number of arguments is read as max([a, b, c]),
+		// one overload of one argument.
+		spread := cel.GlobalVarArgMacro(name, func(eh celparser.ExprHelper, _ ast.Expr, args []ast.Expr) (ast.Expr, *common.Error) {
+			if len(args) == 1 {
+				return nil, nil
 			}
-			opts = append(opts, cel.Overload(name+"_"+strconv.Itoa(n), args, cel.DynType, cel.FunctionBinding(pick)))
-		}
-		return cel.Function(name, opts...)
+			return eh.NewCall(name, eh.NewList(args...)), nil
+		})
+		return cel.Lib(&extraLib{opts: []cel.EnvOption{
+			cel.Macros(spread),
+			cel.Function(name, cel.Overload(name+"_1", []*cel.Type{cel.DynType}, cel.DynType, cel.UnaryBinding(func(v ref.Val) ref.Val { return pick(v) }))),
+		}})
 	}
 	return cel.Lib(&extraLib{opts: []cel.EnvOption{
 		cel.Function("contains",

@@ -120,9 +120,13 @@ func (x *counterIndex) forget(ns, key string) {
 }
 
 // MaxCountersListed bounds what Counters returns, in the bytes of its
-// counters' limits and values, about: truncated says when it left some
+// counters' limits and values, about, and MaxCountersAnswered in
+// counters (each read from the store): truncated says when it left some
 // out.
-const MaxCountersListed = 16 << 20
+const (
+	MaxCountersListed   = 16 << 20
+	MaxCountersAnswered = 10_000
+)
 
 // Counters returns the live counters of namespace ns: those this server
 // charged (or reported to) whose windows have not ended, and with a
@@ -138,7 +142,7 @@ func (l *Limiter) Counters(ctx context.Context, ns string) (counters []Counter, 
 	seen := l.seen.list(ns)
 	now := l.opts.Now()
 	if idx := l.opts.Shared; idx != nil {
-		shared, err := idx.List(ctx, ns, now, l.opts.MaxCounters)
+		shared, err := idx.List(ctx, ns, now, MaxCountersAnswered)
 		if err != nil {
 			return nil, false, err
 		}
@@ -205,7 +209,7 @@ func (l *Limiter) Counters(ctx context.Context, ns string) (counters []Counter, 
 			for i, v := range c.values {
 				size += len(lim.Variables[i]) + len(v)
 			}
-			if len(out) >= l.opts.MaxCounters || listed+size > MaxCountersListed {
+			if len(out) >= MaxCountersAnswered || listed+size > MaxCountersListed {
 				return out, true, nil
 			}
 			listed += size

@@ -34,7 +34,7 @@ type HandlerOptions struct {
 // /report and /check_and_report, with Limitador's paths, JSON and status
 // codes. Its errors are problem+json (Limitador's are text).
 func Handler(lim *Limiter, opts HandlerOptions) http.Handler {
-	h := &handler{lim: lim, opts: opts}
+	h := &handler{lim: lim, opts: opts, listing: make(chan struct{}, 1)}
 	m := http.NewServeMux()
 	m.HandleFunc("GET /status", h.status)
 	m.HandleFunc("GET /limits/{namespace}", h.guard(h.limits))
@@ -51,7 +51,14 @@ var Paths = []string{"/status", "/limits/{namespace}", "/counters/{namespace}", 
 type handler struct {
 	lim  *Limiter
 	opts HandlerOptions
+	// listing holds the one GET /counters answered at a time: each reads
+	// up to MaxCountersAnswered counters from the store.
+	listing chan struct{}
 }
+
+// listingWrite bounds how long an answer of GET /counters may take to
+// be written: a client that does not read it keeps it no longer.
+const listingWrite = 10 * time.Second
 
 func (h *handler) guard(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -129,13 +136,22 @@ type counterJSON struct {
 }
 
 func (h *handler) counters(w http.ResponseWriter, r *http.Request) {
+	select {
+	case h.listing <- struct{}{}:
+		defer func() { <-h.listing }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		problem.Write(w, http.StatusTooManyRequests, "the counters are listed one request at a time on a server; retry")
+		return
+	}
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(listingWrite))
 	cs, truncated, err := h.lim.Counters(r.Context(), r.PathValue("namespace"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if truncated {
-		w.Header().Set("Admit-Truncated", "the counters past "+strconv.Itoa(MaxCountersListed>>20)+" MiB are left out")
+		w.Header().Set("Admit-Truncated", "the counters past "+strconv.Itoa(MaxCountersAnswered)+" or "+strconv.Itoa(MaxCountersListed>>20)+" MiB are left out")
 	}
 	out := make([]counterJSON, len(cs))
 	for i, c := range cs {

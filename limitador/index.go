@@ -22,11 +22,16 @@ type IndexEntry struct {
 	Identity string
 	Values   []string
 	End      time.Time
+
+	key string // its store key, while it waits to be written
 }
 
-// sharedQueue bounds the counters waiting to be written to the shared
+// sharedQueue bounds the batches waiting to be written to the shared
 // index; more are dropped (a later hit of theirs adds them again).
 const sharedQueue = 4096
+
+// sharedBatch bounds the counters of one write to the shared index.
+const sharedBatch = 512
 
 // indexed is a batch of entries of one namespace for the shared index.
 type indexed struct {
@@ -42,11 +47,30 @@ func (l *Limiter) share(ctx context.Context, idx SharedIndex) {
 		case <-ctx.Done():
 			return
 		case b := <-l.shareQ:
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			if err := idx.Add(wctx, b.ns, b.entries); err != nil {
-				l.shareFailed.Add(1)
+			// What else waits is written with it, a write a namespace:
+			// under load the queue drains in few calls.
+			byNS := map[string][]IndexEntry{b.ns: b.entries}
+			n := len(b.entries)
+		drain:
+			for n < sharedBatch {
+				select {
+				case b := <-l.shareQ:
+					byNS[b.ns] = append(byNS[b.ns], b.entries...)
+					n += len(b.entries)
+				default:
+					break drain
+				}
 			}
-			cancel()
+			for ns, entries := range byNS {
+				wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				if err := idx.Add(wctx, ns, entries); err != nil {
+					l.shareFailed.Add(1)
+					for _, e := range entries {
+						l.seen.forget(ns, e.key) // sent again at its next hit
+					}
+				}
+				cancel()
+			}
 		}
 	}
 }

@@ -487,15 +487,17 @@ func TestLimitadorFunctions(t *testing.T) {
 	req := &request{}
 	req.reset([]map[string]string{{"method": "GET", "n": "7"}})
 	for src, want := range map[string]bool{
-		"['GET', 'HEAD'].contains(descriptors[0].method)": true,
-		"['PUT'].contains(descriptors[0].method)":         false,
-		"descriptors[0].contains('method')":               true,
-		"descriptors[0].method.contains('E')":             true,
-		"b'abc'.contains(b'bc')":                          true,
-		"max(1, 2) == 2 && min(1, 2) == 1":                true,
-		"max([3, 9, 4]) == 9 && min(5) == 5":              true,
-		"max(int(descriptors[0].n), 3, 5) == 7":           true,
-		"max(1.5, 2.5, 0.5) == 2.5":                       true,
+		"['GET', 'HEAD'].contains(descriptors[0].method)":                                  true,
+		"['PUT'].contains(descriptors[0].method)":                                          false,
+		"descriptors[0].contains('method')":                                                true,
+		"descriptors[0].method.contains('E')":                                              true,
+		"b'abc'.contains(b'bc')":                                                           true,
+		"max(1, 2) == 2 && min(1, 2) == 1":                                                 true,
+		"max([3, 9, 4]) == 9 && min(5) == 5":                                               true,
+		"max(int(descriptors[0].n), 3, 5) == 7":                                            true,
+		"max(1.5, 2.5, 0.5) == 2.5":                                                        true,
+		"max(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20) == 20": true,
+		"max() == null && min([]) == null":                                                 true,
 	} {
 		e, err := compile(src)
 		if err != nil {
@@ -551,5 +553,28 @@ func TestCounterIndexBounded(t *testing.T) {
 	x.sweep(now.Add(time.Hour))
 	if x.bytes != 0 || x.n != 0 {
 		t.Fatalf("after their windows: %d counters, %d bytes", x.n, x.bytes)
+	}
+}
+
+// TestRedTeamCounters holds what round two found of the counters: a
+// delta of 0 made a counter to list, and limits of one id keyed by other
+// variables shared one.
+func TestRedTeamCounters(t *testing.T) {
+	l, _ := newLimiter(t, `
+- {namespace: n, max_value: 5, seconds: 60, conditions: [], variables: ["descriptors[0].u"]}
+- {namespace: ids, id: X, max_value: 3, seconds: 60, conditions: [], variables: ["descriptors[0].u"]}
+- {namespace: ids, id: X, max_value: 3, seconds: 60, conditions: [], variables: ["descriptors[0].v"]}
+`)
+	for range 3 {
+		decide(t, l, CheckAndReport, "n", desc("u", "zero"), 0)
+	}
+	if cs, _, err := l.Counters(context.Background(), "n"); err != nil || len(cs) != 0 {
+		t.Fatalf("after deltas of 0: %+v %v", cs, err)
+	}
+	if n := admitted(t, l, "ids", desc("u", "a"), 4, 1); n != 3 {
+		t.Fatalf("u=a: %d admitted, want 3", n)
+	}
+	if n := admitted(t, l, "ids", desc("v", "a"), 4, 1); n != 3 {
+		t.Fatalf("v=a is another counter of id X: %d admitted, want 3", n)
 	}
 }

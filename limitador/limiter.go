@@ -245,7 +245,7 @@ func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lim
 	case !c.dec.Allowed:
 		out.Limited = true
 	}
-	if mode == CheckAndReport && !out.Limited {
+	if mode == CheckAndReport && !out.Limited && delta > 0 {
 		l.remember(c, ns)
 	}
 	if withCounters {
@@ -500,9 +500,14 @@ func (l *Limiter) remember(c *call, ns string) {
 			continue
 		}
 		if k < len(c.dec.Results) {
-			end := now.Add(c.dec.Results[k].ResetAfter)
-			if l.seen.add(ns, c.keys[k], lim.identity, c.values[i], now, end) && l.shareQ != nil {
-				fresh = append(fresh, IndexEntry{Identity: lim.identity, Values: slices.Clone(c.values[i]), End: end})
+			reset := c.dec.Results[k].ResetAfter
+			end := now.Add(reset)
+			added := l.seen.add(ns, c.keys[k], lim.identity, c.values[i], now, end)
+			// A first-hit window's first charge starts it (its reset is a
+			// whole window): shared even when this server's index is full.
+			started := lim.rule.Algorithm == admit.FirstHitWindow && reset == lim.rule.Window
+			if (added || started) && l.shareQ != nil {
+				fresh = append(fresh, IndexEntry{Identity: lim.identity, Values: slices.Clone(c.values[i]), End: end, key: c.keys[k]})
 			}
 		}
 		k++
@@ -510,7 +515,11 @@ func (l *Limiter) remember(c *call, ns string) {
 	if len(fresh) > 0 {
 		select {
 		case l.shareQ <- indexed{ns: ns, entries: fresh}:
-		default: // full: a later hit sends them again
+		default:
+			// Full: forget them here, so that their next hit sends them.
+			for _, e := range fresh {
+				l.seen.forget(ns, e.key)
+			}
 		}
 	}
 }

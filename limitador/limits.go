@@ -463,5 +463,12 @@ func identityOf(l *Limit) (identity, equality string) {
 	if l.ID == "" {
 		return equality, equality
 	}
-	return "id:" + l.ID + ":" + strconv.FormatInt(l.Seconds, 10) + ":" + l.Algorithm + ":" + l.Period + ":" + l.TimeZone, equality
+	// The variables are part of an id's counters, as Limitador keys them
+	// by each variable and its value: limits of one id keyed by other
+	// variables count apart.
+	v := sha256.New()
+	for _, x := range l.Variables {
+		v.Write([]byte(strconv.Itoa(len(x)) + ":" + x))
+	}
+	return "id:" + l.ID + ":" + strconv.FormatInt(l.Seconds, 10) + ":" + l.Algorithm + ":" + l.Period + ":" + l.TimeZone + ":" + hex.EncodeToString(v.Sum(nil)[:8]), equality
 }

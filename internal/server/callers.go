@@ -73,7 +73,15 @@ func (s *Server) callerOf(r *http.Request) caller {
 // callers with every tenant's counters (Limitador's HTTP API) lets only
 // such requests in.
 func (s *Server) Trusted(r *http.Request) bool {
-	return s.callerOf(r).trusted() || s.loopbackClient(r) == ""
+	if s.callerOf(r).trusted() {
+		return true
+	}
+	// A credential that is no token of the platform's is refused, from
+	// loopback too: an unknown token is never ignored.
+	if _, ok := httplimit.Bearer(r); ok || unreadableCredential(r) != "" || len(r.Header["X-Api-Key"]) > 0 {
+		return false
+	}
+	return s.loopbackClient(r) == ""
 }
 
 // isAdmin reports whether r carries the admin token.
