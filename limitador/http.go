@@ -57,8 +57,12 @@ type handler struct {
 }
 
 // listingWrite bounds how long an answer of GET /counters may take to
-// be written: a client that does not read it keeps it no longer.
-const listingWrite = 10 * time.Second
+// be written: a client that does not read it keeps it no longer; and
+// listingWait how long a listing waits for the one before it.
+const (
+	listingWrite = 10 * time.Second
+	listingWait  = 10 * time.Second
+)
 
 func (h *handler) guard(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -136,12 +140,17 @@ type counterJSON struct {
 }
 
 func (h *handler) counters(w http.ResponseWriter, r *http.Request) {
+	// The others wait their turn, a while: each listing reads the store.
+	wait := time.NewTimer(listingWait)
+	defer wait.Stop()
 	select {
 	case h.listing <- struct{}{}:
 		defer func() { <-h.listing }()
-	default:
+	case <-wait.C:
 		w.Header().Set("Retry-After", "1")
-		problem.Write(w, http.StatusTooManyRequests, "the counters are listed one request at a time on a server; retry")
+		problem.Write(w, http.StatusTooManyRequests, "the counters are listed one request at a time on a server, and others are being listed; retry")
+		return
+	case <-r.Context().Done():
 		return
 	}
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(listingWrite))
