@@ -23,8 +23,6 @@ type counterIndex struct {
 	n     int
 	bytes int // what the counters hold, about: see sizeOf
 	byNS  map[string]map[string]*seenCounter
-	// dropped counts counters not remembered because the index was full.
-	dropped uint64
 }
 
 type seenCounter struct {
@@ -55,7 +53,6 @@ func (x *counterIndex) add(ns, key, identity string, values []string, now, end t
 	if x.n >= x.max || x.bytes+size > MaxIndexBytes {
 		x.sweep(now)
 		if x.n >= x.max || x.bytes+size > MaxIndexBytes {
-			x.dropped++
 			return false
 		}
 	}

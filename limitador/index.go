@@ -64,7 +64,6 @@ func (l *Limiter) share(ctx context.Context, idx SharedIndex) {
 			for ns, entries := range byNS {
 				wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 				if err := idx.Add(wctx, ns, entries); err != nil {
-					l.shareFailed.Add(1)
 					for _, e := range entries {
 						l.seen.forget(ns, e.key) // sent again at its next hit
 					}

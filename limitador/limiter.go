@@ -95,10 +95,9 @@ type Limiter struct {
 	calls   sync.Pool
 
 	// shareQ carries new counters to the shared index (see share).
-	shareQ      chan indexed
-	stopShare   context.CancelFunc
-	shareDone   chan struct{}
-	shareFailed atomic.Uint64
+	shareQ    chan indexed
+	stopShare context.CancelFunc
+	shareDone chan struct{}
 }
 
 // loadStatus is what GET /status reports of the limits' loading.
@@ -180,7 +179,10 @@ type call struct {
 // error of code admit.CodeInvalid naming the limit; the store's failures
 // are the Decider's.
 func (l *Limiter) Decide(ctx context.Context, mode Mode, ns string, descriptors []map[string]string, delta uint64, withCounters bool) (Result, error) {
-	start := l.opts.Now()
+	var start time.Time
+	if l.opts.Metrics != nil {
+		start = l.opts.Now()
+	}
 	ls := l.limits.Load()
 	lims := ls.Namespace(ns)
 	c := l.calls.Get().(*call)
@@ -220,7 +222,12 @@ func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lim
 		out.Limited, out.LimitName = true, c.limits[first].Name
 		return out, nil
 	}
-	c.charge(ns, delta, mode == Check || first >= 0, first >= 0)
+	if first >= 0 {
+		c.charge(ns, 0, true, false) // only to read the counters
+	} else {
+		// delta fits every limit at once (refusesAtOnce): an int64.
+		c.charge(ns, int64(delta), mode == Check, false)
+	}
 	if len(c.charges) > 0 {
 		o, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec)
 		if err != nil {
@@ -254,7 +261,7 @@ func (l *Limiter) decide(ctx context.Context, c *call, mode Mode, ns string, lim
 			// A refusal's other counters may be undecided (a store that
 			// refuses from a refusal it remembers does not read them):
 			// read them all, counting nothing.
-			c.charge(ns, delta, true, true)
+			c.charge(ns, 0, true, false)
 			if _, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec); err != nil {
 				return Result{}, err
 			}
@@ -347,30 +354,24 @@ func limitError(lim *Limit, what, source string, err error) error {
 func (c *call) stored() []int {
 	c.idx = c.idx[:0]
 	for i, lim := range c.limits {
-		if !lim.never && !lim.always {
+		if lim.Stored() {
 			c.idx = append(c.idx, i)
 		}
 	}
 	return c.idx
 }
 
-// charge sets up c.res with a charge of delta for every counter the store
-// keeps; dry makes them a dry run, peek a dry run at cost 0 (to read the
-// counters of a request refused without the store).
-func (c *call) charge(ns string, delta uint64, dry, peek bool) {
-	c.charges, c.rules = c.charges[:0], c.rules[:0]
-	c.keys = c.keys[:0]
+// charge sets up c.res with a charge of cost for every counter the store
+// keeps: a dry run, or a debit, or neither.
+func (c *call) charge(ns string, cost int64, dry, debit bool) {
+	c.charges, c.rules, c.keys = c.charges[:0], c.rules[:0], c.keys[:0]
 	for i, lim := range c.limits {
-		if lim.never || lim.always {
+		if !lim.Stored() {
 			continue
-		}
-		cost := int64(delta)
-		if peek {
-			cost = 0
 		}
 		key := counterKey(ns, lim, c.values[i])
 		c.keys = append(c.keys, key)
-		c.charges = append(c.charges, admit.Charge{Key: key, Rule: &lim.rule.Rule, Cost: cost, DryRun: dry})
+		c.charges = append(c.charges, admit.Charge{Key: key, Rule: &lim.rule.Rule, Cost: cost, DryRun: dry, Debit: debit})
 		c.rules = append(c.rules, lim.rule)
 	}
 	c.res = policy.Resolution{Charges: c.charges, Rules: c.rules}
@@ -382,21 +383,10 @@ func (l *Limiter) report(ctx context.Context, c *call, ns string, delta uint64) 
 	if delta == 0 {
 		return nil
 	}
-	cost := int64(min(delta, uint64(bounds.MaxCost)))
-	c.charges, c.rules, c.keys = c.charges[:0], c.rules[:0], c.keys[:0]
-	for i, lim := range c.limits {
-		if lim.never || lim.always {
-			continue
-		}
-		key := counterKey(ns, lim, c.values[i])
-		c.keys = append(c.keys, key)
-		c.charges = append(c.charges, admit.Charge{Key: key, Rule: &lim.rule.Rule, Cost: cost, Debit: true})
-		c.rules = append(c.rules, lim.rule)
-	}
+	c.charge(ns, int64(min(delta, uint64(bounds.MaxCost))), false, true)
 	if len(c.charges) == 0 {
 		return nil
 	}
-	c.res = policy.Resolution{Charges: c.charges, Rules: c.rules}
 	if _, err := l.opts.Decider.Decide(ctx, &c.res, &c.dec); err != nil {
 		return err
 	}
@@ -412,7 +402,7 @@ func (c *call) counters(delta uint64, peeked bool) []Counter {
 	k := 0
 	for i, lim := range c.limits {
 		ct := Counter{Limit: lim, Variables: variables(lim, c.values[i]), key: counterKey(lim.Namespace, lim, c.values[i])}
-		if lim.never || lim.always {
+		if !lim.Stored() {
 			ct.Remaining = max(lim.MaxValue-int64(min(delta, uint64(lim.MaxValue))), 0)
 			if lim.refusesAtOnce(delta) {
 				ct.Remaining = 0
@@ -425,9 +415,10 @@ func (c *call) counters(delta uint64, peeked bool) []Counter {
 			ct.ExpiresIn = r.ResetAfter
 			switch {
 			case peeked:
-				ct.Remaining = max(r.Remaining-int64(min(delta, uint64(max(r.Remaining, 0)))), 0)
-				if lim.refusesAtOnce(delta) || uint64(max(r.Remaining, 0)) < delta {
-					ct.Remaining = 0
+				// Read at cost 0: what delta would leave, 0 when it does
+				// not fit.
+				if rem := max(r.Remaining, 0); !lim.refusesAtOnce(delta) && uint64(rem) >= delta {
+					ct.Remaining = rem - int64(delta)
 				}
 			case r.Allowed:
 				ct.Remaining = max(r.Remaining, 0)
@@ -496,7 +487,7 @@ func (l *Limiter) remember(c *call, ns string) {
 	k := 0
 	var fresh []IndexEntry
 	for i, lim := range c.limits {
-		if lim.never || lim.always {
+		if !lim.Stored() {
 			continue
 		}
 		if k < len(c.dec.Results) {

@@ -284,8 +284,8 @@ func (p *parser) limit(n *yaml.Node, path string) *Limit {
 	l.Seconds = count("seconds", MaxSeconds)
 	l.Name, _ = str("name", fields["name"])
 	l.ID, _ = str("id", fields["id"])
-	l.Conditions, l.conds = p.expressions(fields, required("conditions"), path+".conditions")
-	l.Variables, l.vars = p.expressions(fields, required("variables"), path+".variables")
+	l.Conditions, l.conds = p.expressions(required("conditions"), path+".conditions")
+	l.Variables, l.vars = p.expressions(required("variables"), path+".variables")
 	l.Algorithm, _ = str("algorithm", fields["algorithm"])
 	l.Period, _ = str("period", fields["period"])
 	l.TimeZone, _ = str("time_zone", fields["time_zone"])
@@ -312,7 +312,7 @@ func isNull(v *yaml.Node) bool {
 
 // expressions reads a list of CEL expressions (null is none, as
 // Limitador reads it), each once, sorted as Limitador's sets keep them.
-func (p *parser) expressions(_ map[string]*yaml.Node, v *yaml.Node, path string) ([]string, []*expr) {
+func (p *parser) expressions(v *yaml.Node, path string) ([]string, []*expr) {
 	if v == nil || isNull(v) {
 		return nil, nil
 	}

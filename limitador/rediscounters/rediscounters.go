@@ -11,7 +11,6 @@ import (
 
 	"github.com/redis/rueidis"
 
-	"github.com/admitdev/admit"
 	"github.com/admitdev/admit/internal/redishook"
 	"github.com/admitdev/admit/limitador"
 	"github.com/admitdev/admit/redisstore"
@@ -106,8 +105,5 @@ func (x *Index) List(ctx context.Context, ns string, now time.Time, n int) ([]li
 		}
 		return nil
 	})
-	if err != nil && admit.ErrorCode(err) == admit.CodeInternal {
-		return nil, err
-	}
 	return out, err
 }
